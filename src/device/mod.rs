@@ -1,0 +1,163 @@
+//! The device layer: every byte the engine reads or writes goes through
+//! [`BlockDevice`]. Backends: a file or block device (`file.rs`), volatile RAM
+//! (`ram.rs`), and a fault-injecting device for tests (`fault.rs`).
+
+pub mod buf;
+
+pub mod file;
+pub mod ram;
+
+use std::sync::Arc;
+
+pub use buf::AlignedBuf;
+
+/// Errors of the device layer.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// The operating system reported an I/O error.
+    #[error("{what} on {device}: {source}")]
+    Io {
+        device: String,
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The request lies (partly) beyond the end of the device.
+    #[error("{device}: request at {offset}+{len} is beyond the device end {size}")]
+    OutOfRange {
+        device: String,
+        offset: u64,
+        len: u64,
+        size: u64,
+    },
+    /// The request is not aligned to the device's 512-byte sector size.
+    #[error("{device}: request at {offset}+{len} is not 512-byte aligned")]
+    Unaligned {
+        device: String,
+        offset: u64,
+        len: u64,
+    },
+    /// An error injected by the fault backend.
+    #[error("{device}: injected I/O error at {offset}")]
+    Injected { device: String, offset: u64 },
+    /// The device specification given by the user cannot be opened.
+    #[error("cannot open device '{spec}': {reason}")]
+    Open { spec: String, reason: String },
+}
+
+pub type DeviceResult<T> = Result<T, DeviceError>;
+
+/// Sector size every request must be aligned to.
+pub const SECTOR_BYTES: u64 = 512;
+
+/// One block device. All methods are blocking and may be called from many
+/// threads at once; requests for disjoint ranges never wait on each other.
+///
+/// Durability contract (the same as a disk with a volatile write cache): a
+/// completed `write_at` may still be lost or torn (at 512-byte granularity) by
+/// a power loss until a later `flush` completes.
+pub trait BlockDevice: Send + Sync {
+    /// Size in bytes (a multiple of 512).
+    fn size_bytes(&self) -> u64;
+    /// Reads `buf.len()` bytes at `offset`. Offset and length are multiples of 512.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> DeviceResult<()>;
+    /// Writes `buf` at `offset`. Offset and length are multiples of 512.
+    fn write_at(&self, buf: &[u8], offset: u64) -> DeviceResult<()>;
+    /// Makes every completed write durable.
+    fn flush(&self) -> DeviceResult<()>;
+    /// Tells the device that a range's contents are no longer needed. Reads
+    /// of the range afterwards return either the old bytes or zeroes.
+    fn discard(&self, _offset: u64, _len: u64) -> DeviceResult<()> {
+        Ok(())
+    }
+    /// True if the contents do not survive a process exit (RAM).
+    fn is_volatile(&self) -> bool {
+        false
+    }
+    /// A human-readable name, for messages.
+    fn name(&self) -> &str;
+    /// A stable identity of the device, recorded in the cache superblock so a
+    /// cache is never attached to the wrong origin (see docs/format.md).
+    fn identity(&self) -> u64 {
+        0
+    }
+}
+
+pub type DeviceRef = Arc<dyn BlockDevice>;
+
+/// Checks a request against the device bounds and the sector alignment.
+pub fn check_range(dev: &dyn BlockDevice, offset: u64, len: u64) -> DeviceResult<()> {
+    if offset % SECTOR_BYTES != 0 || len % SECTOR_BYTES != 0 {
+        return Err(DeviceError::Unaligned {
+            device: dev.name().to_string(),
+            offset,
+            len,
+        });
+    }
+    let end = offset.checked_add(len);
+    if end.is_none_or(|e| e > dev.size_bytes()) {
+        return Err(DeviceError::OutOfRange {
+            device: dev.name().to_string(),
+            offset,
+            len,
+            size: dev.size_bytes(),
+        });
+    }
+    Ok(())
+}
+
+/// Parses a size such as `512`, `64M`, `1G`, `4KiB`.
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let digits_end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    if digits_end == 0 {
+        return None;
+    }
+    let n: u64 = s[..digits_end].parse().ok()?;
+    let unit = s[digits_end..].trim().to_ascii_lowercase();
+    let mult: u64 = match unit.as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return None,
+    };
+    n.checked_mul(mult)
+}
+
+/// Opens a device from a user specification: `ram:SIZE`, or a path to a
+/// file or block device.
+pub fn open_device(spec: &str) -> DeviceResult<DeviceRef> {
+    if let Some(size) = spec.strip_prefix("ram:") {
+        let bytes = parse_size(size).ok_or_else(|| DeviceError::Open {
+            spec: spec.to_string(),
+            reason: format!("'{size}' is not a size (examples: 64M, 1G)"),
+        })?;
+        if bytes == 0 || bytes % SECTOR_BYTES != 0 {
+            return Err(DeviceError::Open {
+                spec: spec.to_string(),
+                reason: "a RAM device size must be a non-zero multiple of 512 bytes".into(),
+            });
+        }
+        return Ok(Arc::new(ram::RamDevice::new(spec, bytes)));
+    }
+    Ok(Arc::new(file::FileDevice::open(spec)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("512"), Some(512));
+        assert_eq!(parse_size("64M"), Some(64 << 20));
+        assert_eq!(parse_size("4KiB"), Some(4096));
+        assert_eq!(parse_size("1g"), Some(1 << 30));
+        assert_eq!(parse_size("x"), None);
+        assert_eq!(parse_size("12Q"), None);
+        assert_eq!(parse_size("99999999999999999999"), None);
+        assert_eq!(parse_size("99999999T"), None);
+    }
+}

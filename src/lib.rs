@@ -1,0 +1,9 @@
+//! tiercache: a userspace block cache. A slow origin device and a fast cache
+//! device become one cached volume, served over NBD.
+//!
+//! Layout: `device/` (every backend behind one trait), `engine/` (on-disk
+//! format, metadata, cache modes, replacement, writeback), `nbd/` (wire
+//! protocol and server), `cli/` (the operator commands).
+
+pub mod device;
+pub mod volume;

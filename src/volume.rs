@@ -1,0 +1,88 @@
+//! The asynchronous block-volume API that front ends (the NBD server, later
+//! ublk) call. The cache engine implements it; so does a plain device, for
+//! tests of the front ends against a simple reference volume.
+//!
+//! Contract: many requests may be in flight at once; requests for different
+//! blocks never wait on each other; a completed `flush` makes every write
+//! that completed before the flush was issued durable; a write with `fua`
+//! is durable when it completes.
+
+use std::future::Future;
+
+use crate::device::AlignedBuf;
+
+/// Error classes a front end maps onto its wire errors (NBD errno values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// An I/O error on a device that could not be hidden.
+    Io,
+    /// A request that is malformed or out of range.
+    Invalid,
+    /// A write beyond the end of the volume.
+    NoSpace,
+    /// A write to a read-only volume.
+    ReadOnly,
+    /// The operation is not supported (e.g. fast zeroing).
+    NotSupported,
+    /// The volume is shutting down.
+    ShuttingDown,
+}
+
+/// An error returned by a [`Volume`] operation.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct VolumeError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl VolumeError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        VolumeError {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+pub type VolumeResult<T> = Result<T, VolumeError>;
+
+/// A block volume with an asynchronous request API.
+pub trait Volume: Send + Sync + 'static {
+    /// Size of the volume in bytes (a multiple of 512).
+    fn size_bytes(&self) -> u64;
+    /// The preferred I/O size: requests aligned to it avoid read-modify-write.
+    fn preferred_block_bytes(&self) -> u32;
+    /// True if a flush persists the completed writes of every client, not
+    /// only of the one that sent it (NBD CAN_MULTI_CONN).
+    fn flush_is_global(&self) -> bool {
+        true
+    }
+    /// Reads `len` bytes at `offset` (both multiples of 512).
+    fn read(&self, offset: u64, len: u32) -> impl Future<Output = VolumeResult<AlignedBuf>> + Send;
+    /// Writes `data` at `offset`; with `fua` durable on completion.
+    fn write(
+        &self,
+        offset: u64,
+        data: AlignedBuf,
+        fua: bool,
+    ) -> impl Future<Output = VolumeResult<()>> + Send;
+    /// Makes every write completed before this call durable.
+    fn flush(&self) -> impl Future<Output = VolumeResult<()>> + Send;
+    /// Discards a range: its contents are unspecified until written again.
+    fn trim(
+        &self,
+        offset: u64,
+        len: u64,
+        fua: bool,
+    ) -> impl Future<Output = VolumeResult<()>> + Send;
+    /// Writes zeroes over a range.
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        fua: bool,
+    ) -> impl Future<Output = VolumeResult<()>> + Send;
+    /// Prefetches a range into the cache (a hint; no data is returned).
+    fn prefetch(&self, offset: u64, len: u64) -> impl Future<Output = VolumeResult<()>> + Send;
+}
