@@ -1,0 +1,180 @@
+//! The commit protocol (docs/format.md, "Commit protocol").
+//!
+//! A commit makes durable every data write and every record that completed
+//! before it started:
+//! 1. flush the origin (written-back data reaches the disk before the
+//!    records that call it clean);
+//! 2. flush the cache device (cache data reaches the disk before the
+//!    records that map it);
+//! 3. write the buffered records as new journal pages, never overwriting a
+//!    page of the live journal, or, when the journal is half full, a full
+//!    checkpoint to the inactive checkpoint area plus a superblock pointing
+//!    at it;
+//! 4. flush the cache device.
+//! Slots freed by the committed records become reusable only after step 4.
+//!
+//! Commits are serialised by the commit lock; a caller whose writes were
+//! already covered by a commit that started after them returns at once
+//! (group commit).
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use super::format::{checkpoint_page, journal_page, Record, ENTRIES_PER_CHECKPOINT_PAGE, PAGE_BYTES, RECORDS_PER_PAGE};
+use super::stats::bump;
+use super::{CommitState, Engine, EngineResult};
+use crate::device::AlignedBuf;
+
+/// Checkpoint pages written per device request.
+const CHECKPOINT_PAGES_PER_WRITE: usize = 256;
+
+impl Engine {
+    /// Makes every completed write and every applied record durable.
+    pub fn commit(&self) -> EngineResult<()> {
+        let wanted = self.completed_ops.load(Ordering::Acquire);
+        let mut cs = self.commit_state.lock();
+        if cs.flushed_through >= wanted && wanted > 0 {
+            return Ok(());
+        }
+        self.commit_locked(&mut cs, None)
+    }
+
+    /// With `checkpoint = Some(clean)`, always writes a checkpoint (marking
+    /// the cache clean if asked) instead of journal pages.
+    pub(crate) fn commit_locked(&self, cs: &mut CommitState, checkpoint: Option<bool>) -> EngineResult<()> {
+        let covered = self.completed_ops.load(Ordering::Acquire);
+        let in_use = cs.next_page_seq - cs.sb.journal_replay_seq.get();
+        let journal_pages = self.layout.journal_pages;
+        let (records, pending, snapshot) = {
+            let mut m = self.meta.lock();
+            let records = std::mem::take(&mut m.records);
+            let pending = std::mem::take(&mut m.pending_free);
+            let pages = records.len().div_ceil(RECORDS_PER_PAGE) as u64;
+            // Checkpoint instead of journalling when the journal would pass
+            // half full; the snapshot is taken together with the records so
+            // it equals the state those records lead to.
+            let snapshot = (checkpoint.is_some() || in_use + pages > journal_pages / 2).then(|| m.table.entries.clone());
+            (records, pending, snapshot)
+        };
+        let result = self.commit_io(cs, &records, snapshot, checkpoint.unwrap_or(false));
+        match result {
+            Ok(()) => {
+                self.meta.lock().free.extend(pending);
+                cs.flushed_through = covered;
+                cs.last_commit = Instant::now();
+                bump(&self.stats.commits, 1);
+                Ok(())
+            }
+            Err(e) => {
+                // Keep the records and the pending slots for the next try:
+                // the in-memory state still depends on them.
+                let mut m = self.meta.lock();
+                let later = std::mem::replace(&mut m.records, records);
+                m.records.extend(later);
+                m.pending_free.extend(pending);
+                Err(e)
+            }
+        }
+    }
+
+    fn commit_io(&self, cs: &mut CommitState, records: &[Record], snapshot: Option<Vec<u64>>, clean: bool) -> EngineResult<()> {
+        self.origin.flush().inspect_err(|_| bump(&self.stats.origin_errors, 1))?;
+        self.cache.flush().inspect_err(|_| bump(&self.stats.cache_errors, 1))?;
+        if let Some(entries) = snapshot {
+            let next = cs.next_page_seq;
+            return self.write_checkpoint(cs, &entries, next, clean);
+        }
+        if records.is_empty() {
+            return Ok(());
+        }
+        let first = cs.next_page_seq;
+        let pages: Vec<Vec<u8>> = records
+            .chunks(RECORDS_PER_PAGE)
+            .enumerate()
+            .map(|(i, chunk)| journal_page(first + i as u64, first, chunk))
+            .collect();
+        // Write runs of pages that are contiguous in the ring.
+        let mut i = 0;
+        while i < pages.len() {
+            let seq = first + i as u64;
+            let ring_left = self.layout.journal_pages - seq % self.layout.journal_pages;
+            let n = (pages.len() - i).min(ring_left as usize);
+            let mut buf = AlignedBuf::zeroed(n * PAGE_BYTES as usize);
+            for (k, p) in pages[i..i + n].iter().enumerate() {
+                buf[k * PAGE_BYTES as usize..(k + 1) * PAGE_BYTES as usize].copy_from_slice(p);
+            }
+            self.cache
+                .write_at(&buf, self.layout.journal_page_offset(seq))
+                .inspect_err(|_| bump(&self.stats.cache_errors, 1))?;
+            i += n;
+        }
+        self.cache.flush().inspect_err(|_| bump(&self.stats.cache_errors, 1))?;
+        cs.next_page_seq = first + pages.len() as u64;
+        Ok(())
+    }
+
+    /// Writes `entries` as a checkpoint into the inactive area, then a
+    /// superblock that makes it current with journal replay starting at
+    /// `replay_seq`. The old checkpoint stays intact until the superblock
+    /// is durable.
+    pub(crate) fn write_checkpoint(
+        &self,
+        cs: &mut CommitState,
+        entries: &[u64],
+        replay_seq: u64,
+        clean: bool,
+    ) -> EngineResult<()> {
+        let area = 1 - cs.sb.checkpoint_area.get() as usize;
+        let generation = cs.sb.checkpoint_generation.get() + 1;
+        let pages_total = self.layout.checkpoint_pages as usize;
+        let mut page_index = 0usize;
+        while page_index < pages_total {
+            let n = (pages_total - page_index).min(CHECKPOINT_PAGES_PER_WRITE);
+            let mut buf = AlignedBuf::zeroed(n * PAGE_BYTES as usize);
+            for k in 0..n {
+                let idx = page_index + k;
+                let lo = (idx * ENTRIES_PER_CHECKPOINT_PAGE).min(entries.len());
+                let hi = ((idx + 1) * ENTRIES_PER_CHECKPOINT_PAGE).min(entries.len());
+                let page = checkpoint_page(generation, idx as u64, &entries[lo..hi]);
+                buf[k * PAGE_BYTES as usize..(k + 1) * PAGE_BYTES as usize].copy_from_slice(&page);
+            }
+            let off = self.layout.checkpoint_offset[area] + page_index as u64 * PAGE_BYTES;
+            self.cache.write_at(&buf, off).inspect_err(|_| bump(&self.stats.cache_errors, 1))?;
+            page_index += n;
+        }
+        self.cache.flush().inspect_err(|_| bump(&self.stats.cache_errors, 1))?;
+        self.write_superblock(cs, |sb| {
+            sb.checkpoint_area.set(area as u32);
+            sb.checkpoint_generation.set(generation);
+            sb.journal_replay_seq.set(replay_seq);
+            sb.clean_shutdown.set(clean as u32);
+        })?;
+        cs.next_page_seq = replay_seq;
+        bump(&self.stats.checkpoints, 1);
+        Ok(())
+    }
+
+    /// Writes the superblock copy not holding the current generation, then
+    /// flushes. A torn write leaves the other copy valid.
+    pub(crate) fn write_superblock(&self, cs: &mut CommitState, change: impl FnOnce(&mut super::format::Superblock)) -> EngineResult<()> {
+        let mut sb = cs.sb;
+        change(&mut sb);
+        sb.generation.set(sb.generation.get() + 1);
+        sb.seal();
+        let copy = sb.generation.get() % 2;
+        let buf = AlignedBuf::from_slice(&sb.to_page());
+        self.cache
+            .write_at(&buf, copy * PAGE_BYTES)
+            .inspect_err(|_| bump(&self.stats.cache_errors, 1))?;
+        self.cache.flush().inspect_err(|_| bump(&self.stats.cache_errors, 1))?;
+        cs.sb = sb;
+        Ok(())
+    }
+
+    /// Commits, then writes a checkpoint of the whole table (with the clean
+    /// flag for a clean shutdown), emptying the journal.
+    pub(crate) fn checkpoint_now(&self, clean: bool) -> EngineResult<()> {
+        let mut cs = self.commit_state.lock();
+        self.commit_locked(&mut cs, Some(clean))
+    }
+}

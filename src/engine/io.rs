@@ -1,0 +1,425 @@
+//! The read path and the pieces every mode's write path shares: device
+//! access with error accounting, slot allocation and eviction, records.
+
+use std::ops::Range;
+
+use super::format::Record;
+use super::policy::Verdict;
+use super::stats::bump;
+use super::{Engine, EngineError, EngineResult, Meta, Mode};
+use crate::device::{AlignedBuf, DeviceError};
+
+/// Clean blocks evicted at once when no slot is free.
+const EVICT_BATCH: usize = 64;
+/// Candidates examined per eviction.
+const EVICT_SCAN: usize = 4096;
+
+/// The part of a request that falls in one cache block.
+#[derive(Clone, Debug)]
+pub(crate) struct Segment {
+    pub block: u64,
+    /// Offset within the block.
+    pub in_block: u64,
+    /// Range within the request's buffer.
+    pub buf: Range<usize>,
+}
+
+impl Segment {
+    pub fn len(&self) -> u64 {
+        self.buf.len() as u64
+    }
+}
+
+impl Engine {
+    /// Validates a request and splits it into per-block segments.
+    pub(crate) fn segments(&self, offset: u64, len: u64, write: bool) -> EngineResult<Vec<Segment>> {
+        if offset % 512 != 0 || len % 512 != 0 {
+            return Err(EngineError::InvalidRequest(format!("{offset}+{len} is not 512-byte aligned")));
+        }
+        let end = offset.checked_add(len);
+        if end.is_none_or(|e| e > self.volume_bytes) {
+            let msg = format!("{offset}+{len} beyond {} bytes", self.volume_bytes);
+            return Err(if write { EngineError::NoSpace(msg) } else { EngineError::InvalidRequest(msg) });
+        }
+        let bs = self.block_bytes;
+        let mut out = Vec::new();
+        let mut pos = offset;
+        while pos < offset + len {
+            let block = pos / bs;
+            let in_block = pos % bs;
+            let n = (bs - in_block).min(offset + len - pos);
+            let start = (pos - offset) as usize;
+            out.push(Segment {
+                block,
+                in_block,
+                buf: start..start + n as usize,
+            });
+            pos += n;
+        }
+        Ok(out)
+    }
+
+    /// True if `block` can be cached (a partial last block never is).
+    pub(crate) fn cacheable(&self, block: u64) -> bool {
+        block < self.origin_blocks
+    }
+
+    pub(crate) fn full_block(&self, seg: &Segment) -> bool {
+        seg.in_block == 0 && seg.len() == self.block_bytes
+    }
+
+    pub(crate) fn cache_read(&self, slot: u32, in_block: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
+        self.cache
+            .read_at(buf, self.layout.slot_offset(slot) + in_block)
+            .inspect_err(|e| {
+                bump(&self.stats.cache_errors, 1);
+                log::warn!("cache read error: {e}");
+            })
+    }
+
+    pub(crate) fn cache_write(&self, slot: u32, in_block: u64, buf: &[u8]) -> Result<(), DeviceError> {
+        let r = self
+            .cache
+            .write_at(buf, self.layout.slot_offset(slot) + in_block)
+            .inspect_err(|e| {
+                bump(&self.stats.cache_errors, 1);
+                log::warn!("cache write error: {e}");
+            });
+        self.note_completed();
+        r
+    }
+
+    pub(crate) fn origin_read(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+        self.origin.read_at(buf, offset).inspect_err(|e| {
+            bump(&self.stats.origin_errors, 1);
+            log::warn!("origin read error: {e}");
+        })
+    }
+
+    pub(crate) fn origin_write(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+        let r = self.origin.write_at(buf, offset).inspect_err(|e| {
+            bump(&self.stats.origin_errors, 1);
+            log::warn!("origin write error: {e}");
+        });
+        self.note_completed();
+        r
+    }
+
+    /// Applies a record to the in-memory state and queues it for the journal.
+    pub(crate) fn append(&self, m: &mut Meta, r: Record) {
+        debug_assert!(m.table.validate(&r).is_ok(), "invalid record {r:?}");
+        let prior = match r {
+            Record::Map { slot, .. } | Record::Clean { slot } | Record::Unmap { slot } => m.table.slot_block(slot),
+        };
+        let applied = m.table.apply(&r);
+        match r {
+            Record::Map { slot, block, dirty } => {
+                m.policy.inserted(slot);
+                if dirty && prior.is_none_or(|(_, d)| !d) {
+                    let now = self.now_ms();
+                    m.dirty_queue.push_back((now, block));
+                }
+            }
+            Record::Unmap { slot } => {
+                m.policy.removed(slot);
+                m.pending_free.push(slot);
+            }
+            Record::Clean { .. } => {}
+        }
+        if let Some(old) = applied.released {
+            m.policy.removed(old);
+            m.pending_free.push(old);
+        }
+        m.records.push(r);
+        self.note_completed();
+    }
+
+    /// A slot that is free on disk, evicting clean blocks (and committing
+    /// their release) if needed. `None` if every block is dirty or busy.
+    pub(crate) fn alloc_slot(&self) -> EngineResult<Option<u32>> {
+        for _ in 0..3 {
+            {
+                let mut m = self.meta.lock();
+                if let Some(s) = m.free.pop() {
+                    return Ok(Some(s));
+                }
+                if m.pending_free.is_empty() && self.evict(&mut m, EVICT_BATCH) == 0 {
+                    return Ok(None);
+                }
+            }
+            self.commit()?;
+        }
+        Ok(self.meta.lock().free.pop())
+    }
+
+    /// Gives back a slot taken by `alloc_slot` but not used.
+    pub(crate) fn unalloc_slot(&self, slot: u32) {
+        self.meta.lock().free.push(slot);
+    }
+
+    /// Evicts up to `want` clean, unlocked blocks; returns how many. Their
+    /// slots become reusable after the next commit.
+    pub(crate) fn evict(&self, m: &mut Meta, want: usize) -> usize {
+        let Meta { table, policy, .. } = m;
+        let victims = policy.select(want, EVICT_SCAN, &mut |slot| match table.slot_block(slot) {
+            None => Verdict::Take,
+            Some((_, true)) => Verdict::Rotate,
+            Some((block, false)) => {
+                if self.locks.try_lock(block) {
+                    Verdict::Take
+                } else {
+                    Verdict::Skip
+                }
+            }
+        });
+        let mut n = 0;
+        for slot in victims {
+            if let Some((block, _)) = m.table.slot_block(slot) {
+                self.append(m, Record::Unmap { slot });
+                self.locks.unlock(block);
+                bump(&self.stats.demotions, 1);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Reads `len` bytes at `offset`.
+    pub fn read(&self, offset: u64, len: u64) -> EngineResult<AlignedBuf> {
+        self.read_inner(offset, len, false)
+    }
+
+    /// Copies a range into the cache (NBD_CMD_CACHE); returns nothing.
+    pub fn prefetch(&self, offset: u64, len: u64) -> EngineResult<()> {
+        self.read_inner(offset, len, true).map(|_| ())
+    }
+
+    fn read_inner(&self, offset: u64, len: u64, prefetch: bool) -> EngineResult<AlignedBuf> {
+        self.check_open()?;
+        let segs = self.segments(offset, len, false)?;
+        bump(&self.stats.read_requests, 1);
+        let mut out = AlignedBuf::zeroed(len as usize);
+        let Some(first) = segs.first() else { return Ok(out) };
+        let _guard = self.locks.lock_range(first.block, segs.last().expect("non-empty").block);
+        let mode = self.mode();
+        let promote = mode.promotes_reads() || (prefetch && mode != Mode::Passthrough);
+        let mut i = 0;
+        while i < segs.len() {
+            let seg = &segs[i];
+            let hit = if mode.reads_cache() {
+                let mut m = self.meta.lock();
+                let hit = m.table.lookup(seg.block);
+                if let Some((slot, _)) = hit {
+                    m.policy.accessed(slot);
+                }
+                hit
+            } else {
+                None
+            };
+            if let Some((slot, dirty)) = hit {
+                bump(&self.stats.read_hits, 1);
+                if self.cache_read(slot, seg.in_block, &mut out[seg.buf.clone()]).is_err() {
+                    if dirty {
+                        return Err(EngineError::Device(DeviceError::Io {
+                            device: self.cache.name().into(),
+                            what: "read of dirty cache block",
+                            source: std::io::Error::from_raw_os_error(libc::EIO),
+                        }));
+                    }
+                    // A clean copy is only a copy: serve the origin.
+                    self.invalidate_failed(seg.block, slot);
+                    self.origin_read(&mut out[seg.buf.clone()], seg.block * self.block_bytes + seg.in_block)?;
+                }
+                i += 1;
+                continue;
+            }
+            // A run of consecutive misses: one origin read.
+            let mut j = i + 1;
+            while j < segs.len() && mode.reads_cache() && self.meta.lock().table.lookup(segs[j].block).is_none() {
+                j += 1;
+            }
+            if !mode.reads_cache() {
+                j = segs.len();
+            }
+            self.read_miss_run(&segs[i..j], &mut out, promote)?;
+            i = j;
+        }
+        Ok(out)
+    }
+
+    /// Drops a clean cached copy after a cache read error.
+    fn invalidate_failed(&self, block: u64, slot: u32) {
+        let mut m = self.meta.lock();
+        if m.table.lookup(block) == Some((slot, false)) {
+            self.append(&mut m, Record::Unmap { slot });
+        }
+    }
+
+    fn read_miss_run(&self, segs: &[Segment], out: &mut AlignedBuf, promote: bool) -> EngineResult<()> {
+        let bs = self.block_bytes;
+        let first = &segs[0];
+        let last = segs.last().expect("non-empty");
+        bump(&self.stats.read_misses, segs.len() as u64);
+        let whole_blocks = promote && self.cacheable(last.block);
+        if !whole_blocks {
+            if !promote {
+                bump(&self.stats.bypassed_ios, 1);
+            }
+            let off = first.block * bs + first.in_block;
+            return Ok(self.origin_read(&mut out[first.buf.start..last.buf.end], off)?);
+        }
+        let n_blocks = (last.block - first.block + 1) as usize;
+        let mut tmp = AlignedBuf::zeroed(n_blocks * bs as usize);
+        self.origin_read(&mut tmp, first.block * bs)?;
+        for (k, seg) in segs.iter().enumerate() {
+            let at = k * bs as usize + seg.in_block as usize;
+            out[seg.buf.clone()].copy_from_slice(&tmp[at..at + seg.buf.len()]);
+        }
+        for (k, seg) in segs.iter().enumerate() {
+            let Some(slot) = self.alloc_slot()? else { break };
+            let data = &tmp[k * bs as usize..(k + 1) * bs as usize];
+            if self.cache_write(slot, 0, data).is_err() {
+                self.unalloc_slot(slot);
+                break;
+            }
+            let mut m = self.meta.lock();
+            self.append(&mut m, Record::Map { slot, block: seg.block, dirty: false });
+            bump(&self.stats.promotions, 1);
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at `offset`; with `fua`, durable on return.
+    pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> EngineResult<()> {
+        self.check_open()?;
+        let segs = self.segments(offset, data.len() as u64, true)?;
+        bump(&self.stats.write_requests, 1);
+        if let Some(first) = segs.first() {
+            let _guard = self.locks.lock_range(first.block, segs.last().expect("non-empty").block);
+            match self.mode() {
+                Mode::Writeback => self.write_writeback(&segs, data)?,
+                Mode::Writeonly => self.write_writeonly(&segs, data)?,
+                Mode::Writethrough => self.write_writethrough(offset, &segs, data)?,
+                Mode::Writearound => self.write_writearound(offset, &segs, data)?,
+                Mode::Passthrough => self.write_passthrough(offset, &segs, data)?,
+            }
+        }
+        if fua {
+            self.commit()?;
+        }
+        Ok(())
+    }
+
+    /// Writes zeroes over a range.
+    pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> EngineResult<()> {
+        self.segments(offset, len, true)?;
+        let chunk_bytes = (1u64 << 20).max(self.block_bytes);
+        let zeroes = AlignedBuf::zeroed(chunk_bytes.min(len) as usize);
+        let mut pos = offset;
+        while pos < offset + len {
+            // Keep chunks block-aligned so full blocks avoid read-modify-write.
+            let next = ((pos / chunk_bytes) + 1) * chunk_bytes;
+            let n = (next.min(offset + len) - pos) as usize;
+            self.write(pos, &zeroes[..n], false)?;
+            pos += n as u64;
+        }
+        if fua {
+            self.commit()?;
+        }
+        Ok(())
+    }
+
+    /// Discards a range: cached copies of whole blocks in it are dropped
+    /// (dirty ones too: their contents no longer matter) and the origin is
+    /// told. The range reads as unspecified data until written again.
+    pub fn trim(&self, offset: u64, len: u64, fua: bool) -> EngineResult<()> {
+        self.check_open()?;
+        let segs = self.segments(offset, len, true)?;
+        bump(&self.stats.trim_requests, 1);
+        if let Some(first) = segs.first() {
+            let _guard = self.locks.lock_range(first.block, segs.last().expect("non-empty").block);
+            {
+                let mut m = self.meta.lock();
+                for seg in segs.iter().filter(|s| self.full_block(s)) {
+                    if let Some((slot, _)) = m.table.lookup(seg.block) {
+                        self.append(&mut m, Record::Unmap { slot });
+                    }
+                }
+            }
+            if let Err(e) = self.origin.discard(offset, len) {
+                log::debug!("origin discard failed (ignored, discard is a hint): {e}");
+            }
+        }
+        if fua {
+            self.commit()?;
+        }
+        Ok(())
+    }
+
+    /// Makes every completed write durable (NBD FLUSH).
+    pub fn flush(&self) -> EngineResult<()> {
+        self.check_open()?;
+        bump(&self.stats.flush_requests, 1);
+        self.commit()
+    }
+
+    /// Full block contents for a partial write: the cached copy if there is
+    /// one (falling back to the origin if it is clean and unreadable), else
+    /// the origin's block, with the segment merged in.
+    pub(crate) fn merged_block(&self, seg: &Segment, data: &[u8], cached: Option<(u32, bool)>) -> EngineResult<AlignedBuf> {
+        let bs = self.block_bytes;
+        let mut full = AlignedBuf::zeroed(bs as usize);
+        if !self.full_block(seg) {
+            let from_cache = match cached {
+                Some((slot, dirty)) => match self.cache_read(slot, 0, &mut full) {
+                    Ok(()) => true,
+                    Err(e) if dirty => return Err(e.into()),
+                    Err(_) => false,
+                },
+                None => false,
+            };
+            if !from_cache {
+                self.origin_read(&mut full, seg.block * bs)?;
+            }
+        }
+        full[seg.in_block as usize..(seg.in_block + seg.len()) as usize].copy_from_slice(&data[seg.buf.clone()]);
+        Ok(full)
+    }
+
+    /// Writes back dirty blocks among `segs` (rare outside writeback modes:
+    /// only after a failed writeback), then drops every cached copy in them
+    /// and commits, so the origin is never changed under a clean cached copy
+    /// that a crash could make current again.
+    pub(crate) fn invalidate_before_origin_write(&self, segs: &[Segment]) -> EngineResult<()> {
+        let mut any = false;
+        for seg in segs {
+            let cached = self.meta.lock().table.lookup(seg.block);
+            let Some((slot, dirty)) = cached else { continue };
+            if dirty {
+                self.write_back_one(seg.block, slot)?;
+            }
+            let mut m = self.meta.lock();
+            if let Some((slot, _)) = m.table.lookup(seg.block) {
+                self.append(&mut m, Record::Unmap { slot });
+                any = true;
+            }
+        }
+        if any {
+            self.commit()?;
+        }
+        Ok(())
+    }
+
+    /// Writes one dirty block back while its lock is held by the caller.
+    pub(crate) fn write_back_one(&self, block: u64, slot: u32) -> EngineResult<()> {
+        let mut buf = AlignedBuf::zeroed(self.block_bytes as usize);
+        self.cache_read(slot, 0, &mut buf)?;
+        self.origin_write(&buf, block * self.block_bytes)?;
+        let mut m = self.meta.lock();
+        if m.table.lookup(block) == Some((slot, true)) {
+            self.append(&mut m, Record::Clean { slot });
+            bump(&self.stats.blocks_written_back, 1);
+        }
+        Ok(())
+    }
+}

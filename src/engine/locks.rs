@@ -1,0 +1,98 @@
+//! Per-block locks: operations on the same cache block are serialised;
+//! operations on different blocks never wait on each other (a shard's
+//! condition variable may wake a waiter spuriously, which then re-checks).
+
+use std::collections::HashSet;
+
+use parking_lot::{Condvar, Mutex};
+
+const SHARDS: usize = 64;
+
+pub struct BlockLocks {
+    shards: Vec<(Mutex<HashSet<u64>>, Condvar)>,
+}
+
+impl Default for BlockLocks {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl BlockLocks {
+    pub fn new() -> Self {
+        BlockLocks {
+            shards: (0..SHARDS).map(|_| (Mutex::new(HashSet::new()), Condvar::new())).collect(),
+        }
+    }
+
+    fn shard(&self, block: u64) -> &(Mutex<HashSet<u64>>, Condvar) {
+        &self.shards[(block.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % SHARDS]
+    }
+
+    pub fn lock(&self, block: u64) {
+        let (m, cv) = self.shard(block);
+        let mut held = m.lock();
+        while held.contains(&block) {
+            cv.wait(&mut held);
+        }
+        held.insert(block);
+    }
+
+    pub fn try_lock(&self, block: u64) -> bool {
+        let (m, _) = self.shard(block);
+        m.lock().insert(block)
+    }
+
+    pub fn unlock(&self, block: u64) {
+        let (m, cv) = self.shard(block);
+        let removed = m.lock().remove(&block);
+        assert!(removed, "unlock of block {block} that is not locked");
+        cv.notify_all();
+    }
+
+    /// Locks blocks `first..=last` in ascending order (so two range locks
+    /// never deadlock) and returns a guard that unlocks them.
+    pub fn lock_range(&self, first: u64, last: u64) -> RangeGuard<'_> {
+        for b in first..=last {
+            self.lock(b);
+        }
+        RangeGuard { locks: self, first, last }
+    }
+}
+
+pub struct RangeGuard<'a> {
+    locks: &'a BlockLocks,
+    first: u64,
+    last: u64,
+}
+
+impl Drop for RangeGuard<'_> {
+    fn drop(&mut self) {
+        for b in self.first..=self.last {
+            self.locks.unlock(b);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn exclusion() {
+        let l = Arc::new(BlockLocks::new());
+        let g = l.lock_range(5, 9);
+        assert!(!l.try_lock(7));
+        assert!(l.try_lock(10));
+        l.unlock(10);
+        let l2 = l.clone();
+        let t = std::thread::spawn(move || {
+            let _g = l2.lock_range(9, 12);
+        });
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!t.is_finished());
+        drop(g);
+        t.join().unwrap();
+    }
+}

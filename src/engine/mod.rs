@@ -1,0 +1,330 @@
+//! The cache engine: a slow origin device cached on a fast cache device.
+//!
+//! - `format.rs`: the on-disk format (superblock, journal, checkpoints).
+//! - `meta.rs`: the in-memory mapping table, changed only by records.
+//! - `commit.rs`: the commit protocol (group commit, journal, checkpoints).
+//! - `recovery.rs`: open, replay, and the offline `check`.
+//! - `io.rs`: the read path and the pieces every write path shares.
+//! - `modes/`: one file per cache mode's write path.
+//! - `policy/`: replacement policies.
+//! - `writeback.rs`: background writeback and `flush`.
+//! - `volume.rs`: the asynchronous API (`crate::volume::Volume`).
+
+pub mod commit;
+pub mod error;
+pub mod format;
+pub mod io;
+pub mod locks;
+pub mod meta;
+pub mod modes;
+pub mod policy;
+pub mod recovery;
+pub mod stats;
+pub mod volume;
+pub mod writeback;
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+use serde::{Deserialize, Serialize};
+
+use crate::device::DeviceRef;
+pub use error::{EngineError, EngineResult};
+use format::{Layout, Record, Superblock};
+use locks::BlockLocks;
+use meta::Table;
+pub use modes::Mode;
+use policy::{Policy, PolicyKind};
+use stats::{Stats, StatsSnapshot};
+
+/// Parameters fixed when a cache is created.
+#[derive(Clone, Debug)]
+pub struct CreateOptions {
+    pub mode: Mode,
+    pub block_bytes: u32,
+    pub policy: PolicyKind,
+    pub writeback: WritebackSettings,
+    /// Overwrite a cache device that already holds a cache.
+    pub force: bool,
+    /// Accept data loss: allow writeback/writeonly on a volatile cache.
+    pub allow_data_loss: bool,
+}
+
+impl Default for CreateOptions {
+    fn default() -> Self {
+        CreateOptions {
+            mode: Mode::Writeback,
+            block_bytes: 4096,
+            policy: PolicyKind::Lru,
+            writeback: WritebackSettings::default(),
+            force: false,
+            allow_data_loss: false,
+        }
+    }
+}
+
+/// When background writeback runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WritebackSettings {
+    /// Start writing back when this percentage of cache blocks is dirty.
+    pub high_pct: u32,
+    /// Stop when the dirty percentage falls to this.
+    pub low_pct: u32,
+    /// Write back any block dirty for longer than this.
+    pub max_age_secs: u32,
+}
+
+impl Default for WritebackSettings {
+    fn default() -> Self {
+        WritebackSettings {
+            high_pct: 50,
+            low_pct: 25,
+            max_age_secs: 30,
+        }
+    }
+}
+
+/// Options for opening an existing cache.
+#[derive(Clone, Debug, Default)]
+pub struct OpenOptions {
+    /// Open even if the origin's identity does not match the recorded one.
+    pub force: bool,
+    /// Accept data loss on a volatile cache device in writeback mode.
+    pub allow_data_loss: bool,
+    /// Do not start the background writeback thread (tests drive it).
+    pub no_background: bool,
+}
+
+/// What `status` reports.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Status {
+    pub state: String,
+    pub mode: Mode,
+    pub policy: String,
+    pub block_bytes: u32,
+    pub volume_bytes: u64,
+    pub origin: String,
+    pub cache: String,
+    pub cache_blocks_total: u64,
+    pub cache_blocks_used: u64,
+    pub cache_blocks_dirty: u64,
+    pub writeback: WritebackSettings,
+    pub stats: StatsSnapshot,
+}
+
+/// State under the metadata lock. Held only for in-memory work, never I/O.
+pub(crate) struct Meta {
+    pub table: Table,
+    pub policy: Box<dyn Policy>,
+    /// Slots that are free on disk: safe to overwrite.
+    pub free: Vec<u32>,
+    /// Slots freed in memory whose release is not yet durable; they join
+    /// `free` when the commit that carries their records completes.
+    pub pending_free: Vec<u32>,
+    /// Records applied in memory, not yet written to the journal.
+    pub records: Vec<Record>,
+    pub mode: Mode,
+    pub writeback: WritebackSettings,
+    /// (milliseconds since open, block) in the order blocks became dirty.
+    pub dirty_queue: VecDeque<(u64, u64)>,
+    /// Where the next writeback sweep starts (ascending origin blocks).
+    pub writeback_cursor: u64,
+    /// Watermark writeback is running (set above high, cleared at low).
+    pub writeback_active: bool,
+}
+
+/// State under the commit lock: the journal position and the superblock.
+pub(crate) struct CommitState {
+    pub sb: Superblock,
+    pub next_page_seq: u64,
+    /// `Engine::completed_ops` value covered by the last completed commit.
+    pub flushed_through: u64,
+    pub last_commit: Instant,
+}
+
+pub struct Engine {
+    pub(crate) cache: DeviceRef,
+    pub(crate) origin: DeviceRef,
+    pub(crate) layout: Layout,
+    pub(crate) block_bytes: u64,
+    /// Origin blocks that can be cached (a partial last block never is).
+    pub(crate) origin_blocks: u64,
+    pub(crate) volume_bytes: u64,
+    pub(crate) meta: Mutex<Meta>,
+    pub(crate) commit_state: Mutex<CommitState>,
+    pub(crate) locks: BlockLocks,
+    pub(crate) stats: Stats,
+    /// Counts completed data writes and appended records; a commit that
+    /// starts after value v makes everything counted up to v durable.
+    pub(crate) completed_ops: AtomicU64,
+    pub(crate) opened_at: Instant,
+    pub(crate) closed: AtomicBool,
+    pub(crate) bg_wake: (Mutex<bool>, Condvar),
+    pub(crate) bg_thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Engine {
+    /// Formats `cache` for `origin` and opens the new cache. Never writes
+    /// to the origin.
+    pub fn create(cache: DeviceRef, origin: DeviceRef, opts: &CreateOptions) -> EngineResult<Arc<Engine>> {
+        recovery::format_cache(&cache, &origin, opts)?;
+        Engine::open(
+            cache,
+            origin,
+            &OpenOptions {
+                force: false,
+                allow_data_loss: opts.allow_data_loss,
+                no_background: false,
+            },
+        )
+    }
+
+    /// Opens an existing cache, replaying its journal after a crash.
+    pub fn open(cache: DeviceRef, origin: DeviceRef, opts: &OpenOptions) -> EngineResult<Arc<Engine>> {
+        let engine = Arc::new(recovery::open(cache, origin, opts)?);
+        if !opts.no_background {
+            writeback::start_background(&engine);
+        }
+        Ok(engine)
+    }
+
+    pub fn volume_bytes(&self) -> u64 {
+        self.volume_bytes
+    }
+
+    pub fn block_bytes(&self) -> u32 {
+        self.block_bytes as u32
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.meta.lock().mode
+    }
+
+    pub fn cache_device(&self) -> &DeviceRef {
+        &self.cache
+    }
+
+    pub fn origin_device(&self) -> &DeviceRef {
+        &self.origin
+    }
+
+    pub fn status(&self) -> Status {
+        let m = self.meta.lock();
+        Status {
+            state: if self.closed.load(Ordering::Acquire) { "closed" } else { "running" }.into(),
+            mode: m.mode,
+            policy: m.policy.kind().name().into(),
+            block_bytes: self.block_bytes as u32,
+            volume_bytes: self.volume_bytes,
+            origin: self.origin.name().into(),
+            cache: self.cache.name().into(),
+            cache_blocks_total: m.table.slot_count(),
+            cache_blocks_used: m.table.used(),
+            cache_blocks_dirty: m.table.dirty.len() as u64,
+            writeback: m.writeback,
+            stats: self.stats.snapshot(),
+        }
+    }
+
+    pub fn dirty_blocks(&self) -> u64 {
+        self.meta.lock().table.dirty.len() as u64
+    }
+
+    /// Switches the cache mode on a live cache. Leaving a mode that holds
+    /// dirty data writes all of it back first; if that fails the old mode
+    /// stays.
+    pub fn set_mode(&self, mode: Mode) -> EngineResult<()> {
+        self.check_open()?;
+        if mode.holds_dirty() && self.cache.is_volatile() && !self.allow_data_loss() {
+            return Err(EngineError::VolatileWriteback {
+                device: self.cache.name().into(),
+                mode: mode.name().into(),
+            });
+        }
+        let old = std::mem::replace(&mut self.meta.lock().mode, mode);
+        if !mode.holds_dirty() {
+            if let Err(e) = self.flush_all(&mut |_, _| {}) {
+                self.meta.lock().mode = old;
+                return Err(e);
+            }
+        }
+        self.commit()?;
+        let mut cs = self.commit_state.lock();
+        self.write_superblock(&mut cs, |sb| sb.mode.set(mode.to_u32()))
+    }
+
+    /// Changes the writeback watermarks and age; persisted in the superblock.
+    pub fn set_writeback(&self, w: WritebackSettings) -> EngineResult<()> {
+        if w.low_pct > w.high_pct || w.high_pct > 100 || w.max_age_secs == 0 {
+            return Err(EngineError::Config(format!(
+                "invalid writeback settings: need low <= high <= 100 and age > 0, got low {} high {} age {}",
+                w.low_pct, w.high_pct, w.max_age_secs
+            )));
+        }
+        self.meta.lock().writeback = w;
+        let mut cs = self.commit_state.lock();
+        self.write_superblock(&mut cs, |sb| {
+            sb.writeback_high_pct.set(w.high_pct);
+            sb.writeback_low_pct.set(w.low_pct);
+            sb.writeback_max_age_secs.set(w.max_age_secs);
+        })
+    }
+
+    pub(crate) fn allow_data_loss(&self) -> bool {
+        self.commit_state.lock().sb.flags.get() & format::SB_FLAG_ALLOW_VOLATILE_WRITEBACK != 0
+    }
+
+    pub(crate) fn check_open(&self) -> EngineResult<()> {
+        if self.closed.load(Ordering::Acquire) {
+            Err(EngineError::ShutDown)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Clean shutdown: stops background work, commits, writes a checkpoint
+    /// and marks the cache clean, so it opens warm without replay.
+    pub fn close(&self) -> EngineResult<()> {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        writeback::stop_background(self);
+        self.commit()?;
+        self.checkpoint_now(true)
+    }
+
+    /// Writes back all dirty data, then dissolves the cache: afterwards the
+    /// origin alone holds all data and the cache device holds no cache.
+    pub fn detach(&self) -> EngineResult<()> {
+        self.check_open()?;
+        let old = std::mem::replace(&mut self.meta.lock().mode, Mode::Passthrough);
+        if let Err(e) = self.flush_all(&mut |_, _| {}) {
+            self.meta.lock().mode = old;
+            return Err(e);
+        }
+        self.closed.store(true, Ordering::Release);
+        writeback::stop_background(self);
+        self.commit()?;
+        if self.dirty_blocks() != 0 {
+            return Err(EngineError::Config("dirty data appeared during detach".into()));
+        }
+        recovery::wipe(self)
+    }
+
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.opened_at.elapsed().as_millis() as u64
+    }
+
+    pub(crate) fn note_completed(&self) {
+        self.completed_ops.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Weak handle for the background thread.
+    pub(crate) fn weak(self: &Arc<Self>) -> Weak<Engine> {
+        Arc::downgrade(self)
+    }
+}

@@ -1,0 +1,15 @@
+//! Passthrough: every read and write goes to the origin. Writes drop cached
+//! copies (committed first), so the blocks still cached stay valid and the
+//! cache is warm again when another mode is switched on.
+
+use super::super::io::Segment;
+use super::super::stats::bump;
+use super::super::{Engine, EngineResult};
+
+impl Engine {
+    pub(crate) fn write_passthrough(&self, offset: u64, segs: &[Segment], data: &[u8]) -> EngineResult<()> {
+        bump(&self.stats.bypassed_ios, 1);
+        self.invalidate_before_origin_write(segs)?;
+        Ok(self.origin_write(data, offset)?)
+    }
+}

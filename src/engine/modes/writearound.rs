@@ -1,0 +1,16 @@
+//! Writearound: writes go to the origin only and drop any cached copy
+//! (committed before the origin write, as in writethrough); reads still
+//! promote, so the cache holds what is read, not what is written.
+
+use super::super::io::Segment;
+use super::super::stats::bump;
+use super::super::{Engine, EngineResult};
+
+impl Engine {
+    pub(crate) fn write_writearound(&self, offset: u64, segs: &[Segment], data: &[u8]) -> EngineResult<()> {
+        self.count_write_hits(segs);
+        bump(&self.stats.bypassed_ios, 1);
+        self.invalidate_before_origin_write(segs)?;
+        Ok(self.origin_write(data, offset)?)
+    }
+}

@@ -1,0 +1,519 @@
+//! Formatting a cache device, opening it (validation and journal replay),
+//! dissolving it on detach, and the offline metadata check.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+use zerocopy::little_endian::{U32, U64};
+use zerocopy::FromZeros;
+
+use super::format::{
+    parse_checkpoint_page, parse_journal_page, Layout, Superblock, ENTRIES_PER_CHECKPOINT_PAGE, FORMAT_VERSION,
+    MAX_BLOCK_BYTES, MIN_BLOCK_BYTES, PAGE_BYTES, SB_FLAG_ALLOW_VOLATILE_WRITEBACK, SUPERBLOCK_MAGIC,
+};
+use super::locks::BlockLocks;
+use super::meta::Table;
+use super::policy::PolicyKind;
+use super::stats::Stats;
+use super::{CommitState, CreateOptions, Engine, EngineError, EngineResult, Meta, Mode, OpenOptions, WritebackSettings};
+use crate::device::{AlignedBuf, DeviceRef};
+
+/// Bytes of journal read per request during replay and checks.
+const JOURNAL_READ_BYTES: u64 = 1 << 20;
+
+pub(crate) fn check_block_bytes(block_bytes: u32) -> EngineResult<()> {
+    if !block_bytes.is_power_of_two() || !(MIN_BLOCK_BYTES..=MAX_BLOCK_BYTES).contains(&block_bytes) {
+        return Err(EngineError::Config(format!(
+            "block size {block_bytes} is invalid: it must be a power of two from {MIN_BLOCK_BYTES} to {MAX_BLOCK_BYTES} bytes"
+        )));
+    }
+    Ok(())
+}
+
+fn read_page(dev: &DeviceRef, offset: u64) -> EngineResult<AlignedBuf> {
+    let mut buf = AlignedBuf::zeroed(PAGE_BYTES as usize);
+    dev.read_at(&mut buf, offset)?;
+    Ok(buf)
+}
+
+/// Both superblock copies, parsed (or why not).
+pub(crate) fn read_superblocks(cache: &DeviceRef) -> EngineResult<[Result<Superblock, String>; 2]> {
+    if cache.size_bytes() < 2 * PAGE_BYTES {
+        return Ok([Err("device too small".into()), Err("device too small".into())]);
+    }
+    Ok([
+        Superblock::parse(&read_page(cache, 0)?),
+        Superblock::parse(&read_page(cache, PAGE_BYTES)?),
+    ])
+}
+
+/// The current superblock: the valid copy with the highest generation.
+pub(crate) fn current_superblock(cache: &DeviceRef) -> EngineResult<Superblock> {
+    let [a, b] = read_superblocks(cache)?;
+    match (a, b) {
+        (Ok(a), Ok(b)) => Ok(if a.generation.get() >= b.generation.get() { a } else { b }),
+        (Ok(s), Err(e)) | (Err(e), Ok(s)) => {
+            log::warn!("{}: one superblock copy is invalid ({e}); using the other", cache.name());
+            Ok(s)
+        }
+        (Err(a), Err(b)) => Err(EngineError::NotACache {
+            device: cache.name().into(),
+            reason: if a == b { a } else { format!("copy 0: {a}; copy 1: {b}") },
+        }),
+    }
+}
+
+pub(crate) fn format_cache(cache: &DeviceRef, origin: &DeviceRef, opts: &CreateOptions) -> EngineResult<()> {
+    check_block_bytes(opts.block_bytes)?;
+    if opts.mode.holds_dirty() && cache.is_volatile() && !opts.allow_data_loss {
+        return Err(EngineError::VolatileWriteback {
+            device: cache.name().into(),
+            mode: opts.mode.name().into(),
+        });
+    }
+    let w = opts.writeback;
+    if w.low_pct > w.high_pct || w.high_pct > 100 || w.max_age_secs == 0 {
+        return Err(EngineError::Config("invalid writeback settings: need low <= high <= 100 and age > 0".into()));
+    }
+    if origin.size_bytes() < opts.block_bytes as u64 {
+        return Err(EngineError::Config(format!(
+            "origin {} ({} bytes) is smaller than one cache block ({} bytes)",
+            origin.name(),
+            origin.size_bytes(),
+            opts.block_bytes
+        )));
+    }
+    let layout = Layout::compute(cache.size_bytes(), opts.block_bytes).map_err(EngineError::Config)?;
+    if !opts.force {
+        if let Ok(sb) = current_superblock(cache) {
+            let mode = Mode::from_u32(sb.mode.get()).map_or("unknown", |m| m.name());
+            return Err(EngineError::AlreadyACache {
+                device: cache.name().into(),
+                mode: mode.into(),
+                dirty_hint: if sb.clean_shutdown.get() == 1 { "shut down cleanly" } else { "not shut down cleanly: it may hold dirty data" }.into(),
+            });
+        }
+    }
+    // 1. Invalidate any old superblocks, so an interrupted create never
+    //    leaves an older cache's superblock current.
+    let zero = AlignedBuf::zeroed(2 * PAGE_BYTES as usize);
+    cache.write_at(&zero, 0)?;
+    cache.flush()?;
+    // 2. Zero the journal: no page of an earlier cache may replay.
+    let journal_bytes = layout.journal_pages * PAGE_BYTES;
+    let chunk = AlignedBuf::zeroed(JOURNAL_READ_BYTES as usize);
+    let mut done = 0;
+    while done < journal_bytes {
+        let n = (journal_bytes - done).min(JOURNAL_READ_BYTES);
+        cache.write_at(&chunk[..n as usize], layout.journal_offset + done)?;
+        done += n;
+    }
+    // 3. An empty checkpoint in area 0, generation 1.
+    let entries = vec![0u64; layout.slot_count as usize];
+    let mut page_index = 0u64;
+    for part in entries.chunks(ENTRIES_PER_CHECKPOINT_PAGE) {
+        let page = super::format::checkpoint_page(1, page_index, part);
+        cache.write_at(&AlignedBuf::from_slice(&page), layout.checkpoint_offset[0] + page_index * PAGE_BYTES)?;
+        page_index += 1;
+    }
+    cache.flush()?;
+    // 4. The superblock, both copies (generations 1 and 2).
+    let mut sb = Superblock::new_zeroed();
+    sb.magic = SUPERBLOCK_MAGIC;
+    sb.version = U32::new(FORMAT_VERSION);
+    sb.block_bytes = U32::new(opts.block_bytes);
+    sb.cache_device_bytes = U64::new(cache.size_bytes());
+    sb.origin_bytes = U64::new(origin.size_bytes());
+    sb.origin_identity = U64::new(origin.identity());
+    sb.slot_count = U64::new(layout.slot_count);
+    sb.journal_offset = U64::new(layout.journal_offset);
+    sb.journal_pages = U64::new(layout.journal_pages);
+    sb.checkpoint_offset = [U64::new(layout.checkpoint_offset[0]), U64::new(layout.checkpoint_offset[1])];
+    sb.checkpoint_pages = U64::new(layout.checkpoint_pages);
+    sb.data_offset = U64::new(layout.data_offset);
+    sb.checkpoint_area = U32::new(0);
+    sb.mode = U32::new(opts.mode.to_u32());
+    sb.checkpoint_generation = U64::new(1);
+    sb.journal_replay_seq = U64::new(1);
+    sb.clean_shutdown = U32::new(1);
+    sb.policy = U32::new(opts.policy.to_u32());
+    sb.writeback_high_pct = U32::new(w.high_pct);
+    sb.writeback_low_pct = U32::new(w.low_pct);
+    sb.writeback_max_age_secs = U32::new(w.max_age_secs);
+    sb.flags = U32::new(if opts.allow_data_loss { SB_FLAG_ALLOW_VOLATILE_WRITEBACK } else { 0 });
+    sb.created_unix_secs = U64::new(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    );
+    for generation in [1u64, 2] {
+        sb.generation = U64::new(generation);
+        sb.seal();
+        cache.write_at(&AlignedBuf::from_slice(&sb.to_page()), (generation % 2) * PAGE_BYTES)?;
+    }
+    cache.flush()?;
+    Ok(())
+}
+
+/// What loading the metadata found.
+pub(crate) struct Loaded {
+    pub sb: Superblock,
+    pub layout: Layout,
+    pub table: Table,
+    /// Sequence number after the last replayed journal page.
+    pub journal_end_seq: u64,
+    pub pages_replayed: u64,
+    pub records_replayed: u64,
+}
+
+fn corrupt(cache: &DeviceRef, what: impl Into<String>) -> EngineError {
+    EngineError::Corrupt {
+        device: cache.name().into(),
+        what: what.into(),
+    }
+}
+
+/// Validates the superblock against the device and derives the layout.
+fn validate_superblock(cache: &DeviceRef, sb: &Superblock) -> EngineResult<Layout> {
+    let bs = sb.block_bytes.get();
+    check_block_bytes(bs).map_err(|e| corrupt(cache, format!("superblock: {e}")))?;
+    if sb.cache_device_bytes.get() > cache.size_bytes() {
+        return Err(corrupt(
+            cache,
+            format!(
+                "superblock records a cache device of {} bytes but the device has {}",
+                sb.cache_device_bytes.get(),
+                cache.size_bytes()
+            ),
+        ));
+    }
+    let layout = Layout::compute(sb.cache_device_bytes.get(), bs).map_err(|e| corrupt(cache, format!("superblock: {e}")))?;
+    let recorded = Layout {
+        block_bytes: bs,
+        slot_count: sb.slot_count.get(),
+        journal_offset: sb.journal_offset.get(),
+        journal_pages: sb.journal_pages.get(),
+        checkpoint_offset: [sb.checkpoint_offset[0].get(), sb.checkpoint_offset[1].get()],
+        checkpoint_pages: sb.checkpoint_pages.get(),
+        data_offset: sb.data_offset.get(),
+    };
+    if recorded != layout {
+        return Err(corrupt(cache, format!("superblock layout {recorded:?} does not match the device ({layout:?})")));
+    }
+    if Mode::from_u32(sb.mode.get()).is_none() {
+        return Err(corrupt(cache, format!("superblock: unknown mode {}", sb.mode.get())));
+    }
+    if PolicyKind::from_u32(sb.policy.get()).is_none() {
+        return Err(corrupt(cache, format!("superblock: unknown policy {}", sb.policy.get())));
+    }
+    if sb.checkpoint_area.get() > 1 {
+        return Err(corrupt(cache, "superblock: checkpoint area is not 0 or 1"));
+    }
+    Ok(layout)
+}
+
+/// Loads the checkpoint and replays the journal. With `problems` given,
+/// keeps going after damage and lists it (for `check`); otherwise the first
+/// damage is an error.
+pub(crate) fn load(cache: &DeviceRef, origin_bytes: u64, mut problems: Option<&mut Vec<String>>) -> EngineResult<Loaded> {
+    let sb = current_superblock(cache)?;
+    let layout = validate_superblock(cache, &sb)?;
+    let origin_blocks = origin_bytes / layout.block_bytes as u64;
+    let mut fail = |what: String| -> EngineResult<()> {
+        match problems.as_deref_mut() {
+            Some(p) => {
+                p.push(what);
+                Ok(())
+            }
+            None => Err(corrupt(cache, what)),
+        }
+    };
+
+    // Checkpoint.
+    let area = sb.checkpoint_area.get() as usize;
+    let generation = sb.checkpoint_generation.get();
+    let mut entries = Vec::with_capacity(layout.checkpoint_pages as usize * ENTRIES_PER_CHECKPOINT_PAGE);
+    let mut idx = 0u64;
+    while idx < layout.checkpoint_pages {
+        let n = (layout.checkpoint_pages - idx).min(JOURNAL_READ_BYTES / PAGE_BYTES);
+        let mut buf = AlignedBuf::zeroed((n * PAGE_BYTES) as usize);
+        cache.read_at(&mut buf, layout.checkpoint_offset[area] + idx * PAGE_BYTES)?;
+        for k in 0..n {
+            let page = &buf[(k * PAGE_BYTES) as usize..((k + 1) * PAGE_BYTES) as usize];
+            match parse_checkpoint_page(page, generation, idx + k) {
+                Ok(e) => entries.extend(e),
+                Err(e) => {
+                    fail(format!(
+                        "checkpoint area {area} page {} (byte offset {}): {e}",
+                        idx + k,
+                        layout.checkpoint_offset[area] + (idx + k) * PAGE_BYTES
+                    ))?;
+                    entries.extend(std::iter::repeat_n(0u64, ENTRIES_PER_CHECKPOINT_PAGE));
+                }
+            }
+        }
+        idx += n;
+    }
+    entries.truncate(layout.slot_count as usize);
+    let mut table = match Table::from_entries(entries, origin_blocks) {
+        Ok(t) => t,
+        Err(e) => {
+            fail(format!("checkpoint: {e}"))?;
+            Table::new(layout.slot_count, origin_blocks)
+        }
+    };
+
+    // Journal: read the whole ring once.
+    let n_pages = layout.journal_pages;
+    let mut ring = AlignedBuf::zeroed((n_pages * PAGE_BYTES) as usize);
+    let mut off = 0u64;
+    while off < n_pages * PAGE_BYTES {
+        let n = (n_pages * PAGE_BYTES - off).min(JOURNAL_READ_BYTES);
+        cache.read_at(&mut ring[off as usize..(off + n) as usize], layout.journal_offset + off)?;
+        off += n;
+    }
+    let page_at = |seq: u64| {
+        let i = (seq % n_pages) as usize * PAGE_BYTES as usize;
+        &ring[i..i + PAGE_BYTES as usize]
+    };
+    let start = sb.journal_replay_seq.get();
+    let mut seq = start;
+    let mut records_replayed = 0u64;
+    'replay: while seq < start + n_pages {
+        let page = match parse_journal_page(page_at(seq)) {
+            Ok(p) if p.seq == seq => p,
+            _ => break,
+        };
+        for r in &page.records {
+            if let Err(e) = table.validate(r) {
+                fail(format!("journal page {seq}: {e}"))?;
+                break 'replay;
+            }
+            table.apply(r);
+            records_replayed += 1;
+        }
+        seq += 1;
+    }
+    // The replay stopped at `seq`. That is the torn tail of the last commit
+    // unless a page of a LATER commit is valid: commits are sequential, so a
+    // later commit means the commit holding `seq` had completed, and its
+    // page was durable: it was damaged afterwards.
+    for later in seq + 1..start + n_pages {
+        if let Ok(p) = parse_journal_page(page_at(later)) {
+            if p.seq == later && p.commit_first_seq > seq {
+                fail(format!(
+                    "journal page {seq} (byte offset {}) is damaged but the later commit at page {later} is intact",
+                    layout.journal_page_offset(seq)
+                ))?;
+                break;
+            }
+        }
+    }
+    Ok(Loaded {
+        sb,
+        layout,
+        table,
+        journal_end_seq: seq,
+        pages_replayed: seq - start,
+        records_replayed,
+    })
+}
+
+pub(crate) fn open(cache: DeviceRef, origin: DeviceRef, opts: &OpenOptions) -> EngineResult<Engine> {
+    let sb = current_superblock(&cache)?;
+    if sb.origin_bytes.get() != origin.size_bytes() {
+        return Err(EngineError::OriginMismatch {
+            what: format!(
+                "{} has {} bytes but the cache was created for an origin of {} bytes",
+                origin.name(),
+                origin.size_bytes(),
+                sb.origin_bytes.get()
+            ),
+        });
+    }
+    if sb.origin_identity.get() != origin.identity() && !opts.force {
+        return Err(EngineError::OriginMismatch {
+            what: format!("{} is not the device the cache was created for (identity differs)", origin.name()),
+        });
+    }
+    let loaded = load(&cache, origin.size_bytes(), None)?;
+    let mut sb = loaded.sb;
+    let mode = Mode::from_u32(sb.mode.get()).expect("validated");
+    let allow = opts.allow_data_loss || sb.flags.get() & SB_FLAG_ALLOW_VOLATILE_WRITEBACK != 0;
+    if mode.holds_dirty() && cache.is_volatile() && !allow {
+        return Err(EngineError::VolatileWriteback {
+            device: cache.name().into(),
+            mode: mode.name().into(),
+        });
+    }
+    if opts.allow_data_loss {
+        sb.flags.set(sb.flags.get() | SB_FLAG_ALLOW_VOLATILE_WRITEBACK);
+    }
+    let policy_kind = PolicyKind::from_u32(sb.policy.get()).expect("validated");
+    let layout = loaded.layout;
+    let table = loaded.table;
+    let mut policy = policy_kind.build(layout.slot_count as u32);
+    for (slot, &e) in table.entries.iter().enumerate() {
+        if e != 0 {
+            policy.inserted(slot as u32);
+        }
+    }
+    let free = table.free_slots();
+    let dirty_queue: VecDeque<(u64, u64)> = table.dirty.iter().map(|&b| (0, b)).collect();
+    let block_bytes = layout.block_bytes as u64;
+    let clean = sb.clean_shutdown.get() == 1 && loaded.pages_replayed == 0;
+    if !clean {
+        log::info!(
+            "{}: recovering after an unclean shutdown: replayed {} journal pages ({} records); {} blocks cached, {} dirty",
+            cache.name(),
+            loaded.pages_replayed,
+            loaded.records_replayed,
+            table.used(),
+            table.dirty.len()
+        );
+    }
+    let engine = Engine {
+        layout,
+        block_bytes,
+        origin_blocks: origin.size_bytes() / block_bytes,
+        volume_bytes: origin.size_bytes(),
+        meta: Mutex::new(Meta {
+            table,
+            policy,
+            free,
+            pending_free: Vec::new(),
+            records: Vec::new(),
+            mode,
+            writeback: WritebackSettings {
+                high_pct: sb.writeback_high_pct.get(),
+                low_pct: sb.writeback_low_pct.get(),
+                max_age_secs: sb.writeback_max_age_secs.get(),
+            },
+            dirty_queue,
+            writeback_cursor: 0,
+            writeback_active: false,
+        }),
+        commit_state: Mutex::new(CommitState {
+            sb,
+            next_page_seq: loaded.journal_end_seq,
+            flushed_through: 0,
+            last_commit: Instant::now(),
+        }),
+        locks: BlockLocks::new(),
+        stats: Stats::default(),
+        completed_ops: AtomicU64::new(0),
+        opened_at: Instant::now(),
+        closed: AtomicBool::new(false),
+        bg_wake: (Mutex::new(false), Condvar::new()),
+        bg_thread: Mutex::new(None),
+        cache,
+        origin,
+    };
+    {
+        let mut cs = engine.commit_state.lock();
+        if clean {
+            engine.write_superblock(&mut cs, |sb| sb.clean_shutdown.set(0))?;
+        } else {
+            // Pages after the replayed ones may hold valid pages of an
+            // interrupted commit; start the new journal a full ring later so
+            // none of them can ever be taken for a new page.
+            let entries = engine.meta.lock().table.entries.clone();
+            let restart = loaded.journal_end_seq + layout.journal_pages;
+            engine.write_checkpoint(&mut cs, &entries, restart, false)?;
+        }
+    }
+    Ok(engine)
+}
+
+/// Dissolves a fully written-back cache: both superblock copies first
+/// describe the final clean state, then are zeroed. A crash at any point
+/// leaves either that clean cache or no cache.
+pub(crate) fn wipe(engine: &Engine) -> EngineResult<()> {
+    engine.checkpoint_now(true)?;
+    {
+        let mut cs = engine.commit_state.lock();
+        engine.write_superblock(&mut cs, |_| {})?;
+    }
+    let zero = AlignedBuf::zeroed(PAGE_BYTES as usize);
+    for copy in 0..2u64 {
+        engine.cache.write_at(&zero, copy * PAGE_BYTES)?;
+        engine.cache.flush()?;
+    }
+    Ok(())
+}
+
+/// The result of an offline metadata check.
+#[derive(Debug, serde::Serialize)]
+pub struct CheckReport {
+    pub ok: bool,
+    pub findings: Vec<String>,
+    pub mode: Option<String>,
+    pub block_bytes: Option<u32>,
+    pub cache_blocks_total: u64,
+    pub cache_blocks_used: u64,
+    pub cache_blocks_dirty: u64,
+    pub clean_shutdown: Option<bool>,
+    pub journal_pages_to_replay: u64,
+}
+
+/// Checks the metadata without writing anything. `origin_bytes` is the
+/// origin's size if known (else the recorded size is used).
+pub fn check(cache: &DeviceRef, origin_bytes: Option<u64>) -> CheckReport {
+    let mut findings = Vec::new();
+    let mut report = CheckReport {
+        ok: false,
+        findings: Vec::new(),
+        mode: None,
+        block_bytes: None,
+        cache_blocks_total: 0,
+        cache_blocks_used: 0,
+        cache_blocks_dirty: 0,
+        clean_shutdown: None,
+        journal_pages_to_replay: 0,
+    };
+    match read_superblocks(cache) {
+        Ok(copies) => {
+            for (i, c) in copies.iter().enumerate() {
+                match c {
+                    Ok(sb) => findings.push(format!("superblock copy {i}: valid, generation {}", sb.generation.get())),
+                    Err(e) => findings.push(format!("superblock copy {i}: INVALID ({e})")),
+                }
+            }
+        }
+        Err(e) => findings.push(format!("cannot read superblocks: {e}")),
+    }
+    let sb = match current_superblock(cache) {
+        Ok(sb) => sb,
+        Err(e) => {
+            findings.push(format!("DAMAGE: {e}"));
+            report.findings = findings;
+            return report;
+        }
+    };
+    report.mode = Mode::from_u32(sb.mode.get()).map(|m| m.name().to_string());
+    report.block_bytes = Some(sb.block_bytes.get());
+    report.clean_shutdown = Some(sb.clean_shutdown.get() == 1);
+    let origin_bytes = origin_bytes.unwrap_or(sb.origin_bytes.get());
+    if origin_bytes != sb.origin_bytes.get() {
+        findings.push(format!(
+            "DAMAGE: origin has {origin_bytes} bytes but the cache records {}",
+            sb.origin_bytes.get()
+        ));
+    }
+    let mut problems = Vec::new();
+    match load(cache, origin_bytes, Some(&mut problems)) {
+        Ok(l) => {
+            report.cache_blocks_total = l.layout.slot_count;
+            report.cache_blocks_used = l.table.used();
+            report.cache_blocks_dirty = l.table.dirty.len() as u64;
+            report.journal_pages_to_replay = l.pages_replayed;
+        }
+        Err(e) => problems.push(e.to_string()),
+    }
+    report.ok = problems.is_empty() && !findings.iter().any(|f| f.starts_with("DAMAGE"));
+    findings.extend(problems.into_iter().map(|p| format!("DAMAGE: {p}")));
+    report.findings = findings;
+    report
+}

@@ -1,0 +1,62 @@
+//! Counters a person can watch (`tiercache status`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+macro_rules! counters {
+    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
+        /// Live counters, updated without locks.
+        #[derive(Default)]
+        pub struct Stats { $($(#[$doc])* pub $name: AtomicU64,)* }
+
+        /// A point-in-time copy of [`Stats`].
+        #[derive(Clone, Debug, Default, Serialize, serde::Deserialize, PartialEq, Eq)]
+        pub struct StatsSnapshot { $($(#[$doc])* pub $name: u64,)* }
+
+        impl Stats {
+            pub fn snapshot(&self) -> StatsSnapshot {
+                StatsSnapshot { $($name: self.$name.load(Ordering::Relaxed),)* }
+            }
+        }
+    };
+}
+
+counters! {
+    /// Blocks read from the cache.
+    read_hits,
+    /// Blocks read from the origin because they were not cached.
+    read_misses,
+    /// Blocks written while cached.
+    write_hits,
+    /// Blocks written while not cached.
+    write_misses,
+    /// Blocks copied from the origin into the cache.
+    promotions,
+    /// Clean blocks evicted from the cache.
+    demotions,
+    /// Dirty blocks written back to the origin.
+    blocks_written_back,
+    /// Requests (or parts) that went to the origin without using the cache.
+    bypassed_ios,
+    /// Cache device I/O errors.
+    cache_errors,
+    /// Origin device I/O errors.
+    origin_errors,
+    /// Metadata commits (journal or checkpoint writes).
+    commits,
+    /// Checkpoints written.
+    checkpoints,
+    /// Read requests served.
+    read_requests,
+    /// Write requests served.
+    write_requests,
+    /// Flush requests served.
+    flush_requests,
+    /// Trim requests served.
+    trim_requests,
+}
+
+pub fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}

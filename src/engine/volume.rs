@@ -1,0 +1,63 @@
+//! The asynchronous API: `crate::volume::Volume` over the engine. Each
+//! request runs on tokio's blocking pool, so many are in flight at once and
+//! requests for different blocks never wait on each other.
+
+use std::sync::Arc;
+
+use super::{Engine, EngineError};
+use crate::device::AlignedBuf;
+use crate::volume::{ErrorKind, Volume, VolumeError, VolumeResult};
+
+/// The engine as an asynchronous volume.
+#[derive(Clone)]
+pub struct AsyncEngine(pub Arc<Engine>);
+
+async fn run<T: Send + 'static>(
+    engine: &Arc<Engine>,
+    f: impl FnOnce(&Engine) -> Result<T, EngineError> + Send + 'static,
+) -> VolumeResult<T> {
+    let e = engine.clone();
+    match tokio::task::spawn_blocking(move || f(&e)).await {
+        Ok(r) => r.map_err(VolumeError::from),
+        Err(join) => Err(VolumeError::new(ErrorKind::Io, format!("engine task failed: {join}"))),
+    }
+}
+
+impl Volume for AsyncEngine {
+    fn size_bytes(&self) -> u64 {
+        self.0.volume_bytes()
+    }
+
+    fn preferred_block_bytes(&self) -> u32 {
+        self.0.block_bytes()
+    }
+
+    fn flush_is_global(&self) -> bool {
+        // A commit flushes both devices for every connection's writes.
+        true
+    }
+
+    async fn read(&self, offset: u64, len: u32) -> VolumeResult<AlignedBuf> {
+        run(&self.0, move |e| e.read(offset, len as u64)).await
+    }
+
+    async fn write(&self, offset: u64, data: AlignedBuf, fua: bool) -> VolumeResult<()> {
+        run(&self.0, move |e| e.write(offset, &data, fua)).await
+    }
+
+    async fn flush(&self) -> VolumeResult<()> {
+        run(&self.0, |e| e.flush()).await
+    }
+
+    async fn trim(&self, offset: u64, len: u64, fua: bool) -> VolumeResult<()> {
+        run(&self.0, move |e| e.trim(offset, len, fua)).await
+    }
+
+    async fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> VolumeResult<()> {
+        run(&self.0, move |e| e.write_zeroes(offset, len, fua)).await
+    }
+
+    async fn prefetch(&self, offset: u64, len: u64) -> VolumeResult<()> {
+        run(&self.0, move |e| e.prefetch(offset, len)).await
+    }
+}

@@ -1,0 +1,275 @@
+//! Background writeback and `flush`.
+//!
+//! The background thread writes dirty blocks back when the dirty share
+//! passes the high watermark (until it falls to the low one) and when a
+//! block has been dirty longer than the maximum age. Blocks go to the origin
+//! in ascending order, adjacent blocks coalesced into one write. It also
+//! keeps a reserve of free slots (evicting clean blocks ahead of need) and
+//! commits buffered records at least once a second.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::format::Record;
+use super::stats::bump;
+use super::{Engine, EngineError, EngineResult};
+use crate::device::AlignedBuf;
+
+/// Largest coalesced origin write.
+const MAX_RUN_BYTES: u64 = 1 << 20;
+/// Dirty blocks examined per writeback batch.
+const BATCH_BLOCKS: usize = 256;
+const TICK: Duration = Duration::from_millis(100);
+const COMMIT_INTERVAL: Duration = Duration::from_secs(1);
+
+pub(crate) fn start_background(engine: &Arc<Engine>) {
+    let weak = engine.weak();
+    let handle = std::thread::Builder::new()
+        .name("tiercache-bg".into())
+        .spawn(move || loop {
+            let Some(e) = weak.upgrade() else { break };
+            if e.closed.load(std::sync::atomic::Ordering::Acquire) {
+                break;
+            }
+            e.background_tick();
+            {
+                let (lock, cv) = &e.bg_wake;
+                let mut woken = lock.lock();
+                if !*woken {
+                    cv.wait_for(&mut woken, TICK);
+                }
+                *woken = false;
+            }
+        })
+        .expect("spawn background thread");
+    *engine.bg_thread.lock() = Some(handle);
+}
+
+pub(crate) fn stop_background(engine: &Engine) {
+    engine.wake_background();
+    let handle = engine.bg_thread.lock().take();
+    if let Some(h) = handle {
+        if h.thread().id() != std::thread::current().id() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Engine {
+    pub(crate) fn wake_background(&self) {
+        let (lock, cv) = &self.bg_wake;
+        *lock.lock() = true;
+        cv.notify_one();
+    }
+
+    /// One round of background work; public so tests can drive it.
+    pub fn background_tick(&self) {
+        for _ in 0..64 {
+            if self.closed.load(std::sync::atomic::Ordering::Acquire) {
+                return;
+            }
+            let cands = self.writeback_candidates();
+            if cands.is_empty() {
+                break;
+            }
+            match self.writeback_blocks(&cands) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) => {
+                    log::warn!("background writeback: {e}");
+                    break;
+                }
+            }
+        }
+        {
+            let mut m = self.meta.lock();
+            let reserve = (m.table.slot_count() / 100).max(8) as usize;
+            if m.free.len() + m.pending_free.len() < reserve {
+                self.evict(&mut m, reserve);
+            }
+        }
+        let due = {
+            let m = self.meta.lock();
+            !m.records.is_empty() || !m.pending_free.is_empty()
+        } && self.commit_state.lock().last_commit.elapsed() >= COMMIT_INTERVAL;
+        if due {
+            if let Err(e) = self.commit() {
+                log::warn!("background commit: {e}");
+            }
+        }
+    }
+
+    /// Dirty blocks the background should write back now, ascending.
+    fn writeback_candidates(&self) -> Vec<u64> {
+        let mut m = self.meta.lock();
+        let total = m.table.slot_count().max(1);
+        let dirty = m.table.dirty.len() as u64;
+        let pct = dirty * 100 / total;
+        if pct >= m.writeback.high_pct as u64 && dirty > 0 {
+            m.writeback_active = true;
+        }
+        if pct <= m.writeback.low_pct as u64 || dirty == 0 {
+            m.writeback_active = false;
+        }
+        if m.writeback_active {
+            let cursor = m.writeback_cursor;
+            let mut v: Vec<u64> = m.table.dirty.range(cursor..).take(BATCH_BLOCKS).copied().collect();
+            if v.len() < BATCH_BLOCKS {
+                let more = BATCH_BLOCKS - v.len();
+                v.extend(m.table.dirty.range(..cursor).take(more).copied());
+                v.sort_unstable();
+            }
+            m.writeback_cursor = v.last().map_or(0, |b| b + 1);
+            return v;
+        }
+        // Aged blocks.
+        let max_age_ms = m.writeback.max_age_secs as u64 * 1000;
+        let now = self.now_ms();
+        let mut v = Vec::new();
+        while let Some(&(t, b)) = m.dirty_queue.front() {
+            if !m.table.dirty.contains(&b) {
+                m.dirty_queue.pop_front();
+                continue;
+            }
+            if now.saturating_sub(t) < max_age_ms || v.len() >= BATCH_BLOCKS {
+                break;
+            }
+            v.push(b);
+            m.dirty_queue.pop_front();
+        }
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// Writes back the given dirty blocks (ascending), coalescing adjacent
+    /// ones. Blocks that are busy or no longer dirty are skipped. Returns
+    /// how many were written back, or the first error (other runs are
+    /// still tried).
+    pub(crate) fn writeback_blocks(&self, blocks: &[u64]) -> EngineResult<usize> {
+        let bs = self.block_bytes;
+        let max_run = (MAX_RUN_BYTES / bs).max(1) as usize;
+        let mut written = 0;
+        let mut first_err: Option<EngineError> = None;
+        let mut i = 0;
+        while i < blocks.len() {
+            // Lock a run of adjacent blocks that are dirty.
+            let mut run: Vec<(u64, u32)> = Vec::new();
+            while i < blocks.len() && run.len() < max_run {
+                let b = blocks[i];
+                if let Some(&(last, _)) = run.last() {
+                    if b != last + 1 {
+                        break;
+                    }
+                }
+                if !self.locks.try_lock(b) {
+                    i += 1;
+                    break;
+                }
+                match self.meta.lock().table.lookup(b) {
+                    Some((slot, true)) => run.push((b, slot)),
+                    _ => {
+                        self.locks.unlock(b);
+                        i += 1;
+                        break;
+                    }
+                }
+                i += 1;
+            }
+            if run.is_empty() {
+                continue;
+            }
+            let result = self.write_back_run(&run);
+            for &(b, _) in &run {
+                self.locks.unlock(b);
+            }
+            match result {
+                Ok(n) => written += n,
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) if written == 0 => Err(e),
+            Some(e) => {
+                log::warn!("writeback: {e}");
+                Ok(written)
+            }
+            None => Ok(written),
+        }
+    }
+
+    /// Writes back locked, dirty, adjacent blocks with one origin write.
+    fn write_back_run(&self, run: &[(u64, u32)]) -> EngineResult<usize> {
+        let bs = self.block_bytes as usize;
+        let mut buf = AlignedBuf::zeroed(run.len() * bs);
+        let mut k = 0;
+        while k < run.len() {
+            // Coalesce reads of consecutive slots.
+            let mut n = 1;
+            while k + n < run.len() && run[k + n].1 == run[k].1 + n as u32 {
+                n += 1;
+            }
+            self.cache_read(run[k].1, 0, &mut buf[k * bs..(k + n) * bs])?;
+            k += n;
+        }
+        self.origin_write(&buf, run[0].0 * bs as u64)?;
+        let mut m = self.meta.lock();
+        let mut n = 0;
+        for &(b, slot) in run {
+            if m.table.lookup(b) == Some((slot, true)) {
+                self.append(&mut m, Record::Clean { slot });
+                n += 1;
+            }
+        }
+        bump(&self.stats.blocks_written_back, n as u64);
+        Ok(n)
+    }
+
+    /// Writes back every block dirty when it is called (and, when the mode
+    /// holds no dirty data, until none is left), then commits. `progress` is
+    /// called with (blocks done, blocks to do). Blocks dirtied by writes that
+    /// arrive meanwhile in writeback mode are left for later, so a flush
+    /// always ends.
+    pub fn flush_all(&self, progress: &mut dyn FnMut(u64, u64)) -> EngineResult<()> {
+        for _pass in 0..16 {
+            let snapshot: Vec<u64> = self.meta.lock().table.dirty.iter().copied().collect();
+            let total = snapshot.len() as u64;
+            progress(0, total);
+            let mut done = 0u64;
+            let mut stalled = 0;
+            let mut remaining = snapshot;
+            while !remaining.is_empty() {
+                let mut next = Vec::new();
+                for chunk in remaining.chunks(BATCH_BLOCKS) {
+                    self.writeback_blocks(chunk)?;
+                    let m = self.meta.lock();
+                    for &b in chunk {
+                        if m.table.dirty.contains(&b) {
+                            next.push(b);
+                        }
+                    }
+                    done = total - next.len() as u64 - (remaining.len() as u64).saturating_sub(next.len() as u64).min(0);
+                }
+                done = done.max(total - next.len() as u64);
+                progress(done, total);
+                if next.len() == remaining.len() {
+                    // Busy blocks (foreground I/O holds them); wait a little.
+                    stalled += 1;
+                    if stalled > 10_000 {
+                        return Err(EngineError::Config("flush made no progress: blocks stayed busy".into()));
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                } else {
+                    stalled = 0;
+                }
+                remaining = next;
+            }
+            if self.mode().holds_dirty() || self.dirty_blocks() == 0 {
+                break;
+            }
+        }
+        self.commit()
+    }
+}
