@@ -96,7 +96,7 @@ impl std::fmt::Debug for AlignedBuf {
 
 /// True if `p` is aligned for O_DIRECT.
 pub fn is_aligned_ptr(p: *const u8) -> bool {
-    (p as usize) % BUF_ALIGN_BYTES == 0
+    (p as usize).is_multiple_of(BUF_ALIGN_BYTES)
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 
 pub mod buf;
 
+pub mod fault;
 pub mod file;
 pub mod ram;
 
@@ -87,7 +88,7 @@ pub type DeviceRef = Arc<dyn BlockDevice>;
 
 /// Checks a request against the device bounds and the sector alignment.
 pub fn check_range(dev: &dyn BlockDevice, offset: u64, len: u64) -> DeviceResult<()> {
-    if offset % SECTOR_BYTES != 0 || len % SECTOR_BYTES != 0 {
+    if !offset.is_multiple_of(SECTOR_BYTES) || !len.is_multiple_of(SECTOR_BYTES) {
         return Err(DeviceError::Unaligned {
             device: dev.name().to_string(),
             offset,
@@ -104,6 +105,17 @@ pub fn check_range(dev: &dyn BlockDevice, offset: u64, len: u64) -> DeviceResult
         });
     }
     Ok(())
+}
+
+/// FNV-1a, 64-bit. Device identities are stored on disk, so they need a hash
+/// that is fixed forever; std's `DefaultHasher` is allowed to change between
+/// Rust releases and `RandomState` is seeded per process.
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    const OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    bytes
+        .iter()
+        .fold(OFFSET_BASIS, |h, &b| (h ^ u64::from(b)).wrapping_mul(PRIME))
 }
 
 /// Parses a size such as `512`, `64M`, `1G`, `4KiB`.
@@ -134,7 +146,7 @@ pub fn open_device(spec: &str) -> DeviceResult<DeviceRef> {
             spec: spec.to_string(),
             reason: format!("'{size}' is not a size (examples: 64M, 1G)"),
         })?;
-        if bytes == 0 || bytes % SECTOR_BYTES != 0 {
+        if bytes == 0 || !bytes.is_multiple_of(SECTOR_BYTES) {
             return Err(DeviceError::Open {
                 spec: spec.to_string(),
                 reason: "a RAM device size must be a non-zero multiple of 512 bytes".into(),
@@ -159,5 +171,13 @@ mod tests {
         assert_eq!(parse_size("12Q"), None);
         assert_eq!(parse_size("99999999999999999999"), None);
         assert_eq!(parse_size("99999999T"), None);
+    }
+
+    #[test]
+    fn fnv1a64_reference_vectors() {
+        // Published FNV-1a 64-bit test vectors; on-disk identities depend on them.
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_f739_67e8);
     }
 }
