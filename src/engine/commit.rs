@@ -20,7 +20,10 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use super::format::{checkpoint_page, journal_page, Record, ENTRIES_PER_CHECKPOINT_PAGE, PAGE_BYTES, RECORDS_PER_PAGE};
+use super::format::{
+    checkpoint_page, journal_page, Record, ENTRIES_PER_CHECKPOINT_PAGE, PAGE_BYTES,
+    RECORDS_PER_PAGE,
+};
 use super::stats::bump;
 use super::{CommitState, Engine, EngineResult};
 use crate::device::AlignedBuf;
@@ -41,7 +44,11 @@ impl Engine {
 
     /// With `checkpoint = Some(clean)`, always writes a checkpoint (marking
     /// the cache clean if asked) instead of journal pages.
-    pub(crate) fn commit_locked(&self, cs: &mut CommitState, checkpoint: Option<bool>) -> EngineResult<()> {
+    pub(crate) fn commit_locked(
+        &self,
+        cs: &mut CommitState,
+        checkpoint: Option<bool>,
+    ) -> EngineResult<()> {
         let covered = self.completed_ops.load(Ordering::Acquire);
         let in_use = cs.next_page_seq - cs.sb.journal_replay_seq.get();
         let journal_pages = self.layout.journal_pages;
@@ -53,7 +60,8 @@ impl Engine {
             // Checkpoint instead of journalling when the journal would pass
             // half full; the snapshot is taken together with the records so
             // it equals the state those records lead to.
-            let snapshot = (checkpoint.is_some() || in_use + pages > journal_pages / 2).then(|| m.table.entries.clone());
+            let snapshot = (checkpoint.is_some() || in_use + pages > journal_pages / 2)
+                .then(|| m.table.entries.clone());
             (records, pending, snapshot)
         };
         let result = self.commit_io(cs, &records, snapshot, checkpoint.unwrap_or(false));
@@ -77,9 +85,19 @@ impl Engine {
         }
     }
 
-    fn commit_io(&self, cs: &mut CommitState, records: &[Record], snapshot: Option<Vec<u64>>, clean: bool) -> EngineResult<()> {
-        self.origin.flush().inspect_err(|_| bump(&self.stats.origin_errors, 1))?;
-        self.cache.flush().inspect_err(|_| bump(&self.stats.cache_errors, 1))?;
+    fn commit_io(
+        &self,
+        cs: &mut CommitState,
+        records: &[Record],
+        snapshot: Option<Vec<u64>>,
+        clean: bool,
+    ) -> EngineResult<()> {
+        self.origin
+            .flush()
+            .inspect_err(|_| bump(&self.stats.origin_errors, 1))?;
+        self.cache
+            .flush()
+            .inspect_err(|_| bump(&self.stats.cache_errors, 1))?;
         if let Some(entries) = snapshot {
             let next = cs.next_page_seq;
             return self.write_checkpoint(cs, &entries, next, clean);
@@ -108,7 +126,9 @@ impl Engine {
                 .inspect_err(|_| bump(&self.stats.cache_errors, 1))?;
             i += n;
         }
-        self.cache.flush().inspect_err(|_| bump(&self.stats.cache_errors, 1))?;
+        self.cache
+            .flush()
+            .inspect_err(|_| bump(&self.stats.cache_errors, 1))?;
         cs.next_page_seq = first + pages.len() as u64;
         Ok(())
     }
@@ -139,10 +159,14 @@ impl Engine {
                 buf[k * PAGE_BYTES as usize..(k + 1) * PAGE_BYTES as usize].copy_from_slice(&page);
             }
             let off = self.layout.checkpoint_offset[area] + page_index as u64 * PAGE_BYTES;
-            self.cache.write_at(&buf, off).inspect_err(|_| bump(&self.stats.cache_errors, 1))?;
+            self.cache
+                .write_at(&buf, off)
+                .inspect_err(|_| bump(&self.stats.cache_errors, 1))?;
             page_index += n;
         }
-        self.cache.flush().inspect_err(|_| bump(&self.stats.cache_errors, 1))?;
+        self.cache
+            .flush()
+            .inspect_err(|_| bump(&self.stats.cache_errors, 1))?;
         self.write_superblock(cs, |sb| {
             sb.checkpoint_area.set(area as u32);
             sb.checkpoint_generation.set(generation);
@@ -156,7 +180,11 @@ impl Engine {
 
     /// Writes the superblock copy not holding the current generation, then
     /// flushes. A torn write leaves the other copy valid.
-    pub(crate) fn write_superblock(&self, cs: &mut CommitState, change: impl FnOnce(&mut super::format::Superblock)) -> EngineResult<()> {
+    pub(crate) fn write_superblock(
+        &self,
+        cs: &mut CommitState,
+        change: impl FnOnce(&mut super::format::Superblock),
+    ) -> EngineResult<()> {
         let mut sb = cs.sb;
         change(&mut sb);
         sb.generation.set(sb.generation.get() + 1);
@@ -166,7 +194,9 @@ impl Engine {
         self.cache
             .write_at(&buf, copy * PAGE_BYTES)
             .inspect_err(|_| bump(&self.stats.cache_errors, 1))?;
-        self.cache.flush().inspect_err(|_| bump(&self.stats.cache_errors, 1))?;
+        self.cache
+            .flush()
+            .inspect_err(|_| bump(&self.stats.cache_errors, 1))?;
         cs.sb = sb;
         Ok(())
     }

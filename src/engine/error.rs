@@ -13,7 +13,11 @@ pub enum EngineError {
     NotACache { device: String, reason: String },
     /// The cache device already holds a cache; creating would destroy it.
     #[error("{device} already holds a tiercache cache (mode {mode}, {dirty_hint}); pass --force to overwrite it")]
-    AlreadyACache { device: String, mode: String, dirty_hint: String },
+    AlreadyACache {
+        device: String,
+        mode: String,
+        dirty_hint: String,
+    },
     /// On-disk metadata failed validation; it is never served.
     #[error("metadata on {device} is corrupted: {what}; run `tiercache check` for details")]
     Corrupt { device: String, what: String },

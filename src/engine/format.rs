@@ -105,7 +105,8 @@ impl Superblock {
 
     /// Parses a superblock page; `Err` says why it is not a valid one.
     pub fn parse(page: &[u8]) -> Result<Superblock, String> {
-        let (sb, _) = Superblock::read_from_prefix(page).map_err(|_| "short superblock".to_string())?;
+        let (sb, _) =
+            Superblock::read_from_prefix(page).map_err(|_| "short superblock".to_string())?;
         if sb.magic != SUPERBLOCK_MAGIC {
             return Err("no tiercache magic".into());
         }
@@ -167,9 +168,15 @@ const KIND_UNMAP: u32 = 4;
 impl Record {
     pub fn to_raw(self) -> RawRecord {
         let (slot, kind, block) = match self {
-            Record::Map { slot, block, dirty } => {
-                (slot, if dirty { KIND_MAP_DIRTY } else { KIND_MAP_CLEAN }, block)
-            }
+            Record::Map { slot, block, dirty } => (
+                slot,
+                if dirty {
+                    KIND_MAP_DIRTY
+                } else {
+                    KIND_MAP_CLEAN
+                },
+                block,
+            ),
             Record::Clean { slot } => (slot, KIND_CLEAN, 0),
             Record::Unmap { slot } => (slot, KIND_UNMAP, 0),
         };
@@ -184,8 +191,16 @@ impl Record {
         let slot = raw.slot.get();
         let block = raw.block.get();
         match raw.kind.get() {
-            KIND_MAP_CLEAN => Ok(Record::Map { slot, block, dirty: false }),
-            KIND_MAP_DIRTY => Ok(Record::Map { slot, block, dirty: true }),
+            KIND_MAP_CLEAN => Ok(Record::Map {
+                slot,
+                block,
+                dirty: false,
+            }),
+            KIND_MAP_DIRTY => Ok(Record::Map {
+                slot,
+                block,
+                dirty: true,
+            }),
             KIND_CLEAN => Ok(Record::Clean { slot }),
             KIND_UNMAP => Ok(Record::Unmap { slot }),
             k => Err(format!("unknown record kind {k}")),
@@ -240,7 +255,8 @@ pub fn parse_journal_page(page: &[u8]) -> Result<ParsedJournalPage, String> {
     let mut records = Vec::with_capacity(n);
     for i in 0..n {
         let at = JOURNAL_HEADER_BYTES + i * RECORD_BYTES;
-        let (raw, _) = RawRecord::read_from_prefix(&page[at..]).map_err(|_| "short record".to_string())?;
+        let (raw, _) =
+            RawRecord::read_from_prefix(&page[at..]).map_err(|_| "short record".to_string())?;
         records.push(Record::from_raw(&raw)?);
     }
     Ok(ParsedJournalPage {
@@ -290,7 +306,8 @@ pub fn parse_checkpoint_page(
     generation: u64,
     page_index: u64,
 ) -> Result<Vec<u64>, String> {
-    let (hdr, _) = CheckpointHeader::read_from_prefix(page).map_err(|_| "short page".to_string())?;
+    let (hdr, _) =
+        CheckpointHeader::read_from_prefix(page).map_err(|_| "short page".to_string())?;
     if hdr.magic.get() != CHECKPOINT_MAGIC {
         return Err("no checkpoint magic".into());
     }
@@ -307,7 +324,11 @@ pub fn parse_checkpoint_page(
         ));
     }
     if hdr.page_index.get() != page_index {
-        return Err(format!("page index {} where {} was expected", hdr.page_index.get(), page_index));
+        return Err(format!(
+            "page index {} where {} was expected",
+            hdr.page_index.get(),
+            page_index
+        ));
     }
     Ok(page[CHECKPOINT_HEADER_BYTES..]
         .chunks_exact(8)
@@ -390,10 +411,18 @@ mod tests {
     #[test]
     fn journal_round_trip_and_corruption() {
         let recs = vec![
-            Record::Map { slot: 3, block: 99, dirty: true },
+            Record::Map {
+                slot: 3,
+                block: 99,
+                dirty: true,
+            },
             Record::Clean { slot: 3 },
             Record::Unmap { slot: 7 },
-            Record::Map { slot: 1, block: 0, dirty: false },
+            Record::Map {
+                slot: 1,
+                block: 0,
+                dirty: false,
+            },
         ];
         let page = journal_page(42, 41, &recs);
         let p = parse_journal_page(&page).unwrap();
@@ -408,7 +437,9 @@ mod tests {
 
     #[test]
     fn checkpoint_round_trip() {
-        let entries: Vec<u64> = (0..ENTRIES_PER_CHECKPOINT_PAGE as u64).map(|i| entry_encode(i * 3, i % 2 == 0)).collect();
+        let entries: Vec<u64> = (0..ENTRIES_PER_CHECKPOINT_PAGE as u64)
+            .map(|i| entry_encode(i * 3, i % 2 == 0))
+            .collect();
         let page = checkpoint_page(9, 2, &entries);
         assert_eq!(parse_checkpoint_page(&page, 9, 2).unwrap(), entries);
         assert!(parse_checkpoint_page(&page, 8, 2).is_err());

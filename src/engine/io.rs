@@ -32,14 +32,25 @@ impl Segment {
 
 impl Engine {
     /// Validates a request and splits it into per-block segments.
-    pub(crate) fn segments(&self, offset: u64, len: u64, write: bool) -> EngineResult<Vec<Segment>> {
+    pub(crate) fn segments(
+        &self,
+        offset: u64,
+        len: u64,
+        write: bool,
+    ) -> EngineResult<Vec<Segment>> {
         if offset % 512 != 0 || len % 512 != 0 {
-            return Err(EngineError::InvalidRequest(format!("{offset}+{len} is not 512-byte aligned")));
+            return Err(EngineError::InvalidRequest(format!(
+                "{offset}+{len} is not 512-byte aligned"
+            )));
         }
         let end = offset.checked_add(len);
         if end.is_none_or(|e| e > self.volume_bytes) {
             let msg = format!("{offset}+{len} beyond {} bytes", self.volume_bytes);
-            return Err(if write { EngineError::NoSpace(msg) } else { EngineError::InvalidRequest(msg) });
+            return Err(if write {
+                EngineError::NoSpace(msg)
+            } else {
+                EngineError::InvalidRequest(msg)
+            });
         }
         let bs = self.block_bytes;
         let mut out = Vec::new();
@@ -68,7 +79,12 @@ impl Engine {
         seg.in_block == 0 && seg.len() == self.block_bytes
     }
 
-    pub(crate) fn cache_read(&self, slot: u32, in_block: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
+    pub(crate) fn cache_read(
+        &self,
+        slot: u32,
+        in_block: u64,
+        buf: &mut [u8],
+    ) -> Result<(), DeviceError> {
         self.cache
             .read_at(buf, self.layout.slot_offset(slot) + in_block)
             .inspect_err(|e| {
@@ -77,7 +93,12 @@ impl Engine {
             })
     }
 
-    pub(crate) fn cache_write(&self, slot: u32, in_block: u64, buf: &[u8]) -> Result<(), DeviceError> {
+    pub(crate) fn cache_write(
+        &self,
+        slot: u32,
+        in_block: u64,
+        buf: &[u8],
+    ) -> Result<(), DeviceError> {
         let r = self
             .cache
             .write_at(buf, self.layout.slot_offset(slot) + in_block)
@@ -109,7 +130,9 @@ impl Engine {
     pub(crate) fn append(&self, m: &mut Meta, r: Record) {
         debug_assert!(m.table.validate(&r).is_ok(), "invalid record {r:?}");
         let prior = match r {
-            Record::Map { slot, .. } | Record::Clean { slot } | Record::Unmap { slot } => m.table.slot_block(slot),
+            Record::Map { slot, .. } | Record::Clean { slot } | Record::Unmap { slot } => {
+                m.table.slot_block(slot)
+            }
         };
         let applied = m.table.apply(&r);
         match r {
@@ -199,8 +222,12 @@ impl Engine {
         let segs = self.segments(offset, len, false)?;
         bump(&self.stats.read_requests, 1);
         let mut out = AlignedBuf::zeroed(len as usize);
-        let Some(first) = segs.first() else { return Ok(out) };
-        let _guard = self.locks.lock_range(first.block, segs.last().expect("non-empty").block);
+        let Some(first) = segs.first() else {
+            return Ok(out);
+        };
+        let _guard = self
+            .locks
+            .lock_range(first.block, segs.last().expect("non-empty").block);
         let mode = self.mode();
         let promote = mode.promotes_reads() || (prefetch && mode != Mode::Passthrough);
         let mut i = 0;
@@ -218,7 +245,10 @@ impl Engine {
             };
             if let Some((slot, dirty)) = hit {
                 bump(&self.stats.read_hits, 1);
-                if self.cache_read(slot, seg.in_block, &mut out[seg.buf.clone()]).is_err() {
+                if self
+                    .cache_read(slot, seg.in_block, &mut out[seg.buf.clone()])
+                    .is_err()
+                {
                     if dirty {
                         return Err(EngineError::Device(DeviceError::Io {
                             device: self.cache.name().into(),
@@ -228,14 +258,20 @@ impl Engine {
                     }
                     // A clean copy is only a copy: serve the origin.
                     self.invalidate_failed(seg.block, slot);
-                    self.origin_read(&mut out[seg.buf.clone()], seg.block * self.block_bytes + seg.in_block)?;
+                    self.origin_read(
+                        &mut out[seg.buf.clone()],
+                        seg.block * self.block_bytes + seg.in_block,
+                    )?;
                 }
                 i += 1;
                 continue;
             }
             // A run of consecutive misses: one origin read.
             let mut j = i + 1;
-            while j < segs.len() && mode.reads_cache() && self.meta.lock().table.lookup(segs[j].block).is_none() {
+            while j < segs.len()
+                && mode.reads_cache()
+                && self.meta.lock().table.lookup(segs[j].block).is_none()
+            {
                 j += 1;
             }
             if !mode.reads_cache() {
@@ -255,7 +291,12 @@ impl Engine {
         }
     }
 
-    fn read_miss_run(&self, segs: &[Segment], out: &mut AlignedBuf, promote: bool) -> EngineResult<()> {
+    fn read_miss_run(
+        &self,
+        segs: &[Segment],
+        out: &mut AlignedBuf,
+        promote: bool,
+    ) -> EngineResult<()> {
         let bs = self.block_bytes;
         let first = &segs[0];
         let last = segs.last().expect("non-empty");
@@ -276,14 +317,23 @@ impl Engine {
             out[seg.buf.clone()].copy_from_slice(&tmp[at..at + seg.buf.len()]);
         }
         for (k, seg) in segs.iter().enumerate() {
-            let Some(slot) = self.alloc_slot()? else { break };
+            let Some(slot) = self.alloc_slot()? else {
+                break;
+            };
             let data = &tmp[k * bs as usize..(k + 1) * bs as usize];
             if self.cache_write(slot, 0, data).is_err() {
                 self.unalloc_slot(slot);
                 break;
             }
             let mut m = self.meta.lock();
-            self.append(&mut m, Record::Map { slot, block: seg.block, dirty: false });
+            self.append(
+                &mut m,
+                Record::Map {
+                    slot,
+                    block: seg.block,
+                    dirty: false,
+                },
+            );
             bump(&self.stats.promotions, 1);
         }
         Ok(())
@@ -295,7 +345,9 @@ impl Engine {
         let segs = self.segments(offset, data.len() as u64, true)?;
         bump(&self.stats.write_requests, 1);
         if let Some(first) = segs.first() {
-            let _guard = self.locks.lock_range(first.block, segs.last().expect("non-empty").block);
+            let _guard = self
+                .locks
+                .lock_range(first.block, segs.last().expect("non-empty").block);
             match self.mode() {
                 Mode::Writeback => self.write_writeback(&segs, data)?,
                 Mode::Writeonly => self.write_writeonly(&segs, data)?,
@@ -337,17 +389,35 @@ impl Engine {
         let segs = self.segments(offset, len, true)?;
         bump(&self.stats.trim_requests, 1);
         if let Some(first) = segs.first() {
-            let _guard = self.locks.lock_range(first.block, segs.last().expect("non-empty").block);
+            let _guard = self
+                .locks
+                .lock_range(first.block, segs.last().expect("non-empty").block);
+            // Ranges to discard on the origin: whole blocks, and parts of
+            // blocks that are not cached. A cached block trimmed in part
+            // keeps its origin bytes, so cache and origin never disagree.
+            let mut discard: Vec<(u64, u64)> = Vec::new();
             {
                 let mut m = self.meta.lock();
-                for seg in segs.iter().filter(|s| self.full_block(s)) {
-                    if let Some((slot, _)) = m.table.lookup(seg.block) {
-                        self.append(&mut m, Record::Unmap { slot });
+                for seg in &segs {
+                    let cached = m.table.lookup(seg.block);
+                    if self.full_block(seg) {
+                        if let Some((slot, _)) = cached {
+                            self.append(&mut m, Record::Unmap { slot });
+                        }
+                    } else if cached.is_some() {
+                        continue;
+                    }
+                    let off = seg.block * self.block_bytes + seg.in_block;
+                    match discard.last_mut() {
+                        Some((o, l)) if *o + *l == off => *l += seg.len(),
+                        _ => discard.push((off, seg.len())),
                     }
                 }
             }
-            if let Err(e) = self.origin.discard(offset, len) {
-                log::debug!("origin discard failed (ignored, discard is a hint): {e}");
+            for (off, l) in discard {
+                if let Err(e) = self.origin.discard(off, l) {
+                    log::debug!("origin discard failed (ignored, discard is a hint): {e}");
+                }
             }
         }
         if fua {
@@ -366,7 +436,12 @@ impl Engine {
     /// Full block contents for a partial write: the cached copy if there is
     /// one (falling back to the origin if it is clean and unreadable), else
     /// the origin's block, with the segment merged in.
-    pub(crate) fn merged_block(&self, seg: &Segment, data: &[u8], cached: Option<(u32, bool)>) -> EngineResult<AlignedBuf> {
+    pub(crate) fn merged_block(
+        &self,
+        seg: &Segment,
+        data: &[u8],
+        cached: Option<(u32, bool)>,
+    ) -> EngineResult<AlignedBuf> {
         let bs = self.block_bytes;
         let mut full = AlignedBuf::zeroed(bs as usize);
         if !self.full_block(seg) {
@@ -382,7 +457,8 @@ impl Engine {
                 self.origin_read(&mut full, seg.block * bs)?;
             }
         }
-        full[seg.in_block as usize..(seg.in_block + seg.len()) as usize].copy_from_slice(&data[seg.buf.clone()]);
+        full[seg.in_block as usize..(seg.in_block + seg.len()) as usize]
+            .copy_from_slice(&data[seg.buf.clone()]);
         Ok(full)
     }
 
@@ -394,7 +470,9 @@ impl Engine {
         let mut any = false;
         for seg in segs {
             let cached = self.meta.lock().table.lookup(seg.block);
-            let Some((slot, dirty)) = cached else { continue };
+            let Some((slot, dirty)) = cached else {
+                continue;
+            };
             if dirty {
                 self.write_back_one(seg.block, slot)?;
             }

@@ -21,7 +21,9 @@ impl Default for BlockLocks {
 impl BlockLocks {
     pub fn new() -> Self {
         BlockLocks {
-            shards: (0..SHARDS).map(|_| (Mutex::new(HashSet::new()), Condvar::new())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| (Mutex::new(HashSet::new()), Condvar::new()))
+                .collect(),
         }
     }
 
@@ -56,7 +58,11 @@ impl BlockLocks {
         for b in first..=last {
             self.lock(b);
         }
-        RangeGuard { locks: self, first, last }
+        RangeGuard {
+            locks: self,
+            first,
+            last,
+        }
     }
 }
 

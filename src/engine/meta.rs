@@ -45,12 +45,17 @@ impl Table {
             if e == ENTRY_FREE {
                 continue;
             }
-            let (block, dirty) = entry_decode(e).ok_or_else(|| format!("slot {slot}: invalid entry {e:#x}"))?;
+            let (block, dirty) =
+                entry_decode(e).ok_or_else(|| format!("slot {slot}: invalid entry {e:#x}"))?;
             if block >= origin_blocks {
-                return Err(format!("slot {slot}: origin block {block} beyond the origin ({origin_blocks} blocks)"));
+                return Err(format!(
+                    "slot {slot}: origin block {block} beyond the origin ({origin_blocks} blocks)"
+                ));
             }
             if let Some(other) = t.map.insert(block, slot as u32) {
-                return Err(format!("slots {other} and {slot} both hold origin block {block}"));
+                return Err(format!(
+                    "slots {other} and {slot} both hold origin block {block}"
+                ));
             }
             if dirty {
                 t.dirty.insert(block);
@@ -64,7 +69,9 @@ impl Table {
     }
 
     pub fn lookup(&self, block: u64) -> Option<(u32, bool)> {
-        self.map.get(&block).map(|&s| (s, self.entries[s as usize] & ENTRY_DIRTY != 0))
+        self.map
+            .get(&block)
+            .map(|&s| (s, self.entries[s as usize] & ENTRY_DIRTY != 0))
     }
 
     pub fn slot_block(&self, slot: u32) -> Option<(u64, bool)> {
@@ -81,7 +88,9 @@ impl Table {
         let slot = match *r {
             Record::Map { slot, block, .. } => {
                 if block >= self.origin_blocks {
-                    return Err(format!("record maps origin block {block} beyond the origin"));
+                    return Err(format!(
+                        "record maps origin block {block} beyond the origin"
+                    ));
                 }
                 slot
             }
@@ -149,8 +158,16 @@ mod tests {
     #[test]
     fn map_supersedes() {
         let mut t = Table::new(4, 100);
-        t.apply(&Record::Map { slot: 0, block: 7, dirty: false });
-        let a = t.apply(&Record::Map { slot: 1, block: 7, dirty: true });
+        t.apply(&Record::Map {
+            slot: 0,
+            block: 7,
+            dirty: false,
+        });
+        let a = t.apply(&Record::Map {
+            slot: 1,
+            block: 7,
+            dirty: true,
+        });
         assert_eq!(a.released, Some(0));
         assert_eq!(t.lookup(7), Some((1, true)));
         assert_eq!(t.slot_block(0), None);
@@ -160,14 +177,29 @@ mod tests {
         t.apply(&Record::Unmap { slot: 1 });
         assert_eq!(t.lookup(7), None);
         assert!(t.validate(&Record::Unmap { slot: 1 }).is_err());
-        assert!(t.validate(&Record::Map { slot: 9, block: 1, dirty: false }).is_err());
-        assert!(t.validate(&Record::Map { slot: 1, block: 100, dirty: false }).is_err());
+        assert!(t
+            .validate(&Record::Map {
+                slot: 9,
+                block: 1,
+                dirty: false
+            })
+            .is_err());
+        assert!(t
+            .validate(&Record::Map {
+                slot: 1,
+                block: 100,
+                dirty: false
+            })
+            .is_err());
     }
 
     #[test]
     fn entries_checked() {
         let e = vec![entry_encode(3, true), entry_encode(3, false)];
-        assert!(Table::from_entries(e, 10).unwrap_err().contains("both hold"));
+        assert!(Table::from_entries(e, 10)
+            .err()
+            .unwrap()
+            .contains("both hold"));
         assert!(Table::from_entries(vec![entry_encode(10, false)], 10).is_err());
         let t = Table::from_entries(vec![entry_encode(3, true), 0], 10).unwrap();
         assert_eq!(t.dirty.len(), 1);

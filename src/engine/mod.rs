@@ -170,7 +170,11 @@ pub struct Engine {
 impl Engine {
     /// Formats `cache` for `origin` and opens the new cache. Never writes
     /// to the origin.
-    pub fn create(cache: DeviceRef, origin: DeviceRef, opts: &CreateOptions) -> EngineResult<Arc<Engine>> {
+    pub fn create(
+        cache: DeviceRef,
+        origin: DeviceRef,
+        opts: &CreateOptions,
+    ) -> EngineResult<Arc<Engine>> {
         recovery::format_cache(&cache, &origin, opts)?;
         Engine::open(
             cache,
@@ -184,7 +188,11 @@ impl Engine {
     }
 
     /// Opens an existing cache, replaying its journal after a crash.
-    pub fn open(cache: DeviceRef, origin: DeviceRef, opts: &OpenOptions) -> EngineResult<Arc<Engine>> {
+    pub fn open(
+        cache: DeviceRef,
+        origin: DeviceRef,
+        opts: &OpenOptions,
+    ) -> EngineResult<Arc<Engine>> {
         let engine = Arc::new(recovery::open(cache, origin, opts)?);
         if !opts.no_background {
             writeback::start_background(&engine);
@@ -215,7 +223,12 @@ impl Engine {
     pub fn status(&self) -> Status {
         let m = self.meta.lock();
         Status {
-            state: if self.closed.load(Ordering::Acquire) { "closed" } else { "running" }.into(),
+            state: if self.closed.load(Ordering::Acquire) {
+                "closed"
+            } else {
+                "running"
+            }
+            .into(),
             mode: m.mode,
             policy: m.policy.kind().name().into(),
             block_bytes: self.block_bytes as u32,
@@ -310,7 +323,9 @@ impl Engine {
         writeback::stop_background(self);
         self.commit()?;
         if self.dirty_blocks() != 0 {
-            return Err(EngineError::Config("dirty data appeared during detach".into()));
+            return Err(EngineError::Config(
+                "dirty data appeared during detach".into(),
+            ));
         }
         recovery::wipe(self)
     }

@@ -10,21 +10,26 @@ use zerocopy::little_endian::{U32, U64};
 use zerocopy::FromZeros;
 
 use super::format::{
-    parse_checkpoint_page, parse_journal_page, Layout, Superblock, ENTRIES_PER_CHECKPOINT_PAGE, FORMAT_VERSION,
-    MAX_BLOCK_BYTES, MIN_BLOCK_BYTES, PAGE_BYTES, SB_FLAG_ALLOW_VOLATILE_WRITEBACK, SUPERBLOCK_MAGIC,
+    parse_checkpoint_page, parse_journal_page, Layout, Superblock, ENTRIES_PER_CHECKPOINT_PAGE,
+    FORMAT_VERSION, MAX_BLOCK_BYTES, MIN_BLOCK_BYTES, PAGE_BYTES, SB_FLAG_ALLOW_VOLATILE_WRITEBACK,
+    SUPERBLOCK_MAGIC,
 };
 use super::locks::BlockLocks;
 use super::meta::Table;
 use super::policy::PolicyKind;
 use super::stats::Stats;
-use super::{CommitState, CreateOptions, Engine, EngineError, EngineResult, Meta, Mode, OpenOptions, WritebackSettings};
+use super::{
+    CommitState, CreateOptions, Engine, EngineError, EngineResult, Meta, Mode, OpenOptions,
+    WritebackSettings,
+};
 use crate::device::{AlignedBuf, DeviceRef};
 
 /// Bytes of journal read per request during replay and checks.
 const JOURNAL_READ_BYTES: u64 = 1 << 20;
 
 pub(crate) fn check_block_bytes(block_bytes: u32) -> EngineResult<()> {
-    if !block_bytes.is_power_of_two() || !(MIN_BLOCK_BYTES..=MAX_BLOCK_BYTES).contains(&block_bytes) {
+    if !block_bytes.is_power_of_two() || !(MIN_BLOCK_BYTES..=MAX_BLOCK_BYTES).contains(&block_bytes)
+    {
         return Err(EngineError::Config(format!(
             "block size {block_bytes} is invalid: it must be a power of two from {MIN_BLOCK_BYTES} to {MAX_BLOCK_BYTES} bytes"
         )));
@@ -41,7 +46,10 @@ fn read_page(dev: &DeviceRef, offset: u64) -> EngineResult<AlignedBuf> {
 /// Both superblock copies, parsed (or why not).
 pub(crate) fn read_superblocks(cache: &DeviceRef) -> EngineResult<[Result<Superblock, String>; 2]> {
     if cache.size_bytes() < 2 * PAGE_BYTES {
-        return Ok([Err("device too small".into()), Err("device too small".into())]);
+        return Ok([
+            Err("device too small".into()),
+            Err("device too small".into()),
+        ]);
     }
     Ok([
         Superblock::parse(&read_page(cache, 0)?),
@@ -53,19 +61,34 @@ pub(crate) fn read_superblocks(cache: &DeviceRef) -> EngineResult<[Result<Superb
 pub(crate) fn current_superblock(cache: &DeviceRef) -> EngineResult<Superblock> {
     let [a, b] = read_superblocks(cache)?;
     match (a, b) {
-        (Ok(a), Ok(b)) => Ok(if a.generation.get() >= b.generation.get() { a } else { b }),
+        (Ok(a), Ok(b)) => Ok(if a.generation.get() >= b.generation.get() {
+            a
+        } else {
+            b
+        }),
         (Ok(s), Err(e)) | (Err(e), Ok(s)) => {
-            log::warn!("{}: one superblock copy is invalid ({e}); using the other", cache.name());
+            log::warn!(
+                "{}: one superblock copy is invalid ({e}); using the other",
+                cache.name()
+            );
             Ok(s)
         }
         (Err(a), Err(b)) => Err(EngineError::NotACache {
             device: cache.name().into(),
-            reason: if a == b { a } else { format!("copy 0: {a}; copy 1: {b}") },
+            reason: if a == b {
+                a
+            } else {
+                format!("copy 0: {a}; copy 1: {b}")
+            },
         }),
     }
 }
 
-pub(crate) fn format_cache(cache: &DeviceRef, origin: &DeviceRef, opts: &CreateOptions) -> EngineResult<()> {
+pub(crate) fn format_cache(
+    cache: &DeviceRef,
+    origin: &DeviceRef,
+    opts: &CreateOptions,
+) -> EngineResult<()> {
     check_block_bytes(opts.block_bytes)?;
     if opts.mode.holds_dirty() && cache.is_volatile() && !opts.allow_data_loss {
         return Err(EngineError::VolatileWriteback {
@@ -75,7 +98,9 @@ pub(crate) fn format_cache(cache: &DeviceRef, origin: &DeviceRef, opts: &CreateO
     }
     let w = opts.writeback;
     if w.low_pct > w.high_pct || w.high_pct > 100 || w.max_age_secs == 0 {
-        return Err(EngineError::Config("invalid writeback settings: need low <= high <= 100 and age > 0".into()));
+        return Err(EngineError::Config(
+            "invalid writeback settings: need low <= high <= 100 and age > 0".into(),
+        ));
     }
     if origin.size_bytes() < opts.block_bytes as u64 {
         return Err(EngineError::Config(format!(
@@ -85,14 +110,20 @@ pub(crate) fn format_cache(cache: &DeviceRef, origin: &DeviceRef, opts: &CreateO
             opts.block_bytes
         )));
     }
-    let layout = Layout::compute(cache.size_bytes(), opts.block_bytes).map_err(EngineError::Config)?;
+    let layout =
+        Layout::compute(cache.size_bytes(), opts.block_bytes).map_err(EngineError::Config)?;
     if !opts.force {
         if let Ok(sb) = current_superblock(cache) {
             let mode = Mode::from_u32(sb.mode.get()).map_or("unknown", |m| m.name());
             return Err(EngineError::AlreadyACache {
                 device: cache.name().into(),
                 mode: mode.into(),
-                dirty_hint: if sb.clean_shutdown.get() == 1 { "shut down cleanly" } else { "not shut down cleanly: it may hold dirty data" }.into(),
+                dirty_hint: if sb.clean_shutdown.get() == 1 {
+                    "shut down cleanly"
+                } else {
+                    "not shut down cleanly: it may hold dirty data"
+                }
+                .into(),
             });
         }
     }
@@ -115,7 +146,10 @@ pub(crate) fn format_cache(cache: &DeviceRef, origin: &DeviceRef, opts: &CreateO
     let mut page_index = 0u64;
     for part in entries.chunks(ENTRIES_PER_CHECKPOINT_PAGE) {
         let page = super::format::checkpoint_page(1, page_index, part);
-        cache.write_at(&AlignedBuf::from_slice(&page), layout.checkpoint_offset[0] + page_index * PAGE_BYTES)?;
+        cache.write_at(
+            &AlignedBuf::from_slice(&page),
+            layout.checkpoint_offset[0] + page_index * PAGE_BYTES,
+        )?;
         page_index += 1;
     }
     cache.flush()?;
@@ -130,7 +164,10 @@ pub(crate) fn format_cache(cache: &DeviceRef, origin: &DeviceRef, opts: &CreateO
     sb.slot_count = U64::new(layout.slot_count);
     sb.journal_offset = U64::new(layout.journal_offset);
     sb.journal_pages = U64::new(layout.journal_pages);
-    sb.checkpoint_offset = [U64::new(layout.checkpoint_offset[0]), U64::new(layout.checkpoint_offset[1])];
+    sb.checkpoint_offset = [
+        U64::new(layout.checkpoint_offset[0]),
+        U64::new(layout.checkpoint_offset[1]),
+    ];
     sb.checkpoint_pages = U64::new(layout.checkpoint_pages);
     sb.data_offset = U64::new(layout.data_offset);
     sb.checkpoint_area = U32::new(0);
@@ -142,7 +179,11 @@ pub(crate) fn format_cache(cache: &DeviceRef, origin: &DeviceRef, opts: &CreateO
     sb.writeback_high_pct = U32::new(w.high_pct);
     sb.writeback_low_pct = U32::new(w.low_pct);
     sb.writeback_max_age_secs = U32::new(w.max_age_secs);
-    sb.flags = U32::new(if opts.allow_data_loss { SB_FLAG_ALLOW_VOLATILE_WRITEBACK } else { 0 });
+    sb.flags = U32::new(if opts.allow_data_loss {
+        SB_FLAG_ALLOW_VOLATILE_WRITEBACK
+    } else {
+        0
+    });
     sb.created_unix_secs = U64::new(
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -151,7 +192,10 @@ pub(crate) fn format_cache(cache: &DeviceRef, origin: &DeviceRef, opts: &CreateO
     for generation in [1u64, 2] {
         sb.generation = U64::new(generation);
         sb.seal();
-        cache.write_at(&AlignedBuf::from_slice(&sb.to_page()), (generation % 2) * PAGE_BYTES)?;
+        cache.write_at(
+            &AlignedBuf::from_slice(&sb.to_page()),
+            (generation % 2) * PAGE_BYTES,
+        )?;
     }
     cache.flush()?;
     Ok(())
@@ -189,7 +233,8 @@ fn validate_superblock(cache: &DeviceRef, sb: &Superblock) -> EngineResult<Layou
             ),
         ));
     }
-    let layout = Layout::compute(sb.cache_device_bytes.get(), bs).map_err(|e| corrupt(cache, format!("superblock: {e}")))?;
+    let layout = Layout::compute(sb.cache_device_bytes.get(), bs)
+        .map_err(|e| corrupt(cache, format!("superblock: {e}")))?;
     let recorded = Layout {
         block_bytes: bs,
         slot_count: sb.slot_count.get(),
@@ -200,13 +245,22 @@ fn validate_superblock(cache: &DeviceRef, sb: &Superblock) -> EngineResult<Layou
         data_offset: sb.data_offset.get(),
     };
     if recorded != layout {
-        return Err(corrupt(cache, format!("superblock layout {recorded:?} does not match the device ({layout:?})")));
+        return Err(corrupt(
+            cache,
+            format!("superblock layout {recorded:?} does not match the device ({layout:?})"),
+        ));
     }
     if Mode::from_u32(sb.mode.get()).is_none() {
-        return Err(corrupt(cache, format!("superblock: unknown mode {}", sb.mode.get())));
+        return Err(corrupt(
+            cache,
+            format!("superblock: unknown mode {}", sb.mode.get()),
+        ));
     }
     if PolicyKind::from_u32(sb.policy.get()).is_none() {
-        return Err(corrupt(cache, format!("superblock: unknown policy {}", sb.policy.get())));
+        return Err(corrupt(
+            cache,
+            format!("superblock: unknown policy {}", sb.policy.get()),
+        ));
     }
     if sb.checkpoint_area.get() > 1 {
         return Err(corrupt(cache, "superblock: checkpoint area is not 0 or 1"));
@@ -217,7 +271,11 @@ fn validate_superblock(cache: &DeviceRef, sb: &Superblock) -> EngineResult<Layou
 /// Loads the checkpoint and replays the journal. With `problems` given,
 /// keeps going after damage and lists it (for `check`); otherwise the first
 /// damage is an error.
-pub(crate) fn load(cache: &DeviceRef, origin_bytes: u64, mut problems: Option<&mut Vec<String>>) -> EngineResult<Loaded> {
+pub(crate) fn load(
+    cache: &DeviceRef,
+    origin_bytes: u64,
+    mut problems: Option<&mut Vec<String>>,
+) -> EngineResult<Loaded> {
     let sb = current_superblock(cache)?;
     let layout = validate_superblock(cache, &sb)?;
     let origin_blocks = origin_bytes / layout.block_bytes as u64;
@@ -234,7 +292,8 @@ pub(crate) fn load(cache: &DeviceRef, origin_bytes: u64, mut problems: Option<&m
     // Checkpoint.
     let area = sb.checkpoint_area.get() as usize;
     let generation = sb.checkpoint_generation.get();
-    let mut entries = Vec::with_capacity(layout.checkpoint_pages as usize * ENTRIES_PER_CHECKPOINT_PAGE);
+    let mut entries =
+        Vec::with_capacity(layout.checkpoint_pages as usize * ENTRIES_PER_CHECKPOINT_PAGE);
     let mut idx = 0u64;
     while idx < layout.checkpoint_pages {
         let n = (layout.checkpoint_pages - idx).min(JOURNAL_READ_BYTES / PAGE_BYTES);
@@ -271,7 +330,10 @@ pub(crate) fn load(cache: &DeviceRef, origin_bytes: u64, mut problems: Option<&m
     let mut off = 0u64;
     while off < n_pages * PAGE_BYTES {
         let n = (n_pages * PAGE_BYTES - off).min(JOURNAL_READ_BYTES);
-        cache.read_at(&mut ring[off as usize..(off + n) as usize], layout.journal_offset + off)?;
+        cache.read_at(
+            &mut ring[off as usize..(off + n) as usize],
+            layout.journal_offset + off,
+        )?;
         off += n;
     }
     let page_at = |seq: u64| {
@@ -321,7 +383,11 @@ pub(crate) fn load(cache: &DeviceRef, origin_bytes: u64, mut problems: Option<&m
     })
 }
 
-pub(crate) fn open(cache: DeviceRef, origin: DeviceRef, opts: &OpenOptions) -> EngineResult<Engine> {
+pub(crate) fn open(
+    cache: DeviceRef,
+    origin: DeviceRef,
+    opts: &OpenOptions,
+) -> EngineResult<Engine> {
     let sb = current_superblock(&cache)?;
     if sb.origin_bytes.get() != origin.size_bytes() {
         return Err(EngineError::OriginMismatch {
@@ -335,7 +401,10 @@ pub(crate) fn open(cache: DeviceRef, origin: DeviceRef, opts: &OpenOptions) -> E
     }
     if sb.origin_identity.get() != origin.identity() && !opts.force {
         return Err(EngineError::OriginMismatch {
-            what: format!("{} is not the device the cache was created for (identity differs)", origin.name()),
+            what: format!(
+                "{} is not the device the cache was created for (identity differs)",
+                origin.name()
+            ),
         });
     }
     let loaded = load(&cache, origin.size_bytes(), None)?;
@@ -349,7 +418,8 @@ pub(crate) fn open(cache: DeviceRef, origin: DeviceRef, opts: &OpenOptions) -> E
         });
     }
     if opts.allow_data_loss {
-        sb.flags.set(sb.flags.get() | SB_FLAG_ALLOW_VOLATILE_WRITEBACK);
+        sb.flags
+            .set(sb.flags.get() | SB_FLAG_ALLOW_VOLATILE_WRITEBACK);
     }
     let policy_kind = PolicyKind::from_u32(sb.policy.get()).expect("validated");
     let layout = loaded.layout;
@@ -477,7 +547,10 @@ pub fn check(cache: &DeviceRef, origin_bytes: Option<u64>) -> CheckReport {
         Ok(copies) => {
             for (i, c) in copies.iter().enumerate() {
                 match c {
-                    Ok(sb) => findings.push(format!("superblock copy {i}: valid, generation {}", sb.generation.get())),
+                    Ok(sb) => findings.push(format!(
+                        "superblock copy {i}: valid, generation {}",
+                        sb.generation.get()
+                    )),
                     Err(e) => findings.push(format!("superblock copy {i}: INVALID ({e})")),
                 }
             }

@@ -19,7 +19,10 @@ async fn run<T: Send + 'static>(
     let e = engine.clone();
     match tokio::task::spawn_blocking(move || f(&e)).await {
         Ok(r) => r.map_err(VolumeError::from),
-        Err(join) => Err(VolumeError::new(ErrorKind::Io, format!("engine task failed: {join}"))),
+        Err(join) => Err(VolumeError::new(
+            ErrorKind::Io,
+            format!("engine task failed: {join}"),
+        )),
     }
 }
 

@@ -113,7 +113,13 @@ impl Engine {
         }
         if m.writeback_active {
             let cursor = m.writeback_cursor;
-            let mut v: Vec<u64> = m.table.dirty.range(cursor..).take(BATCH_BLOCKS).copied().collect();
+            let mut v: Vec<u64> = m
+                .table
+                .dirty
+                .range(cursor..)
+                .take(BATCH_BLOCKS)
+                .copied()
+                .collect();
             if v.len() < BATCH_BLOCKS {
                 let more = BATCH_BLOCKS - v.len();
                 v.extend(m.table.dirty.range(..cursor).take(more).copied());
@@ -250,7 +256,11 @@ impl Engine {
                             next.push(b);
                         }
                     }
-                    done = total - next.len() as u64 - (remaining.len() as u64).saturating_sub(next.len() as u64).min(0);
+                    done = total
+                        - next.len() as u64
+                        - (remaining.len() as u64)
+                            .saturating_sub(next.len() as u64)
+                            .min(0);
                 }
                 done = done.max(total - next.len() as u64);
                 progress(done, total);
@@ -258,7 +268,9 @@ impl Engine {
                     // Busy blocks (foreground I/O holds them); wait a little.
                     stalled += 1;
                     if stalled > 10_000 {
-                        return Err(EngineError::Config("flush made no progress: blocks stayed busy".into()));
+                        return Err(EngineError::Config(
+                            "flush made no progress: blocks stayed busy".into(),
+                        ));
                     }
                     std::thread::sleep(Duration::from_millis(1));
                 } else {

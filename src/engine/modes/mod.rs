@@ -71,7 +71,10 @@ impl Mode {
 
     /// A read miss copies the block into the cache.
     pub fn promotes_reads(self) -> bool {
-        matches!(self, Mode::Writeback | Mode::Writethrough | Mode::Writearound)
+        matches!(
+            self,
+            Mode::Writeback | Mode::Writethrough | Mode::Writearound
+        )
     }
 
     /// Reads are served from cached blocks.

@@ -7,7 +7,12 @@ use super::super::stats::bump;
 use super::super::{Engine, EngineResult};
 
 impl Engine {
-    pub(crate) fn write_passthrough(&self, offset: u64, segs: &[Segment], data: &[u8]) -> EngineResult<()> {
+    pub(crate) fn write_passthrough(
+        &self,
+        offset: u64,
+        segs: &[Segment],
+        data: &[u8],
+    ) -> EngineResult<()> {
         bump(&self.stats.bypassed_ios, 1);
         self.invalidate_before_origin_write(segs)?;
         Ok(self.origin_write(data, offset)?)

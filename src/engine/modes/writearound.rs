@@ -7,7 +7,12 @@ use super::super::stats::bump;
 use super::super::{Engine, EngineResult};
 
 impl Engine {
-    pub(crate) fn write_writearound(&self, offset: u64, segs: &[Segment], data: &[u8]) -> EngineResult<()> {
+    pub(crate) fn write_writearound(
+        &self,
+        offset: u64,
+        segs: &[Segment],
+        data: &[u8],
+    ) -> EngineResult<()> {
         self.count_write_hits(segs);
         bump(&self.stats.bypassed_ios, 1);
         self.invalidate_before_origin_write(segs)?;

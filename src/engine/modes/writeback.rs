@@ -34,7 +34,14 @@ impl Engine {
                 }
                 c
             };
-            bump(if cached.is_some() { &self.stats.write_hits } else { &self.stats.write_misses }, 1);
+            bump(
+                if cached.is_some() {
+                    &self.stats.write_hits
+                } else {
+                    &self.stats.write_misses
+                },
+                1,
+            );
             if let Some((slot, true)) = cached {
                 self.cache_write(slot, seg.in_block, &data[seg.buf.clone()])?;
                 continue;
@@ -47,7 +54,14 @@ impl Engine {
                         return Err(e.into());
                     }
                     let mut m = self.meta.lock();
-                    self.append(&mut m, Record::Map { slot, block: seg.block, dirty: true });
+                    self.append(
+                        &mut m,
+                        Record::Map {
+                            slot,
+                            block: seg.block,
+                            dirty: true,
+                        },
+                    );
                 }
                 None => {
                     // Every block is dirty or busy: write around the cache

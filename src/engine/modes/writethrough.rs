@@ -11,25 +11,45 @@ use super::super::stats::bump;
 use super::super::{Engine, EngineResult};
 
 impl Engine {
-    pub(crate) fn write_writethrough(&self, offset: u64, segs: &[Segment], data: &[u8]) -> EngineResult<()> {
+    pub(crate) fn write_writethrough(
+        &self,
+        offset: u64,
+        segs: &[Segment],
+        data: &[u8],
+    ) -> EngineResult<()> {
         self.count_write_hits(segs);
         self.invalidate_before_origin_write(segs)?;
         self.origin_write(data, offset)?;
-        for seg in segs.iter().filter(|s| self.full_block(s) && self.cacheable(s.block)) {
-            let Some(slot) = self.alloc_slot()? else { break };
+        for seg in segs
+            .iter()
+            .filter(|s| self.full_block(s) && self.cacheable(s.block))
+        {
+            let Some(slot) = self.alloc_slot()? else {
+                break;
+            };
             if self.cache_write(slot, 0, &data[seg.buf.clone()]).is_err() {
                 self.unalloc_slot(slot);
                 break;
             }
             let mut m = self.meta.lock();
-            self.append(&mut m, Record::Map { slot, block: seg.block, dirty: false });
+            self.append(
+                &mut m,
+                Record::Map {
+                    slot,
+                    block: seg.block,
+                    dirty: false,
+                },
+            );
         }
         Ok(())
     }
 
     pub(crate) fn count_write_hits(&self, segs: &[Segment]) {
         let m = self.meta.lock();
-        let hits = segs.iter().filter(|s| m.table.lookup(s.block).is_some()).count() as u64;
+        let hits = segs
+            .iter()
+            .filter(|s| m.table.lookup(s.block).is_some())
+            .count() as u64;
         drop(m);
         bump(&self.stats.write_hits, hits);
         bump(&self.stats.write_misses, segs.len() as u64 - hits);

@@ -8,7 +8,9 @@ pub struct Lru {
 
 impl Lru {
     pub fn new(slot_count: u32) -> Self {
-        Lru { list: SlotList::new(slot_count) }
+        Lru {
+            list: SlotList::new(slot_count),
+        }
     }
 }
 
@@ -23,7 +25,12 @@ impl Policy for Lru {
     fn removed(&mut self, slot: u32) {
         self.list.unlink(slot);
     }
-    fn select(&mut self, want: usize, scan_max: usize, verdict: &mut dyn FnMut(u32) -> Verdict) -> Vec<u32> {
+    fn select(
+        &mut self,
+        want: usize,
+        scan_max: usize,
+        verdict: &mut dyn FnMut(u32) -> Verdict,
+    ) -> Vec<u32> {
         self.list.select(want, scan_max, verdict)
     }
     fn kind(&self) -> PolicyKind {

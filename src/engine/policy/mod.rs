@@ -67,7 +67,12 @@ pub trait Policy: Send {
     fn removed(&mut self, slot: u32);
     /// Up to `want` victims, coldest first, examining at most `scan_max`
     /// candidates; `verdict` decides for each.
-    fn select(&mut self, want: usize, scan_max: usize, verdict: &mut dyn FnMut(u32) -> Verdict) -> Vec<u32>;
+    fn select(
+        &mut self,
+        want: usize,
+        scan_max: usize,
+        verdict: &mut dyn FnMut(u32) -> Verdict,
+    ) -> Vec<u32>;
     fn kind(&self) -> PolicyKind;
 }
 
@@ -135,7 +140,12 @@ impl SlotList {
         self.push_hot(slot);
     }
 
-    pub(crate) fn select(&mut self, want: usize, scan_max: usize, verdict: &mut dyn FnMut(u32) -> Verdict) -> Vec<u32> {
+    pub(crate) fn select(
+        &mut self,
+        want: usize,
+        scan_max: usize,
+        verdict: &mut dyn FnMut(u32) -> Verdict,
+    ) -> Vec<u32> {
         let mut out = Vec::new();
         let mut cur = self.head;
         let mut scanned = 0;
@@ -170,7 +180,13 @@ pub(crate) mod tests {
             p.inserted(s);
         }
         p.removed(3);
-        let v = p.select(2, 100, &mut |s| if s == 0 { Verdict::Rotate } else { Verdict::Take });
+        let v = p.select(2, 100, &mut |s| {
+            if s == 0 {
+                Verdict::Rotate
+            } else {
+                Verdict::Take
+            }
+        });
         assert_eq!(v, vec![1, 2]);
         let v = p.select(10, 100, &mut |_| Verdict::Take);
         assert!(!v.contains(&3) && !v.contains(&1));
