@@ -6,6 +6,7 @@ pub mod buf;
 
 pub mod fault;
 pub mod file;
+pub mod nbd;
 pub mod ram;
 
 use std::sync::Arc;
@@ -138,9 +139,22 @@ pub fn parse_size(s: &str) -> Option<u64> {
     n.checked_mul(mult)
 }
 
-/// Opens a device from a user specification: `ram:SIZE`, or a path to a
-/// file or block device.
+/// Opens a device from a user specification: `ram:SIZE`, an NBD URI
+/// (`nbd://host[:port]/EXPORT`, `nbd+unix:///EXPORT?socket=PATH`), or a path
+/// to a file or block device.
 pub fn open_device(spec: &str) -> DeviceResult<DeviceRef> {
+    // TLS and vsock schemes are routed too, so they get a clear refusal
+    // instead of "no such file".
+    const NBD_SCHEMES: [&str; 5] = [
+        "nbd://",
+        "nbd+unix://",
+        "nbds://",
+        "nbds+unix://",
+        "nbd+vsock://",
+    ];
+    if NBD_SCHEMES.iter().any(|s| spec.starts_with(s)) {
+        return Ok(Arc::new(nbd::NbdDevice::connect(spec, 1)?));
+    }
     if let Some(size) = spec.strip_prefix("ram:") {
         let bytes = parse_size(size).ok_or_else(|| DeviceError::Open {
             spec: spec.to_string(),
