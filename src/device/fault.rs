@@ -64,6 +64,8 @@ struct SwitchState {
     tripped: bool,
     /// Writes still admitted before the one that trips the switch.
     writes_before_trip: Option<u64>,
+    /// Flushes and discards count too (see `arm_after_events`).
+    count_flushes: bool,
 }
 
 impl CrashSwitch {
@@ -81,6 +83,18 @@ impl CrashSwitch {
             Some(before) => st.writes_before_trip = Some(before),
             None => st.tripped = true,
         }
+    }
+
+    /// Like `arm_after_writes`, but flushes and discards count as events
+    /// too, so the power can also fail just before a flush: the gap between
+    /// a write and the flush that should cover it.
+    pub fn arm_after_events(&self, n: u64) {
+        self.arm_after_writes(n);
+        self.state.lock().count_flushes = true;
+    }
+
+    fn counts(&self, flush_or_discard: bool) -> bool {
+        !flush_or_discard || self.state.lock().count_flushes
     }
 
     /// Trips the switch now.
@@ -347,11 +361,11 @@ impl FaultDevice {
             || range_fault
             // Last, so a write refused for another reason does not use up
             // one of the switch's writes.
-            || (op == Op::Write
+            || (op != Op::Read
                 && self
                     .crash_switch
                     .as_ref()
-                    .is_some_and(|s| !s.admit_write()));
+                    .is_some_and(|s| s.counts(op != Op::Write) && !s.admit_write()));
         if fail {
             st.injected_errors += 1;
             return Err(DeviceError::Injected {
