@@ -6,4 +6,5 @@
 //! protocol and server), `cli/` (the operator commands).
 
 pub mod device;
+pub mod nbd;
 pub mod volume;
