@@ -475,7 +475,7 @@ fn random_mutated_streams() {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let server = TestServer::start(SIZE, TestServer::test_config());
     let mut by = Bystander::new(&server);
-    let cases = 300;
+    let cases = 300u32;
     for case in 0..cases {
         let mut stream = random_stream(&mut rng);
         mutate(&mut rng, &mut stream);
@@ -500,7 +500,7 @@ fn random_mutated_streams() {
             ended.is_ok(),
             "seed {seed} case {case}: connection did not end: {ended:?}"
         );
-        if case % 25 == 0 {
+        if case.is_multiple_of(25) {
             by.check();
         }
         common::assert_no_server_panic();

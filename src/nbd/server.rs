@@ -69,7 +69,7 @@ impl ServerConfig {
     fn validate(&self) -> Result<(), NbdError> {
         let bad = |m: &str| Err(NbdError::Config(m.into()));
         if self.max_request_bytes < SECTOR_BYTES as u32
-            || u64::from(self.max_request_bytes) % SECTOR_BYTES != 0
+            || !u64::from(self.max_request_bytes).is_multiple_of(SECTOR_BYTES)
         {
             return bad("max_request_bytes must be a non-zero multiple of 512");
         }

@@ -149,7 +149,7 @@ pub fn check_request(req: &Request, limits: &ExportLimits) -> Verdict {
     }
     // The Volume takes 512-byte units; NBD_INFO_BLOCK_SIZE advertises a
     // minimum of 512, so unaligned requests may fail with EINVAL.
-    if offset % SECTOR_BYTES != 0 || u64::from(len) % SECTOR_BYTES != 0 {
+    if !offset.is_multiple_of(SECTOR_BYTES) || !u64::from(len).is_multiple_of(SECTOR_BYTES) {
         return fail(proto::EINVAL, "request not aligned to 512 bytes");
     }
     if beyond_end {
