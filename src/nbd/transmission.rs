@@ -252,6 +252,7 @@ where
 {
     let (tx, rx) = mpsc::unbounded_channel::<Reply>();
     let writer = tokio::spawn(write_replies(wr, rx, mode));
+    let writer_abort = writer.abort_handle();
     let in_flight = Arc::new(Semaphore::new(limits.in_flight_max.max(1)));
     let buffered = Arc::new(Semaphore::new(limits.buffered_bytes_max as usize));
     let mut rd = BufReader::with_capacity(64 << 10, rd);
@@ -268,7 +269,11 @@ where
         Ok(Ok(Ok(()))) => end,
         Ok(Ok(Err(e))) => ConnEnd::Broken(format!("writing replies: {e}")),
         Ok(Err(e)) => ConnEnd::Broken(format!("reply writer: {e}")),
-        Err(_) => ConnEnd::Broken("in-flight requests did not finish in time".into()),
+        Err(_) => {
+            // A client that stops reading must not keep the socket open.
+            writer_abort.abort();
+            ConnEnd::Broken("replies not done within the shutdown grace time".into())
+        }
     }
 }
 
