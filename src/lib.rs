@@ -7,4 +7,5 @@
 
 pub mod device;
 pub mod engine;
+pub mod nbd;
 pub mod volume;
