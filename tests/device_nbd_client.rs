@@ -319,7 +319,7 @@ fn killing_the_server_fails_requests_instead_of_hanging() {
             let mut i = 0u64;
             let err = loop {
                 let off = ((t * 97 + i) % 1000) * 65536;
-                let r = if i % 2 == 0 {
+                let r = if i.is_multiple_of(2) {
                     dev.read_at(&mut buf, off)
                 } else {
                     dev.write_at(&buf, off)

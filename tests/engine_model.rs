@@ -122,7 +122,7 @@ fn run_one(seed: u64, mode: Mode, block_bytes: u32, policy: PolicyKind, ops: usi
                 engine
                     .set_mode(other)
                     .unwrap_or_else(|e| panic!("{ctx}: set_mode {other}: {e}"));
-                if other.holds_dirty() == false {
+                if !other.holds_dirty() {
                     assert_eq!(
                         engine.dirty_blocks(),
                         0,
@@ -233,7 +233,7 @@ fn run_mode(mode: Mode) {
     }
     for seed in seeds(3) {
         for (i, bs) in [4096u32, 16384, 65536].into_iter().enumerate() {
-            let policy = if (seed + i as u64) % 2 == 0 {
+            let policy = if (seed + i as u64).is_multiple_of(2) {
                 PolicyKind::Lru
             } else {
                 PolicyKind::Fifo

@@ -11,6 +11,7 @@
 //!    checkpoint to the inactive checkpoint area plus a superblock pointing
 //!    at it;
 //! 4. flush the cache device.
+//!
 //! Slots freed by the committed records become reusable only after step 4.
 //!
 //! Commits are serialised by the commit lock; a caller whose writes were

@@ -38,7 +38,7 @@ impl Engine {
         len: u64,
         write: bool,
     ) -> EngineResult<Vec<Segment>> {
-        if offset % 512 != 0 || len % 512 != 0 {
+        if !offset.is_multiple_of(512) || !len.is_multiple_of(512) {
             return Err(EngineError::InvalidRequest(format!(
                 "{offset}+{len} is not 512-byte aligned"
             )));
@@ -490,6 +490,8 @@ impl Engine {
 
     /// Writes one dirty block back while its lock is held by the caller.
     pub(crate) fn write_back_one(&self, block: u64, slot: u32) -> EngineResult<()> {
+        // As in `writeback_blocks`: the dirty mapping is durable first.
+        self.commit()?;
         let mut buf = AlignedBuf::zeroed(self.block_bytes as usize);
         self.cache_read(slot, 0, &mut buf)?;
         self.origin_write(&buf, block * self.block_bytes)?;

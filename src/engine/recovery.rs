@@ -143,14 +143,13 @@ pub(crate) fn format_cache(
     }
     // 3. An empty checkpoint in area 0, generation 1.
     let entries = vec![0u64; layout.slot_count as usize];
-    let mut page_index = 0u64;
-    for part in entries.chunks(ENTRIES_PER_CHECKPOINT_PAGE) {
+    for (page_index, part) in entries.chunks(ENTRIES_PER_CHECKPOINT_PAGE).enumerate() {
+        let page_index = page_index as u64;
         let page = super::format::checkpoint_page(1, page_index, part);
         cache.write_at(
             &AlignedBuf::from_slice(&page),
             layout.checkpoint_offset[0] + page_index * PAGE_BYTES,
         )?;
-        page_index += 1;
     }
     cache.flush()?;
     // 4. The superblock, both copies (generations 1 and 2).

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what it needs (Debian packages via apt-get,
+# crates via cargo), checks formatting and lints, then runs every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+# Real NBD clients and servers the tests drive: tool -> Debian package.
+missing=()
+for pair in fio:fio nbdkit:nbdkit nbdinfo:libnbd-bin nbdcopy:libnbd-bin nbdsh:libnbd-bin \
+            qemu-img:qemu-utils qemu-nbd:qemu-utils; do
+    tool=${pair%%:*}; pkg=${pair##*:}
+    command -v "$tool" >/dev/null 2>&1 || missing+=("$pkg")
+done
+/usr/bin/python3 -c 'import nbd' >/dev/null 2>&1 || missing+=(python3-libnbd)
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing: ${missing[*]}"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $(printf '%s\n' "${missing[@]}" | sort -u) >/dev/null
+fi
+
+cargo fmt --check
+cargo clippy --all-targets --quiet -- -D warnings
+cargo test --quiet
