@@ -24,6 +24,13 @@ pub struct Args {
 }
 
 pub fn run(reg: &Registry, a: &Args) -> Result<()> {
+    // What can be refused without the current settings is refused before
+    // the cache is opened.
+    check_writeback(&WritebackSettings {
+        high_pct: a.high.unwrap_or(100),
+        low_pct: a.low.unwrap_or(0),
+        max_age_secs: a.age.unwrap_or(1),
+    })?;
     let opened = Opened::open(reg, a.name.name.as_deref())?;
     let old = opened.target.status()?.writeback;
     let new = WritebackSettings {

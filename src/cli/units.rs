@@ -47,7 +47,7 @@ pub fn parse_policy(s: &str) -> Result<PolicyKind> {
 /// written so the message can name the flags.
 pub fn check_writeback(w: &WritebackSettings) -> Result<()> {
     if w.high_pct > 100 {
-        bail!("--writeback-high {} is above 100 percent", w.high_pct);
+        bail!("writeback high watermark {}% is above 100%", w.high_pct);
     }
     if w.low_pct > w.high_pct {
         bail!(
