@@ -33,8 +33,13 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
 /// Writes back all dirty data, with a progress bar when stderr is a
 /// terminal. Returns the number of blocks written back.
 pub fn flush_with_progress(target: &Target) -> Result<u64> {
-    let before = target.status()?.stats.blocks_written_back;
-    let bar = progress_bar("writing back");
+    let before = target.status()?;
+    // Nothing dirty: no bar to flash up.
+    let bar = if before.cache_blocks_dirty > 0 {
+        progress_bar("writing back")
+    } else {
+        None
+    };
     let mut progress = |done: u64, total: u64| {
         if let Some(bar) = &bar {
             bar.set_length(total);
@@ -46,7 +51,7 @@ pub fn flush_with_progress(target: &Target) -> Result<u64> {
         bar.finish_and_clear();
     }
     result?;
-    Ok(target.status()?.stats.blocks_written_back - before)
+    Ok(target.status()?.stats.blocks_written_back - before.stats.blocks_written_back)
 }
 
 /// A progress bar on stderr, or none when stderr is not a terminal (logs

@@ -101,7 +101,7 @@ pub fn table(name: &str, s: &Status) -> String {
             ),
         ),
     ];
-    let mut out = format!("cache '{name}' ({})\n", s.state);
+    let mut out = format!("cache '{name}'\n");
     for (k, v) in rows {
         out.push_str(&format!("  {k:<13} {v}\n"));
     }
