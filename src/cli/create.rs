@@ -1,0 +1,160 @@
+//! `tiercache create`: format a cache device for an origin and register it.
+//!
+//! Everything that can be checked is checked before the first byte is
+//! written: a refused create leaves both devices and the registry as they
+//! were.
+
+use anyhow::{bail, Context, Result};
+use tiercache::device::open_device;
+use tiercache::engine::format::Layout;
+use tiercache::engine::{CreateOptions, Engine, WritebackSettings};
+
+use super::registry::{self, Entry, Registry};
+use super::units::{check_writeback, human_bytes, parse_block_size, parse_mode, parse_policy};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The slow device to cache (file or block device); never written by create.
+    #[arg(long)]
+    origin: String,
+    /// The fast device that will hold the cache (its contents are replaced).
+    #[arg(long)]
+    cache: String,
+    /// Name to register the cache under.
+    #[arg(long, default_value = registry::DEFAULT_NAME)]
+    name: String,
+    /// writeback, writethrough, writearound, writeonly or passthrough.
+    #[arg(long, default_value = "writeback")]
+    mode: String,
+    /// Cache block size: a power of two from 4K to 1M (4096, 4K, 64KiB, ...).
+    #[arg(long, default_value = "4K")]
+    block_size: String,
+    /// Replacement policy: lru or fifo.
+    #[arg(long, default_value = "lru")]
+    policy: String,
+    /// Start background writeback above this percentage of dirty blocks [default: 50].
+    #[arg(long, value_name = "PCT")]
+    writeback_high: Option<u32>,
+    /// Stop background writeback at this percentage [default: 25].
+    #[arg(long, value_name = "PCT")]
+    writeback_low: Option<u32>,
+    /// Write back any block dirty for longer than this [default: 30].
+    #[arg(long, value_name = "SECS")]
+    writeback_age: Option<u32>,
+    /// Overwrite a cache device that already holds a cache, and replace a
+    /// registered cache of the same name.
+    #[arg(long)]
+    force: bool,
+    /// Accept losing dirty data on a volatile cache device.
+    #[arg(long)]
+    allow_data_loss: bool,
+}
+
+pub fn run(reg: &Registry, a: &Args) -> Result<()> {
+    // 1. Arguments.
+    registry::validate_name(&a.name)?;
+    let mode = parse_mode(&a.mode)?;
+    let policy = parse_policy(&a.policy)?;
+    let block_bytes = parse_block_size(&a.block_size)?;
+    let defaults = WritebackSettings::default();
+    let writeback = WritebackSettings {
+        high_pct: a.writeback_high.unwrap_or(defaults.high_pct),
+        low_pct: a.writeback_low.unwrap_or(defaults.low_pct),
+        max_age_secs: a.writeback_age.unwrap_or(defaults.max_age_secs),
+    };
+    check_writeback(&writeback)?;
+    for (role, spec) in [("cache", &a.cache), ("origin", &a.origin)] {
+        if spec.starts_with("ram:") {
+            bail!(
+                "{role} device '{spec}' is volatile: a RAM device does not outlive this command; RAM devices are for `tiercache serve`"
+            );
+        }
+    }
+    let origin_path = registry::absolute(&a.origin)?;
+    let cache_path = registry::absolute(&a.cache)?;
+    if registry::same_file(&origin_path, &cache_path) {
+        bail!("origin and cache are the same device ({origin_path})");
+    }
+
+    // 2. The registry: writable, name free, devices not in another cache.
+    reg.prepare()?;
+    let _lock = reg.lock(&a.name)?;
+    if let Some(old) = reg.get(&a.name)? {
+        if !a.force {
+            bail!(
+                "a cache named '{}' is already registered (origin {}, cache {}); choose another --name, or pass --force to replace it",
+                old.name,
+                old.origin,
+                old.cache
+            );
+        }
+    }
+    for other in reg.list()?.iter().filter(|e| e.name != a.name) {
+        for (role, path) in [("origin", &origin_path), ("cache", &cache_path)] {
+            if registry::same_file(path, &other.origin) || registry::same_file(path, &other.cache) {
+                bail!(
+                    "{role} device {path} is already used by cache '{}'; detach that cache first",
+                    other.name
+                );
+            }
+        }
+    }
+
+    // 3. The devices: both open, sizes fit.
+    let origin = open_device(&origin_path).context("origin")?;
+    let cache = open_device(&cache_path).context("cache")?;
+    if origin.identity() != 0 && origin.identity() == cache.identity() {
+        bail!("origin {origin_path} and cache {cache_path} are the same device");
+    }
+    if origin.size_bytes() < u64::from(block_bytes) {
+        bail!(
+            "origin {origin_path} ({}) is smaller than one cache block ({})",
+            human_bytes(origin.size_bytes()),
+            human_bytes(block_bytes.into())
+        );
+    }
+    let layout = Layout::compute(cache.size_bytes(), block_bytes)
+        .map_err(anyhow::Error::msg)
+        .with_context(|| format!("cache {cache_path}"))?;
+
+    // 4. Format (the engine refuses a device holding a cache unless forced),
+    //    shut down cleanly, register.
+    let opts = CreateOptions {
+        mode,
+        block_bytes,
+        policy,
+        writeback,
+        force: a.force,
+        allow_data_loss: a.allow_data_loss,
+    };
+    let engine = Engine::create(cache, origin, &opts).context("creating the cache")?;
+    let status = engine.status();
+    engine.close().context("closing the new cache")?;
+    let entry = Entry {
+        name: a.name.clone(),
+        origin: origin_path,
+        cache: cache_path,
+        created: registry::now_rfc3339(),
+    };
+    reg.add(&entry).with_context(|| {
+        format!(
+            "the cache on {} was created but could not be registered",
+            entry.cache
+        )
+    })?;
+
+    println!(
+        "created cache '{}': {} cached on {}",
+        entry.name, entry.origin, entry.cache
+    );
+    println!(
+        "  mode {}, policy {}, block size {}, {} cache blocks ({}), volume {}",
+        mode.name(),
+        policy.name(),
+        human_bytes(block_bytes.into()),
+        layout.slot_count,
+        human_bytes(layout.slot_count * u64::from(block_bytes)),
+        human_bytes(status.volume_bytes)
+    );
+    Ok(())
+}

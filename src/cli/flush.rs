@@ -1,0 +1,71 @@
+//! `tiercache flush`: write all dirty data back to the origin.
+
+use std::io::IsTerminal;
+
+use anyhow::Result;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::registry::Registry;
+use super::target::{Opened, Target};
+use super::units::human_bytes;
+use super::NameArg;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    name: NameArg,
+}
+
+pub fn run(reg: &Registry, a: &Args) -> Result<()> {
+    let opened = Opened::open(reg, a.name.name.as_deref())?;
+    let written = flush_with_progress(&opened.target)?;
+    let status = opened.target.status()?;
+    opened.finish()?;
+    println!(
+        "cache '{}': flushed, {written} blocks ({}) written back; {} dirty",
+        opened.entry.name,
+        human_bytes(written * u64::from(status.block_bytes)),
+        status.cache_blocks_dirty
+    );
+    Ok(())
+}
+
+/// Writes back all dirty data, with a progress bar when stderr is a
+/// terminal. Returns the number of blocks written back.
+pub fn flush_with_progress(target: &Target) -> Result<u64> {
+    let before = target.status()?;
+    // Nothing dirty: no bar to flash up.
+    let bar = if before.cache_blocks_dirty > 0 {
+        progress_bar("writing back")
+    } else {
+        None
+    };
+    let mut progress = |done: u64, total: u64| {
+        if let Some(bar) = &bar {
+            bar.set_length(total);
+            bar.set_position(done);
+        }
+    };
+    let result = target.flush_all(&mut progress);
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    result?;
+    Ok(target.status()?.stats.blocks_written_back - before.stats.blocks_written_back)
+}
+
+/// A progress bar on stderr, or none when stderr is not a terminal (logs
+/// and pipes get only the final line).
+fn progress_bar(what: &'static str) -> Option<ProgressBar> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = ProgressBar::new(0);
+    if let Ok(style) =
+        ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} blocks, {per_sec}, eta {eta}")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_message(what);
+    Some(bar)
+}

@@ -1,0 +1,182 @@
+//! The operator commands, one file per command.
+//!
+//! Commands name a cache from the registry (`registry.rs`) and act on it
+//! through a [`target::Target`], which today is always an engine this process
+//! opens itself. A later `serve` daemon adds a target that forwards the same
+//! operations over `<state-dir>/<name>.sock`; the command files do not change.
+//!
+//! Errors: `anyhow` lives here and nowhere below. Every failure is printed as
+//! one line, `tiercache: error: ...`, and exits with 1 (2 for usage errors).
+
+mod check;
+mod create;
+mod demo;
+mod detach;
+mod flush;
+mod registry;
+mod set_mode;
+mod set_writeback;
+mod status;
+mod target;
+mod units;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use registry::Registry;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "tiercache",
+    version,
+    about = "A userspace block cache: a slow origin device cached on a fast cache device"
+)]
+struct Cli {
+    /// Directory holding the registry of named caches.
+    #[arg(
+        long,
+        global = true,
+        env = "TIERCACHE_STATE_DIR",
+        default_value = "/var/lib/tiercache"
+    )]
+    state_dir: PathBuf,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Format a cache device for an origin and register it under a name.
+    Create(create::Args),
+    /// Show mode, occupancy, counters and settings of a cache.
+    Status(status::Args),
+    /// Write all dirty data back to the origin.
+    Flush(flush::Args),
+    /// Switch the cache mode (leaving a mode that holds dirty data flushes first).
+    SetMode(set_mode::Args),
+    /// Change when background writeback runs.
+    SetWriteback(set_writeback::Args),
+    /// Write everything back, dissolve the cache and unregister it.
+    Detach(detach::Args),
+    /// Check a cache device's metadata offline, without writing anything.
+    Check(check::Args),
+    /// Run a self-contained demonstration on two files in a directory.
+    Demo(demo::Args),
+}
+
+/// `--name` as every command that acts on a registered cache takes it.
+#[derive(clap::Args, Debug)]
+pub struct NameArg {
+    /// Name of the cache (default: the only registered cache).
+    #[arg(long)]
+    pub name: Option<String>,
+}
+
+pub fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
+        .format_timestamp(None)
+        .init();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tiercache: error: {}", error_line(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let reg = Registry::new(cli.state_dir);
+    match cli.command {
+        Command::Create(a) => create::run(&reg, &a),
+        Command::Status(a) => status::run(&reg, &a),
+        Command::Flush(a) => flush::run(&reg, &a),
+        Command::SetMode(a) => set_mode::run(&reg, &a),
+        Command::SetWriteback(a) => set_writeback::run(&reg, &a),
+        Command::Detach(a) => detach::run(&reg, &a),
+        Command::Check(a) => check::run(&reg, &a),
+        Command::Demo(a) => demo::run(&a),
+    }
+}
+
+/// Help and version go out as clap renders them; a usage error becomes one
+/// line like every other error, with exit code 2.
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        let _ = e.print();
+        return if e.exit_code() == 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(2)
+        };
+    }
+    // clap's first paragraph is the message (a list of missing arguments
+    // continues it on indented lines); usage and tips follow a blank line.
+    let rendered = e.render().to_string();
+    let message: Vec<&str> = rendered
+        .lines()
+        .skip_while(|l| l.trim().is_empty())
+        .take_while(|l| !l.trim().is_empty())
+        .map(str::trim)
+        .collect();
+    let message = message.join(" ");
+    let message = message.strip_prefix("error: ").unwrap_or(&message);
+    eprintln!("tiercache: error: {message} (see tiercache --help)");
+    ExitCode::from(2)
+}
+
+/// The error and its causes joined with ": " on one line. A cause whose text
+/// the message before it already ends with is left out: several lower-layer
+/// errors print their `#[source]` as part of their own message.
+fn error_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        if text.is_empty() || line.ends_with(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anyhow::Context;
+
+    #[test]
+    fn error_line_joins_causes_once() {
+        let io = std::io::Error::other("disk on fire");
+        let e = Err::<(), _>(io).context("reading x").context("cache 'tc0'");
+        assert_eq!(
+            error_line(&e.unwrap_err()),
+            "cache 'tc0': reading x: disk on fire"
+        );
+        let e = anyhow::anyhow!("two\nlines");
+        assert_eq!(error_line(&e), "two lines");
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

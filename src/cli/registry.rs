@@ -1,0 +1,286 @@
+//! The registry of named caches, so commands need no device arguments (as
+//! casadm cache ids or LVM names).
+//!
+//! Layout of the state directory:
+//! - `caches/<name>.json`: one [`Entry`] per cache, written atomically
+//!   (temporary file, fsync, rename).
+//! - `<name>.lock`: held (flock) by whichever process uses the cache, so two
+//!   commands never open the same cache at once.
+//! - `<name>.sock`: reserved for the control socket of `tiercache serve`.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+/// The name `create` uses when none is given.
+pub const DEFAULT_NAME: &str = "tc0";
+
+/// Longest cache name accepted; names become file names.
+const NAME_MAX_BYTES: usize = 64;
+
+/// One registered cache.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Entry {
+    pub name: String,
+    /// Absolute path of the origin device (symlinks such as
+    /// /dev/disk/by-id/... are kept, not resolved).
+    pub origin: String,
+    /// Absolute path of the cache device.
+    pub cache: String,
+    /// When the cache was created, RFC 3339 UTC.
+    pub created: String,
+}
+
+/// The state directory.
+pub struct Registry {
+    dir: PathBuf,
+}
+
+/// Exclusive use of one cache by this process; released on drop.
+pub struct Lock {
+    _file: File,
+}
+
+impl Registry {
+    pub fn new(dir: PathBuf) -> Registry {
+        Registry { dir }
+    }
+
+    fn caches_dir(&self) -> PathBuf {
+        self.dir.join("caches")
+    }
+
+    fn entry_path(&self, name: &str) -> PathBuf {
+        self.caches_dir().join(format!("{name}.json"))
+    }
+
+    /// Where `tiercache serve` will listen for commands for this cache.
+    #[allow(dead_code)] // used once the daemon exists; keeps the layout in one place
+    pub fn socket_path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.sock"))
+    }
+
+    /// All registered caches, sorted by name. A missing state directory
+    /// means no caches.
+    pub fn list(&self) -> Result<Vec<Entry>> {
+        let dir = self.caches_dir();
+        let rd = match fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e).with_context(|| format!("reading {}", dir.display())),
+        };
+        let mut entries = Vec::new();
+        for item in rd {
+            let path = item
+                .with_context(|| format!("reading {}", dir.display()))?
+                .path();
+            if path.extension().and_then(|e| e.to_str()) != Some("json") {
+                continue;
+            }
+            entries.push(read_entry(&path)?);
+        }
+        entries.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(entries)
+    }
+
+    pub fn get(&self, name: &str) -> Result<Option<Entry>> {
+        let path = self.entry_path(name);
+        if !path.exists() {
+            return Ok(None);
+        }
+        read_entry(&path).map(Some)
+    }
+
+    /// The cache a command acts on: the one named, or else the only one.
+    pub fn resolve(&self, name: Option<&str>) -> Result<Entry> {
+        if let Some(name) = name {
+            validate_name(name)?;
+            if let Some(e) = self.get(name)? {
+                return Ok(e);
+            }
+            let names = self.names()?;
+            if names.is_empty() {
+                bail!(
+                    "no cache named '{name}': no cache is registered in {}; run tiercache create",
+                    self.dir.display()
+                );
+            }
+            bail!("no cache named '{name}'; registered: {}", names.join(", "));
+        }
+        let mut all = self.list()?;
+        match all.len() {
+            0 => bail!(
+                "no cache; run tiercache create (state directory {})",
+                self.dir.display()
+            ),
+            1 => Ok(all.remove(0)),
+            _ => bail!(
+                "several caches are registered ({}); pick one with --name",
+                all.iter()
+                    .map(|e| e.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
+
+    fn names(&self) -> Result<Vec<String>> {
+        Ok(self.list()?.into_iter().map(|e| e.name).collect())
+    }
+
+    /// Creates the state directory if needed and checks it can be written,
+    /// so `create` finds out before it formats a device.
+    pub fn prepare(&self) -> Result<()> {
+        let dir = self.caches_dir();
+        fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create state directory {}", dir.display()))?;
+        let probe = dir.join(".write-test");
+        File::create(&probe)
+            .with_context(|| format!("state directory {} is not writable", dir.display()))?;
+        let _ = fs::remove_file(&probe);
+        Ok(())
+    }
+
+    /// Writes an entry (replacing one of the same name).
+    pub fn add(&self, entry: &Entry) -> Result<()> {
+        self.prepare()?;
+        let path = self.entry_path(&entry.name);
+        let tmp = self.caches_dir().join(format!(".{}.json.tmp", entry.name));
+        let mut json = serde_json::to_string_pretty(entry).context("encoding registry entry")?;
+        json.push('\n');
+        let write = || -> std::io::Result<()> {
+            let mut f = File::create(&tmp)?;
+            f.write_all(json.as_bytes())?;
+            f.sync_all()?;
+            fs::rename(&tmp, &path)?;
+            // The rename is durable once the directory is.
+            File::open(self.caches_dir())?.sync_all()
+        };
+        write().with_context(|| format!("writing {}", path.display()))
+    }
+
+    pub fn remove(&self, name: &str) -> Result<()> {
+        let path = self.entry_path(name);
+        fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+        if let Ok(d) = File::open(self.caches_dir()) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    }
+
+    /// Takes the cache's lock without waiting: another process using the
+    /// same cache is an error, not something to queue behind.
+    pub fn lock(&self, name: &str) -> Result<Lock> {
+        fs::create_dir_all(&self.dir)
+            .with_context(|| format!("cannot create state directory {}", self.dir.display()))?;
+        let path = self.dir.join(format!("{name}.lock"));
+        let file = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("cannot open lock file {}", path.display()))?;
+        match file.try_lock() {
+            Ok(()) => Ok(Lock { _file: file }),
+            Err(fs::TryLockError::WouldBlock) => Err(anyhow!(
+                "cache '{name}' is in use by another tiercache process (lock {})",
+                path.display()
+            )),
+            Err(fs::TryLockError::Error(e)) => {
+                Err(e).with_context(|| format!("cannot lock {}", path.display()))
+            }
+        }
+    }
+}
+
+fn read_entry(path: &Path) -> Result<Entry> {
+    let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text)
+        .with_context(|| format!("registry file {} is not valid", path.display()))
+}
+
+/// Names become file names: letters, digits, '-', '_' and '.', not starting
+/// with '.' or '-'.
+pub fn validate_name(name: &str) -> Result<()> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    if name.is_empty()
+        || name.len() > NAME_MAX_BYTES
+        || name.starts_with(['.', '-'])
+        || !name.chars().all(ok_char)
+    {
+        bail!(
+            "invalid cache name '{name}': use 1 to {NAME_MAX_BYTES} letters, digits, '-', '_' or '.', not starting with '.' or '-'"
+        );
+    }
+    Ok(())
+}
+
+/// `path` made absolute against the current directory, symlinks kept.
+pub fn absolute(path: &str) -> Result<String> {
+    let abs = std::path::absolute(path).with_context(|| format!("resolving path {path}"))?;
+    abs.into_os_string()
+        .into_string()
+        .map_err(|p| anyhow!("path {} is not valid UTF-8", p.display()))
+}
+
+/// True if two paths name the same file (after resolving symlinks).
+pub fn same_file(a: &str, b: &str) -> bool {
+    match (fs::canonicalize(a), fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
+}
+
+/// The current time as RFC 3339 UTC, without a date library.
+pub fn now_rfc3339() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    rfc3339(secs)
+}
+
+fn rfc3339(unix_secs: u64) -> String {
+    let days = (unix_secs / 86_400) as i64;
+    let rem = unix_secs % 86_400;
+    // Howard Hinnant's days_from_civil inverse ("civil_from_days").
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_known_dates() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_700_000_000), "2023-11-14T22:13:20Z");
+    }
+
+    #[test]
+    fn names() {
+        for good in ["tc0", "fast-db", "a.b_c"] {
+            validate_name(good).unwrap();
+        }
+        for bad in ["", ".hidden", "-x", "a/b", "a b", &"x".repeat(65)] {
+            assert!(validate_name(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}

@@ -1,0 +1,52 @@
+//! `tiercache set-writeback`: change when background writeback runs.
+
+use anyhow::Result;
+use tiercache::engine::WritebackSettings;
+
+use super::registry::Registry;
+use super::target::Opened;
+use super::units::check_writeback;
+use super::NameArg;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Start writing back above this percentage of dirty blocks.
+    #[arg(long, value_name = "PCT")]
+    high: Option<u32>,
+    /// Stop writing back at this percentage.
+    #[arg(long, value_name = "PCT")]
+    low: Option<u32>,
+    /// Write back any block dirty for longer than this many seconds.
+    #[arg(long, value_name = "SECS")]
+    age: Option<u32>,
+    #[command(flatten)]
+    name: NameArg,
+}
+
+pub fn run(reg: &Registry, a: &Args) -> Result<()> {
+    // What can be refused without the current settings is refused before
+    // the cache is opened.
+    check_writeback(&WritebackSettings {
+        high_pct: a.high.unwrap_or(100),
+        low_pct: a.low.unwrap_or(0),
+        max_age_secs: a.age.unwrap_or(1),
+    })?;
+    let opened = Opened::open(reg, a.name.name.as_deref())?;
+    let old = opened.target.status()?.writeback;
+    let new = WritebackSettings {
+        high_pct: a.high.unwrap_or(old.high_pct),
+        low_pct: a.low.unwrap_or(old.low_pct),
+        max_age_secs: a.age.unwrap_or(old.max_age_secs),
+    };
+    if new != old {
+        check_writeback(&new)?;
+        opened.target.set_writeback(new)?;
+    }
+    opened.finish()?;
+    let verb = if new == old { "unchanged" } else { "now" };
+    println!(
+        "cache '{}': writeback {verb}: start at {}% dirty, stop at {}%, max age {} s",
+        opened.entry.name, new.high_pct, new.low_pct, new.max_age_secs
+    );
+    Ok(())
+}

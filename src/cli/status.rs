@@ -1,0 +1,109 @@
+//! `tiercache status`: what a cache holds, what it has done, how it is set.
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+use tiercache::engine::Status;
+
+use super::registry::Registry;
+use super::target::Opened;
+use super::units::{human_bytes, percent};
+use super::NameArg;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    name: NameArg,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `--json` output: the engine's status with the registered name.
+#[derive(Serialize)]
+struct StatusJson<'a> {
+    name: &'a str,
+    #[serde(flatten)]
+    status: &'a Status,
+}
+
+pub fn run(reg: &Registry, a: &Args) -> Result<()> {
+    let opened = Opened::open(reg, a.name.name.as_deref())?;
+    let status = opened.target.status()?;
+    opened.finish()?;
+    if a.json {
+        let json = StatusJson {
+            name: &opened.entry.name,
+            status: &status,
+        };
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json).context("encoding status")?
+        );
+    } else {
+        print!("{}", table(&opened.entry.name, &status));
+        // Counters live in memory; an offline status opens the cache anew.
+        println!("  (I/O counters count since this command opened the cache; `tiercache serve` reports live ones)");
+    }
+    Ok(())
+}
+
+/// The human-readable status, one fact per line.
+pub fn table(name: &str, s: &Status) -> String {
+    let st = &s.stats;
+    let reads = st.read_hits + st.read_misses;
+    let rows: Vec<(&str, String)> = vec![
+        (
+            "origin",
+            format!("{} ({})", s.origin, human_bytes(s.volume_bytes)),
+        ),
+        ("cache", s.cache.clone()),
+        ("mode", s.mode.name().to_string()),
+        ("policy", s.policy.clone()),
+        ("block size", human_bytes(s.block_bytes.into())),
+        ("volume size", human_bytes(s.volume_bytes)),
+        (
+            "cache blocks",
+            format!(
+                "total {}  used {} ({})  dirty {} ({})",
+                s.cache_blocks_total,
+                s.cache_blocks_used,
+                percent(s.cache_blocks_used, s.cache_blocks_total),
+                s.cache_blocks_dirty,
+                percent(s.cache_blocks_dirty, s.cache_blocks_total)
+            ),
+        ),
+        (
+            "reads",
+            format!(
+                "hits {}  misses {}  hit ratio {}",
+                st.read_hits,
+                st.read_misses,
+                percent(st.read_hits, reads)
+            ),
+        ),
+        (
+            "writes",
+            format!("hits {}  misses {}", st.write_hits, st.write_misses),
+        ),
+        ("promotions", st.promotions.to_string()),
+        ("demotions", st.demotions.to_string()),
+        ("written back", format!("{} blocks", st.blocks_written_back)),
+        ("bypassed", format!("{} I/Os", st.bypassed_ios)),
+        (
+            "errors",
+            format!("cache {}  origin {}", st.cache_errors, st.origin_errors),
+        ),
+        (
+            "writeback",
+            format!(
+                "start at {}% dirty, stop at {}%, max age {} s",
+                s.writeback.high_pct, s.writeback.low_pct, s.writeback.max_age_secs
+            ),
+        ),
+    ];
+    let mut out = format!("cache '{name}'\n");
+    for (k, v) in rows {
+        out.push_str(&format!("  {k:<13} {v}\n"));
+    }
+    out
+}

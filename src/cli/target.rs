@@ -1,0 +1,112 @@
+//! What a command acts on. Commands call the operations below and never the
+//! engine directly, so that when `tiercache serve` exists a command given
+//! for a cache the daemon serves can be sent over its control socket
+//! (`Registry::socket_path`) instead: a `Target::Daemon` variant implements
+//! the same operations as requests.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use tiercache::device::open_device;
+use tiercache::engine::{Engine, Mode, OpenOptions, Status, WritebackSettings};
+
+use super::registry::{Entry, Lock, Registry};
+
+pub enum Target {
+    /// No daemon serves the cache: this process opened the engine itself
+    /// and closes it (cleanly, so the next open needs no replay) when done.
+    Offline(Arc<Engine>),
+}
+
+impl Target {
+    pub fn status(&self) -> Result<Status> {
+        match self {
+            Target::Offline(e) => Ok(e.status()),
+        }
+    }
+
+    /// Writes back all dirty data; `progress` gets (blocks done, blocks to do).
+    pub fn flush_all(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<()> {
+        match self {
+            Target::Offline(e) => e.flush_all(progress).context("writing back dirty data"),
+        }
+    }
+
+    pub fn set_mode(&self, mode: Mode) -> Result<()> {
+        match self {
+            Target::Offline(e) => e
+                .set_mode(mode)
+                .with_context(|| format!("switching to {} mode", mode.name())),
+        }
+    }
+
+    pub fn set_writeback(&self, w: WritebackSettings) -> Result<()> {
+        match self {
+            Target::Offline(e) => e.set_writeback(w).context("changing writeback settings"),
+        }
+    }
+
+    /// Writes everything back and dissolves the cache.
+    pub fn detach(&self) -> Result<()> {
+        match self {
+            Target::Offline(e) => e.detach().context("detaching"),
+        }
+    }
+
+    /// Ends this command's use of the cache. Idempotent.
+    pub fn finish(&self) -> Result<()> {
+        match self {
+            Target::Offline(e) => e.close().context("closing the cache"),
+        }
+    }
+}
+
+impl Drop for Target {
+    /// A command that failed half-way still shuts the engine down cleanly
+    /// where it can; an unclosed cache would replay its journal next time.
+    fn drop(&mut self) {
+        if let Err(e) = self.finish() {
+            log::warn!("{e:#}");
+        }
+    }
+}
+
+/// A registered cache, opened for one command.
+pub struct Opened {
+    pub entry: Entry,
+    // Field order matters: the target closes before the lock is released.
+    pub target: Target,
+    _lock: Lock,
+}
+
+impl Opened {
+    /// Resolves `name` (or the only cache), takes its lock and opens it.
+    pub fn open(reg: &Registry, name: Option<&str>) -> Result<Opened> {
+        let entry = reg.resolve(name)?;
+        let lock = reg.lock(&entry.name)?;
+        let engine = open_engine(&entry).with_context(|| format!("cache '{}'", entry.name))?;
+        Ok(Opened {
+            entry,
+            target: Target::Offline(engine),
+            _lock: lock,
+        })
+    }
+
+    pub fn finish(&self) -> Result<()> {
+        self.target
+            .finish()
+            .with_context(|| format!("cache '{}'", self.entry.name))
+    }
+}
+
+fn open_engine(entry: &Entry) -> Result<Arc<Engine>> {
+    let cache = open_device(&entry.cache).context("opening the cache device")?;
+    let origin = open_device(&entry.origin).context("opening the origin device")?;
+    // A command is short-lived: background writeback would only race the
+    // command's own work. The daemon runs it.
+    let opts = OpenOptions {
+        no_background: true,
+        ..OpenOptions::default()
+    };
+    Ok(Engine::open(cache, origin, &opts)?)
+}

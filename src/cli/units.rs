@@ -1,0 +1,125 @@
+//! Parsing and printing the values operators type and read: sizes, modes,
+//! policies, percentages.
+
+use anyhow::{anyhow, bail, Result};
+use tiercache::device::parse_size;
+use tiercache::engine::format::{MAX_BLOCK_BYTES, MIN_BLOCK_BYTES};
+use tiercache::engine::policy::PolicyKind;
+use tiercache::engine::{Mode, WritebackSettings};
+
+/// A cache block size: `4096`, `4K`, `64KiB`, `1M`; a power of two from
+/// 4 KiB to 1 MiB (the engine's limits).
+pub fn parse_block_size(s: &str) -> Result<u32> {
+    let bytes = parse_size(s)
+        .ok_or_else(|| anyhow!("block size '{s}' is not a size (examples: 4096, 4K, 64KiB, 1M)"))?;
+    let in_range = (u64::from(MIN_BLOCK_BYTES)..=u64::from(MAX_BLOCK_BYTES)).contains(&bytes);
+    if !bytes.is_power_of_two() || !in_range {
+        let shown = if s.trim() == bytes.to_string() {
+            format!("'{s}'")
+        } else {
+            format!("'{s}' ({bytes} bytes)")
+        };
+        bail!(
+            "block size {shown} is invalid: it must be a power of two from {} to {}",
+            human_bytes(MIN_BLOCK_BYTES.into()),
+            human_bytes(MAX_BLOCK_BYTES.into())
+        );
+    }
+    Ok(bytes as u32)
+}
+
+pub fn parse_mode(s: &str) -> Result<Mode> {
+    Mode::parse(s).ok_or_else(|| {
+        let all: Vec<&str> = Mode::ALL.iter().map(|m| m.name()).collect();
+        anyhow!(
+            "unknown cache mode '{s}' (expected one of: {})",
+            all.join(", ")
+        )
+    })
+}
+
+pub fn parse_policy(s: &str) -> Result<PolicyKind> {
+    PolicyKind::parse(s)
+        .ok_or_else(|| anyhow!("unknown replacement policy '{s}' (expected one of: lru, fifo)"))
+}
+
+/// The engine's rule for writeback settings, checked before anything is
+/// written so the message can name the flags.
+pub fn check_writeback(w: &WritebackSettings) -> Result<()> {
+    if w.high_pct > 100 {
+        bail!("writeback high watermark {}% is above 100%", w.high_pct);
+    }
+    if w.low_pct > w.high_pct {
+        bail!(
+            "writeback low watermark {}% is above the high watermark {}%",
+            w.low_pct,
+            w.high_pct
+        );
+    }
+    if w.max_age_secs == 0 {
+        bail!("writeback age must be at least 1 second");
+    }
+    Ok(())
+}
+
+/// `1536` -> `1.5 KiB`, `268435456` -> `256 MiB`.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = n as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < UNITS.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 || v.fract() == 0.0 {
+        format!("{v:.0} {}", UNITS[i])
+    } else {
+        format!("{v:.1} {}", UNITS[i])
+    }
+}
+
+/// `part` as a percentage of `total`, or `-` when there is no total.
+pub fn percent(part: u64, total: u64) -> String {
+    if total == 0 {
+        "-".into()
+    } else {
+        format!("{:.1}%", part as f64 * 100.0 / total as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_sizes() {
+        assert_eq!(parse_block_size("4096").unwrap(), 4096);
+        assert_eq!(parse_block_size("4K").unwrap(), 4096);
+        assert_eq!(parse_block_size("64KiB").unwrap(), 65536);
+        assert_eq!(parse_block_size("1M").unwrap(), 1 << 20);
+        for bad in ["3000", "2M", "2K", "0", "", "x", "99999999999999999999"] {
+            assert!(parse_block_size(bad).is_err(), "{bad:?} accepted");
+        }
+        let e = parse_block_size("2M").unwrap_err().to_string();
+        assert!(
+            e.contains("2097152 bytes") && e.contains("power of two"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn sizes_print() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(256 << 20), "256 MiB");
+        assert_eq!(percent(1, 3), "33.3%");
+        assert_eq!(percent(1, 0), "-");
+    }
+
+    #[test]
+    fn modes() {
+        assert_eq!(parse_mode("writethrough").unwrap(), Mode::Writethrough);
+        let e = parse_mode("fast").unwrap_err().to_string();
+        assert!(e.contains("writeback") && e.contains("'fast'"), "{e}");
+    }
+}
