@@ -9,11 +9,13 @@
 //! one line, `tiercache: error: ...`, and exits with 1 (2 for usage errors).
 
 mod check;
+mod control;
 mod create;
 mod demo;
 mod detach;
 mod flush;
 mod registry;
+mod serve;
 mod set_mode;
 mod set_writeback;
 mod status;
@@ -63,6 +65,8 @@ enum Command {
     Detach(detach::Args),
     /// Check a cache device's metadata offline, without writing anything.
     Check(check::Args),
+    /// Export the cached volume over NBD (foreground; SIGINT/SIGTERM stop it cleanly).
+    Serve(serve::Args),
     /// Run a self-contained demonstration on two files in a directory.
     Demo(demo::Args),
 }
@@ -103,6 +107,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Detach(a) => detach::run(&reg, &a),
         Command::Check(a) => check::run(&reg, &a),
         Command::Demo(a) => demo::run(&a),
+        Command::Serve(a) => serve::run(&reg, &a),
     }
 }
 

@@ -57,8 +57,11 @@ impl Registry {
         self.caches_dir().join(format!("{name}.json"))
     }
 
-    /// Where `tiercache serve` will listen for commands for this cache.
-    #[allow(dead_code)] // used once the daemon exists; keeps the layout in one place
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
+    /// Where `tiercache serve` listens for commands for this cache.
     pub fn socket_path(&self, name: &str) -> PathBuf {
         self.dir.join(format!("{name}.sock"))
     }

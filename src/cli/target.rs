@@ -4,24 +4,31 @@
 //! (`Registry::socket_path`) instead: a `Target::Daemon` variant implements
 //! the same operations as requests.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use tiercache::device::open_device;
 use tiercache::engine::{Engine, Mode, OpenOptions, Status, WritebackSettings};
 
+use super::control::{self, Request};
 use super::registry::{Entry, Lock, Registry};
 
 pub enum Target {
     /// No daemon serves the cache: this process opened the engine itself
     /// and closes it (cleanly, so the next open needs no replay) when done.
     Offline(Arc<Engine>),
+    /// `tiercache serve` serves the cache: requests go to its control socket.
+    Daemon(PathBuf),
 }
 
 impl Target {
     pub fn status(&self) -> Result<Status> {
         match self {
             Target::Offline(e) => Ok(e.status()),
+            Target::Daemon(p) => control::call(p, &Request::Status)?
+                .status
+                .context("the daemon sent no status"),
         }
     }
 
@@ -29,6 +36,9 @@ impl Target {
     pub fn flush_all(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<()> {
         match self {
             Target::Offline(e) => e.flush_all(progress).context("writing back dirty data"),
+            Target::Daemon(p) => control::call(p, &Request::Flush)
+                .map(|_| ())
+                .context("writing back dirty data"),
         }
     }
 
@@ -37,12 +47,18 @@ impl Target {
             Target::Offline(e) => e
                 .set_mode(mode)
                 .with_context(|| format!("switching to {} mode", mode.name())),
+            Target::Daemon(p) => control::call(p, &Request::SetMode { mode })
+                .map(|_| ())
+                .with_context(|| format!("switching to {} mode", mode.name())),
         }
     }
 
     pub fn set_writeback(&self, w: WritebackSettings) -> Result<()> {
         match self {
             Target::Offline(e) => e.set_writeback(w).context("changing writeback settings"),
+            Target::Daemon(p) => control::call(p, &Request::SetWriteback { settings: w })
+                .map(|_| ())
+                .context("changing writeback settings"),
         }
     }
 
@@ -50,13 +66,20 @@ impl Target {
     pub fn detach(&self) -> Result<()> {
         match self {
             Target::Offline(e) => e.detach().context("detaching"),
+            Target::Daemon(p) => control::call(p, &Request::Detach)
+                .map(|_| ())
+                .context("detaching"),
         }
     }
 
     /// Ends this command's use of the cache. Idempotent.
     pub fn finish(&self) -> Result<()> {
         match self {
-            Target::Offline(e) => e.close().context("closing the cache"),
+            Target::Offline(e) => match e.close() {
+                Err(tiercache::engine::EngineError::ShutDown) | Ok(()) => Ok(()),
+                Err(e) => Err(e).context("closing the cache"),
+            },
+            Target::Daemon(_) => Ok(()),
         }
     }
 }
@@ -76,19 +99,27 @@ pub struct Opened {
     pub entry: Entry,
     // Field order matters: the target closes before the lock is released.
     pub target: Target,
-    _lock: Lock,
+    _lock: Option<Lock>,
 }
 
 impl Opened {
     /// Resolves `name` (or the only cache), takes its lock and opens it.
     pub fn open(reg: &Registry, name: Option<&str>) -> Result<Opened> {
         let entry = reg.resolve(name)?;
+        let socket = reg.socket_path(&entry.name);
+        if control::daemon_listening(&socket) {
+            return Ok(Opened {
+                entry,
+                target: Target::Daemon(socket),
+                _lock: None,
+            });
+        }
         let lock = reg.lock(&entry.name)?;
         let engine = open_engine(&entry).with_context(|| format!("cache '{}'", entry.name))?;
         Ok(Opened {
             entry,
             target: Target::Offline(engine),
-            _lock: lock,
+            _lock: Some(lock),
         })
     }
 

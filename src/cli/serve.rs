@@ -1,0 +1,166 @@
+//! `tiercache serve`: exports a cached volume over NBD (Unix socket by
+//! default, TCP on request) in the foreground, with a control socket for
+//! the other commands. SIGINT/SIGTERM shut down cleanly: in-flight requests
+//! finish, metadata is committed and the cache is marked clean.
+
+use std::os::unix::net::UnixListener as StdUnixListener;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use tiercache::device::open_device;
+use tiercache::engine::policy::PolicyKind;
+use tiercache::engine::volume::AsyncEngine;
+use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions};
+use tiercache::nbd::{serve, Listener, ServerConfig};
+
+use super::control;
+use super::registry::Registry;
+use super::units::parse_block_size;
+use super::NameArg;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    name: NameArg,
+    /// NBD Unix socket to listen on (default: <state-dir>/<name>.nbd).
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// Also listen on TCP at this address (e.g. 127.0.0.1:10809).
+    #[arg(long)]
+    tcp: Option<String>,
+    /// Export name announced to clients ("" is always accepted).
+    #[arg(long, default_value = "")]
+    export_name: String,
+    /// Refuse writes.
+    #[arg(long)]
+    read_only: bool,
+    /// Serve an unregistered, volatile cache: origin path (needs --ram-cache).
+    #[arg(long, requires = "ram_cache")]
+    origin: Option<String>,
+    /// Size of a RAM cache created for this run only (e.g. 1G).
+    #[arg(long, requires = "origin")]
+    ram_cache: Option<String>,
+    /// Mode of the RAM cache.
+    #[arg(long, default_value = "writethrough")]
+    mode: String,
+    /// Block size of the RAM cache.
+    #[arg(long, default_value = "4096")]
+    block_size: String,
+    /// Accept losing dirty data on exit (writeback on a RAM cache).
+    #[arg(long)]
+    allow_data_loss: bool,
+}
+
+pub fn run(reg: &Registry, a: &Args) -> Result<()> {
+    let (engine, name, _lock) = if let (Some(origin), Some(size)) = (&a.origin, &a.ram_cache) {
+        let mode = Mode::parse(&a.mode).with_context(|| format!("unknown mode '{}'", a.mode))?;
+        let block_bytes = parse_block_size(&a.block_size)?;
+        let cache = open_device(&format!("ram:{size}")).context("creating the RAM cache")?;
+        let origin_dev = open_device(origin).context("opening the origin device")?;
+        let opts = CreateOptions {
+            mode,
+            block_bytes,
+            policy: PolicyKind::Lru,
+            allow_data_loss: a.allow_data_loss,
+            ..Default::default()
+        };
+        let engine = Engine::create(cache, origin_dev, &opts)?;
+        (
+            engine,
+            a.name.name.clone().unwrap_or_else(|| "ram".into()),
+            None,
+        )
+    } else {
+        let entry = reg.resolve(a.name.name.as_deref())?;
+        if control::daemon_listening(&reg.socket_path(&entry.name)) {
+            bail!("cache '{}' is already being served", entry.name);
+        }
+        let lock = reg.lock(&entry.name)?;
+        let cache = open_device(&entry.cache).context("opening the cache device")?;
+        let origin = open_device(&entry.origin).context("opening the origin device")?;
+        let engine = Engine::open(cache, origin, &OpenOptions::default())
+            .with_context(|| format!("cache '{}'", entry.name))?;
+        (engine, entry.name, Some(lock))
+    };
+    reg.prepare()?;
+    let nbd_path = a
+        .socket
+        .clone()
+        .unwrap_or_else(|| reg.dir().join(format!("{name}.nbd")));
+    let control_path = reg.socket_path(&name);
+    let _ = std::fs::remove_file(&nbd_path);
+    let _ = std::fs::remove_file(&control_path);
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .max_blocking_threads(256)
+        .build()
+        .context("starting the runtime")?;
+    let result = rt.block_on(async {
+        let mut listeners = vec![Listener::bind_unix(&nbd_path).with_context(|| format!("listening on {}", nbd_path.display()))?];
+        if let Some(addr) = &a.tcp {
+            listeners.push(Listener::bind_tcp(addr.as_str()).await.with_context(|| format!("listening on {addr}"))?);
+        }
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let tx = Arc::new(tx);
+        // Control socket, on its own thread (requests can take long: flush).
+        let ctl = StdUnixListener::bind(&control_path).with_context(|| format!("listening on {}", control_path.display()))?;
+        {
+            let engine = engine.clone();
+            let tx = tx.clone();
+            std::thread::Builder::new()
+                .name("tiercache-control".into())
+                .spawn(move || {
+                    for stream in ctl.incoming().flatten() {
+                        let e = engine.clone();
+                        let tx = tx.clone();
+                        std::thread::spawn(move || control::handle(&e, stream, &|| {
+                            let _ = tx.send(true);
+                        }));
+                    }
+                })
+                .context("starting the control thread")?;
+        }
+        {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => log::warn!("SIGINT: shutting down"),
+                    _ = term.recv() => log::warn!("SIGTERM: shutting down"),
+                }
+                let _ = tx.send(true);
+            });
+        }
+        eprintln!(
+            "tiercache: serving '{name}' ({} bytes, {} mode) on nbd+unix:///{}?socket={}{}; control socket {}",
+            engine.volume_bytes(),
+            engine.mode(),
+            a.export_name,
+            nbd_path.display(),
+            a.tcp.as_ref().map(|t| format!(" and nbd://{t}/{}", a.export_name)).unwrap_or_default(),
+            control_path.display()
+        );
+        let config = ServerConfig {
+            export_name: a.export_name.clone(),
+            read_only: a.read_only,
+            ..ServerConfig::default()
+        };
+        serve(Arc::new(AsyncEngine(engine.clone())), listeners, config, rx)
+            .await
+            .context("NBD server")
+    });
+    let _ = std::fs::remove_file(&nbd_path);
+    let _ = std::fs::remove_file(&control_path);
+    rt.shutdown_timeout(std::time::Duration::from_secs(5));
+    result?;
+    match engine.close() {
+        Ok(()) => {
+            eprintln!("tiercache: '{name}' shut down cleanly");
+            Ok(())
+        }
+        Err(tiercache::engine::EngineError::ShutDown) => Ok(()),
+        Err(e) => Err(e).context("closing the cache"),
+    }
+}
