@@ -53,8 +53,9 @@ impl Engine {
         let covered = self.completed_ops.load(Ordering::Acquire);
         let in_use = cs.next_page_seq - cs.sb.journal_replay_seq.get();
         let journal_pages = self.layout.journal_pages;
-        let (records, pending, snapshot) = {
+        let (records, pending, snapshot, appended) = {
             let mut m = self.meta.lock();
+            let appended = m.records_appended;
             let records = std::mem::take(&mut m.records);
             let pending = std::mem::take(&mut m.pending_free);
             let pages = records.len().div_ceil(RECORDS_PER_PAGE) as u64;
@@ -63,13 +64,14 @@ impl Engine {
             // it equals the state those records lead to.
             let snapshot = (checkpoint.is_some() || in_use + pages > journal_pages / 2)
                 .then(|| m.table.entries.clone());
-            (records, pending, snapshot)
+            (records, pending, snapshot, appended)
         };
         let result = self.commit_io(cs, &records, snapshot, checkpoint.unwrap_or(false));
         match result {
             Ok(()) => {
                 self.meta.lock().free.extend(pending);
                 cs.flushed_through = covered;
+                cs.records_durable = appended;
                 cs.last_commit = Instant::now();
                 bump(&self.stats.commits, 1);
                 Ok(())

@@ -154,6 +154,7 @@ impl Engine {
             m.pending_free.push(old);
         }
         m.records.push(r);
+        m.records_appended += 1;
         self.note_completed();
     }
 
@@ -482,10 +483,19 @@ impl Engine {
                 any = true;
             }
         }
-        if any {
+        // Even with nothing to drop now, an eviction of one of these blocks
+        // may still be on its way to the journal: until it is durable, a
+        // crash would bring the old clean copy back over the new origin data.
+        if any || self.records_pending() {
             self.commit()?;
         }
         Ok(())
+    }
+
+    /// True if some applied record is not yet durable.
+    pub(crate) fn records_pending(&self) -> bool {
+        let appended = self.meta.lock().records_appended;
+        appended > self.commit_state.lock().records_durable
     }
 
     /// Writes one dirty block back while its lock is held by the caller.

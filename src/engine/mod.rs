@@ -135,6 +135,8 @@ pub(crate) struct Meta {
     pub writeback_cursor: u64,
     /// Watermark writeback is running (set above high, cleared at low).
     pub writeback_active: bool,
+    /// Records appended since open (monotonic).
+    pub records_appended: u64,
 }
 
 /// State under the commit lock: the journal position and the superblock.
@@ -143,6 +145,8 @@ pub(crate) struct CommitState {
     pub next_page_seq: u64,
     /// `Engine::completed_ops` value covered by the last completed commit.
     pub flushed_through: u64,
+    /// `Meta::records_appended` covered by the last completed commit.
+    pub records_durable: u64,
     pub last_commit: Instant,
 }
 

@@ -463,11 +463,13 @@ pub(crate) fn open(
             dirty_queue,
             writeback_cursor: 0,
             writeback_active: false,
+            records_appended: 0,
         }),
         commit_state: Mutex::new(CommitState {
             sb,
             next_page_seq: loaded.journal_end_seq,
             flushed_through: 0,
+            records_durable: 0,
             last_commit: Instant::now(),
         }),
         locks: BlockLocks::new(),
