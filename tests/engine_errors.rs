@@ -1,0 +1,157 @@
+//! Cache-device errors: in writethrough and writearound they are invisible
+//! to the user (served from the origin, counted); in writeback they are
+//! returned and never silently lose data.
+
+mod common;
+
+use std::sync::Arc;
+
+use tiercache::device::fault::FaultDevice;
+use tiercache::device::DeviceRef;
+use tiercache::engine::format::Layout;
+use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions};
+
+const ORIGIN_BYTES: u64 = 1 << 20;
+
+fn setup(mode: Mode) -> (Arc<FaultDevice>, DeviceRef, Arc<Engine>, u64) {
+    let cache_bytes = common::cache_bytes_for(64, 4096);
+    let cache_dev = Arc::new(FaultDevice::new("cache", cache_bytes, 1));
+    let origin: DeviceRef = Arc::new(FaultDevice::new("origin", ORIGIN_BYTES, 2));
+    let cache: DeviceRef = cache_dev.clone();
+    let engine = Engine::open(
+        {
+            Engine::create(
+                cache.clone(),
+                origin.clone(),
+                &CreateOptions {
+                    mode,
+                    ..Default::default()
+                },
+            )
+            .unwrap()
+            .close()
+            .unwrap();
+            cache
+        },
+        origin.clone(),
+        &OpenOptions {
+            no_background: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let data_offset = Layout::compute(cache_bytes, 4096).unwrap().data_offset;
+    (cache_dev, origin, engine, data_offset)
+}
+
+fn pattern(seed: u8) -> Vec<u8> {
+    (0..64 * 1024u32)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+fn cache_errors_are_invisible_in_writethrough_and_writearound() {
+    for mode in [Mode::Writethrough, Mode::Writearound] {
+        let (cache_dev, _origin, engine, data_offset) = setup(mode);
+        let data = pattern(1);
+        engine.write(0, &data, false).unwrap();
+        assert_eq!(engine.read(0, data.len() as u64).unwrap()[..], data[..]); // promotes (writearound) / hits
+        cache_dev.fail_reads_in(data_offset, u64::MAX / 2);
+        cache_dev.fail_writes_in(data_offset, u64::MAX / 2);
+        assert_eq!(
+            engine.read(0, data.len() as u64).unwrap()[..],
+            data[..],
+            "{mode}: read not served from origin"
+        );
+        let data2 = pattern(2);
+        engine
+            .write(0, &data2, false)
+            .unwrap_or_else(|e| panic!("{mode}: cache error visible on write: {e}"));
+        engine.flush().unwrap();
+        assert_eq!(engine.read(0, data2.len() as u64).unwrap()[..], data2[..]);
+        let miss = engine.read(512 * 1024, 64 * 1024).unwrap();
+        assert!(miss.iter().all(|&b| b == 0));
+        assert!(
+            engine.status().stats.cache_errors > 0,
+            "{mode}: cache errors not counted"
+        );
+    }
+}
+
+#[test]
+fn cache_errors_are_returned_in_writeback_and_lose_nothing() {
+    let (cache_dev, origin, engine, data_offset) = setup(Mode::Writeback);
+    let data = pattern(3);
+    engine.write(0, &data, false).unwrap();
+    engine.flush().unwrap();
+    // Reading dirty data from a failing cache: an error, never wrong data.
+    cache_dev.fail_reads_in(data_offset, u64::MAX / 2);
+    assert!(
+        engine.read(0, 4096).is_err(),
+        "dirty block read from a failing cache must fail"
+    );
+    // Writing to a failing cache: an error.
+    cache_dev.fail_writes_in(data_offset, u64::MAX / 2);
+    assert!(
+        engine.write(128 * 1024, &pattern(4), false).is_err(),
+        "write to failing cache must fail"
+    );
+    assert!(engine.status().stats.cache_errors > 0);
+    // Writeback cannot proceed while reads fail: the data stays dirty.
+    assert!(engine.flush_all(&mut |_, _| {}).is_err());
+    assert!(engine.dirty_blocks() > 0, "dirty data dropped after errors");
+    // The cache recovers: nothing acknowledged was lost.
+    cache_dev.clear_faults();
+    assert_eq!(engine.read(0, data.len() as u64).unwrap()[..], data[..]);
+    engine.detach().unwrap();
+    let mut back = vec![0u8; data.len()];
+    origin.read_at(&mut back, 0).unwrap();
+    assert_eq!(
+        back, data,
+        "origin after detach lacks the acknowledged data"
+    );
+}
+
+#[test]
+fn wrong_origin_is_refused() {
+    let (_c, _o, engine, _) = setup(Mode::Writeback);
+    let cache = engine.cache_device().clone();
+    engine.write(0, &pattern(5), false).unwrap();
+    engine.flush().unwrap();
+    drop(engine);
+    let other: DeviceRef = Arc::new(FaultDevice::new("another-origin", ORIGIN_BYTES, 3));
+    let err = Engine::open(cache.clone(), other, &OpenOptions::default())
+        .err()
+        .expect("wrong origin accepted");
+    assert!(err.to_string().contains("origin mismatch"), "{err}");
+    let small: DeviceRef = Arc::new(FaultDevice::new("origin", ORIGIN_BYTES / 2, 3));
+    assert!(Engine::open(cache, small, &OpenOptions::default()).is_err());
+}
+
+#[test]
+fn volatile_cache_refuses_writeback_without_consent() {
+    let cache = tiercache::device::open_device("ram:8M").unwrap();
+    let origin: DeviceRef = Arc::new(FaultDevice::new("origin", ORIGIN_BYTES, 2));
+    let err = Engine::create(cache.clone(), origin.clone(), &CreateOptions::default())
+        .err()
+        .expect("accepted");
+    assert!(err.to_string().contains("volatile"), "{err}");
+    let e = Engine::create(
+        cache.clone(),
+        origin.clone(),
+        &CreateOptions {
+            mode: Mode::Writethrough,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(e.set_mode(Mode::Writeback).is_err());
+    e.close().unwrap();
+    let ok = CreateOptions {
+        allow_data_loss: true,
+        force: true,
+        ..Default::default()
+    };
+    Engine::create(cache, origin, &ok).unwrap().close().unwrap();
+}
