@@ -135,10 +135,11 @@ fn run_one(seed: u64, mode: Mode, block_bytes: u32, policy: PolicyKind, ops: usi
             }
             95 => {
                 // Clean restart: the warm cache must survive with its data.
-                let used = engine.status().cache_blocks_used;
+                // Read after close: background eviction stops there.
                 engine
                     .close()
                     .unwrap_or_else(|e| panic!("{ctx}: close: {e}"));
+                let used = engine.status().cache_blocks_used;
                 drop(engine);
                 engine = Engine::open(
                     cache.clone(),
