@@ -61,7 +61,19 @@ fn run_one(seed: u64, mode: Mode, block_bytes: u32, policy: PolicyKind, ops: usi
         },
         ..Default::default()
     };
-    let mut engine = Engine::create(cache.clone(), origin.clone(), &opts).expect("create");
+    let created = Engine::create(cache.clone(), origin.clone(), &opts).expect("create");
+    created.close().expect("close");
+    drop(created);
+    // Deterministic: the test drives background work itself (op 88..=93).
+    let mut engine = Engine::open(
+        cache.clone(),
+        origin.clone(),
+        &OpenOptions {
+            no_background: true,
+            ..Default::default()
+        },
+    )
+    .expect("open");
     let mut model = Model {
         data: origin_image,
         known: vec![true; (ORIGIN_BYTES / 512) as usize],
