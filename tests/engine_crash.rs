@@ -97,6 +97,7 @@ fn crash_case(seed: u64, mode: Mode, block_bytes: u32, power_loss: bool) {
         );
     }
     switch.trip();
+    engine.abandon();
     drop(engine);
     let (cache_img, origin_img) = if power_loss {
         (cache_dev.power_loss_image(), origin_dev.power_loss_image())

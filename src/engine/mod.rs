@@ -314,6 +314,15 @@ impl Engine {
         self.checkpoint_now(true)
     }
 
+    /// Stops all background work without committing anything, as if the
+    /// process died here: for in-process crash tests, where a dropped
+    /// engine's background thread must not keep writing to devices that a
+    /// new engine has opened.
+    pub fn abandon(&self) {
+        self.closed.store(true, Ordering::Release);
+        writeback::stop_background(self);
+    }
+
     /// Writes back all dirty data, then dissolves the cache: afterwards the
     /// origin alone holds all data and the cache device holds no cache.
     pub fn detach(&self) -> EngineResult<()> {
