@@ -24,6 +24,15 @@ pub(crate) struct Segment {
     pub buf: Range<usize>,
 }
 
+/// What `store_in_new_slot` did.
+pub(crate) enum Stored {
+    Yes,
+    /// Every cache block is dirty or busy.
+    NoSlot,
+    /// The cache device failed the write (counted); the slot stays free.
+    CacheError(DeviceError),
+}
+
 impl Segment {
     pub fn len(&self) -> u64 {
         self.buf.len() as u64
@@ -231,31 +240,30 @@ impl Engine {
             .lock_range(first.block, segs.last().expect("non-empty").block);
         let mode = self.mode();
         let promote = mode.promotes_reads() || (prefetch && mode != Mode::Passthrough);
+        // The block locks are held: these mappings cannot change under us
+        // (eviction and writeback only take blocks they can lock).
+        let cached: Vec<Option<(u32, bool)>> = if mode.reads_cache() {
+            let mut m = self.meta.lock();
+            segs.iter()
+                .map(|seg| {
+                    let hit = m.table.lookup(seg.block);
+                    if let Some((slot, _)) = hit {
+                        m.policy.accessed(slot);
+                    }
+                    hit
+                })
+                .collect()
+        } else {
+            vec![None; segs.len()]
+        };
         let mut i = 0;
         while i < segs.len() {
             let seg = &segs[i];
-            let hit = if mode.reads_cache() {
-                let mut m = self.meta.lock();
-                let hit = m.table.lookup(seg.block);
-                if let Some((slot, _)) = hit {
-                    m.policy.accessed(slot);
-                }
-                hit
-            } else {
-                None
-            };
-            if let Some((slot, dirty)) = hit {
+            if let Some((slot, dirty)) = cached[i] {
                 bump(&self.stats.read_hits, 1);
-                if self
-                    .cache_read(slot, seg.in_block, &mut out[seg.buf.clone()])
-                    .is_err()
-                {
+                if let Err(e) = self.cache_read(slot, seg.in_block, &mut out[seg.buf.clone()]) {
                     if dirty {
-                        return Err(EngineError::Device(DeviceError::Io {
-                            device: self.cache.name().into(),
-                            what: "read of dirty cache block",
-                            source: std::io::Error::from_raw_os_error(libc::EIO),
-                        }));
+                        return Err(e.into());
                     }
                     // A clean copy is only a copy: serve the origin.
                     self.invalidate_failed(seg.block, slot);
@@ -268,18 +276,9 @@ impl Engine {
                 continue;
             }
             // A run of consecutive misses: one origin read.
-            let mut j = i + 1;
-            while j < segs.len()
-                && mode.reads_cache()
-                && self.meta.lock().table.lookup(segs[j].block).is_none()
-            {
-                j += 1;
-            }
-            if !mode.reads_cache() {
-                j = segs.len();
-            }
-            self.read_miss_run(&segs[i..j], &mut out, promote)?;
-            i = j;
+            let run = cached[i..].iter().take_while(|c| c.is_none()).count();
+            self.read_miss_run(&segs[i..i + run], &mut out, promote)?;
+            i += run;
         }
         Ok(out)
     }
@@ -318,26 +317,33 @@ impl Engine {
             out[seg.buf.clone()].copy_from_slice(&tmp[at..at + seg.buf.len()]);
         }
         for (k, seg) in segs.iter().enumerate() {
-            let Some(slot) = self.alloc_slot()? else {
-                break;
-            };
             let data = &tmp[k * bs as usize..(k + 1) * bs as usize];
-            if self.cache_write(slot, 0, data).is_err() {
-                self.unalloc_slot(slot);
-                break;
+            match self.store_in_new_slot(seg.block, data, false)? {
+                Stored::Yes => bump(&self.stats.promotions, 1),
+                Stored::NoSlot | Stored::CacheError(_) => break,
             }
-            let mut m = self.meta.lock();
-            self.append(
-                &mut m,
-                Record::Map {
-                    slot,
-                    block: seg.block,
-                    dirty: false,
-                },
-            );
-            bump(&self.stats.promotions, 1);
         }
         Ok(())
+    }
+
+    /// Puts a whole block into a slot that is free on disk and maps it
+    /// (the record becomes durable only after the data: see commit.rs).
+    pub(crate) fn store_in_new_slot(
+        &self,
+        block: u64,
+        data: &[u8],
+        dirty: bool,
+    ) -> EngineResult<Stored> {
+        let Some(slot) = self.alloc_slot()? else {
+            return Ok(Stored::NoSlot);
+        };
+        if let Err(e) = self.cache_write(slot, 0, data) {
+            self.unalloc_slot(slot);
+            return Ok(Stored::CacheError(e));
+        }
+        let mut m = self.meta.lock();
+        self.append(&mut m, Record::Map { slot, block, dirty });
+        Ok(Stored::Yes)
     }
 
     /// Writes `data` at `offset`; with `fua`, durable on return.
@@ -492,6 +498,30 @@ impl Engine {
         Ok(())
     }
 
+    /// Writes `data` at `offset` to the origin, after dropping (durably)
+    /// every cached copy of `segs`: the one way any mode changes the origin
+    /// for a foreground write.
+    pub(crate) fn write_origin_invalidating(
+        &self,
+        segs: &[Segment],
+        data: &[u8],
+        offset: u64,
+    ) -> EngineResult<()> {
+        self.invalidate_before_origin_write(segs)?;
+        Ok(self.origin_write(data, offset)?)
+    }
+
+    pub(crate) fn count_write_hits(&self, segs: &[Segment]) {
+        let m = self.meta.lock();
+        let hits = segs
+            .iter()
+            .filter(|s| m.table.lookup(s.block).is_some())
+            .count() as u64;
+        drop(m);
+        bump(&self.stats.write_hits, hits);
+        bump(&self.stats.write_misses, segs.len() as u64 - hits);
+    }
+
     /// True if some applied record is not yet durable.
     pub(crate) fn records_pending(&self) -> bool {
         let appended = self.meta.lock().records_appended;
@@ -502,14 +532,6 @@ impl Engine {
     pub(crate) fn write_back_one(&self, block: u64, slot: u32) -> EngineResult<()> {
         // As in `writeback_blocks`: the dirty mapping is durable first.
         self.commit()?;
-        let mut buf = AlignedBuf::zeroed(self.block_bytes as usize);
-        self.cache_read(slot, 0, &mut buf)?;
-        self.origin_write(&buf, block * self.block_bytes)?;
-        let mut m = self.meta.lock();
-        if m.table.lookup(block) == Some((slot, true)) {
-            self.append(&mut m, Record::Clean { slot });
-            bump(&self.stats.blocks_written_back, 1);
-        }
-        Ok(())
+        self.write_back_run(&[(block, slot)]).map(|_| ())
     }
 }

@@ -269,7 +269,7 @@ impl Engine {
                 return Err(e);
             }
         }
-        self.commit()?;
+        // flush_all committed; the mode itself lives in the superblock.
         let mut cs = self.commit_state.lock();
         self.write_superblock(&mut cs, |sb| sb.mode.set(mode.to_u32()))
     }
@@ -310,7 +310,7 @@ impl Engine {
             return Ok(());
         }
         writeback::stop_background(self);
-        self.commit()?;
+        // The checkpoint commits everything first (commit_locked).
         self.checkpoint_now(true)
     }
 
@@ -334,7 +334,6 @@ impl Engine {
         }
         self.closed.store(true, Ordering::Release);
         writeback::stop_background(self);
-        self.commit()?;
         if self.dirty_blocks() != 0 {
             return Err(EngineError::Config(
                 "dirty data appeared during detach".into(),

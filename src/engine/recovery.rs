@@ -272,10 +272,10 @@ fn validate_superblock(cache: &DeviceRef, sb: &Superblock) -> EngineResult<Layou
 /// damage is an error.
 pub(crate) fn load(
     cache: &DeviceRef,
+    sb: Superblock,
     origin_bytes: u64,
     mut problems: Option<&mut Vec<String>>,
 ) -> EngineResult<Loaded> {
-    let sb = current_superblock(cache)?;
     let layout = validate_superblock(cache, &sb)?;
     let origin_blocks = origin_bytes / layout.block_bytes as u64;
     let mut fail = |what: String| -> EngineResult<()> {
@@ -406,7 +406,7 @@ pub(crate) fn open(
             ),
         });
     }
-    let loaded = load(&cache, origin.size_bytes(), None)?;
+    let loaded = load(&cache, sb, origin.size_bytes(), None)?;
     let mut sb = loaded.sb;
     let mode = Mode::from_u32(sb.mode.get()).expect("validated");
     let allow = opts.allow_data_loss || sb.flags.get() & SB_FLAG_ALLOW_VOLATILE_WRITEBACK != 0;
@@ -577,7 +577,7 @@ pub fn check(cache: &DeviceRef, origin_bytes: Option<u64>) -> CheckReport {
         ));
     }
     let mut problems = Vec::new();
-    match load(cache, origin_bytes, Some(&mut problems)) {
+    match load(cache, sb, origin_bytes, Some(&mut problems)) {
         Ok(l) => {
             report.cache_blocks_total = l.layout.slot_count;
             report.cache_blocks_used = l.table.used();

@@ -214,7 +214,7 @@ impl Engine {
     }
 
     /// Writes back locked, dirty, adjacent blocks with one origin write.
-    fn write_back_run(&self, run: &[(u64, u32)]) -> EngineResult<usize> {
+    pub(crate) fn write_back_run(&self, run: &[(u64, u32)]) -> EngineResult<usize> {
         let bs = self.block_bytes as usize;
         let mut buf = AlignedBuf::zeroed(run.len() * bs);
         let mut k = 0;

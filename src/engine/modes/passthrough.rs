@@ -14,7 +14,6 @@ impl Engine {
         data: &[u8],
     ) -> EngineResult<()> {
         bump(&self.stats.bypassed_ios, 1);
-        self.invalidate_before_origin_write(segs)?;
-        Ok(self.origin_write(data, offset)?)
+        self.write_origin_invalidating(segs, data, offset)
     }
 }

@@ -15,7 +15,6 @@ impl Engine {
     ) -> EngineResult<()> {
         self.count_write_hits(segs);
         bump(&self.stats.bypassed_ios, 1);
-        self.invalidate_before_origin_write(segs)?;
-        Ok(self.origin_write(data, offset)?)
+        self.write_origin_invalidating(segs, data, offset)
     }
 }

@@ -7,8 +7,7 @@
 //! overwritten in place (exactly as a disk would: an unflushed write may be
 //! torn, never mixed with another block's data).
 
-use super::super::format::Record;
-use super::super::io::Segment;
+use super::super::io::{Segment, Stored};
 use super::super::stats::bump;
 use super::super::{Engine, EngineResult};
 
@@ -47,28 +46,18 @@ impl Engine {
                 continue;
             }
             let full = self.merged_block(seg, data, cached)?;
-            match self.alloc_slot()? {
-                Some(slot) => {
-                    if let Err(e) = self.cache_write(slot, 0, &full) {
-                        self.unalloc_slot(slot);
-                        return Err(e.into());
-                    }
-                    let mut m = self.meta.lock();
-                    self.append(
-                        &mut m,
-                        Record::Map {
-                            slot,
-                            block: seg.block,
-                            dirty: true,
-                        },
-                    );
-                }
-                None => {
+            match self.store_in_new_slot(seg.block, &full, true)? {
+                Stored::Yes => {}
+                Stored::CacheError(e) => return Err(e.into()),
+                Stored::NoSlot => {
                     // Every block is dirty or busy: write around the cache
                     // for this block and hurry writeback along.
                     bump(&self.stats.bypassed_ios, 1);
-                    self.invalidate_before_origin_write(std::slice::from_ref(seg))?;
-                    self.origin_write(&full, seg.block * bs)?;
+                    self.write_origin_invalidating(
+                        std::slice::from_ref(seg),
+                        &full,
+                        seg.block * bs,
+                    )?;
                     self.wake_background();
                 }
             }
