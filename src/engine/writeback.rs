@@ -250,22 +250,18 @@ impl Engine {
             let snapshot: Vec<u64> = self.meta.lock().table.dirty.iter().copied().collect();
             let total = snapshot.len() as u64;
             progress(0, total);
-            let mut done = 0u64;
             let mut stalled = 0;
             let mut remaining = snapshot;
             while !remaining.is_empty() {
                 let mut next = Vec::new();
-                for chunk in remaining.chunks(BATCH_BLOCKS) {
+                for (k, chunk) in remaining.chunks(BATCH_BLOCKS).enumerate() {
                     self.writeback_blocks(chunk)?;
                     let m = self.meta.lock();
-                    for &b in chunk {
-                        if m.table.dirty.contains(&b) {
-                            next.push(b);
-                        }
-                    }
+                    next.extend(chunk.iter().filter(|b| m.table.dirty.contains(b)));
+                    drop(m);
+                    let untried = remaining.len().saturating_sub((k + 1) * BATCH_BLOCKS);
+                    progress(total - (untried + next.len()) as u64, total);
                 }
-                done = done.max(total - next.len() as u64);
-                progress(done, total);
                 if next.len() == remaining.len() {
                     // Busy blocks (foreground I/O holds them); wait a little.
                     stalled += 1;
