@@ -55,7 +55,7 @@ impl Engine {
         let journal_pages = self.layout.journal_pages;
         let (records, pending, snapshot, appended) = {
             let mut m = self.meta.lock();
-            let appended = m.records_appended;
+            let appended = m.releases_appended;
             let records = std::mem::take(&mut m.records);
             let pending = std::mem::take(&mut m.pending_free);
             let pages = records.len().div_ceil(RECORDS_PER_PAGE) as u64;
@@ -71,7 +71,7 @@ impl Engine {
             Ok(()) => {
                 self.meta.lock().free.extend(pending);
                 cs.flushed_through = covered;
-                cs.records_durable = appended;
+                cs.releases_durable = appended;
                 cs.last_commit = Instant::now();
                 bump(&self.stats.commits, 1);
                 Ok(())

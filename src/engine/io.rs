@@ -162,8 +162,10 @@ impl Engine {
             m.policy.removed(old);
             m.pending_free.push(old);
         }
+        if matches!(r, Record::Unmap { .. }) || applied.released.is_some() {
+            m.releases_appended += 1;
+        }
         m.records.push(r);
-        m.records_appended += 1;
         self.note_completed();
     }
 
@@ -474,7 +476,6 @@ impl Engine {
     /// and commits, so the origin is never changed under a clean cached copy
     /// that a crash could make current again.
     pub(crate) fn invalidate_before_origin_write(&self, segs: &[Segment]) -> EngineResult<()> {
-        let mut any = false;
         for seg in segs {
             let cached = self.meta.lock().table.lookup(seg.block);
             let Some((slot, dirty)) = cached else {
@@ -486,13 +487,12 @@ impl Engine {
             let mut m = self.meta.lock();
             if let Some((slot, _)) = m.table.lookup(seg.block) {
                 self.append(&mut m, Record::Unmap { slot });
-                any = true;
             }
         }
-        // Even with nothing to drop now, an eviction of one of these blocks
-        // may still be on its way to the journal: until it is durable, a
+        // The drops above, and any earlier eviction of one of these blocks
+        // still on its way to the journal, must be durable: until then a
         // crash would bring the old clean copy back over the new origin data.
-        if any || self.records_pending() {
+        if self.releases_pending() {
             self.commit()?;
         }
         Ok(())
@@ -522,10 +522,11 @@ impl Engine {
         bump(&self.stats.write_misses, segs.len() as u64 - hits);
     }
 
-    /// True if some applied record is not yet durable.
-    pub(crate) fn records_pending(&self) -> bool {
-        let appended = self.meta.lock().records_appended;
-        appended > self.commit_state.lock().records_durable
+    /// True if some mapping was removed (unmapped or superseded) in memory
+    /// and that removal is not yet durable.
+    pub(crate) fn releases_pending(&self) -> bool {
+        let appended = self.meta.lock().releases_appended;
+        appended > self.commit_state.lock().releases_durable
     }
 
     /// Writes one dirty block back while its lock is held by the caller.

@@ -135,8 +135,9 @@ pub(crate) struct Meta {
     pub writeback_cursor: u64,
     /// Watermark writeback is running (set above high, cleared at low).
     pub writeback_active: bool,
-    /// Records appended since open (monotonic).
-    pub records_appended: u64,
+    /// Records that removed a mapping (unmap, or a map superseding
+    /// another slot), appended since open.
+    pub releases_appended: u64,
 }
 
 /// State under the commit lock: the journal position and the superblock.
@@ -145,8 +146,8 @@ pub(crate) struct CommitState {
     pub next_page_seq: u64,
     /// `Engine::completed_ops` value covered by the last completed commit.
     pub flushed_through: u64,
-    /// `Meta::records_appended` covered by the last completed commit.
-    pub records_durable: u64,
+    /// `Meta::releases_appended` covered by the last completed commit.
+    pub releases_durable: u64,
     pub last_commit: Instant,
 }
 
