@@ -126,13 +126,20 @@ impl Engine {
         })
     }
 
-    pub(crate) fn origin_write(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+    /// Every origin write goes through here. A mapping removed in memory
+    /// (unmapped, or superseded by a newer slot) must be durable before the
+    /// origin changes: until then a crash would bring back the old clean
+    /// copy over the new origin bytes.
+    pub(crate) fn origin_write(&self, buf: &[u8], offset: u64) -> EngineResult<()> {
+        if self.releases_pending() {
+            self.commit()?;
+        }
         let r = self.origin.write_at(buf, offset).inspect_err(|e| {
             bump(&self.stats.origin_errors, 1);
             log::warn!("origin write error: {e}");
         });
         self.note_completed();
-        r
+        Ok(r?)
     }
 
     /// Applies a record to the in-memory state and queues it for the journal.
@@ -472,9 +479,8 @@ impl Engine {
     }
 
     /// Writes back dirty blocks among `segs` (rare outside writeback modes:
-    /// only after a failed writeback), then drops every cached copy in them
-    /// and commits, so the origin is never changed under a clean cached copy
-    /// that a crash could make current again.
+    /// only after a failed writeback), then drops every cached copy in them;
+    /// `origin_write` makes the drops durable before the origin changes.
     pub(crate) fn invalidate_before_origin_write(&self, segs: &[Segment]) -> EngineResult<()> {
         for seg in segs {
             let cached = self.meta.lock().table.lookup(seg.block);
@@ -489,12 +495,6 @@ impl Engine {
                 self.append(&mut m, Record::Unmap { slot });
             }
         }
-        // The drops above, and any earlier eviction of one of these blocks
-        // still on its way to the journal, must be durable: until then a
-        // crash would bring the old clean copy back over the new origin data.
-        if self.releases_pending() {
-            self.commit()?;
-        }
         Ok(())
     }
 
@@ -508,7 +508,7 @@ impl Engine {
         offset: u64,
     ) -> EngineResult<()> {
         self.invalidate_before_origin_write(segs)?;
-        Ok(self.origin_write(data, offset)?)
+        self.origin_write(data, offset)
     }
 
     pub(crate) fn count_write_hits(&self, segs: &[Segment]) {
@@ -531,8 +531,6 @@ impl Engine {
 
     /// Writes one dirty block back while its lock is held by the caller.
     pub(crate) fn write_back_one(&self, block: u64, slot: u32) -> EngineResult<()> {
-        // As in `writeback_blocks`: the dirty mapping is durable first.
-        self.commit()?;
         self.write_back_run(&[(block, slot)]).map(|_| ())
     }
 }

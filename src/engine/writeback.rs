@@ -153,13 +153,6 @@ impl Engine {
     /// how many were written back, or the first error (other runs are
     /// still tried).
     pub(crate) fn writeback_blocks(&self, blocks: &[u64]) -> EngineResult<usize> {
-        if blocks.is_empty() {
-            return Ok(0);
-        }
-        // The records that made these blocks dirty must be durable before
-        // the origin changes: otherwise a crash could bring back an older
-        // clean copy of a block whose origin bytes were already rewritten.
-        self.commit()?;
         let bs = self.block_bytes;
         let max_run = (MAX_RUN_BYTES / bs).max(1) as usize;
         let mut written = 0;
