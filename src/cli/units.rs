@@ -3,7 +3,7 @@
 
 use anyhow::{anyhow, bail, Result};
 use tiercache::device::parse_size;
-use tiercache::engine::format::{MAX_BLOCK_BYTES, MIN_BLOCK_BYTES};
+use tiercache::engine::format::{block_bytes_valid, MAX_BLOCK_BYTES, MIN_BLOCK_BYTES};
 use tiercache::engine::policy::PolicyKind;
 use tiercache::engine::{Mode, WritebackSettings};
 
@@ -12,8 +12,7 @@ use tiercache::engine::{Mode, WritebackSettings};
 pub fn parse_block_size(s: &str) -> Result<u32> {
     let bytes = parse_size(s)
         .ok_or_else(|| anyhow!("block size '{s}' is not a size (examples: 4096, 4K, 64KiB, 1M)"))?;
-    let in_range = (u64::from(MIN_BLOCK_BYTES)..=u64::from(MAX_BLOCK_BYTES)).contains(&bytes);
-    if !bytes.is_power_of_two() || !in_range {
+    if !block_bytes_valid(bytes) {
         let shown = if s.trim() == bytes.to_string() {
             format!("'{s}'")
         } else {
@@ -44,22 +43,9 @@ pub fn parse_policy(s: &str) -> Result<PolicyKind> {
 }
 
 /// The engine's rule for writeback settings, checked before anything is
-/// written so the message can name the flags.
+/// written.
 pub fn check_writeback(w: &WritebackSettings) -> Result<()> {
-    if w.high_pct > 100 {
-        bail!("writeback high watermark {}% is above 100%", w.high_pct);
-    }
-    if w.low_pct > w.high_pct {
-        bail!(
-            "writeback low watermark {}% is above the high watermark {}%",
-            w.low_pct,
-            w.high_pct
-        );
-    }
-    if w.max_age_secs == 0 {
-        bail!("writeback age must be at least 1 second");
-    }
-    Ok(())
+    w.validate().map_err(|e| anyhow!(e))
 }
 
 /// `1536` -> `1.5 KiB`, `268435456` -> `256 MiB`.

@@ -17,6 +17,12 @@ pub const CHECKPOINT_MAGIC: u32 = 0x5043_5454; // "TTCP" little-endian
 
 pub const MIN_BLOCK_BYTES: u32 = 4096;
 pub const MAX_BLOCK_BYTES: u32 = 1 << 20;
+/// True for a supported cache block size: a power of two in
+/// MIN_BLOCK_BYTES..=MAX_BLOCK_BYTES.
+pub fn block_bytes_valid(bytes: u64) -> bool {
+    bytes.is_power_of_two() && (MIN_BLOCK_BYTES as u64..=MAX_BLOCK_BYTES as u64).contains(&bytes)
+}
+
 /// The smallest useful cache, in blocks.
 pub const MIN_SLOTS: u64 = 16;
 

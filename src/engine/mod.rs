@@ -78,6 +78,28 @@ pub struct WritebackSettings {
     pub max_age_secs: u32,
 }
 
+impl WritebackSettings {
+    /// The rule every setter checks: low <= high <= 100, age >= 1 s.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.high_pct > 100 {
+            return Err(format!(
+                "writeback high watermark {}% is above 100%",
+                self.high_pct
+            ));
+        }
+        if self.low_pct > self.high_pct {
+            return Err(format!(
+                "writeback low watermark {}% is above the high watermark {}%",
+                self.low_pct, self.high_pct
+            ));
+        }
+        if self.max_age_secs == 0 {
+            return Err("writeback age must be at least 1 second".into());
+        }
+        Ok(())
+    }
+}
+
 impl Default for WritebackSettings {
     fn default() -> Self {
         WritebackSettings {
@@ -277,12 +299,7 @@ impl Engine {
 
     /// Changes the writeback watermarks and age; persisted in the superblock.
     pub fn set_writeback(&self, w: WritebackSettings) -> EngineResult<()> {
-        if w.low_pct > w.high_pct || w.high_pct > 100 || w.max_age_secs == 0 {
-            return Err(EngineError::Config(format!(
-                "invalid writeback settings: need low <= high <= 100 and age > 0, got low {} high {} age {}",
-                w.low_pct, w.high_pct, w.max_age_secs
-            )));
-        }
+        w.validate().map_err(EngineError::Config)?;
         self.meta.lock().writeback = w;
         let mut cs = self.commit_state.lock();
         self.write_superblock(&mut cs, |sb| {

@@ -10,9 +10,9 @@ use zerocopy::little_endian::{U32, U64};
 use zerocopy::FromZeros;
 
 use super::format::{
-    parse_checkpoint_page, parse_journal_page, Layout, Superblock, ENTRIES_PER_CHECKPOINT_PAGE,
-    FORMAT_VERSION, MAX_BLOCK_BYTES, MIN_BLOCK_BYTES, PAGE_BYTES, SB_FLAG_ALLOW_VOLATILE_WRITEBACK,
-    SUPERBLOCK_MAGIC,
+    block_bytes_valid, parse_checkpoint_page, parse_journal_page, Layout, Superblock,
+    ENTRIES_PER_CHECKPOINT_PAGE, FORMAT_VERSION, MAX_BLOCK_BYTES, MIN_BLOCK_BYTES, PAGE_BYTES,
+    SB_FLAG_ALLOW_VOLATILE_WRITEBACK, SUPERBLOCK_MAGIC,
 };
 use super::locks::BlockLocks;
 use super::meta::Table;
@@ -28,8 +28,7 @@ use crate::device::{AlignedBuf, DeviceRef};
 const JOURNAL_READ_BYTES: u64 = 1 << 20;
 
 pub(crate) fn check_block_bytes(block_bytes: u32) -> EngineResult<()> {
-    if !block_bytes.is_power_of_two() || !(MIN_BLOCK_BYTES..=MAX_BLOCK_BYTES).contains(&block_bytes)
-    {
+    if !block_bytes_valid(block_bytes as u64) {
         return Err(EngineError::Config(format!(
             "block size {block_bytes} is invalid: it must be a power of two from {MIN_BLOCK_BYTES} to {MAX_BLOCK_BYTES} bytes"
         )));
@@ -97,11 +96,7 @@ pub(crate) fn format_cache(
         });
     }
     let w = opts.writeback;
-    if w.low_pct > w.high_pct || w.high_pct > 100 || w.max_age_secs == 0 {
-        return Err(EngineError::Config(
-            "invalid writeback settings: need low <= high <= 100 and age > 0".into(),
-        ));
-    }
+    w.validate().map_err(EngineError::Config)?;
     if origin.size_bytes() < opts.block_bytes as u64 {
         return Err(EngineError::Config(format!(
             "origin {} ({} bytes) is smaller than one cache block ({} bytes)",
