@@ -30,9 +30,17 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 use zerocopy::byteorder::big_endian::{U16, U32, U64};
-use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+use zerocopy::{FromBytes, IntoBytes};
 
 use super::{check_range, BlockDevice, DeviceError, DeviceResult, SECTOR_BYTES};
+use crate::nbd::proto::{
+    is_error_reply, ExportNameReply, InfoBlockSize, InfoExport, OptionHeader, OptionReplyHeader,
+    RequestHeader, SimpleReplyHeader, CMD_DISC, CMD_FLUSH, CMD_READ, CMD_TRIM, CMD_WRITE,
+    FLAG_CAN_MULTI_CONN, FLAG_FIXED_NEWSTYLE, FLAG_NO_ZEROES, FLAG_READ_ONLY, FLAG_SEND_FLUSH,
+    FLAG_SEND_TRIM, IHAVEOPT, INFO_BLOCK_SIZE, INFO_EXPORT, NBDMAGIC, OPTION_REPLY_MAGIC,
+    OPT_EXPORT_NAME, OPT_GO, REP_ACK, REP_ERR, REP_ERR_UNSUP, REP_INFO, REQUEST_MAGIC,
+    SIMPLE_REPLY_MAGIC, STRUCTURED_REPLY_MAGIC,
+};
 
 /// Default TCP port (proto.md: IANA-assigned 10809).
 pub const DEFAULT_PORT: u16 = 10809;
@@ -49,118 +57,10 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// at most 4096 bytes; INFO payloads are tiny).
 const OPTION_REPLY_BYTES_MAX: u32 = 64 << 10;
 
-// Magic numbers (proto.md, "Handshake" and "Transmission").
-const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
-const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
+// Wire constants and layouts come from the one place that defines them for
+// the server too (crate::nbd::proto). The client alone needs this one: an
+// oldstyle server's greeting, which it refuses.
 const OLDSTYLE_MAGIC: u64 = 0x0000_4202_8186_1253;
-const OPTION_REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
-const REQUEST_MAGIC: u32 = 0x2560_9513;
-const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
-const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
-
-// Handshake and client flags.
-const FLAG_FIXED_NEWSTYLE: u16 = 1 << 0;
-const FLAG_NO_ZEROES: u16 = 1 << 1;
-
-// Transmission flags.
-const FLAG_READ_ONLY: u16 = 1 << 1;
-const FLAG_SEND_FLUSH: u16 = 1 << 2;
-const FLAG_SEND_TRIM: u16 = 1 << 5;
-const FLAG_CAN_MULTI_CONN: u16 = 1 << 8;
-
-// Options, option replies, info types.
-const OPT_EXPORT_NAME: u32 = 1;
-const OPT_GO: u32 = 7;
-const REP_ACK: u32 = 1;
-const REP_INFO: u32 = 3;
-const REP_ERR_BIT: u32 = 1 << 31;
-const REP_ERR_UNSUP: u32 = REP_ERR_BIT | 1;
-const INFO_EXPORT: u16 = 0;
-const INFO_BLOCK_SIZE: u16 = 3;
-
-// Commands.
-const CMD_READ: u16 = 0;
-const CMD_WRITE: u16 = 1;
-const CMD_DISC: u16 = 2;
-const CMD_FLUSH: u16 = 3;
-const CMD_TRIM: u16 = 4;
-
-// ---------------------------------------------------------------------------
-// Wire structures: every fixed-size message, big-endian, parsed only here.
-
-/// Option request header (client -> server), followed by `length` bytes.
-#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
-#[repr(C)]
-struct OptionHeader {
-    magic: U64,
-    option: U32,
-    length: U32,
-}
-const _: () = assert!(size_of::<OptionHeader>() == 16);
-
-/// Option reply header (server -> client), followed by `length` bytes.
-#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
-#[repr(C)]
-struct OptionReplyHeader {
-    magic: U64,
-    option: U32,
-    reply_type: U32,
-    length: U32,
-}
-const _: () = assert!(size_of::<OptionReplyHeader>() == 20);
-
-/// `NBD_INFO_EXPORT` payload, including its type field.
-#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
-#[repr(C)]
-struct InfoExport {
-    info_type: U16,
-    size_bytes: U64,
-    transmission_flags: U16,
-}
-const _: () = assert!(size_of::<InfoExport>() == 12);
-
-/// `NBD_INFO_BLOCK_SIZE` payload, including its type field.
-#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
-#[repr(C)]
-struct InfoBlockSize {
-    info_type: U16,
-    minimum_bytes: U32,
-    preferred_bytes: U32,
-    maximum_bytes: U32,
-}
-const _: () = assert!(size_of::<InfoBlockSize>() == 14);
-
-/// Reply to `NBD_OPT_EXPORT_NAME` (then 124 zero bytes unless NO_ZEROES).
-#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
-#[repr(C)]
-struct ExportNameReply {
-    size_bytes: U64,
-    transmission_flags: U16,
-}
-const _: () = assert!(size_of::<ExportNameReply>() == 10);
-
-/// Transmission request header, followed by the payload of a write.
-#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
-#[repr(C)]
-struct RequestHeader {
-    magic: U32,
-    flags: U16,
-    command: U16,
-    cookie: U64,
-    offset: U64,
-    length: U32,
-}
-const _: () = assert!(size_of::<RequestHeader>() == 28);
-
-/// Simple reply header, followed by the data of a successful read.
-#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
-#[repr(C)]
-struct SimpleReply {
-    magic: U32,
-    error: U32,
-    cookie: U64,
-}
-const _: () = assert!(size_of::<SimpleReply>() == 16);
 
 // ---------------------------------------------------------------------------
 // URIs (NBD URI spec, NetworkBlockDevice/nbd doc/uri.md).
@@ -485,7 +385,7 @@ fn send_option(s: &mut Stream, option: u32, data: &[u8]) -> io::Result<()> {
 }
 
 fn rep_err_name(t: u32) -> &'static str {
-    match t & !REP_ERR_BIT {
+    match t & !REP_ERR {
         1 => "NBD_REP_ERR_UNSUP",
         2 => "NBD_REP_ERR_POLICY",
         3 => "NBD_REP_ERR_INVALID",
@@ -587,19 +487,19 @@ fn opt_go(s: &mut Stream, export: &str) -> io::Result<Option<ExportInfo>> {
                         let i = InfoBlockSize::read_from_bytes(&body)
                             .map_err(|_| proto_err("bad NBD_INFO_BLOCK_SIZE length"))?;
                         // Every request we send is 512-byte aligned.
-                        if i.minimum_bytes.get() > SECTOR_BYTES as u32 {
+                        if i.min_block_bytes.get() > SECTOR_BYTES as u32 {
                             return Err(proto_err(format!(
                                 "export needs {}-byte aligned requests; only 512 is supported",
-                                i.minimum_bytes.get()
+                                i.min_block_bytes.get()
                             )));
                         }
-                        payload_bytes_max = i.maximum_bytes.get();
+                        payload_bytes_max = i.max_block_bytes.get();
                     }
                     _ => {} // proto.md: clients ignore unrequested info types
                 }
             }
             REP_ERR_UNSUP => return Ok(None),
-            t if t & REP_ERR_BIT != 0 => {
+            t if is_error_reply(t) => {
                 let msg = String::from_utf8_lossy(&body);
                 let sep = if msg.is_empty() { "" } else { ": " };
                 return Err(io::Error::other(format!(
@@ -824,7 +724,7 @@ fn server_error(errno: u32) -> io::Error {
 /// Reads replies until the connection fails, completing pending requests.
 fn reader_loop(mut s: Stream, shared: &Shared) {
     let reason = loop {
-        let reply: SimpleReply = match read_struct(&mut s) {
+        let reply: SimpleReplyHeader = match read_struct(&mut s) {
             Ok(r) => r,
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
                 break "server closed the connection".to_string()

@@ -89,7 +89,7 @@ impl OptionCode {
 pub const REP_ACK: u32 = 1;
 pub const REP_SERVER: u32 = 2;
 pub const REP_INFO: u32 = 3;
-const REP_ERR: u32 = 1 << 31;
+pub const REP_ERR: u32 = 1 << 31;
 pub const REP_ERR_UNSUP: u32 = REP_ERR | 1;
 pub const REP_ERR_POLICY: u32 = REP_ERR | 2;
 pub const REP_ERR_INVALID: u32 = REP_ERR | 3;
