@@ -2,7 +2,7 @@
 //! nbdcopy, libnbd's Python binding and fio. A missing tool fails the test
 //! with the Debian package to install (tests never skip silently).
 
-#[path = "nbd_common.rs"]
+#[path = "common/nbd.rs"]
 mod common;
 
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! structured replies, pipelining, and a seeded random mutation test. A
 //! second "bystander" client keeps working through every case.
 
-#[path = "nbd_common.rs"]
+#[path = "common/nbd.rs"]
 mod common;
 
 use std::io::{Read, Write};
