@@ -1,5 +1,7 @@
 //! Real NBD clients against the in-process server: nbdinfo, qemu-img,
-//! nbdcopy, libnbd's Python binding and fio. A missing tool fails the test
+//! nbdcopy, libnbd's Python binding and fio, each against the plain
+//! reference volume and against the cache engine (writeback and
+//! writethrough, cache a quarter of the volume). A missing tool fails the test
 //! with the Debian package to install (tests never skip silently).
 
 #[path = "common/nbd.rs"]
@@ -8,10 +10,27 @@ mod common;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use common::TestServer;
+use common::{Backend, TestServer};
 use rand::{RngCore, SeedableRng};
+use tiercache::engine::Mode;
 
 const SIZE: u64 = 32 << 20;
+
+const BACKENDS: [Backend; 3] = [
+    Backend::Device,
+    Backend::Engine(Mode::Writeback),
+    Backend::Engine(Mode::Writethrough),
+];
+
+/// Starts a test server for each backend in turn.
+fn servers() -> impl Iterator<Item = (Backend, TestServer)> {
+    BACKENDS.into_iter().map(|b| {
+        (
+            b,
+            TestServer::start_backend(SIZE, TestServer::test_config(), b),
+        )
+    })
+}
 
 /// Panics with the Debian package name if `tool` is not installed.
 fn require_tool(tool: &str, package: &str) {
@@ -53,72 +72,75 @@ fn random_image(path: &Path, bytes: usize, seed: u64) -> Vec<u8> {
 #[test]
 fn nbdinfo_reports_size_and_flags() {
     require_tool("nbdinfo", "libnbd-bin");
-    let server = TestServer::start(SIZE, TestServer::test_config());
-    let out = run(Command::new("nbdinfo").arg("--json").arg(server.uri()));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("nbdinfo JSON");
-    let e = &v["exports"][0];
-    assert_eq!(e["export-size"], SIZE, "{v:#}");
-    for flag in [
-        "can_multi_conn",
-        "can_fua",
-        "can_trim",
-        "can_zero",
-        "can_fast_zero",
-        "can_cache",
-        "can_flush",
-    ] {
-        assert_eq!(e[flag], true, "{flag} in {v:#}");
+    for (backend, server) in servers() {
+        let out = run(Command::new("nbdinfo").arg("--json").arg(server.uri()));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("nbdinfo JSON");
+        let e = &v["exports"][0];
+        assert_eq!(e["export-size"], SIZE, "{v:#}");
+        for flag in [
+            "can_multi_conn",
+            "can_fua",
+            "can_trim",
+            "can_zero",
+            "can_fast_zero",
+            "can_cache",
+            "can_flush",
+        ] {
+            assert_eq!(e[flag], true, "{backend:?}: {flag} in {v:#}");
+        }
+        assert_eq!(e["is_read_only"], false, "{v:#}");
+        assert_eq!(e["block_size_minimum"], 512, "{v:#}");
+        assert_eq!(e["block_size_preferred"], 4096, "{v:#}");
+        assert_eq!(e["block_size_maximum"], 1 << 20, "{v:#}");
+        assert_eq!(v["protocol"], "newstyle-fixed", "{v:#}");
     }
-    assert_eq!(e["is_read_only"], false, "{v:#}");
-    assert_eq!(e["block_size_minimum"], 512, "{v:#}");
-    assert_eq!(e["block_size_preferred"], 4096, "{v:#}");
-    assert_eq!(e["block_size_maximum"], 1 << 20, "{v:#}");
-    assert_eq!(v["protocol"], "newstyle-fixed", "{v:#}");
 }
 
 #[test]
 fn qemu_img_convert_round_trip() {
     require_tool("qemu-img", "qemu-utils");
-    let server = TestServer::start(SIZE, TestServer::test_config());
-    let dir = server.dir.path();
-    // Fill the export with non-zero bytes first, so the zero MiB of the
-    // second image must really be written (as WRITE_ZEROES).
-    let (a, b, back) = (dir.join("a.img"), dir.join("b.img"), dir.join("back.img"));
-    random_image(&a, SIZE as usize, 1);
-    let data = random_image(&b, SIZE as usize, 2);
-    for src in [&a, &b] {
+    for (backend, server) in servers() {
+        let dir = server.dir.path();
+        // Fill the export with non-zero bytes first, so the zero MiB of the
+        // second image must really be written (as WRITE_ZEROES).
+        let (a, b, back) = (dir.join("a.img"), dir.join("b.img"), dir.join("back.img"));
+        random_image(&a, SIZE as usize, 1);
+        let data = random_image(&b, SIZE as usize, 2);
+        for src in [&a, &b] {
+            run(Command::new("qemu-img")
+                .args(["convert", "-n", "-f", "raw", "-O", "raw"])
+                .arg(src)
+                .arg(server.uri()));
+        }
         run(Command::new("qemu-img")
-            .args(["convert", "-n", "-f", "raw", "-O", "raw"])
-            .arg(src)
-            .arg(server.uri()));
+            .args(["convert", "-f", "raw", "-O", "raw"])
+            .arg(server.uri())
+            .arg(&back));
+        assert!(
+            std::fs::read(&back).unwrap() == data,
+            "{backend:?}: qemu-img round trip differs"
+        );
     }
-    run(Command::new("qemu-img")
-        .args(["convert", "-f", "raw", "-O", "raw"])
-        .arg(server.uri())
-        .arg(&back));
-    assert!(
-        std::fs::read(&back).unwrap() == data,
-        "qemu-img round trip differs"
-    );
 }
 
 #[test]
 fn nbdcopy_round_trip() {
     require_tool("nbdcopy", "libnbd-bin");
-    let server = TestServer::start(SIZE, TestServer::test_config());
-    let dir = server.dir.path();
-    let (a, b, back) = (dir.join("a.img"), dir.join("b.img"), dir.join("back.img"));
-    random_image(&a, SIZE as usize, 3);
-    let data = random_image(&b, SIZE as usize, 4);
-    for src in [&a, &b] {
-        // CAN_MULTI_CONN is set, so nbdcopy uses several connections.
-        run(Command::new("nbdcopy").arg(src).arg(server.uri()));
+    for (backend, server) in servers() {
+        let dir = server.dir.path();
+        let (a, b, back) = (dir.join("a.img"), dir.join("b.img"), dir.join("back.img"));
+        random_image(&a, SIZE as usize, 3);
+        let data = random_image(&b, SIZE as usize, 4);
+        for src in [&a, &b] {
+            // CAN_MULTI_CONN is set, so nbdcopy uses several connections.
+            run(Command::new("nbdcopy").arg(src).arg(server.uri()));
+        }
+        run(Command::new("nbdcopy").arg(server.uri()).arg(&back));
+        assert!(
+            std::fs::read(&back).unwrap() == data,
+            "{backend:?}: nbdcopy round trip differs"
+        );
     }
-    run(Command::new("nbdcopy").arg(server.uri()).arg(&back));
-    assert!(
-        std::fs::read(&back).unwrap() == data,
-        "nbdcopy round trip differs"
-    );
 }
 
 const PYTHON: &str = "/usr/bin/python3";
@@ -188,12 +210,17 @@ fn libnbd_python_commands() {
         probe.is_ok_and(|o| o.status.success()),
         "{PYTHON} cannot import nbd: install the Debian package python3-libnbd"
     );
-    let server = TestServer::start(SIZE, TestServer::test_config());
-    let out = run(Command::new(PYTHON)
-        .args(["-c", NBD_SCRIPT])
-        .arg(server.uri())
-        .arg(SIZE.to_string()));
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+    for (backend, server) in servers() {
+        let out = run(Command::new(PYTHON)
+            .args(["-c", NBD_SCRIPT])
+            .arg(server.uri())
+            .arg(SIZE.to_string()));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "ok",
+            "{backend:?}"
+        );
+    }
 }
 
 /// Runs fio's nbd engine and returns its JSON report.
@@ -218,14 +245,14 @@ fn fio(server: &TestServer, extra: &[&str]) -> serde_json::Value {
     serde_json::from_str(json).unwrap_or_else(|e| panic!("fio JSON: {e}\n{text}"))
 }
 
-fn assert_fio_clean(report: &serde_json::Value, dir: &str) {
+fn assert_fio_clean(report: &serde_json::Value, dir: &str, backend: Backend) {
     let jobs = report["jobs"].as_array().expect("fio jobs");
-    assert_eq!(jobs.len(), 4, "{report:#}");
+    assert_eq!(jobs.len(), 4, "{backend:?}: {report:#}");
     for job in jobs {
-        assert_eq!(job["error"], 0, "fio job error: {job:#}");
+        assert_eq!(job["error"], 0, "{backend:?}: fio job error: {job:#}");
         assert!(
             job[dir]["io_bytes"].as_u64().unwrap_or(0) >= 4 << 20,
-            "fio job did too little {dir}: {job:#}"
+            "{backend:?}: fio job did too little {dir}: {job:#}"
         );
     }
 }
@@ -233,19 +260,20 @@ fn assert_fio_clean(report: &serde_json::Value, dir: &str) {
 #[test]
 fn fio_randwrite_verify_then_randread() {
     require_tool("fio", "fio");
-    let server = TestServer::start(SIZE, TestServer::test_config());
-    let w = fio(
-        &server,
-        &["--rw=randwrite", "--verify=crc32c", "--do_verify=1"],
-    );
-    assert_fio_clean(&w, "write");
-    // Verification reads are reported as reads.
-    assert_fio_clean(&w, "read");
-    let r = fio(
-        &server,
-        &["--rw=randwrite", "--verify=crc32c", "--verify_only"],
-    );
-    assert_fio_clean(&r, "read");
-    let r = fio(&server, &["--rw=randread"]);
-    assert_fio_clean(&r, "read");
+    for (backend, server) in servers() {
+        let w = fio(
+            &server,
+            &["--rw=randwrite", "--verify=crc32c", "--do_verify=1"],
+        );
+        assert_fio_clean(&w, "write", backend);
+        // Verification reads are reported as reads.
+        assert_fio_clean(&w, "read", backend);
+        let r = fio(
+            &server,
+            &["--rw=randwrite", "--verify=crc32c", "--verify_only"],
+        );
+        assert_fio_clean(&r, "read", backend);
+        let r = fio(&server, &["--rw=randread"]);
+        assert_fio_clean(&r, "read", backend);
+    }
 }

@@ -1,6 +1,7 @@
 //! Shared helpers of the NBD tests, included with `#[path]` by
 //! `nbd_protocol.rs` and `nbd_clients.rs`: an in-process server on a Unix
-//! socket over `DeviceVolume(RamDevice)`, and a blocking raw-socket client.
+//! socket over a plain RAM device or over the cache engine, and a blocking
+//! raw-socket client.
 #![allow(dead_code)]
 
 use std::io::{ErrorKind, Read, Write};
@@ -10,7 +11,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Once};
 use std::time::Duration;
 
+use tiercache::device::fault::FaultDevice;
 use tiercache::device::ram::RamDevice;
+use tiercache::engine::volume::AsyncEngine;
+use tiercache::engine::{CreateOptions, Engine, Mode};
 use tiercache::nbd::proto;
 use tiercache::nbd::{serve, DeviceVolume, Listener, ServerConfig};
 
@@ -40,6 +44,16 @@ pub fn assert_no_server_panic() {
     );
 }
 
+/// What the test server exports.
+#[derive(Clone, Copy, Debug)]
+pub enum Backend {
+    /// `DeviceVolume` over a RAM device: the reference volume.
+    Device,
+    /// The cache engine in this mode, its cache a quarter of the volume
+    /// (so eviction and writeback happen), over a RAM origin.
+    Engine(Mode),
+}
+
 pub struct TestServer {
     pub dir: tempfile::TempDir,
     pub sock: PathBuf,
@@ -62,6 +76,10 @@ impl TestServer {
     }
 
     pub fn start(size_bytes: u64, config: ServerConfig) -> Self {
+        Self::start_backend(size_bytes, config, Backend::Device)
+    }
+
+    pub fn start_backend(size_bytes: u64, config: ServerConfig, backend: Backend) -> Self {
         install_panic_hook();
         let dir = tempfile::tempdir().expect("tempdir");
         let sock = dir.path().join("nbd.sock");
@@ -78,13 +96,33 @@ impl TestServer {
                     .build()
                     .expect("runtime");
                 rt.block_on(async move {
-                    let dev = Arc::new(RamDevice::new("ram", size_bytes));
-                    let volume = Arc::new(DeviceVolume::new(dev, 4096));
                     let listener = Listener::bind_unix(&sock2).expect("bind");
-                    ready_tx.send(()).expect("ready");
-                    serve(volume, vec![listener], config, shutdown_rx)
-                        .await
-                        .expect("serve");
+                    let origin = Arc::new(RamDevice::new("ram", size_bytes));
+                    match backend {
+                        Backend::Device => {
+                            let volume = Arc::new(DeviceVolume::new(origin, 4096));
+                            ready_tx.send(()).expect("ready");
+                            serve(volume, vec![listener], config, shutdown_rx)
+                                .await
+                                .expect("serve");
+                        }
+                        Backend::Engine(mode) => {
+                            // Metadata (at least ~1.1 MiB) plus a quarter of the volume.
+                            let cache_bytes = (2 << 20) + size_bytes / 4;
+                            let cache = Arc::new(FaultDevice::new("cache", cache_bytes, 1));
+                            let opts = CreateOptions {
+                                mode,
+                                ..Default::default()
+                            };
+                            let engine = Engine::create(cache, origin, &opts).expect("create");
+                            ready_tx.send(()).expect("ready");
+                            let volume = Arc::new(AsyncEngine(engine.clone()));
+                            serve(volume, vec![listener], config, shutdown_rx)
+                                .await
+                                .expect("serve");
+                            engine.close().expect("clean shutdown");
+                        }
+                    }
                 });
             })
             .expect("spawn server thread");
