@@ -112,16 +112,13 @@ impl Engine {
             m.writeback_active = false;
         }
         if m.writeback_active {
+            // Just enough to reach the low watermark, a batch at most.
+            let low_blocks = total * m.writeback.low_pct as u64 / 100;
+            let want = (dirty.saturating_sub(low_blocks) as usize).clamp(1, BATCH_BLOCKS);
             let cursor = m.writeback_cursor;
-            let mut v: Vec<u64> = m
-                .table
-                .dirty
-                .range(cursor..)
-                .take(BATCH_BLOCKS)
-                .copied()
-                .collect();
-            if v.len() < BATCH_BLOCKS {
-                let more = BATCH_BLOCKS - v.len();
+            let mut v: Vec<u64> = m.table.dirty.range(cursor..).take(want).copied().collect();
+            if v.len() < want {
+                let more = want - v.len();
                 v.extend(m.table.dirty.range(..cursor).take(more).copied());
                 v.sort_unstable();
             }

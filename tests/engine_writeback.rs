@@ -1,0 +1,199 @@
+//! Background writeback policy: it starts at the high watermark and stops
+//! at the low one, writes blocks older than the maximum age, issues origin
+//! writes in ascending order with adjacent blocks coalesced; and nothing
+//! but writeback ever writes the origin (create is non-intrusive).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tiercache::device::fault::FaultDevice;
+use tiercache::device::ram::RamDevice;
+use tiercache::device::{BlockDevice, DeviceRef, DeviceResult};
+use tiercache::engine::{CreateOptions, Engine, OpenOptions, WritebackSettings};
+
+const ORIGIN_BYTES: u64 = 4 << 20;
+const BS: u64 = 4096;
+
+/// An origin that records every write (offset, length) it receives.
+struct Recorder {
+    inner: RamDevice,
+    writes: Mutex<Vec<(u64, u64)>>,
+}
+
+impl BlockDevice for Recorder {
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> DeviceResult<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> DeviceResult<()> {
+        self.writes.lock().push((offset, buf.len() as u64));
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> DeviceResult<()> {
+        Ok(())
+    }
+    fn name(&self) -> &str {
+        "recorder"
+    }
+    fn identity(&self) -> u64 {
+        42
+    }
+}
+
+fn setup(w: WritebackSettings) -> (Arc<Recorder>, Arc<Engine>) {
+    let origin = Arc::new(Recorder {
+        inner: RamDevice::new("origin", ORIGIN_BYTES),
+        writes: Mutex::new(Vec::new()),
+    });
+    let cache: DeviceRef = Arc::new(FaultDevice::new(
+        "cache",
+        common::cache_bytes_for(100, BS as u32),
+        1,
+    ));
+    let o: DeviceRef = origin.clone();
+    let opts = CreateOptions {
+        writeback: w,
+        ..Default::default()
+    };
+    Engine::create(cache.clone(), o.clone(), &opts)
+        .unwrap()
+        .close()
+        .unwrap();
+    let engine = Engine::open(
+        cache,
+        o,
+        &OpenOptions {
+            no_background: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    (origin, engine)
+}
+
+fn write_block(engine: &Engine, block: u64) {
+    engine
+        .write(
+            block * BS,
+            &vec![(block as u8).wrapping_add(1); BS as usize],
+            false,
+        )
+        .unwrap();
+}
+
+#[test]
+fn create_and_caching_never_write_the_origin() {
+    let (origin, engine) = setup(WritebackSettings {
+        high_pct: 100,
+        low_pct: 0,
+        max_age_secs: 3600,
+    });
+    for b in 0..50 {
+        write_block(&engine, b * 3);
+        engine.read(b * 7 * BS, BS).unwrap();
+    }
+    engine.flush().unwrap();
+    engine.close().unwrap();
+    assert!(
+        origin.writes.lock().is_empty(),
+        "the origin was written: {:?}",
+        origin.writes.lock()
+    );
+}
+
+#[test]
+fn watermarks_start_and_stop_writeback_in_ascending_order() {
+    let w = WritebackSettings {
+        high_pct: 50,
+        low_pct: 25,
+        max_age_secs: 3600,
+    };
+    let (origin, engine) = setup(w);
+    let total = engine.status().cache_blocks_total;
+    let high = total * 50 / 100;
+    let low = total * 25 / 100;
+    // Just below the high watermark: nothing happens.
+    let blocks: Vec<u64> = (0..high - 1).map(|i| (i * 37) % 1000).collect();
+    for &b in &blocks {
+        write_block(&engine, b);
+    }
+    engine.background_tick();
+    assert!(
+        origin.writes.lock().is_empty(),
+        "writeback below the high watermark"
+    );
+    // Reach it.
+    for b in 1000..1008 {
+        write_block(&engine, b);
+    }
+    let dirty_before = engine.dirty_blocks();
+    assert!(dirty_before >= high);
+    engine.background_tick();
+    let dirty_after = engine.dirty_blocks();
+    assert_eq!(
+        dirty_after, low,
+        "writeback must stop at the low watermark ({low} of {total} blocks)"
+    );
+    let writes = origin.writes.lock().clone();
+    let written: u64 = writes.iter().map(|&(_, l)| l / BS).sum();
+    assert_eq!(written, dirty_before - dirty_after);
+    assert!(
+        writes.windows(2).all(|p| p[0].0 + p[0].1 <= p[1].0),
+        "origin writes are not in ascending order: {writes:?}"
+    );
+    // Every written-back block holds the data the volume shows.
+    let vol = engine.read(0, ORIGIN_BYTES).unwrap();
+    for &(o, l) in &writes {
+        let mut back = vec![0u8; l as usize];
+        origin.inner.read_at(&mut back, o).unwrap();
+        assert!(back[..] == vol[o as usize..(o + l) as usize]);
+    }
+}
+
+#[test]
+fn coalesces_a_run_into_one_origin_write() {
+    let (origin, engine) = setup(WritebackSettings {
+        high_pct: 50,
+        low_pct: 0,
+        max_age_secs: 3600,
+    });
+    for b in 200..264 {
+        write_block(&engine, b);
+    }
+    engine.flush_all(&mut |_, _| {}).unwrap();
+    let writes = origin.writes.lock().clone();
+    assert_eq!(
+        writes,
+        vec![(200 * BS, 64 * BS)],
+        "64 adjacent dirty blocks must go out as one write"
+    );
+}
+
+#[test]
+fn blocks_older_than_the_maximum_age_are_written_back() {
+    let (origin, engine) = setup(WritebackSettings {
+        high_pct: 90,
+        low_pct: 10,
+        max_age_secs: 1,
+    });
+    for b in [5u64, 9, 2] {
+        write_block(&engine, b);
+    }
+    engine.background_tick();
+    assert_eq!(engine.dirty_blocks(), 3, "young blocks written back early");
+    assert!(origin.writes.lock().is_empty());
+    std::thread::sleep(Duration::from_millis(1100));
+    engine.background_tick();
+    assert_eq!(engine.dirty_blocks(), 0, "aged blocks not written back");
+    let offsets: Vec<u64> = origin.writes.lock().iter().map(|&(o, _)| o / BS).collect();
+    assert_eq!(
+        offsets,
+        vec![2, 5, 9],
+        "aged blocks not written in ascending order"
+    );
+}
