@@ -52,9 +52,11 @@ fn run_one(
     background: bool,
 ) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    // At least 40 blocks, so a 24-block cache must evict at every size.
+    let origin_bytes = ORIGIN_BYTES.max(40 * block_bytes as u64);
     let cache_size = common::cache_bytes_for(24, block_bytes);
     let (_cd, cache) = common::fault_dev("cache", cache_size, seed);
-    let origin_image: Vec<u8> = (0..ORIGIN_BYTES).map(|i| (i / 512 % 251) as u8).collect();
+    let origin_image: Vec<u8> = (0..origin_bytes).map(|i| (i / 512 % 251) as u8).collect();
     let origin: DeviceRef = Arc::new(tiercache::device::fault::FaultDevice::from_image(
         "origin",
         origin_image.clone(),
@@ -87,13 +89,13 @@ fn run_one(
     let mut engine = open().expect("open");
     let mut model = Model {
         data: origin_image,
-        known: vec![true; (ORIGIN_BYTES / 512) as usize],
+        known: vec![true; (origin_bytes / 512) as usize],
     };
     let max_len = 4 * block_bytes as u64;
     for op in 0..ops {
         let ctx = format!("seed {seed} mode {mode} bs {block_bytes} op {op}");
         let len = rng.gen_range(1..=max_len / 512) * 512;
-        let offset = rng.gen_range(0..=(ORIGIN_BYTES - len) / 512) * 512;
+        let offset = rng.gen_range(0..=(origin_bytes - len) / 512) * 512;
         let choice = rng.gen_range(0..100);
         if std::env::var("TIERCACHE_TRACE").is_ok() {
             eprintln!(
@@ -197,12 +199,12 @@ fn run_one(
         }
     }
     // Full read-back, then detach: the origin alone must hold the volume.
-    let all = engine.read(0, ORIGIN_BYTES).expect("final read");
+    let all = engine.read(0, origin_bytes).expect("final read");
     model.check(0, &all, &format!("seed {seed} final read"));
     engine
         .detach()
         .unwrap_or_else(|e| panic!("seed {seed}: detach: {e}"));
-    let mut back = vec![0u8; ORIGIN_BYTES as usize];
+    let mut back = vec![0u8; origin_bytes as usize];
     origin.read_at(&mut back, 0).unwrap();
     if back != all[..] {
         let bad: Vec<usize> = (0..back.len() / 512)
@@ -230,6 +232,16 @@ fn seeds(default_count: u64) -> Vec<u64> {
     }
 }
 
+/// Operations per run: 1 MiB blocks move 256 times the data per request,
+/// so they get fewer.
+fn ops_for(block_bytes: u32) -> usize {
+    if block_bytes >= 1 << 20 {
+        150
+    } else {
+        600
+    }
+}
+
 fn run_mode(mode: Mode) {
     run_mode_with(mode, false);
     run_mode_with(mode, true);
@@ -248,18 +260,19 @@ fn run_mode_with(mode: Mode, background: bool) {
             PolicyKind::Lru
         };
         let background = std::env::var("TIERCACHE_BACKGROUND").is_ok();
-        run_one(s, mode, bs, policy, 600, background);
+        run_one(s, mode, bs, policy, ops_for(bs), background);
         return;
     }
     for seed in seeds(3) {
-        for (i, bs) in [4096u32, 16384, 65536].into_iter().enumerate() {
+        for (i, bs) in [4096u32, 16384, 65536, 1 << 20].into_iter().enumerate() {
             let policy = if (seed + i as u64).is_multiple_of(2) {
                 PolicyKind::Lru
             } else {
                 PolicyKind::Fifo
             };
             let s = seed * 1000 + i as u64 + mode.to_u32() as u64 * 100;
-            let r = std::panic::catch_unwind(|| run_one(s, mode, bs, policy, 600, background));
+            let r =
+                std::panic::catch_unwind(|| run_one(s, mode, bs, policy, ops_for(bs), background));
             if r.is_err() {
                 panic!(
                     "model test failed: rerun with TIERCACHE_SEED={s} TIERCACHE_BS={bs}{}{} (mode {mode})",
