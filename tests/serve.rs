@@ -67,8 +67,12 @@ impl Setup {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
     fn serve(&self) -> Child {
+        self.serve_with(&[])
+    }
+    fn serve_with(&self, args: &[&str]) -> Child {
         let child = Command::new(BIN)
             .arg("serve")
+            .args(args)
             .env("TIERCACHE_STATE_DIR", self.state())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -106,7 +110,12 @@ fn need(tool: &str, package: &str) {
 }
 
 fn sigterm(child: &mut Child) {
-    unsafe_kill(child.id(), libc::SIGTERM);
+    stop_with(child, libc::SIGTERM);
+}
+
+/// Sends `sig` and waits for a clean exit.
+fn stop_with(child: &mut Child, sig: i32) {
+    unsafe_kill(child.id(), sig);
     let t = Instant::now();
     loop {
         if let Some(st) = child.try_wait().unwrap() {
@@ -256,4 +265,101 @@ fn kill_9_loses_nothing_flushed() {
         let _ = writer.join();
         drop(dev);
     }
+}
+
+fn nbdinfo_json(uri: &str) -> serde_json::Value {
+    need("nbdinfo", "libnbd-bin");
+    let out = Command::new("nbdinfo")
+        .arg("--json")
+        .arg(uri)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "nbdinfo {uri}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `--tcp` listens on loopback too; `--read-only` refuses writes; SIGINT
+/// shuts down as cleanly as SIGTERM.
+#[test]
+fn tcp_read_only_and_sigint() {
+    let s = Setup::new("writeback");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut server = s.serve_with(&["--tcp", &addr, "--read-only"]);
+    let tcp_uri = format!("nbd://{addr}/");
+    let v = nbdinfo_json(&tcp_uri);
+    let e = &v["exports"][0];
+    assert_eq!(e["export-size"], 64u64 << 20, "{v:#}");
+    assert_eq!(e["is_read_only"], true, "{v:#}");
+    assert_eq!(e["can_multi_conn"], true, "{v:#}");
+    let dev = NbdDevice::connect(&tcp_uri, 1).unwrap();
+    assert!(
+        dev.write_at(&[0u8; 512], 0).is_err(),
+        "read-only export accepted a write"
+    );
+    let mut buf = vec![1u8; 4096];
+    dev.read_at(&mut buf, 0).unwrap();
+    assert!(buf.iter().all(|&b| b == 0));
+    drop(dev);
+    stop_with(&mut server, libc::SIGINT);
+    let check = s.cli(&["check"]);
+    assert!(check.contains("shut down cleanly: yes"), "{check}");
+}
+
+/// flush and detach sent to a running daemon: flush writes every dirty
+/// block back; detach leaves the origin alone with the data and ends the
+/// daemon.
+#[test]
+fn flush_and_detach_over_control_socket() {
+    let s = Setup::new("writeback");
+    let mut server = s.serve();
+    let dev = NbdDevice::connect(&s.uri(), 1).unwrap();
+    let data: Vec<u8> = (0..2 << 20).map(|i| (i % 253) as u8).collect();
+    dev.write_at(&data, 8 << 20).unwrap();
+    dev.flush().unwrap();
+    let st: serde_json::Value = serde_json::from_str(&s.cli(&["status", "--json"])).unwrap();
+    assert!(
+        st["cache_blocks_dirty"].as_u64().unwrap() > 0,
+        "nothing dirty to flush: {st}"
+    );
+    let out = s.cli(&["flush"]);
+    assert!(out.contains("0 dirty"), "{out}");
+    drop(dev);
+    let out = s.cli(&["detach"]);
+    assert!(out.contains("stands alone"), "{out}");
+    let t = Instant::now();
+    let status = loop {
+        if let Some(st) = server.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "daemon still running after detach"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "daemon exited with {status} after detach");
+    let origin = std::fs::read(s.path("origin.img")).unwrap();
+    assert!(
+        origin[8 << 20..10 << 20] == data[..],
+        "origin lacks the data after detach"
+    );
+    // The cache device holds no cache any more.
+    let out = Command::new(BIN)
+        .args(["check", "--cache", s.path("cache.img").to_str().unwrap()])
+        .env("TIERCACHE_STATE_DIR", s.state())
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "check still finds a cache after detach"
+    );
 }
