@@ -363,3 +363,35 @@ fn flush_and_detach_over_control_socket() {
         "check still finds a cache after detach"
     );
 }
+
+/// On a terminal, `flush` of a served cache shows a progress bar that
+/// counts the dirty blocks (progress travels over the control socket).
+#[test]
+fn flush_shows_progress_on_a_terminal() {
+    need("script", "bsdutils");
+    let s = Setup::new("writeback");
+    let mut server = s.serve();
+    let dev = NbdDevice::connect(&s.uri(), 1).unwrap();
+    for i in 0..1024u64 {
+        dev.write_at(&[i as u8; 4096], (i * 7919 % 16384) * 4096)
+            .unwrap();
+    }
+    dev.flush().unwrap();
+    drop(dev);
+    let st: serde_json::Value = serde_json::from_str(&s.cli(&["status", "--json"])).unwrap();
+    let dirty = st["cache_blocks_dirty"].as_u64().unwrap();
+    assert!(dirty > 0);
+    let out = Command::new("script")
+        .args(["-qec", &format!("{BIN} flush"), "/dev/null"])
+        .env("TIERCACHE_STATE_DIR", s.state())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("writing back [") && text.contains(&format!("/{dirty} blocks")),
+        "no progress bar over {dirty} blocks: {text}"
+    );
+    assert!(text.contains("0 dirty"), "{text}");
+    sigterm(&mut server);
+}

@@ -1,5 +1,6 @@
 //! The control socket of a running `tiercache serve`: one JSON request per
-//! line, one JSON response per line. `status`, `flush`, `set-mode`,
+//! line, answered by one JSON response line (a flush first sends progress
+//! lines, `{"ok":true,"progress":[done,total]}`, at most ten a second). `status`, `flush`, `set-mode`,
 //! `set-writeback` and `detach` given for a served cache travel this way,
 //! so they act on the live engine and print what they print offline.
 
@@ -7,6 +8,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -14,6 +16,8 @@ use tiercache::engine::{Engine, Mode, Status, WritebackSettings};
 
 /// Longest request line accepted.
 const MAX_REQUEST_BYTES: u64 = 64 * 1024;
+/// Least time between two progress lines of a flush.
+const PROGRESS_INTERVAL: Duration = Duration::from_millis(100);
 
 #[derive(Serialize, Deserialize, Debug)]
 #[serde(tag = "op", rename_all = "kebab-case")]
@@ -32,6 +36,34 @@ pub struct Response {
     pub error: Option<String>,
     #[serde(default)]
     pub status: Option<Status>,
+    /// Set on the progress lines of a flush; absent on the final response.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<[u64; 2]>,
+}
+
+impl Response {
+    fn result(r: Result<Option<Status>, String>) -> Response {
+        match r {
+            Ok(status) => Response {
+                ok: true,
+                error: None,
+                status,
+                progress: None,
+            },
+            Err(e) => Response {
+                ok: false,
+                error: Some(e),
+                status: None,
+                progress: None,
+            },
+        }
+    }
+}
+
+fn send(out: &mut UnixStream, resp: &Response) -> std::io::Result<()> {
+    let mut text = serde_json::to_string(resp).map_err(std::io::Error::other)?;
+    text.push('\n');
+    out.write_all(text.as_bytes())
 }
 
 /// True if a daemon answers on `path`.
@@ -41,23 +73,44 @@ pub fn daemon_listening(path: &Path) -> bool {
 
 /// Sends one request to the daemon and returns its response.
 pub fn call(path: &Path, req: &Request) -> Result<Response> {
+    call_with_progress(path, req, &mut |_, _| {})
+}
+
+/// Like `call`, passing the progress lines of a flush to `progress`.
+pub fn call_with_progress(
+    path: &Path,
+    req: &Request,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Response> {
     let mut s =
         UnixStream::connect(path).with_context(|| format!("connecting to {}", path.display()))?;
     let mut line = serde_json::to_string(req).context("encoding request")?;
     line.push('\n');
     s.write_all(line.as_bytes()).context("sending request")?;
-    let mut reply = String::new();
-    BufReader::new(s)
-        .take(16 << 20)
-        .read_line(&mut reply)
-        .context("reading the daemon's reply")?;
-    let resp: Response = serde_json::from_str(&reply).context("decoding the daemon's reply")?;
-    if !resp.ok {
-        return Err(anyhow!(resp
-            .error
-            .unwrap_or_else(|| "request failed".into())));
+    let mut reader = BufReader::new(s);
+    loop {
+        let mut reply = String::new();
+        let n = (&mut reader)
+            .take(16 << 20)
+            .read_line(&mut reply)
+            .context("reading the daemon's reply")?;
+        if n == 0 {
+            return Err(anyhow!(
+                "the daemon closed the control connection without answering"
+            ));
+        }
+        let resp: Response = serde_json::from_str(&reply).context("decoding the daemon's reply")?;
+        if let Some([done, total]) = resp.progress {
+            progress(done, total);
+            continue;
+        }
+        if !resp.ok {
+            return Err(anyhow!(resp
+                .error
+                .unwrap_or_else(|| "request failed".into())));
+        }
+        return Ok(resp);
     }
-    Ok(resp)
 }
 
 /// Answers one connection. `on_detach` is called after a detach succeeds.
@@ -71,21 +124,34 @@ pub fn handle(engine: &Arc<Engine>, stream: UnixStream, on_detach: &dyn Fn()) {
     if reader.read_line(&mut line).is_err() {
         return;
     }
+    let mut out = stream;
     let mut detached = false;
     let resp = match serde_json::from_str::<Request>(&line) {
-        Err(e) => Response {
-            ok: false,
-            error: Some(format!("bad request: {e}")),
-            status: None,
-        },
+        Err(e) => Response::result(Err(format!("bad request: {e}"))),
         Ok(req) => {
             log::info!("control request: {req:?}");
-            let r: Result<Option<Status>, String> = match req {
+            Response::result(match req {
                 Request::Status => Ok(Some(engine.status())),
-                Request::Flush => engine
-                    .flush_all(&mut |_, _| {})
-                    .map(|_| Some(engine.status()))
-                    .map_err(|e| e.to_string()),
+                Request::Flush => {
+                    let mut last = Instant::now() - PROGRESS_INTERVAL;
+                    let mut report = |done: u64, total: u64| {
+                        if last.elapsed() >= PROGRESS_INTERVAL || done == total {
+                            last = Instant::now();
+                            let line = Response {
+                                ok: true,
+                                error: None,
+                                status: None,
+                                progress: Some([done, total]),
+                            };
+                            // A client that went away does not stop the flush.
+                            let _ = send(&mut out, &line);
+                        }
+                    };
+                    engine
+                        .flush_all(&mut report)
+                        .map(|_| Some(engine.status()))
+                        .map_err(|e| e.to_string())
+                }
                 Request::SetMode { mode } => engine
                     .set_mode(mode)
                     .map(|_| None)
@@ -99,26 +165,10 @@ pub fn handle(engine: &Arc<Engine>, stream: UnixStream, on_detach: &dyn Fn()) {
                     detached = r.is_ok();
                     r
                 }
-            };
-            match r {
-                Ok(status) => Response {
-                    ok: true,
-                    error: None,
-                    status,
-                },
-                Err(e) => Response {
-                    ok: false,
-                    error: Some(e),
-                    status: None,
-                },
-            }
+            })
         }
     };
-    let mut out = stream;
-    if let Ok(mut text) = serde_json::to_string(&resp) {
-        text.push('\n');
-        let _ = out.write_all(text.as_bytes());
-    }
+    let _ = send(&mut out, &resp);
     if detached {
         on_detach();
     }

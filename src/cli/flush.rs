@@ -36,7 +36,7 @@ pub fn flush_with_progress(target: &Target) -> Result<u64> {
     let before = target.status()?;
     // Nothing dirty: no bar to flash up.
     let bar = if before.cache_blocks_dirty > 0 {
-        progress_bar("writing back")
+        progress_bar("writing back", before.cache_blocks_dirty)
     } else {
         None
     };
@@ -56,11 +56,11 @@ pub fn flush_with_progress(target: &Target) -> Result<u64> {
 
 /// A progress bar on stderr, or none when stderr is not a terminal (logs
 /// and pipes get only the final line).
-fn progress_bar(what: &'static str) -> Option<ProgressBar> {
+fn progress_bar(what: &'static str, len: u64) -> Option<ProgressBar> {
     if !std::io::stderr().is_terminal() {
         return None;
     }
-    let bar = ProgressBar::new(0);
+    let bar = ProgressBar::new(len);
     if let Ok(style) =
         ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} blocks, {per_sec}, eta {eta}")
     {

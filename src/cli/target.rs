@@ -36,7 +36,7 @@ impl Target {
     pub fn flush_all(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<()> {
         match self {
             Target::Offline(e) => e.flush_all(progress).context("writing back dirty data"),
-            Target::Daemon(p) => control::call(p, &Request::Flush)
+            Target::Daemon(p) => control::call_with_progress(p, &Request::Flush, progress)
                 .map(|_| ())
                 .context("writing back dirty data"),
         }
