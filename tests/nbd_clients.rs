@@ -116,6 +116,11 @@ fn qemu_img_convert_round_trip() {
             .args(["convert", "-f", "raw", "-O", "raw"])
             .arg(server.uri())
             .arg(&back));
+        // qemu-img's own comparison of the export with the source image.
+        run(Command::new("qemu-img")
+            .args(["compare", "-f", "raw", "-F", "raw"])
+            .arg(&b)
+            .arg(server.uri()));
         assert!(
             std::fs::read(&back).unwrap() == data,
             "{backend:?}: qemu-img round trip differs"

@@ -180,6 +180,20 @@ mod tests {
     }
 
     #[test]
+    fn serve_tcp_alone_means_loopback() {
+        let cli = Cli::try_parse_from(["tiercache", "serve", "--tcp"]).unwrap();
+        let Command::Serve(a) = cli.command else {
+            panic!("not serve")
+        };
+        assert_eq!(a.tcp.as_deref(), Some("127.0.0.1:10809"));
+        let cli = Cli::try_parse_from(["tiercache", "serve", "--tcp", "[::1]:9000"]).unwrap();
+        let Command::Serve(a) = cli.command else {
+            panic!("not serve")
+        };
+        assert_eq!(a.tcp.as_deref(), Some("[::1]:9000"));
+    }
+
+    #[test]
     fn cli_definition_is_consistent() {
         use clap::CommandFactory;
         Cli::command().debug_assert();

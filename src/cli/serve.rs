@@ -26,9 +26,10 @@ pub struct Args {
     /// NBD Unix socket to listen on (default: <state-dir>/<name>.nbd).
     #[arg(long)]
     socket: Option<PathBuf>,
-    /// Also listen on TCP at this address (e.g. 127.0.0.1:10809).
-    #[arg(long)]
-    tcp: Option<String>,
+    /// Also listen on TCP: on loopback port 10809 when given alone, or at
+    /// the address named (e.g. 0.0.0.0:10809 to serve the network).
+    #[arg(long, num_args = 0..=1, default_missing_value = "127.0.0.1:10809")]
+    pub(super) tcp: Option<String>,
     /// Export name announced to clients ("" is always accepted).
     #[arg(long, default_value = "")]
     export_name: String,
