@@ -134,6 +134,17 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
                 let _ = tx.send(true);
             });
         }
+        // Request buffers (up to 32 MiB each) are freed into malloc's
+        // per-thread arenas, which keep them resident; hand idle memory back
+        // so the daemon's RSS reflects what it holds.
+        tokio::spawn(async {
+            let mut every = tokio::time::interval(std::time::Duration::from_secs(5));
+            loop {
+                every.tick().await;
+                // SAFETY: malloc_trim only releases free heap memory.
+                unsafe { libc::malloc_trim(0) };
+            }
+        });
         eprintln!(
             "tiercache: serving '{name}' ({} bytes, {} mode) on nbd+unix:///{}?socket={}{}; control socket {}",
             engine.volume_bytes(),

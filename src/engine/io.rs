@@ -145,18 +145,24 @@ impl Engine {
     /// Applies a record to the in-memory state and queues it for the journal.
     pub(crate) fn append(&self, m: &mut Meta, r: Record) {
         debug_assert!(m.table.validate(&r).is_ok(), "invalid record {r:?}");
-        let prior = match r {
-            Record::Map { slot, .. } | Record::Clean { slot } | Record::Unmap { slot } => {
-                m.table.slot_block(slot)
-            }
+        // When the block was already dirty (in this slot or the one a Map
+        // supersedes), it keeps its age: rewrites must not postpone the
+        // max-age writeback forever.
+        let dirty_since = match r {
+            Record::Map {
+                block, dirty: true, ..
+            } => Some(match m.table.lookup(block) {
+                Some((old, true)) => m.dirty_since_s[old as usize],
+                _ => (self.now_ms() / 1000) as u16,
+            }),
+            _ => None,
         };
         let applied = m.table.apply(&r);
         match r {
-            Record::Map { slot, block, dirty } => {
+            Record::Map { slot, .. } => {
                 m.policy.inserted(slot);
-                if dirty && prior.is_none_or(|(_, d)| !d) {
-                    let now = self.now_ms();
-                    m.dirty_queue.push_back((now, block));
+                if let Some(t) = dirty_since {
+                    m.dirty_since_s[slot as usize] = t;
                 }
             }
             Record::Unmap { slot } => {
@@ -183,6 +189,12 @@ impl Engine {
             {
                 let mut m = self.meta.lock();
                 if let Some(s) = m.free.pop() {
+                    // Give back the memory of a free list that held most of
+                    // an empty cache once the cache has filled.
+                    if m.free.capacity() > 4096 && m.free.len() < m.free.capacity() / 4 {
+                        let keep = m.free.len() * 2;
+                        m.free.shrink_to(keep);
+                    }
                     return Ok(Some(s));
                 }
                 if m.pending_free.is_empty() && self.evict(&mut m, EVICT_BATCH) == 0 {

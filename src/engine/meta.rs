@@ -2,17 +2,20 @@
 //! it is dirty. Recovery and the running engine change it through the same
 //! `apply`, so what the journal replays is exactly what the engine did.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BinaryHeap;
 
 use super::format::{entry_decode, entry_encode, Record, ENTRY_DIRTY, ENTRY_FREE};
+use super::index::BlockIndex;
 
+/// In memory a cached block costs its entry (8 bytes) and an index bucket
+/// (4 bytes at most 4/5 full); dirty blocks are found by scanning entries,
+/// so being dirty costs nothing extra.
 pub struct Table {
     /// Per slot: `format::entry_encode` or ENTRY_FREE.
     pub entries: Vec<u64>,
     /// Origin block -> slot.
-    pub map: HashMap<u64, u32>,
-    /// Dirty origin blocks, ascending (writeback order).
-    pub dirty: BTreeSet<u64>,
+    index: BlockIndex,
+    dirty_count: u64,
     pub origin_blocks: u64,
 }
 
@@ -27,8 +30,8 @@ impl Table {
     pub fn new(slot_count: u64, origin_blocks: u64) -> Table {
         Table {
             entries: vec![ENTRY_FREE; slot_count as usize],
-            map: HashMap::new(),
-            dirty: BTreeSet::new(),
+            index: BlockIndex::new(slot_count),
+            dirty_count: 0,
             origin_blocks,
         }
     }
@@ -36,12 +39,13 @@ impl Table {
     /// Builds a table from checkpoint entries, checking its invariants.
     pub fn from_entries(entries: Vec<u64>, origin_blocks: u64) -> Result<Table, String> {
         let mut t = Table {
+            index: BlockIndex::new(entries.len() as u64),
             entries,
-            map: HashMap::new(),
-            dirty: BTreeSet::new(),
+            dirty_count: 0,
             origin_blocks,
         };
-        for (slot, &e) in t.entries.iter().enumerate() {
+        for slot in 0..t.entries.len() {
+            let e = t.entries[slot];
             if e == ENTRY_FREE {
                 continue;
             }
@@ -52,13 +56,14 @@ impl Table {
                     "slot {slot}: origin block {block} beyond the origin ({origin_blocks} blocks)"
                 ));
             }
-            if let Some(other) = t.map.insert(block, slot as u32) {
+            if let Some(other) = t.index.get(&t.entries, block) {
                 return Err(format!(
                     "slots {other} and {slot} both hold origin block {block}"
                 ));
             }
+            t.index.insert(&t.entries, block, slot as u32);
             if dirty {
-                t.dirty.insert(block);
+                t.dirty_count += 1;
             }
         }
         Ok(t)
@@ -69,9 +74,13 @@ impl Table {
     }
 
     pub fn lookup(&self, block: u64) -> Option<(u32, bool)> {
-        self.map
-            .get(&block)
-            .map(|&s| (s, self.entries[s as usize] & ENTRY_DIRTY != 0))
+        self.index
+            .get(&self.entries, block)
+            .map(|s| (s, self.entries[s as usize] & ENTRY_DIRTY != 0))
+    }
+
+    pub fn is_dirty(&self, block: u64) -> bool {
+        matches!(self.lookup(block), Some((_, true)))
     }
 
     pub fn slot_block(&self, slot: u32) -> Option<(u64, bool)> {
@@ -79,7 +88,52 @@ impl Table {
     }
 
     pub fn used(&self) -> u64 {
-        self.map.len() as u64
+        self.index.len()
+    }
+
+    pub fn dirty_count(&self) -> u64 {
+        self.dirty_count
+    }
+
+    /// Up to `want` dirty blocks, ascending from `cursor` and wrapping
+    /// around to the lowest ones. One pass over the entries.
+    pub fn dirty_from(&self, cursor: u64, want: usize) -> Vec<u64> {
+        if want == 0 || self.dirty_count == 0 {
+            return Vec::new();
+        }
+        // The `want` smallest keys, where blocks below the cursor sort after
+        // every block at or above it.
+        let key = |b: u64| (b < cursor, b);
+        let mut heap: BinaryHeap<(bool, u64)> = BinaryHeap::with_capacity(want + 1);
+        for &e in &self.entries {
+            if e & ENTRY_DIRTY == 0 {
+                continue;
+            }
+            let Some((b, _)) = entry_decode(e) else {
+                continue;
+            };
+            if heap.len() < want {
+                heap.push(key(b));
+            } else if key(b) < *heap.peek().expect("heap is full") {
+                heap.pop();
+                heap.push(key(b));
+            }
+        }
+        let mut v: Vec<(bool, u64)> = heap.into_vec();
+        v.sort_unstable();
+        v.into_iter().map(|(_, b)| b).collect()
+    }
+
+    /// Every dirty block, ascending.
+    pub fn all_dirty(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = self
+            .entries
+            .iter()
+            .filter(|&&e| e & ENTRY_DIRTY != 0)
+            .filter_map(|&e| entry_decode(e).map(|(b, _)| b))
+            .collect();
+        v.sort_unstable();
+        v
     }
 
     /// Checks that `r` is valid in the current state (recovery rejects a
@@ -111,20 +165,21 @@ impl Table {
         match *r {
             Record::Map { slot, block, dirty } => {
                 self.clear_slot(slot);
-                if let Some(&old) = self.map.get(&block) {
+                if let Some(old) = self.index.get(&self.entries, block) {
                     self.clear_slot(old);
                     applied.released = Some(old);
                 }
                 self.entries[slot as usize] = entry_encode(block, dirty);
-                self.map.insert(block, slot);
+                self.index.insert(&self.entries, block, slot);
                 if dirty {
-                    self.dirty.insert(block);
+                    self.dirty_count += 1;
                 }
             }
             Record::Clean { slot } => {
-                if let Some((block, _)) = self.slot_block(slot) {
-                    self.entries[slot as usize] &= !ENTRY_DIRTY;
-                    self.dirty.remove(&block);
+                let e = &mut self.entries[slot as usize];
+                if *e != ENTRY_FREE && *e & ENTRY_DIRTY != 0 {
+                    *e &= !ENTRY_DIRTY;
+                    self.dirty_count -= 1;
                 }
             }
             Record::Unmap { slot } => self.clear_slot(slot),
@@ -133,10 +188,12 @@ impl Table {
     }
 
     fn clear_slot(&mut self, slot: u32) {
-        if let Some((block, _)) = self.slot_block(slot) {
-            self.dirty.remove(&block);
-            if self.map.get(&block) == Some(&slot) {
-                self.map.remove(&block);
+        if let Some((block, dirty)) = self.slot_block(slot) {
+            if dirty {
+                self.dirty_count -= 1;
+            }
+            if self.index.get(&self.entries, block) == Some(slot) {
+                self.index.remove(&self.entries, block);
             }
         }
         self.entries[slot as usize] = ENTRY_FREE;
@@ -173,7 +230,7 @@ mod tests {
         assert_eq!(t.slot_block(0), None);
         t.apply(&Record::Clean { slot: 1 });
         assert_eq!(t.lookup(7), Some((1, false)));
-        assert!(t.dirty.is_empty());
+        assert_eq!(t.dirty_count(), 0);
         t.apply(&Record::Unmap { slot: 1 });
         assert_eq!(t.lookup(7), None);
         assert!(t.validate(&Record::Unmap { slot: 1 }).is_err());
@@ -202,7 +259,26 @@ mod tests {
             .contains("both hold"));
         assert!(Table::from_entries(vec![entry_encode(10, false)], 10).is_err());
         let t = Table::from_entries(vec![entry_encode(3, true), 0], 10).unwrap();
-        assert_eq!(t.dirty.len(), 1);
+        assert_eq!(t.dirty_count(), 1);
         assert_eq!(t.free_slots(), vec![1]);
+    }
+
+    #[test]
+    fn dirty_from_wraps_at_the_cursor() {
+        let mut t = Table::new(8, 100);
+        for (slot, block) in [(0u32, 50u64), (1, 10), (2, 70), (3, 30), (4, 90)] {
+            t.apply(&Record::Map {
+                slot,
+                block,
+                dirty: block != 70,
+            });
+        }
+        assert_eq!(t.dirty_count(), 4);
+        assert_eq!(t.dirty_from(0, 10), vec![10, 30, 50, 90]);
+        assert_eq!(t.dirty_from(40, 2), vec![50, 90]);
+        assert_eq!(t.dirty_from(40, 3), vec![50, 90, 10]);
+        assert_eq!(t.dirty_from(95, 10), vec![10, 30, 50, 90]);
+        assert_eq!(t.all_dirty(), vec![10, 30, 50, 90]);
+        assert!(t.is_dirty(30) && !t.is_dirty(70) && !t.is_dirty(71));
     }
 }

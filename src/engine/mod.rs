@@ -13,6 +13,7 @@
 pub mod commit;
 pub mod error;
 pub mod format;
+pub mod index;
 pub mod io;
 pub mod locks;
 pub mod meta;
@@ -23,7 +24,6 @@ pub mod stats;
 pub mod volume;
 pub mod writeback;
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
@@ -78,8 +78,12 @@ pub struct WritebackSettings {
     pub max_age_secs: u32,
 }
 
+/// Longest writeback age: dirty-since stamps are 16-bit seconds, and ages
+/// must stay below half their range to compare correctly.
+pub const MAX_AGE_SECS: u32 = 32_767;
+
 impl WritebackSettings {
-    /// The rule every setter checks: low <= high <= 100, age >= 1 s.
+    /// The rule every setter checks: low <= high <= 100, 1 s <= age <= MAX_AGE_SECS.
     pub fn validate(&self) -> Result<(), String> {
         if self.high_pct > 100 {
             return Err(format!(
@@ -95,6 +99,12 @@ impl WritebackSettings {
         }
         if self.max_age_secs == 0 {
             return Err("writeback age must be at least 1 second".into());
+        }
+        if self.max_age_secs > MAX_AGE_SECS {
+            return Err(format!(
+                "writeback age {} s is above the maximum of {MAX_AGE_SECS} s",
+                self.max_age_secs
+            ));
         }
         Ok(())
     }
@@ -151,8 +161,13 @@ pub(crate) struct Meta {
     pub records: Vec<Record>,
     pub mode: Mode,
     pub writeback: WritebackSettings,
-    /// (milliseconds since open, block) in the order blocks became dirty.
-    pub dirty_queue: VecDeque<(u64, u64)>,
+    /// Per slot: when its block last became dirty, in seconds since open
+    /// (wrapping; valid while the slot is dirty). 2 bytes per slot.
+    pub dirty_since_s: Vec<u16>,
+    /// Where the next scan for aged dirty blocks starts (slot index), and
+    /// when the last scan that found them all ran.
+    pub aged_scan_cursor: u32,
+    pub aged_scan_done_s: Option<u64>,
     /// Where the next writeback sweep starts (ascending origin blocks).
     pub writeback_cursor: u64,
     /// Watermark writeback is running (set above high, cleared at low).
@@ -264,14 +279,14 @@ impl Engine {
             cache: self.cache.name().into(),
             cache_blocks_total: m.table.slot_count(),
             cache_blocks_used: m.table.used(),
-            cache_blocks_dirty: m.table.dirty.len() as u64,
+            cache_blocks_dirty: m.table.dirty_count(),
             writeback: m.writeback,
             stats: self.stats.snapshot(),
         }
     }
 
     pub fn dirty_blocks(&self) -> u64 {
-        self.meta.lock().table.dirty.len() as u64
+        self.meta.lock().table.dirty_count()
     }
 
     /// Switches the cache mode on a live cache. Leaving a mode that holds

@@ -1,7 +1,6 @@
 //! Formatting a cache device, opening it (validation and journal replay),
 //! dissolving it on detach, and the offline metadata check.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::Instant;
 
@@ -425,7 +424,7 @@ pub(crate) fn open(
         }
     }
     let free = table.free_slots();
-    let dirty_queue: VecDeque<(u64, u64)> = table.dirty.iter().map(|&b| (0, b)).collect();
+    let dirty_since_s = vec![0u16; table.slot_count() as usize];
     let block_bytes = layout.block_bytes as u64;
     let clean = sb.clean_shutdown.get() == 1 && loaded.pages_replayed == 0;
     if !clean {
@@ -435,7 +434,7 @@ pub(crate) fn open(
             loaded.pages_replayed,
             loaded.records_replayed,
             table.used(),
-            table.dirty.len()
+            table.dirty_count()
         );
     }
     let engine = Engine {
@@ -455,7 +454,9 @@ pub(crate) fn open(
                 low_pct: sb.writeback_low_pct.get(),
                 max_age_secs: sb.writeback_max_age_secs.get(),
             },
-            dirty_queue,
+            dirty_since_s,
+            aged_scan_cursor: 0,
+            aged_scan_done_s: None,
             writeback_cursor: 0,
             writeback_active: false,
             releases_appended: 0,
@@ -576,7 +577,7 @@ pub fn check(cache: &DeviceRef, origin_bytes: Option<u64>) -> CheckReport {
         Ok(l) => {
             report.cache_blocks_total = l.layout.slot_count;
             report.cache_blocks_used = l.table.used();
-            report.cache_blocks_dirty = l.table.dirty.len() as u64;
+            report.cache_blocks_dirty = l.table.dirty_count();
             report.journal_pages_to_replay = l.pages_replayed;
         }
         Err(e) => problems.push(e.to_string()),

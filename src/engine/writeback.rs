@@ -10,9 +10,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::format::Record;
+use super::format::{entry_decode, Record, ENTRY_DIRTY};
 use super::stats::bump;
-use super::{Engine, EngineError, EngineResult};
+use super::{Engine, EngineError, EngineResult, MAX_AGE_SECS};
 use crate::device::AlignedBuf;
 
 /// Largest coalesced origin write.
@@ -103,7 +103,7 @@ impl Engine {
     fn writeback_candidates(&self) -> Vec<u64> {
         let mut m = self.meta.lock();
         let total = m.table.slot_count().max(1);
-        let dirty = m.table.dirty.len() as u64;
+        let dirty = m.table.dirty_count();
         let pct = dirty * 100 / total;
         if pct >= m.writeback.high_pct as u64 && dirty > 0 {
             m.writeback_active = true;
@@ -115,33 +115,38 @@ impl Engine {
             // Just enough to reach the low watermark, a batch at most.
             let low_blocks = total * m.writeback.low_pct as u64 / 100;
             let want = (dirty.saturating_sub(low_blocks) as usize).clamp(1, BATCH_BLOCKS);
-            let cursor = m.writeback_cursor;
-            let mut v: Vec<u64> = m.table.dirty.range(cursor..).take(want).copied().collect();
-            if v.len() < want {
-                let more = want - v.len();
-                v.extend(m.table.dirty.range(..cursor).take(more).copied());
-                v.sort_unstable();
-            }
+            let mut v = m.table.dirty_from(m.writeback_cursor, want);
+            v.sort_unstable();
             m.writeback_cursor = v.last().map_or(0, |b| b + 1);
             return v;
         }
-        // Aged blocks.
-        let max_age_ms = m.writeback.max_age_secs as u64 * 1000;
-        let now = self.now_ms();
+        // Aged blocks: at most one full pass over the slots per second.
+        let now_s = self.now_ms() / 1000;
+        if m.aged_scan_done_s == Some(now_s) {
+            return Vec::new();
+        }
+        // Stamps have 1 s resolution, so a block may go up to 1 s early.
+        let max_age = m.writeback.max_age_secs.min(MAX_AGE_SECS) as u16;
+        let n = m.table.entries.len();
         let mut v = Vec::new();
-        while let Some(&(t, b)) = m.dirty_queue.front() {
-            if !m.table.dirty.contains(&b) {
-                m.dirty_queue.pop_front();
-                continue;
+        let mut s = m.aged_scan_cursor as usize % n.max(1);
+        for _ in 0..n {
+            let e = m.table.entries[s];
+            if e & ENTRY_DIRTY != 0 && (now_s as u16).wrapping_sub(m.dirty_since_s[s]) >= max_age {
+                if let Some((b, _)) = entry_decode(e) {
+                    v.push(b);
+                }
             }
-            if now.saturating_sub(t) < max_age_ms || v.len() >= BATCH_BLOCKS {
+            s = if s + 1 == n { 0 } else { s + 1 };
+            if v.len() >= BATCH_BLOCKS {
                 break;
             }
-            v.push(b);
-            m.dirty_queue.pop_front();
+        }
+        m.aged_scan_cursor = s as u32;
+        if v.len() < BATCH_BLOCKS {
+            m.aged_scan_done_s = Some(now_s);
         }
         v.sort_unstable();
-        v.dedup();
         v
     }
 
@@ -237,7 +242,7 @@ impl Engine {
     /// always ends.
     pub fn flush_all(&self, progress: &mut dyn FnMut(u64, u64)) -> EngineResult<()> {
         for _pass in 0..16 {
-            let snapshot: Vec<u64> = self.meta.lock().table.dirty.iter().copied().collect();
+            let snapshot: Vec<u64> = self.meta.lock().table.all_dirty();
             let total = snapshot.len() as u64;
             progress(0, total);
             let mut stalled = 0;
@@ -247,7 +252,7 @@ impl Engine {
                 for (k, chunk) in remaining.chunks(BATCH_BLOCKS).enumerate() {
                     self.writeback_blocks(chunk)?;
                     let m = self.meta.lock();
-                    next.extend(chunk.iter().filter(|b| m.table.dirty.contains(b)));
+                    next.extend(chunk.iter().filter(|&&b| m.table.is_dirty(b)));
                     drop(m);
                     let untried = remaining.len().saturating_sub((k + 1) * BATCH_BLOCKS);
                     progress(total - (untried + next.len()) as u64, total);
