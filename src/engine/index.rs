@@ -37,6 +37,10 @@ impl BlockIndex {
         self.len
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     fn home(&self, block: u64) -> usize {
         ((hash(block) as u128 * self.buckets.len() as u128) >> 64) as usize
     }
