@@ -41,6 +41,10 @@ pub struct Args {
     /// Write back any block dirty for longer than this [default: 30].
     #[arg(long, value_name = "SECS")]
     writeback_age: Option<u32>,
+    /// Stop admitting new blocks after this many cache device errors
+    /// (0: never); cached blocks are still served and written back.
+    #[arg(long, value_name = "N", default_value_t = tiercache::engine::DEFAULT_CACHE_ERROR_LIMIT)]
+    cache_error_limit: u64,
     /// Overwrite a cache device that already holds a cache, and replace a
     /// registered cache of the same name.
     #[arg(long)]
@@ -126,6 +130,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         writeback,
         force: a.force,
         allow_data_loss: a.allow_data_loss,
+        cache_error_limit: a.cache_error_limit,
     };
     let engine = Engine::create(cache, origin, &opts).context("creating the cache")?;
     let status = engine.status();
@@ -135,6 +140,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         origin: origin_path,
         cache: cache_path,
         created: registry::now_rfc3339(),
+        distrust_clean: false,
     };
     reg.add(&entry).with_context(|| {
         format!(

@@ -32,6 +32,10 @@ pub struct Entry {
     pub cache: String,
     /// When the cache was created, RFC 3339 UTC.
     pub created: String,
+    /// The cache was bypassed after a device failure: the next open drops
+    /// its clean blocks (the origin changed under them), then clears this.
+    #[serde(default)]
+    pub distrust_clean: bool,
 }
 
 /// The state directory.
@@ -207,6 +211,32 @@ fn read_entry(path: &Path) -> Result<Entry> {
 
 /// Names become file names: letters, digits, '-', '_' and '.', not starting
 /// with '.' or '-'.
+/// After `entry`'s cache opened: clears a distrust mark the open has acted
+/// on, and makes the engine set it again if the cache gets bypassed.
+pub fn record_distrust(
+    reg: &Registry,
+    entry: &Entry,
+    engine: &tiercache::engine::Engine,
+) -> Result<()> {
+    if entry.distrust_clean {
+        reg.add(&Entry {
+            distrust_clean: false,
+            ..entry.clone()
+        })?;
+    }
+    let dir = reg.dir().to_path_buf();
+    let marked = Entry {
+        distrust_clean: true,
+        ..entry.clone()
+    };
+    engine.on_bypass(Box::new(move || {
+        if let Err(e) = Registry::new(dir.clone()).add(&marked) {
+            log::error!("could not record the bypass in the registry: {e:#}");
+        }
+    }));
+    Ok(())
+}
+
 pub fn validate_name(name: &str) -> Result<()> {
     let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
     if name.is_empty()

@@ -15,7 +15,7 @@ use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions};
 use tiercache::nbd::{serve, Listener, ServerConfig};
 
 use super::control;
-use super::registry::Registry;
+use super::registry::{self, Registry};
 use super::units::parse_block_size;
 use super::NameArg;
 
@@ -80,8 +80,13 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         let lock = reg.lock(&entry.name)?;
         let cache = open_device(&entry.cache).context("opening the cache device")?;
         let origin = open_device(&entry.origin).context("opening the origin device")?;
-        let engine = Engine::open(cache, origin, &OpenOptions::default())
+        let opts = OpenOptions {
+            distrust_clean: entry.distrust_clean,
+            ..OpenOptions::default()
+        };
+        let engine = Engine::open(cache, origin, &opts)
             .with_context(|| format!("cache '{}'", entry.name))?;
+        registry::record_distrust(reg, &entry, &engine)?;
         (engine, entry.name, Some(lock))
     };
     reg.prepare()?;

@@ -93,6 +93,7 @@ pub fn table(name: &str, s: &Status) -> String {
             "errors",
             format!("cache {}  origin {}", st.cache_errors, st.origin_errors),
         ),
+        ("admission", s.admission.clone()),
         (
             "writeback",
             format!(

@@ -116,6 +116,7 @@ impl Opened {
         }
         let lock = reg.lock(&entry.name)?;
         let engine = open_engine(&entry).with_context(|| format!("cache '{}'", entry.name))?;
+        super::registry::record_distrust(reg, &entry, &engine)?;
         Ok(Opened {
             entry,
             target: Target::Offline(engine),
@@ -137,6 +138,7 @@ fn open_engine(entry: &Entry) -> Result<Arc<Engine>> {
     // command's own work. The daemon runs it.
     let opts = OpenOptions {
         no_background: true,
+        distrust_clean: entry.distrust_clean,
         ..OpenOptions::default()
     };
     Ok(Engine::open(cache, origin, &opts)?)

@@ -35,12 +35,32 @@ const CHECKPOINT_PAGES_PER_WRITE: usize = 256;
 impl Engine {
     /// Makes every completed write and every applied record durable.
     pub fn commit(&self) -> EngineResult<()> {
+        if self.bypassing() {
+            return self.flush_origin_only();
+        }
         let wanted = self.completed_ops.load(Ordering::Acquire);
         let mut cs = self.commit_state.lock();
         if cs.flushed_through >= wanted && wanted > 0 {
             return Ok(());
         }
-        self.commit_locked(&mut cs, None)
+        match self.commit_locked(&mut cs, None) {
+            Err(e) => {
+                drop(cs);
+                if self.bypass_after_commit_error(&e) {
+                    return self.flush_origin_only();
+                }
+                Err(e)
+            }
+            ok => ok,
+        }
+    }
+
+    /// A commit while the cache is bypassed: all data is on the origin.
+    pub(crate) fn flush_origin_only(&self) -> EngineResult<()> {
+        self.origin
+            .flush()
+            .inspect_err(|_| bump(&self.stats.origin_errors, 1))?;
+        Ok(())
     }
 
     /// With `checkpoint = Some(clean)`, always writes a checkpoint (marking
@@ -98,9 +118,7 @@ impl Engine {
         self.origin
             .flush()
             .inspect_err(|_| bump(&self.stats.origin_errors, 1))?;
-        self.cache
-            .flush()
-            .inspect_err(|_| bump(&self.stats.cache_errors, 1))?;
+        self.cache.flush().map_err(|e| self.cache_meta_error(e))?;
         if let Some(entries) = snapshot {
             let next = cs.next_page_seq;
             return self.write_checkpoint(cs, &entries, next, clean);
@@ -126,12 +144,10 @@ impl Engine {
             }
             self.cache
                 .write_at(&buf, self.layout.journal_page_offset(seq))
-                .inspect_err(|_| bump(&self.stats.cache_errors, 1))?;
+                .map_err(|e| self.cache_meta_error(e))?;
             i += n;
         }
-        self.cache
-            .flush()
-            .inspect_err(|_| bump(&self.stats.cache_errors, 1))?;
+        self.cache.flush().map_err(|e| self.cache_meta_error(e))?;
         cs.next_page_seq = first + pages.len() as u64;
         Ok(())
     }
@@ -164,12 +180,10 @@ impl Engine {
             let off = self.layout.checkpoint_offset[area] + page_index as u64 * PAGE_BYTES;
             self.cache
                 .write_at(&buf, off)
-                .inspect_err(|_| bump(&self.stats.cache_errors, 1))?;
+                .map_err(|e| self.cache_meta_error(e))?;
             page_index += n;
         }
-        self.cache
-            .flush()
-            .inspect_err(|_| bump(&self.stats.cache_errors, 1))?;
+        self.cache.flush().map_err(|e| self.cache_meta_error(e))?;
         self.write_superblock(cs, |sb| {
             sb.checkpoint_area.set(area as u32);
             sb.checkpoint_generation.set(generation);
@@ -196,10 +210,8 @@ impl Engine {
         let buf = AlignedBuf::from_slice(&sb.to_page());
         self.cache
             .write_at(&buf, copy * PAGE_BYTES)
-            .inspect_err(|_| bump(&self.stats.cache_errors, 1))?;
-        self.cache
-            .flush()
-            .inspect_err(|_| bump(&self.stats.cache_errors, 1))?;
+            .map_err(|e| self.cache_meta_error(e))?;
+        self.cache.flush().map_err(|e| self.cache_meta_error(e))?;
         cs.sb = sb;
         Ok(())
     }

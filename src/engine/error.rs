@@ -8,6 +8,9 @@ pub enum EngineError {
     /// A device I/O error that could not be hidden from the caller.
     #[error(transparent)]
     Device(#[from] DeviceError),
+    /// The cache device failed while metadata was being written.
+    #[error("cache metadata write failed: {0}")]
+    CacheMetadata(#[source] DeviceError),
     /// The cache device holds no tiercache superblock.
     #[error("{device} is not a tiercache cache device ({reason})")]
     NotACache { device: String, reason: String },

@@ -85,13 +85,18 @@ pub struct Superblock {
     pub writeback_max_age_secs: U32,
     pub flags: U32,
     pub created_unix_secs: U64,
-    pub reserved: [u8; 92],
+    /// Cache device errors after which no new blocks are admitted (0: never).
+    pub cache_error_limit: U64,
+    pub reserved: [u8; 84],
     pub crc: U32,
 }
 const _: () = assert!(std::mem::size_of::<Superblock>() == 256);
 
 /// Superblock flag: the user accepted data loss (writeback on a volatile cache).
 pub const SB_FLAG_ALLOW_VOLATILE_WRITEBACK: u32 = 1;
+/// Superblock flag: the cache was bypassed after a metadata write failed, so
+/// the origin may have changed under clean mappings; open drops them.
+pub const SB_FLAG_DISTRUST_CLEAN: u32 = 2;
 
 impl Superblock {
     pub fn compute_crc(&self) -> u32 {

@@ -97,7 +97,7 @@ impl Engine {
         self.cache
             .read_at(buf, self.layout.slot_offset(slot) + in_block)
             .inspect_err(|e| {
-                bump(&self.stats.cache_errors, 1);
+                self.note_cache_error();
                 log::warn!("cache read error: {e}");
             })
     }
@@ -112,7 +112,7 @@ impl Engine {
             .cache
             .write_at(buf, self.layout.slot_offset(slot) + in_block)
             .inspect_err(|e| {
-                bump(&self.stats.cache_errors, 1);
+                self.note_cache_error();
                 log::warn!("cache write error: {e}");
             });
         self.note_completed();
@@ -355,6 +355,11 @@ impl Engine {
         data: &[u8],
         dirty: bool,
     ) -> EngineResult<Stored> {
+        if !self.admitting() {
+            // The cache device failed too often: callers treat this like a
+            // full cache (write around it, skip the promotion).
+            return Ok(Stored::NoSlot);
+        }
         let Some(slot) = self.alloc_slot()? else {
             return Ok(Stored::NoSlot);
         };

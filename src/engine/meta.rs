@@ -199,6 +199,18 @@ impl Table {
         self.entries[slot as usize] = ENTRY_FREE;
     }
 
+    /// Frees every slot holding a clean block; returns how many.
+    pub fn drop_clean(&mut self) -> u64 {
+        let mut n = 0;
+        for slot in 0..self.entries.len() as u32 {
+            if matches!(self.slot_block(slot), Some((_, false))) {
+                self.clear_slot(slot);
+                n += 1;
+            }
+        }
+        n
+    }
+
     pub fn free_slots(&self) -> Vec<u32> {
         // Descending, so that pop() hands out low slots first.
         (0..self.entries.len() as u32)

@@ -12,6 +12,7 @@
 
 pub mod commit;
 pub mod error;
+pub mod failure;
 pub mod format;
 pub mod index;
 pub mod io;
@@ -52,7 +53,12 @@ pub struct CreateOptions {
     pub force: bool,
     /// Accept data loss: allow writeback/writeonly on a volatile cache.
     pub allow_data_loss: bool,
+    /// Cache device errors after which no new blocks are admitted (0: never).
+    pub cache_error_limit: u64,
 }
+
+/// Default for `CreateOptions::cache_error_limit`.
+pub const DEFAULT_CACHE_ERROR_LIMIT: u64 = 64;
 
 impl Default for CreateOptions {
     fn default() -> Self {
@@ -63,6 +69,7 @@ impl Default for CreateOptions {
             writeback: WritebackSettings::default(),
             force: false,
             allow_data_loss: false,
+            cache_error_limit: DEFAULT_CACHE_ERROR_LIMIT,
         }
     }
 }
@@ -129,6 +136,9 @@ pub struct OpenOptions {
     pub allow_data_loss: bool,
     /// Do not start the background writeback thread (tests drive it).
     pub no_background: bool,
+    /// Drop every clean cached block: the origin may have changed under
+    /// them while the cache was bypassed (see failure.rs).
+    pub distrust_clean: bool,
 }
 
 /// What `status` reports.
@@ -145,6 +155,12 @@ pub struct Status {
     pub cache_blocks_used: u64,
     pub cache_blocks_dirty: u64,
     pub writeback: WritebackSettings,
+    /// False once the cache error limit was reached: no new blocks enter
+    /// the cache (see `admission`).
+    pub admitting: bool,
+    /// Why the cache admits blocks or not, for people.
+    pub admission: String,
+    pub cache_error_limit: u64,
     pub stats: StatsSnapshot,
 }
 
@@ -188,6 +204,8 @@ pub(crate) struct CommitState {
     pub last_commit: Instant,
 }
 
+pub type BypassHook = Box<dyn Fn() + Send + Sync>;
+
 pub struct Engine {
     pub(crate) cache: DeviceRef,
     pub(crate) origin: DeviceRef,
@@ -200,6 +218,18 @@ pub struct Engine {
     pub(crate) commit_state: Mutex<CommitState>,
     pub(crate) locks: BlockLocks,
     pub(crate) stats: Stats,
+    /// See `CreateOptions::cache_error_limit`.
+    pub(crate) cache_error_limit: AtomicU64,
+    /// Set once the cache device has failed `cache_error_limit` times: the
+    /// engine keeps serving (hits, writeback, origin I/O) but puts no new
+    /// blocks in the cache until it is reopened.
+    pub(crate) admission_stopped: AtomicBool,
+    /// Set when the cache metadata could not be written in a mode without
+    /// dirty data: all I/O goes to the origin until the cache is reopened.
+    pub(crate) bypassing: AtomicBool,
+    /// Called once when the cache becomes bypassed, before any origin write
+    /// that follows (the daemon records it outside the failed device).
+    pub(crate) bypass_hook: Mutex<Option<BypassHook>>,
     /// Counts completed data writes and appended records; a commit that
     /// starts after value v makes everything counted up to v durable.
     pub(crate) completed_ops: AtomicU64,
@@ -224,7 +254,7 @@ impl Engine {
             &OpenOptions {
                 force: false,
                 allow_data_loss: opts.allow_data_loss,
-                no_background: false,
+                ..OpenOptions::default()
             },
         )
     }
@@ -263,6 +293,10 @@ impl Engine {
     }
 
     pub fn status(&self) -> Status {
+        let stopped = self.admission_stopped.load(Ordering::Acquire);
+        let limit = self.cache_error_limit.load(Ordering::Relaxed);
+        let stats = self.stats.snapshot();
+        let errors = stats.cache_errors;
         let m = self.meta.lock();
         Status {
             state: if self.closed.load(Ordering::Acquire) {
@@ -281,7 +315,26 @@ impl Engine {
             cache_blocks_used: m.table.used(),
             cache_blocks_dirty: m.table.dirty_count(),
             writeback: m.writeback,
-            stats: self.stats.snapshot(),
+            admitting: !stopped,
+            admission: if self.bypassing() {
+                format!(
+                    "bypassed: the cache device failed {errors} times and its metadata \
+                     could not be written; all I/O goes to the origin until the cache \
+                     is reopened"
+                )
+            } else if stopped {
+                format!(
+                    "stopped: the cache device failed {errors} times (limit {limit}); \
+                     cached blocks are still served and written back, no new ones are \
+                     admitted until the cache is reopened"
+                )
+            } else if limit == 0 {
+                "admitting (no cache error limit)".into()
+            } else {
+                format!("admitting ({errors} of {limit} cache errors)")
+            },
+            cache_error_limit: limit,
+            stats,
         }
     }
 
@@ -294,6 +347,11 @@ impl Engine {
     /// stays.
     pub fn set_mode(&self, mode: Mode) -> EngineResult<()> {
         self.check_open()?;
+        if self.bypassing() {
+            return Err(EngineError::Config(
+                "the cache is bypassed after a cache device failure; reopen it (restart the daemon) first".into(),
+            ));
+        }
         if mode.holds_dirty() && self.cache.is_volatile() && !self.allow_data_loss() {
             return Err(EngineError::VolatileWriteback {
                 device: self.cache.name().into(),
@@ -343,8 +401,16 @@ impl Engine {
             return Ok(());
         }
         writeback::stop_background(self);
+        if self.bypassing() {
+            // Everything is on the origin; commit() flushes it. The cache
+            // metadata cannot be written (see failure.rs).
+            return self.commit();
+        }
         // The checkpoint commits everything first (commit_locked).
-        self.checkpoint_now(true)
+        match self.checkpoint_now(true) {
+            Err(e) if self.bypass_after_commit_error(&e) => self.flush_origin_only(),
+            r => r,
+        }
     }
 
     /// Stops all background work without committing anything, as if the

@@ -11,7 +11,7 @@ use zerocopy::FromZeros;
 use super::format::{
     block_bytes_valid, parse_checkpoint_page, parse_journal_page, Layout, Superblock,
     ENTRIES_PER_CHECKPOINT_PAGE, FORMAT_VERSION, MAX_BLOCK_BYTES, MIN_BLOCK_BYTES, PAGE_BYTES,
-    SB_FLAG_ALLOW_VOLATILE_WRITEBACK, SUPERBLOCK_MAGIC,
+    SB_FLAG_ALLOW_VOLATILE_WRITEBACK, SB_FLAG_DISTRUST_CLEAN, SUPERBLOCK_MAGIC,
 };
 use super::locks::BlockLocks;
 use super::meta::Table;
@@ -172,6 +172,7 @@ pub(crate) fn format_cache(
     sb.writeback_high_pct = U32::new(w.high_pct);
     sb.writeback_low_pct = U32::new(w.low_pct);
     sb.writeback_max_age_secs = U32::new(w.max_age_secs);
+    sb.cache_error_limit = U64::new(opts.cache_error_limit);
     sb.flags = U32::new(if opts.allow_data_loss {
         SB_FLAG_ALLOW_VOLATILE_WRITEBACK
     } else {
@@ -415,8 +416,17 @@ pub(crate) fn open(
             .set(sb.flags.get() | SB_FLAG_ALLOW_VOLATILE_WRITEBACK);
     }
     let policy_kind = PolicyKind::from_u32(sb.policy.get()).expect("validated");
+    let sb_error_limit = sb.cache_error_limit.get();
     let layout = loaded.layout;
-    let table = loaded.table;
+    let mut table = loaded.table;
+    let distrust = opts.distrust_clean || sb.flags.get() & SB_FLAG_DISTRUST_CLEAN != 0;
+    if distrust {
+        let dropped = table.drop_clean();
+        log::warn!(
+            "{}: the cache was bypassed after a device failure; dropped {dropped} clean cached blocks",
+            cache.name()
+        );
+    }
     let mut policy = policy_kind.build(layout.slot_count as u32);
     for (slot, &e) in table.entries.iter().enumerate() {
         if e != 0 {
@@ -426,7 +436,7 @@ pub(crate) fn open(
     let free = table.free_slots();
     let dirty_since_s = vec![0u16; table.slot_count() as usize];
     let block_bytes = layout.block_bytes as u64;
-    let clean = sb.clean_shutdown.get() == 1 && loaded.pages_replayed == 0;
+    let clean = sb.clean_shutdown.get() == 1 && loaded.pages_replayed == 0 && !distrust;
     if !clean {
         log::info!(
             "{}: recovering after an unclean shutdown: replayed {} journal pages ({} records); {} blocks cached, {} dirty",
@@ -470,6 +480,10 @@ pub(crate) fn open(
         }),
         locks: BlockLocks::new(),
         stats: Stats::default(),
+        cache_error_limit: AtomicU64::new(sb_error_limit),
+        admission_stopped: AtomicBool::new(false),
+        bypassing: AtomicBool::new(false),
+        bypass_hook: Mutex::new(None),
         completed_ops: AtomicU64::new(0),
         opened_at: Instant::now(),
         closed: AtomicBool::new(false),
@@ -489,6 +503,11 @@ pub(crate) fn open(
             let entries = engine.meta.lock().table.entries.clone();
             let restart = loaded.journal_end_seq + layout.journal_pages;
             engine.write_checkpoint(&mut cs, &entries, restart, false)?;
+            if distrust {
+                engine.write_superblock(&mut cs, |sb| {
+                    sb.flags.set(sb.flags.get() & !SB_FLAG_DISTRUST_CLEAN)
+                })?;
+            }
         }
     }
     Ok(engine)

@@ -1,0 +1,110 @@
+//! When the cache device fails.
+//!
+//! - Every cache device error is counted. Once `cache_error_limit` errors
+//!   have happened, no new blocks are admitted: cached blocks are still
+//!   served and dirty ones written back, writes to other blocks go to the
+//!   origin, read misses are not promoted. Reopening the cache resets this.
+//! - If a commit cannot write the cache metadata while the cache holds no
+//!   dirty data (writethrough, writearound, passthrough), the cache is
+//!   bypassed: every request goes to the origin and succeeds if the origin
+//!   does, so the failure stays invisible to the user. Before bypassing, a
+//!   superblock flag is written (best effort) that makes the next open drop
+//!   every clean mapping, since the origin may change under them.
+//! - With dirty data (writeback, writeonly), errors are returned to the
+//!   caller: the cache holds the only copy of that data.
+
+use std::sync::atomic::Ordering;
+
+use super::format::SB_FLAG_DISTRUST_CLEAN;
+use super::stats::bump;
+use super::{BypassHook, Engine, EngineError, EngineResult};
+use crate::device::DeviceError;
+
+impl Engine {
+    /// Changes the cache error limit (0: never stop admitting); persisted in
+    /// the superblock. Reaching it takes effect at the next cache error.
+    pub fn set_cache_error_limit(&self, limit: u64) -> EngineResult<()> {
+        self.cache_error_limit.store(limit, Ordering::Relaxed);
+        let mut cs = self.commit_state.lock();
+        self.write_superblock(&mut cs, |sb| sb.cache_error_limit.set(limit))
+    }
+
+    /// Counts a cache device error; at the limit, stops admitting blocks.
+    pub(crate) fn note_cache_error(&self) {
+        bump(&self.stats.cache_errors, 1);
+        let limit = self.cache_error_limit.load(Ordering::Relaxed);
+        let errors = self.stats.cache_errors.load(Ordering::Relaxed);
+        if limit > 0 && errors >= limit && !self.admission_stopped.swap(true, Ordering::AcqRel) {
+            log::error!(
+                "{}: {errors} cache device errors (limit {limit}): no new blocks will be cached",
+                self.cache.name()
+            );
+        }
+    }
+
+    /// A cache device error in the metadata path: counted, and tagged so a
+    /// commit can tell it from an origin error.
+    pub(crate) fn cache_meta_error(&self, e: DeviceError) -> EngineError {
+        self.note_cache_error();
+        EngineError::CacheMetadata(e)
+    }
+
+    /// Sets the function called when the cache becomes bypassed. It should
+    /// record, somewhere other than the cache device, that the next open
+    /// must pass `OpenOptions::distrust_clean`: the device-side flag is
+    /// only best effort.
+    pub fn on_bypass(&self, hook: BypassHook) {
+        *self.bypass_hook.lock() = Some(hook);
+    }
+
+    /// False once the cache error limit was reached or the cache bypassed.
+    pub fn admitting(&self) -> bool {
+        !self.admission_stopped.load(Ordering::Acquire)
+    }
+
+    /// True once the cache is bypassed (see the module comment).
+    pub fn bypassing(&self) -> bool {
+        self.bypassing.load(Ordering::Acquire)
+    }
+
+    /// After a failed commit: bypass the cache if that hides the failure
+    /// without losing anything, which is when no block is dirty.
+    pub(crate) fn bypass_after_commit_error(&self, e: &EngineError) -> bool {
+        if !matches!(e, EngineError::CacheMetadata(_)) {
+            return false;
+        }
+        {
+            let m = self.meta.lock();
+            if m.mode.holds_dirty() || m.table.dirty_count() > 0 {
+                return false;
+            }
+        }
+        if self.bypassing.swap(true, Ordering::AcqRel) {
+            return true;
+        }
+        self.admission_stopped.store(true, Ordering::Release);
+        if let Some(hook) = self.bypass_hook.lock().as_ref() {
+            hook();
+        }
+        // Passthrough in memory only: reads skip the cache, writes go to the
+        // origin; the mode recorded on the device is unchanged.
+        self.meta.lock().mode = super::Mode::Passthrough;
+        log::error!(
+            "{}: cache metadata cannot be written ({e}); bypassing the cache until it is reopened",
+            self.cache.name()
+        );
+        // Best effort: if this write fails too, the device is unusable and
+        // opening it again fails as well (open writes the superblock).
+        let mut cs = self.commit_state.lock();
+        let flagged = self.write_superblock(&mut cs, |sb| {
+            sb.flags.set(sb.flags.get() | SB_FLAG_DISTRUST_CLEAN)
+        });
+        if let Err(e) = flagged {
+            log::error!(
+                "{}: could not mark the cache for invalidation: {e}",
+                self.cache.name()
+            );
+        }
+        true
+    }
+}
