@@ -251,8 +251,13 @@ pub fn validate_name(name: &str) -> Result<()> {
     Ok(())
 }
 
-/// `path` made absolute against the current directory, symlinks kept.
+/// `path` made absolute against the current directory, symlinks kept. NBD
+/// URIs (`nbd://`, `nbd+unix://`, ...) are device specs, not paths, and are
+/// kept as given.
 pub fn absolute(path: &str) -> Result<String> {
+    if path.starts_with("nbd://") || path.starts_with("nbd+") || path.starts_with("nbds") {
+        return Ok(path.to_string());
+    }
     let abs = std::path::absolute(path).with_context(|| format!("resolving path {path}"))?;
     abs.into_os_string()
         .into_string()

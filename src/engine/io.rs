@@ -280,6 +280,26 @@ impl Engine {
         let mut i = 0;
         while i < segs.len() {
             let seg = &segs[i];
+            if let Some((slot, _)) = cached[i] {
+                // Hits in adjacent slots: one device read.
+                let run = 1 + cached[i + 1..]
+                    .iter()
+                    .enumerate()
+                    .take_while(|&(k, c)| matches!(c, Some((s, _)) if *s == slot + k as u32 + 1))
+                    .count();
+                if run > 1 {
+                    let end = segs[i + run - 1].buf.end;
+                    if self
+                        .cache_read(slot, seg.in_block, &mut out[seg.buf.start..end])
+                        .is_ok()
+                    {
+                        bump(&self.stats.read_hits, run as u64);
+                        i += run;
+                        continue;
+                    }
+                    // Fall back to block by block, which handles errors.
+                }
+            }
             if let Some((slot, dirty)) = cached[i] {
                 bump(&self.stats.read_hits, 1);
                 if let Err(e) = self.cache_read(slot, seg.in_block, &mut out[seg.buf.clone()]) {
@@ -337,13 +357,9 @@ impl Engine {
             let at = k * bs as usize + seg.in_block as usize;
             out[seg.buf.clone()].copy_from_slice(&tmp[at..at + seg.buf.len()]);
         }
-        for (k, seg) in segs.iter().enumerate() {
-            let data = &tmp[k * bs as usize..(k + 1) * bs as usize];
-            match self.store_in_new_slot(seg.block, data, false)? {
-                Stored::Yes => bump(&self.stats.promotions, 1),
-                Stored::NoSlot | Stored::CacheError(_) => break,
-            }
-        }
+        // A full cache or a cache error only leaves the rest uncached.
+        let (stored, _) = self.store_in_new_slots(first.block, &tmp, false)?;
+        bump(&self.stats.promotions, stored as u64);
         Ok(())
     }
 
@@ -370,6 +386,72 @@ impl Engine {
         let mut m = self.meta.lock();
         self.append(&mut m, Record::Map { slot, block, dirty });
         Ok(Stored::Yes)
+    }
+
+    /// Stores consecutive whole blocks starting at `first_block` (`data` is
+    /// a multiple of the block size) in slots free on disk, writing runs of
+    /// adjacent slots with one device write, then maps them. Returns how
+    /// many leading blocks were stored and, if not all, why it stopped.
+    pub(crate) fn store_in_new_slots(
+        &self,
+        first_block: u64,
+        data: &[u8],
+        dirty: bool,
+    ) -> EngineResult<(usize, Stored)> {
+        let bs = self.block_bytes as usize;
+        let n = data.len() / bs;
+        if n == 0 {
+            return Ok((0, Stored::Yes));
+        }
+        if n == 1 {
+            let r = self.store_in_new_slot(first_block, data, dirty)?;
+            return Ok((matches!(r, Stored::Yes) as usize, r));
+        }
+        if !self.admitting() {
+            return Ok((0, Stored::NoSlot));
+        }
+        let Some(first_slot) = self.alloc_slot()? else {
+            return Ok((0, Stored::NoSlot));
+        };
+        let mut slots = vec![first_slot];
+        {
+            let mut m = self.meta.lock();
+            while slots.len() < n {
+                match m.free.pop() {
+                    Some(s) => slots.push(s),
+                    None => break,
+                }
+            }
+        }
+        let mut written = 0;
+        let mut failure = None;
+        while written < slots.len() {
+            let mut run = 1;
+            while written + run < slots.len() && slots[written + run] == slots[written] + run as u32
+            {
+                run += 1;
+            }
+            let bytes = &data[written * bs..(written + run) * bs];
+            if let Err(e) = self.cache_write(slots[written], 0, bytes) {
+                failure = Some(e);
+                break;
+            }
+            written += run;
+        }
+        let mut m = self.meta.lock();
+        // Back in reverse, so they are handed out in ascending order again.
+        m.free.extend(slots[written..].iter().rev());
+        for (k, &slot) in slots[..written].iter().enumerate() {
+            let block = first_block + k as u64;
+            self.append(&mut m, Record::Map { slot, block, dirty });
+        }
+        drop(m);
+        let why = match failure {
+            Some(e) => Stored::CacheError(e),
+            None if written < n => Stored::NoSlot,
+            None => Stored::Yes,
+        };
+        Ok((written, why))
     }
 
     /// Writes `data` at `offset`; with `fua`, durable on return.

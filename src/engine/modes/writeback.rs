@@ -19,49 +19,89 @@ impl Engine {
     /// The write path of the modes that hold dirty data (writeback, writeonly).
     pub(crate) fn write_cached_dirty(&self, segs: &[Segment], data: &[u8]) -> EngineResult<()> {
         let bs = self.block_bytes;
-        for seg in segs {
+        // The caller holds the block locks: these mappings cannot change.
+        let cached: Vec<Option<(u32, bool)>> = {
+            let mut m = self.meta.lock();
+            segs.iter()
+                .map(|seg| {
+                    let c = m.table.lookup(seg.block);
+                    if let Some((slot, _)) = c {
+                        m.policy.accessed(slot);
+                    }
+                    c
+                })
+                .collect()
+        };
+        let hits = cached.iter().filter(|c| c.is_some()).count() as u64;
+        bump(&self.stats.write_hits, hits);
+        bump(&self.stats.write_misses, segs.len() as u64 - hits);
+        let mut i = 0;
+        while i < segs.len() {
+            let seg = &segs[i];
             if !self.cacheable(seg.block) {
                 bump(&self.stats.bypassed_ios, 1);
                 self.origin_write(&data[seg.buf.clone()], seg.block * bs + seg.in_block)?;
+                i += 1;
                 continue;
             }
-            let cached = {
-                let mut m = self.meta.lock();
-                let c = m.table.lookup(seg.block);
-                if let Some((slot, _)) = c {
-                    m.policy.accessed(slot);
+            if let Some((slot, true)) = cached[i] {
+                // Dirty blocks in adjacent slots are rewritten in place with
+                // one device write.
+                let run = 1 + cached[i + 1..]
+                    .iter()
+                    .enumerate()
+                    .take_while(|&(k, c)| *c == Some((slot + k as u32 + 1, true)))
+                    .count();
+                let end = segs[i + run - 1].buf.end;
+                self.cache_write(slot, seg.in_block, &data[seg.buf.start..end])?;
+                i += run;
+                continue;
+            }
+            // A run of whole blocks going to new slots: stored together.
+            let run = segs[i..]
+                .iter()
+                .zip(&cached[i..])
+                .take_while(|(s, c)| {
+                    self.full_block(s) && self.cacheable(s.block) && !matches!(c, Some((_, true)))
+                })
+                .count();
+            let (stored, why) = if run > 0 {
+                let bytes = &data[seg.buf.start..segs[i + run - 1].buf.end];
+                self.store_in_new_slots(seg.block, bytes, true)?
+            } else {
+                let full = self.merged_block(seg, data, cached[i])?;
+                let r = self.store_in_new_slot(seg.block, &full, true)?;
+                if matches!(r, Stored::NoSlot) {
+                    self.write_around(seg, &full)?;
+                    i += 1;
+                    continue;
                 }
-                c
+                (matches!(r, Stored::Yes) as usize, r)
             };
-            bump(
-                if cached.is_some() {
-                    &self.stats.write_hits
-                } else {
-                    &self.stats.write_misses
-                },
-                1,
-            );
-            if let Some((slot, true)) = cached {
-                self.cache_write(slot, seg.in_block, &data[seg.buf.clone()])?;
-                continue;
-            }
-            let full = self.merged_block(seg, data, cached)?;
-            match self.store_in_new_slot(seg.block, &full, true)? {
+            i += stored;
+            match why {
                 Stored::Yes => {}
                 Stored::CacheError(e) => return Err(e.into()),
                 Stored::NoSlot => {
-                    // Every block is dirty or busy: write around the cache
-                    // for this block and hurry writeback along.
-                    bump(&self.stats.bypassed_ios, 1);
-                    self.write_origin_invalidating(
-                        std::slice::from_ref(seg),
-                        &full,
-                        seg.block * bs,
-                    )?;
-                    self.wake_background();
+                    let seg = &segs[i];
+                    self.write_around(seg, &data[seg.buf.clone()])?;
+                    i += 1;
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Every block is dirty or busy: writes one whole block around the
+    /// cache and hurries writeback along.
+    fn write_around(&self, seg: &Segment, full: &[u8]) -> EngineResult<()> {
+        bump(&self.stats.bypassed_ios, 1);
+        self.write_origin_invalidating(
+            std::slice::from_ref(seg),
+            full,
+            seg.block * self.block_bytes,
+        )?;
+        self.wake_background();
         Ok(())
     }
 }
