@@ -22,6 +22,10 @@ MODES = ["writeback", "writethrough", "writearound", "writeonly"]
 ALL_SYSTEMS = ["origin", "qemu-nbd", "nbdkit-cache"] + [f"tc-{m}" for m in MODES]
 # Writeback never starts (high watermark 100 %, a day's age): the "idle" reference.
 WRITEBACK_IDLE = (100, 100, 86400)
+# A request slower than this through a cache is reported as a stall. The
+# slowest honest case is a 4K request queued at QD32 behind the origin's
+# 5 ms per request (~0.2-0.5 s).
+STALL_US = 1.5e6
 
 
 def log(msg):
@@ -137,6 +141,12 @@ def bench_system(system, plan, work_dir, skip, results):
             phase("warm")
             entry["workloads"] = wl.run_workloads(system, plan, log)
             phase("jobs")
+            if system.key != "origin":
+                for wkey, r in entry["workloads"].items():
+                    if r["max_us"] > STALL_US:
+                        system.notes.append(
+                            f"stall: a request of job {wkey} took {r['max_us'] / 1e6:.1f} s "
+                            f"(p99 {r['p99_us'] / 1e3:.0f} ms)")
         if "reread" not in skip:
             entry["reread"] = wl.reread(system, plan, log)
             phase("reread")

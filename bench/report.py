@@ -57,7 +57,7 @@ def targets(results):
     rows.append(("4K randread hits QD32, writeback ≥ 1.0× qemu-nbd",
                  ratio(iops(results, "tc-writeback", "rr4k_hit"),
                        iops(results, "qemu-nbd", "rr4k_hit")), 1.0))
-    rr = results["systems"].get("tc-writeback", {}).get("reread")
+    rr = results["systems"].get("tc-writeback", {}).get("reread", {}).get("passes")
     rows.append(("re-read, writeback: pass 2 speed ≥ 0.9× pass 5",
                  ratio(rr[4]["runtime_s"], rr[1]["runtime_s"]) if rr and len(rr) >= 5 else None, 0.9))
     sus = results.get("sustained", {})
@@ -144,19 +144,21 @@ def render(results, plots):
         L.append("")
 
     # Re-read.
-    rr_rows = [(k, e["reread"]) for k, e in systems.items() if e.get("reread")]
+    rr_rows = [(k, e["reread"]["passes"], e["reread"]["total"].get("read_hit_pct"))
+               for k, e in systems.items() if e.get("reread")]
     if rr_rows:
         n = len(rr_rows[0][1])
         L.append(f"### Re-read: the same {plan['reread_bytes'] >> 20} MiB read {n} times "
                  "(1M sequential, QD8), seconds per pass")
         L.append("")
         L.append("| system | " + " | ".join(f"pass {i + 1}" for i in range(n))
-                 + " | pass 2 speed / pass 5 |")
-        L.append("|---|" + "--:|" * (n + 1))
-        for k, passes in rr_rows:
+                 + " | pass 2 speed / pass 5 | read hits, all passes |")
+        L.append("|---|" + "--:|" * (n + 2))
+        for k, passes, hits in rr_rows:
             cells = [f"{p['runtime_s']:.2f}" for p in passes]
             r25 = ratio(passes[4]["runtime_s"], passes[1]["runtime_s"]) if n >= 5 else None
-            L.append(f"| {k} | " + " | ".join(cells) + f" | {fmt_ratio(r25)} |")
+            L.append(f"| {k} | " + " | ".join(cells) + f" | {fmt_ratio(r25)} | "
+                     f"{'' if hits is None else f'{hits:.0f}%'} |")
         L.append("")
 
     # Sustained.
@@ -174,16 +176,18 @@ def render(results, plots):
                  "writeback never starting (high watermark 100%, age 1 day). Min leaves out the "
                  f"first and last {plan['log_avg_ms']} ms interval.")
         L.append("")
-        L.append("| run | mean IOPS | min IOPS | min / idle mean | max dirty | blocks written back |")
-        L.append("|---|--:|--:|--:|--:|--:|")
+        L.append("| run | mean IOPS | min IOPS | min / idle mean | max dirty | blocks written back "
+                 "| checkpoints | max latency |")
+        L.append("|---|--:|--:|--:|--:|--:|--:|--:|")
         for k, r in sus.items():
             if "mean_iops" not in r:
                 continue
-            dirty = max((d for _, d, _ in r.get("dirty_pct", [])), default=None)
+            dirty = max((x[1] for x in r.get("dirty_pct", [])), default=None)
             L.append(f"| {k} | {fmt_num(r['mean_iops'])} | {fmt_num(r['min_iops'])} | "
                      f"{fmt_ratio(ratio(r['min_iops'], idle))} | "
                      f"{'' if dirty is None else f'{dirty:.0f}%'} | "
-                     f"{fmt_num(r.get('written_back_blocks'))} |")
+                     f"{fmt_num(r.get('written_back_blocks'))} | {fmt_num(r.get('checkpoints'))} | "
+                     f"{fmt_lat(r.get('max_us'))} |")
         L.append("")
 
     ram = results.get("ram")
@@ -261,7 +265,7 @@ def make_plots(results, out_dir):
         dirty = sus.get("tc-writeback", {}).get("dirty_pct")
         if dirty:
             ax2 = ax.twinx()
-            ax2.plot([t for t, _, _ in dirty], [d for _, d, _ in dirty], "k:", label="tc-writeback dirty %")
+            ax2.plot([x[0] for x in dirty], [x[1] for x in dirty], "k:", label="tc-writeback dirty %")
             ax2.set_ylabel("dirty % of cache (dotted)")
             ax2.set_ylim(0, 100)
         ax.legend(loc="lower left")
@@ -290,7 +294,7 @@ def make_plots(results, out_dir):
         plt.close(fig)
         plots.append(("4K IOPS by system", "iops_4k.png"))
 
-    rr = [(k, e["reread"]) for k, e in systems.items() if e.get("reread")]
+    rr = [(k, e["reread"]["passes"]) for k, e in systems.items() if e.get("reread")]
     if rr:
         fig, ax = plt.subplots(figsize=(9, 4.5))
         n = len(rr[0][1])

@@ -98,11 +98,13 @@ def region(plan, name):
 
 
 def fio(uri, rw, bs, iodepth, offset, size, runtime_s=None, iops_log=None,
-        log_avg_ms=1000, timeout_s=900):
-    """One fio job; returns IOPS, MiB/s, p50/p99 completion latency (us),
-    I/Os completed and the job's runtime in seconds."""
+        log_avg_ms=1000, timeout_s=900, passes=1):
+    """One fio job (or `passes` identical jobs run one after the other by
+    one fio process, saving its start-up); returns, per job, IOPS, MiB/s,
+    p50/p99/max completion latency (us), I/Os completed and the job's
+    runtime in seconds. A single job's result is returned as is."""
     argv = [
-        "fio", "--name=bench", "--ioengine=nbd", f"--uri={uri}", f"--rw={rw}",
+        "fio", "--ioengine=nbd", f"--uri={uri}", f"--rw={rw}",
         f"--bs={bs}", f"--iodepth={iodepth}", f"--offset={offset}", f"--size={size}",
         "--numjobs=1", "--output-format=json",
     ]
@@ -112,29 +114,40 @@ def fio(uri, rw, bs, iodepth, offset, size, runtime_s=None, iops_log=None,
         argv += ["--rwmixread=50", "--unified_rw_reporting=mixed"]
     if iops_log is not None:
         argv += [f"--write_iops_log={iops_log}", f"--log_avg_msec={log_avg_ms}"]
-    _, out, _ = run(argv, timeout_s=timeout_s)
+    # Options before the first --name are global; --stonewall makes each
+    # job wait for the one before.
+    for i in range(passes):
+        argv += [f"--name=pass{i + 1}"] + (["--stonewall"] if i else [])
+    _, out, _ = run(argv, timeout_s=timeout_s * passes)
     # The nbd engine prints "fio: connected to NBD server" before the JSON.
     start = out.find("\n{")
     text = out if out.startswith("{") else out[start + 1:] if start >= 0 else ""
     try:
-        job = json.loads(text)["jobs"][0]
-    except (ValueError, KeyError, IndexError) as e:
+        jobs = json.loads(text)["jobs"]
+    except (ValueError, KeyError) as e:
         raise BenchError(f"fio output is not the expected JSON: {out[:400]!r}") from e
+    if len(jobs) != passes:
+        raise BenchError(f"fio reported {len(jobs)} jobs, expected {passes}")
+    results = [_job_result(job, rw, bs, uri) for job in jobs]
+    return results[0] if passes == 1 else results
+
+
+def _job_result(job, rw, bs, uri):
     if job.get("error"):
         raise BenchError(f"fio reported error {job['error']} for {rw} {bs} on {uri}")
     if rw in ("randrw", "rw"):
-        dirs = [job["mixed"]]
+        d = job["mixed"]
     elif "read" in rw:
-        dirs = [job["read"]]
+        d = job["read"]
     else:
-        dirs = [job["write"]]
-    d = dirs[0]
+        d = job["write"]
     pct = d["clat_ns"].get("percentile", {})
     return {
         "iops": d["iops"],
         "mib_s": d["bw_bytes"] / MiB,
         "p50_us": pct.get("50.000000", 0) / 1000,
         "p99_us": pct.get("99.000000", 0) / 1000,
+        "max_us": d["clat_ns"].get("max", 0) / 1000,
         "ios": d["total_ios"],
         "runtime_s": job["job_runtime"] / 1000,
     }
@@ -169,6 +182,7 @@ class Probe:
             result["bypassed_ios"] = s1["bypassed_ios"] - s0["bypassed_ios"]
             result["errors"] = (s1["cache_errors"] + s1["origin_errors"]
                                 - s0["cache_errors"] - s0["origin_errors"])
+            result["checkpoints"] = s1.get("checkpoints", 0) - s0.get("checkpoints", 0)
         return result
 
 
@@ -196,15 +210,18 @@ def run_workloads(system, plan, log):
 
 
 def reread(system, plan, log):
-    """The same region read `reread_passes` times; seconds per pass."""
+    """The same region read `reread_passes` times; seconds per pass. One
+    fio process runs the passes one after the other (each its own job and
+    NBD connection)."""
     off, size = region(plan, "reread")
-    passes = []
-    for i in range(plan.reread_passes):
-        with Probe(system) as p:
-            r = fio(system.uri, "read", "1m", 8, off, size)
-        passes.append(p.annotate(r))
-    log("  reread     " + "  ".join(f"{r['runtime_s']:.2f}s" for r in passes))
-    return passes
+    with Probe(system) as p:
+        passes = fio(system.uri, "read", "1m", 8, off, size, passes=plan.reread_passes)
+    total = {"ios": sum(r["ios"] for r in passes)}
+    p.annotate(total)
+    log("  reread     " + "  ".join(f"{r['runtime_s']:.2f}s" for r in passes)
+        + (f"  hits {total['read_hit_pct']:.0f}% over all passes"
+           if total.get("read_hit_pct") is not None else ""))
+    return {"passes": passes, "total": total}
 
 
 # ---------------------------------------------------------------------------
@@ -240,7 +257,8 @@ def sustained(system, plan, region_bytes, log_dir, log):
             if s is not None:
                 samples.append((time.monotonic() - t0, 100.0 * s["cache_blocks_dirty"]
                                 / max(1, s["cache_blocks_total"]),
-                                s["stats"]["blocks_written_back"]))
+                                s["stats"]["blocks_written_back"],
+                                s["stats"].get("checkpoints", 0)))
 
     poller = threading.Thread(target=poll, daemon=True)
     with Probe(system) as p:
@@ -263,7 +281,7 @@ def sustained(system, plan, region_bytes, log_dir, log):
         "region_bytes": region_bytes,
     })
     log(f"  sustained  mean {r['mean_iops']:.0f} IOPS, min {r['min_iops']:.0f} IOPS"
-        + (f", dirty up to {max(d for _, d, _ in samples):.0f}%" if samples else ""))
+        + (f", dirty up to {max(x[1] for x in samples):.0f}%" if samples else ""))
     return r
 
 
