@@ -173,7 +173,7 @@ def render(results, plots):
                  f"({any_r.get('region_bytes', 0) >> 20} MiB), so with the default watermarks "
                  "(start at 50% dirty, stop at 25%) writeback runs for most of the run while "
                  "the workload still fits the cache. `tc-writeback-idle` is the same cache with "
-                 "writeback never starting (high watermark 100%, age 1 day). Min leaves out the "
+                 "writeback never starting (high watermark 100%, age 1 hour). Min leaves out the "
                  f"first and last {plan['log_avg_ms']} ms interval.")
         L.append("")
         L.append("| run | mean IOPS | min IOPS | min / idle mean | max dirty | blocks written back "
@@ -221,7 +221,8 @@ def render(results, plots):
             shown = f"{value:.1f} B"
         else:
             ok = value >= threshold
-            shown = fmt_ratio(value)
+            # Three decimals near 1, so 0.998 does not print as a failing 1.00.
+            shown = f"{value:.3f}×" if value < 10 else fmt_ratio(value)
         L.append(f"| {name} | {shown} | {'PASS' if ok else 'MISS'} |")
     L.append("")
 

@@ -289,6 +289,16 @@ def sustained(system, plan, region_bytes, log_dir, log):
 # RAM per cache block
 
 
+def settled_rss(proc, samples=5, interval_s=0.25):
+    """Median of a few VmRSS readings: allocator trimming and idle I/O
+    threads exiting move RSS by a few MiB from one moment to the next."""
+    values = []
+    for _ in range(samples):
+        time.sleep(interval_s)
+        values.append(proc.rss_bytes())
+    return sorted(values)[len(values) // 2]
+
+
 def ram_cost(make_tc, plan, work_dir, log):
     """Resident memory of `tiercache serve` per cache block.
 
@@ -309,7 +319,7 @@ def ram_cost(make_tc, plan, work_dir, log):
     # threads and buffers that any 4K I/O needs.
     warm_bytes = max(16 * MiB, fill_bytes // 16)
     volume = warm_bytes + fill_bytes + 16 * MiB
-    idle = (100, 100, 86400)
+    idle = (100, 100, 3600)
 
     out = {}
     sizes = {}
@@ -320,22 +330,20 @@ def ram_cost(make_tc, plan, work_dir, log):
         tc = make_tc(f"ram-{label}", blocks * 4096 + blocks * 64 + 8 * MiB, idle)
         tc.start(d, volume)
         try:
-            time.sleep(0.5)
             st = tc.status()
-            sizes[label] = (st["cache_blocks_total"], tc.server.rss_bytes())
+            sizes[label] = (st["cache_blocks_total"], settled_rss(tc.server))
             if label == "big":
                 # Same-shaped I/O first, so buffers and threads that any
                 # I/O needs are already in the baseline.
                 fio(tc.uri, "write", "4k", 32, 0, warm_bytes)
-                points = [(tc.status()["cache_blocks_used"], tc.server.rss_bytes())]
+                points = [(tc.status()["cache_blocks_used"], settled_rss(tc.server))]
                 # Two halves: similar slopes mean the growth is per block,
                 # not a one-time allocation.
                 half = fill_bytes // 2
                 t_fill = time.monotonic()
                 for off in (warm_bytes, warm_bytes + half):
                     fio(tc.uri, "write", "4k", 32, off, half, timeout_s=3600)
-                    time.sleep(0.5)
-                    points.append((tc.status()["cache_blocks_used"], tc.server.rss_bytes()))
+                    points.append((tc.status()["cache_blocks_used"], settled_rss(tc.server)))
                 log(f"  RAM: filled {fill_bytes >> 20} MiB in {time.monotonic() - t_fill:.1f} s")
                 (u0, r0), (u1, r1), (u2, r2) = points
                 out.update(filled_blocks=u2 - u0, rss_before=r0, rss_half=r1, rss_after=r2,
