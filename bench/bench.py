@@ -1,0 +1,276 @@
+"""Entry point behind bench/run: starts each system, runs the workloads,
+writes results.json, results.md and the plots. See docs/benchmarks.md."""
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import report  # noqa: E402
+import workloads as wl  # noqa: E402
+from procs import BenchError, run, stop_all  # noqa: E402
+from systems import NbdkitCache, Origin, QemuRaw, Tiercache  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODES = ["writeback", "writethrough", "writearound", "writeonly"]
+ALL_SYSTEMS = ["origin", "qemu-nbd", "nbdkit-cache"] + [f"tc-{m}" for m in MODES]
+# Writeback never starts (high watermark 100 %, an hour's age: runs are far
+# shorter): the "idle" reference. Newer tiercache caps the age at 32767 s.
+WRITEBACK_IDLE = (100, 100, 3600)
+# A request slower than this through a cache is reported as a stall. The
+# slowest honest case is a 4K request queued at QD32 behind the origin's
+# 5 ms per request (~0.2-0.5 s).
+STALL_US = 1.5e6
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+def parse_args():
+    p = argparse.ArgumentParser(prog="bench/run", description=__doc__)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--quick", action="store_true", help="short runs, small sizes (< 5 min)")
+    g.add_argument("--smoke", action="store_true",
+                   help="every system and test for ~1 s: checks that the harness works")
+    p.add_argument("--out", help="results directory (default target/bench/<mode>-<time>)")
+    p.add_argument("--work-dir", help="scratch directory on the disk under test "
+                   "(default target/bench-work); removed afterwards")
+    p.add_argument("--keep-work", action="store_true", help="keep the scratch directory")
+    p.add_argument("--systems", help=f"comma-separated subset of: {','.join(ALL_SYSTEMS)}")
+    p.add_argument("--skip", default="", help="comma-separated parts to skip: "
+                   "workloads,reread,sustained,ram")
+    p.add_argument("--tiercache", default=os.path.join(REPO, "target/release/tiercache"),
+                   help="tiercache binary")
+    p.add_argument("--no-build", action="store_true", help="(bench/run) do not cargo build")
+    return p.parse_args()
+
+
+def check_work_dir(path):
+    """O_DIRECT needs a real disk filesystem: tmpfs would silently turn the
+    cache file into page-cache I/O."""
+    _, out, _ = run(["findmnt", "-n", "-o", "FSTYPE", "--target", path])
+    fs = out.strip()
+    if fs in ("tmpfs", "ramfs", "overlayfs"):
+        raise BenchError(f"work dir {path} is on {fs}; pass --work-dir on the disk under test")
+    return fs
+
+
+def machine_info(work_dir, fs):
+    def first(cmd):
+        try:
+            return run(cmd, check=False)[1].strip()
+        except BenchError:
+            return "?"
+
+    cpu = "?"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    src = first(["findmnt", "-n", "-o", "SOURCE", "--target", work_dir])
+    disk = os.path.basename(src)
+    rot = "?"
+    try:
+        with open(f"/sys/block/{disk}/queue/rotational") as f:
+            rot = f.read().strip()
+    except OSError:
+        pass
+    size = first(["lsblk", "-dn", "-o", "SIZE", src]) if src.startswith("/dev/") else "?"
+    return {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "host_cores": os.cpu_count(),
+        "cpu": cpu,
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30), 1),
+        "kernel": os.uname().release,
+        "disk": f"{src} ({size}, /sys/block/{disk}/queue/rotational = {rot}), {fs}",
+        "fio": first(["fio", "--version"]),
+        "nbdkit": first(["nbdkit", "--version"]),
+        "qemu_nbd": first(["qemu-nbd", "--version"]).splitlines()[0],
+        "tiercache_commit": first(["git", "-C", REPO, "rev-parse", "--short", "HEAD"]),
+        "loadavg_start": open("/proc/loadavg").read().split()[:3],
+    }
+
+
+def make_system(key, plan, binary):
+    if key == "origin":
+        return Origin()
+    if key == "qemu-nbd":
+        return QemuRaw()
+    if key == "nbdkit-cache":
+        return NbdkitCache(plan.cache_bytes)
+    if key.startswith("tc-") and key[3:] in MODES:
+        return Tiercache(binary, key[3:], plan.cache_bytes)
+    raise BenchError(f"unknown system '{key}' (known: {', '.join(ALL_SYSTEMS)})")
+
+
+class Phases:
+    """Wall time per phase, for the progress log: `phase("warm")` ends one."""
+
+    def __init__(self):
+        self.t = time.monotonic()
+        self.done = []
+
+    def __call__(self, name):
+        now = time.monotonic()
+        self.done.append(f"{name} {now - self.t:.1f}")
+        self.t = now
+
+    def __str__(self):
+        return ", ".join(self.done)
+
+
+def bench_system(system, plan, work_dir, skip, results):
+    d = os.path.join(work_dir, system.key)
+    os.makedirs(d)
+    log(f"{system.key}: {system.describe}")
+    phase = Phases()
+    try:
+        system.start(d, plan.volume_bytes)
+        phase("start")
+        entry = results["systems"].setdefault(system.key, {"describe": system.describe})
+        entry["o_direct"] = system.direct
+        if "workloads" not in skip:
+            wl.warm(system, plan)
+            phase("warm")
+            entry["workloads"] = wl.run_workloads(system, plan, log)
+            phase("jobs")
+            if system.key != "origin":
+                for wkey, r in entry["workloads"].items():
+                    if r["max_us"] > STALL_US:
+                        system.notes.append(
+                            f"stall: a request of job {wkey} took {r['max_us'] / 1e6:.1f} s "
+                            f"(p99 {r['p99_us'] / 1e3:.0f} ms)")
+        if "reread" not in skip:
+            entry["reread"] = wl.reread(system, plan, log)
+            phase("reread")
+    finally:
+        system.stop()
+        phase("stop")
+        entry_notes = results["systems"].setdefault(system.key, {}).setdefault("notes", [])
+        entry_notes.extend(n for n in system.notes if n not in entry_notes)
+        shutil.rmtree(d, ignore_errors=True)
+    log(f"  (seconds: {phase})")
+
+
+def bench_sustained(plan, binary, work_dir, systems, results):
+    """tiercache writeback with background writeback running (default
+    watermarks) and idle (never starts), and nbdkit's cache filter, on
+    one cache size and one written region."""
+    out = results.setdefault("sustained", {})
+    runs = []
+    if "tc-writeback" in systems:
+        runs.append(Tiercache(binary, "writeback", plan.sustained_cache_bytes))
+        runs.append(Tiercache(binary, "writeback", plan.sustained_cache_bytes,
+                              key="tc-writeback-idle", writeback=WRITEBACK_IDLE))
+    if "nbdkit-cache" in systems:
+        runs.append(NbdkitCache(plan.sustained_cache_bytes))
+    region_bytes = None
+    for system in runs:
+        key = system.key
+        d = os.path.join(work_dir, f"sustained-{key}")
+        os.makedirs(d)
+        log(f"sustained writeback: {key}")
+        try:
+            system.start(d, plan.volume_bytes)
+            if region_bytes is None:
+                if isinstance(system, Tiercache):
+                    st = system.status()
+                    capacity = st["cache_blocks_total"] * st["block_bytes"]
+                else:
+                    capacity = plan.sustained_cache_bytes
+                region_bytes = capacity * plan.sustained_region_pct // 100 // (1 << 20) * (1 << 20)
+            r = wl.sustained(system, plan, region_bytes, results["out_dir"], log)
+            if isinstance(system, Tiercache):
+                r["writeback"] = system.status()["writeback"]
+            out[key] = r
+        finally:
+            system.stop()
+            out.setdefault(key, {}).setdefault("notes", []).extend(system.notes)
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def interrupted(signum, _frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main():
+    args = parse_args()
+    plan = wl.PLANS["smoke" if args.smoke else "quick" if args.quick else "full"]
+    skip = set(filter(None, args.skip.split(",")))
+    systems = args.systems.split(",") if args.systems else ALL_SYSTEMS
+    for s in systems:
+        if s not in ALL_SYSTEMS:
+            raise BenchError(f"unknown system '{s}' (known: {', '.join(ALL_SYSTEMS)})")
+    if any(s.startswith("tc-") for s in systems) and not os.access(args.tiercache, os.X_OK):
+        raise BenchError(f"no tiercache binary at {args.tiercache}; run cargo build --release")
+    binary = os.path.abspath(args.tiercache)
+
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out_dir = os.path.abspath(args.out or os.path.join(REPO, "target/bench", f"{plan.name}-{stamp}"))
+    work_dir = os.path.abspath(args.work_dir or os.path.join(REPO, "target/bench-work"))
+    os.makedirs(out_dir, exist_ok=True)
+    if os.path.exists(work_dir):
+        shutil.rmtree(work_dir)
+    os.makedirs(work_dir)
+    fs = check_work_dir(work_dir)
+
+    # SIGTERM/SIGHUP end the run like Ctrl-C: servers are stopped by PID.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupted)
+
+    t0 = time.monotonic()
+    results = {
+        "plan": plan.__dict__ | {"volume_bytes": plan.volume_bytes},
+        "command": "bench/run " + " ".join(sys.argv[1:]),
+        "machine": machine_info(work_dir, fs),
+        "out_dir": out_dir,
+        "systems": {},
+        "workload_titles": {w.key: w.title for w in wl.WORKLOADS},
+    }
+    log(f"bench: {plan.name} run, results in {out_dir}, scratch in {work_dir} ({fs})")
+    try:
+        for key in systems:
+            bench_system(make_system(key, plan, binary), plan, work_dir, skip, results)
+        if "sustained" not in skip:
+            bench_sustained(plan, binary, work_dir, systems, results)
+        if "ram" not in skip and "tc-writeback" in systems:
+            log("RAM per cache block: tiercache writeback")
+            t_ram = time.monotonic()
+            results["ram"] = wl.ram_cost(
+                lambda key, cache_bytes, wb: Tiercache(binary, "writeback", cache_bytes, key=key,
+                                                       writeback=wb, cache_written=False),
+                plan, work_dir, log)
+            log(f"  ({time.monotonic() - t_ram:.0f} s)")
+    finally:
+        stop_all()
+        if not args.keep_work:
+            shutil.rmtree(work_dir, ignore_errors=True)
+    results["elapsed_s"] = time.monotonic() - t0
+    results["machine"]["loadavg_end"] = open("/proc/loadavg").read().split()[:3]
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    md = report.write(results, out_dir)
+    log("")
+    log(md)
+    log(f"bench: done in {results['elapsed_s']:.0f} s; results in {out_dir}")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BenchError as e:
+        stop_all()
+        print(f"bench: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        stop_all()
+        print("bench: interrupted; servers stopped", file=sys.stderr)
+        sys.exit(130)

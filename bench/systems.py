@@ -1,0 +1,306 @@
+"""The systems under test, each started by the harness and stopped by PID.
+
+Every system is an NBD export that fio reaches at `self.uri`:
+
+- origin        the emulated HDD alone: nbdkit file plugin, noparallel and
+                delay filters (one request at a time, 5 ms each).
+- qemu-nbd      the raw fast device: a file on the same disk exported by
+                qemu-nbd with O_DIRECT (--cache=none) and io_uring.
+- nbdkit-cache  nbdkit's cache filter (writeback, 4 KiB blocks, caches reads)
+                in its own nbdkit, over the nbd plugin pointing at an
+                emulated HDD (so it reaches the origin over NBD exactly as
+                tiercache does). Its cache is a temporary file used through
+                the page cache.
+- tc-MODE       tiercache in MODE over an emulated HDD reached through
+                `nbd+unix:///?socket=HDD`; its cache device is a file on the
+                same disk, which tiercache opens with O_DIRECT.
+
+Each system gets its own HDD image, so no system sees another's data.
+"""
+
+import json
+import os
+import time
+
+from procs import BenchError, Proc, run, wait_for_socket
+
+BLOCK_BYTES = 4096
+_CHUNK_BYTES = 8 << 20
+
+
+def make_sparse(path, size_bytes):
+    with open(path, "wb") as f:
+        f.truncate(size_bytes)
+
+
+def make_written(path, size_bytes):
+    """A file whose every block is allocated and written (zeros), as a
+    device is: ext4 would answer reads of unwritten extents without I/O,
+    and convert extents on first write."""
+    zeros = bytes(_CHUNK_BYTES)
+    with open(path, "wb") as f:
+        left = size_bytes
+        while left > 0:
+            n = min(left, _CHUNK_BYTES)
+            f.write(zeros[:n])
+            left -= n
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def unix_uri(sock):
+    return f"nbd+unix:///?socket={sock}"
+
+
+class Hdd:
+    """The emulated HDD (TOOLS.md): without noparallel, the delay filter
+    sleeps in parallel threads and the "HDD" does ~3,000 IOPS.
+    serialize=all-requests makes it one request at a time across all
+    connections too (the default serializes per connection only), so a
+    client that opens several connections gets no faster disk."""
+
+    DELAY = "5ms"
+
+    def __init__(self, dir_path, size_bytes):
+        self.image = os.path.join(dir_path, "hdd.img")
+        self.sock = os.path.join(dir_path, "hdd.sock")
+        make_sparse(self.image, size_bytes)
+        if os.path.exists(self.sock):
+            os.unlink(self.sock)
+        self.proc = Proc(
+            "origin nbdkit",
+            [
+                "nbdkit", "-f", "-U", self.sock, "--exit-with-parent",
+                "--filter=noparallel", "--filter=delay",
+                "file", self.image, "serialize=all-requests",
+                f"delay-read={self.DELAY}", f"delay-write={self.DELAY}",
+            ],
+            os.path.join(dir_path, "hdd.log"),
+        )
+        wait_for_socket(self.sock, self.proc)
+        self.uri = unix_uri(self.sock)
+
+    def stop(self):
+        self.proc.stop()
+
+
+class System:
+    """Base: `start` sets `uri` and `server` (the process whose CPU and
+    memory are measured); `stop` ends everything `start` began."""
+
+    key = "?"
+    describe = ""
+
+    def __init__(self):
+        self.uri = None
+        self.server = None
+        self.notes = []
+        self.dir = None
+        # Whether the server holds its fast device open with O_DIRECT
+        # (checked in /proc/PID/fdinfo); None where not applicable.
+        self.direct = None
+
+    def start(self, work_dir, volume_bytes):
+        raise NotImplementedError
+
+    def stop(self):
+        raise NotImplementedError
+
+    def counters(self):
+        """Engine counters (tiercache only), for hit ratios."""
+        return None
+
+
+class Origin(System):
+    key = "origin"
+    describe = ("emulated HDD alone: nbdkit file plugin, noparallel filter "
+                "(serialize=all-requests), delay filter 5 ms per read and write")
+
+    def start(self, work_dir, volume_bytes):
+        self.dir = work_dir
+        self.hdd = Hdd(work_dir, volume_bytes)
+        self.uri = self.hdd.uri
+        self.server = self.hdd.proc
+
+    def stop(self):
+        if getattr(self, "hdd", None):
+            self.hdd.stop()
+
+
+class QemuRaw(System):
+    key = "qemu-nbd"
+    describe = "raw fast device: file on the same disk, qemu-nbd --cache=none --aio=io_uring"
+
+    def start(self, work_dir, volume_bytes):
+        self.dir = work_dir
+        image = os.path.join(work_dir, "fast.img")
+        sock = os.path.join(work_dir, "fast.sock")
+        make_written(image, volume_bytes)
+        self.server = Proc(
+            "qemu-nbd",
+            [
+                "qemu-nbd", "-t", "--shared=8", "-f", "raw", "--cache=none",
+                "--aio=io_uring", "-k", sock, image,
+            ],
+            os.path.join(work_dir, "qemu-nbd.log"),
+        )
+        wait_for_socket(sock, self.server)
+        self.uri = unix_uri(sock)
+        self.direct = self.server.opened_with_o_direct(image)
+
+    def stop(self):
+        if self.server:
+            self.server.stop()
+
+
+class NbdkitCache(System):
+    key = "nbdkit-cache"
+
+    def __init__(self, cache_bytes):
+        super().__init__()
+        self.cache_bytes = cache_bytes
+        self.describe = (
+            "nbdkit cache filter (cache=writeback, cache-min-block-size=4096, cache-on-read=true, "
+            f"cache-max-size={cache_bytes >> 20}M) in its own nbdkit, nbd plugin -> emulated HDD; "
+            "cache file in $TMPDIR through the page cache"
+        )
+
+    def start(self, work_dir, volume_bytes):
+        self.dir = work_dir
+        self.hdd = Hdd(work_dir, volume_bytes)
+        sock = os.path.join(work_dir, "cache.sock")
+        # The filter keeps its cache in an unlinked file in $TMPDIR: put it
+        # on the same disk as everything else.
+        env = dict(os.environ, TMPDIR=work_dir)
+        self.server = Proc(
+            "nbdkit cache",
+            [
+                "nbdkit", "-f", "-U", sock, "--exit-with-parent",
+                "--filter=cache", "nbd", f"socket={self.hdd.sock}",
+                "cache=writeback", "cache-min-block-size=4096", "cache-on-read=true",
+                f"cache-max-size={self.cache_bytes}",
+            ],
+            os.path.join(work_dir, "nbdkit-cache.log"),
+            env=env,
+        )
+        wait_for_socket(sock, self.server)
+        self.uri = unix_uri(sock)
+
+    def stop(self):
+        try:
+            if self.server:
+                self.server.stop()
+        finally:
+            if getattr(self, "hdd", None):
+                self.hdd.stop()
+
+
+class Tiercache(System):
+    """tiercache serve over an emulated HDD. `writeback` = (high %, low %,
+    max age s) or None for the defaults."""
+
+    def __init__(self, binary, mode, cache_bytes, key=None, writeback=None, cache_written=True):
+        super().__init__()
+        self.binary = binary
+        self.mode = mode
+        self.cache_bytes = cache_bytes
+        self.key = key or f"tc-{mode}"
+        self.writeback = writeback
+        self.cache_written = cache_written
+        self.describe = (f"tiercache {mode}, 4 KiB blocks, LRU, cache file of "
+                         f"{cache_bytes >> 20} MiB on the same disk")
+        self.fuse = None
+        self.serve_proc = None
+        self.hdd = None
+
+    def _tc(self, *args):
+        return [self.binary, "--state-dir", self.state_dir, *args]
+
+    def start(self, work_dir, volume_bytes):
+        self.dir = work_dir
+        self.state_dir = os.path.join(work_dir, "state")
+        self.name = "bench"
+        self.hdd = Hdd(work_dir, volume_bytes)
+        cache = os.path.join(work_dir, "cache.img")
+        if self.cache_written:
+            make_written(cache, self.cache_bytes)
+        else:
+            make_sparse(cache, self.cache_bytes)
+        create = ["create", "--name", self.name, "--cache", cache, "--mode", self.mode,
+                  "--block-size", "4K", "--force"]
+        if self.writeback:
+            high, low, age = self.writeback
+            create += ["--writeback-high", str(high), "--writeback-low", str(low),
+                       "--writeback-age", str(age)]
+        rc, out, err = run(self._tc(*create, "--origin", self.hdd.uri), check=False)
+        if rc != 0:
+            # Workaround, reported: `create` resolves the origin as a path
+            # (src/cli/create.rs, registry::absolute), which turns an NBD
+            # URI into "/cwd/nbd+unix:/?socket=...". The same HDD is then
+            # reached through nbdfuse, a FUSE file that tiercache opens
+            # like a disk (O_DIRECT accepted).
+            err = err.strip().replace(self.dir, "<dir>").replace(os.getcwd(), "<cwd>")
+            self.notes.append(
+                "`tiercache create --origin nbd+unix:///?socket=<dir>/hdd.sock` failed "
+                f"(`{err}`); the origin was reached through nbdfuse instead"
+            )
+            origin = self._start_fuse()
+            run(self._tc(*create, "--origin", origin))
+            self.fuse_origin = origin
+        sock = os.path.join(work_dir, "tc.nbd")
+        self.serve_proc = Proc(
+            f"tiercache serve ({self.key})",
+            self._tc("serve", "--name", self.name, "--socket", sock),
+            os.path.join(work_dir, "serve.log"),
+        )
+        wait_for_socket(sock, self.serve_proc)
+        self.server = self.serve_proc
+        self.uri = unix_uri(sock)
+        self.direct = self.server.opened_with_o_direct(cache)
+        if self.fuse is not None and not self.server.opened_with_o_direct(self.fuse_origin):
+            self.notes.append("tiercache did not open the nbdfuse origin with O_DIRECT: "
+                              "origin reads may be served from the page cache")
+
+    def _start_fuse(self):
+        mnt = os.path.join(self.dir, "fuse")
+        os.makedirs(mnt, exist_ok=True)
+        path = os.path.join(mnt, "origin")
+        self.fuse = Proc("nbdfuse", ["nbdfuse", path, self.hdd.uri],
+                         os.path.join(self.dir, "nbdfuse.log"))
+        deadline = time.monotonic() + 20
+        while not os.path.exists(path):
+            if not self.fuse.alive() or time.monotonic() > deadline:
+                raise BenchError("nbdfuse did not mount the origin:\n" + self.fuse.log_tail())
+            time.sleep(0.05)
+        return path
+
+    def status(self):
+        _, out, _ = run(self._tc("status", "--name", self.name, "--json"), timeout_s=60)
+        return json.loads(out)
+
+    def counters(self):
+        return self.status()
+
+    def set_writeback(self, high, low, age):
+        run(self._tc("set-writeback", "--name", self.name, "--high", str(high),
+                     "--low", str(low), "--age", str(age)))
+
+    def stop(self):
+        try:
+            if self.serve_proc is not None:
+                rc = self.serve_proc.stop(grace_s=120)
+                log = self.serve_proc.log_tail(200)
+                if rc != 0:
+                    self.notes.append(f"tiercache serve exited with {rc}: {log.strip()[-500:]}")
+                for line in log.splitlines():
+                    if any(w in line for w in ("WARN", "ERROR", "panicked")) and "SIGTERM" not in line:
+                        self.notes.append(f"serve log: {line.strip()}")
+        finally:
+            if self.fuse is not None:
+                self.fuse.stop()
+                mnt = os.path.join(self.dir, "fuse")
+                with open("/proc/mounts") as f:
+                    if any(l.split()[1] == mnt for l in f):
+                        run(["fusermount3", "-u", mnt], check=False)
+            if self.hdd is not None:
+                self.hdd.stop()
