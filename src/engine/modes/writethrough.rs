@@ -5,7 +5,7 @@
 //! drop is committed before the origin is written, so a crash can never
 //! leave a clean cached copy that disagrees with the origin.
 
-use super::super::io::{Segment, Stored};
+use super::super::io::Segment;
 use super::super::{Engine, EngineResult};
 
 impl Engine {
@@ -17,18 +17,15 @@ impl Engine {
     ) -> EngineResult<()> {
         self.count_write_hits(segs);
         self.write_origin_invalidating(segs, data, offset)?;
-        for seg in segs
+        // Caching the new data is an optimisation: no slot or a cache error
+        // just leaves the rest uncached. Only whole blocks are cached; they
+        // form one run (a request has at most a partial first and last).
+        let whole: Vec<&Segment> = segs
             .iter()
             .filter(|s| self.full_block(s) && self.cacheable(s.block))
-        {
-            // Caching the new data is an optimisation: no slot or a cache
-            // error just leaves the block uncached.
-            if !matches!(
-                self.store_in_new_slot(seg.block, &data[seg.buf.clone()], false)?,
-                Stored::Yes
-            ) {
-                break;
-            }
+            .collect();
+        if let (Some(first), Some(last)) = (whole.first(), whole.last()) {
+            self.store_in_new_slots(first.block, &data[first.buf.start..last.buf.end], false)?;
         }
         Ok(())
     }
