@@ -1,6 +1,7 @@
 //! The device layer: every byte the engine reads or writes goes through
 //! [`BlockDevice`]. Backends: a file or block device (`file.rs`), volatile RAM
-//! (`ram.rs`), and a fault-injecting device for tests (`fault.rs`).
+//! (`ram.rs`), a fault-injecting device for tests (`fault.rs`), and a
+//! recording wrapper whose log rebuilds crash images (`recorder.rs`).
 
 pub mod buf;
 
@@ -8,6 +9,7 @@ pub mod fault;
 pub mod file;
 pub mod nbd;
 pub mod ram;
+pub mod recorder;
 
 use std::sync::Arc;
 

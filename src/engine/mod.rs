@@ -4,6 +4,7 @@
 //! - `meta.rs`: the in-memory mapping table, changed only by records.
 //! - `commit.rs`: the commit protocol (group commit, journal, checkpoints).
 //! - `recovery.rs`: open, replay, and the offline `check`.
+//! - `load_fuzz.rs`: loading metadata from untrusted bytes (fuzz harness).
 //! - `io.rs`: the read path and the pieces every write path shares.
 //! - `modes/`: one file per cache mode's write path.
 //! - `policy/`: replacement policies.
@@ -16,6 +17,7 @@ pub mod failure;
 pub mod format;
 pub mod index;
 pub mod io;
+pub mod load_fuzz;
 pub mod locks;
 pub mod meta;
 pub mod modes;

@@ -6,12 +6,12 @@ use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 use zerocopy::little_endian::{U32, U64};
-use zerocopy::FromZeros;
+use zerocopy::{FromBytes, FromZeros};
 
 use super::format::{
-    block_bytes_valid, parse_checkpoint_page, parse_journal_page, Layout, Superblock,
-    ENTRIES_PER_CHECKPOINT_PAGE, FORMAT_VERSION, MAX_BLOCK_BYTES, MIN_BLOCK_BYTES, PAGE_BYTES,
-    SB_FLAG_ALLOW_VOLATILE_WRITEBACK, SB_FLAG_DISTRUST_CLEAN, SUPERBLOCK_MAGIC,
+    block_bytes_valid, parse_checkpoint_page, parse_journal_page, CheckpointHeader, Layout,
+    Superblock, ENTRIES_PER_CHECKPOINT_PAGE, FORMAT_VERSION, MAX_BLOCK_BYTES, MIN_BLOCK_BYTES,
+    PAGE_BYTES, SB_FLAG_ALLOW_VOLATILE_WRITEBACK, SB_FLAG_DISTRUST_CLEAN, SUPERBLOCK_MAGIC,
 };
 use super::locks::BlockLocks;
 use super::meta::Table;
@@ -204,6 +204,8 @@ pub(crate) struct Loaded {
     pub journal_end_seq: u64,
     pub pages_replayed: u64,
     pub records_replayed: u64,
+    /// Why the replay ended at a page that is not blank or stale.
+    pub tail_note: Option<String>,
 }
 
 fn corrupt(cache: &DeviceRef, what: impl Into<String>) -> EngineError {
@@ -259,7 +261,75 @@ fn validate_superblock(cache: &DeviceRef, sb: &Superblock) -> EngineResult<Layou
     if sb.checkpoint_area.get() > 1 {
         return Err(corrupt(cache, "superblock: checkpoint area is not 0 or 1"));
     }
+    // These grow by one per write and can never get near SEQ_MAX (2^62
+    // journal pages is 146,000 years at a million commits a second); a
+    // larger value is damage, and would overflow the arithmetic on them.
+    for (what, value) in [
+        ("generation", sb.generation.get()),
+        ("checkpoint generation", sb.checkpoint_generation.get()),
+        ("journal replay sequence", sb.journal_replay_seq.get()),
+    ] {
+        if value > SEQ_MAX {
+            return Err(corrupt(
+                cache,
+                format!("superblock: {what} {value} is impossibly large"),
+            ));
+        }
+    }
     Ok(layout)
+}
+
+/// Upper bound of superblock generations and journal sequence numbers.
+const SEQ_MAX: u64 = 1 << 62;
+
+/// A superblock copy that fails its checks without being erased (create
+/// and detach write zeroes) was damaged after it was written: a superblock
+/// lies in one 512-byte sector, which a power loss never tears. The damaged
+/// copy may have been the newer one, naming a newer checkpoint; the valid
+/// copy then leads to the state before that checkpoint, and the commits
+/// since (the checkpoint's own records are in no journal page) would be
+/// lost without a trace. The evidence: the checkpoint area the valid copy
+/// does not name holds a complete checkpoint newer than the one it names.
+/// Returns why the valid copy is out of date.
+fn outdated_superblock(
+    cache: &DeviceRef,
+    sb: &Superblock,
+    layout: &Layout,
+) -> EngineResult<Option<String>> {
+    let mut damaged = None;
+    for copy in 0..2u64 {
+        let page = read_page(cache, copy * PAGE_BYTES)?;
+        match Superblock::parse(&page) {
+            Err(e) if page.iter().any(|&b| b != 0) => damaged = Some((copy, e)),
+            _ => {}
+        }
+    }
+    let Some((copy, why)) = damaged else {
+        return Ok(None);
+    };
+    let area = 1 - sb.checkpoint_area.get() as usize;
+    let first = read_page(cache, layout.checkpoint_offset[area])?;
+    let Ok((hdr, _)) = CheckpointHeader::read_from_prefix(&first) else {
+        return Ok(None);
+    };
+    let newer = hdr.generation.get();
+    if newer <= sb.checkpoint_generation.get() {
+        return Ok(None);
+    }
+    for page_index in 0..layout.checkpoint_pages {
+        let page = read_page(
+            cache,
+            layout.checkpoint_offset[area] + page_index * PAGE_BYTES,
+        )?;
+        if parse_checkpoint_page(&page, newer, page_index).is_err() {
+            // Incomplete: its superblock was never written.
+            return Ok(None);
+        }
+    }
+    Ok(Some(format!(
+        "superblock copy {copy} is damaged ({why}) and checkpoint area {area} holds a complete checkpoint (generation {newer}) newer than the one the valid copy names ({}): the valid copy is out of date, and loading it would lose the commits since",
+        sb.checkpoint_generation.get()
+    )))
 }
 
 /// Loads the checkpoint and replays the journal. With `problems` given,
@@ -282,6 +352,9 @@ pub(crate) fn load(
             None => Err(corrupt(cache, what)),
         }
     };
+    if let Some(why) = outdated_superblock(cache, &sb, &layout)? {
+        fail(why)?;
+    }
 
     // Checkpoint.
     let area = sb.checkpoint_area.get() as usize;
@@ -367,6 +440,18 @@ pub(crate) fn load(
             }
         }
     }
+    // A page that fails its checks where the replay ended is the torn last
+    // page of a commit cut by a power loss (never acknowledged), or damage
+    // to the last commit (then lost): the two cannot be told apart. Either
+    // way replay ends before it; `check` says so.
+    let end_page = page_at(seq);
+    let tail_note = match parse_journal_page(end_page) {
+        Err(e) if end_page.iter().any(|&b| b != 0) => Some(format!(
+            "journal page {seq} (byte offset {}) fails its checks ({e}); replay ends before it: the torn end of a commit cut by a crash, or damage that loses the last commit",
+            layout.journal_page_offset(seq)
+        )),
+        _ => None,
+    };
     Ok(Loaded {
         sb,
         layout,
@@ -374,6 +459,7 @@ pub(crate) fn load(
         journal_end_seq: seq,
         pages_replayed: seq - start,
         records_replayed,
+        tail_note,
     })
 }
 
@@ -437,6 +523,9 @@ pub(crate) fn open(
     let dirty_since_s = vec![0u16; table.slot_count() as usize];
     let block_bytes = layout.block_bytes as u64;
     let clean = sb.clean_shutdown.get() == 1 && loaded.pages_replayed == 0 && !distrust;
+    if let Some(note) = &loaded.tail_note {
+        log::warn!("{}: {note}", cache.name());
+    }
     if !clean {
         log::info!(
             "{}: recovering after an unclean shutdown: replayed {} journal pages ({} records); {} blocks cached, {} dirty",
@@ -598,6 +687,7 @@ pub fn check(cache: &DeviceRef, origin_bytes: Option<u64>) -> CheckReport {
             report.cache_blocks_used = l.table.used();
             report.cache_blocks_dirty = l.table.dirty_count();
             report.journal_pages_to_replay = l.pages_replayed;
+            findings.extend(l.tail_note.map(|n| format!("note: {n}")));
         }
         Err(e) => problems.push(e.to_string()),
     }

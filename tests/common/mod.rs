@@ -60,3 +60,180 @@ pub fn initial_origin(size: u64) -> Vec<u8> {
     }
     v
 }
+
+// ---------------------------------------------------------------------------
+// Reliability suite helpers (tests/reliability_*.rs): a per-sector model of
+// which write versions may be on the volume, stamped writes, restarts from
+// crash images, and the long-form switch.
+// ---------------------------------------------------------------------------
+
+use tiercache::engine::{Engine, OpenOptions};
+
+/// True when the long form of the reliability suite is asked for
+/// (`TIERCACHE_LONG=1`, as scripts/reliability.sh sets it).
+pub fn long_form() -> bool {
+    std::env::var("TIERCACHE_LONG").is_ok_and(|v| v == "1")
+}
+
+/// `short` in the CI form, `long` with `TIERCACHE_LONG=1`.
+pub fn scaled(short: u64, long: u64) -> u64 {
+    if long_form() {
+        long
+    } else {
+        short
+    }
+}
+
+pub fn no_bg() -> OpenOptions {
+    OpenOptions {
+        no_background: true,
+        ..Default::default()
+    }
+}
+
+/// `n` sectors from `first_sector`, each stamped with (sector, version).
+pub fn stamped(first_sector: u64, n: u64, version: u64) -> Vec<u8> {
+    (first_sector..first_sector + n)
+        .flat_map(|s| sector_content(s, version))
+        .collect()
+}
+
+/// A device rebuilt from a crash image, as after a restart. The name must
+/// be the one the cache was created with (FaultDevice identities are derived
+/// from names).
+pub fn restart_dev(name: &str, image: Vec<u8>, seed: u64) -> (Arc<FaultDevice>, DeviceRef) {
+    let d = Arc::new(FaultDevice::from_image(name, image, seed));
+    let r: DeviceRef = d.clone();
+    (d, r)
+}
+
+/// Reads the whole volume.
+pub fn read_volume(engine: &Engine) -> Result<Vec<u8>, String> {
+    engine
+        .read(0, engine.volume_bytes())
+        .map(|b| b.to_vec())
+        .map_err(|e| format!("reading the volume: {e}"))
+}
+
+/// Version marker of a trim: the sector may read as any version ever
+/// written to it, or zeroes, until a later write is made durable.
+pub const TRIMMED: u64 = u64::MAX;
+
+/// Which versions each sector may hold after a crash, driven by the
+/// operations a workload issued and the acknowledgements it got:
+/// per sector, the last version known durable followed by every version
+/// issued since. Version 0 is the origin's initial content.
+#[derive(Clone)]
+pub struct SectorModel {
+    allowed: Vec<Vec<u64>>,
+    /// (first sector, sector count) of version v at index v - 1.
+    writes: Vec<(u64, u64)>,
+}
+
+impl SectorModel {
+    pub fn new(sectors: u64) -> Self {
+        SectorModel {
+            allowed: vec![vec![0]; sectors as usize],
+            writes: Vec::new(),
+        }
+    }
+
+    pub fn sectors(&self) -> u64 {
+        self.allowed.len() as u64
+    }
+
+    /// The version the next `issue_write` returns.
+    pub fn next_version(&self) -> u64 {
+        self.writes.len() as u64 + 1
+    }
+
+    /// A write of `n` sectors at `first` is about to be sent; returns its
+    /// version (stamp the data with it).
+    pub fn issue_write(&mut self, first: u64, n: u64) -> u64 {
+        self.writes.push((first, n));
+        let v = self.writes.len() as u64;
+        for s in first..first + n {
+            self.allowed[s as usize].push(v);
+        }
+        v
+    }
+
+    /// The write of version `v` (sent with FUA) completed: it is durable.
+    pub fn fua_done(&mut self, v: u64) {
+        let (first, n) = self.writes[v as usize - 1];
+        for s in first..first + n {
+            self.allowed[s as usize] = vec![v];
+        }
+    }
+
+    /// A flush completed: every write sent before it is durable.
+    pub fn flush_done(&mut self) {
+        for a in &mut self.allowed {
+            let last = *a.last().expect("never empty");
+            if a.len() > 1 {
+                *a = vec![last];
+            }
+        }
+    }
+
+    /// A trim of `n` sectors at `first` is about to be sent.
+    pub fn issue_trim(&mut self, first: u64, n: u64) {
+        for s in first..first + n {
+            self.allowed[s as usize].push(TRIMMED);
+        }
+    }
+
+    /// The only version `sector` may hold, if exactly one is allowed.
+    pub fn settled(&self, sector: u64) -> Option<u64> {
+        match self.allowed[sector as usize][..] {
+            [v] if v != TRIMMED => Some(v),
+            _ => None,
+        }
+    }
+
+    fn ever_written(&self, sector: u64, version: u64) -> bool {
+        version == 0
+            || self
+                .writes
+                .get(version as usize - 1)
+                .is_some_and(|&(first, n)| (first..first + n).contains(&sector))
+    }
+
+    /// Checks one sector's content.
+    pub fn check_sector(&self, sector: u64, data: &[u8]) -> Result<(), String> {
+        let allowed = &self.allowed[sector as usize];
+        let trimmed = allowed.contains(&TRIMMED);
+        if trimmed && data.iter().all(|&b| b == 0) {
+            return Ok(());
+        }
+        let Some((stamped_sector, version)) = decode_sector(data) else {
+            return Err(format!(
+                "sector {sector} holds data never written to it (allowed versions {allowed:?})"
+            ));
+        };
+        if stamped_sector != sector {
+            return Err(format!(
+                "sector {sector} holds sector {stamped_sector}'s data (version {version})"
+            ));
+        }
+        if allowed.contains(&version) || (trimmed && self.ever_written(sector, version)) {
+            return Ok(());
+        }
+        Err(format!(
+            "sector {sector} holds version {version}, allowed {allowed:?}{}",
+            if version < allowed[0] {
+                " (a durable write was lost)"
+            } else {
+                ""
+            }
+        ))
+    }
+
+    /// Checks a whole volume image (sector `i` at byte `i * 512`).
+    pub fn verify(&self, volume: &[u8]) -> Result<(), String> {
+        for (s, data) in volume.chunks(512).enumerate() {
+            self.check_sector(s as u64, data)?;
+        }
+        Ok(())
+    }
+}
