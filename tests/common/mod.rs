@@ -60,3 +60,24 @@ pub fn initial_origin(size: u64) -> Vec<u8> {
     }
     v
 }
+
+// ---------------------------------------------------------------------------
+// Reliability suite (issue 5): shared switches.
+
+/// True when the long forms of the reliability tests run
+/// (`TIERCACHE_LONG=1`, as `scripts/reliability.sh` sets it).
+pub fn long_form() -> bool {
+    std::env::var("TIERCACHE_LONG").is_ok_and(|v| v == "1")
+}
+
+/// The seed of a randomized test: `TIERCACHE_SEED` if set, else from the clock.
+pub fn seed() -> u64 {
+    std::env::var("TIERCACHE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        })
+}
