@@ -4,138 +4,16 @@
 //! was flushed.
 
 mod common;
+#[path = "common/daemon.rs"]
+mod daemon;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
+
+use daemon::{need, sigterm, stop_with, Setup, BIN};
 
 use tiercache::device::nbd::NbdDevice;
 use tiercache::device::BlockDevice;
-
-const BIN: &str = env!("CARGO_BIN_EXE_tiercache");
-
-struct Setup {
-    dir: tempfile::TempDir,
-}
-
-impl Setup {
-    fn new(mode: &str) -> Setup {
-        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-        let s = Setup { dir };
-        std::fs::File::create(s.path("origin.img"))
-            .unwrap()
-            .set_len(64 << 20)
-            .unwrap();
-        std::fs::File::create(s.path("cache.img"))
-            .unwrap()
-            .set_len(16 << 20)
-            .unwrap();
-        s.cli(&[
-            "create",
-            "--origin",
-            s.path("origin.img").to_str().unwrap(),
-            "--cache",
-            s.path("cache.img").to_str().unwrap(),
-            "--mode",
-            mode,
-        ]);
-        s
-    }
-    fn path(&self, p: &str) -> PathBuf {
-        self.dir.path().join(p)
-    }
-    fn state(&self) -> PathBuf {
-        self.path("state")
-    }
-    fn nbd_socket(&self) -> PathBuf {
-        self.state().join("tc0.nbd")
-    }
-    fn uri(&self) -> String {
-        format!("nbd+unix:///?socket={}", self.nbd_socket().display())
-    }
-    fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new(BIN)
-            .args(args)
-            .env("TIERCACHE_STATE_DIR", self.state())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "tiercache {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-    fn serve(&self) -> Child {
-        self.serve_with(&[])
-    }
-    fn serve_with(&self, args: &[&str]) -> Child {
-        let child = Command::new(BIN)
-            .arg("serve")
-            .args(args)
-            .env("TIERCACHE_STATE_DIR", self.state())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        wait_for_socket(&self.nbd_socket());
-        wait_for_socket(&self.state().join("tc0.sock"));
-        child
-    }
-}
-
-fn wait_for_socket(p: &Path) {
-    let t = Instant::now();
-    while std::os::unix::net::UnixStream::connect(p).is_err() {
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "server did not listen on {}",
-            p.display()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn need(tool: &str, package: &str) {
-    let ok = Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {tool}"))
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        ok,
-        "{tool} is missing: install the Debian package {package} (scripts/test.sh does)"
-    );
-}
-
-fn sigterm(child: &mut Child) {
-    stop_with(child, libc::SIGTERM);
-}
-
-/// Sends `sig` and waits for a clean exit.
-fn stop_with(child: &mut Child, sig: i32) {
-    unsafe_kill(child.id(), sig);
-    let t = Instant::now();
-    loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            assert!(st.success(), "serve exited with {st}");
-            return;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "serve did not stop on SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn unsafe_kill(pid: u32, sig: i32) {
-    // SAFETY: kill(2) on a child we started; no memory is involved.
-    unsafe {
-        libc::kill(pid as i32, sig);
-    }
-}
 
 #[test]
 fn fio_verify_in_every_mode() {

@@ -263,19 +263,23 @@ impl Engine {
         let promote = mode.promotes_reads() || (prefetch && mode != Mode::Passthrough);
         // The block locks are held: these mappings cannot change under us
         // (eviction and writeback only take blocks they can lock).
-        let cached: Vec<Option<(u32, bool)>> = if mode.reads_cache() {
+        // Passthrough reads the origin, except a dirty block, whose only
+        // current copy is in the cache: set-mode and detach switch to
+        // passthrough before they write the dirty blocks back.
+        let cached: Vec<Option<(u32, bool)>> = {
             let mut m = self.meta.lock();
             segs.iter()
                 .map(|seg| {
-                    let hit = m.table.lookup(seg.block);
+                    let hit = m
+                        .table
+                        .lookup(seg.block)
+                        .filter(|&(_, dirty)| dirty || mode.reads_cache());
                     if let Some((slot, _)) = hit {
                         m.policy.accessed(slot);
                     }
                     hit
                 })
                 .collect()
-        } else {
-            vec![None; segs.len()]
         };
         let mut i = 0;
         while i < segs.len() {

@@ -237,3 +237,15 @@ impl SectorModel {
         Ok(())
     }
 }
+
+/// The seed of a randomized test: `TIERCACHE_SEED` if set, else from the clock.
+pub fn seed() -> u64 {
+    std::env::var("TIERCACHE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        })
+}

@@ -89,6 +89,26 @@ impl Engine {
                 }
             }
         }
+        self.write_back_if_mode_changed(segs)
+    }
+
+    /// This write read the mode before it dirtied its blocks; a switch to
+    /// a mode without dirty data (set-mode, detach) may have happened
+    /// meanwhile, and its `flush_all` may have looked before these blocks
+    /// were dirty. Write them back now, under this write's block locks.
+    /// (The mode is read after the dirtying records were appended, both
+    /// under the metadata lock: either this sees the new mode, or the
+    /// switch's first dirty snapshot sees these blocks.)
+    fn write_back_if_mode_changed(&self, segs: &[Segment]) -> EngineResult<()> {
+        if self.mode().holds_dirty() {
+            return Ok(());
+        }
+        for seg in segs {
+            let cached = self.meta.lock().table.lookup(seg.block);
+            if let Some((slot, true)) = cached {
+                self.write_back_one(seg.block, slot)?;
+            }
+        }
         Ok(())
     }
 

@@ -1,0 +1,171 @@
+//! Shared helpers of the tests that drive the `tiercache` binary: a state
+//! directory with a registered cache over two files, the daemon started and
+//! stopped by signal, the CLI, and fio. Included with `#[path]` by
+//! `serve.rs` and the `reliability_*` tests.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_tiercache");
+
+/// A temporary directory holding `origin.img`, `cache.img` and the state
+/// directory of a cache registered as `tc0`.
+pub struct Setup {
+    pub dir: tempfile::TempDir,
+}
+
+impl Setup {
+    /// A 64 MiB origin cached on 16 MiB, default settings.
+    pub fn new(mode: &str) -> Setup {
+        Setup::with_sizes(64 << 20, 16 << 20, &["--mode", mode])
+    }
+
+    /// Sparse origin and cache files of the given sizes; `create_args` are
+    /// added to `tiercache create` (mode, block size, watermarks).
+    pub fn with_sizes(origin_bytes: u64, cache_bytes: u64, create_args: &[&str]) -> Setup {
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let s = Setup { dir };
+        for (name, bytes) in [("origin.img", origin_bytes), ("cache.img", cache_bytes)] {
+            std::fs::File::create(s.path(name))
+                .unwrap()
+                .set_len(bytes)
+                .unwrap();
+        }
+        let origin = s.path("origin.img");
+        let cache = s.path("cache.img");
+        let mut args = vec![
+            "create",
+            "--origin",
+            origin.to_str().unwrap(),
+            "--cache",
+            cache.to_str().unwrap(),
+        ];
+        args.extend_from_slice(create_args);
+        s.cli(&args);
+        s
+    }
+
+    pub fn path(&self, p: &str) -> PathBuf {
+        self.dir.path().join(p)
+    }
+    pub fn state(&self) -> PathBuf {
+        self.path("state")
+    }
+    pub fn nbd_socket(&self) -> PathBuf {
+        self.state().join("tc0.nbd")
+    }
+    pub fn uri(&self) -> String {
+        format!("nbd+unix:///?socket={}", self.nbd_socket().display())
+    }
+
+    /// Runs the CLI and returns its output, whatever the exit status.
+    pub fn cli_output(&self, args: &[&str]) -> Output {
+        Command::new(BIN)
+            .args(args)
+            .env("TIERCACHE_STATE_DIR", self.state())
+            .output()
+            .unwrap()
+    }
+
+    /// Runs the CLI, asserts success, returns stdout.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = self.cli_output(args);
+        assert!(
+            out.status.success(),
+            "tiercache {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `status --json` of the running daemon.
+    pub fn status(&self) -> serde_json::Value {
+        serde_json::from_str(&self.cli(&["status", "--json"])).unwrap()
+    }
+
+    pub fn serve(&self) -> Child {
+        self.serve_with(&[])
+    }
+
+    /// Starts `tiercache serve` and waits until both sockets accept.
+    pub fn serve_with(&self, args: &[&str]) -> Child {
+        let child = Command::new(BIN)
+            .arg("serve")
+            .args(args)
+            .env("TIERCACHE_STATE_DIR", self.state())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_for_socket(&self.nbd_socket());
+        wait_for_socket(&self.state().join("tc0.sock"));
+        child
+    }
+}
+
+pub fn wait_for_socket(p: &Path) {
+    let t = Instant::now();
+    while std::os::unix::net::UnixStream::connect(p).is_err() {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "server did not listen on {}",
+            p.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Fails with a clear message if a system tool is missing.
+pub fn need(tool: &str, package: &str) {
+    let ok = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "{tool} is missing: install the Debian package {package} (scripts/test.sh does)"
+    );
+}
+
+pub fn sigterm(child: &mut Child) {
+    stop_with(child, libc::SIGTERM);
+}
+
+/// Sends `sig` and waits for a clean exit.
+pub fn stop_with(child: &mut Child, sig: i32) {
+    signal(child.id(), sig);
+    let t = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            assert!(st.success(), "serve exited with {st}");
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "serve did not stop on signal {sig}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sends a signal to a process this test started.
+pub fn signal(pid: u32, sig: i32) {
+    // SAFETY: kill(2) on a child we started; no memory is involved.
+    unsafe {
+        libc::kill(pid as i32, sig);
+    }
+}
+
+/// Parses fio's `--output-format=json` stdout (the nbd engine prints a
+/// line before the JSON).
+pub fn fio_json(stdout: &[u8]) -> serde_json::Value {
+    let text = String::from_utf8_lossy(stdout);
+    let start = text
+        .find('{')
+        .unwrap_or_else(|| panic!("no JSON in fio output: {text}"));
+    serde_json::from_str(&text[start..]).unwrap_or_else(|e| panic!("fio JSON: {e}: {text}"))
+}

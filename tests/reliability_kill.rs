@@ -1,0 +1,530 @@
+//! Issue 5, scenario 2: `kill -9` of `tiercache serve` under load, over and
+//! over, restarting each time; after every restart nothing that was flushed
+//! is missing and `tiercache check` finds the metadata intact.
+//!
+//! Two loads run together against one daemon (4 KiB blocks, a cache an
+//! eighth of the data written, watermarks 10%/2% and 1 s age, so writeback
+//! and eviction run all the time):
+//!
+//! - fio (4 jobs, iodepth 8, a flush every 32 writes) with crc32c verify
+//!   headers and `verify_state_save`. After the restart fio re-reads every
+//!   write its saved state lists (`--verify_only --verify_state_load`).
+//!   That state assumes completed writes are durable, which holds at a kill
+//!   only for flushed writes: in writeback cycles fio is frozen (SIGSTOP)
+//!   and two global NBD flushes are issued 200 ms apart before the kill; in
+//!   writethrough cycles fio is killed mid-flight (a writethrough write
+//!   completes once the origin file has it). fio's state also lists the
+//!   writes that failed when the daemon died; those were never
+//!   acknowledged, so a verify failure is allowed only at an offset missing
+//!   from fio's completion log (`--write_lat_log --log_offset`).
+//! - Our own writers (4 threads, one NBD connection each) that keep writing
+//!   through the kill: 1 KiB writes interleaved with the other threads'
+//!   sectors inside the same cache blocks (read-modify-write), and writes of
+//!   512 B..32 KiB at any sector. Each sector has one owner, every sector
+//!   holds `common::sector_content(sector, version)`, versions only grow.
+//!   The log keeps, per sector, the highest version sent and the durable
+//!   floor: the highest version acknowledged before a flush that completed
+//!   (or simply acknowledged, in writethrough). After a restart each sector
+//!   must hold a version between its floor and the highest sent, whole and
+//!   at the right place. While running, a thread re-reads its own recent
+//!   writes: they must read exactly as last acknowledged.
+//!
+//! CI runs 6 cycles; `TIERCACHE_LONG=1` runs 200. Rerun a seed with
+//! `TIERCACHE_SEED=N` (timing still varies).
+
+mod common;
+#[path = "common/daemon.rs"]
+mod daemon;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use daemon::{fio_json, need, signal, Setup};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tiercache::device::nbd::NbdDevice;
+use tiercache::device::BlockDevice;
+
+const MIB: u64 = 1 << 20;
+const ORIGIN_BYTES: u64 = 64 * MIB;
+const CACHE_BYTES: u64 = 8 * MIB;
+
+/// fio: jobs of FIO_JOB_BYTES each, one after the other from offset 0.
+const FIO_JOBS: u64 = 4;
+const FIO_JOB_BYTES: u64 = 8 * MIB;
+
+/// Own writers: WRITERS threads.
+const WRITERS: usize = 4;
+/// Interleaved region: 1 KiB units, unit u owned by thread u % WRITERS.
+const SMALL_FIRST_SECTOR: u64 = FIO_JOBS * FIO_JOB_BYTES / 512;
+const SMALL_SECTORS: u64 = 8 * MIB / 512;
+const UNIT_SECTORS: u64 = 2;
+/// Zoned region: one zone per thread, writes of 1..=64 sectors anywhere in it.
+const BIG_FIRST_SECTOR: u64 = SMALL_FIRST_SECTOR + SMALL_SECTORS;
+const ZONE_SECTORS: u64 = 4 * MIB / 512;
+const LOG_FIRST_SECTOR: u64 = SMALL_FIRST_SECTOR;
+const LOG_SECTORS: u64 = SMALL_SECTORS + WRITERS as u64 * ZONE_SECTORS;
+/// Writes between two flushes of one writer.
+const WRITES_PER_FLUSH: u64 = 16;
+
+/// What the log knows about each sector of the own writers' regions.
+struct SectorLog {
+    /// Highest version ever sent (it may have landed even if not acknowledged).
+    sent: Vec<AtomicU64>,
+    /// Highest version that must survive a kill.
+    floor: Vec<AtomicU64>,
+    /// The version the sector reads now (tracked by its only writer).
+    current: Vec<AtomicU64>,
+    /// Version source: grows across cycles, so a sector's versions only grow.
+    next_version: AtomicU64,
+}
+
+impl SectorLog {
+    fn new() -> SectorLog {
+        let v = || (0..LOG_SECTORS).map(|_| AtomicU64::new(0)).collect();
+        SectorLog {
+            sent: v(),
+            floor: v(),
+            current: v(),
+            next_version: AtomicU64::new(1),
+        }
+    }
+    fn idx(sector: u64) -> usize {
+        (sector - LOG_FIRST_SECTOR) as usize
+    }
+}
+
+/// Counts for the report.
+#[derive(Default)]
+struct Counts {
+    writes_acked: AtomicU64,
+    flushes: AtomicU64,
+    live_reads_checked: AtomicU64,
+}
+
+/// The owner's writes: a random 1 KiB unit of its own, or a run in its zone.
+fn pick_range(rng: &mut ChaCha8Rng, thread: usize) -> (u64, u64) {
+    if rng.gen_bool(0.6) {
+        let units = SMALL_SECTORS / UNIT_SECTORS / WRITERS as u64;
+        let u = rng.gen_range(0..units) * WRITERS as u64 + thread as u64;
+        (SMALL_FIRST_SECTOR + u * UNIT_SECTORS, UNIT_SECTORS)
+    } else {
+        let n = rng.gen_range(1..=64u64);
+        let zone = BIG_FIRST_SECTOR + thread as u64 * ZONE_SECTORS;
+        (zone + rng.gen_range(0..=ZONE_SECTORS - n), n)
+    }
+}
+
+struct WriterCtl {
+    /// Set by the test: writers pause between requests.
+    hold: AtomicBool,
+    /// Writers paused (or finished).
+    held: AtomicUsize,
+    errors: Mutex<Vec<String>>,
+}
+
+/// One writer thread: writes, flushes, re-reads its own recent writes,
+/// until the connection dies with the daemon.
+fn writer(
+    uri: String,
+    thread: usize,
+    seed: u64,
+    writethrough: bool,
+    log: Arc<SectorLog>,
+    counts: Arc<Counts>,
+    ctl: Arc<WriterCtl>,
+) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let Ok(dev) = NbdDevice::connect(&uri, 1) else {
+        ctl.held.fetch_add(1, Ordering::SeqCst);
+        return;
+    };
+    let mut since_flush: Vec<(u64, u64, u64)> = Vec::new();
+    let mut recent: Vec<(u64, u64)> = Vec::new();
+    loop {
+        if ctl.hold.load(Ordering::SeqCst) {
+            ctl.held.fetch_add(1, Ordering::SeqCst);
+            while ctl.hold.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            ctl.held.fetch_sub(1, Ordering::SeqCst);
+        }
+        if !recent.is_empty() && rng.gen_ratio(1, 8) {
+            let (first, n) = recent[rng.gen_range(0..recent.len())];
+            let mut buf = vec![0u8; (n * 512) as usize];
+            if dev.read_at(&mut buf, first * 512).is_err() {
+                break;
+            }
+            for (k, got) in buf.chunks(512).enumerate() {
+                let s = first + k as u64;
+                let want = log.current[SectorLog::idx(s)].load(Ordering::SeqCst);
+                if got != common::sector_content(s, want) {
+                    ctl.errors.lock().unwrap().push(format!(
+                        "live read: sector {s} does not hold its last acknowledged version {want} (found {:?})",
+                        common::decode_sector(got)
+                    ));
+                }
+            }
+            counts.live_reads_checked.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        let (first, n) = pick_range(&mut rng, thread);
+        let v = log.next_version.fetch_add(1, Ordering::SeqCst);
+        let mut data = vec![0u8; (n * 512) as usize];
+        for k in 0..n {
+            let s = first + k;
+            data[(k * 512) as usize..((k + 1) * 512) as usize]
+                .copy_from_slice(&common::sector_content(s, v));
+            log.sent[SectorLog::idx(s)].fetch_max(v, Ordering::SeqCst);
+        }
+        if dev.write_at(&data, first * 512).is_err() {
+            break;
+        }
+        for s in first..first + n {
+            let i = SectorLog::idx(s);
+            log.current[i].store(v, Ordering::SeqCst);
+            if writethrough {
+                log.floor[i].fetch_max(v, Ordering::SeqCst);
+            }
+        }
+        counts.writes_acked.fetch_add(1, Ordering::Relaxed);
+        since_flush.push((first, n, v));
+        recent.push((first, n));
+        if recent.len() > 16 {
+            recent.remove(0);
+        }
+        if since_flush.len() as u64 >= WRITES_PER_FLUSH {
+            // NBD proto.md: a FLUSH covers every write replied to before it
+            // was sent.
+            let covered = std::mem::take(&mut since_flush);
+            if dev.flush().is_err() {
+                break;
+            }
+            for (first, n, v) in covered {
+                for s in first..first + n {
+                    log.floor[SectorLog::idx(s)].fetch_max(v, Ordering::SeqCst);
+                }
+            }
+            counts.flushes.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    ctl.held.fetch_add(1, Ordering::SeqCst);
+}
+
+/// Reads every sector of the log after a restart and checks it against the
+/// floor and the highest version sent. Sets `current` to what is there.
+/// Returns how many sectors had a floor (flushed data that had to survive).
+fn verify_log(dev: &NbdDevice, log: &SectorLog, cycle: u64) -> u64 {
+    let chunk_sectors = MIB / 512;
+    let mut verified = 0;
+    let mut sector = LOG_FIRST_SECTOR;
+    while sector < LOG_FIRST_SECTOR + LOG_SECTORS {
+        let n = chunk_sectors.min(LOG_FIRST_SECTOR + LOG_SECTORS - sector);
+        let mut buf = vec![0u8; (n * 512) as usize];
+        dev.read_at(&mut buf, sector * 512)
+            .unwrap_or_else(|e| panic!("cycle {cycle}: read after restart: {e}"));
+        for (k, got) in buf.chunks(512).enumerate() {
+            let s = sector + k as u64;
+            let i = SectorLog::idx(s);
+            let floor = log.floor[i].load(Ordering::SeqCst);
+            let sent = log.sent[i].load(Ordering::SeqCst);
+            let version = if got.iter().all(|&b| b == 0) {
+                0
+            } else {
+                match common::decode_sector(got) {
+                    Some((at, v)) if at == s => v,
+                    Some((at, v)) => {
+                        panic!("cycle {cycle}: sector {s} holds sector {at}'s data (version {v})")
+                    }
+                    None => panic!("cycle {cycle}: sector {s} holds garbage (torn or foreign)"),
+                }
+            };
+            assert!(
+                version >= floor,
+                "cycle {cycle}: sector {s} reads version {version}, older than its flushed version {floor}: a flushed write was lost"
+            );
+            assert!(
+                version <= sent,
+                "cycle {cycle}: sector {s} reads version {version}, never sent (highest sent {sent})"
+            );
+            if floor > 0 {
+                verified += 1;
+            }
+            log.current[i].store(version, Ordering::SeqCst);
+        }
+        sector += n;
+    }
+    verified
+}
+
+fn fio_args(uri: &str, seed: u64) -> Vec<String> {
+    vec![
+        "--thread".into(),
+        "--name=kill".into(),
+        "--ioengine=nbd".into(),
+        format!("--uri={uri}"),
+        "--rw=randwrite".into(),
+        "--bs=4k".into(),
+        format!("--size={FIO_JOB_BYTES}"),
+        format!("--offset_increment={FIO_JOB_BYTES}"),
+        format!("--numjobs={FIO_JOBS}"),
+        "--iodepth=8".into(),
+        "--fsync=32".into(),
+        format!("--randseed={seed}"),
+        "--verify=crc32c".into(),
+        "--verify_fatal=1".into(),
+        "--output-format=json".into(),
+    ]
+}
+
+fn fio_state_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().ends_with("verify.state"))
+        .collect()
+}
+
+/// Offsets named by the lines of fio's stderr that contain `marker`
+/// followed by a number.
+fn offsets_after(text: &str, marker: &str) -> Vec<u64> {
+    text.lines()
+        .filter_map(|l| {
+            let at = l.find(marker)? + marker.len();
+            let digits: String = l[at..].chars().take_while(|c| c.is_ascii_digit()).collect();
+            digits.parse().ok()
+        })
+        .collect()
+}
+
+/// Offsets of the writes fio saw acknowledged: its completion latency logs
+/// (`--write_lat_log=lat --log_offset=1`: time, latency, direction, size,
+/// offset per completed I/O; failed I/Os are not logged).
+fn fio_acked_writes(dir: &Path) -> std::collections::HashSet<u64> {
+    let mut acked = std::collections::HashSet::new();
+    for job in 1..=FIO_JOBS {
+        let Ok(text) = std::fs::read_to_string(dir.join(format!("lat_clat.{job}.log"))) else {
+            continue;
+        };
+        for line in text.lines() {
+            let f: Vec<&str> = line.split(',').map(str::trim).collect();
+            if f.len() >= 5 && f[2] == "1" {
+                acked.insert(f[4].parse().unwrap());
+            }
+        }
+    }
+    acked
+}
+
+/// Re-reads everything the last fio run wrote, as its saved state lists
+/// it. fio's state counts a write that failed when the daemon died as
+/// completed; such a write was never acknowledged, so a verify failure is
+/// allowed exactly where fio logged no completion. Returns (blocks
+/// verified, unacknowledged writes found missing).
+fn verify_fio(dir: &Path, uri: &str, fio_seed: u64, cycle: u64) -> (u64, u64) {
+    let acked = fio_acked_writes(dir);
+    let mut args = fio_args(uri, fio_seed);
+    args.push("--verify_only".into());
+    args.push("--verify_fatal=0".into());
+    if !fio_state_files(dir).is_empty() {
+        args.push("--verify_state_load=1".into());
+    }
+    let out = Command::new("fio")
+        .args(&args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let bad = offsets_after(&stderr, "requested block: offset=");
+    for off in &bad {
+        assert!(
+            !acked.contains(off),
+            "cycle {cycle}: fio verify of the previous cycle's writes failed at offset {off}, \
+             a write fio saw completed: {stderr}"
+        );
+    }
+    let v = fio_json(&out.stdout);
+    let mut read = 0;
+    for j in v["jobs"].as_array().unwrap() {
+        // 84 (EILSEQ) is fio's verify failure, judged above.
+        let e = j["error"].as_u64().unwrap();
+        assert!(
+            e == 0 || (e == 84 && !bad.is_empty()),
+            "cycle {cycle}: fio verify job error {e}: {stderr}"
+        );
+        read += j["read"]["total_ios"].as_u64().unwrap();
+    }
+    (read - bad.len() as u64, bad.len() as u64)
+}
+
+/// Waits for a child with a deadline; kills it (and fails) past it.
+fn wait_deadline(child: &mut Child, what: &str, secs: u64) -> std::process::ExitStatus {
+    let t = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        if t.elapsed() > Duration::from_secs(secs) {
+            let _ = child.kill();
+            panic!("{what} did not exit within {secs} s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn run(cycles: u64, seed: u64) {
+    need("fio", "fio");
+    let setup = Setup::with_sizes(
+        ORIGIN_BYTES,
+        CACHE_BYTES,
+        &[
+            "--mode",
+            "writeback",
+            "--writeback-high",
+            "10",
+            "--writeback-low",
+            "2",
+            "--writeback-age",
+            "1",
+        ],
+    );
+    let fio_dir = setup.path("fio");
+    std::fs::create_dir(&fio_dir).unwrap();
+    let uri = setup.uri();
+    let log = Arc::new(SectorLog::new());
+    let counts = Arc::new(Counts::default());
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut verified_sectors = 0u64;
+    let mut fio_blocks = 0u64;
+    let mut fio_failed_missing = 0u64;
+    let mut writethrough_cycles = 0;
+    let mut last_fio_seed: Option<u64> = None;
+    let mut mode = "writeback";
+    let started = Instant::now();
+    for cycle in 0..=cycles {
+        let mut server = setup.serve();
+        let dev = NbdDevice::connect(&uri, 1).unwrap();
+        verified_sectors += verify_log(&dev, &log, cycle);
+        drop(dev);
+        if let Some(fio_seed) = last_fio_seed {
+            let (ok, missing) = verify_fio(&fio_dir, &uri, fio_seed, cycle);
+            fio_blocks += ok;
+            fio_failed_missing += missing;
+        }
+        if cycle == cycles {
+            // The last restart only verifies; then a clean shutdown.
+            daemon::sigterm(&mut server);
+            let check = setup.cli(&["check"]);
+            assert!(check.contains("shut down cleanly: yes"), "{check}");
+            break;
+        }
+        let want = if cycle % 4 == 3 {
+            "writethrough"
+        } else {
+            "writeback"
+        };
+        if want != mode {
+            setup.cli(&["set-mode", want]);
+            mode = want;
+        }
+        let writethrough = mode == "writethrough";
+        writethrough_cycles += writethrough as u64;
+
+        // Load.
+        for e in std::fs::read_dir(&fio_dir).unwrap().flatten() {
+            std::fs::remove_file(e.path()).unwrap();
+        }
+        let fio_seed = rng.gen_range(1..u32::MAX as u64);
+        let mut fio = Command::new("fio")
+            .args(fio_args(&uri, fio_seed))
+            .arg("--do_verify=0")
+            .arg("--verify_state_save=1")
+            .arg("--write_lat_log=lat")
+            .arg("--log_offset=1")
+            .current_dir(&fio_dir)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(fio_dir.join("load.err")).unwrap())
+            .spawn()
+            .unwrap();
+        let ctl = Arc::new(WriterCtl {
+            hold: AtomicBool::new(false),
+            held: AtomicUsize::new(0),
+            errors: Mutex::new(Vec::new()),
+        });
+        let writers: Vec<_> = (0..WRITERS)
+            .map(|t| {
+                let (uri, log, counts, ctl) =
+                    (uri.clone(), log.clone(), counts.clone(), ctl.clone());
+                let s = rng.gen();
+                std::thread::spawn(move || writer(uri, t, s, writethrough, log, counts, ctl))
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(rng.gen_range(300..900)));
+        if !writethrough {
+            // Make fio's completed writes durable: freeze it, let its
+            // requests in flight finish, flush for every connection.
+            signal(fio.id(), libc::SIGSTOP);
+            ctl.hold.store(true, Ordering::SeqCst);
+            let t = Instant::now();
+            while ctl.held.load(Ordering::SeqCst) < WRITERS {
+                assert!(
+                    t.elapsed() < Duration::from_secs(30),
+                    "writers do not pause"
+                );
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            let flusher = NbdDevice::connect(&uri, 1).unwrap();
+            for _ in 0..2 {
+                std::thread::sleep(Duration::from_millis(200));
+                flusher.flush().unwrap();
+            }
+            drop(flusher);
+            ctl.hold.store(false, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(rng.gen_range(0..300)));
+        }
+        server.kill().unwrap();
+        server.wait().unwrap();
+        signal(fio.id(), libc::SIGCONT);
+        wait_deadline(&mut fio, "fio", 60);
+        for w in writers {
+            w.join().unwrap();
+        }
+        let errors = ctl.errors.lock().unwrap();
+        assert!(
+            errors.is_empty(),
+            "cycle {cycle} (seed {seed}): {} stale live reads, first: {}",
+            errors.len(),
+            errors[0]
+        );
+        last_fio_seed = Some(fio_seed);
+        // Offline check of the metadata the kill left behind.
+        let out = setup.cli_output(&["check"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "cycle {cycle}: check after kill -9: {text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(text.contains("shut down cleanly: no"), "{text}");
+    }
+    eprintln!(
+        "kill-9: {cycles} cycles ({writethrough_cycles} writethrough) in {:.0} s, seed {seed}: \
+         {verified_sectors} flushed sectors verified, {fio_blocks} fio blocks verified \
+         ({fio_failed_missing} unacknowledged fio writes absent, as allowed), \
+         {} own writes acknowledged, {} own flushes, {} live reads checked",
+        started.elapsed().as_secs_f64(),
+        counts.writes_acked.load(Ordering::Relaxed),
+        counts.flushes.load(Ordering::Relaxed),
+        counts.live_reads_checked.load(Ordering::Relaxed),
+    );
+}
+
+#[test]
+fn kill_9_under_fio_and_logged_writers() {
+    let cycles = if common::long_form() { 200 } else { 6 };
+    run(cycles, common::seed());
+}
