@@ -373,16 +373,25 @@ fn trial(base: &Base, region: &Region, img: Vec<u8>, deep: bool) -> Result<&'sta
     Ok(outcome)
 }
 
-/// `tiercache check --cache FILE` on a corrupted image: exit 1 and the
-/// region named when the engine's check reports damage, else exit 0.
+/// `tiercache check --cache FILE` on a corrupted image: exit 1 when the
+/// engine's check reports damage, else 0; the region named whenever the
+/// engine's check names it (as damage, an invalid copy or a note).
 fn cli_check(dir: &Path, img: &[u8], region: &Region, origin_bytes: u64) -> Result<(), String> {
     let path = dir.join("corrupt-cache.img");
     std::fs::write(&path, img).unwrap();
     let (_, cache) = common::restart_dev("cache", img.to_vec(), 0);
     let report = check(&cache, Some(origin_bytes));
+    let named =
+        region.kind != Kind::Unused && report.findings.iter().any(|f| f.contains(&region.keyword));
     let out = tc(dir, &["check", "--cache", path.to_str().unwrap()]);
     let text = String::from_utf8_lossy(&out.stdout);
     let code = out.status.code();
+    if named && !text.contains(&region.keyword) {
+        return Err(format!(
+            "tiercache check does not name '{}':\n{text}",
+            region.keyword
+        ));
+    }
     if report.ok {
         (code == Some(0))
             .then_some(())

@@ -41,7 +41,7 @@ const ORIGIN: usize = 1;
 /// What the workload did, in log-marker order.
 #[derive(Clone, Copy, Debug)]
 enum Op {
-    Write { first: u64, n: u64 },
+    Write { first: u64, n: u64, version: u64 },
     FuaDone { version: u64 },
     FlushDone,
     Trim { first: u64, n: u64 },
@@ -137,7 +137,14 @@ fn record(w: &Workload) -> Recorded {
             let fua = rng.gen_bool(0.15);
             let v = next_version;
             next_version += 1;
-            mark(Op::Write { first, n }, &mut ops);
+            mark(
+                Op::Write {
+                    first,
+                    n,
+                    version: v,
+                },
+                &mut ops,
+            );
             engine
                 .write(first * 512, &common::stamped(first, n, v), fua)
                 .unwrap();
@@ -327,8 +334,8 @@ fn verify_workload(w: &Workload, random_variants: u64, counts: &Counts) {
             replay.apply(e);
             if let Event::Mark(tag) = e {
                 match rec.ops[*tag as usize] {
-                    Op::Write { first, n } => {
-                        model.issue_write(first, n);
+                    Op::Write { first, n, version } => {
+                        assert_eq!(model.issue_write(first, n), version);
                     }
                     Op::FuaDone { version } => model.fua_done(version),
                     Op::FlushDone => model.flush_done(),
