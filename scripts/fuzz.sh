@@ -14,7 +14,8 @@ cargo build --release --target-dir target/cov --target "$target"
 for t in $(ls fuzz_targets | sed 's/\.rs$//'); do
     mkdir -p "corpus/$t" "artifacts/$t"
     # corpus/ grows as it runs; seeds/ holds valid handshakes and requests
-    # so the fuzzer starts past the magic numbers.
+    # and real cache metadata images, so the fuzzer starts past the magic
+    # numbers.
     "target/cov/$target/release/$t" "corpus/$t" "seeds/$t" -artifact_prefix="artifacts/$t/" \
         -max_total_time="$seconds" -print_final_stats=1 2>&1 | grep -E "^stat::number_of_executed_units|^Done|crash|panicked" || true
 done

@@ -49,8 +49,7 @@ fn crash_case(seed: u64, mode: Mode, block_bytes: u32, power_loss: bool) {
         Engine::create(cache, origin, &opts).unwrap_or_else(|e| panic!("seed {seed}: create: {e}"));
     // Per sector: the versions it may hold after a crash. The first entry
     // is the last durable version; later ones were written since.
-    let mut allowed: Vec<Vec<u64>> = vec![vec![0]; SECTORS];
-    let mut next_version = 1u64;
+    let mut model = common::SectorModel::new(SECTORS as u64);
     switch.arm_after_events(rng.gen_range(1..=250));
     let max_sectors = (2 * block_bytes / 512) as u64;
     for _ in 0..300 {
@@ -59,28 +58,16 @@ fn crash_case(seed: u64, mode: Mode, block_bytes: u32, power_loss: bool) {
             let n = rng.gen_range(1..=max_sectors);
             let first = rng.gen_range(0..=SECTORS as u64 - n);
             let fua = r < 10;
-            let v = next_version;
-            next_version += 1;
-            let mut data = vec![0u8; (n * 512) as usize];
-            for k in 0..n {
-                data[(k * 512) as usize..((k + 1) * 512) as usize]
-                    .copy_from_slice(&common::sector_content(first + k, v));
-                allowed[(first + k) as usize].push(v);
-            }
-            let res = engine.write(first * 512, &data, fua);
+            let v = model.issue_write(first, n);
+            let res = engine.write(first * 512, &common::stamped(first, n, v), fua);
             if res.is_ok() && fua {
-                for k in first..first + n {
-                    allowed[k as usize] = vec![v];
-                }
+                model.fua_done(v);
             }
             res.is_ok()
         } else {
             let res = engine.flush();
             if res.is_ok() {
-                for a in allowed.iter_mut() {
-                    let last = *a.last().expect("non-empty");
-                    *a = vec![last];
-                }
+                model.flush_done();
             }
             res.is_ok()
         };
@@ -119,20 +106,8 @@ fn crash_case(seed: u64, mode: Mode, block_bytes: u32, power_loss: bool) {
         let all = engine
             .read(0, ORIGIN_BYTES)
             .unwrap_or_else(|e| panic!("seed {seed}: read after recovery: {e}"));
-        for s in 0..SECTORS {
-            let got = &all[s * 512..(s + 1) * 512];
-            let Some((sector, version)) = common::decode_sector(got) else {
-                panic!("seed {seed} ({when}): sector {s} holds data never written to it");
-            };
-            assert_eq!(
-                sector as usize, s,
-                "seed {seed} ({when}): sector {s} holds sector {sector}'s data"
-            );
-            assert!(
-                allowed[s].contains(&version),
-                "seed {seed} ({when}): sector {s} holds version {version}, allowed {:?} (a flushed write was lost)",
-                allowed[s]
-            );
+        if let Err(e) = model.verify(&all) {
+            panic!("seed {seed} ({when}): {e}");
         }
         all
     };

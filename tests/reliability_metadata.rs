@@ -373,16 +373,25 @@ fn trial(base: &Base, region: &Region, img: Vec<u8>, deep: bool) -> Result<&'sta
     Ok(outcome)
 }
 
-/// `tiercache check --cache FILE` on a corrupted image: exit 1 and the
-/// region named when the engine's check reports damage, else exit 0.
+/// `tiercache check --cache FILE` on a corrupted image: exit 1 when the
+/// engine's check reports damage, else 0; the region named whenever the
+/// engine's check names it (as damage, an invalid copy or a note).
 fn cli_check(dir: &Path, img: &[u8], region: &Region, origin_bytes: u64) -> Result<(), String> {
     let path = dir.join("corrupt-cache.img");
     std::fs::write(&path, img).unwrap();
     let (_, cache) = common::restart_dev("cache", img.to_vec(), 0);
     let report = check(&cache, Some(origin_bytes));
+    let named =
+        region.kind != Kind::Unused && report.findings.iter().any(|f| f.contains(&region.keyword));
     let out = tc(dir, &["check", "--cache", path.to_str().unwrap()]);
     let text = String::from_utf8_lossy(&out.stdout);
     let code = out.status.code();
+    if named && !text.contains(&region.keyword) {
+        return Err(format!(
+            "tiercache check does not name '{}':\n{text}",
+            region.keyword
+        ));
+    }
     if report.ok {
         (code == Some(0))
             .then_some(())
@@ -449,7 +458,7 @@ fn scratch_dir() -> tempfile::TempDir {
 #[test]
 fn corrupted_metadata_is_refused_or_recovered_never_served_wrong() {
     let dir = scratch_dir();
-    let per_region = common::scaled(40, 800);
+    let per_region = common::scaled(50, 800);
     for (clean, seed) in [(true, 1u64), (false, 2)] {
         // 160 commits: the journal passes half full, so both checkpoint
         // areas and both superblock copies have been used.
@@ -850,6 +859,9 @@ fn mutate(input: &mut Vec<u8>, rng: &mut ChaCha8Rng) {
     input[0] = if rng.gen_bool(0.8) { 0x0F } else { rng.gen() };
     for _ in 0..rng.gen_range(1..=4) {
         let len = input.len();
+        if len < 16 {
+            break;
+        }
         match rng.gen_range(0..10u32) {
             0..=3 => input[rng.gen_range(1..len)] ^= 1 << rng.gen_range(0..8),
             4..=5 => input[rng.gen_range(1..len)] = rng.gen(),
@@ -886,7 +898,7 @@ fn metadata_loader_survives_mutated_images() {
     for s in &seeds {
         assert_eq!(load_fuzz::exercise(s), Outcome::Opened, "an unmutated seed");
     }
-    let runs = common::scaled(1500, 60_000);
+    let runs = common::scaled(3000, 60_000);
     let (mut refused, mut opened, mut origin_not_tried) = (0u64, 0u64, 0u64);
     for i in 0..runs {
         let mut rng = ChaCha8Rng::seed_from_u64(i);

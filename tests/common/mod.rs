@@ -191,6 +191,12 @@ impl SectorModel {
         }
     }
 
+    /// True if `sector` was trimmed and not written durably since: its
+    /// content is unspecified (NBD: no assumptions until written again).
+    pub fn trimmed(&self, sector: u64) -> bool {
+        self.allowed[sector as usize].contains(&TRIMMED)
+    }
+
     fn ever_written(&self, sector: u64, version: u64) -> bool {
         version == 0
             || self
