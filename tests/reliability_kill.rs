@@ -333,12 +333,27 @@ fn verify_fio(dir: &Path, uri: &str, fio_seed: u64, cycle: u64) -> (u64, u64) {
     if !fio_state_files(dir).is_empty() {
         args.push("--verify_state_load=1".into());
     }
-    let out = Command::new("fio")
-        .args(&args)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (out_path, err_path) = (dir.join("verify.out"), dir.join("verify.err"));
+    let mut child = daemon::KillOnDrop(
+        Command::new("fio")
+            .args(&args)
+            .current_dir(dir)
+            .stdout(std::fs::File::create(&out_path).unwrap())
+            .stderr(std::fs::File::create(&err_path).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let t = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(
+            t.elapsed() < Duration::from_secs(300),
+            "cycle {cycle}: fio verify did not finish in 300 s:\n{}",
+            proc_state(child.id())
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let stdout = std::fs::read(&out_path).unwrap();
+    let stderr = std::fs::read_to_string(&err_path).unwrap();
     let bad = offsets_after(&stderr, "requested block: offset=");
     for off in &bad {
         assert!(
@@ -347,7 +362,7 @@ fn verify_fio(dir: &Path, uri: &str, fio_seed: u64, cycle: u64) -> (u64, u64) {
              a write fio saw completed: {stderr}"
         );
     }
-    let v = fio_json(&out.stdout);
+    let v = fio_json(&stdout);
     let mut read = 0;
     for j in v["jobs"].as_array().unwrap() {
         // 84 (EILSEQ) is fio's verify failure, judged above.
@@ -361,16 +376,59 @@ fn verify_fio(dir: &Path, uri: &str, fio_seed: u64, cycle: u64) -> (u64, u64) {
     (read - bad.len() as u64, bad.len() as u64)
 }
 
-/// Waits for a child with a deadline; kills it (and fails) past it.
-fn wait_deadline(child: &mut Child, what: &str, secs: u64) -> std::process::ExitStatus {
+/// What a process and its threads are doing, from /proc (for a hang).
+fn proc_state(pid: u32) -> String {
+    let mut out = String::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return format!("pid {pid} is gone");
+    };
+    for t in tasks.flatten() {
+        let read = |f: &str| std::fs::read_to_string(t.path().join(f)).unwrap_or_default();
+        let stat = read("stat");
+        let state = stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .next()
+            .unwrap_or("?")
+            .to_string();
+        out.push_str(&format!(
+            "  thread {} {}: state {state}, wchan {}\n",
+            t.file_name().to_string_lossy(),
+            read("comm").trim(),
+            read("wchan")
+        ));
+    }
+    out
+}
+
+/// Waits for fio to exit after the daemon died. After 10 s it is sent
+/// SIGCONT again (in case the first one was lost); after `secs` it is
+/// reported (its threads, its stderr) and killed. Returns whether the
+/// second SIGCONT was needed.
+fn wait_fio(fio: &mut Child, dir: &Path, cycle: u64, secs: u64) -> bool {
     let t = Instant::now();
+    let mut nudged = false;
     loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            return st;
+        if fio.try_wait().unwrap().is_some() {
+            return nudged;
+        }
+        if !nudged && t.elapsed() > Duration::from_secs(10) {
+            eprintln!(
+                "kill-9: cycle {cycle}: fio still running 10 s after the kill:\n{}",
+                proc_state(fio.id())
+            );
+            signal(fio.id(), libc::SIGCONT);
+            nudged = true;
         }
         if t.elapsed() > Duration::from_secs(secs) {
-            let _ = child.kill();
-            panic!("{what} did not exit within {secs} s");
+            let state = proc_state(fio.id());
+            let err = std::fs::read_to_string(dir.join("load.err")).unwrap_or_default();
+            let _ = fio.kill();
+            panic!(
+                "cycle {cycle}: fio did not exit within {secs} s of the daemon's death:\n{state}\nits stderr:\n{err}"
+            );
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -401,6 +459,7 @@ fn run(cycles: u64, seed: u64) {
     let mut verified_sectors = 0u64;
     let mut fio_blocks = 0u64;
     let mut fio_failed_missing = 0u64;
+    let mut fio_nudged = 0u64;
     let mut writethrough_cycles = 0;
     let mut last_fio_seed: Option<u64> = None;
     let mut mode = "writeback";
@@ -439,17 +498,19 @@ fn run(cycles: u64, seed: u64) {
             std::fs::remove_file(e.path()).unwrap();
         }
         let fio_seed = rng.gen_range(1..u32::MAX as u64);
-        let mut fio = Command::new("fio")
-            .args(fio_args(&uri, fio_seed))
-            .arg("--do_verify=0")
-            .arg("--verify_state_save=1")
-            .arg("--write_lat_log=lat")
-            .arg("--log_offset=1")
-            .current_dir(&fio_dir)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(fio_dir.join("load.err")).unwrap())
-            .spawn()
-            .unwrap();
+        let mut fio = daemon::KillOnDrop(
+            Command::new("fio")
+                .args(fio_args(&uri, fio_seed))
+                .arg("--do_verify=0")
+                .arg("--verify_state_save=1")
+                .arg("--write_lat_log=lat")
+                .arg("--log_offset=1")
+                .current_dir(&fio_dir)
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(fio_dir.join("load.err")).unwrap())
+                .spawn()
+                .unwrap(),
+        );
         let ctl = Arc::new(WriterCtl {
             hold: AtomicBool::new(false),
             held: AtomicUsize::new(0),
@@ -489,7 +550,7 @@ fn run(cycles: u64, seed: u64) {
         server.kill().unwrap();
         server.wait().unwrap();
         signal(fio.id(), libc::SIGCONT);
-        wait_deadline(&mut fio, "fio", 60);
+        fio_nudged += wait_fio(&mut fio, &fio_dir, cycle, 60) as u64;
         for w in writers {
             w.join().unwrap();
         }
@@ -501,6 +562,13 @@ fn run(cycles: u64, seed: u64) {
             errors[0]
         );
         last_fio_seed = Some(fio_seed);
+        if (cycle + 1) % 25 == 0 {
+            eprintln!(
+                "kill-9: {} cycles done in {:.0} s, {verified_sectors} flushed sectors verified so far",
+                cycle + 1,
+                started.elapsed().as_secs_f64()
+            );
+        }
         // Offline check of the metadata the kill left behind.
         let out = setup.cli_output(&["check"]);
         let text = String::from_utf8_lossy(&out.stdout);
@@ -513,9 +581,11 @@ fn run(cycles: u64, seed: u64) {
     }
     eprintln!(
         "kill-9: {cycles} cycles ({writethrough_cycles} writethrough) in {:.0} s, seed {seed}: \
-         {verified_sectors} flushed sectors verified, {fio_blocks} fio blocks verified \
+         {verified_sectors} flushed sectors verified (summed over restarts), \
+         {fio_blocks} fio blocks verified \
          ({fio_failed_missing} unacknowledged fio writes absent, as allowed), \
-         {} own writes acknowledged, {} own flushes, {} live reads checked",
+         {} own writes acknowledged, {} own flushes, {} live reads checked; \
+         fio needed a second SIGCONT {fio_nudged} times",
         started.elapsed().as_secs_f64(),
         counts.writes_acked.load(Ordering::Relaxed),
         counts.flushes.load(Ordering::Relaxed),

@@ -4,6 +4,7 @@
 //! `serve.rs` and the `reliability_*` tests.
 #![allow(dead_code)]
 
+use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -85,12 +86,12 @@ impl Setup {
         serde_json::from_str(&self.cli(&["status", "--json"])).unwrap()
     }
 
-    pub fn serve(&self) -> Child {
+    pub fn serve(&self) -> KillOnDrop {
         self.serve_with(&[])
     }
 
     /// Starts `tiercache serve` and waits until both sockets accept.
-    pub fn serve_with(&self, args: &[&str]) -> Child {
+    pub fn serve_with(&self, args: &[&str]) -> KillOnDrop {
         let child = Command::new(BIN)
             .arg("serve")
             .args(args)
@@ -99,9 +100,36 @@ impl Setup {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
+        let child = KillOnDrop(child);
         wait_for_socket(&self.nbd_socket());
         wait_for_socket(&self.state().join("tc0.sock"));
         child
+    }
+}
+
+/// A child process that is killed and reaped if still running when
+/// dropped, so a failing test leaves no daemon (or frozen fio) behind.
+pub struct KillOnDrop(pub Child);
+
+impl Deref for KillOnDrop {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
     }
 }
 
