@@ -17,16 +17,22 @@ echo "== reliability tests, long form (log: $log)"
 start=$(date +%s)
 # One test at a time: each long test loads both cores by itself, and the
 # counts come out in order. --nocapture shows them as they are printed.
-cargo test --release --test 'reliability_*' -- --nocapture --test-threads=1 2>&1 | tee "$log"
+status=0
+cargo test --release --test 'reliability_*' -- --nocapture --test-threads=1 2>&1 | tee "$log" || status=1
 echo "reliability tests: $(( $(date +%s) - start )) s"
 
 echo "== fuzzing, ${fuzz_seconds} s per target"
 start=$(date +%s)
-scripts/fuzz.sh "$fuzz_seconds" 2>&1 | tee -a "$log"
+scripts/fuzz.sh "$fuzz_seconds" 2>&1 | tee -a "$log" || status=1
 echo "fuzzing: $(( $(date +%s) - start )) s"
 
 echo "== summary"
+echo "fuzz targets, in the order of their execution counts below: $(ls fuzz/fuzz_targets | sed 's/\.rs$//' | tr '\n' ' ')"
 # Test verdicts, the count lines the tests print (name: counts), and the
 # fuzzers' execution counts.
 grep -E '^test .* \.\.\. |^test result|^[a-z][a-z0-9 -]*( [^:]*)?: .*[0-9]|number_of_executed_units' "$log" \
     | grep -vE '^(running|warning|error)' || true
+if [ "$status" -ne 0 ]; then
+    echo "FAILED: see $log"
+fi
+exit "$status"

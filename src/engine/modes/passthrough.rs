@@ -1,6 +1,8 @@
 //! Passthrough: every read and write goes to the origin. Writes drop cached
 //! copies (committed first), so the blocks still cached stay valid and the
-//! cache is warm again when another mode is switched on.
+//! cache is warm again when another mode is switched on. The one exception:
+//! while a switch to passthrough is still writing dirty blocks back, reads
+//! of those blocks are served from the cache (engine/io.rs).
 
 use super::super::io::Segment;
 use super::super::stats::bump;
