@@ -24,7 +24,7 @@ pub(crate) struct Segment {
     pub buf: Range<usize>,
 }
 
-/// What `store_in_new_slot` did.
+/// Why `store_in_new_slots` stopped (`Yes`: it stored every block).
 pub(crate) enum Stored {
     Yes,
     /// Every cache block is dirty or busy.
@@ -206,11 +206,6 @@ impl Engine {
         Ok(self.meta.lock().free.pop())
     }
 
-    /// Gives back a slot taken by `alloc_slot` but not used.
-    pub(crate) fn unalloc_slot(&self, slot: u32) {
-        self.meta.lock().free.push(slot);
-    }
-
     /// Evicts up to `want` clean, unlocked blocks; returns how many. Their
     /// slots become reusable after the next commit.
     pub(crate) fn evict(&self, m: &mut Meta, want: usize) -> usize {
@@ -266,31 +261,13 @@ impl Engine {
         // Passthrough reads the origin, except a dirty block, whose only
         // current copy is in the cache: set-mode and detach switch to
         // passthrough before they write the dirty blocks back.
-        let cached: Vec<Option<(u32, bool)>> = {
-            let mut m = self.meta.lock();
-            segs.iter()
-                .map(|seg| {
-                    let hit = m
-                        .table
-                        .lookup(seg.block)
-                        .filter(|&(_, dirty)| dirty || mode.reads_cache());
-                    if let Some((slot, _)) = hit {
-                        m.policy.accessed(slot);
-                    }
-                    hit
-                })
-                .collect()
-        };
+        let cached = self.lookup_accessed(&segs, |dirty| dirty || mode.reads_cache());
         let mut i = 0;
         while i < segs.len() {
             let seg = &segs[i];
             if let Some((slot, _)) = cached[i] {
                 // Hits in adjacent slots: one device read.
-                let run = 1 + cached[i + 1..]
-                    .iter()
-                    .enumerate()
-                    .take_while(|&(k, c)| matches!(c, Some((s, _)) if *s == slot + k as u32 + 1))
-                    .count();
+                let run = adjacent_slots(&cached[i..], |_| true);
                 if run > 1 {
                     let end = segs[i + run - 1].buf.end;
                     if self
@@ -326,6 +303,27 @@ impl Engine {
             i += run;
         }
         Ok(out)
+    }
+
+    /// Looks up the segments' blocks under one metadata lock, keeping the
+    /// hits that `keep` accepts (given the dirty flag) and telling the
+    /// policy about each. The caller holds the blocks' locks, so the
+    /// mappings stay valid.
+    pub(crate) fn lookup_accessed(
+        &self,
+        segs: &[Segment],
+        keep: impl Fn(bool) -> bool,
+    ) -> Vec<Option<(u32, bool)>> {
+        let mut m = self.meta.lock();
+        segs.iter()
+            .map(|seg| {
+                let hit = m.table.lookup(seg.block).filter(|&(_, dirty)| keep(dirty));
+                if let Some((slot, _)) = hit {
+                    m.policy.accessed(slot);
+                }
+                hit
+            })
+            .collect()
     }
 
     /// Drops a clean cached copy after a cache read error.
@@ -367,35 +365,11 @@ impl Engine {
         Ok(())
     }
 
-    /// Puts a whole block into a slot that is free on disk and maps it
-    /// (the record becomes durable only after the data: see commit.rs).
-    pub(crate) fn store_in_new_slot(
-        &self,
-        block: u64,
-        data: &[u8],
-        dirty: bool,
-    ) -> EngineResult<Stored> {
-        if !self.admitting() {
-            // The cache device failed too often: callers treat this like a
-            // full cache (write around it, skip the promotion).
-            return Ok(Stored::NoSlot);
-        }
-        let Some(slot) = self.alloc_slot()? else {
-            return Ok(Stored::NoSlot);
-        };
-        if let Err(e) = self.cache_write(slot, 0, data) {
-            self.unalloc_slot(slot);
-            return Ok(Stored::CacheError(e));
-        }
-        let mut m = self.meta.lock();
-        self.append(&mut m, Record::Map { slot, block, dirty });
-        Ok(Stored::Yes)
-    }
-
     /// Stores consecutive whole blocks starting at `first_block` (`data` is
     /// a multiple of the block size) in slots free on disk, writing runs of
-    /// adjacent slots with one device write, then maps them. Returns how
-    /// many leading blocks were stored and, if not all, why it stopped.
+    /// adjacent slots with one device write, then maps them (the records
+    /// become durable only after the data: see commit.rs). Returns how many
+    /// leading blocks were stored and, if not all, why it stopped.
     pub(crate) fn store_in_new_slots(
         &self,
         first_block: u64,
@@ -407,18 +381,16 @@ impl Engine {
         if n == 0 {
             return Ok((0, Stored::Yes));
         }
-        if n == 1 {
-            let r = self.store_in_new_slot(first_block, data, dirty)?;
-            return Ok((matches!(r, Stored::Yes) as usize, r));
-        }
         if !self.admitting() {
+            // The cache device failed too often: callers treat this like a
+            // full cache (write around it, skip the promotion).
             return Ok((0, Stored::NoSlot));
         }
         let Some(first_slot) = self.alloc_slot()? else {
             return Ok((0, Stored::NoSlot));
         };
         let mut slots = vec![first_slot];
-        {
+        if n > 1 {
             let mut m = self.meta.lock();
             while slots.len() < n {
                 match m.free.pop() {
@@ -636,4 +608,18 @@ impl Engine {
     pub(crate) fn write_back_one(&self, block: u64, slot: u32) -> EngineResult<()> {
         self.write_back_run(&[(block, slot)]).map(|_| ())
     }
+}
+
+/// How many leading lookups, starting with `cached[0]`, are hits in adjacent
+/// slots (slot, slot + 1, ...) that satisfy `also` (given the dirty flag):
+/// one device I/O covers them all. 0 if `cached[0]` is no such hit.
+pub(crate) fn adjacent_slots(cached: &[Option<(u32, bool)>], also: impl Fn(bool) -> bool) -> usize {
+    let Some(Some((first, _))) = cached.first() else {
+        return 0;
+    };
+    cached
+        .iter()
+        .enumerate()
+        .take_while(|&(k, c)| matches!(*c, Some((s, d)) if s == first + k as u32 && also(d)))
+        .count()
 }

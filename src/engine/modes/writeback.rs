@@ -7,7 +7,7 @@
 //! overwritten in place (exactly as a disk would: an unflushed write may be
 //! torn, never mixed with another block's data).
 
-use super::super::io::{Segment, Stored};
+use super::super::io::{adjacent_slots, Segment, Stored};
 use super::super::stats::bump;
 use super::super::{Engine, EngineResult};
 
@@ -19,19 +19,7 @@ impl Engine {
     /// The write path of the modes that hold dirty data (writeback, writeonly).
     pub(crate) fn write_cached_dirty(&self, segs: &[Segment], data: &[u8]) -> EngineResult<()> {
         let bs = self.block_bytes;
-        // The caller holds the block locks: these mappings cannot change.
-        let cached: Vec<Option<(u32, bool)>> = {
-            let mut m = self.meta.lock();
-            segs.iter()
-                .map(|seg| {
-                    let c = m.table.lookup(seg.block);
-                    if let Some((slot, _)) = c {
-                        m.policy.accessed(slot);
-                    }
-                    c
-                })
-                .collect()
-        };
+        let cached = self.lookup_accessed(segs, |_| true);
         let hits = cached.iter().filter(|c| c.is_some()).count() as u64;
         bump(&self.stats.write_hits, hits);
         bump(&self.stats.write_misses, segs.len() as u64 - hits);
@@ -47,11 +35,7 @@ impl Engine {
             if let Some((slot, true)) = cached[i] {
                 // Dirty blocks in adjacent slots are rewritten in place with
                 // one device write.
-                let run = 1 + cached[i + 1..]
-                    .iter()
-                    .enumerate()
-                    .take_while(|&(k, c)| *c == Some((slot + k as u32 + 1, true)))
-                    .count();
+                let run = adjacent_slots(&cached[i..], |dirty| dirty);
                 let end = segs[i + run - 1].buf.end;
                 self.cache_write(slot, seg.in_block, &data[seg.buf.start..end])?;
                 i += run;
@@ -65,27 +49,23 @@ impl Engine {
                     self.full_block(s) && self.cacheable(s.block) && !matches!(c, Some((_, true)))
                 })
                 .count();
-            let (stored, why) = if run > 0 {
-                let bytes = &data[seg.buf.start..segs[i + run - 1].buf.end];
-                self.store_in_new_slots(seg.block, bytes, true)?
+            // Otherwise one block, completed from its old contents.
+            let merged;
+            let bytes: &[u8] = if run > 0 {
+                &data[seg.buf.start..segs[i + run - 1].buf.end]
             } else {
-                let full = self.merged_block(seg, data, cached[i])?;
-                let r = self.store_in_new_slot(seg.block, &full, true)?;
-                if matches!(r, Stored::NoSlot) {
-                    self.write_around(seg, &full)?;
-                    i += 1;
-                    continue;
-                }
-                (matches!(r, Stored::Yes) as usize, r)
+                merged = self.merged_block(seg, data, cached[i])?;
+                &merged
             };
-            i += stored;
+            let (stored, why) = self.store_in_new_slots(seg.block, bytes, true)?;
             match why {
-                Stored::Yes => {}
+                Stored::Yes => i += stored,
                 Stored::CacheError(e) => return Err(e.into()),
                 Stored::NoSlot => {
-                    let seg = &segs[i];
-                    self.write_around(seg, &data[seg.buf.clone()])?;
-                    i += 1;
+                    // The block after the stored ones goes around the cache.
+                    let at = stored * bs as usize;
+                    self.write_around(&segs[i + stored], &bytes[at..at + bs as usize])?;
+                    i += stored + 1;
                 }
             }
         }
