@@ -21,7 +21,7 @@ use tiercache::device::DeviceRef;
 use tiercache::engine::format::Layout;
 use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions};
 
-use common::{decode_sector, initial_origin, sector_content};
+use common::{initial_origin, stamped, SectorModel};
 
 const BS: u32 = 4096;
 const ORIGIN_BYTES: u64 = 1 << 20;
@@ -82,49 +82,37 @@ fn rig(mode: Mode, seed: u64) -> Rig {
     }
 }
 
-/// Per sector, the versions a read may return: one after a successful
-/// write, old or new after a failed one.
-struct Model {
-    allowed: Vec<Vec<u64>>,
+/// Per sector, the versions a read may return (common::SectorModel): one
+/// after a completed write, old or new after a failed one. These tests
+/// check live reads, not crash images, so a completed write settles its
+/// sectors at once (`fua_done`) and flushes are never applied to the model.
+fn new_model() -> SectorModel {
+    SectorModel::new(SECTORS)
 }
 
-impl Model {
-    fn new() -> Model {
-        Model {
-            allowed: vec![vec![0]; SECTORS as usize],
-        }
+/// Writes stamped sectors through the engine and records the outcome.
+fn write_stamped(
+    engine: &Engine,
+    model: &mut SectorModel,
+    first: u64,
+    n: u64,
+    fua: bool,
+) -> Result<(), tiercache::engine::EngineError> {
+    let v = model.issue_write(first, n);
+    let res = engine.write(first * 512, &stamped(first, n, v), fua);
+    if res.is_ok() {
+        model.fua_done(v);
     }
-
-    fn written(&mut self, first: u64, n: u64, version: u64, ok: bool) {
-        for s in first..first + n {
-            let a = &mut self.allowed[s as usize];
-            if ok {
-                *a = vec![version];
-            } else {
-                a.push(version);
-            }
-        }
-    }
-
-    fn check(&self, first: u64, data: &[u8], what: &str) {
-        for (k, chunk) in data.chunks(512).enumerate() {
-            let s = first + k as u64;
-            let got = decode_sector(chunk);
-            let ok =
-                matches!(got, Some((sec, v)) if sec == s && self.allowed[s as usize].contains(&v));
-            assert!(
-                ok,
-                "{what}: sector {s} holds {got:?}, expected one of versions {:?}",
-                self.allowed[s as usize]
-            );
-        }
-    }
+    res
 }
 
-fn payload(first: u64, n: u64, version: u64) -> Vec<u8> {
-    (first..first + n)
-        .flat_map(|s| sector_content(s, version))
-        .collect()
+/// Checks data read at sector `first` against the model.
+fn check(model: &SectorModel, first: u64, data: &[u8], what: &str) {
+    for (k, chunk) in data.chunks(512).enumerate() {
+        if let Err(e) = model.check_sector(first + k as u64, chunk) {
+            panic!("{what}: {e}");
+        }
+    }
 }
 
 #[derive(Default, Debug)]
@@ -137,10 +125,10 @@ struct Counts {
 
 /// Random writes, reads, flushes and writeback; the cache device fails at
 /// op 150 of 500. Returns what happened.
-fn run(mode: Mode, failure: Failure, seed: u64) -> (Rig, Model, Counts) {
+fn run(mode: Mode, failure: Failure, seed: u64) -> (Rig, SectorModel, Counts) {
     let r = rig(mode, seed);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut model = Model::new();
+    let mut model = new_model();
     let mut counts = Counts::default();
     let hides_errors = !mode.holds_dirty();
     let ctx = format!("{mode} {failure:?} seed {seed}");
@@ -161,10 +149,7 @@ fn run(mode: Mode, failure: Failure, seed: u64) -> (Rig, Model, Counts) {
         let n = rng.gen_range(1..=16u64).min(SECTORS - first);
         match rng.gen_range(0..10) {
             0..=4 => {
-                let version = op + 1;
-                let res =
-                    r.engine
-                        .write(first * 512, &payload(first, n, version), rng.gen_bool(0.05));
+                let res = write_stamped(&r.engine, &mut model, first, n, rng.gen_bool(0.05));
                 if hides_errors {
                     res.as_ref()
                         .unwrap_or_else(|e| panic!("{ctx}: write failed: {e}"));
@@ -174,10 +159,9 @@ fn run(mode: Mode, failure: Failure, seed: u64) -> (Rig, Model, Counts) {
                 } else if failed {
                     counts.ok_writes_after_failure += 1;
                 }
-                model.written(first, n, version, res.is_ok());
             }
             5..=8 => match r.engine.read(first * 512, n * 512) {
-                Ok(data) => model.check(first, &data, &ctx),
+                Ok(data) => check(&model, first, &data, &ctx),
                 Err(e) => {
                     assert!(!hides_errors, "{ctx}: read failed: {e}");
                     counts.failed_reads += 1;
@@ -197,14 +181,12 @@ fn run(mode: Mode, failure: Failure, seed: u64) -> (Rig, Model, Counts) {
     (r, model, counts)
 }
 
-fn check_origin(origin: &FaultDevice, model: &Model, what: &str) {
-    let image = origin.snapshot_current();
-    model.check(0, &image, what);
+fn check_origin(origin: &FaultDevice, model: &SectorModel, what: &str) {
+    check(model, 0, &origin.snapshot_current(), what);
 }
 
-fn check_volume(engine: &Engine, model: &Model, what: &str) {
-    let data = engine.read(0, ORIGIN_BYTES).unwrap();
-    model.check(0, &data, what);
+fn check_volume(engine: &Engine, model: &SectorModel, what: &str) {
+    check(model, 0, &engine.read(0, ORIGIN_BYTES).unwrap(), what);
 }
 
 #[test]
@@ -287,22 +269,18 @@ fn cache_failure_with_dirty_data_returns_errors_and_loses_nothing() {
 fn bypassed_cache_reopened_after_the_device_recovers_serves_nothing_stale() {
     for (seed, mark_on_device) in [(20u64, true), (21, false)] {
         let r = rig(Mode::Writethrough, seed);
-        let mut model = Model::new();
+        let mut model = new_model();
         // Cache every block of the first 32 with version 1.
-        let data = payload(0, 32 * 8, 1);
-        r.engine.write(0, &data, false).unwrap();
-        r.engine.read(0, data.len() as u64).unwrap();
+        write_stamped(&r.engine, &mut model, 0, 32 * 8, false).unwrap();
+        r.engine.read(0, 32 * 8 * 512).unwrap();
         r.engine.flush().unwrap();
-        model.written(0, 32 * 8, 1, true);
         // The whole device fails (or only the data and journal, leaving the
         // superblock writable so the device-side mark lands).
         let from = if mark_on_device { 2 * 4096 } else { 0 };
         r.cache.fail_writes_in(from, u64::MAX / 2);
         r.cache.fail_reads_in(from, u64::MAX / 2);
-        let data = payload(0, 32 * 8, 2);
-        r.engine.write(0, &data, false).unwrap();
+        write_stamped(&r.engine, &mut model, 0, 32 * 8, false).unwrap();
         r.engine.flush().unwrap();
-        model.written(0, 32 * 8, 2, true);
         assert!(r.engine.bypassing());
         check_origin(&r.origin, &model, "origin while bypassed");
         r.engine.abandon();
@@ -336,13 +314,12 @@ fn origin_errors_are_returned_counted_and_contained() {
         let bad = 100 * BS as u64..104 * BS as u64;
         r.origin.fail_reads_in(bad.start, bad.end - bad.start);
         r.origin.fail_writes_in(bad.start, bad.end - bad.start);
-        let mut model = Model::new();
+        let mut model = new_model();
         assert!(r.engine.read(bad.start, 4096).is_err(), "{what}");
         let before = r.engine.status().stats.origin_errors;
         assert!(before >= 1, "{what}: origin error not counted");
         // Other blocks: reads and writes work, before and after.
         let mut rng = ChaCha8Rng::seed_from_u64(30);
-        let mut version = 1;
         for _ in 0..200 {
             let block = loop {
                 let b = rng.gen_range(0..200u64);
@@ -352,18 +329,15 @@ fn origin_errors_are_returned_counted_and_contained() {
             };
             let first = block * 8;
             if rng.gen_bool(0.5) {
-                r.engine
-                    .write(first * 512, &payload(first, 8, version), false)
+                write_stamped(&r.engine, &mut model, first, 8, false)
                     .unwrap_or_else(|e| panic!("{what}: write of a good block failed: {e}"));
-                model.written(first, 8, version, true);
-                version += 1;
             } else {
                 let d = r.engine.read(first * 512, 4096).unwrap();
-                model.check(first, &d, &what);
+                check(&model, first, &d, &what);
             }
         }
         // A write to a bad block fails where it must reach the origin now.
-        let res = r.engine.write(bad.start, &payload(800, 8, 9999), true);
+        let res = r.engine.write(bad.start, &stamped(800, 8, 9999), true);
         if matches!(
             mode,
             Mode::Writethrough | Mode::Writearound | Mode::Passthrough
