@@ -1,6 +1,6 @@
 //! First in, first out: eviction in insertion order; accesses change nothing.
 
-use super::{Policy, PolicyKind, SlotList, Verdict};
+use super::{Policy, PolicyKind, SlotList};
 
 pub struct Fifo {
     list: SlotList,
@@ -15,22 +15,10 @@ impl Fifo {
 }
 
 impl Policy for Fifo {
-    fn inserted(&mut self, slot: u32) {
-        self.list.unlink(slot);
-        self.list.push_hot(slot);
+    fn list(&mut self) -> &mut SlotList {
+        &mut self.list
     }
     fn accessed(&mut self, _slot: u32) {}
-    fn removed(&mut self, slot: u32) {
-        self.list.unlink(slot);
-    }
-    fn select(
-        &mut self,
-        want: usize,
-        scan_max: usize,
-        verdict: &mut dyn FnMut(u32) -> Verdict,
-    ) -> Vec<u32> {
-        self.list.select(want, scan_max, verdict)
-    }
     fn kind(&self) -> PolicyKind {
         PolicyKind::Fifo
     }
@@ -38,6 +26,7 @@ impl Policy for Fifo {
 
 #[cfg(test)]
 mod tests {
+    use super::super::Verdict;
     use super::*;
 
     #[test]

@@ -1,6 +1,6 @@
 //! Least recently used: every access moves a slot to the hot end.
 
-use super::{Policy, PolicyKind, SlotList, Verdict};
+use super::{Policy, PolicyKind, SlotList};
 
 pub struct Lru {
     list: SlotList,
@@ -15,23 +15,11 @@ impl Lru {
 }
 
 impl Policy for Lru {
-    fn inserted(&mut self, slot: u32) {
-        self.list.unlink(slot);
-        self.list.push_hot(slot);
+    fn list(&mut self) -> &mut SlotList {
+        &mut self.list
     }
     fn accessed(&mut self, slot: u32) {
         self.list.move_hot(slot);
-    }
-    fn removed(&mut self, slot: u32) {
-        self.list.unlink(slot);
-    }
-    fn select(
-        &mut self,
-        want: usize,
-        scan_max: usize,
-        verdict: &mut dyn FnMut(u32) -> Verdict,
-    ) -> Vec<u32> {
-        self.list.select(want, scan_max, verdict)
     }
     fn kind(&self) -> PolicyKind {
         PolicyKind::Lru
@@ -40,6 +28,7 @@ impl Policy for Lru {
 
 #[cfg(test)]
 mod tests {
+    use super::super::Verdict;
     use super::*;
 
     #[test]

@@ -58,13 +58,25 @@ impl PolicyKind {
 
 /// A replacement policy over cache slots. Called with the engine's metadata
 /// lock held, so every method must be O(1) or bounded by its arguments.
+/// Every policy keeps its slots in a `SlotList`, cold end first; a policy
+/// says how accesses reorder it.
 pub trait Policy: Send {
-    /// A slot now holds a block.
-    fn inserted(&mut self, slot: u32);
+    /// The policy's slot list.
+    fn list(&mut self) -> &mut SlotList;
     /// A cached block was read or written.
     fn accessed(&mut self, slot: u32);
+    fn kind(&self) -> PolicyKind;
+
+    /// A slot now holds a block: it joins at the hot end.
+    fn inserted(&mut self, slot: u32) {
+        let list = self.list();
+        list.unlink(slot);
+        list.push_hot(slot);
+    }
     /// A slot no longer holds a block.
-    fn removed(&mut self, slot: u32);
+    fn removed(&mut self, slot: u32) {
+        self.list().unlink(slot);
+    }
     /// Up to `want` victims, coldest first, examining at most `scan_max`
     /// candidates; `verdict` decides for each.
     fn select(
@@ -72,15 +84,16 @@ pub trait Policy: Send {
         want: usize,
         scan_max: usize,
         verdict: &mut dyn FnMut(u32) -> Verdict,
-    ) -> Vec<u32>;
-    fn kind(&self) -> PolicyKind;
+    ) -> Vec<u32> {
+        self.list().select(want, scan_max, verdict)
+    }
 }
 
 const NIL: u32 = u32::MAX;
 
 /// A doubly linked list of slots threaded through two arrays: cold end at
 /// `head`, hot end at `tail`.
-pub(crate) struct SlotList {
+pub struct SlotList {
     prev: Vec<u32>,
     next: Vec<u32>,
     head: u32,
