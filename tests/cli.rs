@@ -2,9 +2,12 @@
 //! the real disk (O_DIRECT needs a real filesystem, not tmpfs), with a
 //! private state directory per test.
 
+#[path = "common/daemon.rs"]
+mod daemon;
+
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use tiercache::device::file::create_file;
 use tiercache::device::{fnv1a64, open_device};
@@ -53,13 +56,8 @@ impl Setup {
         self.tc_in(&self.state, args)
     }
 
-    fn tc_in(&self, state: &PathBuf, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_tiercache"))
-            .args(args)
-            .env("TIERCACHE_STATE_DIR", state)
-            .env_remove("RUST_LOG")
-            .output()
-            .expect("run tiercache")
+    fn tc_in(&self, state: &std::path::Path, args: &[&str]) -> Output {
+        daemon::cli_in(state, args)
     }
 }
 

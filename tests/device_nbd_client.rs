@@ -2,6 +2,9 @@
 //! here. The servers are required: a missing tool fails the test with the
 //! Debian package to install.
 
+#[path = "common/daemon.rs"]
+mod daemon;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Arc};
@@ -467,20 +470,7 @@ fn cli_creates_a_cache_over_an_nbd_origin() {
         .unwrap()
         .set_len(8 << 20)
         .unwrap();
-    let tc = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_tiercache"))
-            .args(args)
-            .env("TIERCACHE_STATE_DIR", &state)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "tiercache {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let tc = |args: &[&str]| daemon::cli_ok_in(&state, args);
     tc(&[
         "create",
         "--origin",

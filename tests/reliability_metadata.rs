@@ -21,10 +21,11 @@
 //!   the `metadata_load` fuzz target.
 
 mod common;
+#[path = "common/daemon.rs"]
+mod daemon;
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::sync::Arc;
 
 use rand::{Rng, SeedableRng};
@@ -609,15 +610,7 @@ fn check_names_a_damaged_last_journal_page() {
 // Wrong origin
 // ---------------------------------------------------------------------------
 
-/// Runs the `tiercache` binary with `state` as its state directory.
-fn tc(state: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tiercache"))
-        .args(args)
-        .env("TIERCACHE_STATE_DIR", state)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run tiercache")
-}
+use daemon::cli_in as tc;
 
 fn file_hash(path: &Path) -> u64 {
     fnv1a64(&std::fs::read(path).expect("read file"))

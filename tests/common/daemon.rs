@@ -11,6 +11,29 @@ use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_tiercache");
 
+/// Runs the CLI with `state` as its state directory and returns its output,
+/// whatever the exit status (RUST_LOG removed, so stderr is only what the
+/// command itself says).
+pub fn cli_in(state: &Path, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("TIERCACHE_STATE_DIR", state)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run tiercache")
+}
+
+/// `cli_in`, asserting success; returns stdout.
+pub fn cli_ok_in(state: &Path, args: &[&str]) -> String {
+    let out = cli_in(state, args);
+    assert!(
+        out.status.success(),
+        "tiercache {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// A temporary directory holding `origin.img`, `cache.img` and the state
 /// directory of a cache registered as `tc0`.
 pub struct Setup {
@@ -63,22 +86,12 @@ impl Setup {
 
     /// Runs the CLI and returns its output, whatever the exit status.
     pub fn cli_output(&self, args: &[&str]) -> Output {
-        Command::new(BIN)
-            .args(args)
-            .env("TIERCACHE_STATE_DIR", self.state())
-            .output()
-            .unwrap()
+        cli_in(&self.state(), args)
     }
 
     /// Runs the CLI, asserts success, returns stdout.
     pub fn cli(&self, args: &[&str]) -> String {
-        let out = self.cli_output(args);
-        assert!(
-            out.status.success(),
-            "tiercache {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        cli_ok_in(&self.state(), args)
     }
 
     /// `status --json` of the running daemon.
