@@ -937,3 +937,20 @@ fn write_fuzz_seeds() {
         eprintln!("{name}: {} bytes", input.len());
     }
 }
+
+/// Inputs on which the fuzzer once found a loader bug
+/// (fuzz/regressions/metadata_load/, named after the bug) must now pass.
+#[test]
+fn metadata_loader_fuzz_regressions() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/regressions/metadata_load");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let input = std::fs::read(&path).unwrap();
+        let r = std::panic::catch_unwind(|| load_fuzz::exercise(&input));
+        assert!(r.is_ok(), "the loader fails on {}", path.display());
+        n += 1;
+    }
+    assert!(n > 0, "no regression inputs in {}", dir.display());
+    eprintln!("metadata loader: {n} fuzz regression inputs pass");
+}

@@ -429,9 +429,22 @@ pub(crate) fn load(
     // unless a page of a LATER commit is valid: commits are sequential, so a
     // later commit means the commit holding `seq` had completed, and its
     // page was durable: it was damaged afterwards.
-    for later in seq + 1..start + n_pages {
+    // No valid page can claim a sequence at or past `start + n_pages`: a
+    // commit checkpoints before the journal passes half full. Such a page
+    // is damage that a later commit would otherwise meet as a "later
+    // commit" and refuse only then (the fuzzer found this).
+    for later in seq..start + n_pages {
         if let Ok(p) = parse_journal_page(page_at(later)) {
-            if p.seq == later && p.commit_first_seq > seq {
+            if p.seq >= start + n_pages {
+                fail(format!(
+                    "journal page at byte offset {} claims sequence {}, past the journal's end ({})",
+                    layout.journal_page_offset(later),
+                    p.seq,
+                    start + n_pages
+                ))?;
+                break;
+            }
+            if p.seq == later && later > seq && p.commit_first_seq > seq {
                 fail(format!(
                     "journal page {seq} (byte offset {}) is damaged but the later commit at page {later} is intact",
                     layout.journal_page_offset(seq)
@@ -568,6 +581,7 @@ pub(crate) fn open(
             last_commit: Instant::now(),
         }),
         locks: BlockLocks::new(),
+        flights: Default::default(),
         stats: Stats::default(),
         cache_error_limit: AtomicU64::new(sb_error_limit),
         admission_stopped: AtomicBool::new(false),
