@@ -130,7 +130,19 @@ impl Engine {
     /// (unmapped, or superseded by a newer slot) must be durable before the
     /// origin changes: until then a crash would bring back the old clean
     /// copy over the new origin bytes.
+    /// Waits first for background writebacks still writing these blocks to
+    /// the origin (flights.rs), so the origin sees writes in order.
     pub(crate) fn origin_write(&self, buf: &[u8], offset: u64) -> EngineResult<()> {
+        if !buf.is_empty() {
+            let bs = self.block_bytes;
+            self.flights
+                .wait_origin(offset / bs, (offset + buf.len() as u64 - 1) / bs);
+        }
+        self.origin_write_now(buf, offset)
+    }
+
+    /// `origin_write` without the wait: for a writeback's own flight.
+    pub(crate) fn origin_write_now(&self, buf: &[u8], offset: u64) -> EngineResult<()> {
         if self.releases_pending() {
             self.commit()?;
         }
@@ -436,9 +448,9 @@ impl Engine {
         let segs = self.segments(offset, data.len() as u64, true)?;
         bump(&self.stats.write_requests, 1);
         if let Some(first) = segs.first() {
-            let _guard = self
-                .locks
-                .lock_range(first.block, segs.last().expect("non-empty").block);
+            let last = segs.last().expect("non-empty").block;
+            let _guard = self.locks.lock_range(first.block, last);
+            self.flights.touch(first.block, last);
             match self.mode() {
                 Mode::Writeback => self.write_writeback(&segs, data)?,
                 Mode::Writeonly => self.write_writeonly(&segs, data)?,
@@ -480,9 +492,9 @@ impl Engine {
         let segs = self.segments(offset, len, true)?;
         bump(&self.stats.trim_requests, 1);
         if let Some(first) = segs.first() {
-            let _guard = self
-                .locks
-                .lock_range(first.block, segs.last().expect("non-empty").block);
+            let last = segs.last().expect("non-empty").block;
+            let _guard = self.locks.lock_range(first.block, last);
+            self.flights.touch(first.block, last);
             // Ranges to discard on the origin: whole blocks, and parts of
             // blocks that are not cached. A cached block trimmed in part
             // keeps its origin bytes, so cache and origin never disagree.
@@ -505,6 +517,7 @@ impl Engine {
                     }
                 }
             }
+            self.flights.wait_origin(first.block, last);
             for (off, l) in discard {
                 if let Err(e) = self.origin.discard(off, l) {
                     log::debug!("origin discard failed (ignored, discard is a hint): {e}");
@@ -602,11 +615,6 @@ impl Engine {
     pub(crate) fn releases_pending(&self) -> bool {
         let appended = self.meta.lock().releases_appended;
         appended > self.commit_state.lock().releases_durable
-    }
-
-    /// Writes one dirty block back while its lock is held by the caller.
-    pub(crate) fn write_back_one(&self, block: u64, slot: u32) -> EngineResult<()> {
-        self.write_back_run(&[(block, slot)]).map(|_| ())
     }
 }
 

@@ -14,6 +14,7 @@
 pub mod commit;
 pub mod error;
 pub mod failure;
+pub mod flights;
 pub mod format;
 pub mod index;
 pub mod io;
@@ -219,6 +220,8 @@ pub struct Engine {
     pub(crate) meta: Mutex<Meta>,
     pub(crate) commit_state: Mutex<CommitState>,
     pub(crate) locks: BlockLocks,
+    /// Background writebacks whose origin write runs without block locks.
+    pub(crate) flights: flights::Flights,
     pub(crate) stats: Stats,
     /// See `CreateOptions::cache_error_limit`.
     pub(crate) cache_error_limit: AtomicU64,

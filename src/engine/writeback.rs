@@ -3,7 +3,8 @@
 //! The background thread writes dirty blocks back when the dirty share
 //! passes the high watermark (until it falls to the low one) and when a
 //! block has been dirty longer than the maximum age. Blocks go to the origin
-//! in ascending order, adjacent blocks coalesced into one write. It also
+//! in ascending order, adjacent blocks coalesced into one write, without
+//! holding the blocks' locks during the origin write (flights.rs). It also
 //! keeps a reserve of free slots (evicting clean blocks ahead of need) and
 //! commits buffered records at least once a second.
 
@@ -13,7 +14,7 @@ use std::time::Duration;
 use super::format::{entry_decode, Record, ENTRY_DIRTY};
 use super::stats::bump;
 use super::{Engine, EngineError, EngineResult, MAX_AGE_SECS};
-use crate::device::AlignedBuf;
+use crate::device::{AlignedBuf, DeviceError};
 
 /// Largest coalesced origin write.
 const MAX_RUN_BYTES: u64 = 1 << 20;
@@ -174,8 +175,13 @@ impl Engine {
                     i += 1;
                     break;
                 }
-                match self.meta.lock().table.lookup(b) {
-                    Some((slot, true)) => run.push((b, slot)),
+                let dirty = match self.meta.lock().table.lookup(b) {
+                    Some((slot, true)) => Some(slot),
+                    _ => None,
+                };
+                match dirty {
+                    // Not already being written back by another thread.
+                    Some(slot) if !self.flights.contains(b) => run.push((b, slot)),
                     _ => {
                         self.locks.unlock(b);
                         i += 1;
@@ -187,11 +193,7 @@ impl Engine {
             if run.is_empty() {
                 continue;
             }
-            let result = self.write_back_run(&run);
-            for &(b, _) in &run {
-                self.locks.unlock(b);
-            }
-            match result {
+            match self.write_back_in_flight(&run) {
                 Ok(n) => written += n,
                 Err(e) => {
                     first_err.get_or_insert(e);
@@ -208,13 +210,36 @@ impl Engine {
         }
     }
 
-    /// Writes back locked, dirty, adjacent blocks with one origin write.
-    pub(crate) fn write_back_run(&self, run: &[(u64, u32)]) -> EngineResult<usize> {
+    /// Writes back a run of locked, dirty, adjacent blocks, and unlocks
+    /// them: reads them from the cache, releases their locks for the origin
+    /// write (flights.rs), then locks them again to mark clean the ones no
+    /// write or trim touched meanwhile. Returns how many it marked clean.
+    fn write_back_in_flight(&self, run: &[(u64, u32)]) -> EngineResult<usize> {
+        let blocks = || run.iter().map(|&(b, _)| b);
+        let buf = match self.read_run(run) {
+            Ok(buf) => buf,
+            Err(e) => {
+                blocks().for_each(|b| self.locks.unlock(b));
+                return Err(e.into());
+            }
+        };
+        self.flights.start(blocks());
+        blocks().for_each(|b| self.locks.unlock(b));
+        let written = self.origin_write_now(&buf, run[0].0 * self.block_bytes);
+        self.flights.origin_written(blocks());
+        let _guard = self.locks.lock_range(run[0].0, run[run.len() - 1].0);
+        let touched = self.flights.finish(blocks());
+        written?;
+        Ok(self.mark_clean(run, &touched))
+    }
+
+    /// The cache contents of locked, adjacent blocks, one device read per
+    /// run of adjacent slots.
+    fn read_run(&self, run: &[(u64, u32)]) -> Result<AlignedBuf, DeviceError> {
         let bs = self.block_bytes as usize;
         let mut buf = AlignedBuf::zeroed(run.len() * bs);
         let mut k = 0;
         while k < run.len() {
-            // Coalesce reads of consecutive slots.
             let mut n = 1;
             while k + n < run.len() && run[k + n].1 == run[k].1 + n as u32 {
                 n += 1;
@@ -222,17 +247,31 @@ impl Engine {
             self.cache_read(run[k].1, 0, &mut buf[k * bs..(k + n) * bs])?;
             k += n;
         }
-        self.origin_write(&buf, run[0].0 * bs as u64)?;
+        Ok(buf)
+    }
+
+    /// Marks clean the blocks of a written-back run that still map to the
+    /// slot that was read (and are not `skip`ped); returns how many.
+    fn mark_clean(&self, run: &[(u64, u32)], skip: &[bool]) -> usize {
         let mut m = self.meta.lock();
         let mut n = 0;
-        for &(b, slot) in run {
-            if m.table.lookup(b) == Some((slot, true)) {
+        for (k, &(b, slot)) in run.iter().enumerate() {
+            if !skip.get(k).copied().unwrap_or(false) && m.table.lookup(b) == Some((slot, true)) {
                 self.append(&mut m, Record::Clean { slot });
                 n += 1;
             }
         }
         bump(&self.stats.blocks_written_back, n as u64);
-        Ok(n)
+        n
+    }
+
+    /// Writes one dirty block back while the caller holds its lock (the
+    /// origin write waits for a flight of the same block, see flights.rs).
+    pub(crate) fn write_back_one(&self, block: u64, slot: u32) -> EngineResult<()> {
+        let buf = self.read_run(&[(block, slot)])?;
+        self.origin_write(&buf, block * self.block_bytes)?;
+        self.mark_clean(&[(block, slot)], &[]);
+        Ok(())
     }
 
     /// Writes back every block dirty when it is called (and, when the mode
