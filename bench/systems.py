@@ -209,7 +209,6 @@ class Tiercache(System):
         self.cache_written = cache_written
         self.describe = (f"tiercache {mode}, 4 KiB blocks, LRU, cache file of "
                          f"{cache_bytes >> 20} MiB on the same disk")
-        self.fuse = None
         self.serve_proc = None
         self.hdd = None
 
@@ -232,21 +231,8 @@ class Tiercache(System):
             high, low, age = self.writeback
             create += ["--writeback-high", str(high), "--writeback-low", str(low),
                        "--writeback-age", str(age)]
-        rc, out, err = run(self._tc(*create, "--origin", self.hdd.uri), check=False)
-        if rc != 0:
-            # Workaround, reported: `create` resolves the origin as a path
-            # (src/cli/create.rs, registry::absolute), which turns an NBD
-            # URI into "/cwd/nbd+unix:/?socket=...". The same HDD is then
-            # reached through nbdfuse, a FUSE file that tiercache opens
-            # like a disk (O_DIRECT accepted).
-            err = err.strip().replace(self.dir, "<dir>").replace(os.getcwd(), "<cwd>")
-            self.notes.append(
-                "`tiercache create --origin nbd+unix:///?socket=<dir>/hdd.sock` failed "
-                f"(`{err}`); the origin was reached through nbdfuse instead"
-            )
-            origin = self._start_fuse()
-            run(self._tc(*create, "--origin", origin))
-            self.fuse_origin = origin
+        # The emulated HDD is tiercache's NBD origin (its NBD client backend).
+        run(self._tc(*create, "--origin", self.hdd.uri))
         sock = os.path.join(work_dir, "tc.nbd")
         self.serve_proc = Proc(
             f"tiercache serve ({self.key})",
@@ -257,22 +243,6 @@ class Tiercache(System):
         self.server = self.serve_proc
         self.uri = unix_uri(sock)
         self.direct = self.server.opened_with_o_direct(cache)
-        if self.fuse is not None and not self.server.opened_with_o_direct(self.fuse_origin):
-            self.notes.append("tiercache did not open the nbdfuse origin with O_DIRECT: "
-                              "origin reads may be served from the page cache")
-
-    def _start_fuse(self):
-        mnt = os.path.join(self.dir, "fuse")
-        os.makedirs(mnt, exist_ok=True)
-        path = os.path.join(mnt, "origin")
-        self.fuse = Proc("nbdfuse", ["nbdfuse", path, self.hdd.uri],
-                         os.path.join(self.dir, "nbdfuse.log"))
-        deadline = time.monotonic() + 20
-        while not os.path.exists(path):
-            if not self.fuse.alive() or time.monotonic() > deadline:
-                raise BenchError("nbdfuse did not mount the origin:\n" + self.fuse.log_tail())
-            time.sleep(0.05)
-        return path
 
     def status(self):
         _, out, _ = run(self._tc("status", "--name", self.name, "--json"), timeout_s=60)
@@ -296,11 +266,5 @@ class Tiercache(System):
                     if any(w in line for w in ("WARN", "ERROR", "panicked")) and "SIGTERM" not in line:
                         self.notes.append(f"serve log: {line.strip()}")
         finally:
-            if self.fuse is not None:
-                self.fuse.stop()
-                mnt = os.path.join(self.dir, "fuse")
-                with open("/proc/mounts") as f:
-                    if any(l.split()[1] == mnt for l in f):
-                        run(["fusermount3", "-u", mnt], check=False)
             if self.hdd is not None:
                 self.hdd.stop()

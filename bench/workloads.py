@@ -50,7 +50,7 @@ PLANS = {
     "quick": Plan("quick", runtime_s=2, ws_bytes=64 * MiB, reread_bytes=64 * MiB,
                   cold_bytes=512 * MiB, cache_bytes=256 * MiB, sustained_s=12,
                   sustained_cache_bytes=64 * MiB, sustained_region_pct=80,
-                  log_avg_ms=500, ram_fill_blocks=65536, origin_runtime_s=2),
+                  log_avg_ms=500, ram_fill_blocks=262144, origin_runtime_s=2),
     "full": Plan("full", runtime_s=10, ws_bytes=256 * MiB, reread_bytes=200 * MiB,
                  cold_bytes=1 * GiB, cache_bytes=1 * GiB, sustained_s=120,
                  sustained_cache_bytes=256 * MiB, sustained_region_pct=80,
@@ -300,67 +300,48 @@ def settled_rss(proc, samples=5, interval_s=0.25):
 
 
 def ram_cost(make_tc, plan, work_dir, log):
-    """Resident memory of `tiercache serve` per cache block.
-
-    - open cost: RSS right after serve starts, large cache minus small
-      cache, per extra cache block (tables sized by capacity at open);
-    - fill cost: RSS growth while `ram_fill_blocks` blocks are written
-      (4K sequential writes QD32, writeback mode with background writeback
-      off), per block the engine reports as newly used;
-    - total = open + fill: what a cache block costs when the cache is full.
-    """
-    small_blocks = 2048
-    big_blocks = int(plan.ram_fill_blocks / 0.75)
-    fill_bytes = plan.ram_fill_blocks * 4096
-    # The fill uses 4K writes, one per cache block: with 1M writes the RSS
-    # also grows with the large request buffers the allocator keeps (seen:
-    # ~400 B per block, first half of the fill 2.7x the second), which is
-    # not a per-block cost. The warm-up before the baseline starts the I/O
-    # threads and buffers that any 4K I/O needs.
-    warm_bytes = max(16 * MiB, fill_bytes // 16)
-    volume = warm_bytes + fill_bytes + 16 * MiB
+    """Resident memory of `tiercache serve` per cache block: two caches, a
+    small one and one of `ram_fill_blocks` blocks, each filled completely
+    (1M sequential writes, writeback mode with background writeback off),
+    then the RSS difference per extra cache block. Both servers do the same
+    work, so buffers, threads and the binary cancel out; what is left is
+    what a block of a full cache costs (tables sized at open plus anything
+    that grows as blocks are used)."""
+    sizes = {"small": max(4096, plan.ram_fill_blocks // 16), "big": plan.ram_fill_blocks}
     idle = (100, 100, 3600)
-
-    out = {}
-    sizes = {}
-    for label, blocks in (("small", small_blocks), ("big", big_blocks)):
+    out = {"notes": []}
+    for label, blocks in sizes.items():
         d = os.path.join(work_dir, f"ram-{label}")
         os.makedirs(d)
         # Metadata takes room too; the engine reports the real capacity.
         tc = make_tc(f"ram-{label}", blocks * 4096 + blocks * 64 + 8 * MiB, idle)
-        tc.start(d, volume)
+        total = blocks * 4096 + 64 * MiB
+        tc.start(d, total)
         try:
             st = tc.status()
-            sizes[label] = (st["cache_blocks_total"], settled_rss(tc.server))
-            if label == "big":
-                # Same-shaped I/O first, so buffers and threads that any
-                # I/O needs are already in the baseline.
-                fio(tc.uri, "write", "4k", 32, 0, warm_bytes)
-                points = [(tc.status()["cache_blocks_used"], settled_rss(tc.server))]
-                # Two halves: similar slopes mean the growth is per block,
-                # not a one-time allocation.
-                half = fill_bytes // 2
-                t_fill = time.monotonic()
-                for off in (warm_bytes, warm_bytes + half):
-                    fio(tc.uri, "write", "4k", 32, off, half, timeout_s=3600)
-                    points.append((tc.status()["cache_blocks_used"], settled_rss(tc.server)))
-                log(f"  RAM: filled {fill_bytes >> 20} MiB in {time.monotonic() - t_fill:.1f} s")
-                (u0, r0), (u1, r1), (u2, r2) = points
-                out.update(filled_blocks=u2 - u0, rss_before=r0, rss_half=r1, rss_after=r2,
-                           half_slopes=[(r1 - r0) / max(1, u1 - u0), (r2 - r1) / max(1, u2 - u1)],
-                           cache_blocks_total=st["cache_blocks_total"])
+            rss_open = settled_rss(tc.server)
+            capacity = st["cache_blocks_total"] * st["block_bytes"]
+            t_fill = time.monotonic()
+            fio(tc.uri, "write", "1m", 8, 0, capacity // MiB * MiB, timeout_s=3600)
+            fill_s = time.monotonic() - t_fill
+            # serve gives freed heap back every 5 s (malloc_trim).
+            time.sleep(6)
+            rss_full = settled_rss(tc.server)
+            used = tc.status()["cache_blocks_used"]
+            out[label] = dict(cache_blocks_total=st["cache_blocks_total"], used=used,
+                              rss_open=rss_open, rss_full=rss_full, fill_s=fill_s)
+            log(f"  RAM {label}: {used:,} of {st['cache_blocks_total']:,} blocks used, "
+                f"VmRSS {rss_open / 2**20:.1f} MiB at open, {rss_full / 2**20:.1f} MiB full "
+                f"(fill {fill_s:.1f} s)")
         finally:
             tc.stop()
-            out.setdefault("notes", []).extend(tc.notes)
-    (t_small, rss_small), (t_big, rss_big) = sizes["small"], sizes["big"]
-    out["rss_open_small"], out["rss_open_big"] = rss_small, rss_big
-    out["open_bytes_per_block"] = (rss_big - rss_small) / (t_big - t_small)
-    n = out["filled_blocks"]
-    if n <= 0:
-        raise BenchError("RAM test: the engine reports no newly used cache blocks after the fill")
-    out["fill_bytes_per_block"] = (out["rss_after"] - out["rss_before"]) / n
-    out["bytes_per_block"] = out["open_bytes_per_block"] + out["fill_bytes_per_block"]
-    log(f"  RAM: {n} blocks filled; fill {out['fill_bytes_per_block']:.1f} B/block "
-        f"(halves {out['half_slopes'][0]:.1f}, {out['half_slopes'][1]:.1f}), "
-        f"open {out['open_bytes_per_block']:.1f} B/block, total {out['bytes_per_block']:.1f} B/block")
+            out["notes"].extend(tc.notes)
+    small, big = out["small"], out["big"]
+    extra = big["cache_blocks_total"] - small["cache_blocks_total"]
+    if extra <= 0 or big["used"] < big["cache_blocks_total"] * 9 // 10:
+        raise BenchError("RAM test: the big cache was not filled")
+    out["bytes_per_block"] = (big["rss_full"] - small["rss_full"]) / extra
+    out["open_bytes_per_block"] = (big["rss_open"] - small["rss_open"]) / extra
+    log(f"  RAM: {out['bytes_per_block']:.1f} B per cache block of a full cache "
+        f"({out['open_bytes_per_block']:.1f} B of it resident right after open)")
     return out
