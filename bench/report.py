@@ -195,19 +195,22 @@ def render(results, plots):
         L.append("### RAM per cache block (tiercache serve, writeback, 4 KiB blocks)")
         L.append("")
         sm, bg = ram["small"], ram["big"]
-        L.append("Two caches filled completely with 1M sequential writes (background "
+        L.append("Two caches filled completely with 4K sequential writes QD32 (background "
                  "writeback off), RSS measured 6 s later (serve trims the heap every 5 s):")
         L.append("")
-        L.append("| cache | blocks | used | VmRSS at open | VmRSS full |")
-        L.append("|---|--:|--:|--:|--:|")
+        L.append("| cache | blocks | used | VmRSS at open | VmRSS full | engine metadata (status) |")
+        L.append("|---|--:|--:|--:|--:|--:|")
         for name, r in (("small", sm), ("big", bg)):
             L.append(f"| {name} | {r['cache_blocks_total']:,} | {r['used']:,} | "
-                     f"{r['rss_open'] / 2**20:.1f} MiB | {r['rss_full'] / 2**20:.1f} MiB |")
+                     f"{r['rss_open'] / 2**20:.1f} MiB | {r['rss_full'] / 2**20:.1f} MiB | "
+                     f"{r.get('metadata_bytes', 0) / 2**20:.1f} MiB |")
         L.append("")
         L.append(f"- per cache block of a full cache (difference of the full RSS per extra "
                  f"block): **{ram['bytes_per_block']:.1f} B** "
                  f"({ram['bytes_per_block'] * 1e6 / 2**20:.1f} MiB per million blocks); "
-                 f"{ram['open_bytes_per_block']:.1f} B of it is resident right after open")
+                 f"{ram['open_bytes_per_block']:.1f} B of it is resident right after open; "
+                 f"the engine's own count of its metadata heap: "
+                 f"{ram.get('metadata_bytes_per_block', 0):.1f} B per block")
         L.append("")
 
     # Targets.

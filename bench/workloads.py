@@ -302,7 +302,10 @@ def settled_rss(proc, samples=5, interval_s=0.25):
 def ram_cost(make_tc, plan, work_dir, log):
     """Resident memory of `tiercache serve` per cache block: two caches, a
     small one and one of `ram_fill_blocks` blocks, each filled completely
-    (1M sequential writes, writeback mode with background writeback off),
+    (4K sequential writes QD32, writeback mode with background writeback
+    off; 1M writes leave megabytes of freed request buffers in the
+    allocator's per-thread arenas, which varied by 8 MiB between identical
+    runs),
     then the RSS difference per extra cache block. Both servers do the same
     work, so buffers, threads and the binary cancel out; what is left is
     what a block of a full cache costs (tables sized at open plus anything
@@ -322,17 +325,19 @@ def ram_cost(make_tc, plan, work_dir, log):
             rss_open = settled_rss(tc.server)
             capacity = st["cache_blocks_total"] * st["block_bytes"]
             t_fill = time.monotonic()
-            fio(tc.uri, "write", "1m", 8, 0, capacity // MiB * MiB, timeout_s=3600)
+            fio(tc.uri, "write", "4k", 32, 0, capacity // MiB * MiB, timeout_s=3600)
             fill_s = time.monotonic() - t_fill
             # serve gives freed heap back every 5 s (malloc_trim).
             time.sleep(6)
             rss_full = settled_rss(tc.server)
-            used = tc.status()["cache_blocks_used"]
+            st = tc.status()
+            used = st["cache_blocks_used"]
             out[label] = dict(cache_blocks_total=st["cache_blocks_total"], used=used,
-                              rss_open=rss_open, rss_full=rss_full, fill_s=fill_s)
+                              rss_open=rss_open, rss_full=rss_full, fill_s=fill_s,
+                              metadata_bytes=st.get("metadata_bytes", 0))
             log(f"  RAM {label}: {used:,} of {st['cache_blocks_total']:,} blocks used, "
                 f"VmRSS {rss_open / 2**20:.1f} MiB at open, {rss_full / 2**20:.1f} MiB full "
-                f"(fill {fill_s:.1f} s)")
+                f"(fill {fill_s:.1f} s); engine metadata {st.get('metadata_bytes', 0) / 2**20:.1f} MiB")
         finally:
             tc.stop()
             out["notes"].extend(tc.notes)
@@ -342,6 +347,8 @@ def ram_cost(make_tc, plan, work_dir, log):
         raise BenchError("RAM test: the big cache was not filled")
     out["bytes_per_block"] = (big["rss_full"] - small["rss_full"]) / extra
     out["open_bytes_per_block"] = (big["rss_open"] - small["rss_open"]) / extra
+    out["metadata_bytes_per_block"] = big["metadata_bytes"] / big["cache_blocks_total"]
     log(f"  RAM: {out['bytes_per_block']:.1f} B per cache block of a full cache "
-        f"({out['open_bytes_per_block']:.1f} B of it resident right after open)")
+        f"({out['open_bytes_per_block']:.1f} B of it resident right after open; the engine "
+        f"counts {out['metadata_bytes_per_block']:.1f} B of metadata per block)")
     return out

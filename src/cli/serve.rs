@@ -98,6 +98,14 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     let _ = std::fs::remove_file(&nbd_path);
     let _ = std::fs::remove_file(&control_path);
 
+    // glibc gives each thread that allocates concurrently its own arena (up
+    // to 8 per core) and each keeps freed request buffers; with the I/O
+    // threads of a busy export that was megabytes of RSS that no cache
+    // block needed. Two arenas per core are plenty for 4 KiB buffers.
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    // SAFETY: mallopt only changes allocator tuning; called before the
+    // runtime starts any thread.
+    unsafe { libc::mallopt(libc::M_ARENA_MAX, (2 * cores) as libc::c_int) };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .max_blocking_threads(256)

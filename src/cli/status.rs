@@ -95,6 +95,14 @@ pub fn table(name: &str, s: &Status) -> String {
         ),
         ("admission", s.admission.clone()),
         (
+            "metadata memory",
+            format!(
+                "{} ({:.1} B per cache block)",
+                human_bytes(s.metadata_bytes),
+                s.metadata_bytes as f64 / s.cache_blocks_total.max(1) as f64
+            ),
+        ),
+        (
             "writeback",
             format!(
                 "start at {}% dirty, stop at {}%, max age {} s",

@@ -33,6 +33,10 @@ impl BlockIndex {
         }
     }
 
+    pub fn heap_bytes(&self) -> u64 {
+        (self.buckets.capacity() * 4) as u64
+    }
+
     pub fn len(&self) -> u64 {
         self.len
     }

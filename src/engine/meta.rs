@@ -36,6 +36,11 @@ impl Table {
         }
     }
 
+    /// Heap bytes of the entries and the block index.
+    pub fn heap_bytes(&self) -> u64 {
+        (self.entries.capacity() * 8) as u64 + self.index.heap_bytes()
+    }
+
     /// Builds a table from checkpoint entries, checking its invariants.
     pub fn from_entries(entries: Vec<u64>, origin_blocks: u64) -> Result<Table, String> {
         let mut t = Table {

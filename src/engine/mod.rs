@@ -164,7 +164,26 @@ pub struct Status {
     /// Why the cache admits blocks or not, for people.
     pub admission: String,
     pub cache_error_limit: u64,
+    /// Heap bytes of the in-memory metadata: table, block index, policy
+    /// list, dirty stamps, free lists and records not yet journalled.
+    #[serde(default)]
+    pub metadata_bytes: u64,
     pub stats: StatsSnapshot,
+}
+
+impl Meta {
+    /// Heap bytes held by the metadata (capacities, not lengths).
+    pub fn heap_bytes(&mut self) -> u64 {
+        fn cap<T>(v: &Vec<T>) -> u64 {
+            (v.capacity() * std::mem::size_of::<T>()) as u64
+        }
+        self.table.heap_bytes()
+            + self.policy.list().heap_bytes()
+            + cap(&self.free)
+            + cap(&self.pending_free)
+            + cap(&self.records)
+            + cap(&self.dirty_since_s)
+    }
 }
 
 /// State under the metadata lock. Held only for in-memory work, never I/O.
@@ -302,8 +321,10 @@ impl Engine {
         let limit = self.cache_error_limit.load(Ordering::Relaxed);
         let stats = self.stats.snapshot();
         let errors = stats.cache_errors;
-        let m = self.meta.lock();
+        let mut m = self.meta.lock();
+        let metadata_bytes = m.heap_bytes();
         Status {
+            metadata_bytes,
             state: if self.closed.load(Ordering::Acquire) {
                 "closed"
             } else {

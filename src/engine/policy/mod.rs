@@ -101,6 +101,10 @@ pub struct SlotList {
 }
 
 impl SlotList {
+    pub fn heap_bytes(&self) -> u64 {
+        ((self.prev.capacity() + self.next.capacity()) * 4) as u64
+    }
+
     pub(crate) fn new(slot_count: u32) -> Self {
         SlotList {
             prev: vec![NIL; slot_count as usize],
