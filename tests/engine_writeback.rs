@@ -197,3 +197,112 @@ fn blocks_older_than_the_maximum_age_are_written_back() {
         "aged blocks not written in ascending order"
     );
 }
+
+/// An origin whose writes wait at a gate until the test opens it.
+struct GatedOrigin {
+    inner: RamDevice,
+    /// (writes waiting at the gate, gate open)
+    gate: Mutex<(u32, bool)>,
+    cv: parking_lot::Condvar,
+}
+
+impl BlockDevice for GatedOrigin {
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> DeviceResult<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> DeviceResult<()> {
+        let mut g = self.gate.lock();
+        g.0 += 1;
+        self.cv.notify_all();
+        while !g.1 {
+            self.cv.wait(&mut g);
+        }
+        g.0 -= 1;
+        drop(g);
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> DeviceResult<()> {
+        Ok(())
+    }
+    fn name(&self) -> &str {
+        "gated"
+    }
+    fn identity(&self) -> u64 {
+        43
+    }
+}
+
+/// Runs `f` on a thread and gives up after 10 s instead of hanging.
+fn within_10s<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(10))
+        .unwrap_or_else(|_| panic!("{what} waited for the origin write of a writeback"))
+}
+
+/// Writeback releases a block's lock while it writes the origin: a read and
+/// a rewrite of that block complete while the origin write is held, and the
+/// rewrite keeps the block dirty, so the origin ends up with the new data.
+#[test]
+fn a_block_in_writeback_is_read_and_rewritten_without_waiting_for_the_origin() {
+    let origin = Arc::new(GatedOrigin {
+        inner: RamDevice::new("origin", ORIGIN_BYTES),
+        gate: Mutex::new((0, false)),
+        cv: parking_lot::Condvar::new(),
+    });
+    let cache: DeviceRef = Arc::new(FaultDevice::new(
+        "cache",
+        common::cache_bytes_for(100, BS as u32),
+        1,
+    ));
+    let o: DeviceRef = origin.clone();
+    Engine::create(cache.clone(), o.clone(), &CreateOptions::default())
+        .unwrap()
+        .close()
+        .unwrap();
+    let engine = Engine::open(cache, o, &common::no_bg()).unwrap();
+    let old = vec![0xAAu8; BS as usize];
+    let new = vec![0xBBu8; BS as usize];
+    engine.write(5 * BS, &old, false).unwrap();
+
+    let e = engine.clone();
+    let flusher = std::thread::spawn(move || e.flush_all(&mut |_, _| {}));
+    // Wait for the writeback's origin write to reach the gate.
+    {
+        let mut g = origin.gate.lock();
+        while g.0 == 0 {
+            let timed_out = origin
+                .cv
+                .wait_for(&mut g, Duration::from_secs(10))
+                .timed_out();
+            assert!(!timed_out, "the writeback never reached the origin");
+        }
+    }
+    let e = engine.clone();
+    let read = within_10s("a read", move || e.read(5 * BS, BS).unwrap());
+    assert!(read[..] == old[..], "the read of a block in writeback");
+    let e = engine.clone();
+    let data = new.clone();
+    within_10s("a rewrite", move || e.write(5 * BS, &data, false).unwrap());
+
+    {
+        let mut g = origin.gate.lock();
+        g.1 = true;
+        origin.cv.notify_all();
+    }
+    flusher.join().unwrap().unwrap();
+    assert_eq!(engine.dirty_blocks(), 0);
+    let mut on_origin = vec![0u8; BS as usize];
+    origin.inner.read_at(&mut on_origin, 5 * BS).unwrap();
+    assert!(
+        on_origin == new,
+        "the rewrite during writeback was lost: the block was marked clean with the old data"
+    );
+    assert!(engine.read(5 * BS, BS).unwrap()[..] == new[..]);
+    engine.close().unwrap();
+}
