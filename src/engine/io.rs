@@ -201,6 +201,10 @@ impl Engine {
             {
                 let mut m = self.meta.lock();
                 if let Some(s) = m.free.pop() {
+                    // Running low: the background evicts and commits ahead.
+                    if m.free.len() == self.reserve_slots(&m) / 2 {
+                        self.wake_background();
+                    }
                     // Give back the memory of a free list that held most of
                     // an empty cache once the cache has filled.
                     if m.free.capacity() > 4096 && m.free.len() < m.free.capacity() / 4 {

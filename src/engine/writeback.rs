@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use super::format::{entry_decode, Record, ENTRY_DIRTY};
 use super::stats::bump;
-use super::{Engine, EngineError, EngineResult, MAX_AGE_SECS};
+use super::{Engine, EngineError, EngineResult, Meta, MAX_AGE_SECS};
 use crate::device::{AlignedBuf, DeviceError};
 
 /// Largest coalesced origin write.
@@ -69,6 +69,9 @@ impl Engine {
             if self.closed.load(std::sync::atomic::Ordering::Acquire) {
                 return;
             }
+            // Between batches too: a round of writeback can take seconds
+            // against a slow origin.
+            self.keep_reserve();
             let cands = self.writeback_candidates();
             if cands.is_empty() {
                 break;
@@ -82,18 +85,38 @@ impl Engine {
                 }
             }
         }
-        {
-            let mut m = self.meta.lock();
-            let reserve = (m.table.slot_count() / 100).max(8) as usize;
-            if m.free.len() + m.pending_free.len() < reserve {
-                self.evict(&mut m, reserve);
-            }
-        }
+        self.keep_reserve();
         let due = {
             let m = self.meta.lock();
             !m.records.is_empty() || !m.pending_free.is_empty()
         } && self.commit_state.lock().last_commit.elapsed() >= COMMIT_INTERVAL;
         if due {
+            if let Err(e) = self.commit() {
+                log::warn!("background commit: {e}");
+            }
+        }
+    }
+
+    /// Free slots the background keeps ahead of need.
+    pub(crate) fn reserve_slots(&self, m: &Meta) -> usize {
+        (m.table.slot_count() / 50).max(8) as usize
+    }
+
+    /// Keeps a reserve of free slots: evicts clean blocks when free and
+    /// pending slots fall below it, and commits at once when the free list
+    /// runs low, so that writes to clean blocks (which need new slots) find
+    /// one without evicting and committing themselves.
+    fn keep_reserve(&self) {
+        let commit_now = {
+            let mut m = self.meta.lock();
+            let reserve = self.reserve_slots(&m);
+            let have = m.free.len() + m.pending_free.len();
+            if have < reserve {
+                self.evict(&mut m, reserve - have);
+            }
+            m.free.len() < reserve / 2 && !m.pending_free.is_empty()
+        };
+        if commit_now {
             if let Err(e) = self.commit() {
                 log::warn!("background commit: {e}");
             }
