@@ -51,6 +51,12 @@ pub struct Args {
     /// Accept losing dirty data on exit (writeback on a RAM cache).
     #[arg(long)]
     allow_data_loss: bool,
+    /// Threads that serve NBD requests. Cache hits and in-place rewrites
+    /// run on them directly (one device I/O each, no hand-off to another
+    /// thread), so this is also how many of those can be in flight at the
+    /// cache device; everything else goes to a separate blocking pool.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    io_threads: u16,
 }
 
 pub fn run(reg: &Registry, a: &Args) -> Result<()> {
@@ -107,6 +113,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     // runtime starts any thread.
     unsafe { libc::mallopt(libc::M_ARENA_MAX, (2 * cores) as libc::c_int) };
     let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(a.io_threads.into())
         .enable_all()
         .max_blocking_threads(256)
         .build()

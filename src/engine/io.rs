@@ -259,17 +259,85 @@ impl Engine {
         self.read_inner(offset, len, true).map(|_| ())
     }
 
+    /// The read, done on the caller's thread, if every block it touches is
+    /// unlocked and cached: one cache device read per run of adjacent
+    /// slots, never an origin read or a wait for another request. `None`
+    /// (nothing done) otherwise. For the NBD server's async workers, which
+    /// must not block for long.
+    pub fn try_read_hits(&self, offset: u64, len: u64) -> Option<EngineResult<AlignedBuf>> {
+        let segs = match self
+            .check_open()
+            .and_then(|_| self.segments(offset, len, false))
+        {
+            Ok(s) => s,
+            Err(e) => return Some(Err(e)),
+        };
+        let (first, last) = (segs.first()?.block, segs.last()?.block);
+        let _guard = self.locks.try_lock_range(first, last)?;
+        let mode = self.mode();
+        let all_hits = {
+            let m = self.meta.lock();
+            segs.iter().all(|s| {
+                matches!(m.table.lookup(s.block), Some((_, dirty)) if dirty || mode.reads_cache())
+            })
+        };
+        if !all_hits {
+            return None;
+        }
+        bump(&self.stats.read_requests, 1);
+        Some(self.read_locked(&segs, len, false))
+    }
+
+    /// The write, done on the caller's thread, if the mode holds dirty data
+    /// and every block it touches is unlocked and cached dirty: rewritten in
+    /// place in the cache. `None` (nothing done) otherwise, and for FUA.
+    pub fn try_write_in_place(
+        &self,
+        offset: u64,
+        data: &[u8],
+        fua: bool,
+    ) -> Option<EngineResult<()>> {
+        if fua || !self.mode().holds_dirty() {
+            return None;
+        }
+        let segs = match self
+            .check_open()
+            .and_then(|_| self.segments(offset, data.len() as u64, true))
+        {
+            Ok(s) => s,
+            Err(e) => return Some(Err(e)),
+        };
+        let (first, last) = (segs.first()?.block, segs.last()?.block);
+        let _guard = self.locks.try_lock_range(first, last)?;
+        let all_dirty = {
+            let m = self.meta.lock();
+            segs.iter()
+                .all(|s| self.cacheable(s.block) && m.table.is_dirty(s.block))
+        };
+        if !all_dirty || !self.mode().holds_dirty() {
+            return None;
+        }
+        bump(&self.stats.write_requests, 1);
+        self.flights.touch(first, last);
+        Some(self.write_cached_dirty(&segs, data))
+    }
+
     fn read_inner(&self, offset: u64, len: u64, prefetch: bool) -> EngineResult<AlignedBuf> {
         self.check_open()?;
         let segs = self.segments(offset, len, false)?;
         bump(&self.stats.read_requests, 1);
-        let mut out = AlignedBuf::zeroed(len as usize);
         let Some(first) = segs.first() else {
-            return Ok(out);
+            return Ok(AlignedBuf::zeroed(len as usize));
         };
         let _guard = self
             .locks
             .lock_range(first.block, segs.last().expect("non-empty").block);
+        self.read_locked(&segs, len, prefetch)
+    }
+
+    /// The read of `segs` (non-empty) while their block locks are held.
+    fn read_locked(&self, segs: &[Segment], len: u64, prefetch: bool) -> EngineResult<AlignedBuf> {
+        let mut out = AlignedBuf::zeroed(len as usize);
         let mode = self.mode();
         let promote = mode.promotes_reads() || (prefetch && mode != Mode::Passthrough);
         // The block locks are held: these mappings cannot change under us
@@ -277,7 +345,7 @@ impl Engine {
         // Passthrough reads the origin, except a dirty block, whose only
         // current copy is in the cache: set-mode and detach switch to
         // passthrough before they write the dirty blocks back.
-        let cached = self.lookup_accessed(&segs, |dirty| dirty || mode.reads_cache());
+        let cached = self.lookup_accessed(segs, |dirty| dirty || mode.reads_cache());
         let mut i = 0;
         while i < segs.len() {
             let seg = &segs[i];

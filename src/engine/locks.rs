@@ -52,6 +52,23 @@ impl BlockLocks {
         cv.notify_all();
     }
 
+    /// Locks blocks `first..=last` if none is held, without waiting.
+    pub fn try_lock_range(&self, first: u64, last: u64) -> Option<RangeGuard<'_>> {
+        for b in first..=last {
+            if !self.try_lock(b) {
+                for held in first..b {
+                    self.unlock(held);
+                }
+                return None;
+            }
+        }
+        Some(RangeGuard {
+            locks: self,
+            first,
+            last,
+        })
+    }
+
     /// Locks blocks `first..=last` in ascending order (so two range locks
     /// never deadlock) and returns a guard that unlocks them.
     pub fn lock_range(&self, first: u64, last: u64) -> RangeGuard<'_> {

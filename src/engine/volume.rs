@@ -1,6 +1,13 @@
-//! The asynchronous API: `crate::volume::Volume` over the engine. Each
-//! request runs on tokio's blocking pool, so many are in flight at once and
-//! requests for different blocks never wait on each other.
+//! The asynchronous API: `crate::volume::Volume` over the engine. A read
+//! whose blocks are all cached and unlocked, and a rewrite of blocks that
+//! are all dirty in the cache, run right on the calling worker thread: one
+//! cache device I/O, never an origin request or a wait for another request
+//! (`Engine::try_read_hits`, `Engine::try_write_in_place`). Everything else
+//! runs on tokio's blocking pool, so many are in flight at once and requests
+//! for different blocks never wait on each other. Handing a 4 KiB hit to the
+//! pool and back cost about three context switches and ~30 us of CPU per
+//! request on the 2-core development machine; `serve --io-threads` sets how
+//! many worker threads there are.
 
 use std::sync::Arc;
 
@@ -41,10 +48,18 @@ impl Volume for AsyncEngine {
     }
 
     async fn read(&self, offset: u64, len: u32) -> VolumeResult<AlignedBuf> {
+        // Hits of unlocked blocks cost one cache read: done here, without
+        // the two thread hand-offs of the blocking pool.
+        if let Some(r) = self.0.try_read_hits(offset, len as u64) {
+            return r.map_err(VolumeError::from);
+        }
         run(&self.0, move |e| e.read(offset, len as u64)).await
     }
 
     async fn write(&self, offset: u64, data: AlignedBuf, fua: bool) -> VolumeResult<()> {
+        if let Some(r) = self.0.try_write_in_place(offset, &data, fua) {
+            return r.map_err(VolumeError::from);
+        }
         run(&self.0, move |e| e.write(offset, &data, fua)).await
     }
 
