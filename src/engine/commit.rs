@@ -89,7 +89,16 @@ impl Engine {
         let result = self.commit_io(cs, &records, snapshot, checkpoint.unwrap_or(false));
         match result {
             Ok(()) => {
-                self.meta.lock().free.extend(pending);
+                {
+                    let mut m = self.meta.lock();
+                    m.free.extend(pending);
+                    m.released_blocks.retain(|_, seq| *seq > appended);
+                    if m.released_blocks.capacity() > 4096
+                        && m.released_blocks.len() < m.released_blocks.capacity() / 4
+                    {
+                        m.released_blocks.shrink_to_fit();
+                    }
+                }
                 cs.flushed_through = covered;
                 cs.releases_durable = appended;
                 cs.last_commit = Instant::now();

@@ -143,7 +143,9 @@ impl Engine {
 
     /// `origin_write` without the wait: for a writeback's own flight.
     pub(crate) fn origin_write_now(&self, buf: &[u8], offset: u64) -> EngineResult<()> {
-        if self.releases_pending() {
+        let bs = self.block_bytes;
+        let blocks = offset / bs..=(offset + (buf.len() as u64).max(1) - 1) / bs;
+        if self.releases_pending(blocks) {
             self.commit()?;
         }
         let r = self.origin.write_at(buf, offset).inspect_err(|e| {
@@ -169,6 +171,10 @@ impl Engine {
             }),
             _ => None,
         };
+        let unmapped_block = match r {
+            Record::Unmap { slot } => m.table.slot_block(slot).map(|(b, _)| b),
+            _ => None,
+        };
         let applied = m.table.apply(&r);
         match r {
             Record::Map { slot, .. } => {
@@ -187,8 +193,14 @@ impl Engine {
             m.policy.removed(old);
             m.pending_free.push(old);
         }
-        if matches!(r, Record::Unmap { .. }) || applied.released.is_some() {
+        let released_block = match r {
+            Record::Map { block, .. } if applied.released.is_some() => Some(block),
+            _ => unmapped_block,
+        };
+        if let Some(b) = released_block {
             m.releases_appended += 1;
+            let seq = m.releases_appended;
+            m.released_blocks.insert(b, seq);
         }
         m.records.push(r);
         self.note_completed();
@@ -289,8 +301,8 @@ impl Engine {
     }
 
     /// The write, done on the caller's thread, if the mode holds dirty data
-    /// and every block it touches is unlocked and cached dirty: rewritten in
-    /// place in the cache. `None` (nothing done) otherwise, and for FUA.
+    /// and every block it touches is unlocked and cached dirty in adjacent
+    /// slots: rewritten in place with one cache write. `None` (nothing done) otherwise, and for FUA.
     pub fn try_write_in_place(
         &self,
         offset: u64,
@@ -309,12 +321,16 @@ impl Engine {
         };
         let (first, last) = (segs.first()?.block, segs.last()?.block);
         let _guard = self.locks.try_lock_range(first, last)?;
-        let all_dirty = {
+        // Every block dirty, in adjacent slots: one in-place cache write.
+        let one_write = {
             let m = self.meta.lock();
-            segs.iter()
-                .all(|s| self.cacheable(s.block) && m.table.is_dirty(s.block))
+            let cached: Vec<_> = segs
+                .iter()
+                .map(|s| m.table.lookup(s.block).filter(|_| self.cacheable(s.block)))
+                .collect();
+            adjacent_slots(&cached, |dirty| dirty) == segs.len()
         };
-        if !all_dirty || !self.mode().holds_dirty() {
+        if !one_write || !self.mode().holds_dirty() {
             return None;
         }
         bump(&self.stats.write_requests, 1);
@@ -684,9 +700,22 @@ impl Engine {
 
     /// True if some mapping was removed (unmapped or superseded) in memory
     /// and that removal is not yet durable.
-    pub(crate) fn releases_pending(&self) -> bool {
-        let appended = self.meta.lock().releases_appended;
-        appended > self.commit_state.lock().releases_durable
+    /// True if the mapping of some block in `blocks` was removed (unmapped,
+    /// or superseded by a newer slot) in memory and that removal is not yet
+    /// durable. Only those blocks matter: an origin write to other blocks
+    /// cannot meet a revived old copy.
+    pub(crate) fn releases_pending(&self, blocks: std::ops::RangeInclusive<u64>) -> bool {
+        let durable = self.commit_state.lock().releases_durable;
+        let m = self.meta.lock();
+        if m.released_blocks.len() as u64 <= blocks.end() - blocks.start() {
+            m.released_blocks
+                .iter()
+                .any(|(b, &seq)| seq > durable && blocks.contains(b))
+        } else {
+            blocks
+                .into_iter()
+                .any(|b| m.released_blocks.get(&b).is_some_and(|&seq| seq > durable))
+        }
     }
 }
 

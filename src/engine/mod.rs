@@ -183,6 +183,7 @@ impl Meta {
             + cap(&self.pending_free)
             + cap(&self.records)
             + cap(&self.dirty_since_s)
+            + (self.released_blocks.capacity() * 17) as u64
     }
 }
 
@@ -213,6 +214,10 @@ pub(crate) struct Meta {
     /// Records that removed a mapping (unmap, or a map superseding
     /// another slot), appended since open.
     pub releases_appended: u64,
+    /// Per block whose mapping was removed: the `releases_appended` count of
+    /// its latest removal. Entries a completed commit made durable are
+    /// dropped then.
+    pub released_blocks: std::collections::HashMap<u64, u64>,
 }
 
 /// State under the commit lock: the journal position and the superblock.

@@ -572,6 +572,7 @@ pub(crate) fn open(
             writeback_cursor: 0,
             writeback_active: false,
             releases_appended: 0,
+            released_blocks: Default::default(),
         }),
         commit_state: Mutex::new(CommitState {
             sb,
