@@ -68,7 +68,7 @@ trait Target: Send + Sync {
 /// full paths, so both race with everything else.
 impl Target for Engine {
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), String> {
-        let fast = (offset / 512) % 2 == 0;
+        let fast = (offset / 512).is_multiple_of(2);
         match fast
             .then(|| self.try_write_in_place(offset, data, false))
             .flatten()
@@ -79,7 +79,7 @@ impl Target for Engine {
         .map_err(|e| e.to_string())
     }
     fn read(&self, offset: u64, len: u64) -> Result<Vec<u8>, String> {
-        let fast = (offset / 512) % 2 == 0;
+        let fast = (offset / 512).is_multiple_of(2);
         match fast.then(|| self.try_read_hits(offset, len)).flatten() {
             Some(r) => r,
             None => Engine::read(self, offset, len),

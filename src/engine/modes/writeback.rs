@@ -5,7 +5,12 @@
 //! new contents go to a free slot, and the `Map dirty` record that makes them
 //! current is journalled only after that data is durable. A dirty block is
 //! overwritten in place (exactly as a disk would: an unflushed write may be
-//! torn, never mixed with another block's data).
+//! torn, never mixed with another block's data), unless it is part of a run
+//! of whole blocks that are not all dirty in adjacent slots: the run then
+//! goes to new slots with one cache write, superseding the dirty slots the
+//! same crash-safe way as clean ones (after aged writeback has cleaned a
+//! random part of a region, this keeps a 1 MiB write one device write
+//! instead of up to 256).
 
 use super::super::io::{adjacent_slots, Segment, Stored};
 use super::super::stats::bump;
@@ -32,23 +37,27 @@ impl Engine {
                 i += 1;
                 continue;
             }
+            // Whole blocks from here on, cached or not.
+            let whole = segs[i..]
+                .iter()
+                .take_while(|s| self.full_block(s) && self.cacheable(s.block))
+                .count();
             if let Some((slot, true)) = cached[i] {
                 // Dirty blocks in adjacent slots are rewritten in place with
-                // one device write.
+                // one device write, unless more whole blocks follow: then
+                // they all go to new slots with one write (a dirty slot may
+                // be superseded like a clean one; it is freed only once the
+                // new mapping is durable).
                 let run = adjacent_slots(&cached[i..], |dirty| dirty);
-                let end = segs[i + run - 1].buf.end;
-                self.cache_write(slot, seg.in_block, &data[seg.buf.start..end])?;
-                i += run;
-                continue;
+                if run >= whole {
+                    let end = segs[i + run - 1].buf.end;
+                    self.cache_write(slot, seg.in_block, &data[seg.buf.start..end])?;
+                    i += run;
+                    continue;
+                }
             }
-            // A run of whole blocks going to new slots: stored together.
-            let run = segs[i..]
-                .iter()
-                .zip(&cached[i..])
-                .take_while(|(s, c)| {
-                    self.full_block(s) && self.cacheable(s.block) && !matches!(c, Some((_, true)))
-                })
-                .count();
+            // The run of whole blocks goes to new slots, stored together.
+            let run = whole;
             // Otherwise one block, completed from its old contents.
             let merged;
             let bytes: &[u8] = if run > 0 {
