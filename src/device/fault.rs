@@ -325,24 +325,13 @@ impl FaultDevice {
     /// on the seed and the history, so the same call gives the same image.
     pub fn power_loss_image(&self) -> Vec<u8> {
         let st = self.state.lock();
-        let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
-        let mut survivors: Vec<(&UnflushedWrite, Vec<bool>)> = Vec::new();
-        for write in &st.unflushed {
-            let sectors = write.sector_count();
-            let applied = match rng.gen_range(0..3u8) {
-                0 => continue,
-                1 => vec![true; sectors],
-                _ => (0..sectors).map(|_| rng.gen_bool(0.5)).collect(),
-            };
-            survivors.push((write, applied));
-        }
-        survivors.shuffle(&mut rng);
         let mut image = st.durable.clone();
-        for (write, applied) in survivors {
-            for (sector_index, _) in applied.iter().enumerate().filter(|(_, &on)| on) {
-                write.apply_sector(&mut image, sector_index);
-            }
-        }
+        for_surviving_sectors(
+            self.seed,
+            &st.unflushed,
+            UnflushedWrite::sector_count,
+            |w, i| w.apply_sector(&mut image, i),
+        );
         image
     }
 
@@ -468,6 +457,37 @@ impl BlockDevice for FaultDevice {
     /// crash is recognised as the same disk.
     fn identity(&self) -> u64 {
         fnv1a64(format!("fault\0{}", self.name).as_bytes())
+    }
+}
+
+/// The seeded power-loss model shared by `FaultDevice` and the write
+/// recorder: each unflushed write, in order, is lost, kept whole, or kept
+/// sector by sector at random (one RNG seeded with `seed`); the survivors
+/// land in a shuffled order. Calls `apply(write, sector index)` for every
+/// surviving sector, in landing order. The same seed and writes always give
+/// the same calls.
+pub(crate) fn for_surviving_sectors<T>(
+    seed: u64,
+    unflushed: &[T],
+    sector_count: impl Fn(&T) -> usize,
+    mut apply: impl FnMut(&T, usize),
+) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut survivors: Vec<(&T, Vec<bool>)> = Vec::new();
+    for write in unflushed {
+        let sectors = sector_count(write);
+        let applied = match rng.gen_range(0..3u8) {
+            0 => continue,
+            1 => vec![true; sectors],
+            _ => (0..sectors).map(|_| rng.gen_bool(0.5)).collect(),
+        };
+        survivors.push((write, applied));
+    }
+    survivors.shuffle(&mut rng);
+    for (write, applied) in survivors {
+        for (i, _) in applied.iter().enumerate().filter(|(_, &on)| on) {
+            apply(write, i);
+        }
     }
 }
 

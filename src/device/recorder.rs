@@ -31,10 +31,8 @@
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 
+use super::fault::for_surviving_sectors;
 use super::{BlockDevice, DeviceRef, DeviceResult, SECTOR_BYTES};
 
 /// One entry of the log.
@@ -292,23 +290,9 @@ impl Replay {
             Survival::NoneSurvive => {}
             Survival::AllSurvive => d.unflushed.iter().for_each(|p| p.apply(&mut image)),
             Survival::Random(seed) => {
-                let mut rng = ChaCha8Rng::seed_from_u64(seed);
-                let mut survivors: Vec<(&Pending, Vec<bool>)> = Vec::new();
-                for p in &d.unflushed {
-                    let sectors = p.sector_count();
-                    let applied = match rng.gen_range(0..3u8) {
-                        0 => continue,
-                        1 => vec![true; sectors],
-                        _ => (0..sectors).map(|_| rng.gen_bool(0.5)).collect(),
-                    };
-                    survivors.push((p, applied));
-                }
-                survivors.shuffle(&mut rng);
-                for (p, applied) in survivors {
-                    for (i, _) in applied.iter().enumerate().filter(|(_, &on)| on) {
-                        p.apply_sector(&mut image, i);
-                    }
-                }
+                for_surviving_sectors(seed, &d.unflushed, Pending::sector_count, |p, i| {
+                    p.apply_sector(&mut image, i)
+                })
             }
         }
         image
