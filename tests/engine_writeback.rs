@@ -17,10 +17,14 @@ use tiercache::engine::{CreateOptions, Engine, OpenOptions, WritebackSettings};
 const ORIGIN_BYTES: u64 = 4 << 20;
 const BS: u64 = 4096;
 
-/// An origin that records every write (offset, length) it receives.
+/// An origin that records every write (offset, length) it receives. Its
+/// writes wait at a gate while a test holds it closed (open at setup).
 struct Recorder {
     inner: RamDevice,
     writes: Mutex<Vec<(u64, u64)>>,
+    /// (writes waiting at the gate, gate open)
+    gate: Mutex<(u32, bool)>,
+    cv: parking_lot::Condvar,
 }
 
 impl BlockDevice for Recorder {
@@ -31,6 +35,14 @@ impl BlockDevice for Recorder {
         self.inner.read_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> DeviceResult<()> {
+        let mut g = self.gate.lock();
+        g.0 += 1;
+        self.cv.notify_all();
+        while !g.1 {
+            self.cv.wait(&mut g);
+        }
+        g.0 -= 1;
+        drop(g);
         self.writes.lock().push((offset, buf.len() as u64));
         self.inner.write_at(buf, offset)
     }
@@ -49,6 +61,8 @@ fn setup(w: WritebackSettings) -> (Arc<Recorder>, Arc<Engine>) {
     let origin = Arc::new(Recorder {
         inner: RamDevice::new("origin", ORIGIN_BYTES),
         writes: Mutex::new(Vec::new()),
+        gate: Mutex::new((0, true)),
+        cv: parking_lot::Condvar::new(),
     });
     let cache: DeviceRef = Arc::new(FaultDevice::new(
         "cache",
@@ -198,43 +212,6 @@ fn blocks_older_than_the_maximum_age_are_written_back() {
     );
 }
 
-/// An origin whose writes wait at a gate until the test opens it.
-struct GatedOrigin {
-    inner: RamDevice,
-    /// (writes waiting at the gate, gate open)
-    gate: Mutex<(u32, bool)>,
-    cv: parking_lot::Condvar,
-}
-
-impl BlockDevice for GatedOrigin {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> DeviceResult<()> {
-        self.inner.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> DeviceResult<()> {
-        let mut g = self.gate.lock();
-        g.0 += 1;
-        self.cv.notify_all();
-        while !g.1 {
-            self.cv.wait(&mut g);
-        }
-        g.0 -= 1;
-        drop(g);
-        self.inner.write_at(buf, offset)
-    }
-    fn flush(&self) -> DeviceResult<()> {
-        Ok(())
-    }
-    fn name(&self) -> &str {
-        "gated"
-    }
-    fn identity(&self) -> u64 {
-        43
-    }
-}
-
 /// Runs `f` on a thread and gives up after 10 s instead of hanging.
 fn within_10s<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
     let (tx, rx) = std::sync::mpsc::channel();
@@ -250,22 +227,8 @@ fn within_10s<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'sta
 /// rewrite keeps the block dirty, so the origin ends up with the new data.
 #[test]
 fn a_block_in_writeback_is_read_and_rewritten_without_waiting_for_the_origin() {
-    let origin = Arc::new(GatedOrigin {
-        inner: RamDevice::new("origin", ORIGIN_BYTES),
-        gate: Mutex::new((0, false)),
-        cv: parking_lot::Condvar::new(),
-    });
-    let cache: DeviceRef = Arc::new(FaultDevice::new(
-        "cache",
-        common::cache_bytes_for(100, BS as u32),
-        1,
-    ));
-    let o: DeviceRef = origin.clone();
-    Engine::create(cache.clone(), o.clone(), &CreateOptions::default())
-        .unwrap()
-        .close()
-        .unwrap();
-    let engine = Engine::open(cache, o, &common::no_bg()).unwrap();
+    let (origin, engine) = setup(CreateOptions::default().writeback);
+    origin.gate.lock().1 = false;
     let old = vec![0xAAu8; BS as usize];
     let new = vec![0xBBu8; BS as usize];
     engine.write(5 * BS, &old, false).unwrap();
