@@ -4,6 +4,7 @@
 use std::ops::Range;
 
 use super::format::Record;
+use super::locks::RangeGuard;
 use super::policy::Verdict;
 use super::stats::bump;
 use super::{Engine, EngineError, EngineResult, Meta, Mode};
@@ -277,32 +278,23 @@ impl Engine {
     /// (nothing done) otherwise. For the NBD server's async workers, which
     /// must not block for long.
     pub fn try_read_hits(&self, offset: u64, len: u64) -> Option<EngineResult<AlignedBuf>> {
-        let segs = match self
-            .check_open()
-            .and_then(|_| self.segments(offset, len, false))
-        {
-            Ok(s) => s,
+        let (segs, _guard) = match self.try_lock_request(offset, len, false)? {
+            Ok(locked) => locked,
             Err(e) => return Some(Err(e)),
         };
-        let (first, last) = (segs.first()?.block, segs.last()?.block);
-        let _guard = self.locks.try_lock_range(first, last)?;
         let mode = self.mode();
-        let all_hits = {
-            let m = self.meta.lock();
-            segs.iter().all(|s| {
-                matches!(m.table.lookup(s.block), Some((_, dirty)) if dirty || mode.reads_cache())
-            })
-        };
-        if !all_hits {
+        let cached = self.lookup_accessed(&segs, |dirty| dirty || mode.reads_cache());
+        if cached.iter().any(Option::is_none) {
             return None;
         }
         bump(&self.stats.read_requests, 1);
-        Some(self.read_locked(&segs, len, false))
+        Some(self.read_locked(&segs, len, false, mode, &cached))
     }
 
     /// The write, done on the caller's thread, if the mode holds dirty data
     /// and every block it touches is unlocked and cached dirty in adjacent
-    /// slots: rewritten in place with one cache write. `None` (nothing done) otherwise, and for FUA.
+    /// slots: rewritten in place with one cache write. `None` (nothing
+    /// done) otherwise, and for FUA.
     pub fn try_write_in_place(
         &self,
         offset: u64,
@@ -312,30 +304,43 @@ impl Engine {
         if fua || !self.mode().holds_dirty() {
             return None;
         }
-        let segs = match self
-            .check_open()
-            .and_then(|_| self.segments(offset, data.len() as u64, true))
-        {
-            Ok(s) => s,
+        let (segs, _guard) = match self.try_lock_request(offset, data.len() as u64, true)? {
+            Ok(locked) => locked,
             Err(e) => return Some(Err(e)),
         };
-        let (first, last) = (segs.first()?.block, segs.last()?.block);
-        let _guard = self.locks.try_lock_range(first, last)?;
         // Every block dirty, in adjacent slots: one in-place cache write.
-        let one_write = {
-            let m = self.meta.lock();
-            let cached: Vec<_> = segs
-                .iter()
-                .map(|s| m.table.lookup(s.block).filter(|_| self.cacheable(s.block)))
-                .collect();
-            adjacent_slots(&cached, |dirty| dirty) == segs.len()
-        };
+        let cached = self.lookup_accessed(&segs, |_| true);
+        let one_write = segs.iter().all(|s| self.cacheable(s.block))
+            && adjacent_slots(&cached, |dirty| dirty) == segs.len();
         if !one_write || !self.mode().holds_dirty() {
             return None;
         }
         bump(&self.stats.write_requests, 1);
-        self.flights.touch(first, last);
-        Some(self.write_cached_dirty(&segs, data))
+        self.flights
+            .touch(segs[0].block, segs[segs.len() - 1].block);
+        Some(self.write_cached_dirty_with(&segs, data, &cached))
+    }
+
+    /// A request's segments and a guard over their block locks, taken only
+    /// if none of them is held (`None` otherwise, and for an empty
+    /// request); `Some(Err)` for a request that is not valid.
+    fn try_lock_request(
+        &self,
+        offset: u64,
+        len: u64,
+        write: bool,
+    ) -> Option<EngineResult<(Vec<Segment>, RangeGuard<'_>)>> {
+        let segs = match self
+            .check_open()
+            .and_then(|_| self.segments(offset, len, write))
+        {
+            Ok(s) => s,
+            Err(e) => return Some(Err(e)),
+        };
+        let guard = self
+            .locks
+            .try_lock_range(segs.first()?.block, segs.last()?.block)?;
+        Some(Ok((segs, guard)))
     }
 
     fn read_inner(&self, offset: u64, len: u64, prefetch: bool) -> EngineResult<AlignedBuf> {
@@ -348,20 +353,29 @@ impl Engine {
         let _guard = self
             .locks
             .lock_range(first.block, segs.last().expect("non-empty").block);
-        self.read_locked(&segs, len, prefetch)
-    }
-
-    /// The read of `segs` (non-empty) while their block locks are held.
-    fn read_locked(&self, segs: &[Segment], len: u64, prefetch: bool) -> EngineResult<AlignedBuf> {
-        let mut out = AlignedBuf::zeroed(len as usize);
         let mode = self.mode();
-        let promote = mode.promotes_reads() || (prefetch && mode != Mode::Passthrough);
         // The block locks are held: these mappings cannot change under us
         // (eviction and writeback only take blocks they can lock).
         // Passthrough reads the origin, except a dirty block, whose only
         // current copy is in the cache: set-mode and detach switch to
         // passthrough before they write the dirty blocks back.
-        let cached = self.lookup_accessed(segs, |dirty| dirty || mode.reads_cache());
+        let cached = self.lookup_accessed(&segs, |dirty| dirty || mode.reads_cache());
+        self.read_locked(&segs, len, prefetch, mode, &cached)
+    }
+
+    /// The read of `segs` (non-empty) while their block locks are held.
+    /// (`cached`: `lookup_accessed` of `segs` under these locks, hits kept
+    /// as `mode` reads them.)
+    fn read_locked(
+        &self,
+        segs: &[Segment],
+        len: u64,
+        prefetch: bool,
+        mode: Mode,
+        cached: &[Option<(u32, bool)>],
+    ) -> EngineResult<AlignedBuf> {
+        let mut out = AlignedBuf::zeroed(len as usize);
+        let promote = mode.promotes_reads() || (prefetch && mode != Mode::Passthrough);
         let mut i = 0;
         while i < segs.len() {
             let seg = &segs[i];

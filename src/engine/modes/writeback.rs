@@ -23,8 +23,19 @@ impl Engine {
 
     /// The write path of the modes that hold dirty data (writeback, writeonly).
     pub(crate) fn write_cached_dirty(&self, segs: &[Segment], data: &[u8]) -> EngineResult<()> {
-        let bs = self.block_bytes;
         let cached = self.lookup_accessed(segs, |_| true);
+        self.write_cached_dirty_with(segs, data, &cached)
+    }
+
+    /// `write_cached_dirty` with the segments' lookups already made (by
+    /// `lookup_accessed`, under the block locks the caller holds).
+    pub(crate) fn write_cached_dirty_with(
+        &self,
+        segs: &[Segment],
+        data: &[u8],
+        cached: &[Option<(u32, bool)>],
+    ) -> EngineResult<()> {
+        let bs = self.block_bytes;
         let hits = cached.iter().filter(|c| c.is_some()).count() as u64;
         bump(&self.stats.write_hits, hits);
         bump(&self.stats.write_misses, segs.len() as u64 - hits);
