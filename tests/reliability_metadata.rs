@@ -361,15 +361,7 @@ fn trial(base: &Base, region: &Region, img: Vec<u8>, deep: bool) -> Result<&'sta
         ));
     }
     if deep {
-        engine
-            .flush_all(&mut |_, _| {})
-            .map_err(|e| format!("flush_all: {e}"))?;
-        engine.detach().map_err(|e| format!("detach: {e}"))?;
-        let mut back = vec![0u8; origin_bytes as usize];
-        origin.read_at(&mut back, 0).unwrap();
-        if back != volume {
-            return Err("after detach the origin differs from the volume".into());
-        }
+        common::detach_and_compare(&engine, &*origin, &volume)?;
     }
     Ok(outcome)
 }

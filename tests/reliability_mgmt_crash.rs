@@ -376,16 +376,7 @@ fn verify(
         }
     }
     model.verify(&volume).map_err(|e| format!("volume: {e}"))?;
-    engine
-        .flush_all(&mut |_, _| {})
-        .map_err(|e| format!("flush_all: {e}"))?;
-    engine.detach().map_err(|e| format!("detach: {e}"))?;
-    let mut back = vec![0u8; ORIGIN_BYTES as usize];
-    origin.read_at(&mut back, 0).unwrap();
-    if back != volume {
-        return Err("after writeback and detach the origin differs from the volume".into());
-    }
-    Ok(())
+    common::detach_and_compare(&engine, &*origin, &volume)
 }
 
 /// All N for one operation; returns (events the operation needs, images).

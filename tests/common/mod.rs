@@ -255,3 +255,22 @@ pub fn seed() -> u64 {
                 .map_or(1, |d| d.as_nanos() as u64)
         })
 }
+
+/// Writes every dirty block back, detaches, and checks that the origin now
+/// holds exactly `volume` (what the volume read before).
+pub fn detach_and_compare(
+    engine: &Engine,
+    origin: &dyn tiercache::device::BlockDevice,
+    volume: &[u8],
+) -> Result<(), String> {
+    engine
+        .flush_all(&mut |_, _| {})
+        .map_err(|e| format!("flush_all: {e}"))?;
+    engine.detach().map_err(|e| format!("detach: {e}"))?;
+    let mut back = vec![0u8; volume.len()];
+    origin.read_at(&mut back, 0).unwrap();
+    if back != volume {
+        return Err("after writeback and detach the origin differs from the volume".into());
+    }
+    Ok(())
+}
