@@ -127,11 +127,45 @@ class Phases:
         return ", ".join(self.done)
 
 
+def meminfo_kib(*keys):
+    vals = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            k, v = line.split(":", 1)
+            vals[k] = int(v.split()[0])
+    return sum(vals.get(k, 0) for k in keys)
+
+
+def settle(max_wait_s=60):
+    """Starts each system on a quiet disk and an empty page cache: the one
+    before may leave dirty pages (nbdkit's cache filter writes its cache
+    file through the page cache) whose writeback would slow the next
+    system's jobs, and cached origin pages would speed them. Syncs, drops
+    clean pages (as root), and waits until little is dirty or in
+    writeback. Returns what it could do, for the report."""
+    t0 = time.monotonic()
+    os.sync()
+    dropped = False
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        dropped = True
+    except OSError:
+        pass
+    while meminfo_kib("Dirty", "Writeback") > 16 * 1024 and time.monotonic() - t0 < max_wait_s:
+        time.sleep(0.5)
+    time.sleep(1)
+    return dropped
+
+
 def bench_system(system, plan, work_dir, skip, results):
     d = os.path.join(work_dir, system.key)
     os.makedirs(d)
     log(f"{system.key}: {system.describe}")
     phase = Phases()
+    if not settle():
+        system.notes.append("page cache not dropped before this system (not root)")
+    phase("settle")
     try:
         system.start(d, plan.volume_bytes)
         phase("start")
@@ -178,6 +212,7 @@ def bench_sustained(plan, binary, work_dir, systems, results):
         d = os.path.join(work_dir, f"sustained-{key}")
         os.makedirs(d)
         log(f"sustained writeback: {key}")
+        settle()
         try:
             system.start(d, plan.volume_bytes)
             if region_bytes is None:
@@ -243,6 +278,7 @@ def main():
             bench_sustained(plan, binary, work_dir, systems, results)
         if "ram" not in skip and "tc-writeback" in systems:
             log("RAM per cache block: tiercache writeback")
+            settle()
             t_ram = time.monotonic()
             results["ram"] = wl.ram_cost(
                 lambda key, cache_bytes, wb: Tiercache(binary, "writeback", cache_bytes, key=key,

@@ -83,7 +83,7 @@ impl Engine {
             // half full; the snapshot is taken together with the records so
             // it equals the state those records lead to.
             let snapshot = (checkpoint.is_some() || in_use + pages > journal_pages / 2)
-                .then(|| m.table.entries.clone());
+                .then(|| m.table.entries.to_vec());
             (records, pending, snapshot, appended)
         };
         let result = self.commit_io(cs, &records, snapshot, checkpoint.unwrap_or(false));

@@ -6,6 +6,7 @@
 //! Linear probing with backward-shift deletion keeps it tombstone-free; the
 //! table never grows because the slot count is fixed when a cache is opened.
 
+use super::entries::Entries;
 use super::format::entry_decode;
 
 const EMPTY: u32 = u32::MAX;
@@ -57,14 +58,14 @@ impl BlockIndex {
         }
     }
 
-    fn block_of(entries: &[u64], slot: u32) -> u64 {
-        entry_decode(entries[slot as usize])
+    fn block_of(entries: &Entries, slot: u32) -> u64 {
+        entry_decode(entries.get(slot as usize))
             .expect("an indexed slot holds a block")
             .0
     }
 
     /// Bucket holding `block`, if any.
-    fn find(&self, entries: &[u64], block: u64) -> Option<usize> {
+    fn find(&self, entries: &Entries, block: u64) -> Option<usize> {
         let mut i = self.home(block);
         loop {
             let s = self.buckets[i];
@@ -78,13 +79,13 @@ impl BlockIndex {
         }
     }
 
-    pub fn get(&self, entries: &[u64], block: u64) -> Option<u32> {
+    pub fn get(&self, entries: &Entries, block: u64) -> Option<u32> {
         self.find(entries, block).map(|i| self.buckets[i])
     }
 
     /// Points `block` at `slot`; `entries[slot]` must already name `block`.
     /// Returns the slot it replaced.
-    pub fn insert(&mut self, entries: &[u64], block: u64, slot: u32) -> Option<u32> {
+    pub fn insert(&mut self, entries: &Entries, block: u64, slot: u32) -> Option<u32> {
         let mut i = self.home(block);
         loop {
             let s = self.buckets[i];
@@ -107,7 +108,7 @@ impl BlockIndex {
     }
 
     /// Removes `block`; `entries` must still name it for its slot.
-    pub fn remove(&mut self, entries: &[u64], block: u64) -> Option<u32> {
+    pub fn remove(&mut self, entries: &Entries, block: u64) -> Option<u32> {
         let mut hole = self.find(entries, block)?;
         let removed = self.buckets[hole];
         self.len -= 1;
@@ -148,25 +149,26 @@ mod tests {
         for seed in 0..8u64 {
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
             let slots = [16u64, 100, 1000][seed as usize % 3];
-            let mut entries = vec![ENTRY_FREE; slots as usize];
+            let span = slots * 3;
+            // Narrow entries (a small origin).
+            let mut entries = Entries::new(slots, span);
             let mut idx = BlockIndex::new(slots);
             let mut model: HashMap<u64, u32> = HashMap::new();
             // Few distinct blocks so that probe runs collide and wrap.
-            let span = slots * 3;
             for _ in 0..20_000 {
                 let slot = rng.gen_range(0..slots) as u32;
-                if let Some((b, _)) = entry_decode(entries[slot as usize]) {
+                if let Some((b, _)) = entry_decode(entries.get(slot as usize)) {
                     assert_eq!(idx.remove(&entries, b), Some(slot), "seed {seed}");
                     model.remove(&b);
-                    entries[slot as usize] = ENTRY_FREE;
+                    entries.set(slot as usize, ENTRY_FREE);
                 }
                 if rng.gen_bool(0.7) {
                     let block = rng.gen_range(0..span);
                     if let Some(old) = model.get(&block).copied() {
                         assert_eq!(idx.remove(&entries, block), Some(old));
-                        entries[old as usize] = ENTRY_FREE;
+                        entries.set(old as usize, ENTRY_FREE);
                     }
-                    entries[slot as usize] = entry_encode(block, false);
+                    entries.set(slot as usize, entry_encode(block, false));
                     assert_eq!(idx.insert(&entries, block, slot), None);
                     model.insert(block, slot);
                 }
@@ -181,11 +183,12 @@ mod tests {
     #[test]
     fn full_cache_fits() {
         let slots = 1000u64;
-        let mut entries = vec![ENTRY_FREE; slots as usize];
+        // Wide entries (blocks past 2^31).
+        let mut entries = Entries::new(slots, 1 << 41);
         let mut idx = BlockIndex::new(slots);
         for s in 0..slots {
             let block = s * 7919 + (1 << 40);
-            entries[s as usize] = entry_encode(block, true);
+            entries.set(s as usize, entry_encode(block, true));
             idx.insert(&entries, block, s as u32);
         }
         assert_eq!(idx.len(), slots);

@@ -207,32 +207,30 @@ impl Engine {
         self.note_completed();
     }
 
-    /// A slot that is free on disk, evicting clean blocks (and committing
-    /// their release) if needed. `None` if every block is dirty or busy.
-    pub(crate) fn alloc_slot(&self) -> EngineResult<Option<u32>> {
+    /// Up to `n` slots free on disk (adjacent where the free slots allow),
+    /// evicting clean blocks (and committing their release) if none is
+    /// free. Empty if every block is dirty or busy.
+    pub(crate) fn alloc_slots(&self, n: usize) -> EngineResult<Vec<u32>> {
         for _ in 0..3 {
             {
                 let mut m = self.meta.lock();
-                if let Some(s) = m.free.pop() {
+                if !m.free.is_empty() {
+                    let before = m.free.len();
+                    let slots = m.free.take(n);
                     // Running low: the background evicts and commits ahead.
-                    if m.free.len() == self.reserve_slots(&m) / 2 {
+                    let low = self.reserve_slots(&m) / 2;
+                    if before > low && m.free.len() <= low {
                         self.wake_background();
                     }
-                    // Give back the memory of a free list that held most of
-                    // an empty cache once the cache has filled.
-                    if m.free.capacity() > 4096 && m.free.len() < m.free.capacity() / 4 {
-                        let keep = m.free.len() * 2;
-                        m.free.shrink_to(keep);
-                    }
-                    return Ok(Some(s));
+                    return Ok(slots);
                 }
                 if m.pending_free.is_empty() && self.evict(&mut m, EVICT_BATCH) == 0 {
-                    return Ok(None);
+                    return Ok(Vec::new());
                 }
             }
             self.commit()?;
         }
-        Ok(self.meta.lock().free.pop())
+        Ok(self.meta.lock().free.take(n))
     }
 
     /// Evicts up to `want` clean, unlocked blocks; returns how many. Their
@@ -500,18 +498,9 @@ impl Engine {
             // full cache (write around it, skip the promotion).
             return Ok((0, Stored::NoSlot));
         }
-        let Some(first_slot) = self.alloc_slot()? else {
+        let slots = self.alloc_slots(n)?;
+        if slots.is_empty() {
             return Ok((0, Stored::NoSlot));
-        };
-        let mut slots = vec![first_slot];
-        if n > 1 {
-            let mut m = self.meta.lock();
-            while slots.len() < n {
-                match m.free.pop() {
-                    Some(s) => slots.push(s),
-                    None => break,
-                }
-            }
         }
         let mut written = 0;
         let mut failure = None;
@@ -529,8 +518,7 @@ impl Engine {
             written += run;
         }
         let mut m = self.meta.lock();
-        // Back in reverse, so they are handed out in ascending order again.
-        m.free.extend(slots[written..].iter().rev());
+        m.free.extend(slots[written..].iter().copied());
         for (k, &slot) in slots[..written].iter().enumerate() {
             let block = first_block + k as u64;
             self.append(&mut m, Record::Map { slot, block, dirty });

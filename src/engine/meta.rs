@@ -4,15 +4,16 @@
 
 use std::collections::BinaryHeap;
 
+use super::entries::Entries;
 use super::format::{entry_decode, entry_encode, Record, ENTRY_DIRTY, ENTRY_FREE};
 use super::index::BlockIndex;
 
-/// In memory a cached block costs its entry (8 bytes) and an index bucket
-/// (4 bytes at most 4/5 full); dirty blocks are found by scanning entries,
+/// In memory a cached block costs its entry (4 bytes, or 8 for origins of
+/// 2^31 blocks or more) and an index bucket (4 bytes at most 4/5 full); dirty blocks are found by scanning entries,
 /// so being dirty costs nothing extra.
 pub struct Table {
     /// Per slot: `format::entry_encode` or ENTRY_FREE.
-    pub entries: Vec<u64>,
+    pub entries: Entries,
     /// Origin block -> slot.
     index: BlockIndex,
     dirty_count: u64,
@@ -29,7 +30,7 @@ pub struct Applied {
 impl Table {
     pub fn new(slot_count: u64, origin_blocks: u64) -> Table {
         Table {
-            entries: vec![ENTRY_FREE; slot_count as usize],
+            entries: Entries::new(slot_count, origin_blocks),
             index: BlockIndex::new(slot_count),
             dirty_count: 0,
             origin_blocks,
@@ -38,19 +39,13 @@ impl Table {
 
     /// Heap bytes of the entries and the block index.
     pub fn heap_bytes(&self) -> u64 {
-        (self.entries.capacity() * 8) as u64 + self.index.heap_bytes()
+        self.entries.heap_bytes() + self.index.heap_bytes()
     }
 
     /// Builds a table from checkpoint entries, checking its invariants.
     pub fn from_entries(entries: Vec<u64>, origin_blocks: u64) -> Result<Table, String> {
-        let mut t = Table {
-            index: BlockIndex::new(entries.len() as u64),
-            entries,
-            dirty_count: 0,
-            origin_blocks,
-        };
-        for slot in 0..t.entries.len() {
-            let e = t.entries[slot];
+        let mut t = Table::new(entries.len() as u64, origin_blocks);
+        for (slot, &e) in entries.iter().enumerate() {
             if e == ENTRY_FREE {
                 continue;
             }
@@ -66,6 +61,7 @@ impl Table {
                     "slots {other} and {slot} both hold origin block {block}"
                 ));
             }
+            t.entries.set(slot, e);
             t.index.insert(&t.entries, block, slot as u32);
             if dirty {
                 t.dirty_count += 1;
@@ -81,7 +77,7 @@ impl Table {
     pub fn lookup(&self, block: u64) -> Option<(u32, bool)> {
         self.index
             .get(&self.entries, block)
-            .map(|s| (s, self.entries[s as usize] & ENTRY_DIRTY != 0))
+            .map(|s| (s, self.entries.get(s as usize) & ENTRY_DIRTY != 0))
     }
 
     pub fn is_dirty(&self, block: u64) -> bool {
@@ -89,7 +85,7 @@ impl Table {
     }
 
     pub fn slot_block(&self, slot: u32) -> Option<(u64, bool)> {
-        entry_decode(self.entries[slot as usize])
+        entry_decode(self.entries.get(slot as usize))
     }
 
     pub fn used(&self) -> u64 {
@@ -110,7 +106,7 @@ impl Table {
         // every block at or above it.
         let key = |b: u64| (b < cursor, b);
         let mut heap: BinaryHeap<(bool, u64)> = BinaryHeap::with_capacity(want + 1);
-        for &e in &self.entries {
+        for e in self.entries.iter() {
             if e & ENTRY_DIRTY == 0 {
                 continue;
             }
@@ -134,8 +130,8 @@ impl Table {
         let mut v: Vec<u64> = self
             .entries
             .iter()
-            .filter(|&&e| e & ENTRY_DIRTY != 0)
-            .filter_map(|&e| entry_decode(e).map(|(b, _)| b))
+            .filter(|&e| e & ENTRY_DIRTY != 0)
+            .filter_map(|e| entry_decode(e).map(|(b, _)| b))
             .collect();
         v.sort_unstable();
         v
@@ -158,7 +154,7 @@ impl Table {
         if slot as u64 >= self.slot_count() {
             return Err(format!("record names slot {slot} of {}", self.slot_count()));
         }
-        if !matches!(r, Record::Map { .. }) && self.entries[slot as usize] == ENTRY_FREE {
+        if !matches!(r, Record::Map { .. }) && self.entries.get(slot as usize) == ENTRY_FREE {
             return Err(format!("record {r:?} names a free slot"));
         }
         Ok(())
@@ -174,16 +170,16 @@ impl Table {
                     self.clear_slot(old);
                     applied.released = Some(old);
                 }
-                self.entries[slot as usize] = entry_encode(block, dirty);
+                self.entries.set(slot as usize, entry_encode(block, dirty));
                 self.index.insert(&self.entries, block, slot);
                 if dirty {
                     self.dirty_count += 1;
                 }
             }
             Record::Clean { slot } => {
-                let e = &mut self.entries[slot as usize];
-                if *e != ENTRY_FREE && *e & ENTRY_DIRTY != 0 {
-                    *e &= !ENTRY_DIRTY;
+                let e = self.entries.get(slot as usize);
+                if e != ENTRY_FREE && e & ENTRY_DIRTY != 0 {
+                    self.entries.set(slot as usize, e & !ENTRY_DIRTY);
                     self.dirty_count -= 1;
                 }
             }
@@ -201,7 +197,7 @@ impl Table {
                 self.index.remove(&self.entries, block);
             }
         }
-        self.entries[slot as usize] = ENTRY_FREE;
+        self.entries.set(slot as usize, ENTRY_FREE);
     }
 
     /// Frees every slot holding a clean block; returns how many.
@@ -216,12 +212,9 @@ impl Table {
         n
     }
 
-    pub fn free_slots(&self) -> Vec<u32> {
-        // Descending, so that pop() hands out low slots first.
-        (0..self.entries.len() as u32)
-            .rev()
-            .filter(|&s| self.entries[s as usize] == ENTRY_FREE)
-            .collect()
+    /// The free slots, ascending.
+    pub fn free_slots(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..self.entries.len() as u32).filter(|&s| self.entries.get(s as usize) == ENTRY_FREE)
     }
 }
 
@@ -277,7 +270,7 @@ mod tests {
         assert!(Table::from_entries(vec![entry_encode(10, false)], 10).is_err());
         let t = Table::from_entries(vec![entry_encode(3, true), 0], 10).unwrap();
         assert_eq!(t.dirty_count(), 1);
-        assert_eq!(t.free_slots(), vec![1]);
+        assert_eq!(t.free_slots().collect::<Vec<_>>(), vec![1]);
     }
 
     #[test]

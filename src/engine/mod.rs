@@ -2,6 +2,8 @@
 //!
 //! - `format.rs`: the on-disk format (superblock, journal, checkpoints).
 //! - `meta.rs`: the in-memory mapping table, changed only by records.
+//! - `entries.rs`: its per-slot entries, 4 bytes each for origins below 2^31 blocks.
+//! - `free.rs`: the free slots, as a bitmap that finds adjacent runs.
 //! - `commit.rs`: the commit protocol (group commit, journal, checkpoints).
 //! - `recovery.rs`: open, replay, and the offline `check`.
 //! - `load_fuzz.rs`: loading metadata from untrusted bytes (fuzz harness).
@@ -12,10 +14,12 @@
 //! - `volume.rs`: the asynchronous API (`crate::volume::Volume`).
 
 pub mod commit;
+pub mod entries;
 pub mod error;
 pub mod failure;
 pub mod flights;
 pub mod format;
+pub mod free;
 pub mod index;
 pub mod io;
 pub mod load_fuzz;
@@ -179,7 +183,7 @@ impl Meta {
         }
         self.table.heap_bytes()
             + self.policy.list().heap_bytes()
-            + cap(&self.free)
+            + self.free.heap_bytes()
             + cap(&self.pending_free)
             + cap(&self.records)
             + cap(&self.dirty_since_s)
@@ -192,7 +196,7 @@ pub(crate) struct Meta {
     pub table: Table,
     pub policy: Box<dyn Policy>,
     /// Slots that are free on disk: safe to overwrite.
-    pub free: Vec<u32>,
+    pub free: free::FreeSlots,
     /// Slots freed in memory whose release is not yet durable; they join
     /// `free` when the commit that carries their records completes.
     pub pending_free: Vec<u32>,

@@ -527,12 +527,13 @@ pub(crate) fn open(
         );
     }
     let mut policy = policy_kind.build(layout.slot_count as u32);
-    for (slot, &e) in table.entries.iter().enumerate() {
+    for (slot, e) in table.entries.iter().enumerate() {
         if e != 0 {
             policy.inserted(slot as u32);
         }
     }
-    let free = table.free_slots();
+    let mut free = super::free::FreeSlots::new(table.slot_count());
+    free.extend(table.free_slots());
     let dirty_since_s = vec![0u16; table.slot_count() as usize];
     let block_bytes = layout.block_bytes as u64;
     let clean = sb.clean_shutdown.get() == 1 && loaded.pages_replayed == 0 && !distrust;
@@ -604,7 +605,7 @@ pub(crate) fn open(
             // Pages after the replayed ones may hold valid pages of an
             // interrupted commit; start the new journal a full ring later so
             // none of them can ever be taken for a new page.
-            let entries = engine.meta.lock().table.entries.clone();
+            let entries = engine.meta.lock().table.entries.to_vec();
             let restart = loaded.journal_end_seq + layout.journal_pages;
             engine.write_checkpoint(&mut cs, &entries, restart, false)?;
             if distrust {

@@ -155,7 +155,7 @@ impl Engine {
         let mut v = Vec::new();
         let mut s = m.aged_scan_cursor as usize % n.max(1);
         for _ in 0..n {
-            let e = m.table.entries[s];
+            let e = m.table.entries.get(s);
             if e & ENTRY_DIRTY != 0 && (now_s as u16).wrapping_sub(m.dirty_since_s[s]) >= max_age {
                 if let Some((b, _)) = entry_decode(e) {
                     v.push(b);

@@ -1,0 +1,234 @@
+//! Slots that are free on disk, as a bitmap (1 bit per slot), so that a
+//! store of several blocks can find slots next to each other: a multi-block
+//! hit is then one cache device read per run of adjacent slots, not one per
+//! block. Single slots come from the lowest free slot (filling holes);
+//! runs come next-fit from where the last run ended, so holes do not push
+//! long runs apart.
+
+/// Words scanned per run search before giving up on adjacency (2^20 slots):
+/// a bound on the time a store spends under the metadata lock.
+const RUN_SCAN_WORDS: usize = 1 << 14;
+
+pub struct FreeSlots {
+    /// Bit `s % 64` of word `s / 64` is set when slot `s` is free. Bits past
+    /// the last slot are never set.
+    words: Vec<u64>,
+    count: usize,
+    /// Every word below this one is zero.
+    low_word: usize,
+    /// Where the next run search starts.
+    next_word: usize,
+}
+
+impl FreeSlots {
+    /// No slot free.
+    pub fn new(slot_count: u64) -> FreeSlots {
+        FreeSlots {
+            words: vec![0; (slot_count as usize).div_ceil(64)],
+            count: 0,
+            low_word: 0,
+            next_word: 0,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    pub fn heap_bytes(&self) -> u64 {
+        (self.words.capacity() * 8) as u64
+    }
+
+    pub fn contains(&self, slot: u32) -> bool {
+        let s = slot as usize;
+        self.words
+            .get(s / 64)
+            .is_some_and(|w| w & (1 << (s % 64)) != 0)
+    }
+
+    /// Marks `slot` free. Freeing a free slot is a bug.
+    pub fn insert(&mut self, slot: u32) {
+        let s = slot as usize;
+        let w = &mut self.words[s / 64];
+        assert!(*w & (1 << (s % 64)) == 0, "slot {slot} freed twice");
+        *w |= 1 << (s % 64);
+        self.count += 1;
+        self.low_word = self.low_word.min(s / 64);
+    }
+
+    pub fn extend(&mut self, slots: impl IntoIterator<Item = u32>) {
+        for s in slots {
+            self.insert(s);
+        }
+    }
+
+    /// The lowest free slot, taken.
+    pub fn pop(&mut self) -> Option<u32> {
+        if self.count == 0 {
+            return None;
+        }
+        while self.words[self.low_word] == 0 {
+            self.low_word += 1;
+        }
+        let w = &mut self.words[self.low_word];
+        let bit = w.trailing_zeros() as usize;
+        *w &= !(1 << bit);
+        self.count -= 1;
+        Some((self.low_word * 64 + bit) as u32)
+    }
+
+    /// Up to `n` free slots, taken, ascending: `n` adjacent slots if a run
+    /// that long is found within the scan bound, else the lowest ones.
+    pub fn take(&mut self, n: usize) -> Vec<u32> {
+        let n = n.min(self.count);
+        if n > 1 {
+            if let Some(start) = self.find_run(n) {
+                for s in start..start + n {
+                    self.words[s / 64] &= !(1 << (s % 64));
+                }
+                self.count -= n;
+                self.next_word = (start + n) / 64;
+                return (start..start + n).map(|s| s as u32).collect();
+            }
+        }
+        (0..n).map_while(|_| self.pop()).collect()
+    }
+
+    /// The first slot of `n` adjacent free slots, searching from
+    /// `next_word` to the end and then from the lowest free word.
+    fn find_run(&self, n: usize) -> Option<usize> {
+        let end = self.words.len();
+        let from = self.next_word.min(end);
+        let mut budget = RUN_SCAN_WORDS;
+        for (lo, hi) in [(from, end), (self.low_word, from)] {
+            let hi = hi.min(lo + budget);
+            if lo >= hi {
+                continue;
+            }
+            budget -= hi - lo;
+            if let Some(s) = self.find_run_in(n, lo, hi) {
+                return Some(s);
+            }
+        }
+        None
+    }
+
+    /// A run of `n` free slots that starts in words `[lo, hi)`.
+    fn find_run_in(&self, n: usize, lo: usize, hi: usize) -> Option<usize> {
+        let mut run_start = 0;
+        let mut run_len = 0;
+        for i in lo..self.words.len() {
+            let w = self.words[i];
+            if i >= hi && run_len == 0 {
+                return None;
+            }
+            if w == !0 {
+                if run_len == 0 {
+                    run_start = i * 64;
+                }
+                run_len += 64;
+                if run_len >= n {
+                    return Some(run_start);
+                }
+                continue;
+            }
+            // Walk the word's runs of ones, lowest bit first.
+            let mut b = 0u32;
+            while b < 64 {
+                let rest = w >> b;
+                if rest == 0 {
+                    run_len = 0;
+                    break;
+                }
+                let zeros = rest.trailing_zeros();
+                if zeros > 0 {
+                    run_len = 0;
+                    b += zeros;
+                    continue;
+                }
+                if i >= hi && run_len == 0 {
+                    return None;
+                }
+                let ones = rest.trailing_ones();
+                if run_len == 0 {
+                    run_start = i * 64 + b as usize;
+                }
+                run_len += ones as usize;
+                if run_len >= n {
+                    return Some(run_start);
+                }
+                b += ones;
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(slot_count: u64, free: impl IntoIterator<Item = u32>) -> FreeSlots {
+        let mut f = FreeSlots::new(slot_count);
+        f.extend(free);
+        f
+    }
+
+    #[test]
+    fn pop_hands_out_the_lowest_first() {
+        let mut f = with(200, [150, 3, 70, 64]);
+        assert_eq!(f.len(), 4);
+        assert_eq!(f.pop(), Some(3));
+        assert_eq!(f.pop(), Some(64));
+        f.insert(1);
+        assert_eq!(f.pop(), Some(1));
+        assert_eq!(f.pop(), Some(70));
+        assert_eq!(f.pop(), Some(150));
+        assert_eq!(f.pop(), None);
+        assert!(f.is_empty());
+    }
+
+    #[test]
+    fn take_prefers_a_run_over_holes() {
+        // Holes at 0, 2, 4, ..., 98; a run of 100 free slots from 130.
+        let mut f = with(300, (0..50).map(|k| 2 * k).chain(130..230));
+        assert_eq!(f.take(100), (130..230).collect::<Vec<u32>>());
+        assert_eq!(f.len(), 50);
+        // No run of 3 is left: the lowest slots instead.
+        assert_eq!(f.take(3), vec![0, 2, 4]);
+        // A run of two is never found either; single slots fill holes.
+        assert_eq!(f.pop(), Some(6));
+    }
+
+    #[test]
+    fn runs_cross_words_and_searches_wrap() {
+        let mut f = with(256, (60..70).chain(200..256));
+        assert_eq!(f.take(10), (60..70).collect::<Vec<u32>>());
+        // The next search starts past the last run and finds one at 200.
+        assert_eq!(f.take(50), (200..250).collect::<Vec<u32>>());
+        f.extend(10..20);
+        // From word 3 to the end there are 6 free slots: wrap to the start.
+        assert_eq!(f.take(8), (10..18).collect::<Vec<u32>>());
+        assert_eq!(f.take(100).len(), 8);
+        assert!(f.is_empty());
+        assert_eq!(f.take(4), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn a_run_at_the_very_end_is_found() {
+        let mut f = with(130, [0].into_iter().chain(120..130));
+        assert_eq!(f.take(10), (120..130).collect::<Vec<u32>>());
+        assert!(f.contains(0) && !f.contains(125));
+    }
+
+    #[test]
+    #[should_panic(expected = "freed twice")]
+    fn double_free_is_a_bug() {
+        let mut f = with(10, [4]);
+        f.insert(4);
+    }
+}
