@@ -219,15 +219,20 @@ def render(results, plots):
                  "writeback never starting (high watermark 100%, age 1 hour). Min leaves out the "
                  f"first and last {plan['log_avg_ms']} ms interval.")
         L.append("")
-        L.append("| run | mean IOPS | min IOPS | min / idle mean | max dirty | blocks written back "
-                 "| checkpoints | max latency |")
-        L.append("|---|--:|--:|--:|--:|--:|--:|--:|")
+        L.append("`min / own mean`: how far a run's 1-second intervals dip below its own "
+                 "mean; for the idle run that is the workload and the host alone, the noise "
+                 "floor of this measurement.")
+        L.append("")
+        L.append("| run | mean IOPS | min IOPS | min / idle mean | min / own mean | max dirty "
+                 "| blocks written back | checkpoints | max latency |")
+        L.append("|---|--:|--:|--:|--:|--:|--:|--:|--:|")
         for k, r in sus.items():
             if "mean_iops" not in r:
                 continue
             dirty = max((x[1] for x in r.get("dirty_pct", [])), default=None)
             L.append(f"| {k} | {fmt_num(r['mean_iops'])} | {fmt_num(r['min_iops'])} | "
                      f"{fmt_ratio(ratio(r['min_iops'], idle))} | "
+                     f"{fmt_ratio(ratio(r['min_iops'], r['mean_iops']))} | "
                      f"{'' if dirty is None else f'{dirty:.0f}%'} | "
                      f"{fmt_num(r.get('written_back_blocks'))} | {fmt_num(r.get('checkpoints'))} | "
                      f"{fmt_lat(r.get('max_us'))} |")
