@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use tiercache::device::fault::FaultDevice;
 use tiercache::device::DeviceRef;
-use tiercache::engine::format::Layout;
+use tiercache::engine::format::{Layout, PAGE_BYTES};
 use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions};
 
 const ORIGIN_BYTES: u64 = 1 << 20;
@@ -154,4 +154,43 @@ fn volatile_cache_refuses_writeback_without_consent() {
         ..Default::default()
     };
     Engine::create(cache, origin, &ok).unwrap().close().unwrap();
+}
+
+#[test]
+fn a_setting_that_cannot_be_persisted_is_not_applied() {
+    for (from, to) in [
+        (Mode::Writethrough, Mode::Writeback),
+        (Mode::Writeback, Mode::Writethrough),
+    ] {
+        let (cache_dev, _origin, engine, _data_offset) = setup(from);
+        let before = engine.status();
+        // Both superblock copies fail to write; everything else works.
+        cache_dev.fail_writes_in(0, 2 * PAGE_BYTES);
+        assert!(engine.set_mode(to).is_err(), "{from:?} -> {to:?}");
+        let mut w = before.writeback;
+        w.high_pct = 90;
+        w.low_pct = 80;
+        w.max_age_secs += 7;
+        assert!(engine.set_writeback(w).is_err());
+        let after = engine.status();
+        assert_eq!(after.mode, from, "{from:?} -> {to:?}");
+        assert_eq!(after.writeback, before.writeback);
+        // The old mode is the one in force: writethrough leaves nothing
+        // dirty, writeback does.
+        engine.write(0, &pattern(3), false).unwrap();
+        let dirty = engine.status().cache_blocks_dirty;
+        assert_eq!(
+            dirty > 0,
+            from == Mode::Writeback,
+            "{from:?}: {dirty} dirty"
+        );
+        assert_eq!(engine.read(0, 64 * 1024).unwrap()[..], pattern(3)[..]);
+        // Once the device works again the change goes through.
+        cache_dev.clear_faults();
+        engine.set_mode(to).unwrap();
+        engine.set_writeback(w).unwrap();
+        let now = engine.status();
+        assert_eq!((now.mode, now.writeback), (to, w));
+        engine.close().unwrap();
+    }
 }

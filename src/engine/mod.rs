@@ -393,28 +393,40 @@ impl Engine {
                 mode: mode.name().into(),
             });
         }
-        let old = std::mem::replace(&mut self.meta.lock().mode, mode);
-        if !mode.holds_dirty() {
-            if let Err(e) = self.flush_all(&mut |_, _| {}) {
-                self.meta.lock().mode = old;
-                return Err(e);
-            }
+        // An error leaves the old mode, in memory and on disk.
+        if mode.holds_dirty() {
+            // On disk first: memory must never hold dirty blocks under a
+            // mode that a restart would open without them in mind.
+            let mut cs = self.commit_state.lock();
+            self.write_superblock(&mut cs, |sb| sb.mode.set(mode.to_u32()))?;
+            self.meta.lock().mode = mode;
+            return Ok(());
         }
-        // flush_all committed; the mode itself lives in the superblock.
-        let mut cs = self.commit_state.lock();
-        self.write_superblock(&mut cs, |sb| sb.mode.set(mode.to_u32()))
+        // In memory first, so that no new dirty block appears while
+        // flush_all writes back the ones there are.
+        let old = std::mem::replace(&mut self.meta.lock().mode, mode);
+        let persisted = self.flush_all(&mut |_, _| {}).and_then(|()| {
+            let mut cs = self.commit_state.lock();
+            self.write_superblock(&mut cs, |sb| sb.mode.set(mode.to_u32()))
+        });
+        if persisted.is_err() {
+            self.meta.lock().mode = old;
+        }
+        persisted
     }
 
     /// Changes the writeback watermarks and age; persisted in the superblock.
     pub fn set_writeback(&self, w: WritebackSettings) -> EngineResult<()> {
         w.validate().map_err(EngineError::Config)?;
-        self.meta.lock().writeback = w;
+        // On disk first: an error leaves the old settings in force.
         let mut cs = self.commit_state.lock();
         self.write_superblock(&mut cs, |sb| {
             sb.writeback_high_pct.set(w.high_pct);
             sb.writeback_low_pct.set(w.low_pct);
             sb.writeback_max_age_secs.set(w.max_age_secs);
-        })
+        })?;
+        self.meta.lock().writeback = w;
+        Ok(())
     }
 
     pub(crate) fn allow_data_loss(&self) -> bool {
