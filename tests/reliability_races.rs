@@ -63,14 +63,14 @@ trait Target: Send + Sync {
     fn prefetch(&self, offset: u64, len: u64) -> Result<(), String>;
 }
 
-/// Requests at even sectors try the fast paths `serve` uses first (hits and
-/// in-place rewrites on the calling thread), the others go straight to the
+/// Requests at even sectors try the fast paths `serve` uses first (hits,
+/// in-place rewrites and whole-block stores on the calling thread), the others go straight to the
 /// full paths, so both race with everything else.
 impl Target for Engine {
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), String> {
         let fast = (offset / 512).is_multiple_of(2);
         match fast
-            .then(|| self.try_write_in_place(offset, data, false))
+            .then(|| self.try_write_cached(offset, data, false))
             .flatten()
         {
             Some(r) => r,

@@ -289,11 +289,14 @@ impl Engine {
         Some(self.read_locked(&segs, len, false, mode, &cached))
     }
 
-    /// The write, done on the caller's thread, if the mode holds dirty data
-    /// and every block it touches is unlocked and cached dirty in adjacent
-    /// slots: rewritten in place with one cache write. `None` (nothing
-    /// done) otherwise, and for FUA.
-    pub fn try_write_in_place(
+    /// The write, done on the caller's thread, if the mode holds dirty data,
+    /// every block it touches is unlocked, and it needs no origin I/O and no
+    /// commit: blocks all dirty in adjacent slots are rewritten in place
+    /// with one cache write; whole blocks otherwise go to new slots with one
+    /// cache write while free slots are plentiful (the background keeps a
+    /// reserve, so no eviction or commit is needed). `None` (nothing done)
+    /// otherwise, and for FUA.
+    pub fn try_write_cached(
         &self,
         offset: u64,
         data: &[u8],
@@ -306,11 +309,18 @@ impl Engine {
             Ok(locked) => locked,
             Err(e) => return Some(Err(e)),
         };
-        // Every block dirty, in adjacent slots: one in-place cache write.
+        if !segs.iter().all(|s| self.cacheable(s.block)) {
+            return None;
+        }
         let cached = self.lookup_accessed(&segs, |_| true);
-        let one_write = segs.iter().all(|s| self.cacheable(s.block))
-            && adjacent_slots(&cached, |dirty| dirty) == segs.len();
-        if !one_write || !self.mode().holds_dirty() {
+        let in_place = adjacent_slots(&cached, |dirty| dirty) == segs.len();
+        let to_new_slots = || {
+            segs.iter().all(|s| self.full_block(s)) && {
+                let m = self.meta.lock();
+                m.free.len() >= segs.len() + self.reserve_slots(&m) / 2
+            }
+        };
+        if !(in_place || to_new_slots()) || !self.mode().holds_dirty() {
             return None;
         }
         bump(&self.stats.write_requests, 1);

@@ -1,8 +1,9 @@
 //! The asynchronous API: `crate::volume::Volume` over the engine. A read
-//! whose blocks are all cached and unlocked, and a rewrite of blocks that
-//! are all dirty in the cache, run right on the calling worker thread: one
-//! cache device I/O, never an origin request or a wait for another request
-//! (`Engine::try_read_hits`, `Engine::try_write_in_place`). Everything else
+//! whose blocks are all cached and unlocked, and a write in writeback or
+//! writeonly mode that rewrites dirty blocks in place or stores whole
+//! blocks in free slots, run right on the calling worker thread: one cache
+//! device I/O, never an origin request, a commit or a wait for another
+//! request (`Engine::try_read_hits`, `Engine::try_write_cached`). Everything else
 //! runs on tokio's blocking pool, so many are in flight at once and requests
 //! for different blocks never wait on each other. Handing a 4 KiB hit to the
 //! pool and back cost about three context switches and ~30 us of CPU per
@@ -57,7 +58,7 @@ impl Volume for AsyncEngine {
     }
 
     async fn write(&self, offset: u64, data: AlignedBuf, fua: bool) -> VolumeResult<()> {
-        if let Some(r) = self.0.try_write_in_place(offset, &data, fua) {
+        if let Some(r) = self.0.try_write_cached(offset, &data, fua) {
             return r.map_err(VolumeError::from);
         }
         run(&self.0, move |e| e.write(offset, &data, fua)).await
