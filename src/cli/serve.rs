@@ -51,8 +51,8 @@ pub struct Args {
     /// Accept losing dirty data on exit (writeback on a RAM cache).
     #[arg(long)]
     allow_data_loss: bool,
-    /// Threads that serve NBD requests. Cache hits and in-place rewrites
-    /// run on them directly (one device I/O each, no hand-off to another
+    /// Threads that serve NBD requests. Cache hits, and in writeback and
+    /// writeonly the writes that need only the cache, run on them directly (one device I/O each, no hand-off to another
     /// thread), so this is also how many of those can be in flight at the
     /// cache device; everything else goes to a separate blocking pool.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024))]
