@@ -142,7 +142,7 @@ def settle(max_wait_s=60):
     file through the page cache) whose writeback would slow the next
     system's jobs, and cached origin pages would speed them. Syncs, drops
     clean pages (as root), and waits until little is dirty or in
-    writeback. Returns what it could do, for the report."""
+    writeback. Returns whether the page cache was dropped."""
     t0 = time.monotonic()
     os.sync()
     dropped = False
@@ -197,7 +197,7 @@ def bench_system(system, plan, work_dir, skip, results):
 PAIRED_WORKLOADS = ("rr4k_hit", "rw4k")
 
 
-def bench_paired(plan, binary, work_dir, results, rounds):
+def bench_paired(plan, binary, work_dir, rounds):
     """The two jobs whose targets compare tiercache with qemu-nbd, run head to
     head: both servers up at once, each warmed as in the main jobs, then
     `rounds` rounds in which the two take turns (the order alternates from
@@ -316,7 +316,7 @@ def main():
         for key in systems:
             bench_system(make_system(key, plan, binary), plan, work_dir, skip, results)
         if "paired" not in skip and {"qemu-nbd", "tc-writeback"} <= set(systems):
-            results["paired"] = bench_paired(plan, binary, work_dir, results,
+            results["paired"] = bench_paired(plan, binary, work_dir,
                                              rounds=1 if args.smoke else 3)
         if "sustained" not in skip:
             bench_sustained(plan, binary, work_dir, systems, results)

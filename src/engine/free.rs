@@ -5,9 +5,10 @@
 //! runs come next-fit from where the last run ended, so holes do not push
 //! long runs apart.
 
-/// Words scanned per run search before giving up on adjacency (2^20 slots):
-/// a bound on the time a store spends under the metadata lock.
-const RUN_SCAN_WORDS: usize = 1 << 14;
+/// Words scanned per run search before giving up on adjacency (2^18 slots):
+/// a bound on the time a store spends under the metadata lock (a fully
+/// fragmented bitmap costs up to 64 steps per word, ~0.3 ms in all).
+const RUN_SCAN_WORDS: usize = 1 << 12;
 
 pub struct FreeSlots {
     /// Bit `s % 64` of word `s / 64` is set when slot `s` is free. Bits past

@@ -314,8 +314,10 @@ impl Engine {
         }
         let cached = self.lookup_accessed(&segs, |_| true);
         let in_place = adjacent_slots(&cached, |dirty| dirty) == segs.len();
+        // (Not when admission has stopped: the store would go around the
+        // cache to the origin, on this thread.)
         let to_new_slots = || {
-            segs.iter().all(|s| self.full_block(s)) && {
+            self.admitting() && segs.iter().all(|s| self.full_block(s)) && {
                 let m = self.meta.lock();
                 m.free.len() >= segs.len() + self.reserve_slots(&m) / 2
             }

@@ -9,8 +9,9 @@ use super::format::{entry_decode, entry_encode, Record, ENTRY_DIRTY, ENTRY_FREE}
 use super::index::BlockIndex;
 
 /// In memory a cached block costs its entry (4 bytes, or 8 for origins of
-/// 2^31 blocks or more) and an index bucket (4 bytes at most 4/5 full); dirty blocks are found by scanning entries,
-/// so being dirty costs nothing extra.
+/// 2^31 blocks or more) and an index bucket (4 bytes at most 4/5 full);
+/// dirty blocks are found by scanning entries, so being dirty costs nothing
+/// extra.
 pub struct Table {
     /// Per slot: `format::entry_encode` or ENTRY_FREE.
     pub entries: Entries,
