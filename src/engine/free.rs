@@ -44,7 +44,8 @@ impl FreeSlots {
         (self.words.capacity() * 8) as u64
     }
 
-    pub fn contains(&self, slot: u32) -> bool {
+    #[cfg(test)]
+    fn contains(&self, slot: u32) -> bool {
         let s = slot as usize;
         self.words
             .get(s / 64)

@@ -218,7 +218,7 @@ impl Engine {
                     let before = m.free.len();
                     let slots = m.free.take(n);
                     // Running low: the background evicts and commits ahead.
-                    let low = self.reserve_slots(&m) / 2;
+                    let low = self.low_free_slots(&m);
                     if before > low && m.free.len() <= low {
                         self.wake_background();
                     }
@@ -319,7 +319,7 @@ impl Engine {
         let to_new_slots = || {
             self.admitting() && segs.iter().all(|s| self.full_block(s)) && {
                 let m = self.meta.lock();
-                m.free.len() >= segs.len() + self.reserve_slots(&m) / 2
+                m.free.len() >= segs.len() + self.low_free_slots(&m)
             }
         };
         if !(in_place || to_new_slots()) || !self.mode().holds_dirty() {
@@ -712,8 +712,6 @@ impl Engine {
         bump(&self.stats.write_misses, segs.len() as u64 - hits);
     }
 
-    /// True if some mapping was removed (unmapped or superseded) in memory
-    /// and that removal is not yet durable.
     /// True if the mapping of some block in `blocks` was removed (unmapped,
     /// or superseded by a newer slot) in memory and that removal is not yet
     /// durable. Only those blocks matter: an origin write to other blocks

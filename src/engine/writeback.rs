@@ -102,6 +102,13 @@ impl Engine {
         (m.table.slot_count() / 50).max(8) as usize
     }
 
+    /// Free slots below which the free list runs low: the background then
+    /// commits pending releases at once, and the worker-thread write path
+    /// leaves new slots to the full path.
+    pub(crate) fn low_free_slots(&self, m: &Meta) -> usize {
+        self.reserve_slots(m) / 2
+    }
+
     /// Keeps a reserve of free slots: evicts clean blocks when free and
     /// pending slots fall below it, and commits at once when the free list
     /// runs low, so that writes to clean blocks (which need new slots) find
@@ -114,7 +121,7 @@ impl Engine {
             if have < reserve {
                 self.evict(&mut m, reserve - have);
             }
-            m.free.len() < reserve / 2 && !m.pending_free.is_empty()
+            m.free.len() < self.low_free_slots(&m) && !m.pending_free.is_empty()
         };
         if commit_now {
             if let Err(e) = self.commit() {

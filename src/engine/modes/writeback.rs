@@ -67,12 +67,11 @@ impl Engine {
                     continue;
                 }
             }
-            // The run of whole blocks goes to new slots, stored together.
-            let run = whole;
-            // Otherwise one block, completed from its old contents.
+            // The run of whole blocks goes to new slots, stored together;
+            // otherwise one block, completed from its old contents.
             let merged;
-            let bytes: &[u8] = if run > 0 {
-                &data[seg.buf.start..segs[i + run - 1].buf.end]
+            let bytes: &[u8] = if whole > 0 {
+                &data[seg.buf.start..segs[i + whole - 1].buf.end]
             } else {
                 merged = self.merged_block(seg, data, cached[i])?;
                 &merged
