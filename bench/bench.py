@@ -317,7 +317,7 @@ def main():
             bench_system(make_system(key, plan, binary), plan, work_dir, skip, results)
         if "paired" not in skip and {"qemu-nbd", "tc-writeback"} <= set(systems):
             results["paired"] = bench_paired(plan, binary, work_dir,
-                                             rounds=1 if args.smoke else 3)
+                                             rounds=3 if plan.name == "full" else 1)
         if "sustained" not in skip:
             bench_sustained(plan, binary, work_dir, systems, results)
         if "ram" not in skip and "tc-writeback" in systems:
