@@ -460,14 +460,14 @@ fn corrupted_metadata_is_refused_or_recovered_never_served_wrong() {
     }
 }
 
-/// A checkpoint of two pages, and (dirty) a last commit of two journal pages.
+/// A checkpoint of two entry pages, and (dirty) a last commit of two journal pages.
 #[test]
 fn corrupted_metadata_multi_page_checkpoint_and_commit() {
     let dir = scratch_dir();
     let per_region = common::scaled(8, 150);
     for (clean, seed) in [(true, 3u64), (false, 4)] {
         let base = build_base(clean, 600, 4 << 20, 140, 300, seed);
-        assert_eq!(base.layout.checkpoint_pages, 2);
+        assert_eq!(base.layout.entry_pages(), 2);
         if !clean {
             assert!(
                 regions(&base)
@@ -800,6 +800,8 @@ fn seed_images() -> Vec<(&'static str, Vec<u8>)> {
         ("clean-shutdown", Mode::Writeback, 6, true),
         ("checkpointed", Mode::Writeback, 140, false),
         ("writethrough-journal", Mode::Writethrough, 5, false),
+        ("partial-journal", Mode::Writeback, 9, false),
+        ("partial-checkpointed", Mode::Writeback, 150, true),
     ] {
         let (cache, cache_ref, origin) = fresh();
         let opts = CreateOptions {
@@ -807,11 +809,23 @@ fn seed_images() -> Vec<(&'static str, Vec<u8>)> {
             ..Default::default()
         };
         let engine = Engine::create(cache_ref, origin, &opts).unwrap();
+        let partial = name.starts_with("partial");
         for c in 0..commits {
             let block = c * 7 % 64;
-            engine
-                .write(block * BS, &common::stamped(block * 8, 8, c + 1), false)
-                .unwrap();
+            if partial {
+                // Sub-block writes and reads: run records, sector maps.
+                let sector = block * 8 + c % 8;
+                engine
+                    .write(sector * 512, &common::stamped(sector, 1, c + 1), false)
+                    .unwrap();
+                if c % 3 == 0 {
+                    engine.read((block + 1) % 64 * BS, 1024).unwrap();
+                }
+            } else {
+                engine
+                    .write(block * BS, &common::stamped(block * 8, 8, c + 1), false)
+                    .unwrap();
+            }
             if c % 4 == 3 {
                 engine.flush_all(&mut |_, _| {}).unwrap();
             }

@@ -643,11 +643,11 @@ fn nbd_races_writethrough_and_writearound() {
     nbd_case("writearound", seed + 1);
 }
 
-/// An origin whose next read (or write), once armed, waits until the test
-/// lets it go: it holds a partial write in writeback mode inside its
-/// read-modify-write (block locked, mode already read), or a writeback
-/// inside its origin write, for as long as the test needs.
-struct GatedOrigin {
+/// A device whose next read (or write), once armed, waits until the test
+/// lets it go: as the cache, it holds a write in writeback mode inside its
+/// cache write (block locked, mode already read); as the origin, a
+/// writeback inside its origin write, for as long as the test needs.
+struct GatedDevice {
     inner: FaultDevice,
     armed_read: AtomicBool,
     armed_write: AtomicBool,
@@ -655,10 +655,10 @@ struct GatedOrigin {
     release: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
 }
 
-impl GatedOrigin {
-    fn new() -> GatedOrigin {
-        GatedOrigin {
-            inner: FaultDevice::new("origin", 1 << 20, 1),
+impl GatedDevice {
+    fn new(name: &str, size: u64) -> GatedDevice {
+        GatedDevice {
+            inner: FaultDevice::new(name, size, 1),
             armed_read: AtomicBool::new(false),
             armed_write: AtomicBool::new(false),
             reached: Mutex::new(None),
@@ -691,7 +691,7 @@ impl GatedOrigin {
     }
 }
 
-impl BlockDevice for GatedOrigin {
+impl BlockDevice for GatedDevice {
     fn size_bytes(&self) -> u64 {
         self.inner.size_bytes()
     }
@@ -710,20 +710,16 @@ impl BlockDevice for GatedOrigin {
         self.inner.discard(offset, len)
     }
     fn name(&self) -> &str {
-        "gated-origin"
+        self.inner.name()
     }
 }
 
-/// A writeback engine over a gated origin.
-fn gated_engine() -> (Arc<Engine>, Arc<GatedOrigin>) {
-    let origin = Arc::new(GatedOrigin::new());
-    let cache = Arc::new(FaultDevice::new(
-        "cache",
-        common::cache_bytes_for(32, 4096),
-        1,
-    ));
+/// A writeback engine over a gated origin and a gated cache device.
+fn gated_engine() -> (Arc<Engine>, Arc<GatedDevice>, Arc<GatedDevice>) {
+    let origin = Arc::new(GatedDevice::new("origin", 1 << 20));
+    let cache = Arc::new(GatedDevice::new("cache", common::cache_bytes_for(32, 4096)));
     let engine = Engine::create(
-        cache,
+        cache.clone(),
         origin.clone(),
         &CreateOptions {
             mode: Mode::Writeback,
@@ -731,22 +727,22 @@ fn gated_engine() -> (Arc<Engine>, Arc<GatedOrigin>) {
         },
     )
     .expect("create");
-    (engine, origin)
+    (engine, origin, cache)
 }
 
 /// The engine, its origin, the writer thread, and the gate's release.
 type HeldWrite = (
     Arc<Engine>,
-    Arc<GatedOrigin>,
+    Arc<GatedDevice>,
     std::thread::JoinHandle<Result<(), String>>,
     std::sync::mpsc::Sender<()>,
 );
 
-/// A writeback engine over a gated origin, and a 512-byte write to an
-/// uncached block stopped inside its read-modify-write.
+/// A writeback engine over gated devices, and a 512-byte write to an
+/// uncached block stopped inside its cache write.
 fn write_held_in_flight() -> HeldWrite {
-    let (engine, origin) = gated_engine();
-    let (reached, release) = origin.arm(false);
+    let (engine, origin, cache) = gated_engine();
+    let (reached, release) = cache.arm(true);
     let writer = {
         let engine = engine.clone();
         std::thread::spawn(move || {
@@ -755,7 +751,7 @@ fn write_held_in_flight() -> HeldWrite {
     };
     reached
         .recv_timeout(Duration::from_secs(10))
-        .expect("the write did not reach its origin read");
+        .expect("the write did not reach its cache write");
     (engine, origin, writer, release)
 }
 
@@ -800,7 +796,7 @@ fn detach_during_a_write_loses_nothing() {
 /// block whose only current copy was still dirty in the cache.
 #[test]
 fn read_during_a_switch_to_passthrough_is_not_stale() {
-    let (engine, origin) = gated_engine();
+    let (engine, origin, _cache) = gated_engine();
     // Two dirty blocks far apart: written back one after the other.
     Target::write(&*engine, 4096, &[1u8; 4096]).unwrap();
     Target::write(&*engine, 10 * 4096, &[2u8; 4096]).unwrap();

@@ -22,8 +22,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::format::{
-    checkpoint_page, journal_page, Record, ENTRIES_PER_CHECKPOINT_PAGE, PAGE_BYTES,
-    RECORDS_PER_PAGE,
+    checkpoint_page, journal_page, CheckpointData, Record, PAGE_BYTES, RECORDS_PER_PAGE,
 };
 use super::stats::bump;
 use super::{CommitState, Engine, EngineResult};
@@ -83,7 +82,7 @@ impl Engine {
             // half full; the snapshot is taken together with the records so
             // it equals the state those records lead to.
             let snapshot = (checkpoint.is_some() || in_use + pages > journal_pages / 2)
-                .then(|| m.table.entries.to_vec());
+                .then(|| m.table.snapshot());
             (records, pending, snapshot, appended)
         };
         let result = self.commit_io(cs, &records, snapshot, checkpoint.unwrap_or(false));
@@ -121,25 +120,26 @@ impl Engine {
         &self,
         cs: &mut CommitState,
         records: &[Record],
-        snapshot: Option<Vec<u64>>,
+        snapshot: Option<CheckpointData>,
         clean: bool,
     ) -> EngineResult<()> {
         self.origin
             .flush()
             .inspect_err(|_| bump(&self.stats.origin_errors, 1))?;
         self.cache.flush().map_err(|e| self.cache_meta_error(e))?;
-        if let Some(entries) = snapshot {
+        if let Some(data) = snapshot {
             let next = cs.next_page_seq;
-            return self.write_checkpoint(cs, &entries, next, clean);
+            return self.write_checkpoint(cs, &data, next, clean);
         }
         if records.is_empty() {
             return Ok(());
         }
         let first = cs.next_page_seq;
+        let n_pages = records.len().div_ceil(RECORDS_PER_PAGE) as u32;
         let pages: Vec<Vec<u8>> = records
             .chunks(RECORDS_PER_PAGE)
             .enumerate()
-            .map(|(i, chunk)| journal_page(first + i as u64, first, chunk))
+            .map(|(i, chunk)| journal_page(first + i as u64, first, n_pages, chunk))
             .collect();
         // Write runs of pages that are contiguous in the ring.
         let mut i = 0;
@@ -161,14 +161,14 @@ impl Engine {
         Ok(())
     }
 
-    /// Writes `entries` as a checkpoint into the inactive area, then a
+    /// Writes `data` as a checkpoint into the inactive area, then a
     /// superblock that makes it current with journal replay starting at
     /// `replay_seq`. The old checkpoint stays intact until the superblock
     /// is durable.
     pub(crate) fn write_checkpoint(
         &self,
         cs: &mut CommitState,
-        entries: &[u64],
+        data: &CheckpointData,
         replay_seq: u64,
         clean: bool,
     ) -> EngineResult<()> {
@@ -180,10 +180,8 @@ impl Engine {
             let n = (pages_total - page_index).min(CHECKPOINT_PAGES_PER_WRITE);
             let mut buf = AlignedBuf::zeroed(n * PAGE_BYTES as usize);
             for k in 0..n {
-                let idx = page_index + k;
-                let lo = (idx * ENTRIES_PER_CHECKPOINT_PAGE).min(entries.len());
-                let hi = ((idx + 1) * ENTRIES_PER_CHECKPOINT_PAGE).min(entries.len());
-                let page = checkpoint_page(generation, idx as u64, &entries[lo..hi]);
+                let idx = (page_index + k) as u64;
+                let page = checkpoint_page(&self.layout, generation, idx, data);
                 buf[k * PAGE_BYTES as usize..(k + 1) * PAGE_BYTES as usize].copy_from_slice(&page);
             }
             let off = self.layout.checkpoint_offset[area] + page_index as u64 * PAGE_BYTES;

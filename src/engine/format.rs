@@ -9,9 +9,13 @@
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
+use super::sectors::{SectorRun, SectorSet, SECTOR_BYTES};
+
 pub const PAGE_BYTES: u64 = 4096;
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"TIERCACH";
-pub const FORMAT_VERSION: u32 = 1;
+/// Format 2 added sector-granular blocks (sector maps in checkpoints, run
+/// records in the journal, commit-atomic journal replay).
+pub const FORMAT_VERSION: u32 = 2;
 pub const JOURNAL_MAGIC: u32 = 0x4a43_5454; // "TTCJ" little-endian
 pub const CHECKPOINT_MAGIC: u32 = 0x5043_5454; // "TTCP" little-endian
 
@@ -124,8 +128,18 @@ impl Superblock {
         if sb.crc.get() != sb.compute_crc() {
             return Err("checksum mismatch".into());
         }
-        if sb.version.get() != FORMAT_VERSION {
-            return Err(format!("unsupported format version {}", sb.version.get()));
+        match sb.version.get() {
+            FORMAT_VERSION => {}
+            1 => {
+                return Err(
+                    "format version 1, written by a tiercache older than sector-granular \
+                     blocks; this tiercache reads version 2 only: write the cache back and \
+                     dissolve it with the tiercache that made it (`tiercache detach`), then \
+                     create it again"
+                        .into(),
+                )
+            }
+            v => return Err(format!("unsupported format version {v}")),
         }
         Ok(sb)
     }
@@ -146,7 +160,9 @@ pub struct JournalHeader {
     /// Sequence number of the first page of the commit this page belongs to.
     pub commit_first_seq: U64,
     pub record_count: U32,
-    pub reserved: U32,
+    /// Pages in the commit this page belongs to: replay applies a commit
+    /// only when all of them are intact.
+    pub commit_pages: U32,
 }
 const _: () = assert!(std::mem::size_of::<JournalHeader>() == JOURNAL_HEADER_BYTES);
 
@@ -163,8 +179,26 @@ const _: () = assert!(std::mem::size_of::<RawRecord>() == RECORD_BYTES);
 /// A metadata change, as applied by both the running engine and recovery.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Record {
-    /// `slot` now holds origin `block`; any other slot holding `block` is freed.
+    /// `slot` now holds all of origin `block`; any other slot holding
+    /// `block` is freed.
     Map { slot: u32, block: u64, dirty: bool },
+    /// `slot` now holds only sectors `run` of origin `block` (dirty or
+    /// clean); any other slot holding `block` is freed.
+    MapRun {
+        slot: u32,
+        block: u64,
+        run: SectorRun,
+        dirty: bool,
+    },
+    /// Sectors `run` of `slot` (which holds `block`) now hold data: dirty,
+    /// or, for `dirty: false`, those that held none now hold clean data
+    /// (sectors that were valid keep their state).
+    AddRun {
+        slot: u32,
+        block: u64,
+        run: SectorRun,
+        dirty: bool,
+    },
     /// `slot`'s block has been written back: it is clean.
     Clean { slot: u32 },
     /// `slot` is free.
@@ -175,17 +209,58 @@ const KIND_MAP_CLEAN: u32 = 1;
 const KIND_MAP_DIRTY: u32 = 2;
 const KIND_CLEAN: u32 = 3;
 const KIND_UNMAP: u32 = 4;
+const KIND_MAP_RUN_CLEAN: u32 = 5;
+const KIND_MAP_RUN_DIRTY: u32 = 6;
+const KIND_ADD_RUN_CLEAN: u32 = 7;
+const KIND_ADD_RUN_DIRTY: u32 = 8;
+
+/// Run records carry the run in the kind word: bits 8..20 the first
+/// sector, bits 20..32 the sector count minus one.
+fn kind_with_run(kind: u32, run: SectorRun) -> u32 {
+    kind | (run.first as u32) << 8 | (run.count as u32 - 1) << 20
+}
 
 impl Record {
+    pub fn slot(&self) -> u32 {
+        match *self {
+            Record::Map { slot, .. }
+            | Record::MapRun { slot, .. }
+            | Record::AddRun { slot, .. }
+            | Record::Clean { slot }
+            | Record::Unmap { slot } => slot,
+        }
+    }
+
     pub fn to_raw(self) -> RawRecord {
+        let pick = |dirty: bool, clean_kind: u32, dirty_kind: u32| {
+            if dirty {
+                dirty_kind
+            } else {
+                clean_kind
+            }
+        };
         let (slot, kind, block) = match self {
-            Record::Map { slot, block, dirty } => (
+            Record::Map { slot, block, dirty } => {
+                (slot, pick(dirty, KIND_MAP_CLEAN, KIND_MAP_DIRTY), block)
+            }
+            Record::MapRun {
                 slot,
-                if dirty {
-                    KIND_MAP_DIRTY
-                } else {
-                    KIND_MAP_CLEAN
-                },
+                block,
+                run,
+                dirty,
+            } => (
+                slot,
+                kind_with_run(pick(dirty, KIND_MAP_RUN_CLEAN, KIND_MAP_RUN_DIRTY), run),
+                block,
+            ),
+            Record::AddRun {
+                slot,
+                block,
+                run,
+                dirty,
+            } => (
+                slot,
+                kind_with_run(pick(dirty, KIND_ADD_RUN_CLEAN, KIND_ADD_RUN_DIRTY), run),
                 block,
             ),
             Record::Clean { slot } => (slot, KIND_CLEAN, 0),
@@ -198,29 +273,55 @@ impl Record {
         }
     }
 
+    /// Decodes a record; whether it fits the table (slot and block in
+    /// range, run within the block) is checked by `Table::validate`.
     pub fn from_raw(raw: &RawRecord) -> Result<Record, String> {
         let slot = raw.slot.get();
         let block = raw.block.get();
-        match raw.kind.get() {
-            KIND_MAP_CLEAN => Ok(Record::Map {
+        let word = raw.kind.get();
+        let run = SectorRun {
+            first: ((word >> 8) & 0xfff) as u16,
+            count: ((word >> 20) & 0xfff) as u16 + 1,
+        };
+        let plain = |r: Record| {
+            if word >> 8 != 0 {
+                Err(format!("record kind word {word:#x}: stray bits"))
+            } else {
+                Ok(r)
+            }
+        };
+        match word & 0xff {
+            KIND_MAP_CLEAN | KIND_MAP_DIRTY => plain(Record::Map {
                 slot,
                 block,
-                dirty: false,
+                dirty: word & 0xff == KIND_MAP_DIRTY,
             }),
-            KIND_MAP_DIRTY => Ok(Record::Map {
+            KIND_CLEAN => plain(Record::Clean { slot }),
+            KIND_UNMAP => plain(Record::Unmap { slot }),
+            KIND_MAP_RUN_CLEAN | KIND_MAP_RUN_DIRTY => Ok(Record::MapRun {
                 slot,
                 block,
-                dirty: true,
+                run,
+                dirty: word & 0xff == KIND_MAP_RUN_DIRTY,
             }),
-            KIND_CLEAN => Ok(Record::Clean { slot }),
-            KIND_UNMAP => Ok(Record::Unmap { slot }),
+            KIND_ADD_RUN_CLEAN | KIND_ADD_RUN_DIRTY => Ok(Record::AddRun {
+                slot,
+                block,
+                run,
+                dirty: word & 0xff == KIND_ADD_RUN_DIRTY,
+            }),
             k => Err(format!("unknown record kind {k}")),
         }
     }
 }
 
-/// Builds a sealed journal page.
-pub fn journal_page(seq: u64, commit_first_seq: u64, records: &[Record]) -> Vec<u8> {
+/// Builds a sealed journal page of a commit of `commit_pages` pages.
+pub fn journal_page(
+    seq: u64,
+    commit_first_seq: u64,
+    commit_pages: u32,
+    records: &[Record],
+) -> Vec<u8> {
     assert!(records.len() <= RECORDS_PER_PAGE);
     let mut page = vec![0u8; PAGE_BYTES as usize];
     let hdr = JournalHeader {
@@ -229,7 +330,7 @@ pub fn journal_page(seq: u64, commit_first_seq: u64, records: &[Record]) -> Vec<
         seq: U64::new(seq),
         commit_first_seq: U64::new(commit_first_seq),
         record_count: U32::new(records.len() as u32),
-        reserved: U32::new(0),
+        commit_pages: U32::new(commit_pages),
     };
     page[..JOURNAL_HEADER_BYTES].copy_from_slice(hdr.as_bytes());
     for (i, r) in records.iter().enumerate() {
@@ -245,6 +346,7 @@ pub fn journal_page(seq: u64, commit_first_seq: u64, records: &[Record]) -> Vec<
 pub struct ParsedJournalPage {
     pub seq: u64,
     pub commit_first_seq: u64,
+    pub commit_pages: u32,
     pub records: Vec<Record>,
 }
 
@@ -273,12 +375,14 @@ pub fn parse_journal_page(page: &[u8]) -> Result<ParsedJournalPage, String> {
     Ok(ParsedJournalPage {
         seq: hdr.seq.get(),
         commit_first_seq: hdr.commit_first_seq.get(),
+        commit_pages: hdr.commit_pages.get(),
         records,
     })
 }
 
 pub const CHECKPOINT_HEADER_BYTES: usize = 24;
-pub const ENTRIES_PER_CHECKPOINT_PAGE: usize = (PAGE_BYTES as usize - CHECKPOINT_HEADER_BYTES) / 8;
+pub const CHECKPOINT_PAYLOAD_BYTES: usize = PAGE_BYTES as usize - CHECKPOINT_HEADER_BYTES;
+pub const ENTRIES_PER_CHECKPOINT_PAGE: usize = CHECKPOINT_PAYLOAD_BYTES / 8;
 
 /// Header of a checkpoint page; the CRC covers the page with crc as zero.
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Clone, Copy, Debug)]
@@ -291,9 +395,50 @@ pub struct CheckpointHeader {
 }
 const _: () = assert!(std::mem::size_of::<CheckpointHeader>() == CHECKPOINT_HEADER_BYTES);
 
-/// Builds a sealed checkpoint page holding `entries` (at most one page's worth).
-pub fn checkpoint_page(generation: u64, page_index: u64, entries: &[u64]) -> Vec<u8> {
-    assert!(entries.len() <= ENTRIES_PER_CHECKPOINT_PAGE);
+/// Sectors in a cache block of `block_bytes`.
+pub fn sectors_per_block(block_bytes: u32) -> usize {
+    (block_bytes as u64 / SECTOR_BYTES) as usize
+}
+
+/// Bytes of one sector bitmap of a block in a checkpoint.
+pub fn map_set_bytes(block_bytes: u32) -> usize {
+    sectors_per_block(block_bytes).div_ceil(8)
+}
+
+/// Slots whose two sector bitmaps (valid, then dirty) fit a checkpoint page.
+pub fn maps_per_checkpoint_page(block_bytes: u32) -> usize {
+    CHECKPOINT_PAYLOAD_BYTES / (2 * map_set_bytes(block_bytes))
+}
+
+/// A slot's valid and dirty sectors, for a slot that is not whole.
+pub type PartialEntry = (u32, SectorSet, SectorSet);
+
+/// What a checkpoint holds: every slot entry, and the sector maps of the
+/// slots that are not whole (ascending by slot).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CheckpointData {
+    pub entries: Vec<u64>,
+    pub partial: Vec<PartialEntry>,
+}
+
+/// The (valid, dirty) sectors an entry means for a whole slot.
+pub fn whole_sets(entry: u64, sectors: usize) -> (SectorSet, SectorSet) {
+    match entry_decode(entry) {
+        None => (SectorSet::empty(sectors), SectorSet::empty(sectors)),
+        Some((_, dirty)) => (
+            SectorSet::full(sectors),
+            if dirty {
+                SectorSet::full(sectors)
+            } else {
+                SectorSet::empty(sectors)
+            },
+        ),
+    }
+}
+
+/// Seals a checkpoint page around `payload` (at most a page's payload).
+pub fn checkpoint_page_with(generation: u64, page_index: u64, payload: &[u8]) -> Vec<u8> {
+    assert!(payload.len() <= CHECKPOINT_PAYLOAD_BYTES);
     let mut page = vec![0u8; PAGE_BYTES as usize];
     let hdr = CheckpointHeader {
         magic: U32::new(CHECKPOINT_MAGIC),
@@ -302,21 +447,60 @@ pub fn checkpoint_page(generation: u64, page_index: u64, entries: &[u64]) -> Vec
         page_index: U64::new(page_index),
     };
     page[..CHECKPOINT_HEADER_BYTES].copy_from_slice(hdr.as_bytes());
-    for (i, e) in entries.iter().enumerate() {
-        let at = CHECKPOINT_HEADER_BYTES + i * 8;
-        page[at..at + 8].copy_from_slice(&e.to_le_bytes());
-    }
+    page[CHECKPOINT_HEADER_BYTES..CHECKPOINT_HEADER_BYTES + payload.len()].copy_from_slice(payload);
     let crc = crc32c::crc32c(&page);
     page[4..8].copy_from_slice(&crc.to_le_bytes());
     page
 }
 
-/// Parses a checkpoint page, checking magic, CRC, generation and index.
+/// Page `page_index` of the checkpoint of `data` for `layout`: entry pages
+/// first, then sector-map pages.
+pub fn checkpoint_page(
+    layout: &Layout,
+    generation: u64,
+    page_index: u64,
+    data: &CheckpointData,
+) -> Vec<u8> {
+    let mut payload = vec![0u8; CHECKPOINT_PAYLOAD_BYTES];
+    let entry_pages = layout.entry_pages();
+    if page_index < entry_pages {
+        let lo = (page_index as usize * ENTRIES_PER_CHECKPOINT_PAGE).min(data.entries.len());
+        let hi = (lo + ENTRIES_PER_CHECKPOINT_PAGE).min(data.entries.len());
+        for (i, e) in data.entries[lo..hi].iter().enumerate() {
+            payload[i * 8..i * 8 + 8].copy_from_slice(&e.to_le_bytes());
+        }
+    } else {
+        let bs = layout.block_bytes;
+        let (set_bytes, per_page) = (map_set_bytes(bs), maps_per_checkpoint_page(bs));
+        let sectors = sectors_per_block(bs);
+        let lo = ((page_index - entry_pages) as usize * per_page).min(data.entries.len());
+        let hi = (lo + per_page).min(data.entries.len());
+        let mut partial = data.partial[data.partial.partition_point(|p| (p.0 as usize) < lo)..]
+            .iter()
+            .peekable();
+        for slot in lo..hi {
+            let (valid, dirty) = match partial.peek() {
+                Some(&&(s, v, d)) if s as usize == slot => {
+                    partial.next();
+                    (v, d)
+                }
+                _ => whole_sets(data.entries[slot], sectors),
+            };
+            let at = (slot - lo) * 2 * set_bytes;
+            valid.to_bytes(&mut payload[at..at + set_bytes]);
+            dirty.to_bytes(&mut payload[at + set_bytes..at + 2 * set_bytes]);
+        }
+    }
+    checkpoint_page_with(generation, page_index, &payload)
+}
+
+/// Checks a checkpoint page (magic, CRC, generation and index) and returns
+/// its payload.
 pub fn parse_checkpoint_page(
     page: &[u8],
     generation: u64,
     page_index: u64,
-) -> Result<Vec<u64>, String> {
+) -> Result<&[u8], String> {
     let (hdr, _) =
         CheckpointHeader::read_from_prefix(page).map_err(|_| "short page".to_string())?;
     if hdr.magic.get() != CHECKPOINT_MAGIC {
@@ -341,10 +525,33 @@ pub fn parse_checkpoint_page(
             page_index
         ));
     }
-    Ok(page[CHECKPOINT_HEADER_BYTES..]
+    Ok(&page[CHECKPOINT_HEADER_BYTES..])
+}
+
+/// The slot entries of an entry page's payload.
+pub fn decode_entries(payload: &[u8]) -> impl Iterator<Item = u64> + '_ {
+    payload[..ENTRIES_PER_CHECKPOINT_PAGE * 8]
         .chunks_exact(8)
         .map(|c| u64::from_le_bytes(c.try_into().expect("8-byte chunk")))
-        .collect())
+}
+
+/// The (valid, dirty) sector maps of a map page's payload, one pair per
+/// slot of the page (`Err` for bits past the block's last sector).
+pub fn decode_maps(
+    payload: &[u8],
+    block_bytes: u32,
+) -> impl Iterator<Item = Result<(SectorSet, SectorSet), String>> + '_ {
+    let set_bytes = map_set_bytes(block_bytes);
+    let sectors = sectors_per_block(block_bytes);
+    payload
+        .chunks_exact(2 * set_bytes)
+        .take(maps_per_checkpoint_page(block_bytes))
+        .map(move |pair| {
+            let v = SectorSet::from_bytes(sectors, &pair[..set_bytes]);
+            let d = SectorSet::from_bytes(sectors, &pair[set_bytes..]);
+            v.zip(d)
+                .ok_or_else(|| "sector map with bits past the block".to_string())
+        })
 }
 
 /// Where everything lives on a cache device of a given size.
@@ -355,6 +562,7 @@ pub struct Layout {
     pub journal_offset: u64,
     pub journal_pages: u64,
     pub checkpoint_offset: [u64; 2],
+    /// Pages per checkpoint area: entry pages, then sector-map pages.
     pub checkpoint_pages: u64,
     pub data_offset: u64,
 }
@@ -362,7 +570,8 @@ pub struct Layout {
 impl Layout {
     fn with_slots(block_bytes: u32, slot_count: u64) -> Layout {
         let journal_pages = (slot_count / 128).clamp(256, 65536);
-        let checkpoint_pages = slot_count.div_ceil(ENTRIES_PER_CHECKPOINT_PAGE as u64);
+        let checkpoint_pages = slot_count.div_ceil(ENTRIES_PER_CHECKPOINT_PAGE as u64)
+            + slot_count.div_ceil(maps_per_checkpoint_page(block_bytes) as u64);
         let journal_offset = 2 * PAGE_BYTES;
         let cp0 = journal_offset + journal_pages * PAGE_BYTES;
         let cp1 = cp0 + checkpoint_pages * PAGE_BYTES;
@@ -377,6 +586,11 @@ impl Layout {
             checkpoint_pages,
             data_offset,
         }
+    }
+
+    /// Checkpoint pages that hold slot entries (the rest hold sector maps).
+    pub fn entry_pages(&self) -> u64 {
+        self.slot_count.div_ceil(ENTRIES_PER_CHECKPOINT_PAGE as u64)
     }
 
     pub fn end_bytes(&self) -> u64 {
@@ -434,12 +648,30 @@ mod tests {
                 block: 0,
                 dirty: false,
             },
+            Record::MapRun {
+                slot: 5,
+                block: 1 << 40,
+                run: SectorRun::new(3, 1),
+                dirty: true,
+            },
+            Record::AddRun {
+                slot: 5,
+                block: 1 << 40,
+                run: SectorRun::new(2047, 1),
+                dirty: false,
+            },
+            Record::AddRun {
+                slot: 6,
+                block: 2,
+                run: SectorRun::new(0, 2048),
+                dirty: true,
+            },
         ];
-        let page = journal_page(42, 41, &recs);
+        let page = journal_page(42, 41, 2, &recs);
         let p = parse_journal_page(&page).unwrap();
-        assert_eq!((p.seq, p.commit_first_seq), (42, 41));
+        assert_eq!((p.seq, p.commit_first_seq, p.commit_pages), (42, 41, 2));
         assert_eq!(p.records, recs);
-        for i in [0usize, 5, 100, 4095] {
+        for i in [0usize, 5, 28, 100, 4095] {
             let mut bad = page.clone();
             bad[i] ^= 0x10;
             assert!(parse_journal_page(&bad).is_err(), "flip at {i} undetected");
@@ -447,14 +679,64 @@ mod tests {
     }
 
     #[test]
+    fn record_kinds_reject_stray_bits() {
+        let mut raw = Record::Clean { slot: 1 }.to_raw();
+        raw.kind.set(raw.kind.get() | 1 << 9);
+        assert!(Record::from_raw(&raw).is_err());
+        raw.kind.set(99);
+        assert!(Record::from_raw(&raw).is_err());
+    }
+
+    #[test]
     fn checkpoint_round_trip() {
-        let entries: Vec<u64> = (0..ENTRIES_PER_CHECKPOINT_PAGE as u64)
-            .map(|i| entry_encode(i * 3, i % 2 == 0))
-            .collect();
-        let page = checkpoint_page(9, 2, &entries);
-        assert_eq!(parse_checkpoint_page(&page, 9, 2).unwrap(), entries);
-        assert!(parse_checkpoint_page(&page, 8, 2).is_err());
-        assert!(parse_checkpoint_page(&page, 9, 3).is_err());
+        for bs in [4096u32, 65536, 1 << 20] {
+            let layout = Layout::with_slots(bs, 1500);
+            let sectors = sectors_per_block(bs);
+            let entries: Vec<u64> = (0..1500u64)
+                .map(|i| {
+                    if i % 5 == 4 {
+                        ENTRY_FREE
+                    } else {
+                        entry_encode(i * 3, i % 2 == 0)
+                    }
+                })
+                .collect();
+            let partial: Vec<PartialEntry> = [2u32, 3, 600, 1499]
+                .iter()
+                .map(|&s| {
+                    let v = SectorSet::of_run(sectors, SectorRun::new(1, sectors - 1));
+                    let d = if s % 2 == 0 {
+                        SectorSet::of_run(sectors, SectorRun::new(sectors - 1, 1))
+                    } else {
+                        SectorSet::empty(sectors)
+                    };
+                    (s, v, d)
+                })
+                .collect();
+            let data = CheckpointData { entries, partial };
+            let mut entries_back = Vec::new();
+            let mut maps_back = Vec::new();
+            for k in 0..layout.checkpoint_pages {
+                let page = checkpoint_page(&layout, 9, k, &data);
+                let payload = parse_checkpoint_page(&page, 9, k).unwrap();
+                if k < layout.entry_pages() {
+                    entries_back.extend(decode_entries(payload));
+                } else {
+                    maps_back.extend(decode_maps(payload, bs).map(Result::unwrap));
+                }
+                assert!(parse_checkpoint_page(&page, 8, k).is_err());
+                assert!(parse_checkpoint_page(&page, 9, k + 1).is_err());
+            }
+            assert_eq!(&entries_back[..1500], &data.entries[..]);
+            for (slot, e) in data.entries.iter().enumerate() {
+                let want = data
+                    .partial
+                    .iter()
+                    .find(|p| p.0 as usize == slot)
+                    .map_or_else(|| whole_sets(*e, sectors), |p| (p.1, p.2));
+                assert_eq!(maps_back[slot], want, "bs {bs} slot {slot}");
+            }
+        }
     }
 
     #[test]

@@ -12,8 +12,9 @@
 //! - then pieces, each `placement: u16 LE, len: u16 LE, len bytes` (cut
 //!   short at the end of the input). A piece fills the start of one 4096-byte
 //!   metadata page (the rest stays zero): placement 0 and 1 are the
-//!   superblock copies, 2 and 3 the checkpoint areas (one page each), 4 + k
-//!   journal ring slot k; placements wrap around.
+//!   superblock copies, 2 and 3 checkpoint area 0 (its entry page and its
+//!   sector-map page), 4 and 5 checkpoint area 1, 6 + k journal ring slot
+//!   k; placements wrap around.
 //!
 //! [`exercise`] loads the image with `check` and `Engine::open` and, when the
 //! metadata is accepted, uses the volume. It must never panic, hang or
@@ -30,8 +31,9 @@ use super::{Engine, OpenOptions};
 use crate::device::fault::FaultDevice;
 use crate::device::DeviceRef;
 
-/// Size of the cache device the input is placed on: 16 slots of 4096 bytes.
-pub const DEVICE_BYTES: u64 = 1_130_496;
+/// Size of the cache device the input is placed on: 16 slots of 4096 bytes
+/// (2 superblock pages, 256 journal pages, 2 checkpoint areas of 2 pages).
+pub const DEVICE_BYTES: u64 = 1_138_688;
 pub const BLOCK_BYTES: u32 = 4096;
 /// Largest origin the harness allocates; larger recorded sizes get a small
 /// origin (and open refuses the size mismatch).

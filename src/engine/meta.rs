@@ -1,24 +1,36 @@
-//! The mapping table: which origin block each cache slot holds and whether
-//! it is dirty. Recovery and the running engine change it through the same
-//! `apply`, so what the journal replays is exactly what the engine did.
+//! The mapping table: which origin block each cache slot holds, which of
+//! its sectors hold data and which of those are dirty. Recovery and the
+//! running engine change it through the same `apply`, so what the journal
+//! replays is exactly what the engine did.
 
 use std::collections::BinaryHeap;
 
 use super::entries::Entries;
-use super::format::{entry_decode, entry_encode, Record, ENTRY_DIRTY, ENTRY_FREE};
+use super::format::{
+    entry_decode, entry_encode, whole_sets, CheckpointData, PartialEntry, Record, ENTRY_DIRTY,
+    ENTRY_FREE,
+};
 use super::index::BlockIndex;
+use super::sectors::{PartialMaps, SectorRun, SectorSet};
 
 /// In memory a cached block costs its entry (4 bytes, or 8 for origins of
-/// 2^31 blocks or more) and an index bucket (4 bytes at most 4/5 full);
-/// dirty blocks are found by scanning entries, so being dirty costs nothing
-/// extra.
+/// 2^31 blocks or more), an index bucket (4 bytes at most 4/5 full) and one
+/// bit saying whether it is whole; dirty blocks are found by scanning
+/// entries, so being dirty costs nothing extra. Only slots that are not
+/// whole (some sectors without data, or some but not all dirty) keep sector
+/// maps (sectors.rs).
 pub struct Table {
-    /// Per slot: `format::entry_encode` or ENTRY_FREE.
+    /// Per slot: `format::entry_encode` or ENTRY_FREE. The dirty bit means
+    /// "some sector is dirty".
     pub entries: Entries,
     /// Origin block -> slot.
     index: BlockIndex,
+    /// Bit per slot: the slot has sector maps in `partial`.
+    partial_bits: Vec<u64>,
+    partial: PartialMaps,
     dirty_count: u64,
     pub origin_blocks: u64,
+    sectors: usize,
 }
 
 /// What `apply` did to slots other than the record's own.
@@ -28,25 +40,51 @@ pub struct Applied {
     pub released: Option<u32>,
 }
 
+/// A cached block as a request sees it: its slot, and which of the
+/// request's sectors hold data and which are dirty.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lookup {
+    pub slot: u32,
+    /// Some sector of the block is dirty.
+    pub dirty: bool,
+    /// The slot holds the whole block (no sector maps).
+    pub whole: bool,
+}
+
 impl Table {
-    pub fn new(slot_count: u64, origin_blocks: u64) -> Table {
+    pub fn new(slot_count: u64, origin_blocks: u64, sectors: usize) -> Table {
         Table {
             entries: Entries::new(slot_count, origin_blocks),
             index: BlockIndex::new(slot_count),
+            partial_bits: vec![0; (slot_count as usize).div_ceil(64)],
+            partial: PartialMaps::new(sectors),
             dirty_count: 0,
             origin_blocks,
+            sectors,
         }
     }
 
-    /// Heap bytes of the entries and the block index.
-    pub fn heap_bytes(&self) -> u64 {
-        self.entries.heap_bytes() + self.index.heap_bytes()
+    /// Sectors per block.
+    pub fn sectors(&self) -> usize {
+        self.sectors
     }
 
-    /// Builds a table from checkpoint entries, checking its invariants.
-    pub fn from_entries(entries: Vec<u64>, origin_blocks: u64) -> Result<Table, String> {
-        let mut t = Table::new(entries.len() as u64, origin_blocks);
-        for (slot, &e) in entries.iter().enumerate() {
+    /// Heap bytes of the entries, the block index and the sector maps.
+    pub fn heap_bytes(&self) -> u64 {
+        self.entries.heap_bytes()
+            + self.index.heap_bytes()
+            + (self.partial_bits.capacity() * 8) as u64
+            + self.partial.heap_bytes()
+    }
+
+    /// Builds a table from a checkpoint, checking its invariants.
+    pub fn from_checkpoint(
+        data: CheckpointData,
+        origin_blocks: u64,
+        sectors: usize,
+    ) -> Result<Table, String> {
+        let mut t = Table::new(data.entries.len() as u64, origin_blocks, sectors);
+        for (slot, &e) in data.entries.iter().enumerate() {
             if e == ENTRY_FREE {
                 continue;
             }
@@ -68,7 +106,41 @@ impl Table {
                 t.dirty_count += 1;
             }
         }
+        for &(slot, valid, dirty) in &data.partial {
+            let e = data
+                .entries
+                .get(slot as usize)
+                .copied()
+                .unwrap_or(ENTRY_FREE);
+            let Some((_, entry_dirty)) = entry_decode(e) else {
+                return Err(format!("slot {slot}: sector maps for a free slot"));
+            };
+            if valid.sectors() != sectors || dirty.sectors() != sectors {
+                return Err(format!("slot {slot}: sector maps of the wrong size"));
+            }
+            if valid.is_empty() || !dirty.is_subset(&valid) {
+                return Err(format!(
+                    "slot {slot}: sector maps with no valid sector or a dirty sector that is not valid"
+                ));
+            }
+            if dirty.is_empty() == entry_dirty {
+                return Err(format!(
+                    "slot {slot}: the entry's dirty flag disagrees with its sector maps"
+                ));
+            }
+            t.set_sets(slot, &valid, &dirty);
+        }
         Ok(t)
+    }
+
+    /// The checkpoint of the table as it is now.
+    pub fn snapshot(&self) -> CheckpointData {
+        let mut partial: Vec<PartialEntry> = self.partial.iter().collect();
+        partial.sort_unstable_by_key(|p| p.0);
+        CheckpointData {
+            entries: self.entries.to_vec(),
+            partial,
+        }
     }
 
     pub fn slot_count(&self) -> u64 {
@@ -81,12 +153,71 @@ impl Table {
             .map(|s| (s, self.entries.get(s as usize) & ENTRY_DIRTY != 0))
     }
 
+    /// `lookup` with whether the slot holds the whole block.
+    pub fn lookup_full(&self, block: u64) -> Option<Lookup> {
+        self.lookup(block).map(|(slot, dirty)| Lookup {
+            slot,
+            dirty,
+            whole: !self.is_partial(slot),
+        })
+    }
+
     pub fn is_dirty(&self, block: u64) -> bool {
         matches!(self.lookup(block), Some((_, true)))
     }
 
     pub fn slot_block(&self, slot: u32) -> Option<(u64, bool)> {
         entry_decode(self.entries.get(slot as usize))
+    }
+
+    fn is_partial(&self, slot: u32) -> bool {
+        self.partial_bits[slot as usize / 64] & (1 << (slot % 64)) != 0
+    }
+
+    /// The (valid, dirty) sectors of a slot (both empty for a free slot).
+    pub fn sector_sets(&self, slot: u32) -> (SectorSet, SectorSet) {
+        if self.is_partial(slot) {
+            return self.partial.get(slot).expect("partial bit without maps");
+        }
+        whole_sets(self.entries.get(slot as usize), self.sectors)
+    }
+
+    /// Slots with sector maps (not whole).
+    pub fn partial_count(&self) -> usize {
+        self.partial.len()
+    }
+
+    /// Stores the sector state of a mapped slot: as sector maps unless it is
+    /// whole; keeps the entry's dirty flag and the dirty count in step.
+    fn set_sets(&mut self, slot: u32, valid: &SectorSet, dirty: &SectorSet) {
+        let e = self.entries.get(slot as usize);
+        debug_assert!(e != ENTRY_FREE && !valid.is_empty() && dirty.is_subset(valid));
+        let whole = valid.is_full() && (dirty.is_empty() || dirty.is_full());
+        let (word, bit) = (slot as usize / 64, 1u64 << (slot % 64));
+        if whole {
+            self.partial_bits[word] &= !bit;
+            self.partial.remove(slot);
+        } else {
+            self.partial_bits[word] |= bit;
+            self.partial.set(slot, valid, dirty);
+        }
+        let was_dirty = e & ENTRY_DIRTY != 0;
+        let now_dirty = !dirty.is_empty();
+        if was_dirty != now_dirty {
+            self.entries.set(
+                slot as usize,
+                if now_dirty {
+                    e | ENTRY_DIRTY
+                } else {
+                    e & !ENTRY_DIRTY
+                },
+            );
+            if now_dirty {
+                self.dirty_count += 1;
+            } else {
+                self.dirty_count -= 1;
+            }
+        }
     }
 
     pub fn used(&self) -> u64 {
@@ -141,24 +272,47 @@ impl Table {
     /// Checks that `r` is valid in the current state (recovery rejects a
     /// journal whose records do not fit the table they follow).
     pub fn validate(&self, r: &Record) -> Result<(), String> {
-        let slot = match *r {
-            Record::Map { slot, block, .. } => {
-                if block >= self.origin_blocks {
-                    return Err(format!(
-                        "record maps origin block {block} beyond the origin"
-                    ));
-                }
-                slot
-            }
-            Record::Clean { slot } | Record::Unmap { slot } => slot,
-        };
+        let slot = r.slot();
         if slot as u64 >= self.slot_count() {
             return Err(format!("record names slot {slot} of {}", self.slot_count()));
         }
-        if !matches!(r, Record::Map { .. }) && self.entries.get(slot as usize) == ENTRY_FREE {
-            return Err(format!("record {r:?} names a free slot"));
+        let run_fits = |run: SectorRun| {
+            if run.count == 0 || run.end() > self.sectors {
+                Err(format!(
+                    "record {r:?} names sectors beyond the block's {}",
+                    self.sectors
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        match *r {
+            Record::Map { block, .. } | Record::MapRun { block, .. }
+                if block >= self.origin_blocks =>
+            {
+                Err(format!(
+                    "record maps origin block {block} beyond the origin"
+                ))
+            }
+            Record::Map { .. } => Ok(()),
+            Record::MapRun { run, .. } => run_fits(run),
+            Record::AddRun { block, run, .. } => {
+                run_fits(run)?;
+                match self.slot_block(slot) {
+                    Some((b, _)) if b == block => Ok(()),
+                    _ => Err(format!(
+                        "record {r:?} names a slot that does not hold its block"
+                    )),
+                }
+            }
+            Record::Clean { .. } | Record::Unmap { .. } => {
+                if self.entries.get(slot as usize) == ENTRY_FREE {
+                    Err(format!("record {r:?} names a free slot"))
+                } else {
+                    Ok(())
+                }
+            }
         }
-        Ok(())
     }
 
     /// Applies a record. The record must be valid (see `validate`).
@@ -166,27 +320,58 @@ impl Table {
         let mut applied = Applied::default();
         match *r {
             Record::Map { slot, block, dirty } => {
-                self.clear_slot(slot);
-                if let Some(old) = self.index.get(&self.entries, block) {
-                    self.clear_slot(old);
-                    applied.released = Some(old);
-                }
-                self.entries.set(slot as usize, entry_encode(block, dirty));
-                self.index.insert(&self.entries, block, slot);
+                applied.released = self.map(slot, block, dirty);
+            }
+            Record::MapRun {
+                slot,
+                block,
+                run,
+                dirty,
+            } => {
+                applied.released = self.map(slot, block, false);
+                let valid = SectorSet::of_run(self.sectors, run);
+                let d = if dirty {
+                    valid
+                } else {
+                    SectorSet::empty(self.sectors)
+                };
+                self.set_sets(slot, &valid, &d);
+            }
+            Record::AddRun {
+                slot, run, dirty, ..
+            } => {
+                let (mut valid, mut d) = self.sector_sets(slot);
+                valid.insert_run(run);
                 if dirty {
-                    self.dirty_count += 1;
+                    d.insert_run(run);
                 }
+                self.set_sets(slot, &valid, &d);
             }
             Record::Clean { slot } => {
-                let e = self.entries.get(slot as usize);
-                if e != ENTRY_FREE && e & ENTRY_DIRTY != 0 {
-                    self.entries.set(slot as usize, e & !ENTRY_DIRTY);
-                    self.dirty_count -= 1;
+                if self.entries.get(slot as usize) != ENTRY_FREE {
+                    let (valid, _) = self.sector_sets(slot);
+                    self.set_sets(slot, &valid, &SectorSet::empty(self.sectors));
                 }
             }
             Record::Unmap { slot } => self.clear_slot(slot),
         }
         applied
+    }
+
+    /// Puts `block` in `slot` whole (clean or dirty), freeing any other slot
+    /// that held it; returns that slot.
+    fn map(&mut self, slot: u32, block: u64, dirty: bool) -> Option<u32> {
+        self.clear_slot(slot);
+        let released = self.index.get(&self.entries, block);
+        if let Some(old) = released {
+            self.clear_slot(old);
+        }
+        self.entries.set(slot as usize, entry_encode(block, dirty));
+        self.index.insert(&self.entries, block, slot);
+        if dirty {
+            self.dirty_count += 1;
+        }
+        released
     }
 
     fn clear_slot(&mut self, slot: u32) {
@@ -199,15 +384,27 @@ impl Table {
             }
         }
         self.entries.set(slot as usize, ENTRY_FREE);
+        if self.is_partial(slot) {
+            self.partial_bits[slot as usize / 64] &= !(1 << (slot % 64));
+            self.partial.remove(slot);
+        }
     }
 
-    /// Frees every slot holding a clean block; returns how many.
+    /// Drops every clean sector: frees the slots holding no dirty sector
+    /// (returns how many) and keeps only the dirty sectors of the others.
     pub fn drop_clean(&mut self) -> u64 {
         let mut n = 0;
         for slot in 0..self.entries.len() as u32 {
-            if matches!(self.slot_block(slot), Some((_, false))) {
-                self.clear_slot(slot);
-                n += 1;
+            match self.slot_block(slot) {
+                Some((_, false)) => {
+                    self.clear_slot(slot);
+                    n += 1;
+                }
+                Some((_, true)) => {
+                    let (_, dirty) = self.sector_sets(slot);
+                    self.set_sets(slot, &dirty, &dirty);
+                }
+                None => {}
             }
         }
         n
@@ -225,7 +422,7 @@ mod tests {
 
     #[test]
     fn map_supersedes() {
-        let mut t = Table::new(4, 100);
+        let mut t = Table::new(4, 100, 8);
         t.apply(&Record::Map {
             slot: 0,
             block: 7,
@@ -264,19 +461,23 @@ mod tests {
     #[test]
     fn entries_checked() {
         let e = vec![entry_encode(3, true), entry_encode(3, false)];
-        assert!(Table::from_entries(e, 10)
+        let cp = |entries: Vec<u64>| CheckpointData {
+            entries,
+            partial: Vec::new(),
+        };
+        assert!(Table::from_checkpoint(cp(e), 10, 8)
             .err()
             .unwrap()
             .contains("both hold"));
-        assert!(Table::from_entries(vec![entry_encode(10, false)], 10).is_err());
-        let t = Table::from_entries(vec![entry_encode(3, true), 0], 10).unwrap();
+        assert!(Table::from_checkpoint(cp(vec![entry_encode(10, false)]), 10, 8).is_err());
+        let t = Table::from_checkpoint(cp(vec![entry_encode(3, true), 0]), 10, 8).unwrap();
         assert_eq!(t.dirty_count(), 1);
         assert_eq!(t.free_slots().collect::<Vec<_>>(), vec![1]);
     }
 
     #[test]
     fn dirty_from_wraps_at_the_cursor() {
-        let mut t = Table::new(8, 100);
+        let mut t = Table::new(8, 100, 8);
         for (slot, block) in [(0u32, 50u64), (1, 10), (2, 70), (3, 30), (4, 90)] {
             t.apply(&Record::Map {
                 slot,
@@ -291,5 +492,164 @@ mod tests {
         assert_eq!(t.dirty_from(95, 10), vec![10, 30, 50, 90]);
         assert_eq!(t.all_dirty(), vec![10, 30, 50, 90]);
         assert!(t.is_dirty(30) && !t.is_dirty(70) && !t.is_dirty(71));
+    }
+
+    fn run(first: usize, count: usize) -> SectorRun {
+        SectorRun::new(first, count)
+    }
+
+    #[test]
+    fn runs_build_up_and_collapse_to_whole() {
+        let mut t = Table::new(4, 100, 8);
+        t.apply(&Record::MapRun {
+            slot: 2,
+            block: 9,
+            run: run(3, 1),
+            dirty: true,
+        });
+        assert_eq!(
+            t.lookup_full(9),
+            Some(Lookup {
+                slot: 2,
+                dirty: true,
+                whole: false
+            })
+        );
+        assert_eq!(t.dirty_count(), 1);
+        // Clean fill of the rest: sector 3 stays dirty.
+        let add = Record::AddRun {
+            slot: 2,
+            block: 9,
+            run: run(0, 8),
+            dirty: false,
+        };
+        assert!(t.validate(&add).is_ok());
+        t.apply(&add);
+        let (v, d) = t.sector_sets(2);
+        assert!(v.is_full());
+        assert_eq!(d, SectorSet::of_run(8, run(3, 1)));
+        assert_eq!(t.partial_count(), 1);
+        // Writeback: whole and clean, the maps are gone.
+        t.apply(&Record::Clean { slot: 2 });
+        assert_eq!(t.partial_count(), 0);
+        assert_eq!(
+            t.lookup_full(9).map(|l| (l.dirty, l.whole)),
+            Some((false, true))
+        );
+        assert_eq!(t.dirty_count(), 0);
+        // A dirty write of everything: whole and dirty.
+        t.apply(&Record::AddRun {
+            slot: 2,
+            block: 9,
+            run: run(0, 8),
+            dirty: true,
+        });
+        assert_eq!(
+            t.lookup_full(9).map(|l| (l.dirty, l.whole)),
+            Some((true, true))
+        );
+        assert_eq!(t.partial_count(), 0);
+        // A run map supersedes the whole slot.
+        let a = t.apply(&Record::MapRun {
+            slot: 0,
+            block: 9,
+            run: run(0, 2),
+            dirty: false,
+        });
+        assert_eq!(a.released, Some(2));
+        assert_eq!(t.dirty_count(), 0);
+        assert_eq!(t.sector_sets(2), (SectorSet::empty(8), SectorSet::empty(8)));
+        let snap = t.snapshot();
+        assert_eq!(snap.partial.len(), 1);
+        let back = Table::from_checkpoint(snap.clone(), 100, 8).unwrap();
+        assert_eq!(back.snapshot(), snap);
+        t.apply(&Record::Unmap { slot: 0 });
+        assert_eq!(t.partial_count(), 0);
+    }
+
+    #[test]
+    fn run_records_are_validated() {
+        let mut t = Table::new(4, 100, 8);
+        t.apply(&Record::Map {
+            slot: 1,
+            block: 5,
+            dirty: false,
+        });
+        let add = |slot, block, first, count| Record::AddRun {
+            slot,
+            block,
+            run: run(first, count),
+            dirty: true,
+        };
+        assert!(t.validate(&add(1, 5, 7, 1)).is_ok());
+        assert!(t.validate(&add(1, 5, 7, 2)).is_err(), "past the block");
+        assert!(t.validate(&add(1, 6, 0, 1)).is_err(), "another block");
+        assert!(t.validate(&add(0, 5, 0, 1)).is_err(), "a free slot");
+        assert!(t
+            .validate(&Record::MapRun {
+                slot: 0,
+                block: 100,
+                run: run(0, 1),
+                dirty: false
+            })
+            .is_err());
+    }
+
+    #[test]
+    fn checkpoint_maps_are_checked() {
+        let e = vec![entry_encode(3, true), entry_encode(4, false), 0];
+        let v = SectorSet::of_run(8, run(0, 4));
+        let d = SectorSet::of_run(8, run(1, 1));
+        let ok = CheckpointData {
+            entries: e.clone(),
+            partial: vec![(0, v, d), (1, v, SectorSet::empty(8))],
+        };
+        assert!(Table::from_checkpoint(ok, 10, 8).is_ok());
+        for (bad, why) in [
+            (vec![(2, v, d)], "free slot"),
+            (vec![(1, v, d)], "dirty flag"),
+            (vec![(0, d, v)], "not valid"),
+            (
+                vec![(0, SectorSet::empty(8), SectorSet::empty(8))],
+                "no valid",
+            ),
+        ] {
+            let cp = CheckpointData {
+                entries: e.clone(),
+                partial: bad,
+            };
+            let err = Table::from_checkpoint(cp, 10, 8).err().unwrap();
+            assert!(err.contains(why), "{err}");
+        }
+    }
+
+    #[test]
+    fn drop_clean_keeps_only_dirty_sectors() {
+        let mut t = Table::new(4, 100, 8);
+        t.apply(&Record::Map {
+            slot: 0,
+            block: 1,
+            dirty: false,
+        });
+        t.apply(&Record::Map {
+            slot: 1,
+            block: 2,
+            dirty: false,
+        });
+        t.apply(&Record::AddRun {
+            slot: 1,
+            block: 2,
+            run: run(4, 2),
+            dirty: true,
+        });
+        assert_eq!(t.drop_clean(), 1);
+        assert_eq!(t.lookup(1), None);
+        assert_eq!(
+            t.sector_sets(1),
+            (
+                SectorSet::of_run(8, run(4, 2)),
+                SectorSet::of_run(8, run(4, 2))
+            )
+        );
     }
 }

@@ -7,13 +7,19 @@
 //! - `commit.rs`: the commit protocol (group commit, journal, checkpoints).
 //! - `recovery.rs`: open, replay, and the offline `check`.
 //! - `load_fuzz.rs`: loading metadata from untrusted bytes (fuzz harness).
-//! - `io.rs`: the read path and the pieces every write path shares.
+//! - `sectors.rs`: which sectors of a block hold data, and which are dirty.
+//! - `request.rs`: a request split into per-block segments, and their lookup.
+//! - `device_io.rs`: cache and origin access with error accounting.
+//! - `slots.rs`: records applied in memory, slot allocation, eviction, stores.
+//! - `read.rs`: the read path.
+//! - `write.rs`: the write entry points and what every mode's write shares.
 //! - `modes/`: one file per cache mode's write path.
 //! - `policy/`: replacement policies.
 //! - `writeback.rs`: background writeback and `flush`.
 //! - `volume.rs`: the asynchronous API (`crate::volume::Volume`).
 
 pub mod commit;
+pub mod device_io;
 pub mod entries;
 pub mod error;
 pub mod failure;
@@ -21,15 +27,19 @@ pub mod flights;
 pub mod format;
 pub mod free;
 pub mod index;
-pub mod io;
 pub mod load_fuzz;
 pub mod locks;
 pub mod meta;
 pub mod modes;
 pub mod policy;
+pub mod read;
 pub mod recovery;
+pub mod request;
+pub mod sectors;
+pub mod slots;
 pub mod stats;
 pub mod volume;
+pub mod write;
 pub mod writeback;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -172,6 +182,10 @@ pub struct Status {
     /// list, dirty stamps, free lists and records not yet journalled.
     #[serde(default)]
     pub metadata_bytes: u64,
+    /// Cached blocks of which only some sectors hold data, or some but not
+    /// all are dirty (they keep sector maps).
+    #[serde(default)]
+    pub partial_blocks: u64,
     pub stats: StatsSnapshot,
 }
 
@@ -334,6 +348,7 @@ impl Engine {
         let metadata_bytes = m.heap_bytes();
         Status {
             metadata_bytes,
+            partial_blocks: m.table.partial_count() as u64,
             state: if self.closed.load(Ordering::Acquire) {
                 "closed"
             } else {

@@ -9,9 +9,11 @@ use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, FromZeros};
 
 use super::format::{
-    block_bytes_valid, parse_checkpoint_page, parse_journal_page, CheckpointHeader, Layout,
-    Superblock, ENTRIES_PER_CHECKPOINT_PAGE, FORMAT_VERSION, MAX_BLOCK_BYTES, MIN_BLOCK_BYTES,
-    PAGE_BYTES, SB_FLAG_ALLOW_VOLATILE_WRITEBACK, SB_FLAG_DISTRUST_CLEAN, SUPERBLOCK_MAGIC,
+    block_bytes_valid, checkpoint_page, decode_entries, decode_maps, parse_checkpoint_page,
+    parse_journal_page, sectors_per_block, whole_sets, CheckpointData, CheckpointHeader, Layout,
+    ParsedJournalPage, Superblock, ENTRIES_PER_CHECKPOINT_PAGE, FORMAT_VERSION, MAX_BLOCK_BYTES,
+    MIN_BLOCK_BYTES, PAGE_BYTES, SB_FLAG_ALLOW_VOLATILE_WRITEBACK, SB_FLAG_DISTRUST_CLEAN,
+    SUPERBLOCK_MAGIC,
 };
 use super::locks::BlockLocks;
 use super::meta::Table;
@@ -136,10 +138,12 @@ pub(crate) fn format_cache(
         done += n;
     }
     // 3. An empty checkpoint in area 0, generation 1.
-    let entries = vec![0u64; layout.slot_count as usize];
-    for (page_index, part) in entries.chunks(ENTRIES_PER_CHECKPOINT_PAGE).enumerate() {
-        let page_index = page_index as u64;
-        let page = super::format::checkpoint_page(1, page_index, part);
+    let empty = CheckpointData {
+        entries: vec![0u64; layout.slot_count as usize],
+        partial: Vec::new(),
+    };
+    for page_index in 0..layout.checkpoint_pages {
+        let page = checkpoint_page(&layout, 1, page_index, &empty);
         cache.write_at(
             &AlignedBuf::from_slice(&page),
             layout.checkpoint_offset[0] + page_index * PAGE_BYTES,
@@ -332,6 +336,32 @@ fn outdated_superblock(
     )))
 }
 
+/// The pages of the commit that starts at `seq`, if they are all intact
+/// and lie before `end`.
+fn whole_commit<'a>(
+    seq: u64,
+    end: u64,
+    page_at: &impl Fn(u64) -> &'a [u8],
+) -> Option<Vec<ParsedJournalPage>> {
+    let first = parse_journal_page(page_at(seq)).ok()?;
+    let n = first.commit_pages as u64;
+    if first.seq != seq || first.commit_first_seq != seq || n == 0 || seq + n > end {
+        return None;
+    }
+    let mut pages = vec![first];
+    for k in 1..n {
+        match parse_journal_page(page_at(seq + k)) {
+            Ok(p)
+                if p.seq == seq + k && p.commit_first_seq == seq && p.commit_pages as u64 == n =>
+            {
+                pages.push(p)
+            }
+            _ => return None,
+        }
+    }
+    Some(pages)
+}
+
 /// Loads the checkpoint and replays the journal. With `problems` given,
 /// keeps going after damage and lists it (for `check`); otherwise the first
 /// damage is an error.
@@ -356,38 +386,64 @@ pub(crate) fn load(
         fail(why)?;
     }
 
-    // Checkpoint.
+    // Checkpoint: entry pages, then sector-map pages.
     let area = sb.checkpoint_area.get() as usize;
     let generation = sb.checkpoint_generation.get();
-    let mut entries =
-        Vec::with_capacity(layout.checkpoint_pages as usize * ENTRIES_PER_CHECKPOINT_PAGE);
+    let slots = layout.slot_count as usize;
+    let sectors = sectors_per_block(layout.block_bytes);
+    let mut entries = Vec::with_capacity(slots + ENTRIES_PER_CHECKPOINT_PAGE);
+    let mut maps = Vec::with_capacity(slots);
     let mut idx = 0u64;
     while idx < layout.checkpoint_pages {
         let n = (layout.checkpoint_pages - idx).min(JOURNAL_READ_BYTES / PAGE_BYTES);
         let mut buf = AlignedBuf::zeroed((n * PAGE_BYTES) as usize);
         cache.read_at(&mut buf, layout.checkpoint_offset[area] + idx * PAGE_BYTES)?;
         for k in 0..n {
+            let page_index = idx + k;
             let page = &buf[(k * PAGE_BYTES) as usize..((k + 1) * PAGE_BYTES) as usize];
-            match parse_checkpoint_page(page, generation, idx + k) {
-                Ok(e) => entries.extend(e),
+            let at = layout.checkpoint_offset[area] + page_index * PAGE_BYTES;
+            let payload = match parse_checkpoint_page(page, generation, page_index) {
+                Ok(p) => p,
                 Err(e) => {
                     fail(format!(
-                        "checkpoint area {area} page {} (byte offset {}): {e}",
-                        idx + k,
-                        layout.checkpoint_offset[area] + (idx + k) * PAGE_BYTES
+                        "checkpoint area {area} page {page_index} (byte offset {at}): {e}"
                     ))?;
-                    entries.extend(std::iter::repeat_n(0u64, ENTRIES_PER_CHECKPOINT_PAGE));
+                    &[0u8; PAGE_BYTES as usize][..]
+                }
+            };
+            if page_index < layout.entry_pages() {
+                entries.extend(decode_entries(payload));
+                continue;
+            }
+            for pair in decode_maps(payload, layout.block_bytes) {
+                match pair {
+                    Ok(p) => maps.push(p),
+                    Err(e) => {
+                        fail(format!(
+                            "checkpoint area {area} page {page_index} (byte offset {at}): {e}"
+                        ))?;
+                        maps.push(whole_sets(0, sectors));
+                    }
                 }
             }
         }
         idx += n;
     }
-    entries.truncate(layout.slot_count as usize);
-    let mut table = match Table::from_entries(entries, origin_blocks) {
+    entries.truncate(slots);
+    // Slots whose maps are not those of a whole block keep them.
+    let partial = entries
+        .iter()
+        .zip(&maps)
+        .enumerate()
+        .filter(|&(_, (&e, m))| *m != whole_sets(e, sectors))
+        .map(|(slot, (_, &(v, d)))| (slot as u32, v, d))
+        .collect();
+    let checkpoint = CheckpointData { entries, partial };
+    let mut table = match Table::from_checkpoint(checkpoint, origin_blocks, sectors) {
         Ok(t) => t,
         Err(e) => {
             fail(format!("checkpoint: {e}"))?;
-            Table::new(layout.slot_count, origin_blocks)
+            Table::new(layout.slot_count, origin_blocks, sectors)
         }
     };
 
@@ -410,12 +466,10 @@ pub(crate) fn load(
     let start = sb.journal_replay_seq.get();
     let mut seq = start;
     let mut records_replayed = 0u64;
-    'replay: while seq < start + n_pages {
-        let page = match parse_journal_page(page_at(seq)) {
-            Ok(p) if p.seq == seq => p,
-            _ => break,
-        };
-        for r in &page.records {
+    // Commit by commit: a commit is applied only when all its pages are
+    // intact (a multi-record change is never half replayed).
+    'replay: while let Some(commit) = whole_commit(seq, start + n_pages, &page_at) {
+        for r in commit.iter().flat_map(|p| &p.records) {
             if let Err(e) = table.validate(r) {
                 fail(format!("journal page {seq}: {e}"))?;
                 break 'replay;
@@ -423,7 +477,7 @@ pub(crate) fn load(
             table.apply(r);
             records_replayed += 1;
         }
-        seq += 1;
+        seq += commit.len() as u64;
     }
     // The replay stopped at `seq`. That is the torn tail of the last commit
     // unless a page of a LATER commit is valid: commits are sequential, so a
@@ -605,9 +659,9 @@ pub(crate) fn open(
             // Pages after the replayed ones may hold valid pages of an
             // interrupted commit; start the new journal a full ring later so
             // none of them can ever be taken for a new page.
-            let entries = engine.meta.lock().table.entries.to_vec();
+            let data = engine.meta.lock().table.snapshot();
             let restart = loaded.journal_end_seq + layout.journal_pages;
-            engine.write_checkpoint(&mut cs, &entries, restart, false)?;
+            engine.write_checkpoint(&mut cs, &data, restart, false)?;
             if distrust {
                 engine.write_superblock(&mut cs, |sb| {
                     sb.flags.set(sb.flags.get() & !SB_FLAG_DISTRUST_CLEAN)

@@ -43,6 +43,10 @@ counters! {
     cache_errors,
     /// Origin device I/O errors.
     origin_errors,
+    /// Read requests sent to the origin device.
+    origin_reads,
+    /// Write requests sent to the origin device.
+    origin_writes,
     /// Metadata commits (journal or checkpoint writes).
     commits,
     /// Checkpoints written.

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::format::{entry_decode, Record, ENTRY_DIRTY};
+use super::sectors::SECTOR_BYTES;
 use super::stats::bump;
 use super::{Engine, EngineError, EngineResult, Meta, MAX_AGE_SECS};
 use crate::device::{AlignedBuf, DeviceError};
@@ -242,10 +243,11 @@ impl Engine {
 
     /// Writes back a run of locked, dirty, adjacent blocks, and unlocks
     /// them: reads them from the cache, releases their locks for the origin
-    /// write (flights.rs), then locks them again to mark clean the ones no
+    /// writes (flights.rs), then locks them again to mark clean the ones no
     /// write or trim touched meanwhile. Returns how many it marked clean.
     fn write_back_in_flight(&self, run: &[(u64, u32)]) -> EngineResult<usize> {
         let blocks = || run.iter().map(|&(b, _)| b);
+        let extents = self.dirty_extents(run);
         let buf = match self.read_run(run) {
             Ok(buf) => buf,
             Err(e) => {
@@ -255,12 +257,42 @@ impl Engine {
         };
         self.flights.start(blocks());
         blocks().for_each(|b| self.locks.unlock(b));
-        let written = self.origin_write_now(&buf, run[0].0 * self.block_bytes);
+        let base = run[0].0 * self.block_bytes;
+        let written = extents
+            .iter()
+            .try_for_each(|e| self.origin_write_now(&buf[e.clone()], base + e.start as u64));
         self.flights.origin_written(blocks());
         let _guard = self.locks.lock_range(run[0].0, run[run.len() - 1].0);
         let touched = self.flights.finish(blocks());
         written?;
         Ok(self.mark_clean(run, &touched))
+    }
+
+    /// The byte ranges of a locked run's buffer that writeback sends to the
+    /// origin: its dirty sectors, merged across sectors holding clean data
+    /// (equal to the origin's, so rewriting them is harmless) but never
+    /// across sectors holding none. Whole dirty blocks make one range.
+    fn dirty_extents(&self, run: &[(u64, u32)]) -> Vec<std::ops::Range<usize>> {
+        let m = self.meta.lock();
+        let spb = m.table.sectors();
+        let sb = SECTOR_BYTES as usize;
+        let mut extents: Vec<std::ops::Range<usize>> = Vec::new();
+        // The open extent: its first sector and the sector after its last
+        // dirty one.
+        let mut open: Option<(usize, usize)> = None;
+        for (k, &(_, slot)) in run.iter().enumerate() {
+            let (valid, dirty) = m.table.sector_sets(slot);
+            for s in 0..spb {
+                let g = k * spb + s;
+                if !valid.contains(s) {
+                    extents.extend(open.take().map(|(a, b)| a * sb..b * sb));
+                } else if dirty.contains(s) {
+                    open = Some(open.map_or((g, g + 1), |(a, _)| (a, g + 1)));
+                }
+            }
+        }
+        extents.extend(open.map(|(a, b)| a * sb..b * sb));
+        extents
     }
 
     /// The cache contents of locked, adjacent blocks, one device read per
@@ -298,8 +330,11 @@ impl Engine {
     /// Writes one dirty block back while the caller holds its lock (the
     /// origin write waits for a flight of the same block, see flights.rs).
     pub(crate) fn write_back_one(&self, block: u64, slot: u32) -> EngineResult<()> {
+        let extents = self.dirty_extents(&[(block, slot)]);
         let buf = self.read_run(&[(block, slot)])?;
-        self.origin_write(&buf, block * self.block_bytes)?;
+        for e in extents {
+            self.origin_write(&buf[e.clone()], block * self.block_bytes + e.start as u64)?;
+        }
         self.mark_clean(&[(block, slot)], &[]);
         Ok(())
     }

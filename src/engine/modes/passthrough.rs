@@ -4,7 +4,7 @@
 //! while a switch to passthrough is still writing dirty blocks back, reads
 //! of those blocks are served from the cache (engine/io.rs).
 
-use super::super::io::Segment;
+use super::super::request::Segment;
 use super::super::stats::bump;
 use super::super::{Engine, EngineResult};
 

@@ -2,7 +2,7 @@
 //! (committed before the origin write, as in writethrough); reads still
 //! promote, so the cache holds what is read, not what is written.
 
-use super::super::io::Segment;
+use super::super::request::Segment;
 use super::super::stats::bump;
 use super::super::{Engine, EngineResult};
 

@@ -1,20 +1,27 @@
 //! Writeback: writes go to the cache as dirty data and are acknowledged
-//! there; background writeback copies them to the origin later.
+//! there; background writeback copies them to the origin later. A write of
+//! any 512-byte multiple goes to the cache without reading the origin: the
+//! slot records which sectors hold data.
 //!
-//! Crash safety: a block that was clean is never overwritten in place: its
-//! new contents go to a free slot, and the `Map dirty` record that makes them
-//! current is journalled only after that data is durable. A dirty block is
-//! overwritten in place (exactly as a disk would: an unflushed write may be
-//! torn, never mixed with another block's data), unless it is part of a run
-//! of whole blocks that are not all dirty in adjacent slots: the run then
-//! goes to new slots with one cache write, superseding the dirty slots the
-//! same crash-safe way as clean ones (after aged writeback has cleaned a
-//! random part of a region, this keeps a 1 MiB write one device write
-//! instead of up to 256).
+//! Crash safety: sectors holding clean data are never overwritten in place:
+//! a write that covers some goes to a free slot (with the block's other
+//! sectors copied from the old slot), and the records that make it current
+//! are journalled only after that data is durable, all in one commit. A
+//! write that covers only dirty sectors and sectors holding nothing goes
+//! into the slot in place: like a disk, an unflushed write may be torn at
+//! 512-byte granularity, and a sector that held nothing holds nothing again
+//! after a crash until its record is durable. A run of whole blocks that
+//! are not all writable in adjacent slots goes to new slots with one cache
+//! write (after aged writeback has cleaned a random part of a region, this
+//! keeps a 1 MiB write one device write instead of up to 256).
 
-use super::super::io::{adjacent_slots, Segment, Stored};
+use super::super::format::Record;
+use super::super::request::{adjacent_slots, Hit, Segment};
+use super::super::sectors::{SectorSet, SECTOR_BYTES};
+use super::super::slots::Stored;
 use super::super::stats::bump;
 use super::super::{Engine, EngineResult};
+use crate::device::AlignedBuf;
 
 impl Engine {
     pub(crate) fn write_writeback(&self, segs: &[Segment], data: &[u8]) -> EngineResult<()> {
@@ -33,7 +40,7 @@ impl Engine {
         &self,
         segs: &[Segment],
         data: &[u8],
-        cached: &[Option<(u32, bool)>],
+        cached: &[Option<Hit>],
     ) -> EngineResult<()> {
         let bs = self.block_bytes;
         let hits = cached.iter().filter(|c| c.is_some()).count() as u64;
@@ -53,42 +60,93 @@ impl Engine {
                 .iter()
                 .take_while(|s| self.full_block(s) && self.cacheable(s.block))
                 .count();
-            if let Some((slot, true)) = cached[i] {
-                // Dirty blocks in adjacent slots are rewritten in place with
-                // one device write, unless more whole blocks follow: then
-                // they all go to new slots with one write (a dirty slot may
-                // be superseded like a clean one; it is freed only once the
-                // new mapping is durable).
-                let run = adjacent_slots(&cached[i..], |dirty| dirty);
+            if let Some(hit) = cached[i].filter(|h| h.writable) {
+                // Writable segments in adjacent slots are written in place
+                // with one device write, unless more whole blocks follow:
+                // then they all go to new slots with one write (a dirty slot
+                // may be superseded like a clean one; it is freed only once
+                // the new mapping is durable).
+                let run = adjacent_slots(&cached[i..], |h| h.writable);
                 if run >= whole {
                     let end = segs[i + run - 1].buf.end;
-                    self.cache_write(slot, seg.in_block, &data[seg.buf.start..end])?;
+                    self.cache_write(hit.slot, seg.in_block, &data[seg.buf.start..end])?;
+                    self.record_in_place(&segs[i..i + run], &cached[i..i + run]);
                     i += run;
                     continue;
                 }
             }
-            // The run of whole blocks goes to new slots, stored together;
-            // otherwise one block, completed from its old contents.
-            let merged;
-            let bytes: &[u8] = if whole > 0 {
-                &data[seg.buf.start..segs[i + whole - 1].buf.end]
-            } else {
-                merged = self.merged_block(seg, data, cached[i])?;
-                &merged
-            };
-            let (stored, why) = self.store_in_new_slots(seg.block, bytes, true)?;
-            match why {
-                Stored::Yes => i += stored,
-                Stored::CacheError(e) => return Err(e.into()),
-                Stored::NoSlot => {
-                    // The block after the stored ones goes around the cache.
-                    let at = stored * bs as usize;
-                    self.write_around(&segs[i + stored], &bytes[at..at + bs as usize])?;
-                    i += stored + 1;
+            if whole > 0 {
+                let bytes = &data[seg.buf.start..segs[i + whole - 1].buf.end];
+                let (stored, why) = self.store_in_new_slots(seg.block, bytes, true)?;
+                i += stored;
+                match why {
+                    Stored::Yes => {}
+                    Stored::CacheError(e) => return Err(e.into()),
+                    Stored::NoSlot => {
+                        self.write_around(&segs[i], data)?;
+                        i += 1;
+                    }
                 }
+                continue;
             }
+            match self.store_part(seg, data, cached[i])? {
+                Stored::Yes => {}
+                Stored::CacheError(e) => return Err(e.into()),
+                Stored::NoSlot => self.write_around(seg, data)?,
+            }
+            i += 1;
         }
         self.write_back_if_mode_changed(segs)
+    }
+
+    /// Records the sectors that writes in place made dirty, where the slot
+    /// was not already whole and dirty.
+    fn record_in_place(&self, segs: &[Segment], cached: &[Option<Hit>]) {
+        let mut m = self.meta.lock();
+        for (seg, hit) in segs.iter().zip(cached) {
+            let hit = hit.expect("written in place");
+            if !(hit.whole && hit.dirty) {
+                self.append(
+                    &mut m,
+                    Record::AddRun {
+                        slot: hit.slot,
+                        block: seg.block,
+                        run: seg.run(),
+                        dirty: true,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Stores part of a block, dirty, in a new slot: the segment's sectors,
+    /// and those the old slot held (copied from it; all of them become
+    /// dirty, which is harmless for sectors equal to the origin).
+    fn store_part(&self, seg: &Segment, data: &[u8], hit: Option<Hit>) -> EngineResult<Stored> {
+        let sectors = (self.block_bytes / SECTOR_BYTES) as usize;
+        let mut valid = SectorSet::of_run(sectors, seg.run());
+        let old = match hit {
+            Some(h) => {
+                let (v, _) = self.meta.lock().table.sector_sets(h.slot);
+                let hull = v.union(&valid).hull().expect("non-empty");
+                let mut buf = AlignedBuf::zeroed(hull.count as usize * SECTOR_BYTES as usize);
+                let from = hull.first as u64 * SECTOR_BYTES;
+                match self.cache_read(h.slot, from, &mut buf) {
+                    Ok(()) => Some((v, buf, from)),
+                    Err(e) if h.dirty => return Err(e.into()),
+                    // Clean sectors are only copies: leave them behind.
+                    Err(_) => None,
+                }
+            }
+            None => None,
+        };
+        let Some((v, mut buf, from)) = old else {
+            return self.store_sectors(seg.block, &valid, &data[seg.buf.clone()], true);
+        };
+        valid = valid.union(&v);
+        let at = (seg.in_block - from) as usize;
+        buf[at..at + seg.buf.len()].copy_from_slice(&data[seg.buf.clone()]);
+        self.store_sectors(seg.block, &valid, &buf, true)
     }
 
     /// This write read the mode before it dirtied its blocks; a switch to
@@ -111,14 +169,14 @@ impl Engine {
         Ok(())
     }
 
-    /// Every block is dirty or busy: writes one whole block around the
-    /// cache and hurries writeback along.
-    fn write_around(&self, seg: &Segment, full: &[u8]) -> EngineResult<()> {
+    /// Every block is dirty or busy: writes the segment around the cache
+    /// and hurries writeback along.
+    fn write_around(&self, seg: &Segment, data: &[u8]) -> EngineResult<()> {
         bump(&self.stats.bypassed_ios, 1);
         self.write_origin_invalidating(
             std::slice::from_ref(seg),
-            full,
-            seg.block * self.block_bytes,
+            &data[seg.buf.clone()],
+            seg.block * self.block_bytes + seg.in_block,
         )?;
         self.wake_background();
         Ok(())

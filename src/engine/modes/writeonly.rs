@@ -2,7 +2,7 @@
 //! in writeback; reads are served from the cache when it holds the block,
 //! but a read miss never promotes (see `Mode::promotes_reads`).
 
-use super::super::io::Segment;
+use super::super::request::Segment;
 use super::super::{Engine, EngineResult};
 
 impl Engine {

@@ -1,0 +1,97 @@
+//! Every device access of the data path: cache and origin reads and writes
+//! with their error accounting, and the ordering rule every origin write
+//! obeys.
+
+use super::stats::bump;
+use super::{Engine, EngineResult};
+use crate::device::DeviceError;
+
+impl Engine {
+    pub(crate) fn cache_read(
+        &self,
+        slot: u32,
+        in_block: u64,
+        buf: &mut [u8],
+    ) -> Result<(), DeviceError> {
+        self.cache
+            .read_at(buf, self.layout.slot_offset(slot) + in_block)
+            .inspect_err(|e| {
+                self.note_cache_error();
+                log::warn!("cache read error: {e}");
+            })
+    }
+
+    pub(crate) fn cache_write(
+        &self,
+        slot: u32,
+        in_block: u64,
+        buf: &[u8],
+    ) -> Result<(), DeviceError> {
+        let r = self
+            .cache
+            .write_at(buf, self.layout.slot_offset(slot) + in_block)
+            .inspect_err(|e| {
+                self.note_cache_error();
+                log::warn!("cache write error: {e}");
+            });
+        self.note_completed();
+        r
+    }
+
+    pub(crate) fn origin_read(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+        bump(&self.stats.origin_reads, 1);
+        self.origin.read_at(buf, offset).inspect_err(|e| {
+            bump(&self.stats.origin_errors, 1);
+            log::warn!("origin read error: {e}");
+        })
+    }
+
+    /// Every origin write goes through here. A mapping removed in memory
+    /// (unmapped, or superseded by a newer slot) must be durable before the
+    /// origin changes: until then a crash would bring back the old clean
+    /// copy over the new origin bytes.
+    /// Waits first for background writebacks still writing these blocks to
+    /// the origin (flights.rs), so the origin sees writes in order.
+    pub(crate) fn origin_write(&self, buf: &[u8], offset: u64) -> EngineResult<()> {
+        if !buf.is_empty() {
+            let bs = self.block_bytes;
+            self.flights
+                .wait_origin(offset / bs, (offset + buf.len() as u64 - 1) / bs);
+        }
+        self.origin_write_now(buf, offset)
+    }
+
+    /// `origin_write` without the wait: for a writeback's own flight.
+    pub(crate) fn origin_write_now(&self, buf: &[u8], offset: u64) -> EngineResult<()> {
+        let bs = self.block_bytes;
+        let blocks = offset / bs..=(offset + (buf.len() as u64).max(1) - 1) / bs;
+        if self.releases_pending(blocks) {
+            self.commit()?;
+        }
+        bump(&self.stats.origin_writes, 1);
+        let r = self.origin.write_at(buf, offset).inspect_err(|e| {
+            bump(&self.stats.origin_errors, 1);
+            log::warn!("origin write error: {e}");
+        });
+        self.note_completed();
+        Ok(r?)
+    }
+
+    /// True if the mapping of some block in `blocks` was removed (unmapped,
+    /// or superseded by a newer slot) in memory and that removal is not yet
+    /// durable. Only those blocks matter: an origin write to other blocks
+    /// cannot meet a revived old copy.
+    pub(crate) fn releases_pending(&self, blocks: std::ops::RangeInclusive<u64>) -> bool {
+        let durable = self.commit_state.lock().releases_durable;
+        let m = self.meta.lock();
+        if m.released_blocks.len() as u64 <= blocks.end() - blocks.start() {
+            m.released_blocks
+                .iter()
+                .any(|(b, &seq)| seq > durable && blocks.contains(b))
+        } else {
+            blocks
+                .into_iter()
+                .any(|b| m.released_blocks.get(&b).is_some_and(|&seq| seq > durable))
+        }
+    }
+}

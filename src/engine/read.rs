@@ -1,0 +1,337 @@
+//! The read path. Sectors that hold data in the cache are read from it
+//! (one device read per run of adjacent slots); the others come from the
+//! origin, one request per contiguous stretch, and are kept: a block not
+//! cached is stored whole, a block cached in part gets the sectors it
+//! lacked (written into its slot, where they held nothing, so a crash
+//! before their record is durable only leaves them empty).
+
+use super::format::Record;
+use super::locks::RangeGuard;
+use super::request::{adjacent_slots, Hit, Segment};
+use super::sectors::{SectorRun, SECTOR_BYTES};
+use super::stats::bump;
+use super::{Engine, EngineResult, Mode};
+use crate::device::AlignedBuf;
+
+/// What a read miss fetches from the origin for one segment.
+struct Fetch {
+    /// Sectors of the block read from the origin.
+    run: SectorRun,
+    /// Where they land in the miss run's origin buffer.
+    at: usize,
+    /// Keep them: store the whole block in a new slot (no slot), or fill
+    /// the slot's empty sectors (a slot holding part of the block).
+    keep: bool,
+}
+
+impl Engine {
+    /// Reads `len` bytes at `offset`.
+    pub fn read(&self, offset: u64, len: u64) -> EngineResult<AlignedBuf> {
+        self.read_inner(offset, len, false)
+    }
+
+    /// Copies a range into the cache (NBD_CMD_CACHE); returns nothing.
+    pub fn prefetch(&self, offset: u64, len: u64) -> EngineResult<()> {
+        self.read_inner(offset, len, true).map(|_| ())
+    }
+
+    /// The read, done on the caller's thread, if every block it touches is
+    /// unlocked and holds the requested sectors: one cache device read per
+    /// run of adjacent slots, never an origin read or a wait for another
+    /// request. `None` (nothing done) otherwise. For the NBD server's async
+    /// workers, which must not block for long.
+    pub fn try_read_hits(&self, offset: u64, len: u64) -> Option<EngineResult<AlignedBuf>> {
+        let (segs, _guard) = match self.try_lock_request(offset, len, false)? {
+            Ok(locked) => locked,
+            Err(e) => return Some(Err(e)),
+        };
+        let mode = self.mode();
+        let cached = self.lookup_accessed(&segs, |dirty| dirty || mode.reads_cache());
+        if !cached.iter().all(|c| c.is_some_and(|h| h.valid)) {
+            return None;
+        }
+        bump(&self.stats.read_requests, 1);
+        Some(self.read_locked(&segs, len, false, mode, &cached))
+    }
+
+    /// A request's segments and a guard over their block locks, taken only
+    /// if none of them is held (`None` otherwise, and for an empty
+    /// request); `Some(Err)` for a request that is not valid.
+    pub(crate) fn try_lock_request(
+        &self,
+        offset: u64,
+        len: u64,
+        write: bool,
+    ) -> Option<EngineResult<(Vec<Segment>, RangeGuard<'_>)>> {
+        let segs = match self
+            .check_open()
+            .and_then(|_| self.segments(offset, len, write))
+        {
+            Ok(s) => s,
+            Err(e) => return Some(Err(e)),
+        };
+        let guard = self
+            .locks
+            .try_lock_range(segs.first()?.block, segs.last()?.block)?;
+        Some(Ok((segs, guard)))
+    }
+
+    fn read_inner(&self, offset: u64, len: u64, prefetch: bool) -> EngineResult<AlignedBuf> {
+        self.check_open()?;
+        let segs = self.segments(offset, len, false)?;
+        bump(&self.stats.read_requests, 1);
+        let Some(first) = segs.first() else {
+            return Ok(AlignedBuf::zeroed(len as usize));
+        };
+        let _guard = self
+            .locks
+            .lock_range(first.block, segs.last().expect("non-empty").block);
+        let mode = self.mode();
+        // The block locks are held: these mappings cannot change under us
+        // (eviction and writeback only take blocks they can lock).
+        // Passthrough reads the origin, except a dirty block, whose only
+        // current copy is in the cache: set-mode and detach switch to
+        // passthrough before they write the dirty blocks back.
+        let cached = self.lookup_accessed(&segs, |dirty| dirty || mode.reads_cache());
+        self.read_locked(&segs, len, prefetch, mode, &cached)
+    }
+
+    /// The read of `segs` (non-empty) while their block locks are held.
+    /// (`cached`: `lookup_accessed` of `segs` under these locks, hits kept
+    /// as `mode` reads them.)
+    fn read_locked(
+        &self,
+        segs: &[Segment],
+        len: u64,
+        prefetch: bool,
+        mode: Mode,
+        cached: &[Option<Hit>],
+    ) -> EngineResult<AlignedBuf> {
+        let mut out = AlignedBuf::zeroed(len as usize);
+        let promote = mode.promotes_reads() || (prefetch && mode != Mode::Passthrough);
+        let mut i = 0;
+        while i < segs.len() {
+            let seg = &segs[i];
+            match cached[i] {
+                Some(hit) if hit.valid => {
+                    // Hits in adjacent slots: one device read.
+                    let run = adjacent_slots(&cached[i..], |h| h.valid);
+                    if run > 1 {
+                        let end = segs[i + run - 1].buf.end;
+                        if self
+                            .cache_read(hit.slot, seg.in_block, &mut out[seg.buf.start..end])
+                            .is_ok()
+                        {
+                            bump(&self.stats.read_hits, run as u64);
+                            i += run;
+                            continue;
+                        }
+                        // Fall back to block by block, which handles errors.
+                    }
+                    bump(&self.stats.read_hits, 1);
+                    if let Err(e) =
+                        self.cache_read(hit.slot, seg.in_block, &mut out[seg.buf.clone()])
+                    {
+                        if hit.dirty {
+                            return Err(e.into());
+                        }
+                        // A clean copy is only a copy: serve the origin.
+                        self.invalidate_failed(seg.block, hit.slot);
+                        let at = seg.block * self.block_bytes + seg.in_block;
+                        self.origin_read(&mut out[seg.buf.clone()], at)?;
+                    }
+                    i += 1;
+                }
+                _ => {
+                    // Segments that need the origin, in one pass.
+                    let run = cached[i..]
+                        .iter()
+                        .take_while(|c| !c.is_some_and(|h| h.valid))
+                        .count();
+                    self.read_misses(&segs[i..i + run], &cached[i..i + run], &mut out, promote)?;
+                    i += run;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Drops a clean cached copy after a cache read error.
+    fn invalidate_failed(&self, block: u64, slot: u32) {
+        let mut m = self.meta.lock();
+        if m.table.lookup(block) == Some((slot, false)) {
+            self.append(&mut m, Record::Unmap { slot });
+        }
+    }
+
+    /// Reads consecutive segments each of which lacks some sectors (no slot,
+    /// or a slot holding part of the block): what the origin must supply is
+    /// read with one request per contiguous stretch, the sectors the cache
+    /// holds from the cache; with `promote` the fetched data is kept.
+    fn read_misses(
+        &self,
+        segs: &[Segment],
+        cached: &[Option<Hit>],
+        out: &mut AlignedBuf,
+        promote: bool,
+    ) -> EngineResult<()> {
+        bump(&self.stats.read_misses, segs.len() as u64);
+        let fetches = self.plan_fetches(segs, cached, promote);
+        let fetched = fetches.iter().map(|f| f.run.count as usize).sum::<usize>();
+        let mut tmp = AlignedBuf::zeroed(fetched * SECTOR_BYTES as usize);
+        // One origin read per contiguous stretch of fetched sectors.
+        let mut k = 0;
+        while k < segs.len() {
+            let mut n = 1;
+            while k + n < segs.len()
+                && fetches[k + n - 1].run.end() as u64 * SECTOR_BYTES == self.block_bytes
+                && fetches[k + n].run.first == 0
+            {
+                n += 1;
+            }
+            let (first, last) = (&fetches[k], &fetches[k + n - 1]);
+            let end = last.at + last.run.count as usize * SECTOR_BYTES as usize;
+            let off = segs[k].block * self.block_bytes + first.run.first as u64 * SECTOR_BYTES;
+            self.origin_read(&mut tmp[first.at..end], off)?;
+            k += n;
+        }
+        let mut stored_whole = 0u64;
+        for (k, seg) in segs.iter().enumerate() {
+            let f = &fetches[k];
+            match cached[k] {
+                Some(hit) => self.complete_partial(seg, hit, f, &tmp, out)?,
+                None => {
+                    let from = f.at + (seg.in_block - f.run.first as u64 * SECTOR_BYTES) as usize;
+                    out[seg.buf.clone()].copy_from_slice(&tmp[from..from + seg.buf.len()]);
+                }
+            }
+            if !promote {
+                bump(&self.stats.bypassed_ios, 1);
+            }
+        }
+        // Uncached blocks fetched whole: stored together, adjacent where
+        // the free slots allow. A full cache or a cache error only leaves
+        // the rest uncached.
+        let mut k = 0;
+        while k < segs.len() {
+            if cached[k].is_some() || !fetches[k].keep {
+                k += 1;
+                continue;
+            }
+            let n = (k..segs.len())
+                .take_while(|&j| cached[j].is_none() && fetches[j].keep)
+                .count();
+            let bs = self.block_bytes as usize;
+            let at = fetches[k].at;
+            let (stored, _) =
+                self.store_in_new_slots(segs[k].block, &tmp[at..at + n * bs], false)?;
+            stored_whole += stored as u64;
+            k += n;
+        }
+        bump(&self.stats.promotions, stored_whole);
+        Ok(())
+    }
+
+    /// What to fetch from the origin for each segment: a block not cached
+    /// is fetched whole when it is to be kept; a block cached in part, from
+    /// its first to its last empty sector when kept (filling it), else the
+    /// segment's empty sectors; anything else, the segment itself.
+    fn plan_fetches(&self, segs: &[Segment], cached: &[Option<Hit>], promote: bool) -> Vec<Fetch> {
+        let spb = (self.block_bytes / SECTOR_BYTES) as usize;
+        let m = self.meta.lock();
+        let mut at = 0;
+        segs.iter()
+            .zip(cached)
+            .map(|(seg, hit)| {
+                let keep = promote && self.cacheable(seg.block) && self.admitting();
+                let (run, keep) = match hit {
+                    None if keep => (SectorRun::new(0, spb), true),
+                    None => (seg.run(), false),
+                    Some(h) => {
+                        let (valid, _) = m.table.sector_sets(h.slot);
+                        let empty = valid.complement();
+                        let want = if keep {
+                            empty
+                        } else {
+                            empty.intersect(&super::sectors::SectorSet::of_run(spb, seg.run()))
+                        };
+                        (want.hull().expect("a miss lacks some sector"), keep)
+                    }
+                };
+                let f = Fetch { run, at, keep };
+                at += run.count as usize * SECTOR_BYTES as usize;
+                f
+            })
+            .collect()
+    }
+
+    /// Completes a segment of a block cached in part: the sectors the slot
+    /// holds come from the cache, the rest from the fetched origin data;
+    /// when the fetch is kept, the slot's empty sectors in it are filled.
+    fn complete_partial(
+        &self,
+        seg: &Segment,
+        hit: Hit,
+        f: &Fetch,
+        tmp: &[u8],
+        out: &mut [u8],
+    ) -> EngineResult<()> {
+        let (valid, _) = self.meta.lock().table.sector_sets(hit.slot);
+        let sb = SECTOR_BYTES as usize;
+        let fetched = |s: usize| f.at + (s - f.run.first as usize) * sb;
+        let seg_first = (seg.in_block / SECTOR_BYTES) as usize;
+        let cached_part = valid.intersect(&super::sectors::SectorSet::of_run(
+            valid.sectors(),
+            seg.run(),
+        ));
+        if let Some(h) = cached_part.hull() {
+            let lo = seg.buf.start + (h.first as usize - seg_first) * sb;
+            let hi = seg.buf.start + (h.end() - seg_first) * sb;
+            if let Err(e) =
+                self.cache_read(hit.slot, h.first as u64 * SECTOR_BYTES, &mut out[lo..hi])
+            {
+                if hit.dirty {
+                    return Err(e.into());
+                }
+                // Clean sectors are copies: take them from the origin.
+                self.invalidate_failed(seg.block, hit.slot);
+                let at = seg.block * self.block_bytes + seg.in_block;
+                self.origin_read(&mut out[seg.buf.clone()], at)?;
+                return Ok(());
+            }
+        }
+        for s in seg.run().range().filter(|&s| !valid.contains(s)) {
+            let o = seg.buf.start + (s - seg_first) * sb;
+            out[o..o + sb].copy_from_slice(&tmp[fetched(s)..fetched(s) + sb]);
+        }
+        if !f.keep {
+            return Ok(());
+        }
+        // Fill the empty sectors in the fetched run, then record them.
+        let empty_in_fetch = valid
+            .complement()
+            .intersect(&super::sectors::SectorSet::of_run(valid.sectors(), f.run));
+        for r in empty_in_fetch.runs() {
+            let bytes = &tmp[fetched(r.first as usize)..fetched(r.end())];
+            if self
+                .cache_write(hit.slot, r.first as u64 * SECTOR_BYTES, bytes)
+                .is_err()
+            {
+                return Ok(());
+            }
+        }
+        let mut m = self.meta.lock();
+        self.append(
+            &mut m,
+            Record::AddRun {
+                slot: hit.slot,
+                block: seg.block,
+                run: f.run,
+                dirty: false,
+            },
+        );
+        drop(m);
+        bump(&self.stats.promotions, 1);
+        Ok(())
+    }
+}

@@ -1,0 +1,172 @@
+//! A request as the engine sees it: validated, split into per-block
+//! segments, and looked up in the table under the blocks' locks.
+
+use std::ops::Range;
+
+use super::sectors::{SectorRun, SectorSet};
+use super::{Engine, EngineError, EngineResult};
+
+/// The part of a request that falls in one cache block.
+#[derive(Clone, Debug)]
+pub(crate) struct Segment {
+    pub block: u64,
+    /// Offset within the block.
+    pub in_block: u64,
+    /// Range within the request's buffer.
+    pub buf: Range<usize>,
+}
+
+impl Segment {
+    pub fn len(&self) -> u64 {
+        self.buf.len() as u64
+    }
+
+    /// The block's sectors this segment covers.
+    pub fn run(&self) -> SectorRun {
+        SectorRun::of_bytes(self.in_block, self.len())
+    }
+}
+
+/// A segment's block as the table holds it, seen under the block's lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Hit {
+    pub slot: u32,
+    /// Some sector of the block is dirty.
+    pub dirty: bool,
+    /// The slot holds the whole block, all clean or all dirty.
+    pub whole: bool,
+    /// Every sector of the segment holds data in the slot.
+    pub valid: bool,
+    /// No sector of the segment holds clean data (each is dirty or holds
+    /// nothing): the segment may be written into the slot in place.
+    pub writable: bool,
+}
+
+impl Hit {
+    /// The hit of a segment covering `run` of a slot whose sectors are
+    /// (`valid`, `dirty`).
+    pub fn of(slot: u32, run: SectorRun, valid: &SectorSet, dirty: &SectorSet) -> Hit {
+        let whole = valid.is_full() && (dirty.is_empty() || dirty.is_full());
+        let clean = valid.minus(dirty);
+        Hit {
+            slot,
+            dirty: !dirty.is_empty(),
+            whole,
+            valid: valid.covers(run),
+            writable: !clean.meets(run),
+        }
+    }
+}
+
+impl Engine {
+    /// Validates a request and splits it into per-block segments.
+    pub(crate) fn segments(
+        &self,
+        offset: u64,
+        len: u64,
+        write: bool,
+    ) -> EngineResult<Vec<Segment>> {
+        if !offset.is_multiple_of(512) || !len.is_multiple_of(512) {
+            return Err(EngineError::InvalidRequest(format!(
+                "{offset}+{len} is not 512-byte aligned"
+            )));
+        }
+        let end = offset.checked_add(len);
+        if end.is_none_or(|e| e > self.volume_bytes) {
+            let msg = format!("{offset}+{len} beyond {} bytes", self.volume_bytes);
+            return Err(if write {
+                EngineError::NoSpace(msg)
+            } else {
+                EngineError::InvalidRequest(msg)
+            });
+        }
+        let bs = self.block_bytes;
+        let mut out = Vec::new();
+        let mut pos = offset;
+        while pos < offset + len {
+            let block = pos / bs;
+            let in_block = pos % bs;
+            let n = (bs - in_block).min(offset + len - pos);
+            let start = (pos - offset) as usize;
+            out.push(Segment {
+                block,
+                in_block,
+                buf: start..start + n as usize,
+            });
+            pos += n;
+        }
+        Ok(out)
+    }
+
+    /// True if `block` can be cached (a partial last block never is).
+    pub(crate) fn cacheable(&self, block: u64) -> bool {
+        block < self.origin_blocks
+    }
+
+    pub(crate) fn full_block(&self, seg: &Segment) -> bool {
+        seg.in_block == 0 && seg.len() == self.block_bytes
+    }
+
+    /// Looks up the segments' blocks under one metadata lock, keeping the
+    /// hits that `keep` accepts (given the block's dirty flag) and telling
+    /// the policy about each. The caller holds the blocks' locks, so the
+    /// mappings stay valid.
+    pub(crate) fn lookup_accessed(
+        &self,
+        segs: &[Segment],
+        keep: impl Fn(bool) -> bool,
+    ) -> Vec<Option<Hit>> {
+        let mut m = self.meta.lock();
+        segs.iter()
+            .map(|seg| {
+                let l = m.table.lookup_full(seg.block).filter(|l| keep(l.dirty))?;
+                m.policy.accessed(l.slot);
+                Some(if l.whole {
+                    Hit {
+                        slot: l.slot,
+                        dirty: l.dirty,
+                        whole: true,
+                        valid: true,
+                        writable: l.dirty,
+                    }
+                } else {
+                    let (valid, dirty) = m.table.sector_sets(l.slot);
+                    Hit::of(l.slot, seg.run(), &valid, &dirty)
+                })
+            })
+            .collect()
+    }
+}
+
+/// How many leading lookups, starting with `cached[0]`, are hits in adjacent
+/// slots (slot, slot + 1, ...) that satisfy `also`: one device I/O covers
+/// them all. 0 if `cached[0]` is no such hit.
+pub(crate) fn adjacent_slots(cached: &[Option<Hit>], also: impl Fn(&Hit) -> bool) -> usize {
+    let Some(Some(first)) = cached.first() else {
+        return 0;
+    };
+    cached
+        .iter()
+        .enumerate()
+        .take_while(|&(k, c)| matches!(c, Some(h) if h.slot == first.slot + k as u32 && also(h)))
+        .count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hits_of_partial_slots() {
+        let valid = SectorSet::of_run(8, SectorRun::new(0, 4));
+        let dirty = SectorSet::of_run(8, SectorRun::new(2, 2));
+        let h = Hit::of(1, SectorRun::new(2, 2), &valid, &dirty);
+        assert!(h.valid && h.writable && h.dirty && !h.whole);
+        // Sectors 4.. hold nothing: writable, not valid.
+        let h = Hit::of(1, SectorRun::new(3, 3), &valid, &dirty);
+        assert!(!h.valid && h.writable);
+        // Sector 1 is clean.
+        let h = Hit::of(1, SectorRun::new(1, 2), &valid, &dirty);
+        assert!(h.valid && !h.writable);
+    }
+}

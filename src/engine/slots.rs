@@ -1,0 +1,246 @@
+//! Slots: records applied in memory, allocation of slots free on disk,
+//! eviction of clean blocks, and storing data in new slots.
+
+use super::format::Record;
+use super::policy::Verdict;
+use super::sectors::{SectorSet, SECTOR_BYTES};
+use super::stats::bump;
+use super::{Engine, EngineResult, Meta};
+use crate::device::DeviceError;
+
+/// Clean blocks evicted at once when no slot is free.
+const EVICT_BATCH: usize = 64;
+/// Candidates examined per eviction.
+const EVICT_SCAN: usize = 4096;
+
+/// Why a store stopped (`Yes`: it stored every block).
+pub(crate) enum Stored {
+    Yes,
+    /// Every cache block is dirty or busy.
+    NoSlot,
+    /// The cache device failed the write (counted); the slot stays free.
+    CacheError(DeviceError),
+}
+
+impl Engine {
+    /// Applies a record to the in-memory state and queues it for the journal.
+    pub(crate) fn append(&self, m: &mut Meta, r: Record) {
+        debug_assert!(m.table.validate(&r).is_ok(), "invalid record {r:?}");
+        let now_s = (self.now_ms() / 1000) as u16;
+        // When the block was already dirty (in this slot or the one a map
+        // supersedes), it keeps its age: rewrites must not postpone the
+        // max-age writeback forever.
+        let dirty_since = match r {
+            Record::Map {
+                block, dirty: true, ..
+            }
+            | Record::MapRun {
+                block, dirty: true, ..
+            }
+            | Record::AddRun {
+                block, dirty: true, ..
+            } => Some(match m.table.lookup(block) {
+                Some((old, true)) => m.dirty_since_s[old as usize],
+                _ => now_s,
+            }),
+            _ => None,
+        };
+        let unmapped_block = match r {
+            Record::Unmap { slot } => m.table.slot_block(slot).map(|(b, _)| b),
+            _ => None,
+        };
+        let applied = m.table.apply(&r);
+        match r {
+            Record::Map { slot, .. } | Record::MapRun { slot, .. } => m.policy.inserted(slot),
+            Record::Unmap { slot } => {
+                m.policy.removed(slot);
+                m.pending_free.push(slot);
+            }
+            Record::AddRun { .. } | Record::Clean { .. } => {}
+        }
+        if let Some(t) = dirty_since {
+            m.dirty_since_s[r.slot() as usize] = t;
+        }
+        if let Some(old) = applied.released {
+            m.policy.removed(old);
+            m.pending_free.push(old);
+        }
+        let released_block = match r {
+            Record::Map { block, .. } | Record::MapRun { block, .. }
+                if applied.released.is_some() =>
+            {
+                Some(block)
+            }
+            _ => unmapped_block,
+        };
+        if let Some(b) = released_block {
+            m.releases_appended += 1;
+            let seq = m.releases_appended;
+            m.released_blocks.insert(b, seq);
+        }
+        m.records.push(r);
+        self.note_completed();
+    }
+
+    /// Up to `n` slots free on disk (adjacent where the free slots allow),
+    /// evicting clean blocks (and committing their release) if none is
+    /// free. Empty if every block is dirty or busy.
+    pub(crate) fn alloc_slots(&self, n: usize) -> EngineResult<Vec<u32>> {
+        for _ in 0..3 {
+            {
+                let mut m = self.meta.lock();
+                if !m.free.is_empty() {
+                    let before = m.free.len();
+                    let slots = m.free.take(n);
+                    // Running low: the background evicts and commits ahead.
+                    let low = self.low_free_slots(&m);
+                    if before > low && m.free.len() <= low {
+                        self.wake_background();
+                    }
+                    return Ok(slots);
+                }
+                if m.pending_free.is_empty() && self.evict(&mut m, EVICT_BATCH) == 0 {
+                    return Ok(Vec::new());
+                }
+            }
+            self.commit()?;
+        }
+        Ok(self.meta.lock().free.take(n))
+    }
+
+    /// Evicts up to `want` clean, unlocked blocks; returns how many. Their
+    /// slots become reusable after the next commit.
+    pub(crate) fn evict(&self, m: &mut Meta, want: usize) -> usize {
+        let Meta { table, policy, .. } = m;
+        let victims = policy.select(want, EVICT_SCAN, &mut |slot| match table.slot_block(slot) {
+            None => Verdict::Take,
+            Some((_, true)) => Verdict::Rotate,
+            Some((block, false)) => {
+                if self.locks.try_lock(block) {
+                    Verdict::Take
+                } else {
+                    Verdict::Skip
+                }
+            }
+        });
+        let mut n = 0;
+        for slot in victims {
+            if let Some((block, _)) = m.table.slot_block(slot) {
+                self.append(m, Record::Unmap { slot });
+                self.locks.unlock(block);
+                bump(&self.stats.demotions, 1);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Stores consecutive whole blocks starting at `first_block` (`data` is
+    /// a multiple of the block size) in slots free on disk, writing runs of
+    /// adjacent slots with one device write, then maps them (the records
+    /// become durable only after the data: see commit.rs). Returns how many
+    /// leading blocks were stored and, if not all, why it stopped.
+    pub(crate) fn store_in_new_slots(
+        &self,
+        first_block: u64,
+        data: &[u8],
+        dirty: bool,
+    ) -> EngineResult<(usize, Stored)> {
+        let bs = self.block_bytes as usize;
+        let n = data.len() / bs;
+        if n == 0 {
+            return Ok((0, Stored::Yes));
+        }
+        if !self.admitting() {
+            // The cache device failed too often: callers treat this like a
+            // full cache (write around it, skip the promotion).
+            return Ok((0, Stored::NoSlot));
+        }
+        let slots = self.alloc_slots(n)?;
+        if slots.is_empty() {
+            return Ok((0, Stored::NoSlot));
+        }
+        let mut written = 0;
+        let mut failure = None;
+        while written < slots.len() {
+            let mut run = 1;
+            while written + run < slots.len() && slots[written + run] == slots[written] + run as u32
+            {
+                run += 1;
+            }
+            let bytes = &data[written * bs..(written + run) * bs];
+            if let Err(e) = self.cache_write(slots[written], 0, bytes) {
+                failure = Some(e);
+                break;
+            }
+            written += run;
+        }
+        let mut m = self.meta.lock();
+        m.free.extend(slots[written..].iter().copied());
+        for (k, &slot) in slots[..written].iter().enumerate() {
+            let block = first_block + k as u64;
+            self.append(&mut m, Record::Map { slot, block, dirty });
+        }
+        drop(m);
+        let why = match failure {
+            Some(e) => Stored::CacheError(e),
+            None if written < n => Stored::NoSlot,
+            None => Stored::Yes,
+        };
+        Ok((written, why))
+    }
+
+    /// Stores some sectors of `block` in a new slot: `valid` (non-empty)
+    /// says which, `bytes` holds the sectors of `valid`'s hull (from its
+    /// first to its last sector). All of them are mapped `dirty` or clean,
+    /// superseding any slot that held the block (its release is made
+    /// durable before any origin write, as for every map).
+    pub(crate) fn store_sectors(
+        &self,
+        block: u64,
+        valid: &SectorSet,
+        bytes: &[u8],
+        dirty: bool,
+    ) -> EngineResult<Stored> {
+        let hull = valid.hull().expect("storing no sector");
+        debug_assert_eq!(bytes.len() as u64, hull.count as u64 * SECTOR_BYTES);
+        if valid.is_full() {
+            let (_, why) = self.store_in_new_slots(block, bytes, dirty)?;
+            return Ok(why);
+        }
+        if !self.admitting() {
+            return Ok(Stored::NoSlot);
+        }
+        let Some(&slot) = self.alloc_slots(1)?.first() else {
+            return Ok(Stored::NoSlot);
+        };
+        if let Err(e) = self.cache_write(slot, hull.first as u64 * SECTOR_BYTES, bytes) {
+            self.meta.lock().free.insert(slot);
+            return Ok(Stored::CacheError(e));
+        }
+        let mut m = self.meta.lock();
+        let mut runs = valid.runs();
+        let first = runs.next().expect("non-empty");
+        self.append(
+            &mut m,
+            Record::MapRun {
+                slot,
+                block,
+                run: first,
+                dirty,
+            },
+        );
+        for run in runs {
+            self.append(
+                &mut m,
+                Record::AddRun {
+                    slot,
+                    block,
+                    run,
+                    dirty,
+                },
+            );
+        }
+        Ok(Stored::Yes)
+    }
+}

@@ -1,0 +1,196 @@
+//! The write entry points and the pieces every mode's write path shares.
+//! Each mode's own path is in `modes/`.
+
+use super::format::Record;
+use super::request::{adjacent_slots, Segment};
+use super::stats::bump;
+use super::{Engine, EngineResult, Mode};
+use crate::device::AlignedBuf;
+
+impl Engine {
+    /// Writes `data` at `offset`; with `fua`, durable on return.
+    pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> EngineResult<()> {
+        self.check_open()?;
+        let segs = self.segments(offset, data.len() as u64, true)?;
+        bump(&self.stats.write_requests, 1);
+        if let Some(first) = segs.first() {
+            let last = segs.last().expect("non-empty").block;
+            let _guard = self.locks.lock_range(first.block, last);
+            self.flights.touch(first.block, last);
+            match self.mode() {
+                Mode::Writeback => self.write_writeback(&segs, data)?,
+                Mode::Writeonly => self.write_writeonly(&segs, data)?,
+                Mode::Writethrough => self.write_writethrough(offset, &segs, data)?,
+                Mode::Writearound => self.write_writearound(offset, &segs, data)?,
+                Mode::Passthrough => self.write_passthrough(offset, &segs, data)?,
+            }
+        }
+        if fua {
+            self.commit()?;
+        }
+        Ok(())
+    }
+
+    /// The write, done on the caller's thread, if the mode holds dirty data,
+    /// every block it touches is unlocked, and it needs no origin I/O and no
+    /// commit: segments that are all dirty or empty sectors of adjacent
+    /// slots are written in place with one cache write; whole blocks, and
+    /// parts of blocks not cached, otherwise go to new slots while free
+    /// slots are plentiful (the background keeps a reserve, so no eviction
+    /// or commit is needed). `None` (nothing done) otherwise, and for FUA.
+    pub fn try_write_cached(
+        &self,
+        offset: u64,
+        data: &[u8],
+        fua: bool,
+    ) -> Option<EngineResult<()>> {
+        if fua || !self.mode().holds_dirty() {
+            return None;
+        }
+        let (segs, _guard) = match self.try_lock_request(offset, data.len() as u64, true)? {
+            Ok(locked) => locked,
+            Err(e) => return Some(Err(e)),
+        };
+        if !segs.iter().all(|s| self.cacheable(s.block)) {
+            return None;
+        }
+        let cached = self.lookup_accessed(&segs, |_| true);
+        let in_place = adjacent_slots(&cached, |h| h.writable) == segs.len();
+        // (Not when admission has stopped: the store would go around the
+        // cache to the origin, on this thread.)
+        let to_new_slots = || {
+            self.admitting()
+                && segs
+                    .iter()
+                    .zip(&cached)
+                    .all(|(s, c)| self.full_block(s) || c.is_none())
+                && {
+                    let m = self.meta.lock();
+                    m.free.len() >= segs.len() + self.low_free_slots(&m)
+                }
+        };
+        if !(in_place || to_new_slots()) || !self.mode().holds_dirty() {
+            return None;
+        }
+        bump(&self.stats.write_requests, 1);
+        self.flights
+            .touch(segs[0].block, segs[segs.len() - 1].block);
+        Some(self.write_cached_dirty_with(&segs, data, &cached))
+    }
+
+    /// Writes zeroes over a range.
+    pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> EngineResult<()> {
+        self.segments(offset, len, true)?;
+        let chunk_bytes = (1u64 << 20).max(self.block_bytes);
+        let zeroes = AlignedBuf::zeroed(chunk_bytes.min(len) as usize);
+        let mut pos = offset;
+        while pos < offset + len {
+            // Keep chunks block-aligned so full blocks stay whole.
+            let next = ((pos / chunk_bytes) + 1) * chunk_bytes;
+            let n = (next.min(offset + len) - pos) as usize;
+            self.write(pos, &zeroes[..n], false)?;
+            pos += n as u64;
+        }
+        if fua {
+            self.commit()?;
+        }
+        Ok(())
+    }
+
+    /// Discards a range: cached copies of whole blocks in it are dropped
+    /// (dirty ones too: their contents no longer matter) and the origin is
+    /// told. The range reads as unspecified data until written again.
+    pub fn trim(&self, offset: u64, len: u64, fua: bool) -> EngineResult<()> {
+        self.check_open()?;
+        let segs = self.segments(offset, len, true)?;
+        bump(&self.stats.trim_requests, 1);
+        if let Some(first) = segs.first() {
+            let last = segs.last().expect("non-empty").block;
+            let _guard = self.locks.lock_range(first.block, last);
+            self.flights.touch(first.block, last);
+            // Ranges to discard on the origin: whole blocks, and parts of
+            // blocks that are not cached. A cached block trimmed in part
+            // keeps its origin bytes, so cache and origin never disagree.
+            let mut discard: Vec<(u64, u64)> = Vec::new();
+            {
+                let mut m = self.meta.lock();
+                for seg in &segs {
+                    let cached = m.table.lookup(seg.block);
+                    if self.full_block(seg) {
+                        if let Some((slot, _)) = cached {
+                            self.append(&mut m, Record::Unmap { slot });
+                        }
+                    } else if cached.is_some() {
+                        continue;
+                    }
+                    let off = seg.block * self.block_bytes + seg.in_block;
+                    match discard.last_mut() {
+                        Some((o, l)) if *o + *l == off => *l += seg.len(),
+                        _ => discard.push((off, seg.len())),
+                    }
+                }
+            }
+            self.flights.wait_origin(first.block, last);
+            for (off, l) in discard {
+                if let Err(e) = self.origin.discard(off, l) {
+                    log::debug!("origin discard failed (ignored, discard is a hint): {e}");
+                }
+            }
+        }
+        if fua {
+            self.commit()?;
+        }
+        Ok(())
+    }
+
+    /// Makes every completed write durable (NBD FLUSH).
+    pub fn flush(&self) -> EngineResult<()> {
+        self.check_open()?;
+        bump(&self.stats.flush_requests, 1);
+        self.commit()
+    }
+
+    /// Writes back dirty blocks among `segs` (rare outside writeback modes:
+    /// only after a failed writeback), then drops every cached copy in them;
+    /// `origin_write` makes the drops durable before the origin changes.
+    pub(crate) fn invalidate_before_origin_write(&self, segs: &[Segment]) -> EngineResult<()> {
+        for seg in segs {
+            let cached = self.meta.lock().table.lookup(seg.block);
+            let Some((slot, dirty)) = cached else {
+                continue;
+            };
+            if dirty {
+                self.write_back_one(seg.block, slot)?;
+            }
+            let mut m = self.meta.lock();
+            if let Some((slot, _)) = m.table.lookup(seg.block) {
+                self.append(&mut m, Record::Unmap { slot });
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at `offset` to the origin, after dropping (durably)
+    /// every cached copy of `segs`: the one way any mode changes the origin
+    /// for a foreground write.
+    pub(crate) fn write_origin_invalidating(
+        &self,
+        segs: &[Segment],
+        data: &[u8],
+        offset: u64,
+    ) -> EngineResult<()> {
+        self.invalidate_before_origin_write(segs)?;
+        self.origin_write(data, offset)
+    }
+
+    pub(crate) fn count_write_hits(&self, segs: &[Segment]) {
+        let m = self.meta.lock();
+        let hits = segs
+            .iter()
+            .filter(|s| m.table.lookup(s.block).is_some())
+            .count() as u64;
+        drop(m);
+        bump(&self.stats.write_hits, hits);
+        bump(&self.stats.write_misses, segs.len() as u64 - hits);
+    }
+}
