@@ -206,6 +206,54 @@ fn round_trip_create_status_flush_set_mode_detach() {
     );
     assert_eq!(hash(&cache), before, "refused settings opened the cache");
 
+    // Admission and policy, persisted, refused with a clear error.
+    let st = status_json(&s);
+    assert_eq!(
+        st["admission_settings"]["sequential_cutoff_bytes"],
+        4 << 20,
+        "the default cutoff"
+    );
+    let out = ok(&s.tc(&[
+        "set-admission",
+        "--sequential-cutoff",
+        "8M",
+        "--promote-after",
+        "2",
+        "--guard",
+        "off",
+    ]));
+    assert!(out.contains("streams over 8 MiB go around"), "{out}");
+    let st = status_json(&s);
+    assert_eq!(st["admission_settings"]["sequential_cutoff_bytes"], 8 << 20);
+    assert_eq!(st["admission_settings"]["promote_after"], 2);
+    assert_eq!(st["admission_settings"]["guard"], false);
+    let before = hash(&cache);
+    fails(
+        &s.tc(&["set-admission", "--promote-after", "0"]),
+        1,
+        "outside 1..=15",
+    );
+    fails(
+        &s.tc(&["set-admission", "--guard", "maybe"]),
+        1,
+        "on or off",
+    );
+    fails(
+        &s.tc(&["set-admission", "--sequential-cutoff", "1000"]),
+        1,
+        "multiple of 512",
+    );
+    fails(
+        &s.tc(&["set-policy", "clock"]),
+        1,
+        "unknown replacement policy 'clock'",
+    );
+    assert_eq!(hash(&cache), before, "refused settings opened the cache");
+    let out = ok(&s.tc(&["set-policy", "s3fifo"]));
+    assert!(out.contains("fifo -> s3fifo"), "{out}");
+    assert_eq!(status_json(&s)["policy"], "s3fifo");
+    ok(&s.tc(&["set-policy", "fifo"]));
+
     // Dirty data written through the library, then `flush`.
     write_through_engine(&origin, &cache, &[(0, 65536, 1), (1 << 20, 1 << 20, 2)]);
     assert!(

@@ -1,7 +1,8 @@
 //! The control socket of a running `tiercache serve`: one JSON request per
 //! line, answered by one JSON response line (a flush first sends progress
 //! lines, `{"ok":true,"progress":[done,total]}`, at most ten a second). `status`, `flush`, `set-mode`,
-//! `set-writeback` and `detach` given for a served cache travel this way,
+//! `set-writeback`, `set-admission`, `set-policy` and `detach` given for a
+//! served cache travel this way,
 //! so they act on the live engine and print what they print offline.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -12,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
 use serde::{Deserialize, Serialize};
-use tiercache::engine::{Engine, Mode, Status, WritebackSettings};
+use tiercache::engine::policy::PolicyKind;
+use tiercache::engine::{AdmissionSettings, Engine, Mode, Status, WritebackSettings};
 
 /// Longest request line accepted.
 const MAX_REQUEST_BYTES: u64 = 64 * 1024;
@@ -26,6 +28,8 @@ pub enum Request {
     Flush,
     SetMode { mode: Mode },
     SetWriteback { settings: WritebackSettings },
+    SetAdmission { settings: AdmissionSettings },
+    SetPolicy { policy: String },
     Detach,
 }
 
@@ -160,6 +164,17 @@ pub fn handle(engine: &Arc<Engine>, stream: UnixStream, on_detach: &dyn Fn()) {
                     .set_writeback(settings)
                     .map(|_| None)
                     .map_err(|e| e.to_string()),
+                Request::SetAdmission { settings } => engine
+                    .set_admission(settings)
+                    .map(|_| None)
+                    .map_err(|e| e.to_string()),
+                Request::SetPolicy { policy } => match PolicyKind::parse(&policy) {
+                    Some(p) => engine
+                        .set_policy(p)
+                        .map(|_| None)
+                        .map_err(|e| e.to_string()),
+                    None => Err(format!("unknown replacement policy '{policy}'")),
+                },
                 Request::Detach => {
                     let r = engine.detach().map(|_| None).map_err(|e| e.to_string());
                     detached = r.is_ok();

@@ -29,8 +29,8 @@ pub struct Args {
     /// Cache block size: a power of two from 4K to 1M (4096, 4K, 64KiB, ...).
     #[arg(long, default_value = "4K")]
     block_size: String,
-    /// Replacement policy: lru or fifo.
-    #[arg(long, default_value = "lru")]
+    /// Replacement policy: s3fifo (scan resistant), lru or fifo.
+    #[arg(long, default_value = "s3fifo")]
     policy: String,
     /// Start background writeback above this percentage of dirty blocks [default: 50].
     #[arg(long, value_name = "PCT")]
@@ -52,6 +52,8 @@ pub struct Args {
     /// Accept losing dirty data on a volatile cache device.
     #[arg(long)]
     allow_data_loss: bool,
+    #[command(flatten)]
+    admission: super::set_admission::AdmissionArgs,
 }
 
 pub fn run(reg: &Registry, a: &Args) -> Result<()> {
@@ -67,6 +69,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         max_age_secs: a.writeback_age.unwrap_or(defaults.max_age_secs),
     };
     check_writeback(&writeback)?;
+    let admission = a.admission.apply(Default::default())?;
     for (role, spec) in [("cache", &a.cache), ("origin", &a.origin)] {
         if spec.starts_with("ram:") {
             bail!(
@@ -128,6 +131,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         block_bytes,
         policy,
         writeback,
+        admission,
         force: a.force,
         allow_data_loss: a.allow_data_loss,
         cache_error_limit: a.cache_error_limit,

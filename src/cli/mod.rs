@@ -16,7 +16,9 @@ mod detach;
 mod flush;
 mod registry;
 mod serve;
+mod set_admission;
 mod set_mode;
+mod set_policy;
 mod set_writeback;
 mod status;
 mod target;
@@ -61,6 +63,10 @@ enum Command {
     SetMode(set_mode::Args),
     /// Change when background writeback runs.
     SetWriteback(set_writeback::Args),
+    /// Change what may enter the cache (sequential cutoff, promotion, guard).
+    SetAdmission(set_admission::Args),
+    /// Switch the replacement policy (s3fifo, lru, fifo), live.
+    SetPolicy(set_policy::Args),
     /// Write everything back, dissolve the cache and unregister it.
     Detach(detach::Args),
     /// Check a cache device's metadata offline, without writing anything.
@@ -104,6 +110,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Flush(a) => flush::run(&reg, &a),
         Command::SetMode(a) => set_mode::run(&reg, &a),
         Command::SetWriteback(a) => set_writeback::run(&reg, &a),
+        Command::SetAdmission(a) => set_admission::run(&reg, &a),
+        Command::SetPolicy(a) => set_policy::run(&reg, &a),
         Command::Detach(a) => detach::run(&reg, &a),
         Command::Check(a) => check::run(&reg, &a),
         Command::Demo(a) => demo::run(&a),

@@ -68,7 +68,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         let opts = CreateOptions {
             mode,
             block_bytes,
-            policy: PolicyKind::Lru,
+            policy: PolicyKind::default(),
             allow_data_loss: a.allow_data_loss,
             ..Default::default()
         };

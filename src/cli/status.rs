@@ -73,6 +73,10 @@ pub fn table(name: &str, s: &Status) -> String {
             ),
         ),
         (
+            "partial",
+            format!("{} blocks hold only some sectors", s.partial_blocks),
+        ),
+        (
             "reads",
             format!(
                 "hits {}  misses {}  hit ratio {}",
@@ -88,12 +92,35 @@ pub fn table(name: &str, s: &Status) -> String {
         ("promotions", st.promotions.to_string()),
         ("demotions", st.demotions.to_string()),
         ("written back", format!("{} blocks", st.blocks_written_back)),
+        (
+            "origin I/O",
+            format!("reads {}  writes {}", st.origin_reads, st.origin_writes),
+        ),
         ("bypassed", format!("{} I/Os", st.bypassed_ios)),
         (
             "errors",
             format!("cache {}  origin {}", st.cache_errors, st.origin_errors),
         ),
         ("admission", s.admission.clone()),
+        (
+            "  rules",
+            format!(
+                "{}{}",
+                super::set_admission::describe(&s.admission_settings),
+                if s.guard_engaged {
+                    " (ENGAGED: the cache device is slower than the origin)"
+                } else {
+                    ""
+                }
+            ),
+        ),
+        (
+            "  kept out",
+            format!(
+                "sequential {}  guard {}  not promoted yet {}",
+                st.sequential_bypasses, st.guard_bypasses, st.cold_bypasses
+            ),
+        ),
         (
             "metadata memory",
             format!(

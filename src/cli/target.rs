@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use tiercache::device::open_device;
-use tiercache::engine::{Engine, Mode, OpenOptions, Status, WritebackSettings};
+use tiercache::engine::policy::PolicyKind;
+use tiercache::engine::{AdmissionSettings, Engine, Mode, OpenOptions, Status, WritebackSettings};
 
 use super::control::{self, Request};
 use super::registry::{Entry, Lock, Registry};
@@ -59,6 +60,30 @@ impl Target {
             Target::Daemon(p) => control::call(p, &Request::SetWriteback { settings: w })
                 .map(|_| ())
                 .context("changing writeback settings"),
+        }
+    }
+
+    pub fn set_admission(&self, a: AdmissionSettings) -> Result<()> {
+        match self {
+            Target::Offline(e) => e.set_admission(a).context("changing admission settings"),
+            Target::Daemon(p) => control::call(p, &Request::SetAdmission { settings: a })
+                .map(|_| ())
+                .context("changing admission settings"),
+        }
+    }
+
+    pub fn set_policy(&self, policy: PolicyKind) -> Result<()> {
+        let what = || format!("switching to the {} policy", policy.name());
+        match self {
+            Target::Offline(e) => e.set_policy(policy).with_context(what),
+            Target::Daemon(p) => control::call(
+                p,
+                &Request::SetPolicy {
+                    policy: policy.name().into(),
+                },
+            )
+            .map(|_| ())
+            .with_context(what),
         }
     }
 

@@ -38,8 +38,13 @@ pub fn parse_mode(s: &str) -> Result<Mode> {
 }
 
 pub fn parse_policy(s: &str) -> Result<PolicyKind> {
-    PolicyKind::parse(s)
-        .ok_or_else(|| anyhow!("unknown replacement policy '{s}' (expected one of: lru, fifo)"))
+    PolicyKind::parse(s).ok_or_else(|| {
+        let names: Vec<&str> = PolicyKind::ALL.iter().map(|p| p.name()).collect();
+        anyhow!(
+            "unknown replacement policy '{s}' (expected one of: {})",
+            names.join(", ")
+        )
+    })
 }
 
 /// The engine's rule for writeback settings, checked before anything is

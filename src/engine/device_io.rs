@@ -2,19 +2,32 @@
 //! with their error accounting, and the ordering rule every origin write
 //! obeys.
 
+use std::time::Instant;
+
+use super::admission::Dev;
 use super::stats::bump;
 use super::{Engine, EngineResult};
 use crate::device::DeviceError;
 
 impl Engine {
+    /// Times a device request for the admission guard.
+    fn timed<T>(&self, dev: Dev, f: impl FnOnce() -> T) -> T {
+        let t = Instant::now();
+        let r = f();
+        self.admission
+            .latencies
+            .record(dev, t.elapsed().as_nanos() as u64);
+        r
+    }
+
     pub(crate) fn cache_read(
         &self,
         slot: u32,
         in_block: u64,
         buf: &mut [u8],
     ) -> Result<(), DeviceError> {
-        self.cache
-            .read_at(buf, self.layout.slot_offset(slot) + in_block)
+        let at = self.layout.slot_offset(slot) + in_block;
+        self.timed(Dev::CacheRead, || self.cache.read_at(buf, at))
             .inspect_err(|e| {
                 self.note_cache_error();
                 log::warn!("cache read error: {e}");
@@ -27,9 +40,9 @@ impl Engine {
         in_block: u64,
         buf: &[u8],
     ) -> Result<(), DeviceError> {
+        let at = self.layout.slot_offset(slot) + in_block;
         let r = self
-            .cache
-            .write_at(buf, self.layout.slot_offset(slot) + in_block)
+            .timed(Dev::CacheWrite, || self.cache.write_at(buf, at))
             .inspect_err(|e| {
                 self.note_cache_error();
                 log::warn!("cache write error: {e}");
@@ -40,7 +53,8 @@ impl Engine {
 
     pub(crate) fn origin_read(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
         bump(&self.stats.origin_reads, 1);
-        self.origin.read_at(buf, offset).inspect_err(|e| {
+        let r = self.timed(Dev::OriginRead, || self.origin.read_at(buf, offset));
+        r.inspect_err(|e| {
             bump(&self.stats.origin_errors, 1);
             log::warn!("origin read error: {e}");
         })
@@ -69,7 +83,8 @@ impl Engine {
             self.commit()?;
         }
         bump(&self.stats.origin_writes, 1);
-        let r = self.origin.write_at(buf, offset).inspect_err(|e| {
+        let r = self.timed(Dev::OriginWrite, || self.origin.write_at(buf, offset));
+        let r = r.inspect_err(|e| {
             bump(&self.stats.origin_errors, 1);
             log::warn!("origin write error: {e}");
         });

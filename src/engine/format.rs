@@ -9,6 +9,7 @@
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
+use super::admission::AdmissionSettings;
 use super::sectors::{SectorRun, SectorSet, SECTOR_BYTES};
 
 pub const PAGE_BYTES: u64 = 4096;
@@ -91,7 +92,13 @@ pub struct Superblock {
     pub created_unix_secs: U64,
     /// Cache device errors after which no new blocks are admitted (0: never).
     pub cache_error_limit: U64,
-    pub reserved: [u8; 84],
+    /// Admission (engine/admission.rs): the sequential cutoff in bytes (0:
+    /// off), promotion after this many misses above this occupancy, flags.
+    pub sequential_cutoff_bytes: U64,
+    pub promote_after: U32,
+    pub selective_above_pct: U32,
+    pub admission_flags: U32,
+    pub reserved: [u8; 64],
     pub crc: U32,
 }
 const _: () = assert!(std::mem::size_of::<Superblock>() == 256);
@@ -101,6 +108,27 @@ pub const SB_FLAG_ALLOW_VOLATILE_WRITEBACK: u32 = 1;
 /// Superblock flag: the cache was bypassed after a metadata write failed, so
 /// the origin may have changed under clean mappings; open drops them.
 pub const SB_FLAG_DISTRUST_CLEAN: u32 = 2;
+/// Admission flag: the guard is off.
+pub const ADMISSION_FLAG_NO_GUARD: u32 = 1;
+
+impl Superblock {
+    pub fn admission(&self) -> AdmissionSettings {
+        AdmissionSettings {
+            sequential_cutoff_bytes: self.sequential_cutoff_bytes.get(),
+            promote_after: self.promote_after.get(),
+            selective_above_pct: self.selective_above_pct.get(),
+            guard: self.admission_flags.get() & ADMISSION_FLAG_NO_GUARD == 0,
+        }
+    }
+
+    pub fn set_admission(&mut self, a: &AdmissionSettings) {
+        self.sequential_cutoff_bytes.set(a.sequential_cutoff_bytes);
+        self.promote_after.set(a.promote_after);
+        self.selective_above_pct.set(a.selective_above_pct);
+        self.admission_flags
+            .set(if a.guard { 0 } else { ADMISSION_FLAG_NO_GUARD });
+    }
+}
 
 impl Superblock {
     pub fn compute_crc(&self) -> u32 {

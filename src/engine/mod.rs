@@ -9,6 +9,9 @@
 //! - `load_fuzz.rs`: loading metadata from untrusted bytes (fuzz harness).
 //! - `sectors.rs`: which sectors of a block hold data, and which are dirty.
 //! - `request.rs`: a request split into per-block segments, and their lookup.
+//! - `pipeline.rs`: resolve (mode and admission, in one place), then dispatch.
+//! - `admission.rs`: what may enter the cache (sequential cutoff, promotion
+//!   after N misses, the guard against a cache slower than the origin).
 //! - `device_io.rs`: cache and origin access with error accounting.
 //! - `slots.rs`: records applied in memory, slot allocation, eviction, stores.
 //! - `read.rs`: the read path.
@@ -18,6 +21,7 @@
 //! - `writeback.rs`: background writeback and `flush`.
 //! - `volume.rs`: the asynchronous API (`crate::volume::Volume`).
 
+pub mod admission;
 pub mod commit;
 pub mod device_io;
 pub mod entries;
@@ -31,6 +35,7 @@ pub mod load_fuzz;
 pub mod locks;
 pub mod meta;
 pub mod modes;
+pub mod pipeline;
 pub mod policy;
 pub mod read;
 pub mod recovery;
@@ -51,6 +56,7 @@ use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 
 use crate::device::DeviceRef;
+pub use admission::AdmissionSettings;
 pub use error::{EngineError, EngineResult};
 use format::{Layout, Record, Superblock};
 use locks::BlockLocks;
@@ -72,6 +78,7 @@ pub struct CreateOptions {
     pub allow_data_loss: bool,
     /// Cache device errors after which no new blocks are admitted (0: never).
     pub cache_error_limit: u64,
+    pub admission: AdmissionSettings,
 }
 
 /// Default for `CreateOptions::cache_error_limit`.
@@ -82,11 +89,12 @@ impl Default for CreateOptions {
         CreateOptions {
             mode: Mode::Writeback,
             block_bytes: 4096,
-            policy: PolicyKind::Lru,
+            policy: PolicyKind::default(),
             writeback: WritebackSettings::default(),
             force: false,
             allow_data_loss: false,
             cache_error_limit: DEFAULT_CACHE_ERROR_LIMIT,
+            admission: AdmissionSettings::default(),
         }
     }
 }
@@ -186,6 +194,10 @@ pub struct Status {
     /// all are dirty (they keep sector maps).
     #[serde(default)]
     pub partial_blocks: u64,
+    pub admission_settings: AdmissionSettings,
+    /// The admission guard sends new data around the cache (its device is
+    /// slower than the origin).
+    pub guard_engaged: bool,
     pub stats: StatsSnapshot,
 }
 
@@ -196,7 +208,7 @@ impl Meta {
             (v.capacity() * std::mem::size_of::<T>()) as u64
         }
         self.table.heap_bytes()
-            + self.policy.list().heap_bytes()
+            + self.policy.heap_bytes()
             + self.free.heap_bytes()
             + cap(&self.pending_free)
             + cap(&self.records)
@@ -265,6 +277,7 @@ pub struct Engine {
     /// Background writebacks whose origin write runs without block locks.
     pub(crate) flights: flights::Flights,
     pub(crate) stats: Stats,
+    pub(crate) admission: admission::Admission,
     /// See `CreateOptions::cache_error_limit`.
     pub(crate) cache_error_limit: AtomicU64,
     /// Set once the cache device has failed `cache_error_limit` times: the
@@ -345,10 +358,12 @@ impl Engine {
         let stats = self.stats.snapshot();
         let errors = stats.cache_errors;
         let mut m = self.meta.lock();
-        let metadata_bytes = m.heap_bytes();
+        let metadata_bytes = m.heap_bytes() + self.admission.heap_bytes();
         Status {
             metadata_bytes,
             partial_blocks: m.table.partial_count() as u64,
+            admission_settings: self.admission.settings(),
+            guard_engaged: self.admission.guard_engaged(),
             state: if self.closed.load(Ordering::Acquire) {
                 "closed"
             } else {
@@ -428,6 +443,35 @@ impl Engine {
             self.meta.lock().mode = old;
         }
         persisted
+    }
+
+    /// Changes the admission settings; persisted in the superblock.
+    pub fn set_admission(&self, a: AdmissionSettings) -> EngineResult<()> {
+        a.validate().map_err(EngineError::Config)?;
+        // On disk first: an error leaves the old settings in force.
+        let mut cs = self.commit_state.lock();
+        self.write_superblock(&mut cs, |sb| sb.set_admission(&a))?;
+        self.admission.set_settings(a);
+        Ok(())
+    }
+
+    /// Switches the replacement policy on a live cache; persisted in the
+    /// superblock. The new policy starts from the old one's order.
+    pub fn set_policy(&self, kind: PolicyKind) -> EngineResult<()> {
+        self.check_open()?;
+        let mut cs = self.commit_state.lock();
+        self.write_superblock(&mut cs, |sb| sb.policy.set(kind.to_u32()))?;
+        let mut m = self.meta.lock();
+        if m.policy.kind() != kind {
+            let mut p = kind.build(m.table.slot_count() as u32);
+            for slot in m.policy.order() {
+                if let Some((block, _)) = m.table.slot_block(slot) {
+                    p.inserted(slot, block);
+                }
+            }
+            m.policy = p;
+        }
+        Ok(())
     }
 
     /// Changes the writeback watermarks and age; persisted in the superblock.

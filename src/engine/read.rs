@@ -7,10 +7,11 @@
 
 use super::format::Record;
 use super::locks::RangeGuard;
+use super::pipeline::Plan;
 use super::request::{adjacent_slots, Hit, Segment};
-use super::sectors::{SectorRun, SECTOR_BYTES};
+use super::sectors::{SectorRun, SectorSet, SECTOR_BYTES};
 use super::stats::bump;
-use super::{Engine, EngineResult, Mode};
+use super::{Engine, EngineResult};
 use crate::device::AlignedBuf;
 
 /// What a read miss fetches from the origin for one segment.
@@ -25,35 +26,6 @@ struct Fetch {
 }
 
 impl Engine {
-    /// Reads `len` bytes at `offset`.
-    pub fn read(&self, offset: u64, len: u64) -> EngineResult<AlignedBuf> {
-        self.read_inner(offset, len, false)
-    }
-
-    /// Copies a range into the cache (NBD_CMD_CACHE); returns nothing.
-    pub fn prefetch(&self, offset: u64, len: u64) -> EngineResult<()> {
-        self.read_inner(offset, len, true).map(|_| ())
-    }
-
-    /// The read, done on the caller's thread, if every block it touches is
-    /// unlocked and holds the requested sectors: one cache device read per
-    /// run of adjacent slots, never an origin read or a wait for another
-    /// request. `None` (nothing done) otherwise. For the NBD server's async
-    /// workers, which must not block for long.
-    pub fn try_read_hits(&self, offset: u64, len: u64) -> Option<EngineResult<AlignedBuf>> {
-        let (segs, _guard) = match self.try_lock_request(offset, len, false)? {
-            Ok(locked) => locked,
-            Err(e) => return Some(Err(e)),
-        };
-        let mode = self.mode();
-        let cached = self.lookup_accessed(&segs, |dirty| dirty || mode.reads_cache());
-        if !cached.iter().all(|c| c.is_some_and(|h| h.valid)) {
-            return None;
-        }
-        bump(&self.stats.read_requests, 1);
-        Some(self.read_locked(&segs, len, false, mode, &cached))
-    }
-
     /// A request's segments and a guard over their block locks, taken only
     /// if none of them is held (`None` otherwise, and for an empty
     /// request); `Some(Err)` for a request that is not valid.
@@ -76,39 +48,17 @@ impl Engine {
         Some(Ok((segs, guard)))
     }
 
-    fn read_inner(&self, offset: u64, len: u64, prefetch: bool) -> EngineResult<AlignedBuf> {
-        self.check_open()?;
-        let segs = self.segments(offset, len, false)?;
-        bump(&self.stats.read_requests, 1);
-        let Some(first) = segs.first() else {
-            return Ok(AlignedBuf::zeroed(len as usize));
-        };
-        let _guard = self
-            .locks
-            .lock_range(first.block, segs.last().expect("non-empty").block);
-        let mode = self.mode();
-        // The block locks are held: these mappings cannot change under us
-        // (eviction and writeback only take blocks they can lock).
-        // Passthrough reads the origin, except a dirty block, whose only
-        // current copy is in the cache: set-mode and detach switch to
-        // passthrough before they write the dirty blocks back.
-        let cached = self.lookup_accessed(&segs, |dirty| dirty || mode.reads_cache());
-        self.read_locked(&segs, len, prefetch, mode, &cached)
-    }
-
     /// The read of `segs` (non-empty) while their block locks are held.
     /// (`cached`: `lookup_accessed` of `segs` under these locks, hits kept
-    /// as `mode` reads them.)
-    fn read_locked(
+    /// as the plan's mode reads them.)
+    pub(crate) fn read_locked(
         &self,
         segs: &[Segment],
         len: u64,
-        prefetch: bool,
-        mode: Mode,
+        plan: &Plan,
         cached: &[Option<Hit>],
     ) -> EngineResult<AlignedBuf> {
         let mut out = AlignedBuf::zeroed(len as usize);
-        let promote = mode.promotes_reads() || (prefetch && mode != Mode::Passthrough);
         let mut i = 0;
         while i < segs.len() {
             let seg = &segs[i];
@@ -148,7 +98,7 @@ impl Engine {
                         .iter()
                         .take_while(|c| !c.is_some_and(|h| h.valid))
                         .count();
-                    self.read_misses(&segs[i..i + run], &cached[i..i + run], &mut out, promote)?;
+                    self.read_misses(&segs[i..i + run], &cached[i..i + run], &mut out, plan)?;
                     i += run;
                 }
             }
@@ -173,10 +123,10 @@ impl Engine {
         segs: &[Segment],
         cached: &[Option<Hit>],
         out: &mut AlignedBuf,
-        promote: bool,
+        plan: &Plan,
     ) -> EngineResult<()> {
         bump(&self.stats.read_misses, segs.len() as u64);
-        let fetches = self.plan_fetches(segs, cached, promote);
+        let fetches = self.plan_fetches(segs, cached, plan);
         let fetched = fetches.iter().map(|f| f.run.count as usize).sum::<usize>();
         let mut tmp = AlignedBuf::zeroed(fetched * SECTOR_BYTES as usize);
         // One origin read per contiguous stretch of fetched sectors.
@@ -205,7 +155,7 @@ impl Engine {
                     out[seg.buf.clone()].copy_from_slice(&tmp[from..from + seg.buf.len()]);
                 }
             }
-            if !promote {
+            if !f.keep {
                 bump(&self.stats.bypassed_ios, 1);
             }
         }
@@ -233,17 +183,38 @@ impl Engine {
     }
 
     /// What to fetch from the origin for each segment: a block not cached
-    /// is fetched whole when it is to be kept; a block cached in part, from
-    /// its first to its last empty sector when kept (filling it), else the
-    /// segment's empty sectors; anything else, the segment itself.
-    fn plan_fetches(&self, segs: &[Segment], cached: &[Option<Hit>], promote: bool) -> Vec<Fetch> {
+    /// is fetched whole when it is to be kept (promoted: the plan and
+    /// admission allow it); a block cached in part, from its first to its
+    /// last empty sector when kept (filling it), else the segment's empty
+    /// sectors; anything else, the segment itself.
+    fn plan_fetches(&self, segs: &[Segment], cached: &[Option<Hit>], plan: &Plan) -> Vec<Fetch> {
         let spb = (self.block_bytes / SECTOR_BYTES) as usize;
+        let keeps: Vec<bool> = segs
+            .iter()
+            .zip(cached)
+            .map(|(seg, hit)| {
+                plan.promote
+                    && self.cacheable(seg.block)
+                    && match hit {
+                        // A block already in the cache in part was admitted.
+                        Some(_) => plan.admits(),
+                        None => {
+                            let misses = self.admission.missed(seg.block);
+                            let promote = self.admission.promotes(plan.admission, misses);
+                            if !promote && plan.admits() {
+                                bump(&self.stats.cold_bypasses, 1);
+                            }
+                            promote
+                        }
+                    }
+            })
+            .collect();
         let m = self.meta.lock();
         let mut at = 0;
         segs.iter()
             .zip(cached)
-            .map(|(seg, hit)| {
-                let keep = promote && self.cacheable(seg.block) && self.admitting();
+            .zip(keeps)
+            .map(|((seg, hit), keep)| {
                 let (run, keep) = match hit {
                     None if keep => (SectorRun::new(0, spb), true),
                     None => (seg.run(), false),
@@ -253,7 +224,7 @@ impl Engine {
                         let want = if keep {
                             empty
                         } else {
-                            empty.intersect(&super::sectors::SectorSet::of_run(spb, seg.run()))
+                            empty.intersect(&SectorSet::of_run(spb, seg.run()))
                         };
                         (want.hull().expect("a miss lacks some sector"), keep)
                     }
@@ -280,10 +251,7 @@ impl Engine {
         let sb = SECTOR_BYTES as usize;
         let fetched = |s: usize| f.at + (s - f.run.first as usize) * sb;
         let seg_first = (seg.in_block / SECTOR_BYTES) as usize;
-        let cached_part = valid.intersect(&super::sectors::SectorSet::of_run(
-            valid.sectors(),
-            seg.run(),
-        ));
+        let cached_part = valid.intersect(&SectorSet::of_run(valid.sectors(), seg.run()));
         if let Some(h) = cached_part.hull() {
             let lo = seg.buf.start + (h.first as usize - seg_first) * sb;
             let hi = seg.buf.start + (h.end() - seg_first) * sb;
@@ -310,7 +278,7 @@ impl Engine {
         // Fill the empty sectors in the fetched run, then record them.
         let empty_in_fetch = valid
             .complement()
-            .intersect(&super::sectors::SectorSet::of_run(valid.sectors(), f.run));
+            .intersect(&SectorSet::of_run(valid.sectors(), f.run));
         for r in empty_in_fetch.runs() {
             let bytes = &tmp[fetched(r.first as usize)..fetched(r.end())];
             if self

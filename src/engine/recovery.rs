@@ -98,6 +98,7 @@ pub(crate) fn format_cache(
     }
     let w = opts.writeback;
     w.validate().map_err(EngineError::Config)?;
+    opts.admission.validate().map_err(EngineError::Config)?;
     if origin.size_bytes() < opts.block_bytes as u64 {
         return Err(EngineError::Config(format!(
             "origin {} ({} bytes) is smaller than one cache block ({} bytes)",
@@ -177,6 +178,7 @@ pub(crate) fn format_cache(
     sb.writeback_low_pct = U32::new(w.low_pct);
     sb.writeback_max_age_secs = U32::new(w.max_age_secs);
     sb.cache_error_limit = U64::new(opts.cache_error_limit);
+    sb.set_admission(&opts.admission);
     sb.flags = U32::new(if opts.allow_data_loss {
         SB_FLAG_ALLOW_VOLATILE_WRITEBACK
     } else {
@@ -260,6 +262,12 @@ fn validate_superblock(cache: &DeviceRef, sb: &Superblock) -> EngineResult<Layou
         return Err(corrupt(
             cache,
             format!("superblock: unknown policy {}", sb.policy.get()),
+        ));
+    }
+    if let Err(e) = sb.admission().validate() {
+        return Err(corrupt(
+            cache,
+            format!("superblock: admission settings: {e}"),
         ));
     }
     if sb.checkpoint_area.get() > 1 {
@@ -581,9 +589,9 @@ pub(crate) fn open(
         );
     }
     let mut policy = policy_kind.build(layout.slot_count as u32);
-    for (slot, e) in table.entries.iter().enumerate() {
-        if e != 0 {
-            policy.inserted(slot as u32);
+    for slot in 0..table.slot_count() as u32 {
+        if let Some((block, _)) = table.slot_block(slot) {
+            policy.inserted(slot, block);
         }
     }
     let mut free = super::free::FreeSlots::new(table.slot_count());
@@ -639,6 +647,7 @@ pub(crate) fn open(
         locks: BlockLocks::new(),
         flights: Default::default(),
         stats: Stats::default(),
+        admission: super::admission::Admission::new(sb.admission(), layout.slot_count),
         cache_error_limit: AtomicU64::new(sb_error_limit),
         admission_stopped: AtomicBool::new(false),
         bypassing: AtomicBool::new(false),

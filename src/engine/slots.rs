@@ -51,7 +51,9 @@ impl Engine {
         };
         let applied = m.table.apply(&r);
         match r {
-            Record::Map { slot, .. } | Record::MapRun { slot, .. } => m.policy.inserted(slot),
+            Record::Map { slot, block, .. } | Record::MapRun { slot, block, .. } => {
+                m.policy.inserted(slot, block)
+            }
             Record::Unmap { slot } => {
                 m.policy.removed(slot);
                 m.pending_free.push(slot);
@@ -126,6 +128,7 @@ impl Engine {
         let mut n = 0;
         for slot in victims {
             if let Some((block, _)) = m.table.slot_block(slot) {
+                m.policy.evicted(slot, block);
                 self.append(m, Record::Unmap { slot });
                 self.locks.unlock(block);
                 bump(&self.stats.demotions, 1);

@@ -39,6 +39,14 @@ counters! {
     blocks_written_back,
     /// Requests (or parts) that went to the origin without using the cache.
     bypassed_ios,
+    /// Requests that admission kept out of the cache: part of a long
+    /// sequential stream.
+    sequential_bypasses,
+    /// Requests that admission kept out of the cache: the cache device was
+    /// slower than the origin.
+    guard_bypasses,
+    /// Read-missed blocks not promoted: not missed often enough yet.
+    cold_bypasses,
     /// Cache device I/O errors.
     cache_errors,
     /// Origin device I/O errors.

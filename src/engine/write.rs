@@ -1,83 +1,13 @@
-//! The write entry points and the pieces every mode's write path shares.
-//! Each mode's own path is in `modes/`.
+//! Trim, zeroing, flush, and the pieces every write route shares. Writes
+//! are resolved and dispatched in `pipeline.rs`; each route is in `modes/`.
 
 use super::format::Record;
-use super::request::{adjacent_slots, Segment};
+use super::request::Segment;
 use super::stats::bump;
-use super::{Engine, EngineResult, Mode};
+use super::{Engine, EngineResult};
 use crate::device::AlignedBuf;
 
 impl Engine {
-    /// Writes `data` at `offset`; with `fua`, durable on return.
-    pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> EngineResult<()> {
-        self.check_open()?;
-        let segs = self.segments(offset, data.len() as u64, true)?;
-        bump(&self.stats.write_requests, 1);
-        if let Some(first) = segs.first() {
-            let last = segs.last().expect("non-empty").block;
-            let _guard = self.locks.lock_range(first.block, last);
-            self.flights.touch(first.block, last);
-            match self.mode() {
-                Mode::Writeback => self.write_writeback(&segs, data)?,
-                Mode::Writeonly => self.write_writeonly(&segs, data)?,
-                Mode::Writethrough => self.write_writethrough(offset, &segs, data)?,
-                Mode::Writearound => self.write_writearound(offset, &segs, data)?,
-                Mode::Passthrough => self.write_passthrough(offset, &segs, data)?,
-            }
-        }
-        if fua {
-            self.commit()?;
-        }
-        Ok(())
-    }
-
-    /// The write, done on the caller's thread, if the mode holds dirty data,
-    /// every block it touches is unlocked, and it needs no origin I/O and no
-    /// commit: segments that are all dirty or empty sectors of adjacent
-    /// slots are written in place with one cache write; whole blocks, and
-    /// parts of blocks not cached, otherwise go to new slots while free
-    /// slots are plentiful (the background keeps a reserve, so no eviction
-    /// or commit is needed). `None` (nothing done) otherwise, and for FUA.
-    pub fn try_write_cached(
-        &self,
-        offset: u64,
-        data: &[u8],
-        fua: bool,
-    ) -> Option<EngineResult<()>> {
-        if fua || !self.mode().holds_dirty() {
-            return None;
-        }
-        let (segs, _guard) = match self.try_lock_request(offset, data.len() as u64, true)? {
-            Ok(locked) => locked,
-            Err(e) => return Some(Err(e)),
-        };
-        if !segs.iter().all(|s| self.cacheable(s.block)) {
-            return None;
-        }
-        let cached = self.lookup_accessed(&segs, |_| true);
-        let in_place = adjacent_slots(&cached, |h| h.writable) == segs.len();
-        // (Not when admission has stopped: the store would go around the
-        // cache to the origin, on this thread.)
-        let to_new_slots = || {
-            self.admitting()
-                && segs
-                    .iter()
-                    .zip(&cached)
-                    .all(|(s, c)| self.full_block(s) || c.is_none())
-                && {
-                    let m = self.meta.lock();
-                    m.free.len() >= segs.len() + self.low_free_slots(&m)
-                }
-        };
-        if !(in_place || to_new_slots()) || !self.mode().holds_dirty() {
-            return None;
-        }
-        bump(&self.stats.write_requests, 1);
-        self.flights
-            .touch(segs[0].block, segs[segs.len() - 1].block);
-        Some(self.write_cached_dirty_with(&segs, data, &cached))
-    }
-
     /// Writes zeroes over a range.
     pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> EngineResult<()> {
         self.segments(offset, len, true)?;

@@ -1,18 +1,23 @@
-//! Cache modes. Reads are common to all modes (see `engine/io.rs`); each
-//! mode's write path lives in its own file.
+//! Cache modes. A mode is resolved into a write route and a read rule in
+//! one place (`engine/pipeline.rs`, with admission); reads are common to
+//! all modes (`engine/read.rs`); each write route lives in its own file.
 //!
-//! | mode         | read miss promotes | writes go to            | dirty data |
-//! |--------------|--------------------|-------------------------|------------|
-//! | writeback    | yes                | cache                   | yes        |
-//! | writethrough | yes                | origin, then cache      | no         |
-//! | writearound  | yes                | origin; cache invalidated | no       |
-//! | writeonly    | no                 | cache (as dm-writecache) | yes       |
-//! | passthrough  | no (reads origin)  | origin; cache invalidated | no       |
+//! | mode         | read miss promotes | writes go to (route)                  | dirty data |
+//! |--------------|--------------------|---------------------------------------|------------|
+//! | writeback    | yes                | cache (`writeback.rs`)                | yes        |
+//! | writethrough | yes                | origin, then cache (`writethrough.rs`) | no        |
+//! | writearound  | yes                | origin; cache invalidated (`writearound.rs`) | no  |
+//! | writeonly    | no                 | cache, as dm-writecache (`writeback.rs`) | yes     |
+//! | passthrough  | no (reads origin)  | origin; cache invalidated (`writearound.rs`) | no  |
+//!
+//! Passthrough keeps the blocks still cached valid (writes drop the copies
+//! they touch, committed first), so the cache is warm again when another
+//! mode is switched on. The one exception to "reads the origin": while a
+//! switch to passthrough is still writing dirty blocks back, reads of those
+//! blocks are served from the cache, the only current copy.
 
-pub mod passthrough;
 pub mod writearound;
 pub mod writeback;
-pub mod writeonly;
 pub mod writethrough;
 
 use serde::{Deserialize, Serialize};
@@ -81,6 +86,26 @@ impl Mode {
     pub fn reads_cache(self) -> bool {
         self != Mode::Passthrough
     }
+
+    /// Where a write goes in this mode, before admission has its say.
+    pub fn write_route(self) -> WriteRoute {
+        match self {
+            Mode::Writeback | Mode::Writeonly => WriteRoute::Cache,
+            Mode::Writethrough => WriteRoute::Through,
+            Mode::Writearound | Mode::Passthrough => WriteRoute::Around,
+        }
+    }
+}
+
+/// Where a write goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteRoute {
+    /// Into the cache as dirty data.
+    Cache,
+    /// To the origin, then a clean copy into the cache.
+    Through,
+    /// To the origin only; cached copies of its blocks are dropped first.
+    Around,
 }
 
 impl std::fmt::Display for Mode {

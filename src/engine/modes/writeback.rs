@@ -24,23 +24,17 @@ use super::super::{Engine, EngineResult};
 use crate::device::AlignedBuf;
 
 impl Engine {
-    pub(crate) fn write_writeback(&self, segs: &[Segment], data: &[u8]) -> EngineResult<()> {
-        self.write_cached_dirty(segs, data)
-    }
-
-    /// The write path of the modes that hold dirty data (writeback, writeonly).
-    pub(crate) fn write_cached_dirty(&self, segs: &[Segment], data: &[u8]) -> EngineResult<()> {
-        let cached = self.lookup_accessed(segs, |_| true);
-        self.write_cached_dirty_with(segs, data, &cached)
-    }
-
-    /// `write_cached_dirty` with the segments' lookups already made (by
-    /// `lookup_accessed`, under the block locks the caller holds).
+    /// The cache route (writeback and writeonly modes), with the segments'
+    /// lookups already made (by `lookup_accessed`, under the block locks
+    /// the caller holds). Without `admit`, writes that would need a new slot
+    /// go around the cache; writes into cached dirty or empty sectors still
+    /// go to the cache.
     pub(crate) fn write_cached_dirty_with(
         &self,
         segs: &[Segment],
         data: &[u8],
         cached: &[Option<Hit>],
+        admit: bool,
     ) -> EngineResult<()> {
         let bs = self.block_bytes;
         let hits = cached.iter().filter(|c| c.is_some()).count() as u64;
@@ -74,6 +68,11 @@ impl Engine {
                     i += run;
                     continue;
                 }
+            }
+            if !admit {
+                self.write_around(seg, data)?;
+                i += 1;
+                continue;
             }
             if whole > 0 {
                 let bytes = &data[seg.buf.start..segs[i + whole - 1].buf.end];
@@ -169,8 +168,8 @@ impl Engine {
         Ok(())
     }
 
-    /// Every block is dirty or busy: writes the segment around the cache
-    /// and hurries writeback along.
+    /// Writes the segment around the cache (admission said no, or every
+    /// block is dirty or busy) and hurries writeback along.
     fn write_around(&self, seg: &Segment, data: &[u8]) -> EngineResult<()> {
         bump(&self.stats.bypassed_ios, 1);
         self.write_origin_invalidating(

@@ -16,9 +16,13 @@ impl Engine {
         offset: u64,
         segs: &[Segment],
         data: &[u8],
+        admit: bool,
     ) -> EngineResult<()> {
         self.count_write_hits(segs);
         self.write_origin_invalidating(segs, data, offset)?;
+        if !admit {
+            return Ok(());
+        }
         // Caching the new data is an optimisation: no slot or a cache error
         // just leaves the rest uncached. Whole blocks form one run (a
         // request has at most a partial first and last segment).

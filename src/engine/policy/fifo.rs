@@ -1,32 +1,51 @@
 //! First in, first out: eviction in insertion order; accesses change nothing.
 
-use super::{Policy, PolicyKind, SlotList};
+use super::{Links, List, Policy, PolicyKind, Verdict};
 
 pub struct Fifo {
-    list: SlotList,
+    links: Links,
+    list: List,
 }
 
 impl Fifo {
     pub fn new(slot_count: u32) -> Self {
         Fifo {
-            list: SlotList::new(slot_count),
+            links: Links::new(slot_count),
+            list: List::default(),
         }
     }
 }
 
 impl Policy for Fifo {
-    fn list(&mut self) -> &mut SlotList {
-        &mut self.list
-    }
-    fn accessed(&mut self, _slot: u32) {}
     fn kind(&self) -> PolicyKind {
         PolicyKind::Fifo
+    }
+    fn inserted(&mut self, slot: u32, _block: u64) {
+        self.links.unlink(&mut self.list, slot);
+        self.links.push_hot(&mut self.list, slot);
+    }
+    fn accessed(&mut self, _slot: u32) {}
+    fn removed(&mut self, slot: u32) {
+        self.links.unlink(&mut self.list, slot);
+    }
+    fn select(
+        &mut self,
+        want: usize,
+        scan_max: usize,
+        verdict: &mut dyn FnMut(u32) -> Verdict,
+    ) -> Vec<u32> {
+        self.links.select(&mut self.list, want, scan_max, verdict)
+    }
+    fn order(&self) -> Vec<u32> {
+        self.links.iter(&self.list).collect()
+    }
+    fn heap_bytes(&self) -> u64 {
+        self.links.heap_bytes()
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::Verdict;
     use super::*;
 
     #[test]
@@ -38,7 +57,7 @@ mod tests {
     fn access_does_not_protect() {
         let mut p = Fifo::new(4);
         for s in 0..4 {
-            p.inserted(s);
+            p.inserted(s, s as u64);
         }
         p.accessed(0);
         assert_eq!(p.select(1, 10, &mut |_| Verdict::Take), vec![0]);

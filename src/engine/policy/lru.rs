@@ -1,34 +1,53 @@
 //! Least recently used: every access moves a slot to the hot end.
 
-use super::{Policy, PolicyKind, SlotList};
+use super::{Links, List, Policy, PolicyKind, Verdict};
 
 pub struct Lru {
-    list: SlotList,
+    links: Links,
+    list: List,
 }
 
 impl Lru {
     pub fn new(slot_count: u32) -> Self {
         Lru {
-            list: SlotList::new(slot_count),
+            links: Links::new(slot_count),
+            list: List::default(),
         }
     }
 }
 
 impl Policy for Lru {
-    fn list(&mut self) -> &mut SlotList {
-        &mut self.list
-    }
-    fn accessed(&mut self, slot: u32) {
-        self.list.move_hot(slot);
-    }
     fn kind(&self) -> PolicyKind {
         PolicyKind::Lru
+    }
+    fn inserted(&mut self, slot: u32, _block: u64) {
+        self.links.unlink(&mut self.list, slot);
+        self.links.push_hot(&mut self.list, slot);
+    }
+    fn accessed(&mut self, slot: u32) {
+        self.links.move_hot(&mut self.list, slot);
+    }
+    fn removed(&mut self, slot: u32) {
+        self.links.unlink(&mut self.list, slot);
+    }
+    fn select(
+        &mut self,
+        want: usize,
+        scan_max: usize,
+        verdict: &mut dyn FnMut(u32) -> Verdict,
+    ) -> Vec<u32> {
+        self.links.select(&mut self.list, want, scan_max, verdict)
+    }
+    fn order(&self) -> Vec<u32> {
+        self.links.iter(&self.list).collect()
+    }
+    fn heap_bytes(&self) -> u64 {
+        self.links.heap_bytes()
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::Verdict;
     use super::*;
 
     #[test]
@@ -40,7 +59,7 @@ mod tests {
     fn access_protects() {
         let mut p = Lru::new(4);
         for s in 0..4 {
-            p.inserted(s);
+            p.inserted(s, s as u64);
         }
         p.accessed(0);
         assert_eq!(p.select(1, 10, &mut |_| Verdict::Take), vec![1]);

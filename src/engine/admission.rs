@@ -1,0 +1,416 @@
+//! Admission: whether a request may bring new blocks into the cache (a
+//! write to a new slot, the promotion of a read miss). Decided once per
+//! request, in `Admission::decide`. While the cache is at most
+//! `selective_above_pct` full (80% by default) everything is admitted:
+//! free slots cost nothing to fill. Above it admission is selective:
+//!
+//! - **Sequential cutoff** (bcache's `sequential_cutoff`): a stream of
+//!   requests that each start where the last ended, longer than the cutoff
+//!   (4 MiB by default, 0 = off), goes around the cache: a disk streams
+//!   fast, and a copy or a backup would displace the working set. Streams
+//!   are told apart by where they will continue (a bounded table, as
+//!   bcache's per-task recent-I/O hash); they are followed at any
+//!   occupancy. (bcache applies the cutoff at any occupancy; a stream into
+//!   free slots displaces nothing, and a data set read twice then hits.)
+//! - **Promotion after N misses** (Open CAS's `nhit`): a read miss promotes
+//!   a block only if it was missed `promote_after` times recently (counts
+//!   kept in a fixed array of 4-bit saturating counters indexed by a hash
+//!   of the block, halved every `slots` misses: bounded memory, no
+//!   allocation).
+//!
+//! At any occupancy, the **guard**: while the cache device is clearly
+//! slower than the origin (device latencies measured on every request, as
+//! moving averages; cache writes twice as slow and 200 us slower than
+//! origin writes), new data goes around the cache; one request in 16 is
+//! still admitted to keep measuring. A cache that makes I/O slower than the
+//! origin alone is a misconfiguration or a failing device; this keeps the
+//! volume at origin speed meanwhile.
+//!
+//! Blocks already cached are always used: admission governs what enters.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+/// Admission settings, persisted in the superblock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdmissionSettings {
+    /// Above `selective_above_pct` occupancy, streams longer than this many
+    /// bytes go around the cache (0: off).
+    pub sequential_cutoff_bytes: u64,
+    /// Above `selective_above_pct` occupancy, a read miss promotes a block
+    /// only after this many recent misses of it (1: always).
+    pub promote_after: u32,
+    /// The occupancy (percent of slots in use) above which admission is
+    /// selective.
+    pub selective_above_pct: u32,
+    /// Send new data around the cache while the cache device is slower
+    /// than the origin.
+    pub guard: bool,
+}
+
+/// Highest `promote_after`: the counters are 4 bits.
+pub const MAX_PROMOTE_AFTER: u32 = 15;
+
+impl Default for AdmissionSettings {
+    fn default() -> Self {
+        AdmissionSettings {
+            sequential_cutoff_bytes: 4 << 20,
+            promote_after: 3,
+            selective_above_pct: 80,
+            guard: true,
+        }
+    }
+}
+
+impl AdmissionSettings {
+    pub fn validate(&self) -> Result<(), String> {
+        if !(1..=MAX_PROMOTE_AFTER).contains(&self.promote_after) {
+            return Err(format!(
+                "promote-after {} is outside 1..={MAX_PROMOTE_AFTER}",
+                self.promote_after
+            ));
+        }
+        if self.selective_above_pct > 100 {
+            return Err(format!(
+                "selective-above {}% is above 100%",
+                self.selective_above_pct
+            ));
+        }
+        if !self.sequential_cutoff_bytes.is_multiple_of(512) {
+            return Err(format!(
+                "sequential cutoff {} is not a multiple of 512 bytes",
+                self.sequential_cutoff_bytes
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What the seam decided for one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// New blocks may enter the cache.
+    Admit,
+    /// Read misses promote only blocks missed often enough (`hot`).
+    AdmitHot,
+    /// Nothing new enters: the request is part of a long sequential stream.
+    Sequential,
+    /// Nothing new enters: the cache device is slower than the origin.
+    Guard,
+    /// Nothing new enters: the cache device failed too often (failure.rs).
+    Stopped,
+}
+
+impl Decision {
+    pub fn admits(self) -> bool {
+        matches!(self, Decision::Admit | Decision::AdmitHot)
+    }
+}
+
+/// Streams tracked at once.
+const STREAMS: usize = 64;
+
+#[derive(Clone, Copy, Default)]
+struct Stream {
+    /// Where the stream continues.
+    next: u64,
+    bytes: u64,
+    /// For replacing the least recently used entry.
+    used: u64,
+}
+
+/// Device latencies the guard compares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dev {
+    CacheRead,
+    CacheWrite,
+    OriginRead,
+    OriginWrite,
+}
+
+/// Moving averages (weight 1/16) of device request latencies, in ns.
+#[derive(Default)]
+pub struct Latencies {
+    ewma_ns: [AtomicU64; 4],
+}
+
+impl Latencies {
+    pub fn record(&self, dev: Dev, ns: u64) {
+        let a = &self.ewma_ns[dev as usize];
+        let old = a.load(Ordering::Relaxed);
+        // Racy updates lose a sample at worst.
+        let new = if old == 0 {
+            ns
+        } else {
+            old - old / 16 + ns / 16
+        };
+        a.store(new.max(1), Ordering::Relaxed);
+    }
+
+    /// The average, or None before any sample.
+    pub fn get(&self, dev: Dev) -> Option<u64> {
+        let v = self.ewma_ns[dev as usize].load(Ordering::Relaxed);
+        (v != 0).then_some(v)
+    }
+}
+
+pub struct Admission {
+    settings: Mutex<AdmissionSettings>,
+    streams: Mutex<([Stream; STREAMS], u64)>,
+    /// 4-bit miss counters, two per byte.
+    counts: Vec<AtomicU8>,
+    /// Misses since the counters were last halved.
+    misses: AtomicU64,
+    halve_every: u64,
+    pub latencies: Latencies,
+    guard_engaged: AtomicBool,
+    probe: AtomicU64,
+}
+
+impl Admission {
+    pub fn new(settings: AdmissionSettings, slot_count: u64) -> Admission {
+        // About one counter per slot: two per byte.
+        let counters = (slot_count as usize).next_power_of_two().max(64);
+        Admission {
+            settings: Mutex::new(settings),
+            streams: Mutex::new(([Stream::default(); STREAMS], 0)),
+            counts: (0..counters / 2).map(|_| AtomicU8::new(0)).collect(),
+            misses: AtomicU64::new(0),
+            halve_every: slot_count.max(64),
+            latencies: Latencies::default(),
+            guard_engaged: AtomicBool::new(false),
+            probe: AtomicU64::new(0),
+        }
+    }
+
+    pub fn settings(&self) -> AdmissionSettings {
+        *self.settings.lock()
+    }
+
+    pub fn set_settings(&self, s: AdmissionSettings) {
+        *self.settings.lock() = s;
+    }
+
+    pub fn heap_bytes(&self) -> u64 {
+        self.counts.len() as u64
+    }
+
+    pub fn guard_engaged(&self) -> bool {
+        self.guard_engaged.load(Ordering::Relaxed)
+    }
+
+    /// The decision for a request of `len` bytes at `offset`, on a cache
+    /// `used_pct` full. Sees every request, so it can follow streams.
+    pub fn decide(&self, offset: u64, len: u64, used_pct: impl FnOnce() -> u64) -> Decision {
+        let s = self.settings();
+        let long_stream = s.sequential_cutoff_bytes > 0
+            && self.stream_bytes(offset, len) > s.sequential_cutoff_bytes;
+        if s.guard && self.guard_says_around() {
+            return Decision::Guard;
+        }
+        if (long_stream || s.promote_after > 1) && used_pct() > s.selective_above_pct as u64 {
+            if long_stream {
+                return Decision::Sequential;
+            }
+            return Decision::AdmitHot;
+        }
+        Decision::Admit
+    }
+
+    /// Bytes of the stream this request belongs to, itself included.
+    fn stream_bytes(&self, offset: u64, len: u64) -> u64 {
+        let mut g = self.streams.lock();
+        let (table, clock) = &mut *g;
+        *clock += 1;
+        let now = *clock;
+        let i = match table.iter().position(|s| s.next == offset && s.bytes > 0) {
+            Some(i) => i,
+            None => {
+                let i = (0..STREAMS)
+                    .min_by_key(|&i| table[i].used)
+                    .expect("non-empty");
+                table[i].bytes = 0;
+                i
+            }
+        };
+        let s = &mut table[i];
+        s.bytes = s.bytes.saturating_add(len);
+        s.next = offset + len;
+        s.used = now;
+        s.bytes
+    }
+
+    /// True while new data should go around: the cache device writes more
+    /// slowly than the origin (both measured), except for one request in
+    /// 16, which keeps the measurement going.
+    fn guard_says_around(&self) -> bool {
+        let l = &self.latencies;
+        let (Some(cache), Some(origin)) = (l.get(Dev::CacheWrite), l.get(Dev::OriginWrite)) else {
+            return false;
+        };
+        // Engage when cache writes take clearly longer (twice as long and
+        // 200 us more), release when they are back near the origin's: two
+        // fast devices of similar speed never trip it.
+        let engaged = self.guard_engaged.load(Ordering::Relaxed);
+        let now = if engaged {
+            cache > origin * 3 / 2 + 100_000
+        } else {
+            cache > origin * 2 + 200_000
+        };
+        if now != engaged {
+            self.guard_engaged.store(now, Ordering::Relaxed);
+            log::warn!(
+                "admission guard {}: cache device writes take {} us, origin writes {} us",
+                if now { "engaged" } else { "released" },
+                cache / 1000,
+                origin / 1000
+            );
+        }
+        now && !self
+            .probe
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(16)
+    }
+
+    fn counter(&self, block: u64) -> (usize, u32) {
+        let h = block.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20;
+        let i = (h as usize) & (self.counts.len() * 2 - 1);
+        (i / 2, (i % 2) as u32 * 4)
+    }
+
+    /// Counts a miss of `block`; returns its recent miss count.
+    pub fn missed(&self, block: u64) -> u32 {
+        let (byte, shift) = self.counter(block);
+        let c = &self.counts[byte];
+        let mut seen = 0;
+        let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+            let n = (v >> shift) & 0xf;
+            seen = (n + 1).min(15);
+            Some((v & !(0xf << shift)) | (seen << shift))
+        });
+        if self.misses.fetch_add(1, Ordering::Relaxed) + 1 >= self.halve_every {
+            self.misses.store(0, Ordering::Relaxed);
+            // Age: halve every counter, so counts reflect recent misses.
+            for c in &self.counts {
+                let v = c.load(Ordering::Relaxed);
+                c.store((v >> 1) & 0x77, Ordering::Relaxed);
+            }
+        }
+        seen as u32
+    }
+
+    /// True if a block missed `count` times may be promoted under `d`.
+    pub fn promotes(&self, d: Decision, count: u32) -> bool {
+        match d {
+            Decision::Admit => true,
+            Decision::AdmitHot => count >= self.settings().promote_after,
+            Decision::Sequential | Decision::Guard | Decision::Stopped => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn adm(cutoff: u64) -> Admission {
+        Admission::new(
+            AdmissionSettings {
+                sequential_cutoff_bytes: cutoff,
+                promote_after: 1,
+                ..Default::default()
+            },
+            1000,
+        )
+    }
+
+    #[test]
+    fn a_long_stream_goes_around_and_random_io_does_not() {
+        let a = adm(1 << 20);
+        for k in 0..16u64 {
+            assert_eq!(a.decide(k * 65536, 65536, || 90), Decision::Admit, "{k}");
+        }
+        assert_eq!(a.decide(16 * 65536, 65536, || 90), Decision::Sequential);
+        // Another stream interleaved is tracked apart.
+        assert_eq!(a.decide(1 << 30, 4096, || 90), Decision::Admit);
+        assert_eq!(a.decide(17 * 65536, 65536, || 90), Decision::Sequential);
+        // Into an emptier cache the stream is admitted, and still followed.
+        assert_eq!(a.decide(18 * 65536, 65536, || 50), Decision::Admit);
+        assert_eq!(a.decide(19 * 65536, 65536, || 90), Decision::Sequential);
+        // Random 4K requests never add up.
+        for k in 0..1000u64 {
+            let off = (k * 7919 % 5000) * 8192;
+            assert_ne!(a.decide(off, 4096, || 90), Decision::Sequential);
+        }
+        assert_eq!(adm(0).decide(0, 1 << 30, || 90), Decision::Admit, "0 = off");
+    }
+
+    #[test]
+    fn misses_count_up_and_age() {
+        let a = Admission::new(AdmissionSettings::default(), 1000);
+        assert_eq!(a.decide(0, 4096, || 90), Decision::AdmitHot);
+        assert_eq!(a.decide(0, 4096, || 50), Decision::Admit);
+        assert_eq!(a.missed(7), 1);
+        assert!(!a.promotes(Decision::AdmitHot, 1));
+        a.missed(7);
+        assert!(a.promotes(Decision::AdmitHot, a.missed(7)));
+        // Saturates at 15 and halves with time.
+        for _ in 0..30 {
+            a.missed(9);
+        }
+        assert_eq!(a.missed(9), 15);
+        for b in 0..2000u64 {
+            a.missed(1_000_000 + b * 3);
+        }
+        assert!(a.missed(9) < 15);
+    }
+
+    #[test]
+    fn the_guard_follows_device_latencies() {
+        let a = adm(0);
+        a.latencies.record(Dev::OriginWrite, 5_000_000);
+        a.latencies.record(Dev::CacheWrite, 20_000);
+        assert_eq!(a.decide(0, 4096, || 0), Decision::Admit);
+        for _ in 0..200 {
+            a.latencies.record(Dev::CacheWrite, 50_000_000);
+        }
+        let around = (0..160)
+            .filter(|_| a.decide(0, 4096, || 0) == Decision::Guard)
+            .count();
+        assert_eq!(around, 150, "15 of 16 requests go around");
+        assert!(a.guard_engaged());
+        for _ in 0..200 {
+            a.latencies.record(Dev::CacheWrite, 10_000);
+        }
+        assert_eq!(a.decide(0, 4096, || 0), Decision::Admit);
+        assert!(!a.guard_engaged());
+    }
+
+    #[test]
+    fn settings_are_checked() {
+        let ok = AdmissionSettings::default();
+        assert!(ok.validate().is_ok());
+        for bad in [
+            AdmissionSettings {
+                promote_after: 0,
+                ..ok
+            },
+            AdmissionSettings {
+                promote_after: 16,
+                ..ok
+            },
+            AdmissionSettings {
+                selective_above_pct: 101,
+                ..ok
+            },
+            AdmissionSettings {
+                sequential_cutoff_bytes: 1000,
+                ..ok
+            },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
+    }
+}

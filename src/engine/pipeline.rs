@@ -1,0 +1,182 @@
+//! One request pipeline: a request is validated and split into per-block
+//! segments (`request.rs`), its blocks are locked, then `resolve` decides in
+//! one place what the mode and admission make of it, and the request is
+//! dispatched: reads to `read.rs`, writes to their route's file in
+//! `modes/`. The fast paths for the NBD server's worker threads take the
+//! same steps with try-locks and stop (returning `None`) where they would
+//! have to wait.
+
+use super::admission::Decision;
+use super::modes::WriteRoute;
+use super::request::adjacent_slots;
+use super::stats::bump;
+use super::{Engine, EngineResult, Mode};
+use crate::device::AlignedBuf;
+
+/// What the mode and admission make of one request.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Plan {
+    pub mode: Mode,
+    /// Where a write goes.
+    pub route: WriteRoute,
+    /// Read misses may be promoted (before admission's say, per block).
+    pub promote: bool,
+    pub admission: Decision,
+}
+
+impl Plan {
+    /// New blocks may enter the cache for this request.
+    pub fn admits(&self) -> bool {
+        self.admission.admits()
+    }
+}
+
+impl Engine {
+    /// Resolves a request of `len` bytes at `offset`: the mode's route and
+    /// read rule, and the admission decision.
+    pub(crate) fn resolve(&self, offset: u64, len: u64, prefetch: bool) -> Plan {
+        let mode = self.mode();
+        let admission = if self.admitting() {
+            self.admission.decide(offset, len, || {
+                let m = self.meta.lock();
+                m.table.used() * 100 / m.table.slot_count().max(1)
+            })
+        } else {
+            Decision::Stopped
+        };
+        match admission {
+            Decision::Sequential => bump(&self.stats.sequential_bypasses, 1),
+            Decision::Guard => bump(&self.stats.guard_bypasses, 1),
+            _ => {}
+        }
+        Plan {
+            mode,
+            route: mode.write_route(),
+            promote: mode.promotes_reads() || (prefetch && mode != Mode::Passthrough),
+            admission,
+        }
+    }
+
+    /// Reads `len` bytes at `offset`.
+    pub fn read(&self, offset: u64, len: u64) -> EngineResult<AlignedBuf> {
+        self.read_inner(offset, len, false)
+    }
+
+    /// Copies a range into the cache (NBD_CMD_CACHE); returns nothing.
+    pub fn prefetch(&self, offset: u64, len: u64) -> EngineResult<()> {
+        self.read_inner(offset, len, true).map(|_| ())
+    }
+
+    fn read_inner(&self, offset: u64, len: u64, prefetch: bool) -> EngineResult<AlignedBuf> {
+        self.check_open()?;
+        let segs = self.segments(offset, len, false)?;
+        bump(&self.stats.read_requests, 1);
+        let Some(first) = segs.first() else {
+            return Ok(AlignedBuf::zeroed(len as usize));
+        };
+        let _guard = self
+            .locks
+            .lock_range(first.block, segs.last().expect("non-empty").block);
+        let plan = self.resolve(offset, len, prefetch);
+        // The block locks are held: these mappings cannot change under us
+        // (eviction and writeback only take blocks they can lock).
+        // Passthrough reads the origin, except a dirty block, whose only
+        // current copy is in the cache: set-mode and detach switch to
+        // passthrough before they write the dirty blocks back.
+        let cached = self.lookup_accessed(&segs, |dirty| dirty || plan.mode.reads_cache());
+        self.read_locked(&segs, len, &plan, &cached)
+    }
+
+    /// The read, done on the caller's thread, if every block it touches is
+    /// unlocked and holds the requested sectors: one cache device read per
+    /// run of adjacent slots, never an origin read or a wait for another
+    /// request. `None` (nothing done) otherwise. For the NBD server's async
+    /// workers, which must not block for long.
+    pub fn try_read_hits(&self, offset: u64, len: u64) -> Option<EngineResult<AlignedBuf>> {
+        let (segs, _guard) = match self.try_lock_request(offset, len, false)? {
+            Ok(locked) => locked,
+            Err(e) => return Some(Err(e)),
+        };
+        let plan = self.resolve(offset, len, false);
+        let cached = self.lookup_accessed(&segs, |dirty| dirty || plan.mode.reads_cache());
+        if !cached.iter().all(|c| c.is_some_and(|h| h.valid)) {
+            return None;
+        }
+        bump(&self.stats.read_requests, 1);
+        Some(self.read_locked(&segs, len, &plan, &cached))
+    }
+
+    /// Writes `data` at `offset`; with `fua`, durable on return.
+    pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> EngineResult<()> {
+        self.check_open()?;
+        let segs = self.segments(offset, data.len() as u64, true)?;
+        bump(&self.stats.write_requests, 1);
+        if let Some(first) = segs.first() {
+            let last = segs.last().expect("non-empty").block;
+            let _guard = self.locks.lock_range(first.block, last);
+            self.flights.touch(first.block, last);
+            let plan = self.resolve(offset, data.len() as u64, false);
+            match plan.route {
+                WriteRoute::Cache => {
+                    let cached = self.lookup_accessed(&segs, |_| true);
+                    self.write_cached_dirty_with(&segs, data, &cached, plan.admits())?
+                }
+                WriteRoute::Through => {
+                    self.write_writethrough(offset, &segs, data, plan.admits())?
+                }
+                WriteRoute::Around => self.write_around_cache(offset, &segs, data)?,
+            }
+        }
+        if fua {
+            self.commit()?;
+        }
+        Ok(())
+    }
+
+    /// The write, done on the caller's thread, if it goes into the cache,
+    /// every block it touches is unlocked, and it needs no origin I/O and no
+    /// commit: segments that are all dirty or empty sectors of adjacent
+    /// slots are written in place with one cache write; whole blocks, and
+    /// parts of blocks not cached, otherwise go to new slots while free
+    /// slots are plentiful and admission lets them in (the background keeps
+    /// a reserve, so no eviction or commit is needed). `None` (nothing done)
+    /// otherwise, and for FUA.
+    pub fn try_write_cached(
+        &self,
+        offset: u64,
+        data: &[u8],
+        fua: bool,
+    ) -> Option<EngineResult<()>> {
+        if fua || self.mode().write_route() != WriteRoute::Cache {
+            return None;
+        }
+        let (segs, _guard) = match self.try_lock_request(offset, data.len() as u64, true)? {
+            Ok(locked) => locked,
+            Err(e) => return Some(Err(e)),
+        };
+        if !segs.iter().all(|s| self.cacheable(s.block)) {
+            return None;
+        }
+        let plan = self.resolve(offset, data.len() as u64, false);
+        let cached = self.lookup_accessed(&segs, |_| true);
+        let in_place = adjacent_slots(&cached, |h| h.writable) == segs.len();
+        let to_new_slots = || {
+            plan.admits()
+                && segs
+                    .iter()
+                    .zip(&cached)
+                    .all(|(s, c)| self.full_block(s) || c.is_none())
+                && {
+                    let m = self.meta.lock();
+                    m.free.len() >= segs.len() + self.low_free_slots(&m)
+                }
+        };
+        if plan.route != WriteRoute::Cache || !(in_place || to_new_slots()) {
+            return None;
+        }
+        bump(&self.stats.write_requests, 1);
+        self.flights
+            .touch(segs[0].block, segs[segs.len() - 1].block);
+        Some(self.write_cached_dirty_with(&segs, data, &cached, plan.admits()))
+    }
+}

@@ -1,0 +1,218 @@
+//! S3-FIFO (Yang et al., "FIFO queues are all you need for cache eviction",
+//! SOSP'23): a small FIFO queue (10% of the slots) that new blocks enter,
+//! a main FIFO queue, and a ghost history of blocks evicted from the small
+//! queue. A block accessed again while in the small queue moves to the main
+//! queue; one that is not is evicted early, so a scan passes through the
+//! small queue without displacing the main queue's working set. A block
+//! that comes back while the ghost history still remembers it enters the
+//! main queue directly. In the main queue a block's access count (0..=3)
+//! buys it another round at the hot end, as in CLOCK.
+//!
+//! Memory: the shared links (8 bytes per slot), one state byte per slot and
+//! the ghost history (about 1 byte per slot).
+
+use super::ghost::Ghost;
+use super::{Links, List, Policy, PolicyKind, Verdict};
+
+/// State byte: bits 0..2 the access count, bit 7 set in the main queue.
+const FREQ_MASK: u8 = 0b11;
+const IN_MAIN: u8 = 0x80;
+
+pub struct S3Fifo {
+    links: Links,
+    small: List,
+    main: List,
+    state: Vec<u8>,
+    ghost: Ghost,
+    /// The small queue's target length: 10% of the slots.
+    small_target: usize,
+}
+
+impl S3Fifo {
+    pub fn new(slot_count: u32) -> Self {
+        S3Fifo {
+            links: Links::new(slot_count),
+            small: List::default(),
+            main: List::default(),
+            state: vec![0; slot_count as usize],
+            // The ghost remembers about as many blocks as the main queue holds.
+            ghost: Ghost::new(slot_count as usize * 9 / 10),
+            small_target: (slot_count as usize / 10).max(1),
+        }
+    }
+
+    fn freq(&self, slot: u32) -> u8 {
+        self.state[slot as usize] & FREQ_MASK
+    }
+
+    fn in_main(&self, slot: u32) -> bool {
+        self.state[slot as usize] & IN_MAIN != 0
+    }
+
+    fn unlink(&mut self, slot: u32) {
+        if self.in_main(slot) {
+            self.links.unlink(&mut self.main, slot);
+        } else {
+            self.links.unlink(&mut self.small, slot);
+        }
+    }
+
+    /// Moves a slot to the main queue's hot end with its access count.
+    fn move_to_main(&mut self, slot: u32, freq: u8) {
+        self.unlink(slot);
+        self.state[slot as usize] = IN_MAIN | freq;
+        self.links.push_hot(&mut self.main, slot);
+    }
+}
+
+impl Policy for S3Fifo {
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::S3Fifo
+    }
+
+    fn inserted(&mut self, slot: u32, block: u64) {
+        self.unlink(slot);
+        if self.ghost.contains(block) {
+            self.state[slot as usize] = IN_MAIN;
+            self.links.push_hot(&mut self.main, slot);
+        } else {
+            self.state[slot as usize] = 0;
+            self.links.push_hot(&mut self.small, slot);
+        }
+    }
+
+    fn accessed(&mut self, slot: u32) {
+        let s = &mut self.state[slot as usize];
+        if *s & FREQ_MASK < FREQ_MASK {
+            *s += 1;
+        }
+    }
+
+    fn removed(&mut self, slot: u32) {
+        self.unlink(slot);
+        self.state[slot as usize] = 0;
+    }
+
+    fn evicted(&mut self, slot: u32, block: u64) {
+        // Only blocks that left through the small queue are remembered:
+        // the ones that had no second access there.
+        if !self.in_main(slot) {
+            self.ghost.insert(block);
+        }
+        self.state[slot as usize] = 0;
+    }
+
+    fn select(
+        &mut self,
+        want: usize,
+        scan_max: usize,
+        verdict: &mut dyn FnMut(u32) -> Verdict,
+    ) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut scanned = 0;
+        while out.len() < want && scanned < scan_max {
+            let from_small = self.small.len() >= self.small_target || self.main.is_empty();
+            let head = if from_small {
+                self.small.head()
+            } else {
+                self.main.head()
+            };
+            let Some(slot) = head else { break };
+            scanned += 1;
+            let freq = self.freq(slot);
+            if from_small {
+                if freq > 0 {
+                    // Accessed again while small: a keeper, with its count.
+                    self.move_to_main(slot, freq);
+                    continue;
+                }
+            } else if freq > 0 {
+                self.state[slot as usize] -= 1;
+                self.links.move_hot(&mut self.main, slot);
+                continue;
+            }
+            match verdict(slot) {
+                Verdict::Take => {
+                    self.unlink(slot);
+                    out.push(slot);
+                }
+                // Busy or dirty: out of the way, to the main queue's hot end
+                // (a dirty block was written, so it is in use).
+                Verdict::Skip | Verdict::Rotate => self.move_to_main(slot, freq),
+            }
+        }
+        out
+    }
+
+    fn order(&self) -> Vec<u32> {
+        // The small queue is the colder: it is evicted first.
+        self.links
+            .iter(&self.small)
+            .chain(self.links.iter(&self.main))
+            .collect()
+    }
+
+    fn heap_bytes(&self) -> u64 {
+        self.links.heap_bytes() + self.state.capacity() as u64 + self.ghost.heap_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn basics() {
+        super::super::tests::policy_basics(Box::new(S3Fifo::new(8)));
+    }
+
+    #[test]
+    fn a_scan_does_not_displace_the_working_set() {
+        let n = 100u32;
+        let mut p = S3Fifo::new(n);
+        let mut slot_block = vec![u64::MAX; n as usize];
+        let mut free: Vec<u32> = (0..n).rev().collect();
+        let evict = |p: &mut S3Fifo, slot_block: &mut Vec<u64>, free: &mut Vec<u32>| {
+            let v = p.select(1, 1000, &mut |_| Verdict::Take);
+            for s in v {
+                p.evicted(s, slot_block[s as usize]);
+                free.push(s);
+            }
+        };
+        // A working set of 50 blocks, each accessed twice.
+        let mut hot = Vec::new();
+        for b in 0..50u64 {
+            let s = free.pop().unwrap();
+            slot_block[s as usize] = b;
+            p.inserted(s, b);
+            p.accessed(s);
+            hot.push(s);
+        }
+        // A scan of 1000 blocks seen once each.
+        for b in 1000..2000u64 {
+            if free.is_empty() {
+                evict(&mut p, &mut slot_block, &mut free);
+            }
+            let s = free.pop().unwrap();
+            slot_block[s as usize] = b;
+            p.inserted(s, b);
+        }
+        let kept = hot.iter().filter(|&&s| slot_block[s as usize] < 50).count();
+        assert_eq!(kept, 50, "the scan evicted the working set");
+    }
+
+    #[test]
+    fn a_ghost_hit_enters_the_main_queue() {
+        let mut p = S3Fifo::new(20);
+        for s in 0..20 {
+            p.inserted(s, s as u64);
+        }
+        let v = p.select(1, 100, &mut |_| Verdict::Take);
+        assert_eq!(v, vec![0]);
+        p.evicted(0, 0);
+        p.inserted(0, 0);
+        assert!(p.in_main(0));
+        p.inserted(5, 999);
+        assert!(!p.in_main(5));
+    }
+}

@@ -1,0 +1,308 @@
+//! The admission seam and the replacement policy, through the engine:
+//! long sequential streams go around the cache, read misses of a full
+//! cache are promoted only after repeated misses, a cache device slower
+//! than the origin is bypassed for new data, settings persist, and the
+//! policy can be switched on a live cache.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tiercache::device::fault::FaultDevice;
+use tiercache::device::{BlockDevice, DeviceRef, DeviceResult};
+use tiercache::engine::policy::PolicyKind;
+use tiercache::engine::{AdmissionSettings, CreateOptions, Engine, Mode, WritebackSettings};
+
+const ORIGIN_BYTES: u64 = 64 << 20;
+const BS: u64 = 4096;
+
+fn engine_with(
+    mode: Mode,
+    slots: u64,
+    admission: AdmissionSettings,
+    cache: DeviceRef,
+    origin: DeviceRef,
+) -> Arc<Engine> {
+    let opts = CreateOptions {
+        mode,
+        admission,
+        writeback: WritebackSettings {
+            high_pct: 100,
+            low_pct: 0,
+            max_age_secs: 3600,
+        },
+        ..Default::default()
+    };
+    let _ = slots;
+    Engine::create(cache.clone(), origin.clone(), &opts)
+        .unwrap()
+        .close()
+        .unwrap();
+    Engine::open(cache, origin, &common::no_bg()).unwrap()
+}
+
+fn devices(slots: u64) -> (Arc<FaultDevice>, Arc<FaultDevice>) {
+    (
+        Arc::new(FaultDevice::new(
+            "cache",
+            common::cache_bytes_for(slots, BS as u32),
+            1,
+        )),
+        Arc::new(FaultDevice::new("origin", ORIGIN_BYTES, 2)),
+    )
+}
+
+#[test]
+fn a_long_sequential_stream_goes_around_the_cache() {
+    let (cache, origin) = devices(4096);
+    let admission = AdmissionSettings {
+        sequential_cutoff_bytes: 1 << 20,
+        // Selective from the start, for the test.
+        selective_above_pct: 0,
+        ..Default::default()
+    };
+    let e = engine_with(Mode::Writeback, 4096, admission, cache, origin.clone());
+    // A block cached first, so the cache is not empty (0% is not "above 0%").
+    e.write(63_000 * 512, &[1u8; 512], false).unwrap();
+    // 4 MiB written sequentially in 64 KiB requests: the first 1 MiB is
+    // cached, the rest goes to the origin.
+    let chunk = vec![7u8; 65536];
+    for k in 0..64u64 {
+        e.write(k * 65536, &chunk, false).unwrap();
+    }
+    let st = e.status();
+    assert_eq!(st.cache_blocks_dirty, 257, "only the first MiB is cached");
+    assert_eq!(st.stats.sequential_bypasses, 48);
+    // The same stream read back: the cached MiB hits, nothing past the
+    // cutoff is promoted.
+    for k in 0..64u64 {
+        assert!(e.read(k * 65536, 65536).unwrap().iter().all(|&b| b == 7));
+    }
+    assert_eq!(e.status().cache_blocks_used, 257);
+    // Random writes are cached whatever their number.
+    for k in 0..200u64 {
+        let off = (k * 7919 % 10_000 + 2000) * BS;
+        e.write(off, &[1u8; 4096], false).unwrap();
+    }
+    assert_eq!(e.status().stats.sequential_bypasses, 48 + 48);
+    assert!(e.status().cache_blocks_dirty >= 257 + 190);
+    // Off: the same stream is cached.
+    e.set_admission(AdmissionSettings {
+        sequential_cutoff_bytes: 0,
+        ..admission
+    })
+    .unwrap();
+    for k in 0..64u64 {
+        e.write((32 << 20) + k * 65536, &chunk, false).unwrap();
+    }
+    assert_eq!(e.status().stats.sequential_bypasses, 96);
+}
+
+#[test]
+fn a_full_cache_promotes_a_read_miss_only_after_repeated_misses() {
+    let (cache, origin) = devices(64);
+    let admission = AdmissionSettings {
+        sequential_cutoff_bytes: 0,
+        promote_after: 3,
+        selective_above_pct: 50,
+        guard: true,
+    };
+    let e = engine_with(Mode::Writeback, 64, admission, cache, origin);
+    // Fill the cache past 50% by reads of distinct blocks (promoted while
+    // the cache is emptier).
+    for b in 0..60u64 {
+        e.read(b * 2 * BS, 4096).unwrap();
+    }
+    let used = e.status().cache_blocks_used;
+    assert!(used * 100 / e.status().cache_blocks_total > 50, "{used}");
+    let before = e.status().stats.promotions;
+    let far = 10_000 * BS;
+    e.read(far, 4096).unwrap();
+    e.read(far, 4096).unwrap();
+    assert_eq!(e.status().stats.promotions, before, "two misses: not yet");
+    assert!(e.status().stats.cold_bypasses >= 2);
+    e.read(far, 4096).unwrap();
+    assert_eq!(
+        e.status().stats.promotions,
+        before + 1,
+        "the third promotes"
+    );
+    let hits = e.status().stats.read_hits;
+    e.read(far, 4096).unwrap();
+    assert_eq!(e.status().stats.read_hits, hits + 1);
+}
+
+/// A device that takes `delay` for every write.
+struct Slow {
+    inner: FaultDevice,
+    delay: Duration,
+}
+
+impl BlockDevice for Slow {
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> DeviceResult<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> DeviceResult<()> {
+        std::thread::sleep(self.delay);
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> DeviceResult<()> {
+        self.inner.flush()
+    }
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn identity(&self) -> u64 {
+        self.inner.identity()
+    }
+}
+
+#[test]
+fn a_cache_slower_than_the_origin_is_bypassed_for_new_data() {
+    let slow: DeviceRef = Arc::new(Slow {
+        inner: FaultDevice::new("cache", common::cache_bytes_for(4096, BS as u32), 1),
+        delay: Duration::from_millis(3),
+    });
+    let origin = Arc::new(FaultDevice::new("origin", ORIGIN_BYTES, 2));
+    let admission = AdmissionSettings {
+        sequential_cutoff_bytes: 0,
+        ..Default::default()
+    };
+    let e = engine_with(Mode::Writeback, 4096, admission, slow, origin.clone());
+    // Some writes to both devices so both latencies are measured: the
+    // first go to the cache; one in writethrough reaches the origin.
+    e.set_mode(Mode::Writethrough).unwrap();
+    for k in 0..20u64 {
+        e.write(k * 97 * BS, &[3u8; 4096], false).unwrap();
+    }
+    e.set_mode(Mode::Writeback).unwrap();
+    let origin_writes = origin.writes();
+    let t = std::time::Instant::now();
+    for k in 0..160u64 {
+        e.write((k * 13 + 5000) * BS, &[4u8; 4096], false).unwrap();
+    }
+    let st = e.status();
+    assert!(st.guard_engaged, "the guard engaged");
+    assert!(
+        st.stats.guard_bypasses >= 140,
+        "{} writes went around",
+        st.stats.guard_bypasses
+    );
+    assert!(origin.writes() - origin_writes >= 140);
+    // 160 writes at 3 ms each through the cache would take 480 ms.
+    assert!(
+        t.elapsed() < Duration::from_millis(300),
+        "{:?}",
+        t.elapsed()
+    );
+    for k in 0..160u64 {
+        assert!(e
+            .read((k * 13 + 5000) * BS, 4096)
+            .unwrap()
+            .iter()
+            .all(|&b| b == 4));
+    }
+    // Off: everything is cached again.
+    e.set_admission(AdmissionSettings {
+        guard: false,
+        ..admission
+    })
+    .unwrap();
+    let dirty = e.status().cache_blocks_dirty;
+    e.write(15_000 * BS, &[5u8; 4096], false).unwrap();
+    assert_eq!(e.status().cache_blocks_dirty, dirty + 1);
+}
+
+#[test]
+fn admission_settings_and_the_policy_persist_and_switch_live() {
+    let (cache, origin) = devices(256);
+    let (c, o): (DeviceRef, DeviceRef) = (cache.clone(), origin.clone());
+    let e = engine_with(
+        Mode::Writeback,
+        256,
+        AdmissionSettings::default(),
+        c.clone(),
+        o.clone(),
+    );
+    assert_eq!(e.status().policy, "s3fifo", "the default policy");
+    for b in 0..100u64 {
+        e.write(b * BS, &[b as u8; 4096], false).unwrap();
+    }
+    let custom = AdmissionSettings {
+        sequential_cutoff_bytes: 512 << 10,
+        promote_after: 5,
+        selective_above_pct: 60,
+        guard: false,
+    };
+    e.set_admission(custom).unwrap();
+    for kind in [
+        PolicyKind::Lru,
+        PolicyKind::Fifo,
+        PolicyKind::S3Fifo,
+        PolicyKind::Lru,
+    ] {
+        e.set_policy(kind).unwrap();
+        assert_eq!(e.status().policy, kind.name());
+        // The cache keeps working: reads hit, writes land.
+        for b in 0..100u64 {
+            assert_eq!(e.read(b * BS, 4096).unwrap()[0], b as u8);
+        }
+    }
+    assert!(e
+        .set_admission(AdmissionSettings {
+            promote_after: 0,
+            ..custom
+        })
+        .is_err());
+    e.close().unwrap();
+    let e = Engine::open(c, o, &common::no_bg()).unwrap();
+    let st = e.status();
+    assert_eq!(st.admission_settings, custom);
+    assert_eq!(st.policy, "lru");
+    assert_eq!(st.cache_blocks_used, 100);
+}
+
+#[test]
+fn s3fifo_keeps_the_working_set_through_a_scan_where_lru_does_not() {
+    // A cache of 256 blocks; a working set of 150 blocks read repeatedly,
+    // then a scan of 2000 blocks read once, then the working set again.
+    let run = |kind: PolicyKind| {
+        let (cache, origin) = devices(256);
+        let admission = AdmissionSettings {
+            sequential_cutoff_bytes: 0,
+            promote_after: 1,
+            ..Default::default()
+        };
+        let (c, o): (DeviceRef, DeviceRef) = (cache, origin.clone());
+        let e = engine_with(Mode::Writethrough, 256, admission, c, o);
+        e.set_policy(kind).unwrap();
+        for _ in 0..3 {
+            for b in 0..150u64 {
+                e.read(b * 3 * BS, 4096).unwrap();
+            }
+        }
+        for b in 0..2000u64 {
+            e.read((5000 + b * 2) * BS, 4096).unwrap();
+            if b % 64 == 0 {
+                e.background_tick();
+            }
+        }
+        let misses = e.status().stats.read_misses;
+        for b in 0..150u64 {
+            e.read(b * 3 * BS, 4096).unwrap();
+        }
+        e.status().stats.read_misses - misses
+    };
+    let s3 = run(PolicyKind::S3Fifo);
+    let lru = run(PolicyKind::Lru);
+    eprintln!("working set re-read after the scan: S3-FIFO {s3} misses, LRU {lru}");
+    assert!(
+        lru >= 140,
+        "LRU loses the working set to the scan ({lru} misses)"
+    );
+    assert!(s3 <= 30, "S3-FIFO keeps it ({s3} misses)");
+}
