@@ -31,6 +31,7 @@ fn engine_with(
             high_pct: 100,
             low_pct: 0,
             max_age_secs: 3600,
+            idle_secs: 0,
         },
         ..Default::default()
     };

@@ -42,6 +42,7 @@ fn crash_case(seed: u64, mode: Mode, block_bytes: u32, power_loss: bool) {
             high_pct: 25,
             low_pct: 10,
             max_age_secs: 1,
+            idle_secs: 0,
         },
         ..Default::default()
     };

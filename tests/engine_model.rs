@@ -70,6 +70,7 @@ fn run_one(
             high_pct: 30,
             low_pct: 10,
             max_age_secs: 1,
+            idle_secs: 0,
         },
         ..Default::default()
     };
@@ -316,6 +317,7 @@ fn concurrent_threads_disjoint_regions() {
             high_pct: 20,
             low_pct: 5,
             max_age_secs: 1,
+            idle_secs: 0,
         },
         ..Default::default()
     };

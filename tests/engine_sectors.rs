@@ -43,6 +43,7 @@ impl Setup {
                 high_pct: 100,
                 low_pct: 0,
                 max_age_secs: 3600,
+                idle_secs: 0,
             },
             ..Default::default()
         };

@@ -1,7 +1,9 @@
 //! Background writeback policy: it starts at the high watermark and stops
 //! at the low one, writes blocks older than the maximum age, issues origin
-//! writes in ascending order with adjacent blocks coalesced; and nothing
-//! but writeback ever writes the origin (create is non-intrusive).
+//! writes in ascending order with adjacent blocks coalesced, paces itself
+//! while clients keep the origin busy and drains everything once the
+//! origin is idle; and nothing but writeback ever writes the origin (create
+//! is non-intrusive).
 
 mod common;
 
@@ -25,6 +27,8 @@ struct Recorder {
     /// (writes waiting at the gate, gate open)
     gate: Mutex<(u32, bool)>,
     cv: parking_lot::Condvar,
+    /// Time every read and write takes, as a disk's would.
+    delay: Mutex<Duration>,
 }
 
 impl BlockDevice for Recorder {
@@ -32,9 +36,11 @@ impl BlockDevice for Recorder {
         self.inner.size_bytes()
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> DeviceResult<()> {
+        std::thread::sleep(*self.delay.lock());
         self.inner.read_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> DeviceResult<()> {
+        std::thread::sleep(*self.delay.lock());
         let mut g = self.gate.lock();
         g.0 += 1;
         self.cv.notify_all();
@@ -63,6 +69,7 @@ fn setup(w: WritebackSettings) -> (Arc<Recorder>, Arc<Engine>) {
         writes: Mutex::new(Vec::new()),
         gate: Mutex::new((0, true)),
         cv: parking_lot::Condvar::new(),
+        delay: Mutex::new(Duration::ZERO),
     });
     let cache: DeviceRef = Arc::new(FaultDevice::new(
         "cache",
@@ -106,6 +113,7 @@ fn create_and_caching_never_write_the_origin() {
         high_pct: 100,
         low_pct: 0,
         max_age_secs: 3600,
+        idle_secs: 0,
     });
     for b in 0..50 {
         write_block(&engine, b * 3);
@@ -126,6 +134,7 @@ fn watermarks_start_and_stop_writeback_in_ascending_order() {
         high_pct: 50,
         low_pct: 25,
         max_age_secs: 3600,
+        idle_secs: 0,
     };
     let (origin, engine) = setup(w);
     let total = engine.status().cache_blocks_total;
@@ -175,6 +184,7 @@ fn coalesces_a_run_into_one_origin_write() {
         high_pct: 50,
         low_pct: 0,
         max_age_secs: 3600,
+        idle_secs: 0,
     });
     for b in 200..264 {
         write_block(&engine, b);
@@ -194,6 +204,7 @@ fn blocks_older_than_the_maximum_age_are_written_back() {
         high_pct: 90,
         low_pct: 10,
         max_age_secs: 1,
+        idle_secs: 0,
     });
     for b in [5u64, 9, 2] {
         write_block(&engine, b);
@@ -268,4 +279,111 @@ fn a_block_in_writeback_is_read_and_rewritten_without_waiting_for_the_origin() {
     );
     assert!(engine.read(5 * BS, BS).unwrap()[..] == new[..]);
     engine.close().unwrap();
+}
+
+/// Keeps the origin busy with read misses (of blocks never cached) until
+/// the returned flag is set.
+fn busy_reader(
+    engine: &Arc<Engine>,
+) -> (
+    Arc<std::sync::atomic::AtomicBool>,
+    std::thread::JoinHandle<u64>,
+) {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (e, s) = (engine.clone(), stop.clone());
+    let t = std::thread::spawn(move || {
+        let mut n = 0u64;
+        while !s.load(std::sync::atomic::Ordering::Relaxed) {
+            // Blocks 900.. are never written: every read is a miss; the
+            // cache is full of dirty blocks, so nothing is promoted either.
+            e.read((900 + n % 100) * BS, 512).unwrap();
+            n += 1;
+        }
+        n
+    });
+    (stop, t)
+}
+
+#[test]
+fn writeback_paces_itself_while_clients_keep_the_origin_busy() {
+    let (origin, engine) = setup(WritebackSettings {
+        high_pct: 50,
+        low_pct: 40,
+        max_age_secs: 3600,
+        idle_secs: 0,
+    });
+    let total = engine.status().cache_blocks_total;
+    let dirty = total * 60 / 100;
+    for k in 0..dirty {
+        write_block(&engine, k * 3);
+    }
+    *origin.delay.lock() = Duration::from_millis(2);
+    let (stop, reader) = busy_reader(&engine);
+    std::thread::sleep(Duration::from_millis(20));
+    engine.background_tick();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let reads = reader.join().unwrap();
+    let st = engine.status();
+    assert_eq!(
+        st.cache_blocks_dirty,
+        total * 40 / 100,
+        "down to the low watermark"
+    );
+    let runs = origin.writes.lock().len() as u64;
+    assert!(
+        st.stats.writeback_pauses >= runs - 1,
+        "{} pauses for {runs} writebacks while the origin was busy",
+        st.stats.writeback_pauses
+    );
+    assert!(reads > 0);
+    // With the origin left alone, the same writeback needs no pause.
+    for k in 0..dirty {
+        write_block(&engine, k * 3 + 1);
+    }
+    std::thread::sleep(Duration::from_millis(150));
+    let pauses = engine.status().stats.writeback_pauses;
+    engine.background_tick();
+    assert_eq!(engine.status().stats.writeback_pauses, pauses);
+    assert_eq!(engine.dirty_blocks(), total * 40 / 100);
+}
+
+#[test]
+fn an_idle_origin_is_drained_and_a_client_stops_the_drain() {
+    let (origin, engine) = setup(WritebackSettings {
+        high_pct: 100,
+        low_pct: 0,
+        max_age_secs: 3600,
+        idle_secs: 1,
+    });
+    for k in 0..60 {
+        write_block(&engine, k * 3);
+    }
+    // A client request to the origin now: not idle yet.
+    engine.read(950 * BS, 512).unwrap();
+    engine.background_tick();
+    assert_eq!(
+        engine.dirty_blocks(),
+        60,
+        "drained before the origin was idle"
+    );
+    std::thread::sleep(Duration::from_millis(1100));
+    engine.background_tick();
+    assert_eq!(engine.dirty_blocks(), 0, "an idle origin is drained");
+    assert!(engine.status().stats.idle_drains >= 1);
+    // Again, with a slow origin, and a client arriving during the drain.
+    for k in 0..60 {
+        write_block(&engine, k * 3 + 1);
+    }
+    *origin.delay.lock() = Duration::from_millis(10);
+    std::thread::sleep(Duration::from_millis(1100));
+    let e = engine.clone();
+    let drain = std::thread::spawn(move || e.background_tick());
+    std::thread::sleep(Duration::from_millis(60));
+    engine.read(960 * BS, 512).unwrap();
+    drain.join().unwrap();
+    let left = engine.dirty_blocks();
+    assert!(
+        left >= 30,
+        "the drain went on after a client came back ({left} of 60 dirty blocks left)"
+    );
 }

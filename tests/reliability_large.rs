@@ -201,6 +201,7 @@ fn engine_case(origin: DeviceRef, block_bytes: u32, spread: usize, ctx: &str) ->
             high_pct: 20,
             low_pct: 5,
             max_age_secs: 1,
+            idle_secs: 0,
         },
         ..Default::default()
     };

@@ -100,6 +100,7 @@ fn build_base(
             high_pct: 100,
             low_pct: 0,
             max_age_secs: 3600,
+            idle_secs: 0,
         },
         ..Default::default()
     };

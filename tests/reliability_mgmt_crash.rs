@@ -103,11 +103,13 @@ const OLD_WB: WritebackSettings = WritebackSettings {
     high_pct: 100,
     low_pct: 0,
     max_age_secs: 3600,
+    idle_secs: 0,
 };
 const NEW_WB: WritebackSettings = WritebackSettings {
     high_pct: 70,
     low_pct: 20,
     max_age_secs: 9,
+    idle_secs: 0,
 };
 /// The mode `Create*` formats the new cache with (the old cache is writeback).
 const NEW_CACHE_MODE: Mode = Mode::Writearound;

@@ -84,6 +84,7 @@ fn record(w: &Workload) -> Recorded {
             high_pct: 25,
             low_pct: 10,
             max_age_secs: 1,
+            idle_secs: 0,
         },
         ..Default::default()
     };

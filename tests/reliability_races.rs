@@ -395,6 +395,7 @@ fn engine_case(mode: Mode, block_bytes: u32, slots: u64, switch_modes: bool, see
             high_pct: 5,
             low_pct: 0,
             max_age_secs: 1,
+            idle_secs: 0,
         },
         ..Default::default()
     };

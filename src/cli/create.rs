@@ -41,6 +41,10 @@ pub struct Args {
     /// Write back any block dirty for longer than this [default: 30].
     #[arg(long, value_name = "SECS")]
     writeback_age: Option<u32>,
+    /// Write back everything once the origin has been idle this long
+    /// (0: never) [default: 2].
+    #[arg(long, value_name = "SECS")]
+    writeback_idle: Option<u32>,
     /// Stop admitting new blocks after this many cache device errors
     /// (0: never); cached blocks are still served and written back.
     #[arg(long, value_name = "N", default_value_t = tiercache::engine::DEFAULT_CACHE_ERROR_LIMIT)]
@@ -67,6 +71,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         high_pct: a.writeback_high.unwrap_or(defaults.high_pct),
         low_pct: a.writeback_low.unwrap_or(defaults.low_pct),
         max_age_secs: a.writeback_age.unwrap_or(defaults.max_age_secs),
+        idle_secs: a.writeback_idle.unwrap_or(defaults.idle_secs),
     };
     check_writeback(&writeback)?;
     let admission = a.admission.apply(Default::default())?;

@@ -19,6 +19,10 @@ pub struct Args {
     /// Write back any block dirty for longer than this many seconds.
     #[arg(long, value_name = "SECS")]
     age: Option<u32>,
+    /// Write back everything once the origin has been idle this many
+    /// seconds (0: never).
+    #[arg(long, value_name = "SECS")]
+    idle: Option<u32>,
     #[command(flatten)]
     name: NameArg,
 }
@@ -30,6 +34,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         high_pct: a.high.unwrap_or(100),
         low_pct: a.low.unwrap_or(0),
         max_age_secs: a.age.unwrap_or(1),
+        idle_secs: a.idle.unwrap_or(0),
     })?;
     let opened = Opened::open(reg, a.name.name.as_deref())?;
     let old = opened.target.status()?.writeback;
@@ -37,6 +42,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         high_pct: a.high.unwrap_or(old.high_pct),
         low_pct: a.low.unwrap_or(old.low_pct),
         max_age_secs: a.age.unwrap_or(old.max_age_secs),
+        idle_secs: a.idle.unwrap_or(old.idle_secs),
     };
     if new != old {
         check_writeback(&new)?;
@@ -45,8 +51,21 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     opened.finish()?;
     let verb = if new == old { "unchanged" } else { "now" };
     println!(
-        "cache '{}': writeback {verb}: start at {}% dirty, stop at {}%, max age {} s",
-        opened.entry.name, new.high_pct, new.low_pct, new.max_age_secs
+        "cache '{}': writeback {verb}: start at {}% dirty, stop at {}%, max age {} s, drain after {}",
+        opened.entry.name,
+        new.high_pct,
+        new.low_pct,
+        new.max_age_secs,
+        idle_text(new.idle_secs)
     );
     Ok(())
+}
+
+/// The idle drain setting, for people.
+pub fn idle_text(idle_secs: u32) -> String {
+    if idle_secs == 0 {
+        "never (no idle drain)".into()
+    } else {
+        format!("{idle_secs} s of an idle origin")
+    }
 }

@@ -132,8 +132,11 @@ pub fn table(name: &str, s: &Status) -> String {
         (
             "writeback",
             format!(
-                "start at {}% dirty, stop at {}%, max age {} s",
-                s.writeback.high_pct, s.writeback.low_pct, s.writeback.max_age_secs
+                "start at {}% dirty, stop at {}%, max age {} s, drain after {}",
+                s.writeback.high_pct,
+                s.writeback.low_pct,
+                s.writeback.max_age_secs,
+                super::set_writeback::idle_text(s.writeback.idle_secs)
             ),
         ),
     ];

@@ -2,6 +2,7 @@
 //! with their error accounting, and the ordering rule every origin write
 //! obeys.
 
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::admission::Dev;
@@ -51,9 +52,21 @@ impl Engine {
         r
     }
 
+    /// Counts a foreground origin request while `f` runs (writeback yields
+    /// to them: writeback.rs).
+    fn foreground<T>(&self, f: impl FnOnce() -> T) -> T {
+        let a = &self.origin_activity;
+        a.in_flight.fetch_add(1, Ordering::AcqRel);
+        let r = f();
+        a.last_end_ms.store(self.now_ms(), Ordering::Release);
+        a.in_flight.fetch_sub(1, Ordering::AcqRel);
+        r
+    }
+
     pub(crate) fn origin_read(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
         bump(&self.stats.origin_reads, 1);
-        let r = self.timed(Dev::OriginRead, || self.origin.read_at(buf, offset));
+        let r =
+            self.foreground(|| self.timed(Dev::OriginRead, || self.origin.read_at(buf, offset)));
         r.inspect_err(|e| {
             bump(&self.stats.origin_errors, 1);
             log::warn!("origin read error: {e}");
@@ -72,7 +85,7 @@ impl Engine {
             self.flights
                 .wait_origin(offset / bs, (offset + buf.len() as u64 - 1) / bs);
         }
-        self.origin_write_now(buf, offset)
+        self.foreground(|| self.origin_write_now(buf, offset))
     }
 
     /// `origin_write` without the wait: for a writeback's own flight.

@@ -98,7 +98,9 @@ pub struct Superblock {
     pub promote_after: U32,
     pub selective_above_pct: U32,
     pub admission_flags: U32,
-    pub reserved: [u8; 64],
+    /// Write back everything after this many seconds of an idle origin.
+    pub writeback_idle_secs: U32,
+    pub reserved: [u8; 60],
     pub crc: U32,
 }
 const _: () = assert!(std::mem::size_of::<Superblock>() == 256);

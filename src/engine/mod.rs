@@ -108,6 +108,10 @@ pub struct WritebackSettings {
     pub low_pct: u32,
     /// Write back any block dirty for longer than this.
     pub max_age_secs: u32,
+    /// Write back everything once clients have left the origin alone this
+    /// long (0: never).
+    #[serde(default)]
+    pub idle_secs: u32,
 }
 
 /// Longest writeback age: dirty-since stamps are 16-bit seconds, and ages
@@ -132,6 +136,12 @@ impl WritebackSettings {
         if self.max_age_secs == 0 {
             return Err("writeback age must be at least 1 second".into());
         }
+        if self.idle_secs > MAX_AGE_SECS {
+            return Err(format!(
+                "writeback idle time {} s is above the maximum of {MAX_AGE_SECS} s",
+                self.idle_secs
+            ));
+        }
         if self.max_age_secs > MAX_AGE_SECS {
             return Err(format!(
                 "writeback age {} s is above the maximum of {MAX_AGE_SECS} s",
@@ -148,6 +158,7 @@ impl Default for WritebackSettings {
             high_pct: 50,
             low_pct: 25,
             max_age_secs: 30,
+            idle_secs: 2,
         }
     }
 }
@@ -263,6 +274,14 @@ pub(crate) struct CommitState {
 
 pub type BypassHook = Box<dyn Fn() + Send + Sync>;
 
+/// Foreground origin requests under way, and when the last one ended.
+#[derive(Default)]
+pub(crate) struct OriginActivity {
+    pub in_flight: std::sync::atomic::AtomicU32,
+    /// `Engine::now_ms` at the end of the last one.
+    pub last_end_ms: AtomicU64,
+}
+
 pub struct Engine {
     pub(crate) cache: DeviceRef,
     pub(crate) origin: DeviceRef,
@@ -278,6 +297,8 @@ pub struct Engine {
     pub(crate) flights: flights::Flights,
     pub(crate) stats: Stats,
     pub(crate) admission: admission::Admission,
+    /// Foreground origin requests, so background writeback can yield.
+    pub(crate) origin_activity: OriginActivity,
     /// See `CreateOptions::cache_error_limit`.
     pub(crate) cache_error_limit: AtomicU64,
     /// Set once the cache device has failed `cache_error_limit` times: the
@@ -483,6 +504,7 @@ impl Engine {
             sb.writeback_high_pct.set(w.high_pct);
             sb.writeback_low_pct.set(w.low_pct);
             sb.writeback_max_age_secs.set(w.max_age_secs);
+            sb.writeback_idle_secs.set(w.idle_secs);
         })?;
         self.meta.lock().writeback = w;
         Ok(())

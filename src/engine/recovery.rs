@@ -177,6 +177,7 @@ pub(crate) fn format_cache(
     sb.writeback_high_pct = U32::new(w.high_pct);
     sb.writeback_low_pct = U32::new(w.low_pct);
     sb.writeback_max_age_secs = U32::new(w.max_age_secs);
+    sb.writeback_idle_secs = U32::new(w.idle_secs);
     sb.cache_error_limit = U64::new(opts.cache_error_limit);
     sb.set_admission(&opts.admission);
     sb.flags = U32::new(if opts.allow_data_loss {
@@ -628,6 +629,7 @@ pub(crate) fn open(
                 high_pct: sb.writeback_high_pct.get(),
                 low_pct: sb.writeback_low_pct.get(),
                 max_age_secs: sb.writeback_max_age_secs.get(),
+                idle_secs: sb.writeback_idle_secs.get(),
             },
             dirty_since_s,
             aged_scan_cursor: 0,
@@ -648,6 +650,7 @@ pub(crate) fn open(
         flights: Default::default(),
         stats: Stats::default(),
         admission: super::admission::Admission::new(sb.admission(), layout.slot_count),
+        origin_activity: Default::default(),
         cache_error_limit: AtomicU64::new(sb_error_limit),
         admission_stopped: AtomicBool::new(false),
         bypassing: AtomicBool::new(false),

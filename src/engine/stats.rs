@@ -37,6 +37,10 @@ counters! {
     demotions,
     /// Dirty blocks written back to the origin.
     blocks_written_back,
+    /// Pauses background writeback took to leave the busy origin to clients.
+    writeback_pauses,
+    /// Writeback batches written because the origin was idle.
+    idle_drains,
     /// Requests (or parts) that went to the origin without using the cache.
     bypassed_ios,
     /// Requests that admission kept out of the cache: part of a long

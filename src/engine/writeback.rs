@@ -1,15 +1,30 @@
 //! Background writeback and `flush`.
 //!
-//! The background thread writes dirty blocks back when the dirty share
-//! passes the high watermark (until it falls to the low one) and when a
-//! block has been dirty longer than the maximum age. Blocks go to the origin
-//! in ascending order, adjacent blocks coalesced into one write, without
-//! holding the blocks' locks during the origin write (flights.rs). It also
-//! keeps a reserve of free slots (evicting clean blocks ahead of need) and
-//! commits buffered records at least once a second.
+//! The background thread writes dirty blocks back, in ascending order,
+//! adjacent blocks coalesced into one write, without holding the blocks'
+//! locks during the origin write (flights.rs). It yields to the client:
+//!
+//! - once clients have left the origin alone for `idle_secs` (2 s by
+//!   default; Open CAS's ALRU waits 10 s), it drains every dirty block at
+//!   full speed, until a client request reaches the origin;
+//! - while clients keep the origin busy (a request under way or ended a
+//!   few request times ago), it writes back only what must go:
+//!   past the high watermark (until the low one), pacing itself to a share
+//!   of the origin's time that grows with the dirty share (a proportional
+//!   controller: 10% just past the low watermark, all of it when every
+//!   block is dirty), and blocks dirty longer than the maximum age, at a
+//!   trickle (a quarter of the origin's time).
+//!
+//! In between (the origin quiet, not yet idle) it writes back past the
+//! watermarks and aged blocks at full speed. It also keeps a reserve of free slots (evicting clean blocks ahead of
+//! need) and commits buffered records at least once a second. `flush` and
+//! mode switches write back at full speed.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use super::admission::Dev;
 
 use super::format::{entry_decode, Record, ENTRY_DIRTY};
 use super::sectors::SECTOR_BYTES;
@@ -23,6 +38,23 @@ const MAX_RUN_BYTES: u64 = 1 << 20;
 const BATCH_BLOCKS: usize = 256;
 const TICK: Duration = Duration::from_millis(100);
 const COMMIT_INTERVAL: Duration = Duration::from_secs(1);
+/// Share of the origin's time aged blocks get while clients keep it busy.
+const AGED_SHARE: f64 = 0.25;
+/// Least share past the high watermark.
+const MIN_SHARE: f64 = 0.1;
+/// Longest pause between two paced writebacks.
+const MAX_PAUSE: Duration = Duration::from_millis(250);
+
+/// How a round of writeback shares the origin with clients.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Pace {
+    /// As fast as it can (flush, mode switches, a quiet origin).
+    Full,
+    /// About this share of the origin's time while clients keep it busy.
+    Share(f64),
+    /// The origin is idle: full speed, stopping when a client comes back.
+    Drain,
+}
 
 pub(crate) fn start_background(engine: &Arc<Engine>) {
     let weak = engine.weak();
@@ -58,6 +90,15 @@ pub(crate) fn stop_background(engine: &Engine) {
 }
 
 impl Engine {
+    /// Waits `d`, or less if the engine closes or the background is woken.
+    fn pause_background(&self, d: Duration) {
+        let (lock, cv) = &self.bg_wake;
+        let mut woken = lock.lock();
+        if !*woken && !self.closed.load(Ordering::Acquire) {
+            cv.wait_for(&mut woken, d);
+        }
+    }
+
     pub(crate) fn wake_background(&self) {
         let (lock, cv) = &self.bg_wake;
         *lock.lock() = true;
@@ -73,11 +114,11 @@ impl Engine {
             // Between batches too: a round of writeback can take seconds
             // against a slow origin.
             self.keep_reserve();
-            let cands = self.writeback_candidates();
+            let (cands, pace) = self.writeback_candidates();
             if cands.is_empty() {
                 break;
             }
-            match self.writeback_blocks(&cands) {
+            match self.writeback_blocks(&cands, pace) {
                 Ok(0) => break,
                 Ok(_) => {}
                 Err(e) => {
@@ -131,9 +172,39 @@ impl Engine {
         }
     }
 
-    /// Dirty blocks the background should write back now, ascending.
-    fn writeback_candidates(&self) -> Vec<u64> {
+    /// Milliseconds since the last foreground origin request ended (0 while
+    /// one is under way).
+    fn origin_quiet_ms(&self) -> u64 {
+        let a = &self.origin_activity;
+        if a.in_flight.load(Ordering::Acquire) > 0 {
+            return 0;
+        }
+        self.now_ms()
+            .saturating_sub(a.last_end_ms.load(Ordering::Acquire))
+    }
+
+    /// True while clients keep the origin busy: a foreground origin request
+    /// is under way or ended within a few origin request times (2 ms to
+    /// 100 ms).
+    pub(crate) fn origin_busy(&self) -> bool {
+        let lat = &self.admission.latencies;
+        let typical_ns = [Dev::OriginRead, Dev::OriginWrite]
+            .iter()
+            .filter_map(|&d| lat.get(d))
+            .max()
+            .unwrap_or(0);
+        let window_ms = (4 * typical_ns / 1_000_000).clamp(2, 100);
+        self.origin_quiet_ms() < window_ms
+    }
+
+    /// Dirty blocks the background should write back now, ascending, and
+    /// how to pace it.
+    fn writeback_candidates(&self) -> (Vec<u64>, Pace) {
+        let busy = self.origin_busy();
+        let quiet_ms = self.origin_quiet_ms();
         let mut m = self.meta.lock();
+        let idle_ms = m.writeback.idle_secs as u64 * 1000;
+        let idle = idle_ms > 0 && quiet_ms >= idle_ms;
         let total = m.table.slot_count().max(1);
         let dirty = m.table.dirty_count();
         let pct = dirty * 100 / total;
@@ -143,19 +214,36 @@ impl Engine {
         if pct <= m.writeback.low_pct as u64 || dirty == 0 {
             m.writeback_active = false;
         }
-        if m.writeback_active {
-            // Just enough to reach the low watermark, a batch at most.
-            let low_blocks = total * m.writeback.low_pct as u64 / 100;
-            let want = (dirty.saturating_sub(low_blocks) as usize).clamp(1, BATCH_BLOCKS);
+        if dirty > 0 && (idle || m.writeback_active) {
+            // Idle: everything, at full speed. Past the high watermark:
+            // just enough to reach the low one, paced while busy.
+            let low = m.writeback.low_pct as u64;
+            let (want, pace) = if idle {
+                (BATCH_BLOCKS, Pace::Drain)
+            } else {
+                let low_blocks = total * low / 100;
+                let over = (pct.saturating_sub(low)) as f64 / (100 - low.min(99)) as f64;
+                (
+                    (dirty.saturating_sub(low_blocks) as usize).clamp(1, BATCH_BLOCKS),
+                    if busy {
+                        Pace::Share(over.clamp(MIN_SHARE, 1.0))
+                    } else {
+                        Pace::Full
+                    },
+                )
+            };
+            if idle {
+                bump(&self.stats.idle_drains, 1);
+            }
             let mut v = m.table.dirty_from(m.writeback_cursor, want);
             v.sort_unstable();
             m.writeback_cursor = v.last().map_or(0, |b| b + 1);
-            return v;
+            return (v, pace);
         }
         // Aged blocks: at most one full pass over the slots per second.
         let now_s = self.now_ms() / 1000;
         if m.aged_scan_done_s == Some(now_s) {
-            return Vec::new();
+            return (Vec::new(), Pace::Full);
         }
         // Stamps have 1 s resolution, so a block may go up to 1 s early.
         let max_age = m.writeback.max_age_secs.min(MAX_AGE_SECS) as u16;
@@ -179,14 +267,21 @@ impl Engine {
             m.aged_scan_done_s = Some(now_s);
         }
         v.sort_unstable();
-        v
+        (
+            v,
+            if busy {
+                Pace::Share(AGED_SHARE)
+            } else {
+                Pace::Full
+            },
+        )
     }
 
     /// Writes back the given dirty blocks (ascending), coalescing adjacent
-    /// ones. Blocks that are busy or no longer dirty are skipped. Returns
-    /// how many were written back, or the first error (other runs are
-    /// still tried).
-    pub(crate) fn writeback_blocks(&self, blocks: &[u64]) -> EngineResult<usize> {
+    /// ones. Blocks that are busy or no longer dirty are skipped. Paced by
+    /// `pace` between runs (see `Pace`). Returns how many were written
+    /// back, or the first error (other runs are still tried).
+    pub(crate) fn writeback_blocks(&self, blocks: &[u64], pace: Pace) -> EngineResult<usize> {
         let bs = self.block_bytes;
         let max_run = (MAX_RUN_BYTES / bs).max(1) as usize;
         let mut written = 0;
@@ -224,11 +319,23 @@ impl Engine {
             if run.is_empty() {
                 continue;
             }
+            let started = Instant::now();
             match self.write_back_in_flight(&run) {
                 Ok(n) => written += n,
                 Err(e) => {
                     first_err.get_or_insert(e);
                 }
+            }
+            match pace {
+                Pace::Share(share) if share < 1.0 && self.origin_busy() => {
+                    let took = started.elapsed().as_secs_f64();
+                    let pause = Duration::from_secs_f64(took * (1.0 - share) / share);
+                    bump(&self.stats.writeback_pauses, 1);
+                    self.pause_background(pause.min(MAX_PAUSE));
+                }
+                // A client is back: the rest waits for the next round.
+                Pace::Drain if self.origin_busy() => break,
+                _ => {}
             }
         }
         match first_err {
@@ -354,7 +461,7 @@ impl Engine {
             while !remaining.is_empty() {
                 let mut next = Vec::new();
                 for (k, chunk) in remaining.chunks(BATCH_BLOCKS).enumerate() {
-                    self.writeback_blocks(chunk)?;
+                    self.writeback_blocks(chunk, Pace::Full)?;
                     let m = self.meta.lock();
                     next.extend(chunk.iter().filter(|&&b| m.table.is_dirty(b)));
                     drop(m);
