@@ -14,9 +14,9 @@
 //!   free slots displaces nothing, and a data set read twice then hits.)
 //! - **Promotion after N misses** (Open CAS's `nhit`): a read miss promotes
 //!   a block only if it was missed `promote_after` times recently (counts
-//!   kept in a fixed array of 4-bit saturating counters indexed by a hash
-//!   of the block, halved every `slots` misses: bounded memory, no
-//!   allocation).
+//!   kept in a fixed array of 4-bit saturating counters, one per two slots,
+//!   indexed by a hash of the block, halved every `slots` misses: a
+//!   quarter byte per slot, no allocation).
 //!
 //! At any occupancy, the **guard**: while the cache device is clearly
 //! slower than the origin (device latencies measured on every request, as
@@ -171,8 +171,9 @@ pub struct Admission {
 
 impl Admission {
     pub fn new(settings: AdmissionSettings, slot_count: u64) -> Admission {
-        // About one counter per slot: two per byte.
-        let counters = (slot_count as usize).next_power_of_two().max(64);
+        // One counter per two slots, two per byte: misses of blocks that
+        // share a counter add up, which only promotes a little early.
+        let counters = (slot_count as usize / 2).max(64);
         Admission {
             settings: Mutex::new(settings),
             streams: Mutex::new(([Stream::default(); STREAMS], 0)),
@@ -275,8 +276,8 @@ impl Admission {
     }
 
     fn counter(&self, block: u64) -> (usize, u32) {
-        let h = block.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20;
-        let i = (h as usize) & (self.counts.len() * 2 - 1);
+        let h = block.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let i = ((h as u128 * (self.counts.len() * 2) as u128) >> 64) as usize;
         (i / 2, (i % 2) as u32 * 4)
     }
 

@@ -13,8 +13,8 @@ pub struct Ghost {
     current: usize,
     in_current: usize,
     per_gen: usize,
-    /// log2 of the bits per generation.
-    bits_log2: u32,
+    /// Bits per generation (a multiple of 64).
+    bits: u64,
 }
 
 fn hash(block: u64) -> u64 {
@@ -29,13 +29,13 @@ impl Ghost {
     /// A history of about `capacity` blocks.
     pub fn new(capacity: usize) -> Ghost {
         let per_gen = (capacity / 2).max(1);
-        let bits = (per_gen * BITS_PER_ENTRY).next_power_of_two().max(64);
+        let bits = (per_gen * BITS_PER_ENTRY).div_ceil(64).max(1) * 64;
         Ghost {
             gens: [vec![0; bits / 64], vec![0; bits / 64]],
             current: 0,
             in_current: 0,
             per_gen,
-            bits_log2: bits.trailing_zeros(),
+            bits: bits as u64,
         }
     }
 
@@ -45,8 +45,9 @@ impl Ghost {
 
     fn probes(&self, block: u64) -> impl Iterator<Item = usize> {
         let h = hash(block);
-        let mask = (1u64 << self.bits_log2) - 1;
-        (0..PROBES).map(move |i| (h.rotate_left(i * 21) & mask) as usize)
+        let bits = self.bits;
+        // Multiply-shift range reduction of three rotations of the hash.
+        (0..PROBES).map(move |i| ((h.rotate_left(i * 21) as u128 * bits as u128) >> 64) as usize)
     }
 
     pub fn insert(&mut self, block: u64) {
@@ -94,7 +95,7 @@ mod tests {
             .filter(|&b| g.contains(b))
             .count();
         assert!(strangers < 600, "false positives: {strangers} of 10000");
-        // 500 per generation, 8 bits each, rounded up to 4096 bits.
-        assert_eq!(g.heap_bytes(), 2 * 4096 / 8);
+        // 500 per generation, 8 bits each, rounded up to 4032 bits.
+        assert_eq!(g.heap_bytes(), 2 * 4032 / 8);
     }
 }
