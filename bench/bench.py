@@ -325,8 +325,10 @@ def main():
             settle()
             t_ram = time.monotonic()
             results["ram"] = wl.ram_cost(
+                # The fill is sequential: no cutoff, so it fills the cache.
                 lambda key, cache_bytes, wb: Tiercache(binary, "writeback", cache_bytes, key=key,
-                                                       writeback=wb, cache_written=False),
+                                                       writeback=wb, cache_written=False,
+                                                       extra_create=["--sequential-cutoff", "0"]),
                 plan, work_dir, log)
             log(f"  ({time.monotonic() - t_ram:.0f} s)")
     finally:

@@ -197,9 +197,12 @@ class NbdkitCache(System):
 
 class Tiercache(System):
     """tiercache serve over an emulated HDD. `writeback` = (high %, low %,
-    max age s) or None for the defaults."""
+    max age s) or None for the defaults; a high watermark of 100 means
+    background writeback off (no idle drain either). `extra_create`: more
+    `tiercache create` options."""
 
-    def __init__(self, binary, mode, cache_bytes, key=None, writeback=None, cache_written=True):
+    def __init__(self, binary, mode, cache_bytes, key=None, writeback=None, cache_written=True,
+                 extra_create=()):
         super().__init__()
         self.binary = binary
         self.mode = mode
@@ -207,8 +210,9 @@ class Tiercache(System):
         self.key = key or f"tc-{mode}"
         self.writeback = writeback
         self.cache_written = cache_written
-        self.describe = (f"tiercache {mode}, 4 KiB blocks, LRU, cache file of "
-                         f"{cache_bytes >> 20} MiB on the same disk")
+        self.extra_create = list(extra_create)
+        self.describe = (f"tiercache {mode}, 4 KiB blocks, default policy and admission, "
+                         f"cache file of {cache_bytes >> 20} MiB on the same disk")
         self.serve_proc = None
         self.hdd = None
 
@@ -231,6 +235,9 @@ class Tiercache(System):
             high, low, age = self.writeback
             create += ["--writeback-high", str(high), "--writeback-low", str(low),
                        "--writeback-age", str(age)]
+            if high >= 100:
+                create += ["--writeback-idle", "0"]
+        create += self.extra_create
         # The emulated HDD is tiercache's NBD origin (its NBD client backend).
         run(self._tc(*create, "--origin", self.hdd.uri))
         sock = os.path.join(work_dir, "tc.nbd")

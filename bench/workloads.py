@@ -303,7 +303,7 @@ def ram_cost(make_tc, plan, work_dir, log):
     """Resident memory of `tiercache serve` per cache block: two caches, a
     small one and one of `ram_fill_blocks` blocks, each filled completely
     (4K sequential writes QD32, writeback mode with background writeback
-    off; 1M writes leave megabytes of freed request buffers in the
+    and the sequential cutoff off; 1M writes leave megabytes of freed request buffers in the
     allocator's per-thread arenas, which varied by 8 MiB between identical
     runs),
     then the RSS difference per extra cache block. Both servers do the same

@@ -102,35 +102,44 @@ fn a_long_sequential_stream_goes_around_the_cache() {
 
 #[test]
 fn a_full_cache_promotes_a_read_miss_only_after_repeated_misses() {
-    let (cache, origin) = devices(64);
+    let (cache, origin) = devices(1024);
     let admission = AdmissionSettings {
         sequential_cutoff_bytes: 0,
         promote_after: 3,
         selective_above_pct: 50,
         guard: true,
     };
-    let e = engine_with(Mode::Writeback, 64, admission, cache, origin);
+    let e = engine_with(Mode::Writeback, 1024, admission, cache, origin);
     // Fill the cache past 50% by reads of distinct blocks (promoted while
     // the cache is emptier).
-    for b in 0..60u64 {
+    for b in 0..600u64 {
         e.read(b * 2 * BS, 4096).unwrap();
     }
     let used = e.status().cache_blocks_used;
     assert!(used * 100 / e.status().cache_blocks_total > 50, "{used}");
+    // 40 blocks never seen, each read twice: not promoted yet (the counts
+    // are a sketch: a block may share its counters with others, so a few
+    // may go early).
+    let far = |k: u64| (10_000 + 7 * k) * BS;
     let before = e.status().stats.promotions;
-    let far = 10_000 * BS;
-    e.read(far, 4096).unwrap();
-    e.read(far, 4096).unwrap();
-    assert_eq!(e.status().stats.promotions, before, "two misses: not yet");
-    assert!(e.status().stats.cold_bypasses >= 2);
-    e.read(far, 4096).unwrap();
-    assert_eq!(
-        e.status().stats.promotions,
-        before + 1,
-        "the third promotes"
+    for _ in 0..2 {
+        for k in 0..40 {
+            e.read(far(k), 4096).unwrap();
+        }
+    }
+    let early = e.status().stats.promotions - before;
+    assert!(early <= 6, "{early} of 40 promoted after two misses");
+    assert!(e.status().stats.cold_bypasses >= 70);
+    for k in 0..40 {
+        e.read(far(k), 4096).unwrap();
+    }
+    let promoted = e.status().stats.promotions - before;
+    assert!(
+        promoted >= 36,
+        "{promoted} of 40 promoted after three misses"
     );
     let hits = e.status().stats.read_hits;
-    e.read(far, 4096).unwrap();
+    e.read(far(0), 4096).unwrap();
     assert_eq!(e.status().stats.read_hits, hits + 1);
 }
 

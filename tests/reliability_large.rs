@@ -381,6 +381,9 @@ fn large_offsets_over_nbd() {
             "5",
             "--writeback-age",
             "1",
+            // Every read miss promoted, so the tiny cache keeps evicting.
+            "--promote-after",
+            "1",
         ],
     );
     let ctx = format!("nbd 2 TiB seed {seed}");
