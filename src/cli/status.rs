@@ -47,6 +47,31 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     Ok(())
 }
 
+/// The miss-ratio curve in one line: the hit ratio a cache of each size
+/// would have had (sampled; LRU).
+fn size_curve(m: &tiercache::engine::observe::Mrc) -> String {
+    if m.points.is_empty() {
+        return "no requests yet".into();
+    }
+    let pts: Vec<String> = m
+        .points
+        .iter()
+        .map(|p| {
+            let f = if p.size_factor < 1.0 {
+                format!("1/{}x", (1.0 / p.size_factor).round())
+            } else {
+                format!("{}x", p.size_factor)
+            };
+            format!("{f} {:.0}%", p.hit_ratio * 100.0)
+        })
+        .collect();
+    format!(
+        "hit ratio by cache size: {} ({:.2}% of blocks sampled)",
+        pts.join("  "),
+        m.sample_rate * 100.0
+    )
+}
+
 /// The human-readable status, one fact per line.
 pub fn table(name: &str, s: &Status) -> String {
     let st = &s.stats;
@@ -121,6 +146,7 @@ pub fn table(name: &str, s: &Status) -> String {
                 st.sequential_bypasses, st.guard_bypasses, st.cold_bypasses
             ),
         ),
+        ("size curve", size_curve(&s.mrc)),
         (
             "metadata memory",
             format!(

@@ -10,19 +10,29 @@ use super::stats::bump;
 use super::{Engine, EngineResult};
 use crate::device::DeviceError;
 
+thread_local! {
+    /// Origin requests made by this thread: a request that made none was a
+    /// hit (`pipeline.rs` times requests by this).
+    pub(crate) static ORIGIN_REQUESTS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 impl Engine {
     /// Times a device request of `bytes` for the admission guard, which
     /// compares small requests only (up to 64 KiB): a 1 MiB write and a
     /// 4 KiB one say nothing about each other's device.
-    fn timed<T>(&self, dev: Dev, bytes: usize, f: impl FnOnce() -> T) -> T {
-        if bytes > 64 << 10 {
-            return f();
-        }
+    fn timed_device<T>(&self, dev: Dev, bytes: usize, f: impl FnOnce() -> T) -> T {
         let t = Instant::now();
         let r = f();
-        self.admission
-            .latencies
-            .record(dev, t.elapsed().as_nanos() as u64);
+        let ns = t.elapsed().as_nanos() as u64;
+        self.observe.latency.device(dev as usize, ns);
+        if bytes <= 64 << 10 {
+            self.admission.latencies.record(dev, ns);
+        }
+        ORIGIN_REQUESTS.with(|c| {
+            if matches!(dev, Dev::OriginRead | Dev::OriginWrite) {
+                c.set(c.get() + 1)
+            }
+        });
         r
     }
 
@@ -33,7 +43,7 @@ impl Engine {
         buf: &mut [u8],
     ) -> Result<(), DeviceError> {
         let at = self.layout.slot_offset(slot) + in_block;
-        self.timed(Dev::CacheRead, buf.len(), || self.cache.read_at(buf, at))
+        self.timed_device(Dev::CacheRead, buf.len(), || self.cache.read_at(buf, at))
             .inspect_err(|e| {
                 self.note_cache_error();
                 log::warn!("cache read error: {e}");
@@ -48,7 +58,7 @@ impl Engine {
     ) -> Result<(), DeviceError> {
         let at = self.layout.slot_offset(slot) + in_block;
         let r = self
-            .timed(Dev::CacheWrite, buf.len(), || self.cache.write_at(buf, at))
+            .timed_device(Dev::CacheWrite, buf.len(), || self.cache.write_at(buf, at))
             .inspect_err(|e| {
                 self.note_cache_error();
                 log::warn!("cache write error: {e}");
@@ -71,7 +81,7 @@ impl Engine {
     pub(crate) fn origin_read(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
         bump(&self.stats.origin_reads, 1);
         let r = self.foreground(|| {
-            self.timed(Dev::OriginRead, buf.len(), || {
+            self.timed_device(Dev::OriginRead, buf.len(), || {
                 self.origin.read_at(buf, offset)
             })
         });
@@ -104,7 +114,7 @@ impl Engine {
             self.commit()?;
         }
         bump(&self.stats.origin_writes, 1);
-        let r = self.timed(Dev::OriginWrite, buf.len(), || {
+        let r = self.timed_device(Dev::OriginWrite, buf.len(), || {
             self.origin.write_at(buf, offset)
         });
         let r = r.inspect_err(|e| {

@@ -11,6 +11,7 @@ use super::format::{
     ENTRY_FREE,
 };
 use super::index::BlockIndex;
+use super::observe::heat::RegionCounts;
 use super::sectors::{PartialMaps, SectorRun, SectorSet};
 
 /// In memory a cached block costs its entry (4 bytes, or 8 for origins of
@@ -31,6 +32,8 @@ pub struct Table {
     dirty_count: u64,
     pub origin_blocks: u64,
     sectors: usize,
+    /// Cached and dirty blocks per region of the volume (the heat map).
+    pub regions: RegionCounts,
 }
 
 /// What `apply` did to slots other than the record's own.
@@ -61,6 +64,7 @@ impl Table {
             dirty_count: 0,
             origin_blocks,
             sectors,
+            regions: RegionCounts::new(origin_blocks),
         }
     }
 
@@ -73,6 +77,7 @@ impl Table {
     pub fn heap_bytes(&self) -> u64 {
         self.entries.heap_bytes()
             + self.index.heap_bytes()
+            + self.regions.heap_bytes()
             + (self.partial_bits.capacity() * 8) as u64
             + self.partial.heap_bytes()
     }
@@ -102,8 +107,10 @@ impl Table {
             }
             t.entries.set(slot, e);
             t.index.insert(&t.entries, block, slot as u32);
+            t.regions.cached(block, true);
             if dirty {
                 t.dirty_count += 1;
+                t.regions.dirty(block, true);
             }
         }
         for &(slot, valid, dirty) in &data.partial {
@@ -217,6 +224,8 @@ impl Table {
             } else {
                 self.dirty_count -= 1;
             }
+            let block = entry_decode(e).expect("a mapped slot").0;
+            self.regions.dirty(block, now_dirty);
         }
     }
 
@@ -368,8 +377,10 @@ impl Table {
         }
         self.entries.set(slot as usize, entry_encode(block, dirty));
         self.index.insert(&self.entries, block, slot);
+        self.regions.cached(block, true);
         if dirty {
             self.dirty_count += 1;
+            self.regions.dirty(block, true);
         }
         released
     }
@@ -378,10 +389,12 @@ impl Table {
         if let Some((block, dirty)) = self.slot_block(slot) {
             if dirty {
                 self.dirty_count -= 1;
+                self.regions.dirty(block, false);
             }
             if self.index.get(&self.entries, block) == Some(slot) {
                 self.index.remove(&self.entries, block);
             }
+            self.regions.cached(block, false);
         }
         self.entries.set(slot as usize, ENTRY_FREE);
         if self.is_partial(slot) {
@@ -565,6 +578,55 @@ mod tests {
         assert_eq!(back.snapshot(), snap);
         t.apply(&Record::Unmap { slot: 0 });
         assert_eq!(t.partial_count(), 0);
+    }
+
+    /// The heat map's counts agree with the table.
+    fn assert_regions(t: &Table) {
+        let cached: u64 = t.regions.cached.iter().map(|&c| c as u64).sum();
+        let dirty: u64 = t.regions.dirty.iter().map(|&c| c as u64).sum();
+        assert_eq!((cached, dirty), (t.used(), t.dirty_count()));
+    }
+
+    #[test]
+    fn region_counts_follow_random_records() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        let mut t = Table::new(64, 5000, 8);
+        for _ in 0..20_000 {
+            let slot = rng.gen_range(0..64u32);
+            let block = rng.gen_range(0..5000u64);
+            let first = rng.gen_range(0..8usize);
+            let run = SectorRun::new(first, rng.gen_range(1..=8 - first));
+            let dirty = rng.gen_bool(0.5);
+            let r = match rng.gen_range(0..5) {
+                0 => Record::Map { slot, block, dirty },
+                1 => Record::MapRun {
+                    slot,
+                    block,
+                    run,
+                    dirty,
+                },
+                2 => match t.slot_block(slot) {
+                    Some((block, _)) => Record::AddRun {
+                        slot,
+                        block,
+                        run,
+                        dirty,
+                    },
+                    None => continue,
+                },
+                3 => Record::Clean { slot },
+                _ => Record::Unmap { slot },
+            };
+            if t.validate(&r).is_ok() {
+                t.apply(&r);
+            }
+        }
+        assert_regions(&t);
+        let back = Table::from_checkpoint(t.snapshot(), 5000, 8).unwrap();
+        assert_regions(&back);
+        assert_eq!(back.regions.cached, t.regions.cached);
+        assert_eq!(back.regions.dirty, t.regions.dirty);
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! - `sectors.rs`: which sectors of a block hold data, and which are dirty.
 //! - `request.rs`: a request split into per-block segments, and their lookup.
 //! - `pipeline.rs`: resolve (mode and admission, in one place), then dispatch.
+//! - `observe/`: latency histograms, the LBA heat map, the miss-ratio curve.
 //! - `admission.rs`: what may enter the cache (sequential cutoff, promotion
 //!   after N misses, the guard against a cache slower than the origin).
 //! - `device_io.rs`: cache and origin access with error accounting.
@@ -35,6 +36,7 @@ pub mod load_fuzz;
 pub mod locks;
 pub mod meta;
 pub mod modes;
+pub mod observe;
 pub mod pipeline;
 pub mod policy;
 pub mod read;
@@ -177,6 +179,14 @@ pub struct OpenOptions {
     pub distrust_clean: bool,
 }
 
+/// What the engine shows beyond `status`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Observations {
+    pub heat: observe::heat::HeatMap,
+    pub latency: observe::latency::LatencySnapshot,
+    pub mrc: observe::Mrc,
+}
+
 /// What `status` reports.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Status {
@@ -206,6 +216,9 @@ pub struct Status {
     #[serde(default)]
     pub partial_blocks: u64,
     pub admission_settings: AdmissionSettings,
+    /// Estimated hit ratios of caches from 1/8 to 8 times this one's size.
+    #[serde(default)]
+    pub mrc: observe::Mrc,
     /// The admission guard sends new data around the cache (its device is
     /// slower than the origin).
     pub guard_engaged: bool,
@@ -299,6 +312,7 @@ pub struct Engine {
     pub(crate) admission: admission::Admission,
     /// Foreground origin requests, so background writeback can yield.
     pub(crate) origin_activity: OriginActivity,
+    pub(crate) observe: observe::Observe,
     /// See `CreateOptions::cache_error_limit`.
     pub(crate) cache_error_limit: AtomicU64,
     /// Set once the cache device has failed `cache_error_limit` times: the
@@ -379,11 +393,13 @@ impl Engine {
         let stats = self.stats.snapshot();
         let errors = stats.cache_errors;
         let mut m = self.meta.lock();
-        let metadata_bytes = m.heap_bytes() + self.admission.heap_bytes();
+        let metadata_bytes =
+            m.heap_bytes() + self.admission.heap_bytes() + self.observe.heap_bytes();
         Status {
             metadata_bytes,
             partial_blocks: m.table.partial_count() as u64,
             admission_settings: self.admission.settings(),
+            mrc: self.observe.mrc(),
             guard_engaged: self.admission.guard_engaged(),
             state: if self.closed.load(Ordering::Acquire) {
                 "closed"
@@ -421,6 +437,34 @@ impl Engine {
             },
             cache_error_limit: limit,
             stats,
+        }
+    }
+
+    /// The heat map, latency histograms and miss-ratio curve, for the
+    /// metrics endpoint and the dashboard. Holds the metadata lock only to
+    /// copy the heat map's 2 x 1024 counters.
+    pub fn observations(&self) -> Observations {
+        let (cached, dirty) = {
+            let m = self.meta.lock();
+            (
+                m.table.regions.cached.clone(),
+                m.table.regions.dirty.clone(),
+            )
+        };
+        let heat = observe::heat::HeatMap {
+            region_blocks: self
+                .origin_blocks
+                .max(1)
+                .div_ceil(observe::heat::REGIONS as u64),
+            block_bytes: self.block_bytes as u32,
+            cached,
+            dirty,
+            accesses: self.observe.accesses.snapshot(),
+        };
+        Observations {
+            heat,
+            latency: self.observe.latency.snapshot(),
+            mrc: self.observe.mrc(),
         }
     }
 

@@ -6,8 +6,12 @@
 //! same steps with try-locks and stop (returning `None`) where they would
 //! have to wait.
 
+use std::time::Instant;
+
 use super::admission::Decision;
+use super::device_io::ORIGIN_REQUESTS;
 use super::modes::WriteRoute;
+use super::observe::latency::Op;
 use super::request::adjacent_slots;
 use super::stats::bump;
 use super::{Engine, EngineResult, Mode};
@@ -57,9 +61,34 @@ impl Engine {
         }
     }
 
+    /// Runs a request, timing it for the latency histograms: a hit if it
+    /// made no origin request.
+    pub(crate) fn timed_request<T>(&self, op: Op, f: impl FnOnce() -> T) -> T {
+        let before = ORIGIN_REQUESTS.with(|c| c.get());
+        let t = Instant::now();
+        let r = f();
+        let hit = ORIGIN_REQUESTS.with(|c| c.get()) == before;
+        self.observe
+            .latency
+            .request(op, hit, t.elapsed().as_nanos() as u64);
+        r
+    }
+
+    /// A request reached its blocks: the heat map and the miss-ratio curve
+    /// see each block once.
+    fn note_blocks(&self, offset: u64, len: u64) {
+        if len == 0 {
+            return;
+        }
+        let bs = self.block_bytes;
+        for block in offset / bs..=(offset + len - 1) / bs {
+            self.observe.accessed(block);
+        }
+    }
+
     /// Reads `len` bytes at `offset`.
     pub fn read(&self, offset: u64, len: u64) -> EngineResult<AlignedBuf> {
-        self.read_inner(offset, len, false)
+        self.timed_request(Op::Read, || self.read_inner(offset, len, false))
     }
 
     /// Copies a range into the cache (NBD_CMD_CACHE); returns nothing.
@@ -78,6 +107,9 @@ impl Engine {
             .locks
             .lock_range(first.block, segs.last().expect("non-empty").block);
         let plan = self.resolve(offset, len, prefetch);
+        if !prefetch {
+            self.note_blocks(offset, len);
+        }
         // The block locks are held: these mappings cannot change under us
         // (eviction and writeback only take blocks they can lock).
         // Passthrough reads the origin, except a dirty block, whose only
@@ -93,6 +125,15 @@ impl Engine {
     /// request. `None` (nothing done) otherwise. For the NBD server's async
     /// workers, which must not block for long.
     pub fn try_read_hits(&self, offset: u64, len: u64) -> Option<EngineResult<AlignedBuf>> {
+        let t = Instant::now();
+        let r = self.try_read_hits_untimed(offset, len)?;
+        self.observe
+            .latency
+            .request(Op::Read, true, t.elapsed().as_nanos() as u64);
+        Some(r)
+    }
+
+    fn try_read_hits_untimed(&self, offset: u64, len: u64) -> Option<EngineResult<AlignedBuf>> {
         let (segs, _guard) = match self.try_lock_request(offset, len, false)? {
             Ok(locked) => locked,
             Err(e) => return Some(Err(e)),
@@ -103,11 +144,16 @@ impl Engine {
             return None;
         }
         bump(&self.stats.read_requests, 1);
+        self.note_blocks(offset, len);
         Some(self.read_locked(&segs, len, &plan, &cached))
     }
 
     /// Writes `data` at `offset`; with `fua`, durable on return.
     pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> EngineResult<()> {
+        self.timed_request(Op::Write, || self.write_untimed(offset, data, fua))
+    }
+
+    fn write_untimed(&self, offset: u64, data: &[u8], fua: bool) -> EngineResult<()> {
         self.check_open()?;
         let segs = self.segments(offset, data.len() as u64, true)?;
         bump(&self.stats.write_requests, 1);
@@ -116,6 +162,7 @@ impl Engine {
             let _guard = self.locks.lock_range(first.block, last);
             self.flights.touch(first.block, last);
             let plan = self.resolve(offset, data.len() as u64, false);
+            self.note_blocks(offset, data.len() as u64);
             match plan.route {
                 WriteRoute::Cache => {
                     let cached = self.lookup_accessed(&segs, |_| true);
@@ -142,6 +189,20 @@ impl Engine {
     /// a reserve, so no eviction or commit is needed). `None` (nothing done)
     /// otherwise, and for FUA.
     pub fn try_write_cached(
+        &self,
+        offset: u64,
+        data: &[u8],
+        fua: bool,
+    ) -> Option<EngineResult<()>> {
+        let t = Instant::now();
+        let r = self.try_write_cached_untimed(offset, data, fua)?;
+        self.observe
+            .latency
+            .request(Op::Write, true, t.elapsed().as_nanos() as u64);
+        Some(r)
+    }
+
+    fn try_write_cached_untimed(
         &self,
         offset: u64,
         data: &[u8],
@@ -175,6 +236,7 @@ impl Engine {
             return None;
         }
         bump(&self.stats.write_requests, 1);
+        self.note_blocks(offset, data.len() as u64);
         self.flights
             .touch(segs[0].block, segs[segs.len() - 1].block);
         Some(self.write_cached_dirty_with(&segs, data, &cached, plan.admits()))

@@ -651,6 +651,7 @@ pub(crate) fn open(
         stats: Stats::default(),
         admission: super::admission::Admission::new(sb.admission(), layout.slot_count),
         origin_activity: Default::default(),
+        observe: super::observe::Observe::new(layout.slot_count, origin.size_bytes() / block_bytes),
         cache_error_limit: AtomicU64::new(sb_error_limit),
         admission_stopped: AtomicBool::new(false),
         bypassing: AtomicBool::new(false),

@@ -2,6 +2,7 @@
 //! are resolved and dispatched in `pipeline.rs`; each route is in `modes/`.
 
 use super::format::Record;
+use super::observe::latency::Op;
 use super::request::Segment;
 use super::stats::bump;
 use super::{Engine, EngineResult};
@@ -31,6 +32,10 @@ impl Engine {
     /// (dirty ones too: their contents no longer matter) and the origin is
     /// told. The range reads as unspecified data until written again.
     pub fn trim(&self, offset: u64, len: u64, fua: bool) -> EngineResult<()> {
+        self.timed_request(Op::Trim, || self.trim_untimed(offset, len, fua))
+    }
+
+    fn trim_untimed(&self, offset: u64, len: u64, fua: bool) -> EngineResult<()> {
         self.check_open()?;
         let segs = self.segments(offset, len, true)?;
         bump(&self.stats.trim_requests, 1);
@@ -77,7 +82,7 @@ impl Engine {
     pub fn flush(&self) -> EngineResult<()> {
         self.check_open()?;
         bump(&self.stats.flush_requests, 1);
-        self.commit()
+        self.timed_request(Op::Flush, || self.commit())
     }
 
     /// Writes back dirty blocks among `segs` (rare outside writeback modes:
