@@ -66,38 +66,49 @@ fn a_long_sequential_stream_goes_around_the_cache() {
     let e = engine_with(Mode::Writeback, 4096, admission, cache, origin.clone());
     // A block cached first, so the cache is not empty (0% is not "above 0%").
     e.write(63_000 * 512, &[1u8; 512], false).unwrap();
-    // 4 MiB written sequentially in 64 KiB requests: the first 1 MiB is
-    // cached, the rest goes to the origin.
-    let chunk = vec![7u8; 65536];
-    for k in 0..64u64 {
-        e.write(k * 65536, &chunk, false).unwrap();
+    // 4 MiB written sequentially in 1 MiB requests: the first is cached,
+    // the rest go to the origin.
+    let big = vec![7u8; 1 << 20];
+    for k in 0..4u64 {
+        e.write(k << 20, &big, false).unwrap();
     }
     let st = e.status();
     assert_eq!(st.cache_blocks_dirty, 257, "only the first MiB is cached");
-    assert_eq!(st.stats.sequential_bypasses, 48);
-    // The same stream read back: the cached MiB hits, nothing past the
-    // cutoff is promoted.
+    assert_eq!(st.stats.sequential_bypasses, 3);
+    // The same stream read back in 64 KiB requests: the cached MiB hits,
+    // nothing past the cutoff is promoted.
     for k in 0..64u64 {
         assert!(e.read(k * 65536, 65536).unwrap().iter().all(|&b| b == 7));
     }
     assert_eq!(e.status().cache_blocks_used, 257);
+    assert_eq!(e.status().stats.sequential_bypasses, 3 + 48);
     // Random writes are cached whatever their number.
     for k in 0..200u64 {
         let off = (k * 7919 % 10_000 + 2000) * BS;
         e.write(off, &[1u8; 4096], false).unwrap();
     }
-    assert_eq!(e.status().stats.sequential_bypasses, 48 + 48);
+    assert_eq!(e.status().stats.sequential_bypasses, 51);
     assert!(e.status().cache_blocks_dirty >= 257 + 190);
-    // Off: the same stream is cached.
+    // Small sequential writes stay in the cache: there they merge into
+    // long writeback runs.
+    let chunk = vec![8u8; 65536];
+    let dirty = e.status().cache_blocks_dirty;
+    for k in 0..64u64 {
+        e.write((52 << 20) + k * 65536, &chunk, false).unwrap();
+    }
+    assert_eq!(e.status().stats.sequential_bypasses, 51);
+    assert_eq!(e.status().cache_blocks_dirty, dirty + 1024);
+    // Off: a stream of large writes is cached.
     e.set_admission(AdmissionSettings {
         sequential_cutoff_bytes: 0,
         ..admission
     })
     .unwrap();
-    for k in 0..64u64 {
-        e.write((32 << 20) + k * 65536, &chunk, false).unwrap();
+    for k in 0..4u64 {
+        e.write((56 << 20) + (k << 20), &big, false).unwrap();
     }
-    assert_eq!(e.status().stats.sequential_bypasses, 96);
+    assert_eq!(e.status().stats.sequential_bypasses, 51);
+    assert_eq!(e.status().cache_blocks_dirty, dirty + 2048);
 }
 
 #[test]

@@ -64,6 +64,10 @@ impl BlockDevice for Recorder {
 }
 
 fn setup(w: WritebackSettings) -> (Arc<Recorder>, Arc<Engine>) {
+    setup_with(w, true)
+}
+
+fn setup_with(w: WritebackSettings, no_background: bool) -> (Arc<Recorder>, Arc<Engine>) {
     let origin = Arc::new(Recorder {
         inner: RamDevice::new("origin", ORIGIN_BYTES),
         writes: Mutex::new(Vec::new()),
@@ -89,7 +93,7 @@ fn setup(w: WritebackSettings) -> (Arc<Recorder>, Arc<Engine>) {
         cache,
         o,
         &OpenOptions {
-            no_background: true,
+            no_background,
             ..Default::default()
         },
     )
@@ -158,9 +162,11 @@ fn watermarks_start_and_stop_writeback_in_ascending_order() {
     assert!(dirty_before >= high);
     engine.background_tick();
     let dirty_after = engine.dirty_blocks();
-    assert_eq!(
-        dirty_after, low,
-        "writeback must stop at the low watermark ({low} of {total} blocks)"
+    // It stops at the low watermark, or past it by the rest of the run of
+    // adjacent blocks it was in (here the 8 blocks 1000..1008).
+    assert!(
+        dirty_after <= low && dirty_after + 8 > low,
+        "writeback must stop at the low watermark ({low} of {total} blocks), not {dirty_after}"
     );
     let writes = origin.writes.lock().clone();
     let written: u64 = writes.iter().map(|&(_, l)| l / BS).sum();
@@ -327,7 +333,7 @@ fn writeback_paces_itself_while_clients_keep_the_origin_busy() {
     assert_eq!(
         st.cache_blocks_dirty,
         total * 40 / 100,
-        "down to the low watermark"
+        "down to the low watermark (no adjacent blocks to finish)"
     );
     let runs = origin.writes.lock().len() as u64;
     assert!(
@@ -344,7 +350,36 @@ fn writeback_paces_itself_while_clients_keep_the_origin_busy() {
     let pauses = engine.status().stats.writeback_pauses;
     engine.background_tick();
     assert_eq!(engine.status().stats.writeback_pauses, pauses);
-    assert_eq!(engine.dirty_blocks(), total * 40 / 100);
+    // (Blocks k * 3 and k * 3 + 1 are adjacent now: a run may finish
+    // past the watermark.)
+    assert!(engine.dirty_blocks() <= total * 40 / 100);
+}
+
+#[test]
+fn a_batch_never_ends_inside_a_run_of_dirty_blocks() {
+    let (origin, engine) = setup(WritebackSettings {
+        high_pct: 50,
+        low_pct: 10,
+        max_age_secs: 3600,
+        idle_secs: 0,
+    });
+    let total = engine.status().cache_blocks_total;
+    // Scattered blocks, then one run of 30 adjacent blocks at the end of
+    // the block order: the watermark asks for fewer blocks than reach into
+    // the run's end, and the run still goes out as one write.
+    let scattered = total * 50 / 100 - 30;
+    for k in 0..scattered {
+        write_block(&engine, k * 3);
+    }
+    for b in 900..930 {
+        write_block(&engine, b);
+    }
+    engine.background_tick();
+    let writes = origin.writes.lock().clone();
+    assert!(
+        writes.contains(&(900 * BS, 30 * BS)),
+        "the run was split: {writes:?}"
+    );
 }
 
 #[test]
@@ -386,4 +421,40 @@ fn an_idle_origin_is_drained_and_a_client_stops_the_drain() {
         left >= 30,
         "the drain went on after a client came back ({left} of 60 dirty blocks left)"
     );
+}
+
+#[test]
+fn writes_to_a_cache_full_of_dirty_blocks_wait_for_writeback_instead_of_going_around() {
+    let (origin, engine) = setup_with(
+        WritebackSettings {
+            high_pct: 100,
+            low_pct: 0,
+            max_age_secs: 3600,
+            idle_secs: 0,
+        },
+        false,
+    );
+    let total = engine.status().cache_blocks_total;
+    // Every slot dirty, in one run of adjacent blocks.
+    for b in 0..total {
+        write_block(&engine, b);
+    }
+    assert_eq!(engine.dirty_blocks(), total);
+    // New writes elsewhere: each finds no slot; writeback of the run frees
+    // slots with a few origin requests, and the writes land in the cache.
+    for b in 0..20 {
+        write_block(&engine, 500 + b * 2);
+    }
+    let st = engine.status();
+    assert!(st.stats.slot_waits >= 1, "no write waited");
+    assert_eq!(st.stats.bypassed_ios, 0, "writes went around the cache");
+    let writes = origin.writes.lock().len();
+    assert!(writes <= 10, "{writes} origin writes to free the slots");
+    for b in 0..20 {
+        assert!(
+            engine.read((500 + b * 2) * BS, BS).unwrap()[0]
+                == ((500 + b * 2) as u8).wrapping_add(1)
+        );
+    }
+    engine.close().unwrap();
 }

@@ -12,6 +12,10 @@
 //!   bcache's per-task recent-I/O hash); they are followed at any
 //!   occupancy. (bcache applies the cutoff at any occupancy; a stream into
 //!   free slots displaces nothing, and a data set read twice then hits.)
+//!   A write goes around for the cutoff only if it is itself large
+//!   (`LARGE_WRITE_BYTES`): small sequential writes cost the origin one
+//!   request each if they go around, while in the cache they merge into
+//!   runs that writeback sends as one request per several megabytes.
 //! - **Promotion after N misses** (Open CAS's `nhit`): a read miss promotes
 //!   a block only if it was missed `promote_after` times recently (counts
 //!   kept in a count-min sketch with conservative update: two rows of 4-bit
@@ -50,6 +54,10 @@ pub struct AdmissionSettings {
     /// than the origin.
     pub guard: bool,
 }
+
+/// Writes at least this large go around with a long stream; smaller ones
+/// are cheaper to merge in the cache (see the module comment).
+pub const LARGE_WRITE_BYTES: u64 = 1 << 20;
 
 /// Highest `promote_after`: the counters are 4 bits.
 pub const MAX_PROMOTE_AFTER: u32 = 15;
@@ -202,12 +210,20 @@ impl Admission {
         self.guard_engaged.load(Ordering::Relaxed)
     }
 
-    /// The decision for a request of `len` bytes at `offset`, on a cache
-    /// `used_pct` full. Sees every request, so it can follow streams.
-    pub fn decide(&self, offset: u64, len: u64, used_pct: impl FnOnce() -> u64) -> Decision {
+    /// The decision for a request of `len` bytes at `offset` (`write`: a
+    /// write), on a cache `used_pct` full. Sees every request, so it can
+    /// follow streams.
+    pub fn decide(
+        &self,
+        offset: u64,
+        len: u64,
+        write: bool,
+        used_pct: impl FnOnce() -> u64,
+    ) -> Decision {
         let s = self.settings();
         let long_stream = s.sequential_cutoff_bytes > 0
-            && self.stream_bytes(offset, len) > s.sequential_cutoff_bytes;
+            && self.stream_bytes(offset, len) > s.sequential_cutoff_bytes
+            && (!write || len >= LARGE_WRITE_BYTES);
         if s.guard && self.guard_says_around() {
             return Decision::Guard;
         }
@@ -345,28 +361,56 @@ mod tests {
     fn a_long_stream_goes_around_and_random_io_does_not() {
         let a = adm(1 << 20);
         for k in 0..16u64 {
-            assert_eq!(a.decide(k * 65536, 65536, || 90), Decision::Admit, "{k}");
+            assert_eq!(
+                a.decide(k * 65536, 65536, false, || 90),
+                Decision::Admit,
+                "{k}"
+            );
         }
-        assert_eq!(a.decide(16 * 65536, 65536, || 90), Decision::Sequential);
+        assert_eq!(
+            a.decide(16 * 65536, 65536, false, || 90),
+            Decision::Sequential
+        );
         // Another stream interleaved is tracked apart.
-        assert_eq!(a.decide(1 << 30, 4096, || 90), Decision::Admit);
-        assert_eq!(a.decide(17 * 65536, 65536, || 90), Decision::Sequential);
+        assert_eq!(a.decide(1 << 30, 4096, false, || 90), Decision::Admit);
+        assert_eq!(
+            a.decide(17 * 65536, 65536, false, || 90),
+            Decision::Sequential
+        );
         // Into an emptier cache the stream is admitted, and still followed.
-        assert_eq!(a.decide(18 * 65536, 65536, || 50), Decision::Admit);
-        assert_eq!(a.decide(19 * 65536, 65536, || 90), Decision::Sequential);
+        assert_eq!(a.decide(18 * 65536, 65536, false, || 50), Decision::Admit);
+        assert_eq!(
+            a.decide(19 * 65536, 65536, false, || 90),
+            Decision::Sequential
+        );
         // Random 4K requests never add up.
         for k in 0..1000u64 {
             let off = (k * 7919 % 5000) * 8192;
-            assert_ne!(a.decide(off, 4096, || 90), Decision::Sequential);
+            assert_ne!(a.decide(off, 4096, false, || 90), Decision::Sequential);
         }
-        assert_eq!(adm(0).decide(0, 1 << 30, || 90), Decision::Admit, "0 = off");
+        assert_eq!(
+            adm(0).decide(0, 1 << 30, false, || 90),
+            Decision::Admit,
+            "0 = off"
+        );
+        // Writes: small ones stay in the stream's cache, large ones go.
+        let a = adm(1 << 20);
+        for k in 0..40u64 {
+            assert_eq!(a.decide(k * 65536, 65536, true, || 90), Decision::Admit);
+        }
+        let big = 1u64 << 20;
+        let mut last = Decision::Admit;
+        for k in 0..4u64 {
+            last = a.decide((1 << 32) + k * big, big, true, || 90);
+        }
+        assert_eq!(last, Decision::Sequential);
     }
 
     #[test]
     fn misses_count_up_and_age() {
         let a = Admission::new(AdmissionSettings::default(), 1000);
-        assert_eq!(a.decide(0, 4096, || 90), Decision::AdmitHot);
-        assert_eq!(a.decide(0, 4096, || 50), Decision::Admit);
+        assert_eq!(a.decide(0, 4096, false, || 90), Decision::AdmitHot);
+        assert_eq!(a.decide(0, 4096, false, || 50), Decision::Admit);
         assert_eq!(a.missed(7), 1);
         assert!(!a.promotes(Decision::AdmitHot, 1));
         a.missed(7);
@@ -400,19 +444,19 @@ mod tests {
         let a = adm(0);
         a.latencies.record(Dev::OriginWrite, 5_000_000);
         a.latencies.record(Dev::CacheWrite, 20_000);
-        assert_eq!(a.decide(0, 4096, || 0), Decision::Admit);
+        assert_eq!(a.decide(0, 4096, false, || 0), Decision::Admit);
         for _ in 0..200 {
             a.latencies.record(Dev::CacheWrite, 50_000_000);
         }
         let around = (0..160)
-            .filter(|_| a.decide(0, 4096, || 0) == Decision::Guard)
+            .filter(|_| a.decide(0, 4096, false, || 0) == Decision::Guard)
             .count();
         assert_eq!(around, 150, "15 of 16 requests go around");
         assert!(a.guard_engaged());
         for _ in 0..200 {
             a.latencies.record(Dev::CacheWrite, 10_000);
         }
-        assert_eq!(a.decide(0, 4096, || 0), Decision::Admit);
+        assert_eq!(a.decide(0, 4096, false, || 0), Decision::Admit);
         assert!(!a.guard_engaged());
     }
 

@@ -88,6 +88,7 @@ impl Engine {
         let result = self.commit_io(cs, &records, snapshot, checkpoint.unwrap_or(false));
         match result {
             Ok(()) => {
+                let freed = !pending.is_empty();
                 {
                     let mut m = self.meta.lock();
                     m.free.extend(pending);
@@ -97,6 +98,11 @@ impl Engine {
                     {
                         m.released_blocks.shrink_to_fit();
                     }
+                }
+                if freed {
+                    // Writes waiting for a slot (slots.rs) try again.
+                    let _g = self.slots_freed.0.lock();
+                    self.slots_freed.1.notify_all();
                 }
                 cs.flushed_through = covered;
                 cs.releases_durable = appended;

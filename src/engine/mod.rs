@@ -313,6 +313,9 @@ pub struct Engine {
     /// Foreground origin requests, so background writeback can yield.
     pub(crate) origin_activity: OriginActivity,
     pub(crate) observe: observe::Observe,
+    /// Writes waiting for writeback to free a slot, and where they wait.
+    pub(crate) slot_waiters: std::sync::atomic::AtomicU32,
+    pub(crate) slots_freed: (Mutex<()>, Condvar),
     /// See `CreateOptions::cache_error_limit`.
     pub(crate) cache_error_limit: AtomicU64,
     /// Set once the cache device has failed `cache_error_limit` times: the

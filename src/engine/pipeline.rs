@@ -38,10 +38,10 @@ impl Plan {
 impl Engine {
     /// Resolves a request of `len` bytes at `offset`: the mode's route and
     /// read rule, and the admission decision.
-    pub(crate) fn resolve(&self, offset: u64, len: u64, prefetch: bool) -> Plan {
+    pub(crate) fn resolve(&self, offset: u64, len: u64, write: bool, prefetch: bool) -> Plan {
         let mode = self.mode();
         let admission = if self.admitting() {
-            self.admission.decide(offset, len, || {
+            self.admission.decide(offset, len, write, || {
                 let m = self.meta.lock();
                 m.table.used() * 100 / m.table.slot_count().max(1)
             })
@@ -106,7 +106,7 @@ impl Engine {
         let _guard = self
             .locks
             .lock_range(first.block, segs.last().expect("non-empty").block);
-        let plan = self.resolve(offset, len, prefetch);
+        let plan = self.resolve(offset, len, false, prefetch);
         if !prefetch {
             self.note_blocks(offset, len);
         }
@@ -138,7 +138,7 @@ impl Engine {
             Ok(locked) => locked,
             Err(e) => return Some(Err(e)),
         };
-        let plan = self.resolve(offset, len, false);
+        let plan = self.resolve(offset, len, false, false);
         let cached = self.lookup_accessed(&segs, |dirty| dirty || plan.mode.reads_cache());
         if !cached.iter().all(|c| c.is_some_and(|h| h.valid)) {
             return None;
@@ -161,7 +161,7 @@ impl Engine {
             let last = segs.last().expect("non-empty").block;
             let _guard = self.locks.lock_range(first.block, last);
             self.flights.touch(first.block, last);
-            let plan = self.resolve(offset, data.len() as u64, false);
+            let plan = self.resolve(offset, data.len() as u64, true, false);
             self.note_blocks(offset, data.len() as u64);
             match plan.route {
                 WriteRoute::Cache => {
@@ -218,7 +218,7 @@ impl Engine {
         if !segs.iter().all(|s| self.cacheable(s.block)) {
             return None;
         }
-        let plan = self.resolve(offset, data.len() as u64, false);
+        let plan = self.resolve(offset, data.len() as u64, true, false);
         let cached = self.lookup_accessed(&segs, |_| true);
         let in_place = adjacent_slots(&cached, |h| h.writable) == segs.len();
         let to_new_slots = || {

@@ -651,6 +651,8 @@ pub(crate) fn open(
         stats: Stats::default(),
         admission: super::admission::Admission::new(sb.admission(), layout.slot_count),
         origin_activity: Default::default(),
+        slot_waiters: Default::default(),
+        slots_freed: (Mutex::new(()), Condvar::new()),
         observe: super::observe::Observe::new(layout.slot_count, origin.size_bytes() / block_bytes),
         cache_error_limit: AtomicU64::new(sb_error_limit),
         admission_stopped: AtomicBool::new(false),

@@ -41,6 +41,8 @@ counters! {
     writeback_pauses,
     /// Writeback batches written because the origin was idle.
     idle_drains,
+    /// Writes that waited for writeback to free a slot (every block dirty).
+    slot_waits,
     /// Requests (or parts) that went to the origin without using the cache.
     bypassed_ios,
     /// Requests that admission kept out of the cache: part of a long

@@ -32,8 +32,9 @@ use super::stats::bump;
 use super::{Engine, EngineError, EngineResult, Meta, MAX_AGE_SECS};
 use crate::device::{AlignedBuf, DeviceError};
 
-/// Largest coalesced origin write.
-const MAX_RUN_BYTES: u64 = 1 << 20;
+/// Largest coalesced origin write: an origin that charges per request
+/// (a disk's seek, a network round trip) takes a few megabytes in one go.
+const MAX_RUN_BYTES: u64 = 4 << 20;
 /// Dirty blocks examined per writeback batch.
 const BATCH_BLOCKS: usize = 256;
 const TICK: Duration = Duration::from_millis(100);
@@ -205,6 +206,8 @@ impl Engine {
         let mut m = self.meta.lock();
         let idle_ms = m.writeback.idle_secs as u64 * 1000;
         let idle = idle_ms > 0 && quiet_ms >= idle_ms;
+        // Writes are waiting for a slot: write back at full speed.
+        let pressed = self.slot_waiters.load(Ordering::Acquire) > 0;
         let total = m.table.slot_count().max(1);
         let dirty = m.table.dirty_count();
         let pct = dirty * 100 / total;
@@ -214,12 +217,14 @@ impl Engine {
         if pct <= m.writeback.low_pct as u64 || dirty == 0 {
             m.writeback_active = false;
         }
-        if dirty > 0 && (idle || m.writeback_active) {
+        if dirty > 0 && (idle || pressed || m.writeback_active) {
             // Idle: everything, at full speed. Past the high watermark:
             // just enough to reach the low one, paced while busy.
             let low = m.writeback.low_pct as u64;
             let (want, pace) = if idle {
                 (BATCH_BLOCKS, Pace::Drain)
+            } else if pressed {
+                (BATCH_BLOCKS, Pace::Full)
             } else {
                 let low_blocks = total * low / 100;
                 let over = (pct.saturating_sub(low)) as f64 / (100 - low.min(99)) as f64;
@@ -237,6 +242,7 @@ impl Engine {
             }
             let mut v = m.table.dirty_from(m.writeback_cursor, want);
             v.sort_unstable();
+            let v = self.extend_runs(&m, v);
             m.writeback_cursor = v.last().map_or(0, |b| b + 1);
             return (v, pace);
         }
@@ -267,6 +273,7 @@ impl Engine {
             m.aged_scan_done_s = Some(now_s);
         }
         v.sort_unstable();
+        let v = self.extend_runs(&m, v);
         (
             v,
             if busy {
@@ -275,6 +282,37 @@ impl Engine {
                 Pace::Full
             },
         )
+    }
+
+    /// Extends each run of adjacent blocks in `v` (ascending) with the dirty
+    /// blocks that follow it, up to a full origin write per run, so a batch
+    /// does not end in the middle of a run (which would cost the origin a
+    /// second request for the rest). At most `4 * BATCH_BLOCKS` blocks, or
+    /// one full run, in all.
+    fn extend_runs(&self, m: &Meta, v: Vec<u64>) -> Vec<u64> {
+        let max_run = (MAX_RUN_BYTES / self.block_bytes).max(1) as usize;
+        let limit = (4 * BATCH_BLOCKS).max(max_run);
+        let mut out: Vec<u64> = Vec::with_capacity(v.len());
+        let mut i = 0;
+        while i < v.len() {
+            let start = out.len();
+            out.push(v[i]);
+            i += 1;
+            while i < v.len() && v[i] == out[out.len() - 1] + 1 {
+                out.push(v[i]);
+                i += 1;
+            }
+            let mut next = out[out.len() - 1] + 1;
+            while out.len() - start < max_run
+                && out.len() < limit
+                && v.get(i) != Some(&next)
+                && m.table.is_dirty(next)
+            {
+                out.push(next);
+                next += 1;
+            }
+        }
+        out
     }
 
     /// Writes back the given dirty blocks (ascending), coalescing adjacent
@@ -327,7 +365,11 @@ impl Engine {
                 }
             }
             match pace {
-                Pace::Share(share) if share < 1.0 && self.origin_busy() => {
+                Pace::Share(share)
+                    if share < 1.0
+                        && self.origin_busy()
+                        && self.slot_waiters.load(Ordering::Acquire) == 0 =>
+                {
                     let took = started.elapsed().as_secs_f64();
                     let pause = Duration::from_secs_f64(took * (1.0 - share) / share);
                     bump(&self.stats.writeback_pauses, 1);

@@ -41,6 +41,8 @@ impl Engine {
         bump(&self.stats.write_hits, hits);
         bump(&self.stats.write_misses, segs.len() as u64 - hits);
         let mut i = 0;
+        // Waits for writeback to free slots, at most a few per request.
+        let mut waits = 0;
         while i < segs.len() {
             let seg = &segs[i];
             if !self.cacheable(seg.block) {
@@ -81,6 +83,7 @@ impl Engine {
                 match why {
                     Stored::Yes => {}
                     Stored::CacheError(e) => return Err(e.into()),
+                    Stored::NoSlot if waits < 3 && self.wait_for_slots() => waits += 1,
                     Stored::NoSlot => {
                         self.write_around(&segs[i], data)?;
                         i += 1;
@@ -91,6 +94,10 @@ impl Engine {
             match self.store_part(seg, data, cached[i])? {
                 Stored::Yes => {}
                 Stored::CacheError(e) => return Err(e.into()),
+                Stored::NoSlot if waits < 3 && self.wait_for_slots() => {
+                    waits += 1;
+                    continue;
+                }
                 Stored::NoSlot => self.write_around(seg, data)?,
             }
             i += 1;
@@ -169,7 +176,8 @@ impl Engine {
     }
 
     /// Writes the segment around the cache (admission said no, or every
-    /// block is dirty or busy) and hurries writeback along.
+    /// block stayed dirty or busy while it waited) and hurries writeback
+    /// along.
     fn write_around(&self, seg: &Segment, data: &[u8]) -> EngineResult<()> {
         bump(&self.stats.bypassed_ios, 1);
         self.write_origin_invalidating(
