@@ -652,6 +652,34 @@ class PolicyCrossCheckTest(unittest.TestCase):
             self.assertEqual(lru, sorted(lru, reverse=True))
 
 
+class ToolTest(TempDir):
+    def test_bad_input_is_one_line_not_a_traceback(self):
+        import contextlib
+        import io
+        path = self.write("bad.csv", MSR + "1,hm,0,Read,zz,512,1\n")
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc = tracetool.main(["info", path])
+        self.assertEqual(rc, 1)
+        self.assertIn("bad.csv:4: Offset is not an integer", err.getvalue())
+        self.assertNotIn("Traceback", err.getvalue())
+        with contextlib.redirect_stderr(io.StringIO()):
+            self.assertEqual(tracetool.main(["info", "gen", "--set", "nope=1"]), 1)
+
+    def test_origin_request_log(self):
+        import replay
+        path = self.write("hdd-requests.log", """\
+2026-11-22 21:41:58.670609 Ready thread_model=1
+2026-11-22 21:41:59.095517 connection=1 Connect export="" tls=0 size=0x4000000
+2026-11-22 21:42:05.027469 connection=2 Read id=1 offset=0x2250000 count=0x2a00 ...
+2026-11-22 21:42:05.032579 connection=2 ...Read id=1 return=0
+2026-11-22 21:42:05.032600 connection=2 Write id=2 offset=0x0 count=0x200 fua=0 ...
+2026-11-22 21:42:05.032700 connection=2 Flush id=3 ...
+2026-11-22 21:42:05.033270 connection=2 Disconnect transactions=3
+""")
+        self.assertEqual(replay.count_origin_requests(path), (1, 1, 1))
+
+
 class SimReportTest(unittest.TestCase):
     def test_report(self):
         t = reqs(*[("w" if i % 3 else "r", (i % 40) * 4096, 4096) for i in range(400)])
