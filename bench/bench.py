@@ -61,6 +61,8 @@ def parse_args():
     t.add_argument("--trace-timing", action="store_true", help="keep the trace's timing")
     t.add_argument("--trace-limit", type=int, metavar="N", help="first N requests of a file")
     t.add_argument("--trace-no-sim", action="store_true", help="skip the policy simulation")
+    t.add_argument("--trace-policies", metavar="P,P", help="replay tiercache once per replacement "
+                   "policy (tiercache set-policy on the empty cache; default: its default policy)")
     return p.parse_args()
 
 

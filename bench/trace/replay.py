@@ -101,7 +101,8 @@ def cache_bytes_for(p, fraction):
     return max(8 * MiB, int((want + MiB - 1) // MiB) * MiB)
 
 
-def replay_one(system, p, iolog_path, n_requests, counts, iodepth, timing, work_dir, settle, log):
+def replay_one(system, p, iolog_path, n_requests, counts, iodepth, timing, work_dir, settle, log,
+               policy=None):
     d = os.path.join(work_dir, system.key.replace("/", "_"))
     os.makedirs(d)
     system.log_origin_requests = True
@@ -109,6 +110,9 @@ def replay_one(system, p, iolog_path, n_requests, counts, iodepth, timing, work_
     row = {"system": system.key, "describe": system.describe}
     try:
         system.start(d, p["volume_bytes"])
+        if policy:
+            # The cache is empty: switching now is the same as creating with it.
+            run_cmd(system._tc("set-policy", policy, "--name", system.name))
         if hasattr(system, "status"):
             st = system.status()
             row["cache_capacity_bytes"] = st["cache_blocks_total"] * st["block_bytes"]
@@ -167,22 +171,22 @@ def run(args, mode, make_system, systems, work_dir, out_dir, settle, log):
         result["simulation"] = simulate(p, log)
     log(f"replay: {n:,} requests at QD{args.trace_iodepth}, "
         f"{'trace timing' if args.trace_timing else 'as fast as possible'}")
-    order = []
-    if "origin" in systems:
-        order.append(("origin", None))
-    if "qemu-nbd" in systems:
-        order.append(("qemu-nbd", None))
+    # (system, cache fraction, tiercache policy): the peers without a
+    # cache first, then each cache size.
+    order = [(k, None, None) for k in ("origin", "qemu-nbd") if k in systems]
+    tc_policies = [x for x in (args.trace_policies or "").split(",") if x] or [None]
     for f in p["fractions"]:
         for key in systems:
             if key in CACHE_KINDS:
-                order.append((key, f))
-    for key, f in order:
+                for pol in (tc_policies if key.startswith("tc-") else [None]):
+                    order.append((key, f, pol))
+    for key, f, pol in order:
         cache_bytes = cache_bytes_for(p, f) if f is not None else None
         system = make_system(key, cache_bytes)
         if f is not None:
-            system.key = f"{key}@{f:g}x"
+            system.key = f"{key}@{f:g}x" + (f"/{pol}" if pol else "")
         row = replay_one(system, p, iolog_path, n, counts, args.trace_iodepth, args.trace_timing,
-                         work_dir, settle, log)
+                         work_dir, settle, log, policy=pol)
         row["kind"], row["fraction"], row["cache_bytes"] = key, f, cache_bytes
         result["replays"].append(row)
     return result
