@@ -222,14 +222,20 @@ def markdown(tr):
         f"never-touched sector × {st['origin_ms']:g} ms); with every write at the origin too "
         f"(writethrough, writearound): {st['wt_floor_s']:.1f} s; every request at the origin: "
         f"{st['origin_alone_s']:.0f} s",
+        f"- origin busy: origin requests × the origin's time per request when alone, over the "
+        f"replay time (about 100% means the origin was the bottleneck throughout)",
         f"- replay: fio read_iolog, ioengine=nbd, QD{tr['iodepth']}, "
         f"{'trace timing' if tr['timing'] else 'replay_no_stall (as fast as possible)'}; each system "
         f"starts empty on a fresh emulated HDD (5 ms per request, one at a time)",
         "",
         "| system | cache | replay | × origin alone | × bound | origin requests (reads + writes) | "
-        "read p99 | notes |",
-        "|---|---|---|---|---|---|---|---|",
+        "origin busy | read p99 | notes |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
+    # The origin's time per request, measured when it ran alone: "busy" is
+    # the share of a replay the origin spent serving what reached it.
+    per_req_s = origin_s / (origin["origin_reads"] + origin["origin_writes"]) \
+        if origin_s and origin.get("origin_reads") is not None else None
     for r in tr["replays"]:
         cache = "—"
         if r.get("cache_bytes"):
@@ -253,10 +259,22 @@ def markdown(tr):
             notes.insert(0, "INCOMPLETE")
         if r.get("policy"):
             notes.insert(0, f"policy {r['policy']}")
+        busy = "n/a"
+        if per_req_s and s and "origin_reads" in r:
+            busy = f"{100 * (r['origin_reads'] + r['origin_writes']) * per_req_s / s:.0f}%"
         lines.append(
             f"| {r['system']} | {cache} | {'n/a' if s is None else f'{s:.1f} s'} | "
-            f"{_x(_ratio(s, origin_s))} | {_x(_ratio(s, st['bound_s']))} | {oreq} | "
+            f"{_x(_ratio(s, origin_s))} | {_x(_ratio(s, st['bound_s']))} | {oreq} | {busy} | "
             f"{r.get('read_p99_ms', 0):.0f} ms | {'; '.join(notes)} |")
     if "simulation" in tr:
         lines += ["", sim.markdown(tr["simulation"], title="Replacement policies on this trace (offline)")]
     return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    # Re-renders the trace section of a run's results.json.
+    import json
+    import sys
+
+    with open(sys.argv[1]) as f:
+        print(markdown(json.load(f)["trace"]))
