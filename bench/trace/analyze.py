@@ -17,6 +17,7 @@ writes to the origin (writethrough, writearound) have a higher floor:
 `(compulsory_reads + writes) x origin_ms`, reported as `wt_floor_s`.
 """
 
+import re
 from array import array
 
 SECTOR = 512
@@ -33,6 +34,7 @@ def stats(requests, origin_ms=5.0, block_bytes=4096):
         raise ValueError("empty trace")
     extent = max(r.offset + r.length for r in requests)
     seen = bytearray((extent + SECTOR - 1) // SECTOR)
+    written = bytearray(len(seen))
     blocks = set()
     reads = writes = 0
     rbytes = wbytes = 0
@@ -57,11 +59,17 @@ def stats(requests, origin_ms=5.0, block_bytes=4096):
             if 0 in seen[first:last]:
                 compulsory += 1
         seen[first:last] = b"\x01" * (last - first)
+        if r.write:
+            written[first:last] = b"\x01" * (last - first)
         b0, b1 = block_range(r.offset, r.length, block_bytes)
         blocks.update(range(b0, b1 + 1))
         sizes.append(r.length)
     sizes.sort()
     touched_sectors = seen.count(1)
+    # Written data as maximal contiguous extents: the fewest origin writes
+    # that can persist all of it (with writes merged up to 32 MiB).
+    written_extents = sum(-(-len(m.group()) // (32 * 1024 * 1024 // SECTOR))
+                          for m in re.finditer(rb"\x01+", bytes(written)))
     span_s = (requests[-1].t_us - requests[0].t_us) / 1e6
     return {
         "requests": n,
@@ -82,6 +90,8 @@ def stats(requests, origin_ms=5.0, block_bytes=4096):
         "writes_512_not_4k_pct": 100.0 * (w512 - w4k) / writes if writes else 0.0,
         "writes_sub4k_pct": 100.0 * wsub4k / writes if writes else 0.0,
         "reads_512_aligned_pct": 100.0 * r512 / reads if reads else 0.0,
+        "written_bytes_distinct": written.count(1) * SECTOR,
+        "written_extents": written_extents,
         "compulsory_reads": compulsory,
         "origin_ms": origin_ms,
         "bound_s": compulsory * origin_ms / 1000,
@@ -118,6 +128,8 @@ def format_stats(st):
         f"writes: {st['writes_512_aligned_pct']:.1f}% 512-aligned, {st['writes_4k_aligned_pct']:.1f}% "
         f"4K-aligned, {st['writes_512_not_4k_pct']:.1f}% 512-aligned but not 4K-aligned, "
         f"{st['writes_sub4k_pct']:.1f}% under 4 KiB",
+        f"written data: {st['written_bytes_distinct'] / mib:.1f} MiB in {st['written_extents']:,} "
+        f"contiguous extents (the fewest origin writes that persist it, merged up to 32 MiB)",
         f"compulsory-miss bound: {st['compulsory_reads']:,} reads touch a never-touched sector "
         f"x {st['origin_ms']:g} ms = {st['bound_s']:.1f} s (origin alone, one request at a time: "
         f"{st['origin_alone_s']:.0f} s; with every write at the origin too: {st['wt_floor_s']:.1f} s)",

@@ -306,6 +306,7 @@ class BoundTest(unittest.TestCase):
         self.assertEqual(st["writes"], 2)
         self.assertAlmostEqual(st["wt_floor_s"], 0.025)
         self.assertEqual(st["footprint_bytes"], 6 * k + 512 + 1024)
+        self.assertEqual((st["written_extents"], st["written_bytes_distinct"]), (2, 4 * k + 512))
 
 
 # ---------------------------------------------------------------------------
