@@ -218,6 +218,10 @@ def markdown(tr):
         f"volume {tr['volume_bytes'] / mib:.0f} MiB",
         f"- writes: {st['writes_512_not_4k_pct']:.1f}% 512-aligned but not 4K-aligned, "
         f"{st['writes_sub4k_pct']:.1f}% under 4 KiB",
+        (f"- written data: {st['written_bytes_distinct'] / mib:.1f} MiB in {st['written_extents']:,} "
+         f"contiguous extents: the fewest origin writes that persist it (merged up to 32 MiB), what a "
+         f"writeback cache smaller than the written data must send at least"
+         if "written_extents" in st else "- written data: n/a"),
         f"- **compulsory-miss bound: {st['bound_s']:.1f} s** ({st['compulsory_reads']:,} reads touch a "
         f"never-touched sector × {st['origin_ms']:g} ms); with every write at the origin too "
         f"(writethrough, writearound): {st['wt_floor_s']:.1f} s; every request at the origin: "
