@@ -63,6 +63,8 @@ def parse_args():
     t.add_argument("--trace-no-sim", action="store_true", help="skip the policy simulation")
     t.add_argument("--trace-policies", metavar="P,P", help="replay tiercache once per replacement "
                    "policy (tiercache set-policy on the empty cache; default: its default policy)")
+    t.add_argument("--trace-admission", metavar="ARGS", help="tiercache set-admission options for "
+                   "the replays, e.g. \"--sequential-cutoff 0 --promote-after 1\" (admit everything)")
     return p.parse_args()
 
 

@@ -17,11 +17,14 @@ table):
   their requests interleave. A new stream either touches fresh data (the
   next unused stretch of the data region) or revisits an earlier stream's
   data (picked by a Zipf law over recency, `reuse_alpha`). Fresh data is
-  handed out at the pace of the trace, so the data region is used up at
-  its end: the footprint is `footprint_mib` within a few percent.
+  handed out at the pace of the trace, so the data region is used up by
+  98% of the data requests. The data region is `footprint_mib` minus what
+  the small I/O touches (computed first), so the footprint is
+  `footprint_mib` (scans come on top).
 - Directions: small I/O is written with `small_write_pct`; revisits are
-  reads with `reuse_read_pct`; fresh streams take what is left of
-  `write_pct`. Reads of fresh data are the compulsory misses.
+  reads with `reuse_read_pct`; each fresh stream takes the direction that
+  steers the whole trace towards `write_pct`. Reads of fresh data are the
+  compulsory misses.
 - Scans (`scan_every` > 0): every `scan_every` requests, a sequential read
   of `scan_mib` in `scan_request_kib` requests, moving through a scan
   region of `scan_region_mib` (wrapping): a backup or virus scan, read

@@ -102,7 +102,7 @@ def cache_bytes_for(p, fraction):
 
 
 def replay_one(system, p, iolog_path, n_requests, counts, iodepth, timing, work_dir, settle, log,
-               policy=None):
+               policy=None, admission=None):
     d = os.path.join(work_dir, system.key.replace("/", "_"))
     os.makedirs(d)
     system.log_origin_requests = True
@@ -113,6 +113,8 @@ def replay_one(system, p, iolog_path, n_requests, counts, iodepth, timing, work_
         if policy:
             # The cache is empty: switching now is the same as creating with it.
             run_cmd(system._tc("set-policy", policy, "--name", system.name))
+        if admission:
+            run_cmd(system._tc("set-admission", *admission, "--name", system.name))
         if hasattr(system, "status"):
             st = system.status()
             row["cache_capacity_bytes"] = st["cache_blocks_total"] * st["block_bytes"]
@@ -185,8 +187,10 @@ def run(args, mode, make_system, systems, work_dir, out_dir, settle, log):
         system = make_system(key, cache_bytes)
         if f is not None:
             system.key = f"{key}@{f:g}x" + (f"/{pol}" if pol else "")
+        adm = args.trace_admission.split() if args.trace_admission and key.startswith("tc-") else None
         row = replay_one(system, p, iolog_path, n, counts, args.trace_iodepth, args.trace_timing,
-                         work_dir, settle, log, policy=pol)
+                         work_dir, settle, log, policy=pol, admission=adm)
+        row["admission"] = " ".join(adm) if adm else None
         row["kind"], row["fraction"], row["cache_bytes"] = key, f, cache_bytes
         result["replays"].append(row)
     return result
@@ -262,7 +266,8 @@ def markdown(tr):
         if r.get("complete") is False:
             notes.insert(0, "INCOMPLETE")
         if r.get("policy"):
-            notes.insert(0, f"policy {r['policy']}")
+            notes.insert(0, f"policy {r['policy']}"
+                         + (f", set-admission {r['admission']}" if r.get("admission") else ""))
         busy = "n/a"
         if per_req_s and s and "origin_reads" in r:
             busy = f"{100 * (r['origin_reads'] + r['origin_writes']) * per_req_s / s:.0f}%"
