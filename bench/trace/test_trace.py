@@ -691,6 +691,18 @@ class SimReportTest(unittest.TestCase):
         self.assertEqual(res["rows"]["lru"][1]["x_opt"], 1.0)
         md = sim.markdown(res)
         self.assertIn("At 1/4 of the footprint", md)
+        self.assertIn("Origin fetches", md)
+
+    def test_origin_fetches_count_missing_stretches(self):
+        # LRU, 3 blocks. Read 0-3: four misses, one stretch; cache 1 2 3.
+        # Write 1, write 3: hits; LRU order 2 1 3. Read 0-4: 0 misses
+        # (evicts 2), 1 hits, 2 misses (evicts 3), 3 misses (evicts 0),
+        # 4 misses: stretches {0} and {2, 3, 4}.
+        t = reqs(("r", 0, 4 * 4096), ("w", 4096, 4096), ("w", 3 * 4096, 4096), ("r", 0, 5 * 4096))
+        res = sim.run(t, (0.6,), ("lru",))
+        self.assertEqual(res["capacities"], [3])
+        c = res["rows"]["lru"][0]
+        self.assertEqual((c["read_requests_missed"], c["origin_read_fetches"]), (2, 3))
         self.assertEqual(sim.parse_fractions("0.125,1.5x"), (0.125, 1.5))
         with self.assertRaises(ValueError):
             sim.parse_fractions("big")
