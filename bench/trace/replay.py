@@ -63,11 +63,16 @@ def load_trace(spec, mode, limit=None):
         if p.scan_every:
             sets += [f"scan_every={max(50, int(p.scan_every * scale))}",
                      f"scan_mib={p.scan_mib * scale}", f"scan_region_mib={p.scan_region_mib * scale}"]
-    elif scale and limit is None and not spec.startswith("gen"):
-        limit = int(20_000 * scale)
+    cut = None
+    if scale and limit is None and not sets and not spec.startswith("gen"):
+        limit = cut = int(20_000 * scale)
     reqs, desc = tracetool.load(spec, limit=limit, sets=sets)
     if sets:
         desc += f" (scaled to {scale:g} for this {mode} run)"
+    elif cut:
+        desc += f" (its first {cut:,} requests for this {mode} run)"
+    elif limit:
+        desc += f" (its first {limit:,} requests)"
     return reqs, desc
 
 
