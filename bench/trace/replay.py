@@ -15,7 +15,9 @@ import time
 import analyze
 import iolog
 import sim
+import readers
 import tracetool
+from procs import BenchError
 from procs import run as run_cmd
 
 MiB = 1 << 20
@@ -161,8 +163,12 @@ def replay_one(system, p, iolog_path, n_requests, counts, iodepth, timing, work_
 
 def run(args, mode, make_system, systems, work_dir, out_dir, settle, log):
     """The whole trace run. `make_system(key, cache_bytes)` builds a system
-    of bench/systems.py; `settle()` is bench.py's quiet-disk step."""
-    p = plan(args, mode, log)
+    of bench/systems.py; `settle()` is bench.py's quiet-disk step. Bad
+    input or arguments raise BenchError (one line, no traceback)."""
+    try:
+        p = plan(args, mode, log)
+    except (readers.TraceError, tracetool.ToolError, ValueError, OSError) as e:
+        raise BenchError(f"trace: {e}") from None
     iolog_path = os.path.join(out_dir, "trace.iolog")
     n = iolog.write_iolog(p["requests"], iolog_path, timing=args.trace_timing)
     counts = iolog.read_iolog_counts(iolog_path)
