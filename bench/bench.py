@@ -11,7 +11,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "trace"))
 
+import replay  # noqa: E402  (bench/trace/replay.py)
 import report  # noqa: E402
 import workloads as wl  # noqa: E402
 from procs import BenchError, run, stop_all  # noqa: E402
@@ -49,6 +51,20 @@ def parse_args():
     p.add_argument("--tiercache", default=os.path.join(REPO, "target/release/tiercache"),
                    help="tiercache binary")
     p.add_argument("--no-build", action="store_true", help="(bench/run) do not cargo build")
+    t = p.add_argument_group("trace replay (instead of the workloads; docs/trace.md)")
+    t.add_argument("--trace", metavar="SPEC", help="replay a block trace: FILE (MSR CSV or "
+                   "blkparse text), gen (generated, like the issue's VM trace) or gen-scans; "
+                   "--quick and --smoke shrink generated traces")
+    t.add_argument("--trace-cache-sizes", default=replay.DEFAULT_SIZES, metavar="F,F",
+                   help="cache sizes as multiples of the footprint (default %(default)s)")
+    t.add_argument("--trace-iodepth", type=int, default=16, metavar="N")
+    t.add_argument("--trace-timing", action="store_true", help="keep the trace's timing")
+    t.add_argument("--trace-limit", type=int, metavar="N", help="first N requests of a file")
+    t.add_argument("--trace-no-sim", action="store_true", help="skip the policy simulation")
+    t.add_argument("--trace-policies", metavar="P,P", help="replay tiercache once per replacement "
+                   "policy (tiercache set-policy on the empty cache; default: its default policy)")
+    t.add_argument("--trace-admission", metavar="ARGS", help="tiercache set-admission options for "
+                   "the replays, e.g. \"--sequential-cutoff 0 --promote-after 1\" (admit everything)")
     return p.parse_args()
 
 
@@ -273,6 +289,34 @@ def bench_sustained(plan, binary, work_dir, systems, results):
             shutil.rmtree(d, ignore_errors=True)
 
 
+def bench_trace(args, plan, binary, work_dir, out_dir, systems):
+    """`--trace`: the trace replayed against each system (bench/trace/replay.py)."""
+
+    def make(key, cache_bytes):
+        if key == "nbdkit-cache":
+            return NbdkitCache(cache_bytes)
+        if key.startswith("tc-"):
+            return Tiercache(binary, key[3:], cache_bytes)
+        return make_system(key, plan, binary)
+
+    return replay.run(args, plan.name, make, systems, work_dir, out_dir, settle, log)
+
+
+def write_trace_report(results, out_dir):
+    m = results["machine"]
+    md = "\n".join([
+        f"## Trace replay: {results['plan']['name']} run, {m['date']}", "",
+        f"- command: `{results['command']}` ({results['elapsed_s']:.0f} s)",
+        f"- machine: {m['host_cores']} cores ({m['cpu']}), kernel {m['kernel']}; load average "
+        f"{' '.join(m['loadavg_start'])} at start, {' '.join(m.get('loadavg_end', []))} at end",
+        f"- disk: {m['disk']}",
+        f"- tools: {m['fio']}, {m['nbdkit']}; tiercache {m['tiercache_commit']}", "",
+        replay.markdown(results["trace"]), ""])
+    with open(os.path.join(out_dir, "results.md"), "w") as f:
+        f.write(md)
+    return md
+
+
 def interrupted(signum, _frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -282,6 +326,8 @@ def main():
     plan = wl.PLANS["smoke" if args.smoke else "quick" if args.quick else "full"]
     skip = set(filter(None, args.skip.split(",")))
     systems = args.systems.split(",") if args.systems else ALL_SYSTEMS
+    if args.trace and not args.systems:
+        systems = replay.DEFAULT_SYSTEMS
     for s in systems:
         if s not in ALL_SYSTEMS:
             raise BenchError(f"unknown system '{s}' (known: {', '.join(ALL_SYSTEMS)})")
@@ -313,6 +359,9 @@ def main():
     }
     log(f"bench: {plan.name} run, results in {out_dir}, scratch in {work_dir} ({fs})")
     try:
+        if args.trace:
+            results["trace"] = bench_trace(args, plan, binary, work_dir, out_dir, systems)
+            systems = []
         for key in systems:
             bench_system(make_system(key, plan, binary), plan, work_dir, skip, results)
         if "paired" not in skip and {"qemu-nbd", "tc-writeback"} <= set(systems):
@@ -339,7 +388,7 @@ def main():
     results["machine"]["loadavg_end"] = open("/proc/loadavg").read().split()[:3]
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
-    md = report.write(results, out_dir)
+    md = report.write(results, out_dir) if not args.trace else write_trace_report(results, out_dir)
     log("")
     log(md)
     log(f"bench: done in {results['elapsed_s']:.0f} s; results in {out_dir}")

@@ -61,19 +61,24 @@ class Hdd:
 
     DELAY = "5ms"
 
-    def __init__(self, dir_path, size_bytes):
+    def __init__(self, dir_path, size_bytes, log_requests=False):
         self.image = os.path.join(dir_path, "hdd.img")
         self.sock = os.path.join(dir_path, "hdd.sock")
         make_sparse(self.image, size_bytes)
         if os.path.exists(self.sock):
             os.unlink(self.sock)
+        # nbdkit's log filter, outermost, writes a line as each request
+        # arrives: a live count of the requests that reached the origin.
+        self.request_log = os.path.join(dir_path, "hdd-requests.log") if log_requests else None
+        log_filter = ["--filter=log"] if log_requests else []
+        log_arg = [f"logfile={self.request_log}"] if log_requests else []
         self.proc = Proc(
             "origin nbdkit",
             [
                 "nbdkit", "-f", "-U", self.sock, "--exit-with-parent",
-                "--filter=noparallel", "--filter=delay",
+                *log_filter, "--filter=noparallel", "--filter=delay",
                 "file", self.image, "serialize=all-requests",
-                f"delay-read={self.DELAY}", f"delay-write={self.DELAY}",
+                f"delay-read={self.DELAY}", f"delay-write={self.DELAY}", *log_arg,
             ],
             os.path.join(dir_path, "hdd.log"),
         )
@@ -90,6 +95,8 @@ class System:
 
     key = "?"
     describe = ""
+    # Whether the emulated HDD logs each request (Hdd.request_log).
+    log_origin_requests = False
 
     def __init__(self):
         self.uri = None
@@ -118,7 +125,7 @@ class Origin(System):
 
     def start(self, work_dir, volume_bytes):
         self.dir = work_dir
-        self.hdd = Hdd(work_dir, volume_bytes)
+        self.hdd = Hdd(work_dir, volume_bytes, self.log_origin_requests)
         self.uri = self.hdd.uri
         self.server = self.hdd.proc
 
@@ -167,7 +174,7 @@ class NbdkitCache(System):
 
     def start(self, work_dir, volume_bytes):
         self.dir = work_dir
-        self.hdd = Hdd(work_dir, volume_bytes)
+        self.hdd = Hdd(work_dir, volume_bytes, self.log_origin_requests)
         sock = os.path.join(work_dir, "cache.sock")
         # The filter keeps its cache in an unlinked file in $TMPDIR: put it
         # on the same disk as everything else.
@@ -223,7 +230,7 @@ class Tiercache(System):
         self.dir = work_dir
         self.state_dir = os.path.join(work_dir, "state")
         self.name = "bench"
-        self.hdd = Hdd(work_dir, volume_bytes)
+        self.hdd = Hdd(work_dir, volume_bytes, self.log_origin_requests)
         cache = os.path.join(work_dir, "cache.img")
         if self.cache_written:
             make_written(cache, self.cache_bytes)

@@ -21,6 +21,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $(printf '%s\n' "${missing[@]}" | sort -u) >/dev/null
 fi
 
+/usr/bin/python3 -m unittest discover -s bench/trace -p 'test_*.py'
 cargo fmt --check
 cargo clippy --all-targets --quiet -- -D warnings
 cargo test --quiet
