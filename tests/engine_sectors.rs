@@ -337,3 +337,25 @@ fn a_version_1_cache_is_refused_with_a_clear_message() {
         "{err}"
     );
 }
+
+#[test]
+fn a_read_with_misses_around_cached_blocks_is_one_origin_request() {
+    let s = Setup::new(Mode::Writeback, BS);
+    // Blocks 11 and 13 dirty; 10, 12 and 14 never touched.
+    s.engine
+        .write(11 * 8 * 512, &common::stamped(88, 8, 3), false)
+        .unwrap();
+    s.engine
+        .write(13 * 8 * 512, &common::stamped(104, 8, 4), false)
+        .unwrap();
+    let before = s.origin_io().0;
+    let mut want = vec![0u64; 40];
+    want[8..16].fill(3);
+    want[24..32].fill(4);
+    s.expect(80, &want);
+    assert_eq!(
+        s.origin_io().0,
+        before + 1,
+        "three missing blocks around two cached ones: one origin read"
+    );
+}

@@ -14,11 +14,16 @@ use super::stats::bump;
 use super::{Engine, EngineResult};
 use crate::device::AlignedBuf;
 
+/// Largest gap a read miss reads through rather than making a second
+/// origin request.
+const GAP_READ_BYTES: usize = 1 << 20;
+
 /// What a read miss fetches from the origin for one segment.
 struct Fetch {
     /// Sectors of the block read from the origin.
     run: SectorRun,
-    /// Where they land in the miss run's origin buffer.
+    /// Where they land in the read's origin buffer, which mirrors the
+    /// origin from the start of the first missing block.
     at: usize,
     /// Keep them: store the whole block in a new slot (no slot), or fill
     /// the slot's empty sectors (a slot holding part of the block).
@@ -59,6 +64,8 @@ impl Engine {
         cached: &[Option<Hit>],
     ) -> EngineResult<AlignedBuf> {
         let mut out = AlignedBuf::zeroed(len as usize);
+        // Segments that need the origin are read together, after the hits.
+        let (mut miss_segs, mut miss_cached) = (Vec::new(), Vec::new());
         let mut i = 0;
         while i < segs.len() {
             let seg = &segs[i];
@@ -93,15 +100,14 @@ impl Engine {
                     i += 1;
                 }
                 _ => {
-                    // Segments that need the origin, in one pass.
-                    let run = cached[i..]
-                        .iter()
-                        .take_while(|c| !c.is_some_and(|h| h.valid))
-                        .count();
-                    self.read_misses(&segs[i..i + run], &cached[i..i + run], &mut out, plan)?;
-                    i += run;
+                    miss_segs.push(seg.clone());
+                    miss_cached.push(cached[i]);
+                    i += 1;
                 }
             }
+        }
+        if !miss_segs.is_empty() {
+            self.read_misses(&miss_segs, &miss_cached, &mut out, plan)?;
         }
         Ok(out)
     }
@@ -114,10 +120,13 @@ impl Engine {
         }
     }
 
-    /// Reads consecutive segments each of which lacks some sectors (no slot,
-    /// or a slot holding part of the block): what the origin must supply is
-    /// read with one request per contiguous stretch, the sectors the cache
-    /// holds from the cache; with `promote` the fetched data is kept.
+    /// Reads the segments of a request that lack some sectors (no slot, or a
+    /// slot holding part of the block), ascending, not necessarily adjacent:
+    /// what the origin must supply is read with one request per stretch,
+    /// reading through gaps of up to `GAP_READ_BYTES` (data the cache holds
+    /// or that is not asked for: a second request costs a slow origin more
+    /// than the extra bytes), the sectors the cache holds from the cache;
+    /// with the plan's promotion the fetched data is kept.
     fn read_misses(
         &self,
         segs: &[Segment],
@@ -127,22 +136,19 @@ impl Engine {
     ) -> EngineResult<()> {
         bump(&self.stats.read_misses, segs.len() as u64);
         let fetches = self.plan_fetches(segs, cached, plan);
-        let fetched = fetches.iter().map(|f| f.run.count as usize).sum::<usize>();
-        let mut tmp = AlignedBuf::zeroed(fetched * SECTOR_BYTES as usize);
-        // One origin read per contiguous stretch of fetched sectors.
+        let fetch_end = |f: &Fetch| f.at + f.run.count as usize * SECTOR_BYTES as usize;
+        // `tmp` mirrors the origin from the first fetch on (`Fetch::at`).
+        let base = segs[0].block * self.block_bytes;
+        let mut tmp = AlignedBuf::zeroed(fetches.iter().map(fetch_end).max().unwrap_or(0));
         let mut k = 0;
-        while k < segs.len() {
+        while k < fetches.len() {
+            let (start, mut end) = (fetches[k].at, fetch_end(&fetches[k]));
             let mut n = 1;
-            while k + n < segs.len()
-                && fetches[k + n - 1].run.end() as u64 * SECTOR_BYTES == self.block_bytes
-                && fetches[k + n].run.first == 0
-            {
+            while k + n < fetches.len() && fetches[k + n].at <= end + GAP_READ_BYTES {
+                end = end.max(fetch_end(&fetches[k + n]));
                 n += 1;
             }
-            let (first, last) = (&fetches[k], &fetches[k + n - 1]);
-            let end = last.at + last.run.count as usize * SECTOR_BYTES as usize;
-            let off = segs[k].block * self.block_bytes + first.run.first as u64 * SECTOR_BYTES;
-            self.origin_read(&mut tmp[first.at..end], off)?;
+            self.origin_read(&mut tmp[start..end], base + start as u64)?;
             k += n;
         }
         let mut stored_whole = 0u64;
@@ -169,7 +175,11 @@ impl Engine {
                 continue;
             }
             let n = (k..segs.len())
-                .take_while(|&j| cached[j].is_none() && fetches[j].keep)
+                .take_while(|&j| {
+                    cached[j].is_none()
+                        && fetches[j].keep
+                        && segs[j].block == segs[k].block + (j - k) as u64
+                })
                 .count();
             let bs = self.block_bytes as usize;
             let at = fetches[k].at;
@@ -210,7 +220,7 @@ impl Engine {
             })
             .collect();
         let m = self.meta.lock();
-        let mut at = 0;
+        let base = segs[0].block * self.block_bytes;
         segs.iter()
             .zip(cached)
             .zip(keeps)
@@ -229,9 +239,9 @@ impl Engine {
                         (want.hull().expect("a miss lacks some sector"), keep)
                     }
                 };
-                let f = Fetch { run, at, keep };
-                at += run.count as usize * SECTOR_BYTES as usize;
-                f
+                let at = (seg.block * self.block_bytes + run.first as u64 * SECTOR_BYTES - base)
+                    as usize;
+                Fetch { run, at, keep }
             })
             .collect()
     }

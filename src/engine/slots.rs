@@ -57,7 +57,10 @@ impl Engine {
         let applied = m.table.apply(&r);
         match r {
             Record::Map { slot, block, .. } | Record::MapRun { slot, block, .. } => {
-                m.policy.inserted(slot, block)
+                match applied.released {
+                    Some(old) => m.policy.moved(old, slot, block),
+                    None => m.policy.inserted(slot, block),
+                }
             }
             Record::Unmap { slot } => {
                 m.policy.removed(slot);
@@ -69,7 +72,6 @@ impl Engine {
             m.dirty_since_s[r.slot() as usize] = t;
         }
         if let Some(old) = applied.released {
-            m.policy.removed(old);
             m.pending_free.push(old);
         }
         let released_block = match r {

@@ -83,6 +83,13 @@ pub trait Policy: Send {
     fn removed(&mut self, slot: u32);
     /// The engine evicted `block` from `slot`, a victim of `select`.
     fn evicted(&mut self, _slot: u32, _block: u64) {}
+    /// `block` moved from slot `old` to slot `new` (a write stored it anew):
+    /// the same block, accessed now. By default: gone from `old`, inserted
+    /// at `new`.
+    fn moved(&mut self, old: u32, new: u32, block: u64) {
+        self.removed(old);
+        self.inserted(new, block);
+    }
     /// Up to `want` victims, examining at most `scan_max` candidates;
     /// `verdict` decides for each. Victims are out of the policy's lists.
     fn select(

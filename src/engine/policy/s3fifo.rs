@@ -93,6 +93,21 @@ impl Policy for S3Fifo {
         self.state[slot as usize] = 0;
     }
 
+    fn moved(&mut self, old: u32, new: u32, _block: u64) {
+        // The block keeps its queue and its count, plus this access: a hot
+        // block rewritten must not start over in the small queue.
+        let state = self.state[old as usize];
+        self.removed(old);
+        self.unlink(new);
+        let freq = (state & FREQ_MASK).saturating_add(1).min(FREQ_MASK);
+        self.state[new as usize] = (state & IN_MAIN) | freq;
+        if state & IN_MAIN != 0 {
+            self.links.push_hot(&mut self.main, new);
+        } else {
+            self.links.push_hot(&mut self.small, new);
+        }
+    }
+
     fn evicted(&mut self, slot: u32, block: u64) {
         // Only blocks that left through the small queue are remembered:
         // the ones that had no second access there.
@@ -109,8 +124,14 @@ impl Policy for S3Fifo {
         verdict: &mut dyn FnMut(u32) -> Verdict,
     ) -> Vec<u32> {
         let mut out = Vec::new();
-        let mut scanned = 0;
-        while out.len() < want && scanned < scan_max {
+        // `scan_max` bounds the candidates judged; moves between the queues
+        // (a kept block, a count spent) cost a step each, bounded apart, so
+        // a queue full of accessed blocks does not use up the budget before
+        // any victim is judged (a short selection would leave a promotion
+        // without a slot).
+        let (mut scanned, mut steps) = (0, 0);
+        while out.len() < want && scanned < scan_max && steps < 8 * scan_max {
+            steps += 1;
             let from_small = self.small.len() >= self.small_target || self.main.is_empty();
             let head = if from_small {
                 self.small.head()
@@ -118,7 +139,6 @@ impl Policy for S3Fifo {
                 self.main.head()
             };
             let Some(slot) = head else { break };
-            scanned += 1;
             let freq = self.freq(slot);
             if from_small {
                 if freq > 0 {
@@ -131,6 +151,7 @@ impl Policy for S3Fifo {
                 self.links.move_hot(&mut self.main, slot);
                 continue;
             }
+            scanned += 1;
             match verdict(slot) {
                 Verdict::Take => {
                     self.unlink(slot);
@@ -199,6 +220,22 @@ mod tests {
         }
         let kept = hot.iter().filter(|&&s| slot_block[s as usize] < 50).count();
         assert_eq!(kept, 50, "the scan evicted the working set");
+    }
+
+    #[test]
+    fn a_rewritten_block_keeps_its_place() {
+        let mut p = S3Fifo::new(20);
+        p.inserted(0, 7);
+        p.accessed(0);
+        // Moved to main by an eviction round that takes someone else.
+        for s in 1..20 {
+            p.inserted(s, 100 + s as u64);
+        }
+        let v = p.select(1, 100, &mut |_| Verdict::Take);
+        assert!(p.in_main(0) && !v.contains(&0));
+        p.moved(0, v[0], 7);
+        assert!(p.in_main(v[0]), "the rewritten block left the main queue");
+        assert_eq!(p.freq(v[0]), 2);
     }
 
     #[test]
