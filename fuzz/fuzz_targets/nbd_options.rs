@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tiercache::nbd::handshake::{ExportInfo, Negotiation, OptionOutcome};
+use tiercache::nbd::handshake::{ExportInfo, Negotiation, OptionOutcome, TlsPolicy};
 use tiercache::nbd::proto;
 
 /// Option data accepted by the default server configuration.
@@ -41,7 +41,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(client) = proto::parse_client_flags(u32::from_be_bytes(*flags)) else {
         return;
     };
-    let mut neg = Negotiation::new(export(), client);
+    let mut neg = Negotiation::new(export(), client, TlsPolicy::Off);
     let mut out = Vec::new();
     while !rest.is_empty() {
         let opt = match proto::parse_option_header(rest) {
@@ -58,6 +58,7 @@ fuzz_target!(|data: &[u8]| {
         out.clear();
         match neg.answer(opt.option, payload, &mut out) {
             OptionOutcome::Continue => check_replies(&out, opt.option),
+            OptionOutcome::StartTls => unreachable!("TLS is off"),
             OptionOutcome::Abort => return check_replies(&out, opt.option),
             OptionOutcome::Disconnect(_) => return assert!(out.is_empty()),
             OptionOutcome::Transmission(_) => {
