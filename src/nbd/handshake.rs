@@ -335,10 +335,11 @@ impl Negotiation {
         }
     }
 
-    /// NBD_INFO_EXPORT always; NBD_INFO_BLOCK_SIZE always (proto.md lets a
-    /// server send information not asked for; it binds only clients that
-    /// asked); name and description when asked. Unknown info types are
-    /// ignored (proto.md NBD_OPT_INFO).
+    /// NBD_INFO_EXPORT always; block sizes, name and description when
+    /// asked. Block sizes are not sent unasked: a client that did not ask
+    /// gets the default constraints (minimum 1), and some clients (libnbd)
+    /// would hold themselves to a minimum they were told. Unknown info
+    /// types are ignored (proto.md NBD_OPT_INFO).
     fn put_infos(&self, option: u32, requested: &[u16], out: &mut Vec<u8>) {
         let e = &self.export;
         let export = proto::InfoExport {
@@ -347,13 +348,15 @@ impl Negotiation {
             transmission_flags: e.transmission_flags.into(),
         };
         proto::put_option_reply(out, option, proto::REP_INFO, export.as_bytes());
-        let block = proto::InfoBlockSize {
-            info_type: proto::INFO_BLOCK_SIZE.into(),
-            min_block_bytes: e.min_block_bytes.into(),
-            preferred_block_bytes: e.preferred_block_bytes.into(),
-            max_block_bytes: e.max_block_bytes.into(),
-        };
-        proto::put_option_reply(out, option, proto::REP_INFO, block.as_bytes());
+        if requested.contains(&proto::INFO_BLOCK_SIZE) {
+            let block = proto::InfoBlockSize {
+                info_type: proto::INFO_BLOCK_SIZE.into(),
+                min_block_bytes: e.min_block_bytes.into(),
+                preferred_block_bytes: e.preferred_block_bytes.into(),
+                max_block_bytes: e.max_block_bytes.into(),
+            };
+            proto::put_option_reply(out, option, proto::REP_INFO, block.as_bytes());
+        }
         if requested.contains(&proto::INFO_NAME) {
             let mut d = proto::INFO_NAME.to_be_bytes().to_vec();
             d.extend_from_slice(e.name.as_bytes());
@@ -501,7 +504,7 @@ mod tests {
             })
         );
         let r = proto::REP_INFO;
-        assert_eq!(reply_types(&out), vec![r, r, r, r, proto::REP_ACK]);
+        assert_eq!(reply_types(&out), vec![r, r, r, proto::REP_ACK]);
     }
 
     #[test]
