@@ -118,9 +118,8 @@ fn is_aligned(offset: u64, len: u64) -> bool {
 const EDGE_SECTORS_BYTES: u64 = 2 * SECTOR_BYTES;
 
 impl Action {
-    /// Bytes of memory the action holds while it runs: write payload, read
-    /// data or read-modify-write sectors. Counted against the buffer limits
-    /// before the request's payload is read.
+    /// Bytes of buffer the action holds while it runs: write payload, read
+    /// data or read-modify-write sectors.
     pub fn buffer_bytes(&self) -> u64 {
         match *self {
             Action::Read { offset, len } | Action::Write { offset, len, .. } => {
@@ -131,6 +130,16 @@ impl Action {
             }
             _ => 0,
         }
+    }
+
+    /// Memory the action is charged against the buffer limits before its
+    /// payload is read: its buffer, plus 1/32 of it for the volume's
+    /// bookkeeping of the request (the engine keeps a segment per cache
+    /// block: 4 MiB for three 64 MiB writes in flight, measured by
+    /// tests/serve_limits.rs, about 2%).
+    pub fn charge_bytes(&self) -> u64 {
+        let b = self.buffer_bytes();
+        b + b / 32
     }
 }
 
@@ -316,8 +325,8 @@ pub fn errno_of(e: &VolumeError) -> u32 {
 #[derive(Debug, Clone, Copy)]
 pub struct ConnLimits {
     pub in_flight_max: usize,
-    /// Bytes held by this connection's in-flight requests
-    /// ([`Action::buffer_bytes`]).
+    /// Bytes charged to this connection's in-flight requests
+    /// ([`Action::charge_bytes`]).
     pub buffered_bytes_max: u32,
     /// How long in-flight requests may run after shutdown before the
     /// connection is dropped without their replies.
@@ -482,11 +491,11 @@ impl<V: Volume> Reader<'_, V> {
                 Err(e) => return ConnEnd::Broken(e.to_string()),
             };
             let disposition = check_request(&req, self.limits);
-            let buffer_bytes = match disposition {
-                Disposition::Execute(a) => a.buffer_bytes(),
+            let charge = match disposition {
+                Disposition::Execute(a) => a.charge_bytes(),
                 Disposition::Fail { .. } | Disposition::Disconnect | Disposition::Drop(_) => 0,
             };
-            let permits = self.permits(buffer_bytes).await;
+            let permits = self.permits(charge).await;
             let cookie = req.cookie;
             let send = |body, permits| {
                 // A send fails only when the writer is gone; the select in
