@@ -337,3 +337,100 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         Err(e) => Err(e).context("closing the cache"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn args(extra: &[&str]) -> Args {
+        let mut v = vec!["tiercache", "serve"];
+        v.extend_from_slice(extra);
+        let cli = super::super::Cli::try_parse_from(v).unwrap();
+        match cli.command {
+            super::super::Command::Serve(a) => a,
+            _ => panic!("not serve"),
+        }
+    }
+
+    fn refusal(extra: &[&str]) -> String {
+        format!("{:#}", tls_setup(&args(extra)).unwrap_err())
+    }
+
+    #[test]
+    fn plaintext_beyond_loopback_needs_insecure() {
+        for addr in ["0.0.0.0:10809", "[::]:10809", "192.0.2.1:10809"] {
+            let e = refusal(&["--tcp", addr]);
+            assert!(e.contains("without TLS") && e.contains("--insecure"), "{e}");
+            let e = refusal(&["--tcp", addr, "--tls", "on", "--tls-psk", "/nonexistent"]);
+            assert!(e.contains("without TLS"), "optional TLS is not enough: {e}");
+            assert!(tls_setup(&args(&["--tcp", addr, "--insecure"]))
+                .unwrap()
+                .is_none());
+        }
+        for addr in ["127.0.0.1:10809", "[::1]:10809", "localhost:10809"] {
+            assert!(
+                tls_setup(&args(&["--tcp", addr])).unwrap().is_none(),
+                "{addr}"
+            );
+        }
+        assert!(tls_setup(&args(&["--tcp"])).unwrap().is_none());
+        // Required TLS passes the check (and then needs readable credentials).
+        let e = refusal(&["--tcp", "0.0.0.0:1", "--tls-psk", "/nonexistent/keys.psk"]);
+        assert!(
+            e.contains("TLS credentials") && e.contains("/nonexistent/keys.psk"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn tls_flags_are_checked() {
+        let e = refusal(&["--tls", "require"]);
+        assert!(
+            e.contains("needs --tls-certificates DIR or --tls-psk FILE"),
+            "{e}"
+        );
+        let e = refusal(&["--tls-certificates", "/nonexistent"]);
+        assert!(e.contains("server-cert.pem"), "{e}");
+        assert!(tls_setup(&args(&["--tls", "off", "--tls-psk", "/x"]))
+            .unwrap()
+            .is_none());
+        let cli = super::super::Cli::try_parse_from(["tiercache", "serve", "--tls-verify-peer"]);
+        assert!(cli.is_err(), "--tls-verify-peer without certificates");
+        let cli = super::super::Cli::try_parse_from([
+            "tiercache",
+            "serve",
+            "--tls-psk",
+            "/a",
+            "--tls-certificates",
+            "/b",
+        ]);
+        assert!(cli.is_err(), "both kinds of credentials");
+    }
+
+    #[test]
+    fn limits_are_checked() {
+        let lim = |extra: &[&str]| server_limits(&args(extra));
+        let c = lim(&[]).unwrap();
+        assert_eq!(c.max_request_bytes, 64 << 20);
+        assert_eq!(c.max_buffered_bytes_per_conn, 128 << 20);
+        assert_eq!(c.max_buffered_bytes_total, 512 << 20);
+        assert!(lim(&["--max-request-size", "1000"]).is_err());
+        assert!(lim(&["--conn-buffer", "1M"]).is_err());
+        assert!(lim(&["--total-buffer", "64M"]).is_err());
+        assert!(lim(&["--max-request-size", "8G"]).is_err());
+        let c = lim(&[
+            "--max-request-size",
+            "1M",
+            "--conn-buffer",
+            "2M",
+            "--total-buffer",
+            "4M",
+        ])
+        .unwrap();
+        assert_eq!(
+            (c.max_request_bytes, c.max_buffered_bytes_total),
+            (1 << 20, 4 << 20)
+        );
+    }
+}

@@ -354,7 +354,8 @@ async fn handshake_phase<S: PlainStream>(
         Step::StartTls => {}
     }
     let tls = tls.expect("STARTTLS is acknowledged only when TLS is offered");
-    let mut t = tls.acceptor.accept(s).await?;
+    let (mut t, what) = tls.acceptor.accept(s).await?;
+    info!("TLS up ({what})");
     neg.tls_started();
     match handshake::haggle(&mut t, &mut neg, limits, &mut seen).await? {
         Step::Abort => Ok(None),
