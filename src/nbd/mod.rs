@@ -1,8 +1,12 @@
 //! The NBD front end: wire format (`proto`), handshake, transmission and the
-//! listener loop (`server`), plus [`DeviceVolume`], which exports a plain
-//! [`BlockDevice`](crate::device::BlockDevice).
+//! listener loop (`server`), TLS (`tls`, shared with the NBD origin client),
+//! the range locks that make read-modify-write safe (`ranges`), the fuzz
+//! harnesses (`fuzz`), plus [`DeviceVolume`], which exports a plain
+//! [`BlockDevice`](crate::device::BlockDevice). docs/nbd.md describes the
+//! server's behaviour on the wire.
 
 pub mod device_volume;
+pub mod fuzz;
 pub mod handshake;
 pub mod proto;
 pub mod ranges;
