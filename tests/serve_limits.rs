@@ -310,7 +310,7 @@ fn slow_readers_are_bounded_and_do_not_block_others() {
     let peak = rss.finish();
     eprintln!("3 clients not reading 200 MiB of replies each: another client's 4 KiB round trip took at most {slowest:?}");
     assert!(
-        slowest < Duration::from_secs(1),
+        slowest < Duration::from_secs(2),
         "a slow reader held up another client"
     );
     eprintln!(
