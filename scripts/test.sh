@@ -10,11 +10,13 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 # Real NBD clients and servers the tests drive: tool -> Debian package.
 missing=()
 for pair in fio:fio nbdkit:nbdkit nbdinfo:libnbd-bin nbdcopy:libnbd-bin nbdsh:libnbd-bin \
-            qemu-img:qemu-utils qemu-nbd:qemu-utils; do
+            qemu-img:qemu-utils qemu-nbd:qemu-utils openssl:openssl pkg-config:pkg-config; do
     tool=${pair%%:*}; pkg=${pair##*:}
     command -v "$tool" >/dev/null 2>&1 || missing+=("$pkg")
 done
 /usr/bin/python3 -c 'import nbd' >/dev/null 2>&1 || missing+=(python3-libnbd)
+# The openssl crate (TLS-PSK) builds against Debian's libssl.
+[ -f /usr/include/openssl/ssl.h ] || missing+=(libssl-dev)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "installing: ${missing[*]}"
     $SUDO apt-get update -qq

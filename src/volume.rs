@@ -47,6 +47,24 @@ impl VolumeError {
 
 pub type VolumeResult<T> = Result<T, VolumeError>;
 
+/// A run of bytes of one status, as [`Volume::allocation`] and
+/// [`Volume::cache_state`] report them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub len: u64,
+    pub flags: u32,
+}
+
+/// [`Volume::allocation`] flags (the values of NBD's base:allocation).
+/// The range is not allocated on the backing store.
+pub const ALLOC_HOLE: u32 = 1 << 0;
+/// The range reads as zeroes.
+pub const ALLOC_ZERO: u32 = 1 << 1;
+/// [`Volume::cache_state`] flags: the range is held by the cache device.
+pub const CACHE_CACHED: u32 = 1 << 0;
+/// The range is dirty: in the cache and not yet written to the origin.
+pub const CACHE_DIRTY: u32 = 1 << 1;
+
 /// A block volume with an asynchronous request API.
 pub trait Volume: Send + Sync + 'static {
     /// Size of the volume in bytes (a multiple of 512).
@@ -85,4 +103,22 @@ pub trait Volume: Send + Sync + 'static {
     ) -> impl Future<Output = VolumeResult<()>> + Send;
     /// Prefetches a range into the cache (a hint; no data is returned).
     fn prefetch(&self, offset: u64, len: u64) -> impl Future<Output = VolumeResult<()>> + Send;
+
+    /// Allocation of the range from `offset` (within the volume, `len` >
+    /// 0): extents in order from `offset`, covering at least one byte and
+    /// at most `len` (the caller asks again for the rest). Must be cheap
+    /// (no device I/O). The default, one allocated extent of unknown
+    /// content, is true of every volume.
+    fn allocation(&self, offset: u64, len: u64) -> Vec<Extent> {
+        let _ = offset;
+        vec![Extent { len, flags: 0 }]
+    }
+
+    /// Cache state of the range, under the same rules as `allocation`:
+    /// which sectors the cache holds, and which of them are dirty. The
+    /// default, nothing cached, is true of a volume without a cache.
+    fn cache_state(&self, offset: u64, len: u64) -> Vec<Extent> {
+        let _ = offset;
+        vec![Extent { len, flags: 0 }]
+    }
 }

@@ -124,7 +124,14 @@ fn option_replies() {
     assert_eq!(c.read_option_reply().1, proto::REP_ERR_INVALID);
     c.send_option(
         proto::OPT_INFO,
-        &RawClient::info_data("disk0", &[proto::INFO_NAME, proto::INFO_DESCRIPTION]),
+        &RawClient::info_data(
+            "disk0",
+            &[
+                proto::INFO_NAME,
+                proto::INFO_DESCRIPTION,
+                proto::INFO_BLOCK_SIZE,
+            ],
+        ),
     );
     let mut infos = Vec::new();
     loop {

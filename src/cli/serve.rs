@@ -2,17 +2,25 @@
 //! default, TCP on request) in the foreground, with a control socket for
 //! the other commands. SIGINT/SIGTERM shut down cleanly: in-flight requests
 //! finish, metadata is committed and the cache is marked clean.
+//!
+//! Network safety: TLS on the TCP listener (`--tls-certificates` or
+//! `--tls-psk`; required by default once credentials are given), and a
+//! TCP listener on anything but loopback without required TLS is refused
+//! unless `--insecure` says the operator means it. The Unix socket is for
+//! local clients and stays plaintext.
 
+use std::net::ToSocketAddrs;
 use std::os::unix::net::UnixListener as StdUnixListener;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use tiercache::device::open_device;
+use tiercache::device::{open_device, parse_size};
 use tiercache::engine::policy::PolicyKind;
 use tiercache::engine::volume::AsyncEngine;
 use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions};
-use tiercache::nbd::{serve, Listener, ServerConfig};
+use tiercache::nbd::{serve, Listener, ServerConfig, ServerCredentials, TlsAcceptor};
 
 use super::control;
 use super::registry::{self, Registry};
@@ -57,9 +65,133 @@ pub struct Args {
     /// cache device; everything else goes to a separate blocking pool.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024))]
     io_threads: u16,
+    /// TLS on the TCP listener: off, on (clients choose) or require (every
+    /// option but STARTTLS is refused until TLS is up). Default: require
+    /// when credentials are given, else off.
+    #[arg(long, value_enum)]
+    tls: Option<TlsMode>,
+    /// X.509 credentials: a directory with ca-cert.pem, server-cert.pem and
+    /// server-key.pem (the layout qemu-nbd and nbdkit read).
+    #[arg(long, value_name = "DIR", conflicts_with = "tls_psk")]
+    tls_certificates: Option<PathBuf>,
+    /// Pre-shared keys: a psktool keys file (lines `username:hexkey`).
+    #[arg(long, value_name = "FILE")]
+    tls_psk: Option<PathBuf>,
+    /// With --tls-certificates: clients must present a certificate signed
+    /// by ca-cert.pem.
+    #[arg(long, requires = "tls_certificates")]
+    tls_verify_peer: bool,
+    /// Allow --tcp on a non-loopback address without --tls=require: the
+    /// volume is then readable and writable by anyone who can reach it.
+    #[arg(long)]
+    insecure: bool,
+    /// Clients connected at once; more are closed at once.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    max_connections: u32,
+    /// Largest read or write one request may carry (multiple of 512).
+    #[arg(long, default_value = "64M", value_parser = parse_bytes)]
+    max_request_size: u64,
+    /// Memory for one connection's requests in flight (payloads and read
+    /// data); a client with this much in flight is not read from.
+    #[arg(long, default_value = "128M", value_parser = parse_bytes)]
+    conn_buffer: u64,
+    /// The same bound over all connections together.
+    #[arg(long, default_value = "512M", value_parser = parse_bytes)]
+    total_buffer: u64,
+    /// Seconds a client has to finish the handshake (TLS included).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    handshake_timeout: u64,
+    /// Seconds a reply write or write payload may make no progress before
+    /// the connection is closed (clients that stop reading).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    stall_timeout: u64,
+}
+
+/// `--tls` values (nbdkit's names).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsMode {
+    Off,
+    On,
+    Require,
+}
+
+fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
+    parse_size(s).ok_or_else(|| format!("'{s}' is not a size (examples: 4096, 64K, 32M, 1G)"))
+}
+
+/// The TLS acceptor and whether it is required, from the flags; checks that
+/// a network listener is not left open in plaintext by accident.
+fn tls_setup(a: &Args) -> Result<Option<(TlsAcceptor, bool)>> {
+    let creds = match (&a.tls_certificates, &a.tls_psk) {
+        (Some(dir), None) => Some(ServerCredentials::Certificates {
+            dir: dir.clone(),
+            verify_peer: a.tls_verify_peer,
+        }),
+        (None, Some(file)) => Some(ServerCredentials::Psk { file: file.clone() }),
+        (None, None) => None,
+        (Some(_), Some(_)) => unreachable!("clap: conflicting flags"),
+    };
+    let mode = a.tls.unwrap_or(if creds.is_some() {
+        TlsMode::Require
+    } else {
+        TlsMode::Off
+    });
+    if let Some(addr) = &a.tcp {
+        if mode != TlsMode::Require && !a.insecure && !is_loopback(addr)? {
+            bail!(
+                "--tcp {addr} serves the network without TLS: give --tls-certificates DIR or \
+                 --tls-psk FILE (TLS is then required), or --insecure to serve plaintext anyway"
+            );
+        }
+    }
+    let acceptor = match (mode, creds) {
+        (TlsMode::Off, _) => return Ok(None),
+        (_, None) => bail!("--tls={mode:?} needs --tls-certificates DIR or --tls-psk FILE"),
+        (_, Some(c)) => TlsAcceptor::new(&c).context("loading the TLS credentials")?,
+    };
+    Ok(Some((acceptor, mode == TlsMode::Require)))
+}
+
+/// The resource bounds from the flags, checked.
+fn server_limits(a: &Args) -> Result<ServerConfig> {
+    let to_u32 = |v: u64, flag: &str| {
+        u32::try_from(v).map_err(|_| anyhow::anyhow!("{flag} {v} is above 4 GiB"))
+    };
+    let max_request_bytes = to_u32(a.max_request_size, "--max-request-size")?;
+    if max_request_bytes < 512 || max_request_bytes % 512 != 0 {
+        bail!("--max-request-size must be a non-zero multiple of 512");
+    }
+    let per_conn = to_u32(a.conn_buffer, "--conn-buffer")?;
+    if per_conn < max_request_bytes {
+        bail!("--conn-buffer must be at least --max-request-size");
+    }
+    if a.total_buffer < u64::from(per_conn) {
+        bail!("--total-buffer must be at least --conn-buffer");
+    }
+    Ok(ServerConfig {
+        max_request_bytes,
+        max_buffered_bytes_per_conn: per_conn,
+        max_buffered_bytes_total: a.total_buffer,
+        max_connections: a.max_connections as usize,
+        handshake_timeout: Duration::from_secs(a.handshake_timeout),
+        stall_timeout: Duration::from_secs(a.stall_timeout),
+        ..ServerConfig::default()
+    })
+}
+
+/// True if every address `addr` resolves to is a loopback address.
+fn is_loopback(addr: &str) -> Result<bool> {
+    let addrs: Vec<_> = addr
+        .to_socket_addrs()
+        .with_context(|| format!("--tcp {addr}: not an address"))?
+        .collect();
+    Ok(!addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback()))
 }
 
 pub fn run(reg: &Registry, a: &Args) -> Result<()> {
+    // Before anything is opened: a refused configuration changes nothing.
+    let tls = tls_setup(a)?;
+    let limits = server_limits(a)?;
     let (engine, name, _lock) = if let (Some(origin), Some(size)) = (&a.origin, &a.ram_cache) {
         let mode = Mode::parse(&a.mode).with_context(|| format!("unknown mode '{}'", a.mode))?;
         let block_bytes = parse_block_size(&a.block_size)?;
@@ -121,7 +253,11 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     let result = rt.block_on(async {
         let mut listeners = vec![Listener::bind_unix(&nbd_path).with_context(|| format!("listening on {}", nbd_path.display()))?];
         if let Some(addr) = &a.tcp {
-            listeners.push(Listener::bind_tcp(addr.as_str()).await.with_context(|| format!("listening on {addr}"))?);
+            let mut l = Listener::bind_tcp(addr.as_str()).await.with_context(|| format!("listening on {addr}"))?;
+            if let Some((acceptor, required)) = tls.clone() {
+                l = l.with_tls(acceptor, required);
+            }
+            listeners.push(l);
         }
         let (tx, rx) = tokio::sync::watch::channel(false);
         let tx = Arc::new(tx);
@@ -165,19 +301,24 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
                 unsafe { libc::malloc_trim(0) };
             }
         });
+        let tcp_scheme = match &tls {
+            Some((acc, true)) => format!("nbds:// ({}, TLS required)", acc.kind()),
+            Some((acc, false)) => format!("nbd:// or nbds:// ({})", acc.kind()),
+            None => "nbd://".into(),
+        };
         eprintln!(
             "tiercache: serving '{name}' ({} bytes, {} mode) on nbd+unix:///{}?socket={}{}; control socket {}",
             engine.volume_bytes(),
             engine.mode(),
             a.export_name,
             nbd_path.display(),
-            a.tcp.as_ref().map(|t| format!(" and nbd://{t}/{}", a.export_name)).unwrap_or_default(),
+            a.tcp.as_ref().map(|t| format!(" and {t} as {tcp_scheme}")).unwrap_or_default(),
             control_path.display()
         );
         let config = ServerConfig {
             export_name: a.export_name.clone(),
             read_only: a.read_only,
-            ..ServerConfig::default()
+            ..limits
         };
         serve(Arc::new(AsyncEngine(engine.clone())), listeners, config, rx)
             .await
@@ -194,5 +335,102 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         }
         Err(tiercache::engine::EngineError::ShutDown) => Ok(()),
         Err(e) => Err(e).context("closing the cache"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn args(extra: &[&str]) -> Args {
+        let mut v = vec!["tiercache", "serve"];
+        v.extend_from_slice(extra);
+        let cli = super::super::Cli::try_parse_from(v).unwrap();
+        match cli.command {
+            super::super::Command::Serve(a) => a,
+            _ => panic!("not serve"),
+        }
+    }
+
+    fn refusal(extra: &[&str]) -> String {
+        format!("{:#}", tls_setup(&args(extra)).unwrap_err())
+    }
+
+    #[test]
+    fn plaintext_beyond_loopback_needs_insecure() {
+        for addr in ["0.0.0.0:10809", "[::]:10809", "192.0.2.1:10809"] {
+            let e = refusal(&["--tcp", addr]);
+            assert!(e.contains("without TLS") && e.contains("--insecure"), "{e}");
+            let e = refusal(&["--tcp", addr, "--tls", "on", "--tls-psk", "/nonexistent"]);
+            assert!(e.contains("without TLS"), "optional TLS is not enough: {e}");
+            assert!(tls_setup(&args(&["--tcp", addr, "--insecure"]))
+                .unwrap()
+                .is_none());
+        }
+        for addr in ["127.0.0.1:10809", "[::1]:10809", "localhost:10809"] {
+            assert!(
+                tls_setup(&args(&["--tcp", addr])).unwrap().is_none(),
+                "{addr}"
+            );
+        }
+        assert!(tls_setup(&args(&["--tcp"])).unwrap().is_none());
+        // Required TLS passes the check (and then needs readable credentials).
+        let e = refusal(&["--tcp", "0.0.0.0:1", "--tls-psk", "/nonexistent/keys.psk"]);
+        assert!(
+            e.contains("TLS credentials") && e.contains("/nonexistent/keys.psk"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn tls_flags_are_checked() {
+        let e = refusal(&["--tls", "require"]);
+        assert!(
+            e.contains("needs --tls-certificates DIR or --tls-psk FILE"),
+            "{e}"
+        );
+        let e = refusal(&["--tls-certificates", "/nonexistent"]);
+        assert!(e.contains("server-cert.pem"), "{e}");
+        assert!(tls_setup(&args(&["--tls", "off", "--tls-psk", "/x"]))
+            .unwrap()
+            .is_none());
+        let cli = super::super::Cli::try_parse_from(["tiercache", "serve", "--tls-verify-peer"]);
+        assert!(cli.is_err(), "--tls-verify-peer without certificates");
+        let cli = super::super::Cli::try_parse_from([
+            "tiercache",
+            "serve",
+            "--tls-psk",
+            "/a",
+            "--tls-certificates",
+            "/b",
+        ]);
+        assert!(cli.is_err(), "both kinds of credentials");
+    }
+
+    #[test]
+    fn limits_are_checked() {
+        let lim = |extra: &[&str]| server_limits(&args(extra));
+        let c = lim(&[]).unwrap();
+        assert_eq!(c.max_request_bytes, 64 << 20);
+        assert_eq!(c.max_buffered_bytes_per_conn, 128 << 20);
+        assert_eq!(c.max_buffered_bytes_total, 512 << 20);
+        assert!(lim(&["--max-request-size", "1000"]).is_err());
+        assert!(lim(&["--conn-buffer", "1M"]).is_err());
+        assert!(lim(&["--total-buffer", "64M"]).is_err());
+        assert!(lim(&["--max-request-size", "8G"]).is_err());
+        let c = lim(&[
+            "--max-request-size",
+            "1M",
+            "--conn-buffer",
+            "2M",
+            "--total-buffer",
+            "4M",
+        ])
+        .unwrap();
+        assert_eq!(
+            (c.max_request_bytes, c.max_buffered_bytes_total),
+            (1 << 20, 4 << 20)
+        );
     }
 }

@@ -1,5 +1,18 @@
 //! `nbd://host[:port]/EXPORT` and `nbd+unix:///EXPORT?socket=PATH`: a remote
-//! NBD export used as a block device (typically the slow origin).
+//! NBD export used as a block device (typically the slow origin). With TLS:
+//! `nbds://[USER@]host[:port]/EXPORT?tls-certificates=DIR` (X.509: DIR
+//! holds ca-cert.pem, and client-cert.pem with client-key.pem when the
+//! server verifies clients) or `?tls-psk-file=FILE` (USER's key from a
+//! psktool file), and `nbds+unix://` likewise; the query names of libnbd.
+//!
+//! TLS runs on a relay thread per connection: the handshake and
+//! NBD_OPT_STARTTLS happen in plaintext on the socket, then the TLS stream
+//! (crate::nbd::tls, shared with the server) is pumped to one end of a
+//! socketpair and everything below speaks plaintext NBD on the other end,
+//! unchanged. It costs a copy and a thread hop per request, which an origin
+//! (the slow device) can afford. TLS is required once asked for: a server
+//! that refuses NBD_OPT_STARTTLS is an open error, never a plaintext
+//! fallback.
 //!
 //! Protocol (NetworkBlockDevice/nbd doc/proto.md): fixed newstyle handshake
 //! with `NBD_OPT_GO` (falling back to `NBD_OPT_EXPORT_NAME`), then simple
@@ -38,9 +51,10 @@ use crate::nbd::proto::{
     RequestHeader, SimpleReplyHeader, CMD_DISC, CMD_FLUSH, CMD_READ, CMD_TRIM, CMD_WRITE,
     FLAG_CAN_MULTI_CONN, FLAG_FIXED_NEWSTYLE, FLAG_NO_ZEROES, FLAG_READ_ONLY, FLAG_SEND_FLUSH,
     FLAG_SEND_TRIM, IHAVEOPT, INFO_BLOCK_SIZE, INFO_EXPORT, NBDMAGIC, OPTION_REPLY_MAGIC,
-    OPT_EXPORT_NAME, OPT_GO, REP_ACK, REP_ERR, REP_ERR_UNSUP, REP_INFO, REQUEST_MAGIC,
-    SIMPLE_REPLY_MAGIC, STRUCTURED_REPLY_MAGIC,
+    OPT_EXPORT_NAME, OPT_GO, OPT_STARTTLS, REP_ACK, REP_ERR, REP_ERR_UNSUP, REP_INFO,
+    REQUEST_MAGIC, SIMPLE_REPLY_MAGIC, STRUCTURED_REPLY_MAGIC,
 };
+use crate::nbd::tls::{ClientCredentials, TlsConnector};
 
 /// Default TCP port (proto.md: IANA-assigned 10809).
 pub const DEFAULT_PORT: u16 = 10809;
@@ -78,11 +92,14 @@ pub struct NbdUri {
     pub address: NbdAddress,
     /// Export name, percent-decoded; empty means the server's default export.
     pub export: String,
+    /// TLS credentials (`nbds://`, `nbds+unix://`); `None` is plaintext.
+    pub tls: Option<ClientCredentials>,
 }
 
 impl NbdUri {
-    /// Parses `nbd://host[:port]/EXPORT` or `nbd+unix:///EXPORT?socket=PATH`.
-    /// The error is a reason suitable for `DeviceError::Open`.
+    /// Parses `nbd://host[:port]/EXPORT`, `nbd+unix:///EXPORT?socket=PATH`
+    /// and their TLS forms `nbds://` and `nbds+unix://`. The error is a
+    /// reason suitable for `DeviceError::Open`.
     pub fn parse(uri: &str) -> Result<NbdUri, String> {
         let (scheme, rest) = uri
             .split_once("://")
@@ -98,38 +115,61 @@ impl NbdUri {
         }
         let export = percent_decode(path.strip_prefix('/').unwrap_or(path))
             .map_err(|e| format!("export name: {e}"))?;
-        let address = match scheme.to_ascii_lowercase().as_str() {
-            "nbd" => {
-                if let Some(q) = query {
-                    return Err(format!("query '{q}' is not supported with nbd://"));
-                }
-                let (host, port) = parse_host(authority)?;
-                NbdAddress::Tcp { host, port }
-            }
-            "nbd+unix" => {
-                if !authority.is_empty() {
-                    return Err(format!(
-                        "nbd+unix:// takes no host (found '{authority}'); \
-                         write nbd+unix:///EXPORT?socket=/path.sock"
-                    ));
-                }
-                NbdAddress::Unix {
-                    socket: parse_socket_query(query)?,
-                }
-            }
-            "nbds" | "nbds+unix" => return Err("TLS (nbds://) is not supported".into()),
+        let scheme = scheme.to_ascii_lowercase();
+        let (tls, unix) = match scheme.as_str() {
+            "nbd" => (false, false),
+            "nbd+unix" => (false, true),
+            "nbds" => (true, false),
+            "nbds+unix" => (true, true),
             s if s.starts_with("nbd") => {
                 return Err(format!(
-                    "transport '{s}://' is not supported (use nbd:// or nbd+unix://)"
+                    "transport '{s}://' is not supported (use nbd://, nbd+unix://, nbds:// or nbds+unix://)"
                 ))
             }
             s => return Err(format!("scheme '{s}' is not an NBD scheme")),
         };
-        Ok(NbdUri { address, export })
+        let mut q = parse_query(query, unix, tls)?;
+        let (user, authority) = match authority.rsplit_once('@') {
+            Some((u, a)) if tls => (Some(percent_decode(u)?), a),
+            Some(_) => {
+                return Err("user names in NBD URIs are only for TLS (nbds://USER@host)".into())
+            }
+            None => (None, authority),
+        };
+        let address = if unix {
+            if !authority.is_empty() {
+                return Err(format!(
+                    "{scheme}:// takes no host (found '{authority}'); \
+                     write {scheme}:///EXPORT?socket=/path.sock"
+                ));
+            }
+            NbdAddress::Unix {
+                socket: q
+                    .socket
+                    .take()
+                    .ok_or("nbd+unix:// needs '?socket=/absolute/path.sock'")?,
+            }
+        } else {
+            let (host, port) = parse_host(authority)?;
+            NbdAddress::Tcp { host, port }
+        };
+        let tls = if tls {
+            Some(tls_credentials(q, user)?)
+        } else {
+            None
+        };
+        Ok(NbdUri {
+            address,
+            export,
+            tls,
+        })
     }
 
-    /// The canonical spelling: lowercase host, explicit port, canonical
-    /// percent-encoding. Two URIs naming the same export normalize equally.
+    /// The canonical spelling of the export's address: lowercase host,
+    /// explicit port, canonical percent-encoding. Two URIs naming the same
+    /// export normalize equally. TLS is left out: it is how the export is
+    /// reached, not which export it is (the cache's origin identity must not
+    /// change when TLS is turned on).
     pub fn normalized(&self) -> String {
         let export = percent_encode(&self.export);
         match &self.address {
@@ -147,9 +187,6 @@ impl NbdUri {
 
 /// Splits `host[:port]` or `[v6]:port`.
 fn parse_host(authority: &str) -> Result<(String, u16), String> {
-    if authority.contains('@') {
-        return Err("user names in NBD URIs are not supported".into());
-    }
     let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
         let (host, after) = v6
             .split_once(']')
@@ -181,22 +218,67 @@ fn parse_host(authority: &str) -> Result<(String, u16), String> {
     Ok((host.to_ascii_lowercase(), port))
 }
 
-/// Extracts `socket=ABSOLUTE_PATH`, the only query parameter we accept.
-fn parse_socket_query(query: Option<&str>) -> Result<PathBuf, String> {
-    let mut socket = None;
+/// The query parameters we accept (libnbd's names).
+#[derive(Default)]
+struct Query {
+    socket: Option<PathBuf>,
+    tls_certificates: Option<PathBuf>,
+    tls_psk_file: Option<PathBuf>,
+    tls_username: Option<String>,
+}
+
+/// Parses `socket=PATH` (Unix transports) and, with TLS,
+/// `tls-certificates=DIR`, `tls-psk-file=FILE` and `tls-username=USER`.
+/// Paths must be absolute: the URI is stored and used from elsewhere.
+fn parse_query(query: Option<&str>, unix: bool, tls: bool) -> Result<Query, String> {
+    let mut q = Query::default();
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        match key {
-            "socket" if socket.is_some() => return Err("'socket' given twice".into()),
-            "socket" => socket = Some(percent_decode(value).map_err(|e| format!("socket: {e}"))?),
-            other => return Err(format!("query parameter '{other}' is not supported")),
+        let value = percent_decode(value).map_err(|e| format!("{key}: {e}"))?;
+        let path = |what: &str| -> Result<PathBuf, String> {
+            if !value.starts_with('/') {
+                return Err(format!("{what} path '{value}' is not absolute"));
+            }
+            Ok(PathBuf::from(&value))
+        };
+        let slot_taken = match key {
+            "socket" if unix => q.socket.replace(path("socket")?).is_some(),
+            "tls-certificates" if tls => q
+                .tls_certificates
+                .replace(path("tls-certificates")?)
+                .is_some(),
+            "tls-psk-file" if tls => q.tls_psk_file.replace(path("tls-psk-file")?).is_some(),
+            "tls-username" if tls => q.tls_username.replace(value.clone()).is_some(),
+            other => return Err(format!("query parameter '{other}' is not supported here")),
+        };
+        if slot_taken {
+            return Err(format!("'{key}' given twice"));
         }
     }
-    let socket = socket.ok_or("nbd+unix:// needs '?socket=/absolute/path.sock'")?;
-    if !socket.starts_with('/') {
-        return Err(format!("socket path '{socket}' is not absolute"));
+    Ok(q)
+}
+
+/// The TLS credentials an `nbds` URI names.
+fn tls_credentials(q: Query, user: Option<String>) -> Result<ClientCredentials, String> {
+    match (q.tls_certificates, q.tls_psk_file) {
+        (Some(dir), None) => Ok(ClientCredentials::Certificates { dir }),
+        (None, Some(file)) => {
+            let username =
+                match (user, q.tls_username) {
+                    (Some(u), None) | (None, Some(u)) if !u.is_empty() => u,
+                    (Some(_), Some(_)) => return Err("user name given twice".into()),
+                    _ => return Err(
+                        "tls-psk-file needs a user name: nbds://USER@host/... or tls-username=USER"
+                            .into(),
+                    ),
+                };
+            Ok(ClientCredentials::Psk { file, username })
+        }
+        (Some(_), Some(_)) => Err("give tls-certificates or tls-psk-file, not both".into()),
+        (None, None) => {
+            Err("TLS (nbds://) needs '?tls-certificates=/DIR' or '?tls-psk-file=/FILE'".into())
+        }
     }
-    Ok(PathBuf::from(socket))
 }
 
 fn percent_decode(s: &str) -> Result<String, String> {
@@ -399,8 +481,9 @@ fn rep_err_name(t: u32) -> &'static str {
     }
 }
 
-/// Runs the handshake on a fresh socket and leaves it in transmission phase.
-fn handshake(s: &mut Stream, export: &str) -> io::Result<ExportInfo> {
+/// Reads the server greeting and sends the client flags. Returns whether
+/// the server speaks fixed newstyle, and whether NO_ZEROES was agreed.
+fn greet(s: &mut Stream) -> io::Result<(bool, bool)> {
     let magic: U64 = read_struct(s)?;
     if magic.get() != NBDMAGIC {
         return Err(proto_err("not an NBD server (bad greeting magic)"));
@@ -415,10 +498,56 @@ fn handshake(s: &mut Stream, export: &str) -> io::Result<ExportInfo> {
     let server_flags = server_flags.get();
     let client_flags = server_flags & (FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES);
     s.write_all(U32::new(u32::from(client_flags)).as_bytes())?;
-    let no_zeroes = client_flags & FLAG_NO_ZEROES != 0;
+    Ok((
+        server_flags & FLAG_FIXED_NEWSTYLE != 0,
+        client_flags & FLAG_NO_ZEROES != 0,
+    ))
+}
 
+/// Runs the handshake on a fresh socket and leaves it in transmission phase.
+fn handshake(s: &mut Stream, export: &str) -> io::Result<ExportInfo> {
+    let (fixed, no_zeroes) = greet(s)?;
+    choose_export(s, export, fixed, no_zeroes)
+}
+
+/// NBD_OPT_STARTTLS; anything but NBD_REP_ACK is an error (proto.md: a
+/// client that only wishes to use TLS SHOULD terminate the session).
+fn start_tls(s: &mut Stream) -> io::Result<()> {
+    send_option(s, OPT_STARTTLS, &[])?;
+    let h: OptionReplyHeader = read_struct(s)?;
+    if h.magic.get() != OPTION_REPLY_MAGIC || h.option.get() != OPT_STARTTLS {
+        return Err(proto_err("malformed reply to NBD_OPT_STARTTLS"));
+    }
+    let len = h.length.get();
+    if len > OPTION_REPLY_BYTES_MAX {
+        return Err(proto_err(format!(
+            "option reply of {len} bytes is too long"
+        )));
+    }
+    let mut body = vec![0u8; len as usize];
+    s.read_exact(&mut body)?;
+    match h.reply_type.get() {
+        REP_ACK => Ok(()),
+        t if is_error_reply(t) => Err(io::Error::other(format!(
+            "server refused TLS (NBD_OPT_STARTTLS): {}: {}",
+            rep_err_name(t),
+            String::from_utf8_lossy(&body)
+        ))),
+        t => Err(proto_err(format!(
+            "unexpected reply {t} to NBD_OPT_STARTTLS"
+        ))),
+    }
+}
+
+/// NBD_OPT_GO, or NBD_OPT_EXPORT_NAME if the server lacks it.
+fn choose_export(
+    s: &mut Stream,
+    export: &str,
+    fixed: bool,
+    no_zeroes: bool,
+) -> io::Result<ExportInfo> {
     // proto.md: without fixed newstyle, EXPORT_NAME is the only valid option.
-    if server_flags & FLAG_FIXED_NEWSTYLE != 0 {
+    if fixed {
         if let Some(info) = opt_go(s, export)? {
             return Ok(info);
         }
@@ -442,6 +571,102 @@ fn handshake(s: &mut Stream, export: &str) -> io::Result<ExportInfo> {
         transmission_flags: reply.transmission_flags.get(),
         payload_bytes_max: PAYLOAD_BYTES_MAX_DEFAULT,
     })
+}
+
+/// Why a TLS relay stopped reading from the server, if it was an error
+/// (e.g. the alert of a server that refused the client certificate).
+type RelayError = Arc<Mutex<Option<String>>>;
+
+/// After NBD_OPT_STARTTLS was acknowledged on `s`: runs the TLS handshake
+/// on a relay thread and returns the plaintext end of a socketpair that the
+/// thread pumps to and from the TLS stream.
+fn tls_relay(
+    s: Stream,
+    connector: &TlsConnector,
+    server_name: &str,
+) -> io::Result<(Stream, RelayError)> {
+    let relay_error: RelayError = Arc::default();
+    let relay_error_thread = relay_error.clone();
+    let (local, remote) = UnixStream::pair()?;
+    s.set_timeouts(None)?;
+    let control = s.try_clone()?;
+    let (done_tx, done_rx) = mpsc::sync_channel::<io::Result<()>>(1);
+    let connector = connector.clone();
+    let name = server_name.to_string();
+    std::thread::Builder::new()
+        .name("nbd-client-tls".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_io()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => return drop(done_tx.send(Err(e))),
+            };
+            rt.block_on(async move {
+                let up = match s {
+                    Stream::Tcp(t) => {
+                        t.set_nonblocking(true)?;
+                        let t = tokio::net::TcpStream::from_std(t)?;
+                        connector.connect(&name, t).await
+                    }
+                    Stream::Unix(u) => {
+                        u.set_nonblocking(true)?;
+                        let u = tokio::net::UnixStream::from_std(u)?;
+                        connector.connect(&name, u).await
+                    }
+                };
+                let tls = match up {
+                    Ok(t) => t,
+                    Err(e) => {
+                        let _ = done_tx.send(Err(io::Error::other(e.to_string())));
+                        return Ok(());
+                    }
+                };
+                let _ = done_tx.send(Ok(()));
+                remote.set_nonblocking(true)?;
+                let local = tokio::net::UnixStream::from_std(remote)?;
+                pump(tls, local, relay_error_thread).await;
+                Ok::<(), io::Error>(())
+            })
+            .ok();
+        })?;
+    match done_rx.recv_timeout(HANDSHAKE_TIMEOUT) {
+        Ok(Ok(())) => Ok((Stream::Unix(local), relay_error)),
+        Ok(Err(e)) => Err(e),
+        Err(_) => {
+            // Unblocks the relay thread, which then ends.
+            control.shutdown();
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "TLS handshake timed out",
+            ))
+        }
+    }
+}
+
+/// Copies both ways between the TLS stream and the plaintext socket until
+/// either side ends; then both are closed (the TLS side with close_notify).
+async fn pump(tls: crate::nbd::tls::BoxStream, local: tokio::net::UnixStream, error: RelayError) {
+    use tokio::io::AsyncWriteExt;
+    let (tr, mut tw) = tokio::io::split(tls);
+    let (lr, mut lw) = local.into_split();
+    let mut tr = tokio::io::BufReader::with_capacity(256 << 10, tr);
+    let mut lr = tokio::io::BufReader::with_capacity(256 << 10, lr);
+    let up = async {
+        let _ = tokio::io::copy_buf(&mut lr, &mut tw).await;
+        let _ = tw.shutdown().await;
+    };
+    let down = async {
+        if let Err(e) = tokio::io::copy_buf(&mut tr, &mut lw).await {
+            *error.lock() = Some(e.to_string());
+        }
+        let _ = lw.shutdown().await;
+    };
+    tokio::select! {
+        _ = up => {}
+        _ = down => {}
+    }
 }
 
 /// `NBD_OPT_GO` asking for block size constraints. `Ok(None)` if the server
@@ -587,16 +812,42 @@ struct Ticket {
 }
 
 impl Conn {
-    fn open(uri: &NbdUri) -> io::Result<(Conn, ExportInfo)> {
+    fn open(uri: &NbdUri, tls: Option<&TlsConnector>) -> io::Result<(Conn, ExportInfo)> {
         let mut s = Stream::connect(&uri.address)?;
         s.set_timeouts(Some(HANDSHAKE_TIMEOUT))?;
-        let info = handshake(&mut s, &uri.export).map_err(|e| match e.kind() {
+        let timed_out = |e: io::Error| match e.kind() {
             io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
                 io::ErrorKind::TimedOut,
                 format!("handshake not finished within {HANDSHAKE_TIMEOUT:?}"),
             ),
             _ => e,
-        })?;
+        };
+        let info = match tls {
+            None => handshake(&mut s, &uri.export).map_err(timed_out)?,
+            Some(connector) => {
+                let (fixed, no_zeroes) = greet(&mut s).map_err(timed_out)?;
+                if !fixed {
+                    return Err(proto_err(
+                        "the server does not speak fixed newstyle, so it cannot do TLS",
+                    ));
+                }
+                start_tls(&mut s).map_err(timed_out)?;
+                let name = match &uri.address {
+                    NbdAddress::Tcp { host, .. } => host.clone(),
+                    NbdAddress::Unix { .. } => "localhost".to_string(),
+                };
+                let (relayed, relay_error) = tls_relay(s, connector, &name)?;
+                s = relayed;
+                s.set_timeouts(Some(HANDSHAKE_TIMEOUT))?;
+                choose_export(&mut s, &uri.export, true, no_zeroes).map_err(|e| {
+                    match relay_error.lock().take() {
+                        // The server ended TLS, e.g. refusing our certificate.
+                        Some(why) => io::Error::other(format!("TLS: {why}")),
+                        None => timed_out(e),
+                    }
+                })?
+            }
+        };
         s.set_timeouts(None)?;
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
@@ -784,8 +1035,14 @@ impl NbdDevice {
             reason,
         };
         let parsed = NbdUri::parse(uri.trim()).map_err(open_err)?;
+        let connector = match &parsed.tls {
+            Some(creds) => Some(
+                TlsConnector::new(creds).map_err(|e| open_err(format!("TLS credentials: {e}")))?,
+            ),
+            None => None,
+        };
         let connect_one = || {
-            Conn::open(&parsed).map_err(|e| match &parsed.address {
+            Conn::open(&parsed, connector.as_ref()).map_err(|e| match &parsed.address {
                 NbdAddress::Unix { socket } => {
                     open_err(format!("NBD socket {}: {e}", socket.display()))
                 }
@@ -970,6 +1227,7 @@ mod tests {
                 socket: PathBuf::from(socket),
             },
             export: export.into(),
+            tls: None,
         }
     }
 
@@ -980,7 +1238,39 @@ mod tests {
                 port,
             },
             export: export.into(),
+            tls: None,
         }
+    }
+
+    #[test]
+    fn tls_uris_parse() {
+        let p = |s| NbdUri::parse(s).unwrap();
+        let u = p("nbds://alice@h:7/e?tls-psk-file=/k/keys.psk");
+        assert_eq!(u.address, tcp("h", 7, "").address);
+        assert_eq!(u.export, "e");
+        assert_eq!(
+            u.tls,
+            Some(ClientCredentials::Psk {
+                file: "/k/keys.psk".into(),
+                username: "alice".into()
+            })
+        );
+        let u = p("nbds://h/?tls-certificates=/pki");
+        assert_eq!(
+            u.tls,
+            Some(ClientCredentials::Certificates { dir: "/pki".into() })
+        );
+        let u = p("nbds+unix:///x?socket=/s&tls-psk-file=/k&tls-username=bob");
+        assert_eq!(u.address, unix("", "/s").address);
+        assert!(
+            matches!(u.tls, Some(ClientCredentials::Psk { ref username, .. }) if username == "bob")
+        );
+        // TLS does not change which export it is.
+        assert_eq!(u.normalized(), "nbd+unix:///x?socket=/s");
+        assert_eq!(
+            p("nbds://h/?tls-certificates=/p").normalized(),
+            "nbd://h:10809/"
+        );
     }
 
     #[test]
@@ -1042,6 +1332,12 @@ mod tests {
             ("nbd+unix://host/?socket=/s", "takes no host"),
             ("nbd+unix:///?socket=/a&socket=/b", "twice"),
             ("nbd+unix:///?socket=/a&tls=on", "'tls' is not supported"),
+            ("nbd://h/?tls-psk-file=/k", "not supported"),
+            ("nbds://h/?tls-psk-file=/k", "needs a user name"),
+            ("nbds://h/?tls-psk-file=k", "not absolute"),
+            ("nbds://a@h/?tls-psk-file=/k&tls-username=b", "twice"),
+            ("nbds://h/?tls-psk-file=/k&tls-certificates=/d", "not both"),
+            ("nbds+unix:///?tls-certificates=/d", "needs '?socket="),
         ];
         for (uri, want) in cases {
             let err = NbdUri::parse(uri).expect_err(uri);

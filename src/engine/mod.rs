@@ -21,6 +21,7 @@
 //! - `policy/`: replacement policies.
 //! - `writeback.rs`: background writeback and `flush`.
 //! - `volume.rs`: the asynchronous API (`crate::volume::Volume`).
+//! - `introspect.rs`: read-only reports of what the cache holds.
 
 pub mod admission;
 pub mod commit;
@@ -32,6 +33,7 @@ pub mod flights;
 pub mod format;
 pub mod free;
 pub mod index;
+pub mod introspect;
 pub mod load_fuzz;
 pub mod locks;
 pub mod meta;

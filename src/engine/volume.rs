@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use super::{Engine, EngineError};
 use crate::device::AlignedBuf;
-use crate::volume::{ErrorKind, Volume, VolumeError, VolumeResult};
+use crate::volume::{ErrorKind, Extent, Volume, VolumeError, VolumeResult};
 
 /// The engine as an asynchronous volume.
 #[derive(Clone)]
@@ -78,5 +78,9 @@ impl Volume for AsyncEngine {
 
     async fn prefetch(&self, offset: u64, len: u64) -> VolumeResult<()> {
         run(&self.0, move |e| e.prefetch(offset, len)).await
+    }
+
+    fn cache_state(&self, offset: u64, len: u64) -> Vec<Extent> {
+        self.0.cache_state(offset, len)
     }
 }

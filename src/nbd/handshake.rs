@@ -1,8 +1,11 @@
-//! Fixed newstyle handshake and option haggling (NBD proto.md "Handshake").
+//! Fixed newstyle handshake and option haggling (NBD proto.md "Handshake",
+//! "TLS support", "Metadata querying").
 //!
 //! [`Negotiation`] is a pure state machine: option in, reply bytes and an
-//! outcome out, so it can be fuzzed without sockets. [`negotiate`] drives it
-//! over a connection with bounds on option size and count.
+//! outcome out, so it can be fuzzed without sockets, the TLS upgrade
+//! included (the caller performs it on [`OptionOutcome::StartTls`] and
+//! reports it with [`Negotiation::tls_started`]). [`greet`] and [`haggle`]
+//! drive it over a stream with bounds on option size and count.
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use zerocopy::byteorder::network_endian::U32;
@@ -19,6 +22,8 @@ pub struct ExportInfo {
     pub description: String,
     pub size_bytes: u64,
     pub transmission_flags: u16,
+    /// Advertised in NBD_INFO_BLOCK_SIZE; binding only on clients that
+    /// asked for it (proto.md "Block size constraints").
     pub min_block_bytes: u32,
     pub preferred_block_bytes: u32,
     pub max_block_bytes: u32,
@@ -28,6 +33,19 @@ impl ExportInfo {
     fn accepts(&self, name: &str) -> bool {
         name.is_empty() || name == self.name
     }
+}
+
+/// Where a listener stands on TLS (proto.md "Server-side requirements").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsPolicy {
+    /// NOTLS: no credentials; NBD_OPT_STARTTLS gets NBD_REP_ERR_UNSUP.
+    Off,
+    /// SELECTIVETLS without TLS-only exports: a client may upgrade, or not.
+    Optional,
+    /// FORCEDTLS: until TLS is up, every option but NBD_OPT_STARTTLS and
+    /// NBD_OPT_ABORT gets NBD_REP_ERR_TLS_REQD (NBD_OPT_EXPORT_NAME, which
+    /// cannot be refused with an error, a disconnect).
+    Required,
 }
 
 /// Limits on option haggling, against clients that never finish it.
@@ -44,6 +62,9 @@ pub struct HandshakeLimits {
 pub enum OptionOutcome {
     /// Send the replies and read the next option.
     Continue,
+    /// Send the replies (NBD_REP_ACK to NBD_OPT_STARTTLS), then run the
+    /// TLS handshake and call [`Negotiation::tls_started`].
+    StartTls,
     /// Send the replies, then close (NBD_OPT_ABORT).
     Abort,
     /// Send the replies, then enter transmission with these settings.
@@ -53,10 +74,34 @@ pub enum OptionOutcome {
     Disconnect(&'static str),
 }
 
+/// Context ids handed out by NBD_OPT_SET_META_CONTEXT (fixed: the spec
+/// makes them opaque to the client).
+pub const CONTEXT_ID_BASE_ALLOCATION: u32 = 1;
+pub const CONTEXT_ID_CACHE: u32 = 2;
+
+/// The metadata contexts a connection selected, by id.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MetaContexts {
+    pub base_allocation: Option<u32>,
+    pub cache: Option<u32>,
+}
+
+impl MetaContexts {
+    pub fn is_empty(&self) -> bool {
+        self.base_allocation.is_none() && self.cache.is_none()
+    }
+}
+
 /// Settings negotiated for the transmission phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TransmissionMode {
     pub structured_replies: bool,
+    /// 512 for a client that asked for block sizes with NBD_OPT_GO (it
+    /// must obey the advertised minimum); 1 for one that did not, which
+    /// may send byte-granular requests (proto.md "Block size constraints":
+    /// the default minimum block size is 1).
+    pub min_block_bytes: u32,
+    pub contexts: MetaContexts,
 }
 
 /// Option-haggling state of one connection.
@@ -64,16 +109,36 @@ pub struct TransmissionMode {
 pub struct Negotiation {
     export: ExportInfo,
     no_zeroes: bool,
+    tls: TlsPolicy,
+    tls_active: bool,
     structured_replies: bool,
+    contexts: MetaContexts,
 }
 
 impl Negotiation {
-    pub fn new(export: ExportInfo, client: proto::ClientFlags) -> Self {
+    pub fn new(export: ExportInfo, client: proto::ClientFlags, tls: TlsPolicy) -> Self {
         Negotiation {
             export,
             no_zeroes: client.no_zeroes,
+            tls,
+            tls_active: false,
             structured_replies: false,
+            contexts: MetaContexts::default(),
         }
+    }
+
+    /// Records that the TLS handshake after NBD_OPT_STARTTLS succeeded.
+    /// proto.md NBD_OPT_STARTTLS: no negotiation state from before it is
+    /// kept (structured replies and metadata contexts must be asked again).
+    pub fn tls_started(&mut self) {
+        assert!(self.tls != TlsPolicy::Off && !self.tls_active);
+        self.tls_active = true;
+        self.structured_replies = false;
+        self.contexts = MetaContexts::default();
+    }
+
+    pub fn tls_active(&self) -> bool {
+        self.tls_active
     }
 
     /// Answers one option with `data` (already read in full), appending the
@@ -83,7 +148,23 @@ impl Negotiation {
             proto::put_option_reply(out, option, reply_type, msg.as_bytes());
             OptionOutcome::Continue
         };
-        match OptionCode::from_wire(option) {
+        let code = OptionCode::from_wire(option);
+        if self.tls == TlsPolicy::Required && !self.tls_active {
+            match code {
+                OptionCode::StartTls | OptionCode::Abort => {}
+                OptionCode::ExportName => {
+                    return OptionOutcome::Disconnect("NBD_OPT_EXPORT_NAME before TLS")
+                }
+                _ => {
+                    return reply_err(
+                        out,
+                        proto::REP_ERR_TLS_REQD,
+                        "TLS is required: send NBD_OPT_STARTTLS first",
+                    )
+                }
+            }
+        }
+        match code {
             OptionCode::ExportName => {
                 let Ok(name) = proto::parse_string(data, "export name") else {
                     return OptionOutcome::Disconnect("NBD_OPT_EXPORT_NAME with a bad name");
@@ -99,11 +180,28 @@ impl Negotiation {
                 if !self.no_zeroes {
                     out.extend_from_slice(&[0u8; proto::EXPORT_NAME_PAD_BYTES]);
                 }
-                OptionOutcome::Transmission(self.mode())
+                OptionOutcome::Transmission(self.mode(1))
             }
             OptionCode::Abort => {
                 proto::put_option_reply(out, option, proto::REP_ACK, &[]);
                 OptionOutcome::Abort
+            }
+            OptionCode::StartTls => {
+                if self.tls == TlsPolicy::Off {
+                    return reply_err(out, proto::REP_ERR_UNSUP, "TLS is not configured");
+                }
+                if self.tls_active {
+                    return reply_err(out, proto::REP_ERR_INVALID, "TLS is already running");
+                }
+                if !data.is_empty() {
+                    return reply_err(
+                        out,
+                        proto::REP_ERR_INVALID,
+                        "NBD_OPT_STARTTLS takes no data",
+                    );
+                }
+                proto::put_option_reply(out, option, proto::REP_ACK, &[]);
+                OptionOutcome::StartTls
             }
             OptionCode::List => {
                 if !data.is_empty() {
@@ -127,7 +225,14 @@ impl Negotiation {
                 self.put_infos(option, &req.info_types, out);
                 proto::put_option_reply(out, option, proto::REP_ACK, &[]);
                 if option == proto::OPT_GO {
-                    OptionOutcome::Transmission(self.mode())
+                    // A client that asks for block sizes with GO must obey
+                    // them; one that does not gets the default minimum of 1.
+                    let min = if req.info_types.contains(&proto::INFO_BLOCK_SIZE) {
+                        self.export.min_block_bytes
+                    } else {
+                        1
+                    };
+                    OptionOutcome::Transmission(self.mode(min))
                 } else {
                     OptionOutcome::Continue
                 }
@@ -144,21 +249,97 @@ impl Negotiation {
                 proto::put_option_reply(out, option, proto::REP_ACK, &[]);
                 OptionOutcome::Continue
             }
-            OptionCode::StartTls | OptionCode::Other(_) => {
-                reply_err(out, proto::REP_ERR_UNSUP, "option not supported")
+            OptionCode::ListMetaContext | OptionCode::SetMetaContext => {
+                self.answer_meta_context(option, data, out)
+            }
+            OptionCode::Other(_) => reply_err(out, proto::REP_ERR_UNSUP, "option not supported"),
+        }
+    }
+
+    /// NBD_OPT_LIST_META_CONTEXT and NBD_OPT_SET_META_CONTEXT. Queries:
+    /// `base:allocation` and `tiercache:cache` select those contexts; in a
+    /// list, `base:` and `tiercache:` are wildcards for their namespace.
+    /// Queries of other namespaces are ignored (proto.md: MUST ignore).
+    fn answer_meta_context(
+        &mut self,
+        option: u32,
+        data: &[u8],
+        out: &mut Vec<u8>,
+    ) -> OptionOutcome {
+        let set = option == proto::OPT_SET_META_CONTEXT;
+        if set {
+            // proto.md: SET replaces the selection, even when it fails.
+            self.contexts = MetaContexts::default();
+        }
+        let reply_err = |out: &mut Vec<u8>, reply_type: u32, msg: &str| {
+            proto::put_option_reply(out, option, reply_type, msg.as_bytes());
+            OptionOutcome::Continue
+        };
+        if !self.structured_replies {
+            return reply_err(
+                out,
+                proto::REP_ERR_INVALID,
+                "negotiate NBD_OPT_STRUCTURED_REPLY first",
+            );
+        }
+        let req = match proto::parse_meta_context_request(data) {
+            Ok(r) => r,
+            Err(e) => return reply_err(out, proto::REP_ERR_INVALID, &e.to_string()),
+        };
+        if !self.export.accepts(&req.export_name) {
+            return reply_err(out, proto::REP_ERR_UNKNOWN, "no such export");
+        }
+        let (mut base, mut cache) = (
+            !set && req.queries.is_empty(),
+            !set && req.queries.is_empty(),
+        );
+        for q in &req.queries {
+            let Some((namespace, leaf)) = q.split_once(':') else {
+                return reply_err(out, proto::REP_ERR_INVALID, "query without a namespace");
+            };
+            match (namespace, leaf) {
+                ("base", "allocation") => base = true,
+                ("base", "") if !set => base = true,
+                ("tiercache", "cache") => cache = true,
+                ("tiercache", "") if !set => cache = true,
+                _ => {}
             }
         }
+        // Ids in a list are reserved: zero (proto.md).
+        let id = |selected| if set { selected } else { 0 };
+        if base {
+            let n = id(CONTEXT_ID_BASE_ALLOCATION);
+            proto::put_meta_context_reply(out, option, n, proto::META_BASE_ALLOCATION);
+        }
+        if cache {
+            let n = id(CONTEXT_ID_CACHE);
+            proto::put_meta_context_reply(out, option, n, proto::META_TIERCACHE_CACHE);
+        }
+        if set {
+            self.contexts = MetaContexts {
+                base_allocation: base.then_some(CONTEXT_ID_BASE_ALLOCATION),
+                cache: cache.then_some(CONTEXT_ID_CACHE),
+            };
+        }
+        proto::put_option_reply(out, option, proto::REP_ACK, &[]);
+        OptionOutcome::Continue
     }
 
-    fn mode(&self) -> TransmissionMode {
+    fn mode(&self, min_block_bytes: u32) -> TransmissionMode {
         TransmissionMode {
             structured_replies: self.structured_replies,
+            min_block_bytes,
+            // Block status needs structured replies; contexts are only
+            // selectable with them.
+            contexts: self.contexts,
         }
     }
 
-    /// NBD_INFO_EXPORT always; NBD_INFO_BLOCK_SIZE always, since this server
-    /// has a minimum block size clients must obey; name and description
-    /// when asked. Unknown info types are ignored (proto.md NBD_OPT_INFO).
+    /// NBD_INFO_EXPORT always; block sizes, name and description when
+    /// asked. Block sizes are not sent unasked: a client that did not ask
+    /// gets the default constraints (minimum 1), and some clients (libnbd)
+    /// would hold themselves to a minimum they were told. Unknown info
+    /// types are ignored (proto.md NBD_OPT_INFO).
     fn put_infos(&self, option: u32, requested: &[u16], out: &mut Vec<u8>) {
         let e = &self.export;
         let export = proto::InfoExport {
@@ -167,13 +348,15 @@ impl Negotiation {
             transmission_flags: e.transmission_flags.into(),
         };
         proto::put_option_reply(out, option, proto::REP_INFO, export.as_bytes());
-        let block = proto::InfoBlockSize {
-            info_type: proto::INFO_BLOCK_SIZE.into(),
-            min_block_bytes: e.min_block_bytes.into(),
-            preferred_block_bytes: e.preferred_block_bytes.into(),
-            max_block_bytes: e.max_block_bytes.into(),
-        };
-        proto::put_option_reply(out, option, proto::REP_INFO, block.as_bytes());
+        if requested.contains(&proto::INFO_BLOCK_SIZE) {
+            let block = proto::InfoBlockSize {
+                info_type: proto::INFO_BLOCK_SIZE.into(),
+                min_block_bytes: e.min_block_bytes.into(),
+                preferred_block_bytes: e.preferred_block_bytes.into(),
+                max_block_bytes: e.max_block_bytes.into(),
+            };
+            proto::put_option_reply(out, option, proto::REP_INFO, block.as_bytes());
+        }
         if requested.contains(&proto::INFO_NAME) {
             let mut d = proto::INFO_NAME.to_be_bytes().to_vec();
             d.extend_from_slice(e.name.as_bytes());
@@ -187,53 +370,70 @@ impl Negotiation {
     }
 }
 
-/// Runs the handshake on a fresh connection. `Ok(None)` means the client
-/// ended it cleanly (NBD_OPT_ABORT). The caller bounds the time it takes.
-pub async fn negotiate<R, W>(
-    rd: &mut R,
-    wr: &mut W,
-    export: &ExportInfo,
-    limits: HandshakeLimits,
-) -> Result<Option<TransmissionMode>, NbdError>
+/// Sends the server greeting and reads the client flags.
+pub async fn greet<S>(s: &mut S) -> Result<proto::ClientFlags, NbdError>
 where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin,
 {
     let hello = proto::ServerHello {
         nbd_magic: proto::NBDMAGIC.into(),
         opt_magic: proto::IHAVEOPT.into(),
         handshake_flags: (proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES).into(),
     };
-    wr.write_all(hello.as_bytes()).await?;
-    wr.flush().await?;
-    let client_flags = proto::parse_client_flags(rd.read_u32().await?)?;
-    let mut neg = Negotiation::new(export.clone(), client_flags);
-    let mut options_seen = 0u32;
+    s.write_all(hello.as_bytes()).await?;
+    s.flush().await?;
+    Ok(proto::parse_client_flags(s.read_u32().await?)?)
+}
+
+/// How option haggling on one stream ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// The client sent NBD_OPT_ABORT (acknowledged).
+    Abort,
+    /// NBD_OPT_STARTTLS was acknowledged: the TLS handshake comes next.
+    StartTls,
+    Transmission(TransmissionMode),
+}
+
+/// Answers options until one ends haggling on this stream. `seen` counts
+/// options across the TLS upgrade against `limits.options_max`. Reads are
+/// unbuffered, so no byte of a TLS handshake is consumed here. The caller
+/// bounds the time it takes.
+pub async fn haggle<S>(
+    s: &mut S,
+    neg: &mut Negotiation,
+    limits: HandshakeLimits,
+    seen: &mut u32,
+) -> Result<Step, NbdError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let mut out = Vec::new();
     loop {
         let mut header = [0u8; proto::OPTION_HEADER_BYTES];
-        rd.read_exact(&mut header).await?;
+        s.read_exact(&mut header).await?;
         let opt = proto::parse_option_header(&header)?;
-        options_seen += 1;
-        if options_seen > limits.options_max {
+        *seen += 1;
+        if *seen > limits.options_max {
             return Err(NbdError::Limit("too many options before transmission"));
         }
         if opt.data_bytes > limits.option_bytes_max {
             return Err(NbdError::Limit("option data too long"));
         }
         let mut data = vec![0u8; opt.data_bytes as usize];
-        rd.read_exact(&mut data).await?;
+        s.read_exact(&mut data).await?;
         out.clear();
         let outcome = neg.answer(opt.option, &data, &mut out);
         if let OptionOutcome::Disconnect(why) = outcome {
             return Err(NbdError::Refused(why));
         }
-        wr.write_all(&out).await?;
-        wr.flush().await?;
+        s.write_all(&out).await?;
+        s.flush().await?;
         match outcome {
             OptionOutcome::Continue => {}
-            OptionOutcome::Abort => return Ok(None),
-            OptionOutcome::Transmission(mode) => return Ok(Some(mode)),
+            OptionOutcome::StartTls => return Ok(Step::StartTls),
+            OptionOutcome::Abort => return Ok(Step::Abort),
+            OptionOutcome::Transmission(mode) => return Ok(Step::Transmission(mode)),
             OptionOutcome::Disconnect(_) => unreachable!("handled above"),
         }
     }
@@ -278,7 +478,7 @@ mod tests {
     #[test]
     fn go_and_errors() {
         let flags = proto::ClientFlags { no_zeroes: true };
-        let mut n = Negotiation::new(export(), flags);
+        let mut n = Negotiation::new(export(), flags, TlsPolicy::Off);
         let mut out = Vec::new();
         assert_eq!(
             n.answer(proto::OPT_STRUCTURED_REPLY, &[], &mut out),
@@ -298,16 +498,22 @@ mod tests {
         assert_eq!(
             o,
             OptionOutcome::Transmission(TransmissionMode {
-                structured_replies: true
+                structured_replies: true,
+                min_block_bytes: 1,
+                contexts: MetaContexts::default(),
             })
         );
         let r = proto::REP_INFO;
-        assert_eq!(reply_types(&out), vec![r, r, r, r, proto::REP_ACK]);
+        assert_eq!(reply_types(&out), vec![r, r, r, proto::REP_ACK]);
     }
 
     #[test]
     fn export_name() {
-        let mut n = Negotiation::new(export(), proto::ClientFlags { no_zeroes: false });
+        let mut n = Negotiation::new(
+            export(),
+            proto::ClientFlags { no_zeroes: false },
+            TlsPolicy::Off,
+        );
         let mut out = Vec::new();
         assert!(matches!(
             n.answer(proto::OPT_EXPORT_NAME, b"other", &mut out),
@@ -316,5 +522,157 @@ mod tests {
         let o = n.answer(proto::OPT_EXPORT_NAME, b"", &mut out);
         assert!(matches!(o, OptionOutcome::Transmission(_)));
         assert_eq!(out.len(), 10 + 124);
+    }
+
+    fn meta_data(name: &str, queries: &[&str]) -> Vec<u8> {
+        let mut d = (name.len() as u32).to_be_bytes().to_vec();
+        d.extend_from_slice(name.as_bytes());
+        d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+        for q in queries {
+            d.extend_from_slice(&(q.len() as u32).to_be_bytes());
+            d.extend_from_slice(q.as_bytes());
+        }
+        d
+    }
+
+    const FLAGS: proto::ClientFlags = proto::ClientFlags { no_zeroes: true };
+
+    #[test]
+    fn tls_required_refuses_everything_but_starttls() {
+        let mut n = Negotiation::new(export(), FLAGS, TlsPolicy::Required);
+        let mut out = Vec::new();
+        for opt in [
+            proto::OPT_LIST,
+            proto::OPT_INFO,
+            proto::OPT_GO,
+            proto::OPT_STRUCTURED_REPLY,
+            proto::OPT_SET_META_CONTEXT,
+            99,
+        ] {
+            out.clear();
+            let o = n.answer(opt, &info_data("disk", &[]), &mut out);
+            assert_eq!(o, OptionOutcome::Continue);
+            assert_eq!(
+                reply_types(&out),
+                vec![proto::REP_ERR_TLS_REQD],
+                "option {opt}"
+            );
+        }
+        out.clear();
+        assert!(matches!(
+            n.answer(proto::OPT_EXPORT_NAME, b"", &mut out),
+            OptionOutcome::Disconnect(_)
+        ));
+        assert!(out.is_empty(), "no byte of the export before TLS");
+        assert_eq!(
+            n.answer(proto::OPT_STARTTLS, &[1], &mut out),
+            OptionOutcome::Continue
+        );
+        assert_eq!(reply_types(&out), vec![proto::REP_ERR_INVALID]);
+        out.clear();
+        assert_eq!(
+            n.answer(proto::OPT_STARTTLS, &[], &mut out),
+            OptionOutcome::StartTls
+        );
+        assert_eq!(reply_types(&out), vec![proto::REP_ACK]);
+        n.tls_started();
+        out.clear();
+        n.answer(proto::OPT_STARTTLS, &[], &mut out);
+        assert_eq!(reply_types(&out), vec![proto::REP_ERR_INVALID]);
+        out.clear();
+        let o = n.answer(proto::OPT_GO, &info_data("", &[]), &mut out);
+        assert!(matches!(o, OptionOutcome::Transmission(_)));
+    }
+
+    #[test]
+    fn starttls_policies_and_reset() {
+        let mut out = Vec::new();
+        let mut off = Negotiation::new(export(), FLAGS, TlsPolicy::Off);
+        off.answer(proto::OPT_STARTTLS, &[], &mut out);
+        assert_eq!(reply_types(&out), vec![proto::REP_ERR_UNSUP]);
+        // Optional: plaintext works; state before STARTTLS is forgotten.
+        let mut n = Negotiation::new(export(), FLAGS, TlsPolicy::Optional);
+        out.clear();
+        n.answer(proto::OPT_STRUCTURED_REPLY, &[], &mut out);
+        n.answer(
+            proto::OPT_SET_META_CONTEXT,
+            &meta_data("", &["base:allocation"]),
+            &mut out,
+        );
+        out.clear();
+        assert_eq!(
+            n.answer(proto::OPT_STARTTLS, &[], &mut out),
+            OptionOutcome::StartTls
+        );
+        n.tls_started();
+        out.clear();
+        let o = n.answer(
+            proto::OPT_GO,
+            &info_data("", &[proto::INFO_BLOCK_SIZE]),
+            &mut out,
+        );
+        assert_eq!(
+            o,
+            OptionOutcome::Transmission(TransmissionMode {
+                structured_replies: false,
+                min_block_bytes: 512,
+                contexts: MetaContexts::default(),
+            })
+        );
+    }
+
+    #[test]
+    fn meta_contexts() {
+        let mut n = Negotiation::new(export(), FLAGS, TlsPolicy::Off);
+        let mut out = Vec::new();
+        let list = meta_data("disk", &[]);
+        n.answer(proto::OPT_LIST_META_CONTEXT, &list, &mut out);
+        assert_eq!(
+            reply_types(&out),
+            vec![proto::REP_ERR_INVALID],
+            "structured replies come first"
+        );
+        out.clear();
+        n.answer(proto::OPT_STRUCTURED_REPLY, &[], &mut out);
+        out.clear();
+        n.answer(proto::OPT_LIST_META_CONTEXT, &list, &mut out);
+        let m = proto::REP_META_CONTEXT;
+        assert_eq!(reply_types(&out), vec![m, m, proto::REP_ACK]);
+        assert_eq!(&out[24..39], proto::META_BASE_ALLOCATION.as_bytes());
+        out.clear();
+        let q = meta_data("", &["tiercache:", "x-other:thing"]);
+        n.answer(proto::OPT_LIST_META_CONTEXT, &q, &mut out);
+        assert_eq!(reply_types(&out), vec![m, proto::REP_ACK]);
+        out.clear();
+        n.answer(
+            proto::OPT_SET_META_CONTEXT,
+            &meta_data("nope", &[]),
+            &mut out,
+        );
+        assert_eq!(reply_types(&out), vec![proto::REP_ERR_UNKNOWN]);
+        out.clear();
+        n.answer(
+            proto::OPT_SET_META_CONTEXT,
+            &meta_data("", &["nocolon"]),
+            &mut out,
+        );
+        assert_eq!(reply_types(&out), vec![proto::REP_ERR_INVALID]);
+        out.clear();
+        let q = meta_data(
+            "disk",
+            &["base:", "base:allocation", "tiercache:cache", "qemu:dirty"],
+        );
+        n.answer(proto::OPT_SET_META_CONTEXT, &q, &mut out);
+        assert_eq!(reply_types(&out), vec![m, m, proto::REP_ACK]);
+        assert_eq!(&out[20..24], &CONTEXT_ID_BASE_ALLOCATION.to_be_bytes());
+        out.clear();
+        match n.answer(proto::OPT_GO, &info_data("", &[]), &mut out) {
+            OptionOutcome::Transmission(m) => {
+                assert_eq!(m.min_block_bytes, 1);
+                assert_eq!(m.contexts.base_allocation, Some(CONTEXT_ID_BASE_ALLOCATION));
+                assert_eq!(m.contexts.cache, Some(CONTEXT_ID_CACHE));
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

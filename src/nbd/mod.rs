@@ -1,15 +1,22 @@
 //! The NBD front end: wire format (`proto`), handshake, transmission and the
-//! listener loop (`server`), plus [`DeviceVolume`], which exports a plain
-//! [`BlockDevice`](crate::device::BlockDevice).
+//! listener loop (`server`), TLS (`tls`, shared with the NBD origin client),
+//! the range locks that make read-modify-write safe (`ranges`), the fuzz
+//! harnesses (`fuzz`), plus [`DeviceVolume`], which exports a plain
+//! [`BlockDevice`](crate::device::BlockDevice). docs/nbd.md describes the
+//! server's behaviour on the wire.
 
 pub mod device_volume;
+pub mod fuzz;
 pub mod handshake;
 pub mod proto;
+pub mod ranges;
 pub mod server;
+pub mod tls;
 pub mod transmission;
 
 pub use device_volume::DeviceVolume;
 pub use server::{serve, Listener, ServerConfig};
+pub use tls::{ClientCredentials, ServerCredentials, TlsAcceptor, TlsConnector};
 
 /// Errors of the NBD layer. Per-connection errors end only that connection
 /// and are logged; `serve` itself returns only configuration errors.
@@ -28,6 +35,9 @@ pub enum NbdError {
     /// for e.g. NBD_OPT_EXPORT_NAME of an unknown export.
     #[error("refused: {0}")]
     Refused(&'static str),
+    /// TLS could not be set up, or its handshake with the client failed.
+    #[error("TLS: {0}")]
+    Tls(#[from] tls::TlsError),
     /// The handshake did not finish within the configured time.
     #[error("handshake timed out")]
     Timeout,

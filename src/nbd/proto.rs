@@ -65,6 +65,8 @@ pub enum OptionCode {
     Info,
     Go,
     StructuredReply,
+    ListMetaContext,
+    SetMetaContext,
     /// Known to the protocol or not, but not implemented here.
     Other(u32),
 }
@@ -79,6 +81,8 @@ impl OptionCode {
             OPT_INFO => Self::Info,
             OPT_GO => Self::Go,
             OPT_STRUCTURED_REPLY => Self::StructuredReply,
+            OPT_LIST_META_CONTEXT => Self::ListMetaContext,
+            OPT_SET_META_CONTEXT => Self::SetMetaContext,
             other => Self::Other(other),
         }
     }
@@ -89,6 +93,7 @@ impl OptionCode {
 pub const REP_ACK: u32 = 1;
 pub const REP_SERVER: u32 = 2;
 pub const REP_INFO: u32 = 3;
+pub const REP_META_CONTEXT: u32 = 4;
 pub const REP_ERR: u32 = 1 << 31;
 pub const REP_ERR_UNSUP: u32 = REP_ERR | 1;
 pub const REP_ERR_POLICY: u32 = REP_ERR | 2;
@@ -139,6 +144,7 @@ pub enum Command {
     Trim,
     Cache,
     WriteZeroes,
+    BlockStatus,
     /// Any other value, including commands this server does not implement.
     Unknown(u16),
 }
@@ -153,6 +159,7 @@ impl Command {
             CMD_TRIM => Self::Trim,
             CMD_CACHE => Self::Cache,
             CMD_WRITE_ZEROES => Self::WriteZeroes,
+            CMD_BLOCK_STATUS => Self::BlockStatus,
             other => Self::Unknown(other),
         }
     }
@@ -164,7 +171,24 @@ pub const REPLY_FLAG_DONE: u16 = 1 << 0;
 pub const REPLY_TYPE_NONE: u16 = 0;
 pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
 pub const REPLY_TYPE_OFFSET_HOLE: u16 = 2;
+pub const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
 pub const REPLY_TYPE_ERROR: u16 = (1 << 15) | 1;
+
+// ---- Metadata contexts (proto.md "Metadata querying") ----
+
+/// The one context the protocol defines.
+pub const META_BASE_ALLOCATION: &str = "base:allocation";
+/// This server's context: which sectors are in the cache, and which of
+/// those are dirty (not yet on the origin). The namespace is not
+/// registered with the NBD project.
+pub const META_TIERCACHE_CACHE: &str = "tiercache:cache";
+/// base:allocation flags.
+pub const STATE_HOLE: u32 = 1 << 0;
+pub const STATE_ZERO: u32 = 1 << 1;
+/// tiercache:cache flags: the range is held by the cache device; of that,
+/// the range is dirty (written to the cache, not yet to the origin).
+pub const STATE_CACHED: u32 = 1 << 0;
+pub const STATE_DIRTY: u32 = 1 << 1;
 
 // ---- Error numbers (proto.md "Error values"; not the host's errno) ----
 
@@ -290,7 +314,16 @@ pub struct ErrorChunkPrefix {
     pub message_length: U16,
 }
 
+/// One extent of an NBD_REPLY_TYPE_BLOCK_STATUS chunk.
+#[derive(Debug, Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct BlockDescriptor {
+    pub length: U32,
+    pub status: U32,
+}
+
 const _: () = assert!(size_of::<ServerHello>() == 18);
+const _: () = assert!(size_of::<BlockDescriptor>() == 8);
 const _: () = assert!(size_of::<OptionHeader>() == 16);
 const _: () = assert!(size_of::<OptionReplyHeader>() == 20);
 const _: () = assert!(size_of::<ExportNameReply>() == 10);
@@ -425,6 +458,58 @@ pub fn parse_info_request(data: &[u8]) -> Result<InfoRequest, ProtoError> {
     })
 }
 
+/// The data of NBD_OPT_LIST_META_CONTEXT and NBD_OPT_SET_META_CONTEXT.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetaContextRequest {
+    pub export_name: String,
+    pub queries: Vec<String>,
+}
+
+/// Parses `u32 name length, name, u32 count, count x (u32 length, query)`;
+/// the lengths must account for every byte exactly. The count is checked
+/// against the bytes present before anything is allocated for it.
+pub fn parse_meta_context_request(data: &[u8]) -> Result<MetaContextRequest, ProtoError> {
+    let bad = ProtoError::BadLength {
+        what: "NBD_OPT_LIST/SET_META_CONTEXT",
+    };
+    let take_string = |rest: &[u8], what| -> Result<(String, usize), ProtoError> {
+        let (len, tail) = U32::read_from_prefix(rest).map_err(|_| bad.clone())?;
+        let len = len.get() as usize;
+        if tail.len() < len {
+            return Err(bad.clone());
+        }
+        Ok((parse_string(&tail[..len], what)?, 4 + len))
+    };
+    let (export_name, used) = take_string(data, "export name")?;
+    let rest = &data[used..];
+    let (count, mut rest) = U32::read_from_prefix(rest).map_err(|_| bad.clone())?;
+    let count = count.get() as usize;
+    // Every query takes at least its 4-byte length.
+    if count > rest.len() / 4 {
+        return Err(bad);
+    }
+    let mut queries = Vec::with_capacity(count);
+    for _ in 0..count {
+        let (q, used) = take_string(rest, "metadata context query")?;
+        queries.push(q);
+        rest = &rest[used..];
+    }
+    if !rest.is_empty() {
+        return Err(bad);
+    }
+    Ok(MetaContextRequest {
+        export_name,
+        queries,
+    })
+}
+
+/// Appends an NBD_REP_META_CONTEXT reply naming one context.
+pub fn put_meta_context_reply(out: &mut Vec<u8>, option: u32, context_id: u32, name: &str) {
+    let mut d = context_id.to_be_bytes().to_vec();
+    d.extend_from_slice(name.as_bytes());
+    put_option_reply(out, option, REP_META_CONTEXT, &d);
+}
+
 /// A parsed request header. The command and flags are not yet validated
 /// against the export (see `transmission::check_request`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -528,6 +613,54 @@ pub fn put_error_chunk(out: &mut Vec<u8>, cookie: u64, error: u32, message: &str
     out.extend_from_slice(message);
 }
 
+/// Descriptors in one NBD_REPLY_TYPE_BLOCK_STATUS chunk at most; a longer
+/// answer is cut short (proto.md allows a server to describe less than
+/// the requested range, never nothing).
+pub const BLOCK_STATUS_EXTENTS_MAX: usize = 1024;
+
+/// Appends one NBD_REPLY_TYPE_BLOCK_STATUS chunk for `context_id`.
+/// `extents` are (length, status) pairs; the caller guarantees one to
+/// [`BLOCK_STATUS_EXTENTS_MAX`] of them, none of length zero.
+pub fn put_block_status_chunk(
+    out: &mut Vec<u8>,
+    cookie: u64,
+    done: bool,
+    context_id: u32,
+    extents: &[(u32, u32)],
+) {
+    assert!(!extents.is_empty() && extents.len() <= BLOCK_STATUS_EXTENTS_MAX);
+    let length = (4 + extents.len() * size_of::<BlockDescriptor>()) as u32;
+    let flags = if done { REPLY_FLAG_DONE } else { 0 };
+    put_chunk_header(out, cookie, flags, REPLY_TYPE_BLOCK_STATUS, length);
+    out.extend_from_slice(&context_id.to_be_bytes());
+    for &(length, status) in extents {
+        debug_assert!(length > 0);
+        let d = BlockDescriptor {
+            length: length.into(),
+            status: status.into(),
+        };
+        out.extend_from_slice(d.as_bytes());
+    }
+}
+
+/// Parses the payload of an NBD_REPLY_TYPE_BLOCK_STATUS chunk (the client
+/// side of [`put_block_status_chunk`]): the context id and the extents.
+pub fn parse_block_status_payload(payload: &[u8]) -> Result<(u32, Vec<(u32, u32)>), ProtoError> {
+    let bad = ProtoError::BadLength {
+        what: "NBD_REPLY_TYPE_BLOCK_STATUS",
+    };
+    let (id, rest) = U32::read_from_prefix(payload).map_err(|_| bad.clone())?;
+    let descriptors = <[BlockDescriptor]>::ref_from_bytes(rest).map_err(|_| bad.clone())?;
+    if descriptors.is_empty() || descriptors.iter().any(|d| d.length.get() == 0) {
+        return Err(bad);
+    }
+    let extents = descriptors
+        .iter()
+        .map(|d| (d.length.get(), d.status.get()))
+        .collect();
+    Ok((id.get(), extents))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -587,6 +720,52 @@ mod tests {
         assert!(parse_info_request(&d).is_err());
         assert!(parse_info_request(&[0xff, 0xff, 0xff, 0xff, 0, 0]).is_err());
         assert!(parse_info_request(&[0, 0, 0, 1, 0, 0, 0]).is_err());
+    }
+
+    fn meta_data(name: &str, queries: &[&str]) -> Vec<u8> {
+        let mut d = (name.len() as u32).to_be_bytes().to_vec();
+        d.extend_from_slice(name.as_bytes());
+        d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+        for q in queries {
+            d.extend_from_slice(&(q.len() as u32).to_be_bytes());
+            d.extend_from_slice(q.as_bytes());
+        }
+        d
+    }
+
+    #[test]
+    fn meta_context_request() {
+        let d = meta_data("disk", &["base:allocation", "tiercache:"]);
+        let r = parse_meta_context_request(&d).unwrap();
+        assert_eq!(r.export_name, "disk");
+        assert_eq!(r.queries, vec!["base:allocation", "tiercache:"]);
+        for cut in 0..d.len() {
+            assert!(parse_meta_context_request(&d[..cut]).is_err(), "cut {cut}");
+        }
+        let mut long = d.clone();
+        long.push(0);
+        assert!(parse_meta_context_request(&long).is_err());
+        // A count far beyond the bytes present allocates nothing.
+        assert!(parse_meta_context_request(&[0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff]).is_err());
+        let r = parse_meta_context_request(&meta_data("", &[])).unwrap();
+        assert!(r.queries.is_empty());
+    }
+
+    #[test]
+    fn block_status_round_trip() {
+        let mut out = Vec::new();
+        put_block_status_chunk(&mut out, 9, true, 2, &[(512, 3), (4096, 0)]);
+        assert_eq!(out.len(), 20 + 4 + 16);
+        assert_eq!(u16::from_be_bytes([out[4], out[5]]), REPLY_FLAG_DONE);
+        assert_eq!(
+            u16::from_be_bytes([out[6], out[7]]),
+            REPLY_TYPE_BLOCK_STATUS
+        );
+        let (id, ext) = parse_block_status_payload(&out[20..]).unwrap();
+        assert_eq!((id, ext), (2, vec![(512, 3), (4096, 0)]));
+        assert!(parse_block_status_payload(&out[20..27]).is_err());
+        assert!(parse_block_status_payload(&[0, 0, 0, 1]).is_err());
+        assert!(parse_block_status_payload(&[0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1]).is_err());
     }
 
     #[test]

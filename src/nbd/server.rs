@@ -1,19 +1,25 @@
 //! The listener loop: accepts connections on Unix and TCP sockets, runs the
-//! handshake under a time limit, then the transmission phase. Each
-//! connection is its own task; a failing client ends only its connection.
+//! handshake (with the TLS upgrade, when the listener offers TLS) under a
+//! time limit, then the transmission phase. Each connection is its own
+//! task; a failing client ends only its connection.
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use log::{error, info, warn};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, UnixListener};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{watch, Semaphore};
 
-use super::handshake::{self, ExportInfo, HandshakeLimits};
+use super::handshake::{self, ExportInfo, HandshakeLimits, Negotiation, Step, TlsPolicy};
 use super::proto;
-use super::transmission::{self, shutdown_requested, ConnEnd, ConnLimits, ExportLimits};
+use super::ranges::RangeLocks;
+use super::tls::{BoxStream, TlsAcceptor};
+use super::transmission::{
+    self, shutdown_requested, ConnEnd, ConnLimits, ExportLimits, SharedExport,
+};
 use super::NbdError;
 use crate::device::SECTOR_BYTES;
 use crate::volume::Volume;
@@ -32,13 +38,21 @@ pub struct ServerConfig {
     pub max_request_bytes: u32,
     /// Requests executing at once on one connection.
     pub max_in_flight_per_conn: usize,
-    /// Payload and read-data bytes held by one connection's in-flight
-    /// requests; at least `max_request_bytes`.
+    /// Bytes held by one connection's in-flight requests (payloads, read
+    /// data); at least `max_request_bytes`. A client that has this much
+    /// in flight is not read from until some of it is answered.
     pub max_buffered_bytes_per_conn: u32,
+    /// The same bound over all connections together; at least
+    /// `max_buffered_bytes_per_conn`.
+    pub max_buffered_bytes_total: u64,
     /// Connections served at once; more are accepted and closed at once.
     pub max_connections: usize,
-    /// Time a client has from connecting to entering transmission.
+    /// Time a client has from connecting to entering transmission, the
+    /// TLS handshake included.
     pub handshake_timeout: Duration,
+    /// A connection whose reply writes or write payload make no progress
+    /// for this long is closed (clients that stop reading replies).
+    pub stall_timeout: Duration,
     /// Options accepted before NBD_OPT_GO/EXPORT_NAME.
     pub max_options: u32,
     /// Longest option data accepted.
@@ -47,17 +61,22 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
 }
 
+/// 64 MiB: what nbdkit accepts; twice the 32 MiB every client may assume.
+pub const DEFAULT_MAX_REQUEST_BYTES: u32 = 64 << 20;
+
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             export_name: String::new(),
             description: "tiercache".into(),
             read_only: false,
-            max_request_bytes: 32 << 20,
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             max_in_flight_per_conn: 128,
-            max_buffered_bytes_per_conn: 64 << 20,
+            max_buffered_bytes_per_conn: 128 << 20,
+            max_buffered_bytes_total: 512 << 20,
             max_connections: 64,
             handshake_timeout: Duration::from_secs(30),
+            stall_timeout: Duration::from_secs(60),
             max_options: 32,
             max_option_bytes: 64 << 10,
             shutdown_grace: Duration::from_secs(30),
@@ -76,6 +95,13 @@ impl ServerConfig {
         if self.max_buffered_bytes_per_conn < self.max_request_bytes {
             return bad("max_buffered_bytes_per_conn must be at least max_request_bytes");
         }
+        if self.max_buffered_bytes_total < u64::from(self.max_buffered_bytes_per_conn) {
+            return bad("max_buffered_bytes_total must be at least max_buffered_bytes_per_conn");
+        }
+        // tokio's Semaphore holds at most usize::MAX >> 3 permits.
+        if self.max_buffered_bytes_total > 1 << 48 {
+            return bad("max_buffered_bytes_total must be at most 256 TiB");
+        }
         if self.max_in_flight_per_conn == 0 || self.max_connections == 0 {
             return bad("max_in_flight_per_conn and max_connections must be positive");
         }
@@ -89,19 +115,53 @@ impl ServerConfig {
     }
 }
 
-/// A socket to accept NBD clients on.
-pub enum Listener {
+/// A socket to accept NBD clients on, and its TLS policy.
+pub struct Listener {
+    socket: Socket,
+    tls: Option<ListenerTls>,
+}
+
+enum Socket {
     Unix(UnixListener),
     Tcp(TcpListener),
 }
 
+#[derive(Clone)]
+struct ListenerTls {
+    acceptor: TlsAcceptor,
+    required: bool,
+}
+
 impl Listener {
+    /// A Unix socket listener without TLS.
     pub fn bind_unix(path: impl AsRef<Path>) -> std::io::Result<Self> {
-        UnixListener::bind(path).map(Listener::Unix)
+        UnixListener::bind(path).map(|l| Listener {
+            socket: Socket::Unix(l),
+            tls: None,
+        })
     }
 
+    /// A TCP listener without TLS.
     pub async fn bind_tcp(addr: impl tokio::net::ToSocketAddrs) -> std::io::Result<Self> {
-        TcpListener::bind(addr).await.map(Listener::Tcp)
+        TcpListener::bind(addr).await.map(|l| Listener {
+            socket: Socket::Tcp(l),
+            tls: None,
+        })
+    }
+
+    /// Offers TLS on this listener: with `required`, FORCEDTLS (no option
+    /// but STARTTLS is answered before TLS is up), else optional.
+    pub fn with_tls(mut self, acceptor: TlsAcceptor, required: bool) -> Self {
+        self.tls = Some(ListenerTls { acceptor, required });
+        self
+    }
+
+    /// The bound address of a TCP listener.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        match &self.socket {
+            Socket::Tcp(l) => l.local_addr().ok(),
+            Socket::Unix(_) => None,
+        }
     }
 }
 
@@ -125,7 +185,7 @@ pub fn transmission_flags<V: Volume>(volume: &V, config: &ServerConfig) -> u16 {
 }
 
 struct Shared<V> {
-    volume: Arc<V>,
+    export_shared: SharedExport<V>,
     config: ServerConfig,
     export: ExportInfo,
 }
@@ -154,8 +214,14 @@ pub async fn serve<V: Volume>(
         max_block_bytes: config.max_request_bytes,
     };
     let connections = Arc::new(Semaphore::new(config.max_connections));
+    let total = config.max_buffered_bytes_total as usize;
     let shared = Arc::new(Shared {
-        volume,
+        export_shared: SharedExport {
+            volume,
+            locks: RangeLocks::new(),
+            buffered_total: Arc::new(Semaphore::new(total)),
+            buffered_total_max: total,
+        },
         config,
         export,
     });
@@ -184,7 +250,7 @@ async fn accept_loop<V: Volume>(
         let accepted = tokio::select! {
             biased;
             _ = shutdown_requested(&mut shutdown) => return,
-            a = accept(&listener) => a,
+            a = accept(&listener.socket) => a,
         };
         let (stream, peer) = match accepted {
             Ok(a) => a,
@@ -204,17 +270,14 @@ async fn accept_loop<V: Volume>(
         };
         let shared = shared.clone();
         let shutdown = shutdown.clone();
+        let tls = listener.tls.clone();
         tokio::spawn(async move {
             let _permit = permit;
             match stream {
-                Stream::Unix(s) => {
-                    let (r, w) = s.into_split();
-                    serve_connection(r, w, &peer, shared, shutdown).await
-                }
+                Stream::Unix(s) => serve_connection(s, &peer, tls, shared, shutdown).await,
                 Stream::Tcp(s) => {
                     let _ = s.set_nodelay(true);
-                    let (r, w) = s.into_split();
-                    serve_connection(r, w, &peer, shared, shutdown).await
+                    serve_connection(s, &peer, tls, shared, shutdown).await
                 }
             }
         });
@@ -222,34 +285,92 @@ async fn accept_loop<V: Volume>(
 }
 
 enum Stream {
-    Unix(tokio::net::UnixStream),
-    Tcp(tokio::net::TcpStream),
+    Unix(UnixStream),
+    Tcp(TcpStream),
 }
 
-async fn accept(listener: &Listener) -> std::io::Result<(Stream, String)> {
-    match listener {
-        Listener::Unix(l) => {
+async fn accept(socket: &Socket) -> std::io::Result<(Stream, String)> {
+    match socket {
+        Socket::Unix(l) => {
             let (s, _) = l.accept().await?;
             Ok((Stream::Unix(s), "unix client".into()))
         }
-        Listener::Tcp(l) => {
+        Socket::Tcp(l) => {
             let (s, addr) = l.accept().await?;
             Ok((Stream::Tcp(s), addr.to_string()))
         }
     }
 }
 
-async fn serve_connection<R, W, V>(
-    mut rd: R,
-    mut wr: W,
+/// A plaintext socket whose halves can be owned by two tasks without a
+/// lock (an encrypted stream is split with `tokio::io::split`).
+trait PlainStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    type Read: AsyncRead + Unpin + Send + 'static;
+    type Write: AsyncWrite + Unpin + Send + 'static;
+    fn split_owned(self) -> (Self::Read, Self::Write);
+}
+
+impl PlainStream for TcpStream {
+    type Read = tokio::net::tcp::OwnedReadHalf;
+    type Write = tokio::net::tcp::OwnedWriteHalf;
+    fn split_owned(self) -> (Self::Read, Self::Write) {
+        self.into_split()
+    }
+}
+
+impl PlainStream for UnixStream {
+    type Read = tokio::net::unix::OwnedReadHalf;
+    type Write = tokio::net::unix::OwnedWriteHalf;
+    fn split_owned(self) -> (Self::Read, Self::Write) {
+        self.into_split()
+    }
+}
+
+/// The stream transmission runs on.
+enum Negotiated<S> {
+    Plain(S),
+    Tls(BoxStream),
+}
+
+/// Greeting and option haggling, with the TLS upgrade on NBD_OPT_STARTTLS.
+/// `Ok(None)`: the client aborted.
+async fn handshake_phase<S: PlainStream>(
+    mut s: S,
+    export: &ExportInfo,
+    limits: HandshakeLimits,
+    tls: Option<ListenerTls>,
+) -> Result<Option<(Negotiated<S>, handshake::TransmissionMode)>, NbdError> {
+    let flags = handshake::greet(&mut s).await?;
+    let policy = match &tls {
+        None => TlsPolicy::Off,
+        Some(t) if t.required => TlsPolicy::Required,
+        Some(_) => TlsPolicy::Optional,
+    };
+    let mut neg = Negotiation::new(export.clone(), flags, policy);
+    let mut seen = 0;
+    match handshake::haggle(&mut s, &mut neg, limits, &mut seen).await? {
+        Step::Abort => return Ok(None),
+        Step::Transmission(mode) => return Ok(Some((Negotiated::Plain(s), mode))),
+        Step::StartTls => {}
+    }
+    let tls = tls.expect("STARTTLS is acknowledged only when TLS is offered");
+    let (mut t, what) = tls.acceptor.accept(s).await?;
+    info!("TLS up ({what})");
+    neg.tls_started();
+    match handshake::haggle(&mut t, &mut neg, limits, &mut seen).await? {
+        Step::Abort => Ok(None),
+        Step::Transmission(mode) => Ok(Some((Negotiated::Tls(t), mode))),
+        Step::StartTls => unreachable!("a second STARTTLS is refused"),
+    }
+}
+
+async fn serve_connection<S: PlainStream, V: Volume>(
+    s: S,
     peer: &str,
+    tls: Option<ListenerTls>,
     shared: Arc<Shared<V>>,
     mut shutdown: watch::Receiver<bool>,
-) where
-    R: AsyncRead + Unpin + Send + 'static,
-    W: AsyncWrite + Unpin + Send + 'static,
-    V: Volume,
-{
+) {
     let cfg = &shared.config;
     info!("{peer}: connected");
     let limits = HandshakeLimits {
@@ -258,7 +379,7 @@ async fn serve_connection<R, W, V>(
     };
     let handshake = tokio::time::timeout(
         cfg.handshake_timeout,
-        handshake::negotiate(&mut rd, &mut wr, &shared.export, limits),
+        handshake_phase(s, &shared.export, limits, tls),
     );
     let negotiated = tokio::select! {
         biased;
@@ -268,8 +389,8 @@ async fn serve_connection<R, W, V>(
         }
         r = handshake => r.unwrap_or(Err(NbdError::Timeout)),
     };
-    let mode = match negotiated {
-        Ok(Some(mode)) => mode,
+    let (stream, mode) = match negotiated {
+        Ok(Some(n)) => n,
         Ok(None) => {
             info!("{peer}: aborted the handshake");
             return;
@@ -283,22 +404,36 @@ async fn serve_connection<R, W, V>(
             return;
         }
     };
+    let encrypted = matches!(stream, Negotiated::Tls(_));
     info!(
-        "{peer}: transmission (structured replies: {})",
-        mode.structured_replies
+        "{peer}: transmission (TLS: {encrypted}, structured replies: {}, minimum block: {})",
+        mode.structured_replies, mode.min_block_bytes
     );
     let export = ExportLimits {
         size_bytes: shared.export.size_bytes,
         read_only: cfg.read_only,
         max_request_bytes: cfg.max_request_bytes,
+        min_block_bytes: mode.min_block_bytes,
+        contexts: mode.contexts,
     };
     let conn_limits = ConnLimits {
         in_flight_max: cfg.max_in_flight_per_conn,
         buffered_bytes_max: cfg.max_buffered_bytes_per_conn,
         shutdown_grace: cfg.shutdown_grace,
+        stall_timeout: cfg.stall_timeout,
     };
-    let volume = shared.volume.clone();
-    match transmission::run(rd, wr, volume, export, mode, conn_limits, shutdown).await {
+    let ex = shared.export_shared.clone();
+    let end = match stream {
+        Negotiated::Plain(s) => {
+            let (r, w) = s.split_owned();
+            transmission::run(r, w, ex, export, mode, conn_limits, shutdown).await
+        }
+        Negotiated::Tls(t) => {
+            let (r, w) = tokio::io::split(t);
+            transmission::run(r, w, ex, export, mode, conn_limits, shutdown).await
+        }
+    };
+    match end {
         ConnEnd::Clean => info!("{peer}: disconnected"),
         ConnEnd::ServerShutdown => info!("{peer}: closed by server shutdown"),
         ConnEnd::Broken(why) => warn!("{peer}: connection dropped: {why}"),

@@ -16,7 +16,7 @@ use tiercache::device::ram::RamDevice;
 use tiercache::engine::volume::AsyncEngine;
 use tiercache::engine::{CreateOptions, Engine, Mode};
 use tiercache::nbd::proto;
-use tiercache::nbd::{serve, DeviceVolume, Listener, ServerConfig};
+use tiercache::nbd::{serve, DeviceVolume, Listener, ServerConfig, ServerCredentials, TlsAcceptor};
 
 /// Names of the server's runtime threads; a panic on one fails the tests.
 const SERVER_THREAD: &str = "nbd-test-server";
@@ -54,9 +54,18 @@ pub enum Backend {
     Engine(Mode),
 }
 
+/// TLS on the test server's loopback TCP listener.
+#[derive(Clone, Debug)]
+pub struct TestTls {
+    pub creds: ServerCredentials,
+    pub required: bool,
+}
+
 pub struct TestServer {
     pub dir: tempfile::TempDir,
     pub sock: PathBuf,
+    /// The loopback TCP port, when the server listens on TCP too.
+    pub tcp_port: Option<u16>,
     pub size_bytes: u64,
     shutdown: tokio::sync::watch::Sender<bool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -80,6 +89,26 @@ impl TestServer {
     }
 
     pub fn start_backend(size_bytes: u64, config: ServerConfig, backend: Backend) -> Self {
+        Self::start_full(size_bytes, config, backend, None, false)
+    }
+
+    /// Also listens on a loopback TCP port (plaintext with `tls: None`).
+    pub fn start_tcp(
+        size_bytes: u64,
+        config: ServerConfig,
+        backend: Backend,
+        tls: Option<TestTls>,
+    ) -> Self {
+        Self::start_full(size_bytes, config, backend, tls, true)
+    }
+
+    fn start_full(
+        size_bytes: u64,
+        config: ServerConfig,
+        backend: Backend,
+        tls: Option<TestTls>,
+        tcp: bool,
+    ) -> Self {
         install_panic_hook();
         let dir = tempfile::tempdir().expect("tempdir");
         let sock = dir.path().join("nbd.sock");
@@ -96,13 +125,23 @@ impl TestServer {
                     .build()
                     .expect("runtime");
                 rt.block_on(async move {
-                    let listener = Listener::bind_unix(&sock2).expect("bind");
+                    let mut listeners = vec![Listener::bind_unix(&sock2).expect("bind")];
+                    let mut port = None;
+                    if tcp {
+                        let mut l = Listener::bind_tcp("127.0.0.1:0").await.expect("bind tcp");
+                        port = l.local_addr().map(|a| a.port());
+                        if let Some(t) = tls {
+                            let acceptor = TlsAcceptor::new(&t.creds).expect("TLS credentials");
+                            l = l.with_tls(acceptor, t.required);
+                        }
+                        listeners.push(l);
+                    }
                     let origin = Arc::new(RamDevice::new("ram", size_bytes));
                     match backend {
                         Backend::Device => {
                             let volume = Arc::new(DeviceVolume::new(origin, 4096));
-                            ready_tx.send(()).expect("ready");
-                            serve(volume, vec![listener], config, shutdown_rx)
+                            ready_tx.send(port).expect("ready");
+                            serve(volume, listeners, config, shutdown_rx)
                                 .await
                                 .expect("serve");
                         }
@@ -115,9 +154,9 @@ impl TestServer {
                                 ..Default::default()
                             };
                             let engine = Engine::create(cache, origin, &opts).expect("create");
-                            ready_tx.send(()).expect("ready");
+                            ready_tx.send(port).expect("ready");
                             let volume = Arc::new(AsyncEngine(engine.clone()));
-                            serve(volume, vec![listener], config, shutdown_rx)
+                            serve(volume, listeners, config, shutdown_rx)
                                 .await
                                 .expect("serve");
                             engine.close().expect("clean shutdown");
@@ -126,12 +165,13 @@ impl TestServer {
                 });
             })
             .expect("spawn server thread");
-        ready_rx
+        let tcp_port = ready_rx
             .recv_timeout(Duration::from_secs(10))
             .expect("server did not start");
         TestServer {
             dir,
             sock,
+            tcp_port,
             size_bytes,
             shutdown,
             thread: Some(thread),
@@ -144,6 +184,14 @@ impl TestServer {
 
     pub fn client(&self) -> RawClient {
         RawClient::connect(&self.sock)
+    }
+
+    /// `host:port` of the TCP listener.
+    pub fn tcp_addr(&self) -> String {
+        format!(
+            "127.0.0.1:{}",
+            self.tcp_port.expect("server listens on TCP")
+        )
     }
 }
 

@@ -1,0 +1,11 @@
+//! Block status: descriptors built from arbitrary volume extents, their
+//! encoding round trip, and the reply and meta-context parsers on raw
+//! bytes (`tiercache::nbd::fuzz::block_status`).
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use tiercache::nbd::fuzz;
+
+fuzz_target!(|data: &[u8]| {
+    fuzz::block_status(data);
+});
