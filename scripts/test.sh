@@ -24,3 +24,6 @@ fi
 cargo fmt --check
 cargo clippy --all-targets --quiet -- -D warnings
 cargo test --quiet
+# tiercache under a real kernel (qemu, TCG): ext4 and fio verify over the
+# kernel NBD client; installs qemu and the kernel itself (docs/guest.md).
+./scripts/guest-test.sh --quick --debug
