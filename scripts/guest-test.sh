@@ -172,11 +172,12 @@ disk() { # NAME SIZE_MIB
     DISKS+=(-drive "file=$RUN/disks/$1.img,format=raw,if=none,id=$1,cache=none,aio=threads"
            -device "virtio-blk-pci,drive=$1,serial=$1")
 }
-if [ "$MODE" = compare ]; then
+# The tests use "origin" and "cache", --compare one pair per system; a
+# --run script gets both sets.
+if [ "$MODE" != compare ]; then disk origin 512; disk cache 128; fi
+if [ "$MODE" = compare ] || [ "$MODE" = run ]; then
     for sys in wc bc dc tc; do disk "origin-$sys" 512; disk "cache-$sys" 128; done
     disk meta-dc 16
-else
-    disk origin 512; disk cache 128
 fi
 case "$MODE" in
     quick) : "${TESTS:=ext4_writeback fio_verify_writeback}" ;;
@@ -194,6 +195,11 @@ TC_TESTS='$TESTS'
 TC_RUN_FILE=/run/results/user-script.sh
 TC_FIO_JOB_MIB=$([ "$MODE" = quick ] && echo 8 || echo 24)
 EOF
+# Knobs of --compare (docs/guest.md): TC_COMPARE_RUN_S, TC_COMPARE_SPAN_MIB,
+# TC_COMPARE_SYSTEMS, TC_COMPARE_WORKLOADS.
+for v in $(compgen -e | grep '^TC_COMPARE_' || true); do
+    printf "%s='%s'\n" "$v" "${!v}" >>"$RUN/results/config.sh"
+done
 
 # 6. Boot. The whole run has a deadline: qemu is killed (by its PID) when
 #    it passes, and the run fails with a message that says so.

@@ -3,6 +3,7 @@
 # by PID.
 
 . /run/results/config.sh
+HERE=$TC_DIR/scripts/guest
 export TIERCACHE_STATE_DIR=/run/tc
 PIDS=/run/test-pids
 MNT=/run/mnt
@@ -71,7 +72,13 @@ drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 
 # Origin request counters: completed reads and writes from
 # /sys/block/DEV/stat (fields 1 and 5).
-dev_stat() { awk '{ print $1, $5 }' "/sys/block/$(basename "$(readlink -f "$1")")/stat"; }
+# (By device number: without udev /dev/mapper/* are nodes, not links.)
+dev_stat() {
+    local mm
+    mm=$(stat -L -c '%t %T' "$1") || fail "no device $1"
+    set -- $mm
+    awk '{ print $1, $5 }' "/sys/dev/block/$((16#$1)):$((16#$2))/stat"
+}
 
 # Ends whatever a test left behind: mounts, NBD devices, device-mapper
 # and bcache devices, and the processes it started (by PID).
