@@ -16,8 +16,10 @@
 #   randwrite  4 KiB random writes, QD32
 #   readhit    4 KiB random reads, QD32, after the span was written once
 #              sequentially and read twice at random (the warm-up)
-#   subwrite   random writes of 512 B..3.5 KiB, 512-aligned (fio bsrange +
-#              bs_unaligned), QD16
+#   subwrite   random writes of 512 B..3.5 KiB, 512-aligned offsets and
+#              lengths (fio bsrange=512-3584, blockalign=512; bs_unaligned
+#              would give lengths that are not 512 multiples, which O_DIRECT
+#              refuses), QD16
 # Counted per system and workload: fio's IOPS; requests that reached the
 # origin (completed reads and writes in /sys/block/<dm-delay>/stat) during
 # the measured run, and again once all dirty data is written back (each
@@ -153,8 +155,8 @@ teardown_dc() { dmsetup remove dc; dmsetup remove slow-dc; }
 setup_tc() {
     make_slow tc
     tc create --origin "$SLOW" --cache "$(disk cache-tc)" --mode writeback --block-size 4K --force >/dev/null
-    serve_start tc0
-    nbd_attach /dev/nbd0 tc0 -b 512
+    serve_start tc0 ${TC_COMPARE_SERVE_ARGS:-}
+    nbd_attach /dev/nbd0 tc0 -b 512 -C "${TC_COMPARE_NBD_CONNECTIONS:-1}"
     DEV=/dev/nbd0
 }
 stats_tc() {
@@ -208,7 +210,7 @@ measure() { # SYS WORKLOAD
     case "$wl" in
         randwrite) fio_run "$dev" "$sys-$wl" --rw=randwrite --bs=4k --iodepth=32 --time_based --runtime=$RUN_S ;;
         readhit) fio_run "$dev" "$sys-$wl" --rw=randread --bs=4k --iodepth=32 --time_based --runtime=$RUN_S ;;
-        subwrite) fio_run "$dev" "$sys-$wl" --rw=randwrite --bsrange=512-3584 --bs_unaligned --blockalign=512 --iodepth=16 --time_based --runtime=$RUN_S ;;
+        subwrite) fio_run "$dev" "$sys-$wl" --rw=randwrite --bsrange=512-3584 --blockalign=512 --iodepth=16 --time_based --runtime=$RUN_S ;;
     esac
     after=$(dev_stat "$slow")
     hits=$(stats_$sys)
