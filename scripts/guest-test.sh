@@ -149,6 +149,7 @@ if ! [ -f "$INITRD" ]; then
     (cd "$STAGE" && find . | cpio -o -H newc --quiet) >"$INITRD.tmp"
     mv "$INITRD.tmp" "$INITRD"
     rm -rf "$STAGE"
+    find "$GUEST" -maxdepth 1 -name 'initramfs-*.cpio' ! -name "${INITRD##*/}" -delete
 fi
 
 # 4. The tiercache binary, built on the host.
