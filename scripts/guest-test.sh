@@ -17,6 +17,9 @@
 # Exit status: 0 when every test passed, 1 otherwise (a test failed, the
 # guest did not finish in time, or it could not be started).
 set -euo pipefail
+# The whole script is one block, parsed before it runs: editing this file
+# while a (long) run is going cannot break that run.
+{
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
@@ -71,7 +74,7 @@ apt_install() {
 missing=()
 for pair in qemu-system-x86_64:qemu-system-x86 nbd-client:nbd-client fio:fio \
             mkfs.ext4:e2fsprogs e2fsck:e2fsprogs dmsetup:dmsetup cpio:cpio \
-            make-bcache:bcache-tools xz:xz-utils; do
+            make-bcache:bcache-tools xz:xz-utils nbdkit:nbdkit; do
     tool=${pair%%:*}; pkg=${pair##*:}
     PATH=$PATH:/usr/sbin:/sbin command -v "$tool" >/dev/null 2>&1 || missing+=("$pkg")
 done
@@ -178,11 +181,11 @@ disk() { # NAME SIZE_MIB
 if [ "$MODE" != compare ]; then disk origin 512; disk cache 128; fi
 if [ "$MODE" = compare ] || [ "$MODE" = run ]; then
     for sys in wc bc dc tc; do disk "origin-$sys" 512; disk "cache-$sys" 128; done
-    disk meta-dc 16
+    disk meta-dc 16; disk fast-nbd 128
 fi
 case "$MODE" in
-    quick) : "${TESTS:=ext4_writeback fio_verify_writeback}" ;;
-    full) : "${TESTS:=ext4_writeback ext4_writethrough fio_verify_writeback fio_verify_writethrough}" ;;
+    quick) : "${TESTS:=ext4_writeback ext4_restart_writeback fio_verify_writeback}" ;;
+    full) : "${TESTS:=ext4_writeback ext4_writethrough ext4_restart_writeback ext4_restart_writethrough fio_verify_writeback fio_verify_writethrough}" ;;
     compare) TESTS=compare ;;
     run) TESTS=run ;;
 esac
@@ -260,3 +263,5 @@ done
 echo "guest-test: $(elapsed) s in all"
 echo "guest: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
+exit
+}

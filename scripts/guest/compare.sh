@@ -11,6 +11,9 @@
 #   bc       bcache, writeback, sequential_cutoff 0
 #   dc       dm-cache, smq policy, writeback, 32 KiB blocks (its minimum)
 #   tc       tiercache writeback, 4 KiB blocks, over the kernel NBD client
+#   nbd      no cache and no origin: nbdkit's file plugin serving a disk
+#            like the cache disks over the same kernel NBD client, the
+#            ceiling for any userspace device behind NBD in this guest
 # Workloads (fio, libaio, O_DIRECT, one job, over the first SPAN_MIB of the
 # volume, RUN_S seconds each):
 #   randwrite  4 KiB random writes, QD32
@@ -102,7 +105,7 @@ stats_bc() {
     local s=$BC/stats_total
     # bcache adds its counters to stats_total every 5 s.
     sleep 5.5
-    echo "hits $(cat $s/cache_hits) misses $(cat $s/cache_misses) bypass $(cat $s/cache_bypass_hits)/$(cat $s/cache_bypass_misses) (reads and writes)"
+    echo "hits $(cat $s/cache_hits) misses $(cat $s/cache_misses) bypass $(cat $s/cache_bypass_hits)/$(cat $s/cache_bypass_misses) (reads; bcache counts no write hits)"
 }
 writeback_bc() {
     # Detaching writes back every dirty key without the writeback rate
@@ -167,6 +170,21 @@ print("reads hits %d misses %d; writes hits %d misses %d" % (s["read_hits"], s["
 }
 writeback_tc() { tc flush >/dev/null; }
 teardown_tc() { nbd_detach /dev/nbd0; serve_stop; dmsetup remove slow-tc; }
+
+setup_nbd() {
+    local sock=$WORK/nbdkit.sock
+    nbdkit -f -U "$sock" file file="$(disk fast-nbd)" cache=none >>$WORK/nbdkit.log 2>&1 &
+    NBDKIT_PID=$!
+    echo $NBDKIT_PID >>$PIDS
+    local i
+    for i in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+    nbd-client -unix "$sock" /dev/nbd0 -b 512 >/dev/null || fail "nbd-client to nbdkit"
+    DEV=/dev/nbd0
+    SLOW=$(disk fast-nbd)
+}
+stats_nbd() { echo "-"; }
+writeback_nbd() { :; }
+teardown_nbd() { nbd_detach /dev/nbd0; kill "$NBDKIT_PID"; wait "$NBDKIT_PID" 2>/dev/null || true; }
 
 # --- workloads
 
@@ -235,7 +253,7 @@ compare_all() {
     : >"$ROWS"
     local wl sys
     for wl in ${TC_COMPARE_WORKLOADS:-randwrite readhit subwrite}; do
-        for sys in ${TC_COMPARE_SYSTEMS:-origin wc bc dc tc}; do
+        for sys in ${TC_COMPARE_SYSTEMS:-origin wc bc dc tc nbd}; do
             measure "$sys" "$wl"
         done
     done

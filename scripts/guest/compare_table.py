@@ -11,6 +11,7 @@ NAMES = {
     "bc": "bcache",
     "dc": "dm-cache (smq)",
     "tc": "tiercache writeback",
+    "nbd": "NBD ceiling (nbdkit file, no cache)",
 }
 WORKLOADS = {
     "randwrite": "4K random writes, QD32",

@@ -46,6 +46,7 @@ for t in $TC_TESTS; do
         run) run_test run ". '$TC_RUN_FILE'" ;;
         ext4_writeback|ext4_writethrough) run_test "$t" "test_ext4_kill ${t#ext4_}" ;;
         fio_verify_writeback|fio_verify_writethrough) run_test "$t" "test_fio_verify ${t#fio_verify_}" ;;
+        ext4_restart_writeback|ext4_restart_writethrough) run_test "$t" "test_ext4_restart ${t#ext4_restart_}" ;;
         compare) TEST_TIMEOUT_S=2300 run_test compare "compare_all" ;;
         *) echo "FAIL $t 0 (unknown test)" >>$RESULTS/summary ;;
     esac
