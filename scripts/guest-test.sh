@@ -104,7 +104,10 @@ KDIR=$GUEST/$PKG
 if ! [ -f "$KDIR/.extracted" ]; then
     say "downloading $PKG"
     rm -rf "$KDIR"; mkdir -p "$KDIR"
-    (cd "$KDIR" && apt-get download -q "$PKG" >/dev/null 2>&1) || die "apt-get download $PKG"
+    # Stale package lists may name a version the mirror no longer has.
+    (cd "$KDIR" && apt-get download -q "$PKG" >/dev/null 2>&1) \
+        || { $SUDO apt-get update -qq && (cd "$KDIR" && apt-get download -q "$PKG" >/dev/null 2>&1); } \
+        || die "apt-get download $PKG"
     dpkg -x "$KDIR"/*.deb "$KDIR/x"
     rm -f "$KDIR"/*.deb
     touch "$KDIR/.extracted"
