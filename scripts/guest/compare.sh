@@ -173,6 +173,7 @@ teardown_tc() { nbd_detach /dev/nbd0; serve_stop; dmsetup remove slow-tc; }
 
 setup_nbd() {
     local sock=$WORK/nbdkit.sock
+    rm -f "$sock"
     nbdkit -f -U "$sock" file file="$(disk fast-nbd)" cache=none >>$WORK/nbdkit.log 2>&1 &
     NBDKIT_PID=$!
     echo $NBDKIT_PID >>$PIDS
