@@ -15,14 +15,15 @@
 #            like the cache disks over the same kernel NBD client, the
 #            ceiling for any userspace device behind NBD in this guest
 # Workloads (fio, libaio, O_DIRECT, one job, over the first SPAN_MIB of the
-# volume, RUN_S seconds each):
-#   randwrite  4 KiB random writes, QD32
-#   readhit    4 KiB random reads, QD32, after the span was written once
-#              sequentially and read twice at random (the warm-up)
+# volume, the same number of I/Os on every system, so that what reaches the
+# origin is counted for the same client work):
+#   randwrite  4 KiB random writes, QD32, 16384 I/Os
+#   readhit    4 KiB random reads, QD32, 16384 I/Os, after the span was
+#              written once sequentially and read twice at random (warm-up)
 #   subwrite   random writes of 512 B..3.5 KiB, 512-aligned offsets and
 #              lengths (fio bsrange=512-3584, blockalign=512; bs_unaligned
 #              would give lengths that are not 512 multiples, which O_DIRECT
-#              refuses), QD16
+#              refuses), QD16, 8192 I/Os
 # Counted per system and workload: fio's IOPS; requests that reached the
 # origin (completed reads and writes in /sys/block/<dm-delay>/stat) during
 # the measured run, and again once all dirty data is written back (each
@@ -30,7 +31,8 @@
 # cleaner policy, `tiercache flush`); hits as the system counts them.
 
 SPAN_MIB=${TC_COMPARE_SPAN_MIB:-64}
-RUN_S=${TC_COMPARE_RUN_S:-15}
+# I/Os per measured run: randwrite, readhit, subwrite.
+IOS=(${TC_COMPARE_IOS:-16384 16384 8192})
 DELAY_MS=5
 CMP=/run/results/compare
 ROWS=$CMP/rows.tsv
@@ -227,9 +229,9 @@ measure() { # SYS WORKLOAD
     hits0=$(stats_$sys)
     before=$(dev_stat "$slow")
     case "$wl" in
-        randwrite) fio_run "$dev" "$sys-$wl" --rw=randwrite --bs=4k --iodepth=32 --time_based --runtime=$RUN_S ;;
-        readhit) fio_run "$dev" "$sys-$wl" --rw=randread --bs=4k --iodepth=32 --time_based --runtime=$RUN_S ;;
-        subwrite) fio_run "$dev" "$sys-$wl" --rw=randwrite --bsrange=512-3584 --blockalign=512 --iodepth=16 --time_based --runtime=$RUN_S ;;
+        randwrite) fio_run "$dev" "$sys-$wl" --rw=randwrite --bs=4k --iodepth=32 --number_ios=${IOS[0]} --norandommap ;;
+        readhit) fio_run "$dev" "$sys-$wl" --rw=randread --bs=4k --iodepth=32 --number_ios=${IOS[1]} --norandommap ;;
+        subwrite) fio_run "$dev" "$sys-$wl" --rw=randwrite --bsrange=512-3584 --blockalign=512 --iodepth=16 --number_ios=${IOS[2]} --norandommap ;;
     esac
     after=$(dev_stat "$slow")
     hits=$(stats_$sys)
@@ -258,5 +260,5 @@ compare_all() {
             measure "$sys" "$wl"
         done
     done
-    python3 "$HERE/compare_table.py" "$ROWS" "$RUN_S" "$SPAN_MIB" | tee "$CMP/table.md"
+    python3 "$HERE/compare_table.py" "$ROWS" "${IOS[*]}" "$SPAN_MIB" | tee "$CMP/table.md"
 }

@@ -31,17 +31,18 @@ def delta(before, after):
 
 
 def main():
-    rows_path, run_s, span_mib = sys.argv[1:4]
+    rows_path, ios, span_mib = sys.argv[1:4]
     rows = [l.rstrip("\n").split("\t") for l in open(rows_path) if l.strip()]
     by_wl = {}
     for r in rows:
         by_wl.setdefault(r[1], []).append(r)
-    print(f"Each run {run_s} s over the first {span_mib} MiB of a 512 MiB origin "
-          "(dm-delay, 5 ms) cached on 128 MiB; x tc = IOPS / tiercache's IOPS in the same run.")
+    print(f"I/Os per run (randwrite, readhit, subwrite): {ios}, over the first {span_mib} MiB of a "
+          "512 MiB origin (dm-delay, 5 ms) cached on 128 MiB; x tc = IOPS / tiercache's IOPS in the same run.")
     print()
     print("| workload | system | IOPS | x tc | origin reads / writes in the run | "
-          "per 1000 client I/Os | origin reads / writes incl. writeback | hits in the run (as the system counts them) |")
-    print("|---|---|---:|---:|---:|---:|---:|---|")
+          "per 1000 client I/Os | origin reads / writes incl. writeback | per 1000 client I/Os | "
+          "hits in the run (as the system counts them) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
     for wl, rs in by_wl.items():
         tc = next((float(r[2]) for r in rs if r[0] == "tc"), None)
         for r in rs:
@@ -49,9 +50,10 @@ def main():
             iops_f = float(iops)
             ratio = f"{iops_f / tc:.2f}" if tc else "-"
             per_k = (int(rd) + int(wr)) * 1000 / max(int(ios), 1)
+            per_k_wb = (int(rdw) + int(wrw)) * 1000 / max(int(ios), 1)
             hits = "-" if h1 == "-" else delta(h0, h1)
             print(f"| {WORKLOADS.get(wl, wl)} | {NAMES.get(sysname, sysname)} | {iops_f:.0f} | {ratio} | "
-                  f"{rd} / {wr} | {per_k:.0f} | {rdw} / {wrw} | {hits} |")
+                  f"{rd} / {wr} | {per_k:.0f} | {rdw} / {wrw} | {per_k_wb:.0f} | {hits} |")
 
 
 if __name__ == "__main__":
