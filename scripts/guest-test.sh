@@ -78,6 +78,8 @@ for pair in qemu-system-x86_64:qemu-system-x86 nbd-client:nbd-client fio:fio \
     tool=${pair%%:*}; pkg=${pair##*:}
     PATH=$PATH:/usr/sbin:/sbin command -v "$tool" >/dev/null 2>&1 || missing+=("$pkg")
 done
+# The guest runs /usr/bin/python3 (nbd_netlink.py, the comparison table).
+[ -x /usr/bin/python3 ] || missing+=(python3)
 # busybox (dynamic) and busybox-static both provide /bin/busybox.
 if ! [ -x /bin/busybox ] || ldd /bin/busybox >/dev/null 2>&1; then missing+=(busybox-static); fi
 if [ ${#missing[@]} -gt 0 ]; then
