@@ -138,6 +138,7 @@ test_fio_verify() { # MODE
 # as they would survive a disk's firmware restart but not a power loss.
 test_ext4_restart() { # MODE
     local mode=$1 nl="python3 $HERE/nbd_netlink.py"
+    dmesg -C  # earlier tests' (expected) nbd0 errors are not this one's
     new_cache "$mode"
     serve_start tc0
     $nl connect "$TIERCACHE_STATE_DIR/tc0.nbd" 0 60 || fail "netlink connect"
@@ -163,5 +164,64 @@ test_ext4_restart() { # MODE
     fsck_clean "across kill -9 and restart"
     dmesg | grep -E 'nbd0.*(I/O error|error)|EXT4-fs error' && fail "the kernel logged errors on nbd0"
     $nl disconnect 0
+    serve_stop
+}
+
+# --- the ublk front end (`serve --ublk`)
+
+ublk_wait() { # wait for /dev/ublkb0 to have a size
+    local i
+    for i in $(seq 200); do
+        [ "$(blockdev --getsize64 /dev/ublkb0 2>/dev/null || echo 0)" -gt 0 ] && return 0
+        kill -0 "$SERVE_PID" 2>/dev/null || { cat /run/serve-tc0.log; fail "tiercache serve --ublk exited"; }
+        sleep 0.1
+    done
+    cat /run/serve-tc0.log
+    fail "/dev/ublkb0 did not appear"
+}
+
+# fio verify (as test_fio_verify) on /dev/ublkb0.
+test_ublk_fio_verify() { # MODE
+    new_cache "$1"
+    serve_start tc0 --ublk
+    ublk_wait
+    fio_verify "write and verify on /dev/ublkb0" /dev/ublkb0
+    serve_stop
+    [ -e /dev/ublkb0 ] && fail "/dev/ublkb0 still there after a clean stop"
+    serve_start tc0 --ublk
+    ublk_wait
+    fio_verify "verify after restart" /dev/ublkb0 --verify_only
+    serve_stop
+}
+
+# ext4 on /dev/ublkb0; tiercache serve is killed with -9 under an
+# fsync'ing writer and restarted, and takes the device over (user
+# recovery): the writer sees no error, every file matches, fsck is clean.
+test_ublk_ext4_recover() { # MODE
+    dmesg -C
+    new_cache "$1"
+    serve_start tc0 --ublk
+    ublk_wait
+    mkfs.ext4 -q -E nodiscard /dev/ublkb0
+    mount -o noatime /dev/ublkb0 "$MNT"
+    write_files a $WORK/manifest
+    : >$WORK/manifest-b
+    ( for round in 1 2 3 4 5 6; do write_files "b$round" $WORK/manifest-b || exit 1; done ) &
+    local writer=$!
+    echo $writer >>$PIDS
+    sleep 3
+    log "kill -9 tiercache serve (pid $SERVE_PID) with $(wc -l <$WORK/manifest-b) more files fsync'ed"
+    kill -9 "$SERVE_PID"
+    wait "$SERVE_PID" 2>/dev/null || true
+    serve_start tc0 --ublk
+    log "restarted: $(grep -o 'recovered.*' /run/serve-tc0.log | tail -1)"
+    wait "$writer" || fail "the writer saw an error across the restart"
+    log "the writer finished: $(wc -l <$WORK/manifest-b) files fsync'ed in all"
+    cat $WORK/manifest-b >>$WORK/manifest
+    verify_files $WORK/manifest "across kill -9 and recovery"
+    umount "$MNT"
+    e2fsck -f -n /dev/ublkb0 >$WORK/fsck.log 2>&1 || { cat $WORK/fsck.log; fail "e2fsck after recovery"; }
+    log "e2fsck -f clean"
+    dmesg | grep -E 'ublkb0.*error|EXT4-fs error' && fail "the kernel logged errors on ublkb0"
     serve_stop
 }
