@@ -7,5 +7,6 @@
 
 pub mod device;
 pub mod engine;
+pub mod frontend;
 pub mod nbd;
 pub mod volume;
