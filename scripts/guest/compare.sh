@@ -11,6 +11,7 @@
 #   bc       bcache, writeback, sequential_cutoff 0
 #   dc       dm-cache, smq policy, writeback, 32 KiB blocks (its minimum)
 #   tc       tiercache writeback, 4 KiB blocks, over the kernel NBD client
+#   tcu      tiercache writeback as tc, served over ublk (`serve --ublk`)
 #   nbd      no cache and no origin: nbdkit's file plugin serving a disk
 #            like the cache disks over the same kernel NBD client, the
 #            ceiling for any userspace device behind NBD in this guest
@@ -164,6 +165,16 @@ setup_tc() {
     nbd_attach /dev/nbd0 tc0 -b 512 -C "${TC_COMPARE_NBD_CONNECTIONS:-1}"
     DEV=/dev/nbd0
 }
+setup_tcu() {
+    make_slow tc
+    tc create --origin "$SLOW" --cache "$(disk cache-tc)" --mode writeback --block-size 4K --force >/dev/null
+    serve_start tc0 --ublk ${TC_COMPARE_SERVE_ARGS:-}
+    ublk_wait
+    DEV=/dev/ublkb0
+}
+stats_tcu() { stats_tc; }
+writeback_tcu() { writeback_tc; }
+teardown_tcu() { serve_stop; dmsetup remove slow-tc; }
 stats_tc() {
     tc status --json | python3 -c '
 import json, sys
@@ -256,7 +267,7 @@ compare_all() {
     : >"$ROWS"
     local wl sys
     for wl in ${TC_COMPARE_WORKLOADS:-randwrite readhit subwrite}; do
-        for sys in ${TC_COMPARE_SYSTEMS:-origin wc bc dc tc nbd}; do
+        for sys in ${TC_COMPARE_SYSTEMS:-origin wc bc dc tc tcu nbd}; do
             measure "$sys" "$wl"
         done
     done

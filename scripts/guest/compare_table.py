@@ -11,6 +11,7 @@ NAMES = {
     "bc": "bcache",
     "dc": "dm-cache (smq)",
     "tc": "tiercache writeback",
+    "tcu": "tiercache writeback over ublk",
     "nbd": "NBD ceiling (nbdkit file, no cache)",
 }
 WORKLOADS = {

@@ -47,6 +47,8 @@ for t in $TC_TESTS; do
         ext4_writeback|ext4_writethrough) run_test "$t" "test_ext4_kill ${t#ext4_}" ;;
         fio_verify_writeback|fio_verify_writethrough) run_test "$t" "test_fio_verify ${t#fio_verify_}" ;;
         ext4_restart_writeback|ext4_restart_writethrough) run_test "$t" "test_ext4_restart ${t#ext4_restart_}" ;;
+        ublk_fio_verify_writeback|ublk_fio_verify_writethrough) run_test "$t" "test_ublk_fio_verify ${t#ublk_fio_verify_}" ;;
+        ublk_ext4_recover_writeback|ublk_ext4_recover_writethrough) run_test "$t" "test_ublk_ext4_recover ${t#ublk_ext4_recover_}" ;;
         compare) TEST_TIMEOUT_S=2300 run_test compare "compare_all" ;;
         *) echo "FAIL $t 0 (unknown test)" >>$RESULTS/summary ;;
     esac
