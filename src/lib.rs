@@ -2,7 +2,8 @@
 //! device become one cached volume, served over NBD.
 //!
 //! Layout: `device/` (every backend behind one trait), `engine/` (on-disk
-//! format, metadata, cache modes, replacement, writeback), `nbd/` (wire
+//! format, metadata, cache modes, replacement, writeback), `frontend/`
+//! (ublk, behind the `ublk` feature), `nbd/` (wire
 //! protocol and server), `cli/` (the operator commands).
 
 pub mod device;
