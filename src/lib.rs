@@ -3,11 +3,12 @@
 //!
 //! Layout: `device/` (every backend behind one trait), `engine/` (on-disk
 //! format, metadata, cache modes, replacement, writeback), `frontend/`
-//! (ublk, behind the `ublk` feature), `nbd/` (wire
-//! protocol and server), `cli/` (the operator commands).
+//! (`nbd/`: wire protocol and server; `ublk.rs`, behind the `ublk`
+//! feature), `cli/` (the operator commands).
 
 pub mod device;
 pub mod engine;
 pub mod frontend;
-pub mod nbd;
+/// The NBD front end under its long-standing path.
+pub use frontend::nbd;
 pub mod volume;
