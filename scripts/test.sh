@@ -27,3 +27,6 @@ fi
 cargo fmt --check
 cargo clippy --all-targets --quiet -- -D warnings
 cargo test --quiet
+# tiercache under a real kernel (qemu, TCG): ext4 (kill -9, restart) and fio
+# verify over the kernel NBD client; installs qemu and the kernel (docs/guest.md).
+./scripts/guest-test.sh --quick --debug

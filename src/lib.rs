@@ -2,10 +2,13 @@
 //! device become one cached volume, served over NBD.
 //!
 //! Layout: `device/` (every backend behind one trait), `engine/` (on-disk
-//! format, metadata, cache modes, replacement, writeback), `nbd/` (wire
-//! protocol and server), `cli/` (the operator commands).
+//! format, metadata, cache modes, replacement, writeback), `frontend/`
+//! (`nbd/`: wire protocol and server; `ublk.rs`, behind the `ublk`
+//! feature), `cli/` (the operator commands).
 
 pub mod device;
 pub mod engine;
-pub mod nbd;
+pub mod frontend;
+/// The NBD front end under its long-standing path.
+pub use frontend::nbd;
 pub mod volume;

@@ -65,6 +65,20 @@ pub struct Args {
     /// cache device; everything else goes to a separate blocking pool.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024))]
     io_threads: u16,
+    /// Serve the volume as the kernel block device /dev/ublkbN (ublk)
+    /// instead of over NBD (built with `--features ublk`). If /dev/ublkcN is left by a daemon that died,
+    /// it is taken over (user recovery): its requests are reissued here.
+    #[arg(long)]
+    ublk: bool,
+    /// The ublk device number N.
+    #[arg(long, default_value_t = 0, requires = "ublk")]
+    ublk_id: i32,
+    /// ublk queues (one thread each).
+    #[arg(long, default_value_t = 2, requires = "ublk", value_parser = clap::value_parser!(u16).range(1..=64))]
+    ublk_queues: u16,
+    /// Requests each ublk queue takes at once.
+    #[arg(long, default_value_t = 64, requires = "ublk", value_parser = clap::value_parser!(u16).range(1..=4096))]
+    ublk_queue_depth: u16,
     /// TLS on the TCP listener: off, on (clients choose) or require (every
     /// option but STARTTLS is refused until TLS is up). Default: require
     /// when credentials are given, else off.
@@ -315,6 +329,9 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
             a.tcp.as_ref().map(|t| format!(" and {t} as {tcp_scheme}")).unwrap_or_default(),
             control_path.display()
         );
+        if a.ublk {
+            return serve_ublk(&engine, a, rx).await;
+        }
         let config = ServerConfig {
             export_name: a.export_name.clone(),
             read_only: a.read_only,
@@ -336,6 +353,65 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         Err(tiercache::engine::EngineError::ShutDown) => Ok(()),
         Err(e) => Err(e).context("closing the cache"),
     }
+}
+
+#[cfg(not(feature = "ublk"))]
+async fn serve_ublk(
+    _engine: &Arc<tiercache::engine::Engine>,
+    _a: &Args,
+    _shutdown: tokio::sync::watch::Receiver<bool>,
+) -> Result<()> {
+    bail!("this tiercache was built without ublk support (cargo build --features ublk)")
+}
+
+/// Serves the engine as /dev/ublkb<id> until shutdown is asked for, then
+/// deletes the device. A daemon killed without that leaves the device to
+/// the next `serve --ublk` with the same id (user recovery).
+#[cfg(feature = "ublk")]
+async fn serve_ublk(
+    engine: &Arc<tiercache::engine::Engine>,
+    a: &Args,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) -> Result<()> {
+    use tiercache::frontend::ublk;
+    let id = a.ublk_id;
+    let recover = std::path::Path::new(&format!("/dev/ublkc{id}")).exists();
+    let cfg = ublk::UblkConfig {
+        dev_id: Some(id),
+        nr_queues: a.ublk_queues,
+        queue_depth: a.ublk_queue_depth,
+        recover,
+    };
+    let volume = Arc::new(AsyncEngine(engine.clone()));
+    let rt = tokio::runtime::Handle::current();
+    let thread = std::thread::Builder::new()
+        .name("tiercache-ublk".into())
+        .spawn(move || {
+            ublk::serve(volume, rt, &cfg, move |ctrl| {
+                eprintln!(
+                    "tiercache: {} /dev/ublkb{}",
+                    if recover { "recovered" } else { "serving on" },
+                    ctrl.dev_info().dev_id
+                );
+            })
+        })
+        .context("starting the ublk thread")?;
+    // Until shutdown is asked for, or the device ends on its own (an
+    // error, or `ublk del`).
+    while !*shutdown.borrow() && !thread.is_finished() {
+        tokio::select! {
+            r = shutdown.changed() => if r.is_err() { break },
+            _ = tokio::time::sleep(std::time::Duration::from_millis(200)) => {}
+        }
+    }
+    if !thread.is_finished() {
+        ublk::delete(id).context("deleting the ublk device")?;
+    }
+    tokio::task::spawn_blocking(move || thread.join())
+        .await
+        .context("joining the ublk thread")?
+        .map_err(|_| anyhow::anyhow!("the ublk thread panicked"))?
+        .context("ublk")
 }
 
 #[cfg(test)]

@@ -1,0 +1,280 @@
+#!/usr/bin/env bash
+# Runs tiercache under a real kernel: boots Debian's 6.12 kernel in qemu
+# (TCG, no KVM needed) and, inside it, drives `tiercache serve` with the
+# kernel NBD client (ext4, kill -9 and restart, fio verify), or compares
+# tiercache with dm-writecache, bcache and dm-cache (--compare).
+# How it works and what each test does: docs/guest.md.
+#
+#   scripts/guest-test.sh                 # every guest test (~4-6 min)
+#   scripts/guest-test.sh --quick         # the CI subset (scripts/test.sh)
+#   scripts/guest-test.sh --compare       # kernel caches side by side (not in CI)
+#   scripts/guest-test.sh --tests 'ext4_writeback fio_verify_writethrough'
+#   scripts/guest-test.sh --run FILE      # run your own bash script in the guest
+#
+# Options: --debug (use the dev-profile binary that `cargo test` builds
+# instead of `cargo build --release`), --binary PATH, --timeout SECS (whole
+# guest run), --mem MIB, --keep (keep the disk images).
+# Exit status: 0 when every test passed, 1 otherwise (a test failed, the
+# guest did not finish in time, or it could not be started).
+set -euo pipefail
+# The whole script is one block, parsed before it runs: editing this file
+# while a (long) run is going cannot break that run.
+{
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+MODE=full
+TESTS=""
+RUN_FILE=""
+PROFILE=release
+BINARY=""
+TIMEOUT=""
+MEM_MIB=1536
+KEEP=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --quick) MODE=quick ;;
+        --compare) MODE=compare ;;
+        --tests) TESTS=$2; shift ;;
+        --run) RUN_FILE=$(realpath "$2"); MODE=run; shift ;;
+        --debug) PROFILE=debug ;;
+        --binary) BINARY=$(realpath "$2"); shift ;;
+        --timeout) TIMEOUT=$2; shift ;;
+        --mem) MEM_MIB=$2; shift ;;
+        --keep) KEEP=1 ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "guest-test: unknown option $1 (see --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+case "$MODE" in
+    quick) : "${TIMEOUT:=420}" ;;
+    full|run) : "${TIMEOUT:=900}" ;;
+    compare) : "${TIMEOUT:=2400}" ;;
+esac
+
+T0=$(date +%s.%N)
+elapsed() { awk -v a="$T0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
+say() { echo "guest-test [$(elapsed) s]: $*"; }
+die() { echo "guest-test: FAILED: $*" >&2; exit 1; }
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+apt_install() {
+    say "installing: $*"
+    $SUDO apt-get update -qq
+    # Another apt-get may hold the lock on a shared machine: wait for it.
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
+        -o DPkg::Lock::Timeout=600 "$@" >/dev/null
+}
+
+# 1. Host packages: qemu, busybox (static: it is the initramfs), the kernel
+#    NBD client and the tools the guest tests run (the guest runs the host's
+#    binaries over 9p, so they are installed here).
+missing=()
+for pair in qemu-system-x86_64:qemu-system-x86 nbd-client:nbd-client fio:fio \
+            mkfs.ext4:e2fsprogs e2fsck:e2fsprogs dmsetup:dmsetup cpio:cpio \
+            make-bcache:bcache-tools xz:xz-utils nbdkit:nbdkit; do
+    tool=${pair%%:*}; pkg=${pair##*:}
+    PATH=$PATH:/usr/sbin:/sbin command -v "$tool" >/dev/null 2>&1 || missing+=("$pkg")
+done
+# The guest runs /usr/bin/python3 (nbd_netlink.py, the comparison table).
+[ -x /usr/bin/python3 ] || missing+=(python3)
+# busybox (dynamic) and busybox-static both provide /bin/busybox.
+if ! [ -x /bin/busybox ] || ldd /bin/busybox >/dev/null 2>&1; then missing+=(busybox-static); fi
+if [ ${#missing[@]} -gt 0 ]; then
+    apt_install $(printf '%s\n' "${missing[@]}" | sort -u)
+fi
+export PATH=$PATH:/usr/sbin:/sbin
+
+# 2. The kernel: the current Debian 6.12 image, downloaded once into
+#    target/guest/ (apt-get download, dpkg -x), modules decompressed.
+GUEST=$ROOT/target/guest
+mkdir -p "$GUEST"
+kernel_pkg() { apt-cache depends linux-image-6.12-amd64 2>/dev/null | awk '/Depends: linux-image-6.12/ { print $2; exit }'; }
+PKG=$(kernel_pkg || true)
+if [ -z "$PKG" ]; then
+    $SUDO apt-get update -qq
+    PKG=$(kernel_pkg || true)
+fi
+if [ -z "$PKG" ]; then
+    # No package lists (offline): use a kernel downloaded before, if any.
+    PKG=$(cd "$GUEST" && ls -d linux-image-6.12* 2>/dev/null | tail -1 || true)
+    [ -n "$PKG" ] || die "no linux-image-6.12 package found (apt-cache search linux-image-6.12)"
+fi
+KDIR=$GUEST/$PKG
+if ! [ -f "$KDIR/.extracted" ]; then
+    say "downloading $PKG"
+    rm -rf "$KDIR"; mkdir -p "$KDIR"
+    # Stale package lists may name a version the mirror no longer has.
+    (cd "$KDIR" && apt-get download -q "$PKG" >/dev/null 2>&1) \
+        || { $SUDO apt-get update -qq && (cd "$KDIR" && apt-get download -q "$PKG" >/dev/null 2>&1); } \
+        || die "apt-get download $PKG"
+    dpkg -x "$KDIR"/*.deb "$KDIR/x"
+    rm -f "$KDIR"/*.deb
+    touch "$KDIR/.extracted"
+fi
+VMLINUZ=$(ls "$KDIR"/x/boot/vmlinuz-*)
+MODDIR=$(ls -d "$KDIR"/x/lib/modules/*/kernel)
+
+# 3. The initramfs: busybox, /init and the modules, in load order. Cached
+#    under target/guest/ and rebuilt only when the kernel or init changes;
+#    everything else (tiercache, the test scripts, fio, ...) the guest
+#    reads from the host over 9p, so a rebuilt tiercache needs no new image.
+MODULES="crc32c_generic crc32c-intel virtio_blk 9pnet_virtio 9p nbd:nbds_max=4 ublk_drv dm-mod dm-delay dm-writecache \
+         dm-cache dm-cache-smq bcache ext4"
+KEY=$( (echo "$PKG $MODULES"; cat scripts/guest/init /bin/busybox) | sha256sum | cut -c1-16)
+INITRD=$GUEST/initramfs-$KEY.cpio
+if ! [ -f "$INITRD" ]; then
+    say "building the initramfs"
+    STAGE=$GUEST/initramfs-stage
+    rm -rf "$STAGE"; mkdir -p "$STAGE"/{bin,proc,sys,dev,host,modules}
+    cp /bin/busybox "$STAGE/bin/busybox"
+    install -m 755 scripts/guest/init "$STAGE/init"
+    declare -A loaded=()
+    : >"$STAGE/modules/order"
+    # Depth first over the modules' own "depends=" lists (the package has
+    # no modules.dep); built-in modules have no .ko and are skipped.
+    add_module() {
+        local name=$1 args=${2:-} file dep
+        [ -z "${loaded[$name]:-}" ] || return 0
+        loaded[$name]=1
+        file=$(find "$MODDIR" \( -name "$name.ko.xz" -o -name "${name//-/_}.ko.xz" -o -name "${name//_/-}.ko.xz" \) | head -1)
+        if [ -z "$file" ]; then
+            grep -qE "/(${name}|${name//-/_}|${name//_/-})\.ko$" "$MODDIR/../modules.builtin" \
+                || die "kernel module $name not found"
+            return 0
+        fi
+        xz -dc "$file" >"$STAGE/modules/$name.ko"
+        for dep in $(grep -a -o 'depends=[^[:cntrl:]]*' "$STAGE/modules/$name.ko" | head -1 | cut -d= -f2 | tr , ' '); do
+            add_module "$dep"
+        done
+        echo "$name $args" >>"$STAGE/modules/order"
+    }
+    for spec in $MODULES; do
+        add_module "${spec%%:*}" "$(echo "$spec" | sed -n 's/^[^:]*://p')"
+    done
+    (cd "$STAGE" && find . | cpio -o -H newc --quiet) >"$INITRD.tmp"
+    mv "$INITRD.tmp" "$INITRD"
+    rm -rf "$STAGE"
+    find "$GUEST" -maxdepth 1 -name 'initramfs-*.cpio' ! -name "${INITRD##*/}" -delete
+fi
+
+# 4. The tiercache binary, built on the host; with the ublk front end
+#    (libublk's bindgen needs libclang) except for --quick: the feature
+#    build takes ~2 min on 2 cores, more than CI's guest budget.
+FEATURES=(--features ublk)
+if [ "$MODE" = quick ]; then
+    FEATURES=()
+elif ! ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1; then
+    apt_install libclang-dev
+fi
+if [ -z "$BINARY" ]; then
+    if [ "$PROFILE" = release ]; then
+        say "cargo build --release ${FEATURES[*]}"
+        cargo build --release --quiet "${FEATURES[@]}"
+    else
+        cargo build --quiet "${FEATURES[@]}"
+    fi
+    BINARY=$ROOT/target/$PROFILE/tiercache
+fi
+[ -x "$BINARY" ] || die "no tiercache binary at $BINARY"
+
+# 5. Disks (sparse files; virtio-blk, serial = name) and the results share.
+RUN=$GUEST/run
+rm -rf "$RUN"; mkdir -p "$RUN/results" "$RUN/disks"
+declare -a DISKS=()
+disk() { # NAME SIZE_MIB
+    truncate -s "$2M" "$RUN/disks/$1.img"
+    DISKS+=(-drive "file=$RUN/disks/$1.img,format=raw,if=none,id=$1,cache=none,aio=threads"
+           -device "virtio-blk-pci,drive=$1,serial=$1")
+}
+# The tests use "origin" and "cache", --compare one pair per system; a
+# --run script gets both sets.
+if [ "$MODE" != compare ]; then disk origin 512; disk cache 128; fi
+if [ "$MODE" = compare ] || [ "$MODE" = run ]; then
+    for sys in wc bc dc tc; do disk "origin-$sys" 512; disk "cache-$sys" 128; done
+    disk meta-dc 16; disk fast-nbd 128
+fi
+case "$MODE" in
+    quick) : "${TESTS:=ext4_writeback ext4_restart_writeback fio_verify_writeback}" ;;
+    full) : "${TESTS:=ext4_writeback ext4_writethrough ext4_restart_writeback ext4_restart_writethrough fio_verify_writeback fio_verify_writethrough ublk_fio_verify_writeback ublk_ext4_recover_writeback}" ;;
+    compare) TESTS=compare ;;
+    run) TESTS=run ;;
+esac
+# The guest's /tmp is its own: a --run script travels in the results share.
+[ -z "$RUN_FILE" ] || cp "$RUN_FILE" "$RUN/results/user-script.sh"
+cat >"$RUN/results/config.sh" <<EOF
+TC_BIN='$BINARY'
+TC_DIR='$ROOT'
+TC_MODE='$MODE'
+TC_TESTS='$TESTS'
+TC_RUN_FILE=/run/results/user-script.sh
+TC_FIO_JOB_MIB=$([ "$MODE" = quick ] && echo 8 || echo 24)
+EOF
+# Knobs of --compare (docs/guest.md): TC_COMPARE_RUN_S, TC_COMPARE_SPAN_MIB,
+# TC_COMPARE_SYSTEMS, TC_COMPARE_WORKLOADS.
+for v in $(compgen -e | grep '^TC_COMPARE_' || true); do
+    printf "%s='%s'\n" "$v" "${!v}" >>"$RUN/results/config.sh"
+done
+
+# 6. Boot. The whole run has a deadline: qemu is killed (by its PID) when
+#    it passes, and the run fails with a message that says so.
+CONSOLE=$GUEST/console.log
+say "booting $(basename "$VMLINUZ") (tests: $TESTS; timeout ${TIMEOUT} s; console in ${CONSOLE#"$ROOT"/})"
+qemu-system-x86_64 -M q35 -accel tcg,thread=multi -cpu max -m "$MEM_MIB" -smp 2 \
+    -kernel "$VMLINUZ" -initrd "$INITRD" -nographic -no-reboot -nic none \
+    -append "console=ttyS0 quiet loglevel=4 panic=-1 tc.dir=$ROOT" \
+    -virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap" \
+    -virtfs "local,path=$RUN/results,mount_tag=results,security_model=none" \
+    "${DISKS[@]}" </dev/null >"$CONSOLE" 2>&1 &
+QEMU=$!
+trap 'kill "$QEMU" 2>/dev/null || true' EXIT INT TERM
+tail -n +1 -f "$CONSOLE" --pid="$QEMU" 2>/dev/null | sed -u 's/^/  | /' &
+TAIL=$!
+DEADLINE=$(( $(date +%s) + TIMEOUT ))
+TIMED_OUT=0
+while kill -0 "$QEMU" 2>/dev/null; do
+    if [ "$(date +%s)" -ge "$DEADLINE" ]; then
+        TIMED_OUT=1
+        kill "$QEMU" 2>/dev/null || true
+        sleep 1; kill -9 "$QEMU" 2>/dev/null || true
+        break
+    fi
+    sleep 1
+done
+wait "$QEMU" 2>/dev/null || true
+wait "$TAIL" 2>/dev/null || true
+trap - EXIT INT TERM
+
+# 7. Results: the guest writes one line per test to results/summary
+#    ("PASS|FAIL NAME SECONDS") and results/done when it has finished.
+SUMMARY=$RUN/results/summary
+echo
+echo "guest results (logs in ${RUN#"$ROOT"/}/results/, console in ${CONSOLE#"$ROOT"/}):"
+pass=0; fail=0
+if [ -f "$SUMMARY" ]; then
+    while read -r verdict name secs; do
+        printf '  %-4s %-28s %6s s\n' "$verdict" "$name" "$secs"
+        if [ "$verdict" = PASS ]; then pass=$((pass + 1)); else fail=$((fail + 1)); fi
+    done <"$SUMMARY"
+fi
+if [ -f "$RUN/results/boot" ]; then
+    echo "  boot to tests: $(cat "$RUN/results/boot") s (guest uptime)"
+fi
+[ "$KEEP" = 1 ] || rm -rf "$RUN/disks"
+if [ "$TIMED_OUT" = 1 ]; then
+    echo "guest-test: FAILED: the guest did not finish within ${TIMEOUT} s; it was stopped (see $CONSOLE)" >&2
+    fail=$((fail + 1))
+elif ! [ -f "$RUN/results/done" ]; then
+    echo "guest-test: FAILED: the guest stopped before finishing its tests (see $CONSOLE)" >&2
+    fail=$((fail + 1))
+fi
+for t in $TESTS; do
+    grep -q " $t " "$SUMMARY" 2>/dev/null || { echo "  MISSING $t (no result)"; fail=$((fail + 1)); }
+done
+echo "guest-test: $(elapsed) s in all"
+echo "guest: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
+exit
+}

@@ -1,0 +1,275 @@
+# The kernel caches side by side with tiercache, in one guest run
+# (`scripts/guest-test.sh --compare`; sourced in the guest, see
+# docs/guest.md and docs/benchmarks.md).
+#
+# Every system caches its own 512 MiB origin disk slowed by dm-delay (5 ms
+# per read and write, in parallel: dm-delay delays each bio, it does not
+# serialize them) on its own 128 MiB cache disk, and every workload starts
+# from a freshly created cache:
+#   origin   the dm-delay device alone (no cache)
+#   wc       dm-writecache (SSD mode)
+#   bc       bcache, writeback, sequential_cutoff 0
+#   dc       dm-cache, smq policy, writeback, 32 KiB blocks (its minimum)
+#   tc       tiercache writeback, 4 KiB blocks, over the kernel NBD client
+#   tcu      tiercache writeback as tc, served over ublk (`serve --ublk`)
+#   nbd      no cache and no origin: nbdkit's file plugin serving a disk
+#            like the cache disks over the same kernel NBD client, the
+#            ceiling for any userspace device behind NBD in this guest
+# Workloads (fio, libaio, O_DIRECT, one job, over the first SPAN_MIB of the
+# volume, the same number of I/Os on every system, so that what reaches the
+# origin is counted for the same client work):
+#   randwrite  4 KiB random writes, QD32, 16384 I/Os
+#   readhit    4 KiB random reads, QD32, 16384 I/Os, after the span was
+#              written once sequentially and read twice at random (warm-up)
+#   subwrite   random writes of 512 B..3.5 KiB, 512-aligned offsets and
+#              lengths (fio bsrange=512-3584, blockalign=512; bs_unaligned
+#              would give lengths that are not 512 multiples, which O_DIRECT
+#              refuses), QD16, 8192 I/Os
+# Counted per system and workload: fio's IOPS; requests that reached the
+# origin (completed reads and writes in /sys/block/<dm-delay>/stat) during
+# the measured run, and again once all dirty data is written back (each
+# system's own way: dm-writecache "cleaner", bcache detach, dm-cache's
+# cleaner policy, `tiercache flush`); hits as the system counts them.
+
+SPAN_MIB=${TC_COMPARE_SPAN_MIB:-64}
+# I/Os per measured run: randwrite, readhit, subwrite.
+IOS=(${TC_COMPARE_IOS:-16384 16384 8192})
+DELAY_MS=5
+CMP=/run/results/compare
+ROWS=$CMP/rows.tsv
+
+sectors() { blockdev --getsz "$1"; }
+# No udev in the guest: no waiting for it, and the /dev/mapper nodes are
+# made (and removed) by mknodes.
+dmsetup() { command dmsetup --noudevsync "$@" && command dmsetup mknodes; }
+
+# The slowed origin of system SYS: SLOW=/dev/mapper/slow-SYS.
+make_slow() { # SYS
+    local o
+    o=$(disk "origin-$1")
+    dmsetup create "slow-$1" --table "0 $(sectors "$o") delay $o 0 $DELAY_MS"
+    SLOW=/dev/mapper/slow-$1
+}
+
+zero_head() { dd if=/dev/zero of="$1" bs=1M count=4 oflag=direct status=none; }
+
+# --- per system: setup (sets DEV, the device fio runs on, and SLOW),
+#     stats, writeback, teardown.
+
+setup_origin() { make_slow tc; DEV=$SLOW; }
+stats_origin() { echo "-"; }
+writeback_origin() { :; }
+teardown_origin() { dmsetup remove slow-tc; }
+
+setup_wc() { # BLOCK_BYTES
+    local cache
+    make_slow wc
+    cache=$(disk cache-wc)
+    zero_head "$cache"
+    dmsetup create wc --table "0 $(sectors "$SLOW") writecache s $SLOW $cache $1 0"
+    DEV=/dev/mapper/wc
+}
+# dmsetup status: ... writecache ERR BLOCKS FREE WRITEBACK READS READ_HITS
+# WRITES WRITE_HITS_UNCOMMITTED WRITE_HITS_COMMITTED WRITES_AROUND ...
+stats_wc() {
+    dmsetup status wc | awk '{ printf "reads %d hits %d; writes %d hits %d, around %d", $8, $9, $10, $11 + $12, $13 }'
+}
+writeback_wc() {
+    dmsetup message wc 0 cleaner
+    local i
+    for i in $(seq 3000); do
+        # All blocks free again: everything written back.
+        dmsetup status wc | awk '{ exit !($6 == $5 && $7 == 0) }' && return 0
+        sleep 0.1
+    done
+    fail "dm-writecache did not write back within 300 s: $(dmsetup status wc)"
+}
+teardown_wc() { dmsetup remove wc; dmsetup remove slow-wc; }
+
+BC=/sys/block/bcache0/bcache
+setup_bc() {
+    local cache i
+    make_slow bc
+    cache=$(disk cache-bc)
+    zero_head "$cache"
+    # Old data on the origin can look like another superblock to make-bcache.
+    zero_head "$SLOW"
+    # 128 MiB holds too few of the default 512 KiB buckets.
+    make-bcache --wipe-bcache --writeback --bucket 64k -B "$SLOW" -C "$cache" >/dev/null
+    echo "$SLOW" >/sys/fs/bcache/register 2>/dev/null || true
+    echo "$cache" >/sys/fs/bcache/register 2>/dev/null || true
+    for i in $(seq 100); do [ -e $BC/cache ] && break; sleep 0.1; done
+    [ -e $BC/cache ] || fail "bcache0 did not attach to its cache"
+    echo writeback >$BC/cache_mode
+    echo 0 >$BC/sequential_cutoff
+    DEV=/dev/bcache0
+}
+stats_bc() {
+    local s=$BC/stats_total
+    # bcache adds its counters to stats_total every 5 s.
+    sleep 5.5
+    echo "hits $(cat $s/cache_hits) misses $(cat $s/cache_misses) bypass $(cat $s/cache_bypass_hits)/$(cat $s/cache_bypass_misses) (reads; bcache counts no write hits)"
+}
+writeback_bc() {
+    # Detaching writes back every dirty key without the writeback rate
+    # limit and waits for it.
+    echo 1 >$BC/detach
+    local i
+    for i in $(seq 3000); do
+        grep -q 'no cache' $BC/state && return 0
+        sleep 0.1
+    done
+    fail "bcache did not write back within 300 s: $(cat $BC/state) dirty $(cat $BC/dirty_data)"
+}
+teardown_bc() {
+    local i set
+    for set in /sys/fs/bcache/*-*; do [ -e "$set/stop" ] && echo 1 >"$set/stop"; done
+    echo 1 >$BC/stop 2>/dev/null || true
+    for i in $(seq 100); do [ -e /sys/block/bcache0 ] || break; sleep 0.1; done
+    for i in $(seq 100); do dmsetup remove slow-bc 2>/dev/null && return 0; sleep 0.1; done
+    fail "slow-bc still busy after bcache stop"
+}
+
+DC_BLOCK_SECTORS=64
+dc_table() { # POLICY
+    echo "0 $(sectors /dev/mapper/slow-dc) cache $(disk meta-dc) $(disk cache-dc) /dev/mapper/slow-dc $DC_BLOCK_SECTORS 1 writeback $1 0"
+}
+setup_dc() {
+    make_slow dc
+    zero_head "$(disk meta-dc)"
+    dmsetup create dc --table "$(dc_table smq)"
+    DEV=/dev/mapper/dc
+}
+# dmsetup status: ... cache MDBLK USED/TOTAL CBLK USED/TOTAL READ_HITS
+# READ_MISSES WRITE_HITS WRITE_MISSES DEMOTIONS PROMOTIONS DIRTY ...
+stats_dc() {
+    dmsetup status dc | awk '{ printf "reads hits %d misses %d; writes hits %d misses %d; promotions %d", $8, $9, $10, $11, $13 }'
+}
+writeback_dc() {
+    dmsetup suspend dc
+    dmsetup reload dc --table "$(dc_table cleaner)"
+    dmsetup resume dc
+    local i
+    for i in $(seq 3000); do
+        dmsetup status dc | awk '{ exit !($14 == 0) }' && return 0
+        sleep 0.1
+    done
+    fail "dm-cache did not write back within 300 s: $(dmsetup status dc)"
+}
+teardown_dc() { dmsetup remove dc; dmsetup remove slow-dc; }
+
+setup_tc() {
+    make_slow tc
+    tc create --origin "$SLOW" --cache "$(disk cache-tc)" --mode writeback --block-size 4K --force >/dev/null
+    serve_start tc0 ${TC_COMPARE_SERVE_ARGS:-}
+    nbd_attach /dev/nbd0 tc0 -b 512 -C "${TC_COMPARE_NBD_CONNECTIONS:-1}"
+    DEV=/dev/nbd0
+}
+setup_tcu() {
+    make_slow tc
+    tc create --origin "$SLOW" --cache "$(disk cache-tc)" --mode writeback --block-size 4K --force >/dev/null
+    serve_start tc0 --ublk ${TC_COMPARE_SERVE_ARGS:-}
+    ublk_wait
+    DEV=/dev/ublkb0
+}
+stats_tcu() { stats_tc; }
+writeback_tcu() { writeback_tc; }
+teardown_tcu() { serve_stop; dmsetup remove slow-tc; }
+stats_tc() {
+    tc status --json | python3 -c '
+import json, sys
+s = json.load(sys.stdin)["stats"]
+print("reads hits %d misses %d; writes hits %d misses %d" % (s["read_hits"], s["read_misses"], s["write_hits"], s["write_misses"]))'
+}
+writeback_tc() { tc flush >/dev/null; }
+teardown_tc() { nbd_detach /dev/nbd0; serve_stop; dmsetup remove slow-tc; }
+
+setup_nbd() {
+    local sock=$WORK/nbdkit.sock
+    rm -f "$sock"
+    nbdkit -f -U "$sock" file file="$(disk fast-nbd)" cache=none >>$WORK/nbdkit.log 2>&1 &
+    NBDKIT_PID=$!
+    echo $NBDKIT_PID >>$PIDS
+    local i
+    for i in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+    nbd-client -unix "$sock" /dev/nbd0 -b 512 >/dev/null || fail "nbd-client to nbdkit"
+    DEV=/dev/nbd0
+    SLOW=$(disk fast-nbd)
+}
+stats_nbd() { echo "-"; }
+writeback_nbd() { :; }
+teardown_nbd() { nbd_detach /dev/nbd0; kill "$NBDKIT_PID"; wait "$NBDKIT_PID" 2>/dev/null || true; }
+
+# --- workloads
+
+fio_iops() { # JSON
+    python3 -c '
+import json, sys
+j = json.load(open(sys.argv[1]))
+print(round(sum(x["read"]["iops"] + x["write"]["iops"] for x in j["jobs"])))' "$1"
+}
+
+fio_run() { # DEV NAME [args] -> JSON in $CMP/NAME.json
+    local dev=$1 name=$2
+    shift 2
+    fio --name="$name" --filename="$dev" --ioengine=libaio --direct=1 --size=${SPAN_MIB}M \
+        --output-format=json --output="$CMP/$name.json" "$@" >/dev/null \
+        || fail "fio $name on $dev failed: $(cat "$CMP/$name.json")"
+}
+
+warm() { # DEV SYS
+    fio_run "$1" "$2-warm-write" --rw=write --bs=64k --iodepth=8
+    fio_run "$1" "$2-warm-read1" --rw=randread --bs=4k --iodepth=32
+    fio_run "$1" "$2-warm-read2" --rw=randread --bs=4k --iodepth=32
+}
+
+measure() { # SYS WORKLOAD
+    local sys=$1 wl=$2 dev slow before after flushed iops hits
+    if [ "$sys" = wc ] && [ "$wl" = subwrite ]; then
+        # dm-writecache's block size is its logical block size: 512 B
+        # I/O needs 512 B blocks.
+        setup_wc 512
+    elif [ "$sys" = wc ]; then
+        setup_wc 4096
+    else
+        setup_$sys
+    fi
+    dev=$DEV slow=$SLOW
+    [ "$wl" = readhit ] && warm "$dev" "$sys"
+    local hits0
+    hits0=$(stats_$sys)
+    before=$(dev_stat "$slow")
+    case "$wl" in
+        randwrite) fio_run "$dev" "$sys-$wl" --rw=randwrite --bs=4k --iodepth=32 --number_ios=${IOS[0]} --norandommap ;;
+        readhit) fio_run "$dev" "$sys-$wl" --rw=randread --bs=4k --iodepth=32 --number_ios=${IOS[1]} --norandommap ;;
+        subwrite) fio_run "$dev" "$sys-$wl" --rw=randwrite --bsrange=512-3584 --blockalign=512 --iodepth=16 --number_ios=${IOS[2]} --norandommap ;;
+    esac
+    after=$(dev_stat "$slow")
+    hits=$(stats_$sys)
+    writeback_$sys
+    flushed=$(dev_stat "$slow")
+    iops=$(fio_iops "$CMP/$sys-$wl.json")
+    set -- $before $after $flushed
+    # system workload iops reads writes reads+wb writes+wb ios hits-before hits-after
+    local ios
+    ios=$(python3 -c '
+import json, sys
+j = json.load(open(sys.argv[1]))
+print(sum(x["read"]["total_ios"] + x["write"]["total_ios"] for x in j["jobs"]))' "$CMP/$sys-$wl.json")
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$sys" "$wl" "$iops" $(($3 - $1)) $(($4 - $2)) \
+        $(($5 - $1)) $(($6 - $2)) "$ios" "$hits0" "$hits" >>"$ROWS"
+    log "$sys $wl: $iops IOPS, origin reads $(($3 - $1)) writes $(($4 - $2)) during the run, $(($5 - $1)) / $(($6 - $2)) with writeback; $hits"
+    teardown_$sys
+}
+
+compare_all() {
+    mkdir -p "$CMP"
+    : >"$ROWS"
+    local wl sys
+    for wl in ${TC_COMPARE_WORKLOADS:-randwrite readhit subwrite}; do
+        for sys in ${TC_COMPARE_SYSTEMS:-origin wc bc dc tc tcu nbd}; do
+            measure "$sys" "$wl"
+        done
+    done
+    python3 "$HERE/compare_table.py" "$ROWS" "${IOS[*]}" "$SPAN_MIB" | tee "$CMP/table.md"
+}

@@ -1,0 +1,227 @@
+# The guest tests of tiercache behind the kernel NBD client (sourced in
+# the guest; see docs/guest.md). Each runs on the virtio disks "origin"
+# (512 MiB) and "cache" (128 MiB) and leaves cleanup to run.sh.
+
+# Sizes of the files an ext4 test writes (KiB): small, odd and large.
+EXT4_FILE_KIB="4 7 100 1024 4096 513 2048 64 8192 3 333 1536"
+
+new_cache() { # MODE
+    tc create --origin "$(disk origin)" --cache "$(disk cache)" --mode "$1" --force >/dev/null
+    log "created a $1 cache: $(disk origin) (512 MiB) on $(disk cache) (128 MiB)"
+}
+
+# Writes files PREFIX-N (sizes EXT4_FILE_KIB, random data) under $MNT,
+# each fsync'ed, and appends "sha256  path" to MANIFEST only after its
+# fsync returned: the manifest lists exactly what the kernel was told is
+# durable.
+write_files() { # PREFIX MANIFEST
+    local n=0 kib
+    for kib in $EXT4_FILE_KIB; do
+        n=$((n + 1))
+        head -c $((kib * 1024)) /dev/urandom >$WORK/file.tmp
+        dd if=$WORK/file.tmp of="$MNT/$1-$n" bs=64k conv=fsync status=none || return 1
+        echo "$(sha256sum <$WORK/file.tmp | cut -d' ' -f1)  $MNT/$1-$n" >>"$2"
+    done
+}
+
+verify_files() { # MANIFEST WHAT
+    drop_caches
+    sha256sum -c --quiet "$1" || fail "$2: files differ from what was fsync'ed"
+    log "$2: $(wc -l <"$1") files verified"
+}
+
+fsck_clean() { # WHAT
+    e2fsck -f -n /dev/nbd0 >$WORK/fsck.log 2>&1 || { cat $WORK/fsck.log; fail "$1: e2fsck -f -n found problems"; }
+    log "$1: e2fsck -f clean"
+}
+
+# ext4 on /dev/nbd0 over `tiercache serve`: mkfs, files with known
+# checksums, umount, mount, fsck; then the daemon is killed with -9 while
+# a writer is fsync'ing more files, restarted, and every file whose fsync
+# returned is there and the filesystem is clean after journal replay.
+#
+# The kernel NBD client cannot carry a mounted filesystem over a dead
+# connection, so the filesystem is unmounted and the device reconnected
+# after the restart: what is tested is that nothing acknowledged was lost.
+# nbd-client runs in ioctl mode (-nonetlink) for this: when the server
+# dies the device is torn down at once, in-flight requests fail and ext4
+# shuts down. In netlink mode (nbd-client 3.24 sets no dead-connection
+# timeout and cannot reconfigure) the writer and jbd2 instead hang in D
+# state for good after the 30 s request timeout.
+test_ext4_kill() { # MODE
+    local mode=$1
+    new_cache "$mode"
+    serve_start tc0
+    nbd_attach /dev/nbd0 tc0 -b 4096 -nonetlink
+    mkfs.ext4 -q -E nodiscard /dev/nbd0
+    mount -o noatime /dev/nbd0 "$MNT"
+    write_files a $WORK/manifest
+    log "wrote $(wc -l <$WORK/manifest) files"
+    umount "$MNT"
+    fsck_clean "after umount"
+    mount -o noatime /dev/nbd0 "$MNT"
+    verify_files $WORK/manifest "after remount"
+
+    # A writer fsync'ing files in a loop; the daemon dies under it.
+    : >$WORK/manifest-b
+    ( for round in 1 2 3 4 5 6 7 8 9; do write_files "b$round" $WORK/manifest-b || exit 0; done ) &
+    local writer=$!
+    echo $writer >>$PIDS
+    sleep 3
+    log "kill -9 tiercache serve (pid $SERVE_PID) with $(wc -l <$WORK/manifest-b) more files fsync'ed"
+    kill -9 "$SERVE_PID"
+    wait "$SERVE_PID" 2>/dev/null || true
+    wait "$writer" 2>/dev/null || true
+    umount "$MNT" 2>/dev/null || umount -l "$MNT"
+    nbd_detach /dev/nbd0
+    tc check >$WORK/check.log 2>&1 || { cat $WORK/check.log; fail "tiercache check after kill -9"; }
+    log "tiercache check after kill -9: $(tail -1 $WORK/check.log)"
+
+    serve_start tc0
+    log "restarted: $(tc status --json | grep -E '"cache_blocks_dirty"' | tr -d ' ,')"
+    nbd_attach /dev/nbd0 tc0 -b 4096 -nonetlink
+    mount -o noatime /dev/nbd0 "$MNT"
+    cat $WORK/manifest-b >>$WORK/manifest
+    verify_files $WORK/manifest "after kill -9 and restart (journal replayed)"
+    umount "$MNT"
+    fsck_clean "after kill -9 and restart"
+    nbd_detach /dev/nbd0
+    serve_stop
+    tc check >/dev/null || fail "tiercache check after a clean stop"
+}
+
+# fio with crc32c verification on /dev/nbd0: 4 jobs at queue depth 32,
+# each on its own FIO_JOB_MIB (24 MiB: 96 MiB in all, more than the
+# cache's free slots once ext4-size metadata is counted, so blocks are
+# evicted and, in writeback, written back while fio runs; --quick uses 8),
+# 4K random writes then a read-back of every block; then the same data
+# read back after a clean restart, and after `tiercache detach` straight
+# from the origin.
+FIO_JOB_MIB=${TC_FIO_JOB_MIB:-24}
+FIO_VERIFY=(--rw=randwrite --bs=4k --ioengine=libaio --iodepth=32 --direct=1
+            --numjobs=4 --size=${FIO_JOB_MIB}M --offset_increment=${FIO_JOB_MIB}M
+            --verify=crc32c --verify_fatal=1 --verify_state_save=0 --group_reporting)
+
+fio_verify() { # WHAT DEVICE [fio args]
+    local what=$1 dev=$2
+    shift 2
+    fio --name=verify --filename="$dev" "${FIO_VERIFY[@]}" "$@" --output=$WORK/fio.out \
+        || { cat $WORK/fio.out; fail "$what: fio exited with an error"; }
+    grep -q 'err= 0' $WORK/fio.out || { cat $WORK/fio.out; fail "$what: fio reported errors"; }
+    log "$what: $(grep -E '^ *(write|read):' $WORK/fio.out | sed 's/^ *//; s/,.*//' | tr '\n' ' ')"
+}
+
+test_fio_verify() { # MODE
+    new_cache "$1"
+    serve_start tc0
+    nbd_attach /dev/nbd0 tc0
+    fio_verify "write and verify" /dev/nbd0
+    nbd_detach /dev/nbd0
+    log "status: $(tc status --json | grep -E '"(read_hits|write_hits|blocks_written_back|cache_blocks_dirty)"' | tr -d ' ,\n')"
+    serve_stop
+    serve_start tc0
+    nbd_attach /dev/nbd0 tc0
+    fio_verify "verify after restart" /dev/nbd0 --verify_only
+    nbd_detach /dev/nbd0
+    tc detach >/dev/null || fail "tiercache detach"
+    wait "$SERVE_PID" || fail "tiercache serve exited with $? after detach"
+    fio_verify "verify on the origin after detach" "$(disk origin)" --verify_only
+}
+
+# ext4 over /dev/nbd0 connected by nbd_netlink.py (netlink, 60 s
+# dead-connection timeout): tiercache serve is killed with -9 while a
+# writer fsyncs files, restarted, and given the device back
+# (NBD_CMD_RECONFIGURE). The kernel requeues the requests that were in
+# flight and the writer must finish every round without an error; every
+# file matches and e2fsck is clean. This asks more than NBD promises:
+# writes acknowledged but not yet flushed must survive the daemon's death,
+# as they would survive a disk's firmware restart but not a power loss.
+test_ext4_restart() { # MODE
+    local mode=$1 nl="python3 $HERE/nbd_netlink.py"
+    dmesg -C  # earlier tests' (expected) nbd0 errors are not this one's
+    new_cache "$mode"
+    serve_start tc0
+    $nl connect "$TIERCACHE_STATE_DIR/tc0.nbd" 0 60 || fail "netlink connect"
+    mkfs.ext4 -q -E nodiscard /dev/nbd0
+    mount -o noatime /dev/nbd0 "$MNT"
+    write_files a $WORK/manifest
+    : >$WORK/manifest-b
+    ( for round in 1 2 3 4 5 6; do write_files "b$round" $WORK/manifest-b || exit 1; done ) &
+    local writer=$!
+    echo $writer >>$PIDS
+    sleep 3
+    log "kill -9 tiercache serve (pid $SERVE_PID) with $(wc -l <$WORK/manifest-b) more files fsync'ed"
+    kill -9 "$SERVE_PID"
+    wait "$SERVE_PID" 2>/dev/null || true
+    serve_start tc0
+    $nl reconfigure "$TIERCACHE_STATE_DIR/tc0.nbd" 0 || fail "netlink reconfigure"
+    log "restarted and reconnected"
+    wait "$writer" || fail "the writer saw an error across the restart"
+    log "the writer finished: $(wc -l <$WORK/manifest-b) files fsync'ed in all"
+    cat $WORK/manifest-b >>$WORK/manifest
+    verify_files $WORK/manifest "across kill -9 and restart"
+    umount "$MNT"
+    fsck_clean "across kill -9 and restart"
+    dmesg | grep -E 'nbd0.*(I/O error|error)|EXT4-fs error' && fail "the kernel logged errors on nbd0"
+    $nl disconnect 0
+    serve_stop
+}
+
+# --- the ublk front end (`serve --ublk`)
+
+ublk_wait() { # wait for /dev/ublkb0 to have a size
+    local i
+    for i in $(seq 200); do
+        [ "$(blockdev --getsize64 /dev/ublkb0 2>/dev/null || echo 0)" -gt 0 ] && return 0
+        kill -0 "$SERVE_PID" 2>/dev/null || { cat /run/serve-tc0.log; fail "tiercache serve --ublk exited"; }
+        sleep 0.1
+    done
+    cat /run/serve-tc0.log
+    fail "/dev/ublkb0 did not appear"
+}
+
+# fio verify (as test_fio_verify) on /dev/ublkb0.
+test_ublk_fio_verify() { # MODE
+    new_cache "$1"
+    serve_start tc0 --ublk
+    ublk_wait
+    fio_verify "write and verify on /dev/ublkb0" /dev/ublkb0
+    serve_stop
+    [ -e /dev/ublkb0 ] && fail "/dev/ublkb0 still there after a clean stop"
+    serve_start tc0 --ublk
+    ublk_wait
+    fio_verify "verify after restart" /dev/ublkb0 --verify_only
+    serve_stop
+}
+
+# ext4 on /dev/ublkb0; tiercache serve is killed with -9 under an
+# fsync'ing writer and restarted, and takes the device over (user
+# recovery): the writer sees no error, every file matches, fsck is clean.
+test_ublk_ext4_recover() { # MODE
+    dmesg -C
+    new_cache "$1"
+    serve_start tc0 --ublk
+    ublk_wait
+    mkfs.ext4 -q -E nodiscard /dev/ublkb0
+    mount -o noatime /dev/ublkb0 "$MNT"
+    write_files a $WORK/manifest
+    : >$WORK/manifest-b
+    ( for round in 1 2 3 4 5 6; do write_files "b$round" $WORK/manifest-b || exit 1; done ) &
+    local writer=$!
+    echo $writer >>$PIDS
+    sleep 3
+    log "kill -9 tiercache serve (pid $SERVE_PID) with $(wc -l <$WORK/manifest-b) more files fsync'ed"
+    kill -9 "$SERVE_PID"
+    wait "$SERVE_PID" 2>/dev/null || true
+    serve_start tc0 --ublk
+    log "restarted: $(grep -o 'recovered.*' /run/serve-tc0.log | tail -1)"
+    wait "$writer" || fail "the writer saw an error across the restart"
+    log "the writer finished: $(wc -l <$WORK/manifest-b) files fsync'ed in all"
+    cat $WORK/manifest-b >>$WORK/manifest
+    verify_files $WORK/manifest "across kill -9 and recovery"
+    umount "$MNT"
+    e2fsck -f -n /dev/ublkb0 >$WORK/fsck.log 2>&1 || { cat $WORK/fsck.log; fail "e2fsck after recovery"; }
+    log "e2fsck -f clean"
+    dmesg | grep -E 'ublkb0.*error|EXT4-fs error' && fail "the kernel logged errors on ublkb0"
+    serve_stop
+}

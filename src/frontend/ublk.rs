@@ -1,0 +1,260 @@
+//! The ublk front end: a [`Volume`] as the kernel block device
+//! `/dev/ublkbN`, through the kernel's ublk driver and the `libublk` crate.
+//!
+//! One ublk queue per queue thread; each queue takes up to `queue_depth`
+//! requests at once. A queue thread only moves requests: it hands each to
+//! the tokio runtime (where the volume's futures run, as for NBD) and
+//! completes it when the runtime reports back through a channel and an
+//! eventfd that the queue's io_uring reads (libublk `wait_and_handle_io`:
+//! "use eventfd to wakeup & notify ublk queue/io_uring").
+//!
+//! Recovery (`UBLK_F_USER_RECOVERY` with `_REISSUE`): when the daemon dies
+//! the driver keeps `/dev/ublkbN` and queues its requests (requests in
+//! flight are reissued), and a new daemon started with `recover` takes the
+//! device over (START/END_USER_RECOVERY); the filesystem sees a stall, not
+//! an error. Kernel docs: Documentation/block/ublk.rst, "User recovery".
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
+use libublk::helpers::IoBuf;
+use libublk::io::{BufDescList, UblkDev, UblkIOCtx, UblkQueue};
+use libublk::{BufDesc, UblkError, UblkFlags, UblkIORes};
+
+use crate::device::AlignedBuf;
+use crate::volume::{ErrorKind, Volume, VolumeError};
+
+/// Largest request the driver sends, in bytes (also each tag's buffer).
+const IO_BUF_BYTES: u32 = 512 * 1024;
+/// `op` of the eventfd read in io_uring user data (any value unused by
+/// libublk's own target I/O).
+const EVENTFD_OP: u32 = 0xfe;
+
+/// How a ublk device is set up.
+#[derive(Debug, Clone)]
+pub struct UblkConfig {
+    /// Device number (`/dev/ublkbN`); `None` lets the driver choose.
+    pub dev_id: Option<i32>,
+    pub nr_queues: u16,
+    pub queue_depth: u16,
+    /// Take over an existing device left by a daemon that died.
+    pub recover: bool,
+}
+
+/// Errors of the ublk front end.
+#[derive(Debug, thiserror::Error)]
+pub enum UblkFrontendError {
+    /// The driver or libublk refused an operation.
+    #[error("ublk: {what}: {source}")]
+    Ublk {
+        what: &'static str,
+        #[source]
+        source: UblkError,
+    },
+    /// No device to recover with that number.
+    #[error("ublk: no device {0} to recover (is /dev/ublkc{0} there?)")]
+    NoDevice(i32),
+}
+
+fn ublk_err(what: &'static str) -> impl FnOnce(UblkError) -> UblkFrontendError {
+    move |source| UblkFrontendError::Ublk { what, source }
+}
+
+/// A finished request: tag, result (bytes or -errno), data read.
+type Done = (u16, i32, Option<AlignedBuf>);
+
+fn errno(e: &VolumeError) -> i32 {
+    -match e.kind {
+        ErrorKind::Io => libc::EIO,
+        ErrorKind::Invalid => libc::EINVAL,
+        ErrorKind::NoSpace => libc::ENOSPC,
+        ErrorKind::ReadOnly => libc::EROFS,
+        ErrorKind::NotSupported => libc::EOPNOTSUPP,
+        ErrorKind::ShuttingDown => libc::EIO,
+    }
+}
+
+/// Creates (or, with `recover`, takes over) the device and serves it until
+/// it is stopped (`stop` from another thread, or `ublk del`). `started`
+/// gets the device number once the device is live.
+pub fn serve<V: Volume>(
+    volume: Arc<V>,
+    rt: tokio::runtime::Handle,
+    cfg: &UblkConfig,
+    started: impl FnOnce(&UblkCtrl) + Send + Sync + 'static,
+) -> Result<(), UblkFrontendError> {
+    let mut dev_flags = UblkFlags::UBLK_DEV_F_ADD_DEV;
+    if cfg.recover {
+        let id = cfg.dev_id.ok_or(UblkFrontendError::NoDevice(-1))?;
+        let old = UblkCtrl::new_simple(id).map_err(|_| UblkFrontendError::NoDevice(id))?;
+        old.start_user_recover()
+            .map_err(ublk_err("starting user recovery"))?;
+        dev_flags = UblkFlags::UBLK_DEV_F_RECOVER_DEV;
+    }
+    let ctrl = UblkCtrlBuilder::default()
+        .name("tiercache")
+        .id(cfg.dev_id.unwrap_or(-1))
+        .nr_queues(cfg.nr_queues)
+        .depth(cfg.queue_depth)
+        .io_buf_bytes(IO_BUF_BYTES)
+        .ctrl_flags(
+            (libublk::sys::UBLK_F_USER_RECOVERY | libublk::sys::UBLK_F_USER_RECOVERY_REISSUE)
+                as u64,
+        )
+        .dev_flags(dev_flags)
+        .build()
+        .map_err(ublk_err("creating the device"))?;
+    let size_bytes = volume.size_bytes();
+    let tgt_init = move |dev: &mut UblkDev| {
+        dev.set_default_params(size_bytes);
+        Ok(())
+    };
+    let q_fn = move |qid: u16, dev: &UblkDev| queue_thread(qid, dev, volume.clone(), rt.clone());
+    ctrl.run_target(tgt_init, q_fn, started)
+        .map_err(ublk_err("running the device"))?;
+    Ok(())
+}
+
+/// Deletes device `id` (after a clean shutdown; a killed daemon's device
+/// is kept for recovery instead).
+pub fn delete(id: i32) -> Result<(), UblkFrontendError> {
+    let ctrl = UblkCtrl::new_simple(id).map_err(|_| UblkFrontendError::NoDevice(id))?;
+    let _ = ctrl.kill_dev();
+    ctrl.del_dev().map_err(ublk_err("deleting the device"))?;
+    Ok(())
+}
+
+/// Stops device `id`'s queues (its `serve` returns); the device stays.
+pub fn stop(id: i32) -> Result<(), UblkFrontendError> {
+    let ctrl = UblkCtrl::new_simple(id).map_err(|_| UblkFrontendError::NoDevice(id))?;
+    ctrl.kill_dev().map_err(ublk_err("stopping the device"))?;
+    Ok(())
+}
+
+fn queue_thread<V: Volume>(qid: u16, dev: &UblkDev, volume: Arc<V>, rt: tokio::runtime::Handle) {
+    let bufs: Vec<IoBuf<u8>> = dev.alloc_queue_io_bufs();
+    // SAFETY: eventfd(2) has no memory arguments; the result is checked.
+    let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if raw < 0 {
+        log::error!(
+            "ublk queue {qid}: eventfd: {}",
+            std::io::Error::last_os_error()
+        );
+        return;
+    }
+    // SAFETY: `raw` is a new descriptor that nothing else owns.
+    let efd = Arc::new(unsafe { OwnedFd::from_raw_fd(raw) });
+    let (tx, rx) = mpsc::channel::<Done>();
+    let queue = match UblkQueue::new(qid, dev)
+        .and_then(|q| q.submit_fetch_commands_unified(BufDescList::Slices(Some(&bufs))))
+    {
+        Ok(q) => q,
+        Err(e) => {
+            log::error!("ublk queue {qid}: {e}");
+            return;
+        }
+    };
+    // The eventfd's counter is read into this; leaked, so it outlives the
+    // queue loop and any read still in flight when the queue stops.
+    let counter: *mut u64 = Box::leak(Box::new(0u64));
+    let arm = |q: &UblkQueue| {
+        let sqe =
+            io_uring::opcode::Read::new(io_uring::types::Fd(efd.as_raw_fd()), counter.cast(), 8)
+                .build()
+                .user_data(UblkIOCtx::build_user_data(0, EVENTFD_OP, 0, true));
+        if let Err(e) = q.ublk_submit_sqe_sync(sqe) {
+            log::error!("ublk queue {qid}: arming the eventfd: {e}");
+        }
+    };
+    arm(&queue);
+    let handler = |q: &UblkQueue, tag: u16, ctx: &UblkIOCtx| {
+        if ctx.is_tgt_io() {
+            // Requests the runtime finished: copy reads out, complete.
+            while let Ok((tag, res, data)) = rx.try_recv() {
+                let buf = &bufs[tag as usize];
+                if let Some(data) = data {
+                    // SAFETY: the driver does not touch a tag's buffer
+                    // between handing us the request and our completion.
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            buf.as_slice().as_ptr() as *mut u8,
+                            data.len(),
+                        )
+                    };
+                    dst.copy_from_slice(&data);
+                }
+                let _ = q.complete_io_cmd_unified(
+                    tag,
+                    BufDesc::Slice(buf.as_slice()),
+                    Ok(UblkIORes::Result(res)),
+                );
+            }
+            arm(q);
+            return;
+        }
+        let iod = q.get_iod(tag);
+        let op = iod.op_flags & 0xff;
+        let fua = iod.op_flags & libublk::sys::UBLK_IO_F_FUA != 0;
+        let offset = iod.start_sector << 9;
+        let len = iod.nr_sectors << 9;
+        let data = if op == libublk::sys::UBLK_IO_OP_WRITE {
+            Some(AlignedBuf::from_slice(
+                &bufs[tag as usize].as_slice()[..len as usize],
+            ))
+        } else {
+            None
+        };
+        let volume = volume.clone();
+        let tx = tx.clone();
+        let efd = efd.clone();
+        rt.spawn(async move {
+            let ok = len as i32;
+            let done: Done = match op {
+                libublk::sys::UBLK_IO_OP_READ => match volume.read(offset, len).await {
+                    Ok(buf) => (tag, ok, Some(buf)),
+                    Err(e) => (tag, errno(&e), None),
+                },
+                libublk::sys::UBLK_IO_OP_WRITE => {
+                    let data = data.expect("write data");
+                    (
+                        tag,
+                        volume
+                            .write(offset, data, fua)
+                            .await
+                            .map_or_else(|e| errno(&e), |_| ok),
+                        None,
+                    )
+                }
+                libublk::sys::UBLK_IO_OP_FLUSH => (
+                    tag,
+                    volume.flush().await.map_or_else(|e| errno(&e), |_| 0),
+                    None,
+                ),
+                libublk::sys::UBLK_IO_OP_DISCARD => (
+                    tag,
+                    volume
+                        .trim(offset, len.into(), fua)
+                        .await
+                        .map_or_else(|e| errno(&e), |_| ok),
+                    None,
+                ),
+                libublk::sys::UBLK_IO_OP_WRITE_ZEROES => (
+                    tag,
+                    volume
+                        .write_zeroes(offset, len.into(), fua)
+                        .await
+                        .map_or_else(|e| errno(&e), |_| ok),
+                    None,
+                ),
+                _ => (tag, -libc::EOPNOTSUPP, None),
+            };
+            let _ = tx.send(done);
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: writes 8 bytes from a live array to our eventfd.
+            unsafe { libc::write(efd.as_raw_fd(), one.as_ptr().cast(), 8) };
+        });
+    };
+    queue.wait_and_handle_io(handler);
+}
