@@ -4,11 +4,13 @@
 //! Layout: `device/` (every backend behind one trait), `engine/` (on-disk
 //! format, metadata, cache modes, replacement, writeback), `frontend/`
 //! (`nbd/`: wire protocol and server; `ublk.rs`, behind the `ublk`
-//! feature), `cli/` (the operator commands).
+//! feature), `monitor/` (Prometheus metrics and the dashboard over HTTP),
+//! `cli/` (the operator commands).
 
 pub mod device;
 pub mod engine;
 pub mod frontend;
+pub mod monitor;
 /// The NBD front end under its long-standing path.
 pub use frontend::nbd;
 pub mod volume;

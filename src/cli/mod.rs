@@ -14,6 +14,7 @@ mod create;
 mod demo;
 mod detach;
 mod flush;
+mod monitor;
 mod registry;
 mod serve;
 mod set_admission;

@@ -119,6 +119,14 @@ pub struct Args {
     /// the connection is closed (clients that stop reading).
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     stall_timeout: u64,
+    /// Serve Prometheus metrics at http://ADDR/metrics (loopback port 9617
+    /// when given alone).
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:9617")]
+    metrics: Option<String>,
+    /// Serve the live dashboard (read only) at http://ADDR/ (loopback port
+    /// 9618 when given alone); it serves /metrics too.
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:9618")]
+    http: Option<String>,
 }
 
 /// `--tls` values (nbdkit's names).
@@ -315,6 +323,8 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
                 unsafe { libc::malloc_trim(0) };
             }
         });
+        let monitor = tiercache::monitor::EndpointConfig { name: name.clone(), metrics: a.metrics.clone(), http: a.http.clone() };
+        let _endpoints = super::monitor::start(&engine, &monitor, rx.clone()).await?;
         let tcp_scheme = match &tls {
             Some((acc, true)) => format!("nbds:// ({}, TLS required)", acc.kind()),
             Some((acc, false)) => format!("nbd:// or nbds:// ({})", acc.kind()),

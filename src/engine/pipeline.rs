@@ -35,12 +35,32 @@ impl Plan {
     }
 }
 
+/// Largest request `warm` makes.
+const WARM_CHUNK_BYTES: u64 = 1 << 20;
+
+/// Who asks for a read, which decides what a miss may promote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ReadKind {
+    /// A client's read: the mode and admission decide.
+    Client,
+    /// NBD_CMD_CACHE: promotes in every mode but passthrough; admission
+    /// still decides.
+    Prefetch,
+    /// `warm`: the operator asked for this range in the cache, so it is
+    /// admitted whatever the sequential cutoff, promotion count or guard
+    /// say (not while admission is stopped after cache errors).
+    Warm,
+}
+
 impl Engine {
     /// Resolves a request of `len` bytes at `offset`: the mode's route and
     /// read rule, and the admission decision.
-    pub(crate) fn resolve(&self, offset: u64, len: u64, write: bool, prefetch: bool) -> Plan {
+    pub(crate) fn resolve(&self, offset: u64, len: u64, write: bool, kind: ReadKind) -> Plan {
         let mode = self.mode();
-        let admission = if self.admitting() {
+        let prefetch = kind != ReadKind::Client;
+        let admission = if kind == ReadKind::Warm && self.admitting() {
+            Decision::Admit
+        } else if self.admitting() {
             self.admission.decide(offset, len, write, || {
                 let m = self.meta.lock();
                 m.table.used() * 100 / m.table.slot_count().max(1)
@@ -88,15 +108,43 @@ impl Engine {
 
     /// Reads `len` bytes at `offset`.
     pub fn read(&self, offset: u64, len: u64) -> EngineResult<AlignedBuf> {
-        self.timed_request(Op::Read, || self.read_inner(offset, len, false))
+        self.timed_request(Op::Read, || self.read_inner(offset, len, ReadKind::Client))
     }
 
     /// Copies a range into the cache (NBD_CMD_CACHE); returns nothing.
     pub fn prefetch(&self, offset: u64, len: u64) -> EngineResult<()> {
-        self.read_inner(offset, len, true).map(|_| ())
+        self.read_inner(offset, len, ReadKind::Prefetch).map(|_| ())
     }
 
-    fn read_inner(&self, offset: u64, len: u64, prefetch: bool) -> EngineResult<AlignedBuf> {
+    /// Promotes `len` bytes at `offset` into the cache ahead of use (see
+    /// `ReadKind::Warm`), in requests of `WARM_CHUNK_BYTES` so that block
+    /// locks are held briefly; `progress` gets (bytes done, bytes to do).
+    /// A range past the volume's end is cut at the end.
+    pub fn warm(
+        &self,
+        offset: u64,
+        len: u64,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> EngineResult<()> {
+        let end = offset.saturating_add(len).min(self.volume_bytes);
+        let total = end.saturating_sub(offset);
+        let mut at = offset;
+        while at < end {
+            // Chunks end on chunk boundaries, so they stay block-aligned.
+            let next = ((at / WARM_CHUNK_BYTES + 1) * WARM_CHUNK_BYTES).min(end);
+            self.read_inner(at, next - at, ReadKind::Warm)?;
+            at = next;
+            progress(at - offset, total);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn read_inner(
+        &self,
+        offset: u64,
+        len: u64,
+        kind: ReadKind,
+    ) -> EngineResult<AlignedBuf> {
         self.check_open()?;
         let segs = self.segments(offset, len, false)?;
         bump(&self.stats.read_requests, 1);
@@ -106,8 +154,8 @@ impl Engine {
         let _guard = self
             .locks
             .lock_range(first.block, segs.last().expect("non-empty").block);
-        let plan = self.resolve(offset, len, false, prefetch);
-        if !prefetch {
+        let plan = self.resolve(offset, len, false, kind);
+        if kind == ReadKind::Client {
             self.note_blocks(offset, len);
         }
         // The block locks are held: these mappings cannot change under us
@@ -138,7 +186,7 @@ impl Engine {
             Ok(locked) => locked,
             Err(e) => return Some(Err(e)),
         };
-        let plan = self.resolve(offset, len, false, false);
+        let plan = self.resolve(offset, len, false, ReadKind::Client);
         let cached = self.lookup_accessed(&segs, |dirty| dirty || plan.mode.reads_cache());
         if !cached.iter().all(|c| c.is_some_and(|h| h.valid)) {
             return None;
@@ -161,7 +209,7 @@ impl Engine {
             let last = segs.last().expect("non-empty").block;
             let _guard = self.locks.lock_range(first.block, last);
             self.flights.touch(first.block, last);
-            let plan = self.resolve(offset, data.len() as u64, true, false);
+            let plan = self.resolve(offset, data.len() as u64, true, ReadKind::Client);
             self.note_blocks(offset, data.len() as u64);
             match plan.route {
                 WriteRoute::Cache => {
@@ -218,7 +266,7 @@ impl Engine {
         if !segs.iter().all(|s| self.cacheable(s.block)) {
             return None;
         }
-        let plan = self.resolve(offset, data.len() as u64, true, false);
+        let plan = self.resolve(offset, data.len() as u64, true, ReadKind::Client);
         let cached = self.lookup_accessed(&segs, |_| true);
         let in_place = adjacent_slots(&cached, |h| h.writable) == segs.len();
         let to_new_slots = || {

@@ -5,18 +5,26 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::Serialize;
 
 macro_rules! counters {
-    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
+    ($($(#[doc = $doc:literal])* $name:ident),* $(,)?) => {
         /// Live counters, updated without locks.
         #[derive(Default)]
-        pub struct Stats { $($(#[$doc])* pub $name: AtomicU64,)* }
+        pub struct Stats { $($(#[doc = $doc])* pub $name: AtomicU64,)* }
 
         /// A point-in-time copy of [`Stats`].
         #[derive(Clone, Debug, Default, Serialize, serde::Deserialize, PartialEq, Eq)]
-        pub struct StatsSnapshot { $($(#[$doc])* pub $name: u64,)* }
+        pub struct StatsSnapshot { $($(#[doc = $doc])* pub $name: u64,)* }
 
         impl Stats {
             pub fn snapshot(&self) -> StatsSnapshot {
                 StatsSnapshot { $($name: self.$name.load(Ordering::Relaxed),)* }
+            }
+        }
+
+        impl StatsSnapshot {
+            /// Every counter as (name, its documentation, value), in
+            /// declaration order: the metrics endpoint exports them all.
+            pub fn counters(&self) -> Vec<(&'static str, &'static str, u64)> {
+                vec![$((stringify!($name), concat!($($doc),*).trim_ascii(), self.$name),)*]
             }
         }
     };

@@ -1,0 +1,299 @@
+//! The Prometheus metrics: OpenMetrics text through `prometheus-client`,
+//! built at scrape time from one copy of the engine's state (`Taken`), so
+//! the I/O path does no work for them. Names follow Prometheus' rules
+//! (`tiercache_` prefix, base units in the name, `_total` on counters,
+//! ratios 0..1) and every sample carries `cache="NAME"`. docs/observability.md
+//! lists them beside node_exporter's bcache names.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+
+use super::Taken;
+use crate::engine::observe::latency::{bucket_upper_s, HistogramSnapshot};
+
+/// The content type of `render`'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The exposition of one copy of a cache's state.
+pub fn render(taken: &Arc<Taken>) -> String {
+    let mut registry = Registry::with_prefix_and_labels(
+        "tiercache",
+        [(Cow::Borrowed("cache"), Cow::Owned(taken.name.clone()))].into_iter(),
+    );
+    registry.register_collector(Box::new(Exposition(taken.clone())));
+    let mut out = String::with_capacity(32 * 1024);
+    // Writing to a String cannot fail, and every value is finite.
+    prometheus_client::encoding::text::encode(&mut out, &registry)
+        .expect("encoding metrics into a String");
+    out
+}
+
+#[derive(Debug)]
+struct Exposition(Arc<Taken>);
+
+type Labels = Vec<(&'static str, String)>;
+
+fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: f64) -> std::fmt::Result {
+    let g = ConstGauge::new(v);
+    g.encode(e.encode_descriptor(name, help, None, g.metric_type())?)
+}
+
+fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
+    let c = ConstCounter::new(v);
+    c.encode(e.encode_descriptor(name, help, None, c.metric_type())?)
+}
+
+fn gauges(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    items: &[(Labels, f64)],
+) -> std::fmt::Result {
+    let mut m = e.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, v) in items {
+        ConstGauge::new(*v).encode(m.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+fn histograms(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    items: &[(Labels, &HistogramSnapshot)],
+) -> std::fmt::Result {
+    let mut m = e.encode_descriptor(name, help, None, MetricType::Histogram)?;
+    for (labels, h) in items {
+        let buckets: Vec<(f64, u64)> = h
+            .counts
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| (bucket_upper_s(i), c))
+            .collect();
+        m.encode_family(labels)?
+            .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+                h.sum_s,
+                h.count(),
+                &buckets,
+                None,
+            )?;
+    }
+    Ok(())
+}
+
+fn ratio(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
+    }
+}
+
+impl Collector for Exposition {
+    fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
+        let t = &self.0;
+        let s = &t.status;
+        let bs = u64::from(s.block_bytes);
+        let e = &mut e;
+        {
+            let info: Labels = vec![
+                ("mode", s.mode.name().to_string()),
+                ("policy", s.policy.clone()),
+                ("origin", s.origin.clone()),
+                ("cache_device", s.cache.clone()),
+            ];
+            // The info type adds `_info`: tiercache_cache_info.
+            let mut m = e.encode_descriptor(
+                "cache",
+                "The cache's mode, replacement policy and devices.",
+                None,
+                MetricType::Info,
+            )?;
+            m.encode_info(&info)?;
+        }
+        // Every counter of `status`, under its own name.
+        for (name, help, v) in s.stats.counters() {
+            counter(e, name, help, v)?;
+        }
+        counter(
+            e,
+            "written_back_bytes",
+            "Bytes of dirty blocks written back to the origin.",
+            s.stats.blocks_written_back * bs,
+        )?;
+        gauge(
+            e,
+            "volume_bytes",
+            "Size of the cached volume.",
+            s.volume_bytes as f64,
+        )?;
+        gauge(e, "block_bytes", "Cache block size.", bs as f64)?;
+        gauge(
+            e,
+            "cache_capacity_bytes",
+            "Bytes the cache device holds for data.",
+            (s.cache_blocks_total * bs) as f64,
+        )?;
+        gauge(
+            e,
+            "cache_used_bytes",
+            "Bytes of cache blocks in use (occupancy).",
+            (s.cache_blocks_used * bs) as f64,
+        )?;
+        gauge(
+            e,
+            "cache_used_ratio",
+            "Cache blocks in use over all cache blocks.",
+            ratio(s.cache_blocks_used, s.cache_blocks_total),
+        )?;
+        gauge(
+            e,
+            "dirty_bytes",
+            "Bytes of dirty cache blocks: the writeback backlog.",
+            (s.cache_blocks_dirty * bs) as f64,
+        )?;
+        gauge(
+            e,
+            "dirty_ratio",
+            "Dirty cache blocks over all cache blocks.",
+            ratio(s.cache_blocks_dirty, s.cache_blocks_total),
+        )?;
+        gauge(
+            e,
+            "partial_blocks",
+            "Cached blocks holding only some of their sectors.",
+            s.partial_blocks as f64,
+        )?;
+        gauge(
+            e,
+            "metadata_memory_bytes",
+            "Heap bytes of the in-memory metadata.",
+            s.metadata_bytes as f64,
+        )?;
+        gauge(
+            e,
+            "read_hit_ratio",
+            "Blocks read from the cache over blocks read, since the cache opened.",
+            ratio(s.stats.read_hits, s.stats.read_hits + s.stats.read_misses),
+        )?;
+        gauge(
+            e,
+            "writeback_rate_bytes_per_second",
+            "Bytes written back per second over the last sampling interval.",
+            t.latest.as_ref().map_or(0.0, |l| l.writeback_bytes_per_s),
+        )?;
+        gauge(
+            e,
+            "writeback_high_watermark_ratio",
+            "Dirty share at which background writeback starts.",
+            f64::from(s.writeback.high_pct) / 100.0,
+        )?;
+        gauge(
+            e,
+            "writeback_low_watermark_ratio",
+            "Dirty share at which background writeback stops.",
+            f64::from(s.writeback.low_pct) / 100.0,
+        )?;
+        gauge(
+            e,
+            "writeback_max_age_seconds",
+            "Dirty blocks older than this are written back.",
+            f64::from(s.writeback.max_age_secs),
+        )?;
+        gauge(
+            e,
+            "admitting",
+            "1 while new blocks may enter the cache, 0 after too many cache errors.",
+            f64::from(u8::from(s.admitting)),
+        )?;
+        gauge(
+            e,
+            "guard_engaged",
+            "1 while the admission guard sends new data around a slow cache device.",
+            f64::from(u8::from(s.guard_engaged)),
+        )?;
+        gauge(
+            e,
+            "cache_error_limit",
+            "Cache device errors after which no new blocks are admitted (0: never).",
+            s.cache_error_limit as f64,
+        )?;
+        let req: Vec<(Labels, &HistogramSnapshot)> = t
+            .observations
+            .latency
+            .requests
+            .iter()
+            .map(|(op, kind, h)| (vec![("op", op.clone()), ("result", kind.clone())], h))
+            .collect();
+        histograms(
+            e,
+            "request_duration_seconds",
+            "Request latency by operation; result=miss when the request made an origin request.",
+            &req,
+        )?;
+        let dev: Vec<(Labels, &HistogramSnapshot)> = t
+            .observations
+            .latency
+            .devices
+            .iter()
+            .map(|(d, op, h)| (vec![("device", d.clone()), ("op", op.clone())], h))
+            .collect();
+        histograms(
+            e,
+            "device_duration_seconds",
+            "Latency of the cache and origin devices' reads and writes.",
+            &dev,
+        )?;
+        let mrc = &t.observations.mrc;
+        let points = |f: &dyn Fn(&crate::engine::observe::MrcPoint) -> f64| -> Vec<(Labels, f64)> {
+            mrc.points
+                .iter()
+                .map(|p| (vec![("size_ratio", p.size_factor.to_string())], f(p)))
+                .collect()
+        };
+        gauges(
+            e,
+            "mrc_hit_ratio",
+            "Estimated LRU hit ratio of a cache size_ratio times this one's size (sampled miss-ratio curve).",
+            &points(&|p| p.hit_ratio),
+        )?;
+        gauges(
+            e,
+            "mrc_size_bytes",
+            "Cache size of each point of the miss-ratio curve.",
+            &points(&|p| (p.size_blocks * bs) as f64),
+        )?;
+        gauge(
+            e,
+            "mrc_sample_ratio",
+            "Fraction of blocks the miss-ratio curve samples.",
+            mrc.sample_rate,
+        )?;
+        gauge(
+            e,
+            "mrc_tracked_blocks",
+            "Blocks the miss-ratio sampler tracks.",
+            mrc.tracked_blocks as f64,
+        )?;
+        gauge(
+            e,
+            "mrc_memory_bytes",
+            "Heap bytes of the miss-ratio sampler.",
+            mrc.memory_bytes as f64,
+        )?;
+        gauge(
+            e,
+            "monitor_uptime_seconds",
+            "Seconds since the metrics endpoint started.",
+            t.uptime_s,
+        )?;
+        Ok(())
+    }
+}
