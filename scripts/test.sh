@@ -23,6 +23,16 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $(printf '%s\n' "${missing[@]}" | sort -u) >/dev/null
 fi
 
+# Headless Chromium for the dashboard test (tests/dashboard_browser.rs). If
+# it truly cannot be installed, that test is skipped with a message saying so.
+if ! command -v chromium >/dev/null 2>&1; then
+    echo "installing: chromium"
+    if ! { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null; }; then
+        echo "WARNING: chromium could not be installed: the dashboard browser test will be SKIPPED" >&2
+        export TIERCACHE_SKIP_BROWSER="chromium could not be installed by scripts/test.sh"
+    fi
+fi
+
 /usr/bin/python3 -m unittest discover -s bench/trace -p 'test_*.py'
 cargo fmt --check
 cargo clippy --all-targets --quiet -- -D warnings

@@ -1,0 +1,157 @@
+//! The dashboard in a real browser: headless Chromium (Debian's `chromium`,
+//! which scripts/test.sh installs) loads `serve --http`'s page while fio
+//! writes and reads the volume; the charts and the heat map change, the
+//! written regions show as dirty and then, after `tiercache flush`, as
+//! clean cached ones, and the page logs no error.
+
+#[path = "common/daemon.rs"]
+mod daemon;
+#[path = "common/web.rs"]
+mod web;
+
+use std::process::Command;
+
+use daemon::{need, sigterm, Setup};
+use serde_json::{json, Value};
+use web::{free_port, wait_http, Browser};
+
+/// The written stretch: 4 MiB at the volume's start, which is heat-map
+/// regions 0..64 of a 64 MiB volume (1024 regions of 64 KiB).
+const WRITTEN_BYTES: u64 = 4 << 20;
+const WRITTEN_REGIONS: u64 = 64;
+
+fn fio(s: &Setup, args: &[&str]) {
+    let out = Command::new("fio")
+        .args(["--name=dash", "--ioengine=nbd", "--thread"])
+        .arg(format!("--uri={}", s.uri()))
+        .args(args)
+        .output()
+        .expect("running fio");
+    assert!(
+        out.status.success(),
+        "fio {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// JavaScript: every written region is drawn in state `state`, in a colour
+/// whose `channel` (0 red, 2 blue) leads.
+fn regions_drawn(state: &str, channel: usize) -> String {
+    let other = 2 - channel;
+    format!(
+        "(() => {{ for (let i = 0; i < {WRITTEN_REGIONS}; i++) {{
+             if (tc.cellState(i) !== '{state}') return false;
+             const p = tc.cellPixel(i);
+             if (!(p[{channel}] > p[1] + 40 && p[{channel}] > p[{other}] + 40)) return false;
+           }} return true; }})()"
+    )
+}
+
+#[test]
+fn the_dashboard_shows_writes_dirty_then_clean_in_chromium() {
+    need("fio", "fio");
+    if let Ok(why) = std::env::var("TIERCACHE_SKIP_BROWSER") {
+        eprintln!("SKIPPED: the dashboard browser test: {why}");
+        return;
+    }
+    assert!(
+        web::have_chromium(),
+        "chromium is missing: install the Debian package chromium (scripts/test.sh does, and \
+         sets TIERCACHE_SKIP_BROWSER when it cannot)"
+    );
+    // Writeback only when asked: no idle drain, no age, high watermark.
+    let s = Setup::with_sizes(
+        64 << 20,
+        16 << 20,
+        &[
+            "--mode",
+            "writeback",
+            "--writeback-idle",
+            "0",
+            "--writeback-age",
+            "3600",
+            "--writeback-high",
+            "95",
+            "--writeback-low",
+            "90",
+        ],
+    );
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut serve = s.serve_with(&["--http", &addr]);
+    wait_http(&addr, "/api/snapshot");
+
+    let mut b = Browser::start();
+    b.call("Runtime.enable", json!({}));
+    b.call("Log.enable", json!({}));
+    b.call("Page.enable", json!({}));
+    b.call("Page.navigate", json!({"url": format!("http://{addr}/")}));
+    b.wait_for(
+        "typeof tc === 'object' && tc.snapshots >= 2",
+        20,
+        "two snapshots",
+    );
+    assert_eq!(
+        b.eval(&format!(
+            "[...Array({WRITTEN_REGIONS}).keys()].every(i => tc.cellState(i) === 'empty')"
+        )),
+        json!(true),
+        "nothing cached before fio"
+    );
+    let before: Value = b.eval("tc.signature()");
+
+    // Writes (dirty in writeback), then reads of them (hits) for 3 s.
+    fio(
+        &s,
+        &[
+            "--rw=write",
+            "--bs=64k",
+            &format!("--size={WRITTEN_BYTES}"),
+        ],
+    );
+    fio(
+        &s,
+        &[
+            "--rw=randread",
+            "--bs=4k",
+            &format!("--size={WRITTEN_BYTES}"),
+            "--runtime=3",
+            "--time_based",
+        ],
+    );
+    b.wait_for(&regions_drawn("dirty", 0), 15, "the written regions dirty");
+    b.wait_for(
+        "tc.last.history.some(s => s.read_iops > 0) && tc.last.history.some(s => s.write_iops > 0)",
+        10,
+        "reads and writes in the time series",
+    );
+    b.wait_for(
+        "tc.last.heat.hot.slice(0, 64).some(h => h > 0) && tc.last.mrc.points.length > 0",
+        10,
+        "hot regions and a miss-ratio curve",
+    );
+    let after: Value = b.eval("tc.signature()");
+    for canvas in ["c-hit", "c-iops", "c-lat", "c-dirty", "c-heat", "c-mrc"] {
+        assert_ne!(
+            before[canvas], after[canvas],
+            "canvas {canvas} did not change while fio ran"
+        );
+    }
+    assert_eq!(
+        b.eval("tc.cellState(512)"),
+        json!("empty"),
+        "a region fio never touched"
+    );
+
+    s.cli(&["flush"]);
+    b.wait_for(
+        &regions_drawn("cached", 2),
+        15,
+        "the written regions clean after flush",
+    );
+    assert_eq!(b.eval("tc.failures"), json!(0), "failed polls");
+    let errors = b.errors();
+    assert!(errors.is_empty(), "the page logged errors: {errors:#?}");
+    drop(b);
+    sigterm(&mut serve);
+}
