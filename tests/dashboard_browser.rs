@@ -103,11 +103,7 @@ fn the_dashboard_shows_writes_dirty_then_clean_in_chromium() {
     // Writes (dirty in writeback), then reads of them (hits) for 3 s.
     fio(
         &s,
-        &[
-            "--rw=write",
-            "--bs=64k",
-            &format!("--size={WRITTEN_BYTES}"),
-        ],
+        &["--rw=write", "--bs=64k", &format!("--size={WRITTEN_BYTES}")],
     );
     fio(
         &s,

@@ -49,7 +49,11 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         },
         None => None,
     };
+    let spinner = super::progress::spinner("checking the metadata");
     let report = recovery::check(&cache, origin_bytes);
+    if let Some(s) = spinner {
+        s.finish_and_clear();
+    }
     if a.json {
         println!(
             "{}",

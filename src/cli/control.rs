@@ -1,6 +1,7 @@
 //! The control socket of a running `tiercache serve`: one JSON request per
 //! line, answered by one JSON response line (a flush first sends progress
-//! lines, `{"ok":true,"progress":[done,total]}`, at most ten a second). `status`, `flush`, `set-mode`,
+//! lines, `{"ok":true,"progress":[done,total]}`, at most ten a second; so
+//! does a warm, in bytes). `status`, `flush`, `warm`, `set-mode`,
 //! `set-writeback`, `set-admission`, `set-policy` and `detach` given for a
 //! served cache travel this way,
 //! so they act on the live engine and print what they print offline.
@@ -26,11 +27,24 @@ const PROGRESS_INTERVAL: Duration = Duration::from_millis(100);
 pub enum Request {
     Status,
     Flush,
-    SetMode { mode: Mode },
-    SetWriteback { settings: WritebackSettings },
-    SetAdmission { settings: AdmissionSettings },
-    SetPolicy { policy: String },
+    SetMode {
+        mode: Mode,
+    },
+    SetWriteback {
+        settings: WritebackSettings,
+    },
+    SetAdmission {
+        settings: AdmissionSettings,
+    },
+    SetPolicy {
+        policy: String,
+    },
     Detach,
+    /// Promote `length` bytes at `offset` into the cache.
+    Warm {
+        offset: u64,
+        length: u64,
+    },
 }
 
 #[derive(Serialize, Deserialize, Debug)]
@@ -117,6 +131,25 @@ pub fn call_with_progress(
     }
 }
 
+/// A progress callback that sends progress lines, at most one per
+/// `PROGRESS_INTERVAL` (and the last); a client that went away does not
+/// stop the work.
+fn progress_lines(out: &mut UnixStream) -> impl FnMut(u64, u64) + '_ {
+    let mut last = Instant::now() - PROGRESS_INTERVAL;
+    move |done: u64, total: u64| {
+        if last.elapsed() >= PROGRESS_INTERVAL || done == total {
+            last = Instant::now();
+            let line = Response {
+                ok: true,
+                error: None,
+                status: None,
+                progress: Some([done, total]),
+            };
+            let _ = send(out, &line);
+        }
+    }
+}
+
 /// Answers one connection. `on_detach` is called after a detach succeeds.
 pub fn handle(engine: &Arc<Engine>, stream: UnixStream, on_detach: &dyn Fn()) {
     let mut reader = BufReader::new(match stream.try_clone() {
@@ -136,26 +169,14 @@ pub fn handle(engine: &Arc<Engine>, stream: UnixStream, on_detach: &dyn Fn()) {
             log::info!("control request: {req:?}");
             Response::result(match req {
                 Request::Status => Ok(Some(engine.status())),
-                Request::Flush => {
-                    let mut last = Instant::now() - PROGRESS_INTERVAL;
-                    let mut report = |done: u64, total: u64| {
-                        if last.elapsed() >= PROGRESS_INTERVAL || done == total {
-                            last = Instant::now();
-                            let line = Response {
-                                ok: true,
-                                error: None,
-                                status: None,
-                                progress: Some([done, total]),
-                            };
-                            // A client that went away does not stop the flush.
-                            let _ = send(&mut out, &line);
-                        }
-                    };
-                    engine
-                        .flush_all(&mut report)
-                        .map(|_| Some(engine.status()))
-                        .map_err(|e| e.to_string())
-                }
+                Request::Flush => engine
+                    .flush_all(&mut progress_lines(&mut out))
+                    .map(|_| Some(engine.status()))
+                    .map_err(|e| e.to_string()),
+                Request::Warm { offset, length } => engine
+                    .warm(offset, length, &mut progress_lines(&mut out))
+                    .map(|_| Some(engine.status()))
+                    .map_err(|e| e.to_string()),
                 Request::SetMode { mode } => engine
                     .set_mode(mode)
                     .map(|_| None)

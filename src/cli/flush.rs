@@ -1,10 +1,8 @@
 //! `tiercache flush`: write all dirty data back to the origin.
 
-use std::io::IsTerminal;
-
 use anyhow::Result;
-use indicatif::{ProgressBar, ProgressStyle};
 
+use super::progress::{self, Unit};
 use super::registry::Registry;
 use super::target::{Opened, Target};
 use super::units::human_bytes;
@@ -36,36 +34,14 @@ pub fn flush_with_progress(target: &Target) -> Result<u64> {
     let before = target.status()?;
     // Nothing dirty: no bar to flash up.
     let bar = if before.cache_blocks_dirty > 0 {
-        progress_bar("writing back", before.cache_blocks_dirty)
+        progress::bar("writing back", before.cache_blocks_dirty, Unit::Blocks)
     } else {
         None
     };
-    let mut progress = |done: u64, total: u64| {
-        if let Some(bar) = &bar {
-            bar.set_length(total);
-            bar.set_position(done);
-        }
-    };
-    let result = target.flush_all(&mut progress);
+    let result = target.flush_all(&mut progress::updater(&bar));
     if let Some(bar) = &bar {
         bar.finish_and_clear();
     }
     result?;
     Ok(target.status()?.stats.blocks_written_back - before.stats.blocks_written_back)
-}
-
-/// A progress bar on stderr, or none when stderr is not a terminal (logs
-/// and pipes get only the final line).
-fn progress_bar(what: &'static str, len: u64) -> Option<ProgressBar> {
-    if !std::io::stderr().is_terminal() {
-        return None;
-    }
-    let bar = ProgressBar::new(len);
-    if let Ok(style) =
-        ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} blocks, {per_sec}, eta {eta}")
-    {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar.set_message(what);
-    Some(bar)
 }

@@ -15,6 +15,7 @@ mod demo;
 mod detach;
 mod flush;
 mod monitor;
+mod progress;
 mod registry;
 mod serve;
 mod set_admission;
@@ -23,7 +24,9 @@ mod set_policy;
 mod set_writeback;
 mod status;
 mod target;
+mod top;
 mod units;
+mod warm;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -72,6 +75,10 @@ enum Command {
     Detach(detach::Args),
     /// Check a cache device's metadata offline, without writing anything.
     Check(check::Args),
+    /// Promote a range of the volume into the cache ahead of use.
+    Warm(warm::Args),
+    /// Watch a cache's counters and rates, refreshed every second (q quits).
+    Top(top::Args),
     /// Export the cached volume over NBD (foreground; SIGINT/SIGTERM stop it cleanly).
     Serve(serve::Args),
     /// Run a self-contained demonstration on two files in a directory.
@@ -115,6 +122,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::SetPolicy(a) => set_policy::run(&reg, &a),
         Command::Detach(a) => detach::run(&reg, &a),
         Command::Check(a) => check::run(&reg, &a),
+        Command::Warm(a) => warm::run(&reg, &a),
+        Command::Top(a) => top::run(&reg, &a),
         Command::Demo(a) => demo::run(&a),
         Command::Serve(a) => serve::run(&reg, &a),
     }

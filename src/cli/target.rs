@@ -43,6 +43,19 @@ impl Target {
         }
     }
 
+    /// Promotes `length` bytes at `offset` into the cache; `progress` gets
+    /// (bytes done, bytes to do).
+    pub fn warm(&self, offset: u64, length: u64, progress: &mut dyn FnMut(u64, u64)) -> Result<()> {
+        match self {
+            Target::Offline(e) => e.warm(offset, length, progress).context("warming"),
+            Target::Daemon(p) => {
+                control::call_with_progress(p, &Request::Warm { offset, length }, progress)
+                    .map(|_| ())
+                    .context("warming")
+            }
+        }
+    }
+
     pub fn set_mode(&self, mode: Mode) -> Result<()> {
         match self {
             Target::Offline(e) => e

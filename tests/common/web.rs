@@ -28,7 +28,10 @@ pub fn free_port() -> u16 {
 pub fn get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
     let mut s = TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
     let mut r = BufReader::new(s);
     let mut status = String::new();
     r.read_line(&mut status)?;
@@ -66,7 +69,10 @@ pub fn get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
 pub fn wait_http(addr: &str, path: &str) {
     let t = Instant::now();
     while !matches!(get(addr, path), Ok((200, _))) {
-        assert!(t.elapsed() < Duration::from_secs(20), "{addr}{path} never answered");
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "{addr}{path} never answered"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -127,7 +133,9 @@ impl WebSocket {
         let mut msg = Vec::new();
         loop {
             let mut h = [0u8; 2];
-            self.s.read_exact(&mut h).expect("reading a WebSocket frame");
+            self.s
+                .read_exact(&mut h)
+                .expect("reading a WebSocket frame");
             let fin = h[0] & 0x80 != 0;
             let opcode = h[0] & 0x0f;
             let mut len = u64::from(h[1] & 0x7f);

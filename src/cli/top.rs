@@ -1,0 +1,219 @@
+//! `tiercache top`: a cache's counters and their rates, refreshed once a
+//! second in the terminal (plain ANSI: clear and redraw). `q` or Ctrl-C
+//! ends it; `--count N` ends it after N screens (for scripts and tests,
+//! which also get the screens one after another instead of redrawn).
+
+use std::io::{IsTerminal, Read, Write};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use tiercache::engine::Status;
+
+use super::registry::Registry;
+use super::target::Opened;
+use super::units::{human_bytes, percent};
+use super::NameArg;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    name: NameArg,
+    /// Stop after this many screens.
+    #[arg(long)]
+    count: Option<u64>,
+    /// Seconds between screens.
+    #[arg(long, default_value_t = 1.0)]
+    interval: f64,
+}
+
+pub fn run(reg: &Registry, a: &Args) -> Result<()> {
+    if !(0.05..=3600.0).contains(&a.interval) {
+        anyhow::bail!("--interval must be between 0.05 and 3600 seconds");
+    }
+    let opened = Opened::open(reg, a.name.name.as_deref())?;
+    let live = matches!(opened.target, super::target::Target::Daemon(_));
+    let redraw = std::io::stdout().is_terminal();
+    let keys = Keys::new();
+    let mut prev: Option<(Instant, Status)> = None;
+    let mut shown = 0u64;
+    loop {
+        let status = opened.target.status()?;
+        let now = Instant::now();
+        let screen = screen(&opened.entry.name, &status, prev.as_ref(), live);
+        let mut out = std::io::stdout().lock();
+        if redraw {
+            // Home, clear the screen; raw mode wants \r\n.
+            write!(out, "\x1b[H\x1b[2J{}", screen.replace('\n', "\r\n"))?;
+        } else {
+            writeln!(out, "{screen}")?;
+        }
+        out.flush()?;
+        drop(out);
+        shown += 1;
+        prev = Some((now, status));
+        if a.count.is_some_and(|n| shown >= n) {
+            break;
+        }
+        if keys.wait_for_quit(Duration::from_secs_f64(a.interval)) {
+            break;
+        }
+    }
+    drop(keys);
+    opened.finish()?;
+    Ok(())
+}
+
+/// One screen: the cache, then every counter with its rate since the last
+/// screen.
+fn screen(name: &str, s: &Status, prev: Option<&(Instant, Status)>, live: bool) -> String {
+    let st = &s.stats;
+    let dt = prev.map(|(t, _)| t.elapsed().as_secs_f64().max(1e-3));
+    let rate = |now: u64, was: fn(&Status) -> u64| -> Option<f64> {
+        let (_, p) = prev?;
+        Some(now.saturating_sub(was(p)) as f64 / dt?)
+    };
+    let reads = st.read_hits + st.read_misses;
+    let mut out = format!(
+        "tiercache top: '{name}' ({}, {} mode, {} policy){}\n\n",
+        human_bytes(s.volume_bytes),
+        s.mode.name(),
+        s.policy,
+        if live {
+            ""
+        } else {
+            "  [not served: counters of this command's own open]"
+        }
+    );
+    let fmt_rate = |r: Option<f64>| r.map_or_else(|| "-".to_string(), |r| format!("{r:.0}/s"));
+    out.push_str(&format!(
+        "  requests   read {}  write {}  flush {}\n",
+        fmt_rate(rate(st.read_requests, |p| p.stats.read_requests)),
+        fmt_rate(rate(st.write_requests, |p| p.stats.write_requests)),
+        fmt_rate(rate(st.flush_requests, |p| p.stats.flush_requests)),
+    ));
+    let interval_hits = prev.map(|(_, p)| {
+        let h = st.read_hits - p.stats.read_hits.min(st.read_hits);
+        let m = st.read_misses - p.stats.read_misses.min(st.read_misses);
+        percent(h, h + m)
+    });
+    out.push_str(&format!(
+        "  hit ratio  {} now, {} since open\n",
+        interval_hits.unwrap_or_else(|| "-".into()),
+        percent(st.read_hits, reads)
+    ));
+    let bs = u64::from(s.block_bytes);
+    out.push_str(&format!(
+        "  cache      used {} ({})  dirty {} ({})\n",
+        human_bytes(s.cache_blocks_used * bs),
+        percent(s.cache_blocks_used, s.cache_blocks_total),
+        human_bytes(s.cache_blocks_dirty * bs),
+        percent(s.cache_blocks_dirty, s.cache_blocks_total)
+    ));
+    let wb = rate(st.blocks_written_back, |p| p.stats.blocks_written_back);
+    out.push_str(&format!(
+        "  writeback  {}/s\n",
+        wb.map_or_else(|| "-".into(), |r| human_bytes((r * bs as f64) as u64))
+    ));
+    out.push_str(&format!("  admission  {}\n\n", s.admission));
+    out.push_str(&format!(
+        "  {:<22} {:>14} {:>12}\n",
+        "counter", "total", "per second"
+    ));
+    let before = prev.map(|(_, p)| p.stats.counters());
+    for (i, (name, _, v)) in st.counters().into_iter().enumerate() {
+        let r = before
+            .as_ref()
+            .and_then(|b| dt.map(|dt| v.saturating_sub(b[i].2) as f64 / dt));
+        out.push_str(&format!(
+            "  {name:<22} {v:>14} {:>12}\n",
+            r.map_or_else(|| "-".into(), |r| format!("{r:.0}"))
+        ));
+    }
+    if !s.mrc.points.is_empty() {
+        let pts: Vec<String> = s
+            .mrc
+            .points
+            .iter()
+            .map(|p| format!("{}x {:.0}%", p.size_factor, p.hit_ratio * 100.0))
+            .collect();
+        out.push_str(&format!(
+            "\n  hit ratio by cache size: {}\n",
+            pts.join("  ")
+        ));
+    }
+    out.push_str("\n  q or Ctrl-C quits\n");
+    out
+}
+
+/// Keys from a terminal on stdin, read without echo or line buffering
+/// (restored on drop); without a terminal, only the interval passes.
+struct Keys {
+    saved: Option<libc::termios>,
+}
+
+impl Keys {
+    fn new() -> Keys {
+        let stdin = std::io::stdin();
+        if !stdin.is_terminal() {
+            return Keys { saved: None };
+        }
+        // SAFETY: tcgetattr/tcsetattr on fd 0 with a termios we own.
+        unsafe {
+            let mut t: libc::termios = std::mem::zeroed();
+            if libc::tcgetattr(0, &mut t) != 0 {
+                return Keys { saved: None };
+            }
+            let saved = t;
+            // No echo, no line editing, and Ctrl-C arrives as a byte (so
+            // the terminal is restored before we leave).
+            t.c_lflag &= !(libc::ICANON | libc::ECHO | libc::ISIG);
+            t.c_cc[libc::VMIN] = 0;
+            t.c_cc[libc::VTIME] = 0;
+            if libc::tcsetattr(0, libc::TCSANOW, &t) != 0 {
+                return Keys { saved: None };
+            }
+            Keys { saved: Some(saved) }
+        }
+    }
+
+    /// Waits `d`; true if q, Q or Ctrl-C was pressed meanwhile.
+    fn wait_for_quit(&self, d: Duration) -> bool {
+        if self.saved.is_none() {
+            std::thread::sleep(d);
+            return false;
+        }
+        let end = Instant::now() + d;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            let mut pfd = libc::pollfd {
+                fd: 0,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: poll on one pollfd we own.
+            let n =
+                unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+            if n <= 0 {
+                continue;
+            }
+            let mut b = [0u8; 16];
+            match std::io::stdin().lock().read(&mut b) {
+                Ok(0) => return true, // the terminal went away
+                Ok(k) if b[..k].iter().any(|&c| matches!(c, b'q' | b'Q' | 3)) => return true,
+                _ => {}
+            }
+        }
+    }
+}
+
+impl Drop for Keys {
+    fn drop(&mut self) {
+        if let Some(t) = self.saved {
+            // SAFETY: restores the settings read in `new`.
+            unsafe { libc::tcsetattr(0, libc::TCSANOW, &t) };
+        }
+    }
+}
