@@ -511,6 +511,13 @@ fn demo_runs() {
     let out = ok(&s.tc(&["demo", "--dir", &dir]));
     assert!(out.contains("metadata ok"), "{out}");
     assert!(out.contains("verify"), "{out}");
+    // The slowed origin against the cache, and the dashboard's address.
+    assert!(
+        out.contains("origin alone") && out.contains("faster"),
+        "{out}"
+    );
+    assert!(out.contains("dashboard on http://127.0.0.1:"), "{out}");
     // Running it again replaces the files.
-    ok(&s.tc(&["demo", "--dir", &dir]));
+    let out = ok(&s.tc(&["demo", "--dir", &dir, "--http", "off"]));
+    assert!(!out.contains("dashboard on"), "{out}");
 }

@@ -1,7 +1,11 @@
 //! `tiercache demo`: the README's one-command tour. Two sparse files in a
-//! directory become a writeback cache; a short workload runs through the
-//! engine in this process; the cache is flushed, checked, reopened and
-//! detached, and the origin file alone is shown to hold the data.
+//! directory become a writeback cache, the origin slowed by a latency
+//! wrapper (`device/latency.rs`) as a disk would be; random reads of a hot
+//! set are timed on the origin alone and through the cache; a short
+//! workload runs through the engine in this process while the dashboard
+//! (`serve --http`'s page) shows it; the cache is flushed, checked,
+//! reopened and detached, and the origin file alone is shown to hold the
+//! data.
 //!
 //! The demo's cache is not registered: it is dissolved before the demo ends.
 
@@ -9,13 +13,16 @@ use std::fs;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use rand::{Rng, SeedableRng};
 use tiercache::device::file::create_file;
-use tiercache::device::{open_device, AlignedBuf};
+use tiercache::device::latency::LatencyDevice;
+use tiercache::device::{open_device, AlignedBuf, DeviceRef};
 use tiercache::engine::recovery;
 use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions};
+use tiercache::monitor::{spawn_endpoints, EndpointConfig};
 
 use super::status;
 use super::units::{human_bytes, percent};
@@ -28,12 +35,27 @@ const WRITE_BYTES: u64 = 32 << 20;
 const COLD_OFFSET: u64 = 128 << 20;
 const COLD_BYTES: u64 = 16 << 20;
 const IO_BYTES: u64 = 1 << 20;
+/// The hot set read at random, origin alone and through the cache: 512
+/// KiB in a region never written.
+const HOT_OFFSET: u64 = 192 << 20;
+const HOT_BLOCKS: u64 = 128;
+const HOT_READS: usize = 1000;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Directory for the demo's origin.img and cache.img (replaced if present).
     #[arg(long, default_value = "demo")]
     dir: PathBuf,
+    /// Delay of every origin request, milliseconds (the slowed origin).
+    #[arg(long, default_value_t = 3.0)]
+    origin_latency_ms: f64,
+    /// Where the dashboard is served while the demo runs ("off": nowhere).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    http: String,
+    /// Seconds the dashboard stays up after the workload, before the cache
+    /// is closed and detached.
+    #[arg(long, default_value_t = 0)]
+    linger: u64,
 }
 
 pub fn run(a: &Args) -> Result<()> {
@@ -47,15 +69,56 @@ pub fn run(a: &Args) -> Result<()> {
         human_bytes(CACHE_BYTES)
     );
 
+    if !(0.0..=1000.0).contains(&a.origin_latency_ms) {
+        bail!("--origin-latency-ms must be between 0 and 1000");
+    }
+    let delay = Duration::from_secs_f64(a.origin_latency_ms / 1e3);
+    let slow_origin: DeviceRef = Arc::new(LatencyDevice::new(
+        open_device(&origin_path).context("origin")?,
+        delay,
+    ));
+    println!(
+        "demo: the origin answers each request after {} ms, one at a time (a disk-like origin)",
+        a.origin_latency_ms
+    );
     let engine = Engine::create(
         open_device(&cache_path).context("cache")?,
-        open_device(&origin_path).context("origin")?,
+        slow_origin.clone(),
         &CreateOptions {
             mode: Mode::Writeback,
             ..CreateOptions::default()
         },
     )
     .context("creating the demo cache")?;
+
+    // The dashboard, on a runtime of its own while the workload runs here.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let endpoints = if a.http == "off" {
+        None
+    } else {
+        let cfg = EndpointConfig {
+            name: "demo".into(),
+            metrics: None,
+            http: Some(a.http.clone()),
+        };
+        let e = rt
+            .block_on(spawn_endpoints(&engine, &cfg, stop_rx))
+            .context("starting the dashboard")?;
+        if let Some(addr) = e.http_addr {
+            println!(
+                "demo: dashboard on http://{addr}/ while the demo runs (--linger SECS keeps it up)"
+            );
+        }
+        Some(e)
+    };
+    println!();
+
+    origin_versus_cache(&slow_origin, &engine)?;
 
     // Workload.
     let t = Instant::now();
@@ -86,6 +149,13 @@ pub fn run(a: &Args) -> Result<()> {
         read_pass(&engine, &what, COLD_OFFSET, COLD_BYTES, false)?;
     }
 
+    if a.linger > 0 {
+        println!(
+            "demo: the dashboard stays up {} s (Ctrl-C ends the demo)",
+            a.linger
+        );
+        std::thread::sleep(Duration::from_secs(a.linger));
+    }
     let dirty = engine.dirty_blocks();
     let t = Instant::now();
     engine.flush_all(&mut |_, _| {})?;
@@ -98,6 +168,9 @@ pub fn run(a: &Args) -> Result<()> {
     println!();
 
     // Clean shutdown, offline check, warm reopen, detach.
+    let _ = stop_tx.send(true);
+    drop(endpoints);
+    rt.shutdown_timeout(Duration::from_secs(1));
     engine.close().context("closing the demo cache")?;
     drop(engine);
     let report = recovery::check(
@@ -143,6 +216,53 @@ pub fn run(a: &Args) -> Result<()> {
     );
     println!("  tiercache create --origin {origin_path} --cache {cache_path}");
     println!("  tiercache status; tiercache flush; tiercache check; tiercache detach");
+    Ok(())
+}
+
+/// The point of a cache: the same random reads of a hot set, timed on the
+/// slowed origin alone and through the cache.
+fn origin_versus_cache(origin: &DeviceRef, engine: &Arc<Engine>) -> Result<()> {
+    let bs = u64::from(engine.block_bytes());
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(13);
+    let offsets: Vec<u64> = (0..HOT_READS)
+        .map(|_| HOT_OFFSET + rng.gen_range(0..HOT_BLOCKS) * bs)
+        .collect();
+    let mut buf = AlignedBuf::zeroed(bs as usize);
+    let t = Instant::now();
+    for &off in &offsets {
+        origin
+            .read_at(&mut buf, off)
+            .context("reading the origin")?;
+    }
+    let alone = t.elapsed().as_secs_f64();
+    let before = engine.status().stats;
+    let t = Instant::now();
+    for &off in &offsets {
+        engine.read(off, bs)?;
+    }
+    let cached = t.elapsed().as_secs_f64();
+    let after = engine.status().stats;
+    let line = |what: &str, secs: f64| {
+        println!(
+            "{what:<32} {:>7.1} ms  {:>7.0} IOPS  {:>6.3} ms a read",
+            secs * 1e3,
+            HOT_READS as f64 / secs.max(1e-9),
+            secs * 1e3 / HOT_READS as f64
+        )
+    };
+    println!(
+        "{HOT_READS} random {} reads of a {} hot set:",
+        human_bytes(bs),
+        human_bytes(HOT_BLOCKS * bs)
+    );
+    line("  origin alone", alone);
+    line("  through the cache", cached);
+    println!(
+        "  the cache is {:.1}x faster: {} misses filled it, then {} hits\n",
+        alone / cached.max(1e-9),
+        after.read_misses - before.read_misses,
+        after.read_hits - before.read_hits
+    );
     Ok(())
 }
 

@@ -1,12 +1,14 @@
 //! The device layer: every byte the engine reads or writes goes through
 //! [`BlockDevice`]. Backends: a file or block device (`file.rs`), volatile RAM
-//! (`ram.rs`), a fault-injecting device for tests (`fault.rs`), and a
-//! recording wrapper whose log rebuilds crash images (`recorder.rs`).
+//! (`ram.rs`), a fault-injecting device for tests (`fault.rs`), a
+//! recording wrapper whose log rebuilds crash images (`recorder.rs`), and a
+//! wrapper that delays every request (`latency.rs`, the demo's slow origin).
 
 pub mod buf;
 
 pub mod fault;
 pub mod file;
+pub mod latency;
 pub mod nbd;
 pub mod ram;
 pub mod recorder;
