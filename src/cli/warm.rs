@@ -31,7 +31,7 @@ fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
 pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     let opened = Opened::open(reg, a.name.name.as_deref())?;
     let before = opened.target.status()?;
-    if a.offset % 512 != 0 || a.length.is_some_and(|l| l % 512 != 0) {
+    if !a.offset.is_multiple_of(512) || a.length.is_some_and(|l| !l.is_multiple_of(512)) {
         bail!("--offset and --length must be multiples of 512");
     }
     if a.offset >= before.volume_bytes {
