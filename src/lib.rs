@@ -4,8 +4,11 @@
 //! Layout: `device/` (every backend behind one trait), `engine/` (on-disk
 //! format, metadata, cache modes, replacement, writeback), `frontend/`
 //! (`nbd/`: wire protocol and server; `ublk.rs`, behind the `ublk`
-//! feature), `cli/` (the operator commands).
+//! feature), `daemon/` (registry of named caches, control socket, the
+//! serving daemon's runtime), and in the binary `cli/` (the operator
+//! commands: flags and output).
 
+pub mod daemon;
 pub mod device;
 pub mod engine;
 pub mod frontend;

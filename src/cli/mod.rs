@@ -9,12 +9,10 @@
 //! one line, `tiercache: error: ...`, and exits with 1 (2 for usage errors).
 
 mod check;
-mod control;
 mod create;
 mod demo;
 mod detach;
 mod flush;
-mod registry;
 mod serve;
 mod set_admission;
 mod set_mode;
@@ -28,6 +26,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use tiercache::daemon::{control, registry};
 
 use registry::Registry;
 

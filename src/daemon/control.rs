@@ -1,4 +1,4 @@
-//! The control socket of a running `tiercache serve`: one JSON request per
+//! The control socket of a running daemon (`tiercache serve`): one JSON request per
 //! line, answered by one JSON response line (a flush first sends progress
 //! lines, `{"ok":true,"progress":[done,total]}`, at most ten a second). `status`, `flush`, `set-mode`,
 //! `set-writeback`, `set-admission`, `set-policy` and `detach` given for a
@@ -11,10 +11,43 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, Context, Result};
 use serde::{Deserialize, Serialize};
-use tiercache::engine::policy::PolicyKind;
-use tiercache::engine::{AdmissionSettings, Engine, Mode, Status, WritebackSettings};
+
+use crate::engine::policy::PolicyKind;
+use crate::engine::{AdmissionSettings, Engine, Mode, Status, WritebackSettings};
+
+/// Errors of a control client ([`call`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// No daemon listens on the socket (or it cannot be reached).
+    #[error("connecting to {}", path.display())]
+    Connect {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The request could not be sent.
+    #[error("sending request")]
+    Send(#[source] std::io::Error),
+    /// The reply could not be read.
+    #[error("reading the daemon's reply")]
+    Receive(#[source] std::io::Error),
+    /// The daemon hung up before answering (it died, or shut down).
+    #[error("the daemon closed the control connection without answering")]
+    Closed,
+    /// A request or reply that is not the JSON both sides speak.
+    #[error("{what} the daemon's reply")]
+    Json {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The daemon refused or failed the request; its message.
+    #[error("{0}")]
+    Refused(String),
+}
+
+type Result<T> = std::result::Result<T, ControlError>;
 
 /// Longest request line accepted.
 const MAX_REQUEST_BYTES: u64 = 64 * 1024;
@@ -46,7 +79,7 @@ pub struct Response {
 }
 
 impl Response {
-    fn result(r: Result<Option<Status>, String>) -> Response {
+    fn result(r: std::result::Result<Option<Status>, String>) -> Response {
         match r {
             Ok(status) => Response {
                 ok: true,
@@ -86,32 +119,38 @@ pub fn call_with_progress(
     req: &Request,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Response> {
-    let mut s =
-        UnixStream::connect(path).with_context(|| format!("connecting to {}", path.display()))?;
-    let mut line = serde_json::to_string(req).context("encoding request")?;
+    let mut s = UnixStream::connect(path).map_err(|source| ControlError::Connect {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut line = serde_json::to_string(req).map_err(|source| ControlError::Json {
+        what: "encoding the request for",
+        source,
+    })?;
     line.push('\n');
-    s.write_all(line.as_bytes()).context("sending request")?;
+    s.write_all(line.as_bytes()).map_err(ControlError::Send)?;
     let mut reader = BufReader::new(s);
     loop {
         let mut reply = String::new();
         let n = (&mut reader)
             .take(16 << 20)
             .read_line(&mut reply)
-            .context("reading the daemon's reply")?;
+            .map_err(ControlError::Receive)?;
         if n == 0 {
-            return Err(anyhow!(
-                "the daemon closed the control connection without answering"
-            ));
+            return Err(ControlError::Closed);
         }
-        let resp: Response = serde_json::from_str(&reply).context("decoding the daemon's reply")?;
+        let resp: Response = serde_json::from_str(&reply).map_err(|source| ControlError::Json {
+            what: "decoding",
+            source,
+        })?;
         if let Some([done, total]) = resp.progress {
             progress(done, total);
             continue;
         }
         if !resp.ok {
-            return Err(anyhow!(resp
-                .error
-                .unwrap_or_else(|| "request failed".into())));
+            return Err(ControlError::Refused(
+                resp.error.unwrap_or_else(|| "request failed".into()),
+            ));
         }
         return Ok(resp);
     }
