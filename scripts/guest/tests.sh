@@ -219,6 +219,10 @@ test_ublk_ext4_recover() { # MODE
     log "the writer finished: $(wc -l <$WORK/manifest-b) files fsync'ed in all"
     cat $WORK/manifest-b >>$WORK/manifest
     verify_files $WORK/manifest "across kill -9 and recovery"
+    tc status | grep -q 'served *ublk /dev/ublkb0' || { tc status; fail "status does not show /dev/ublkb0"; }
+    tc detach >$WORK/detach.log 2>&1 && fail "detach of a mounted /dev/ublkb0 succeeded"
+    grep -q 'refusing to detach.*mounted on' $WORK/detach.log || { cat $WORK/detach.log; fail "detach refused without saying why"; }
+    log "detach refused while mounted: $(cat $WORK/detach.log)"
     umount "$MNT"
     e2fsck -f -n /dev/ublkb0 >$WORK/fsck.log 2>&1 || { cat $WORK/fsck.log; fail "e2fsck after recovery"; }
     log "e2fsck -f clean"

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use super::frontends::{Frontends, Served};
 use crate::engine::policy::PolicyKind;
 use crate::engine::{AdmissionSettings, Engine, Mode, Status, WritebackSettings};
 
@@ -59,11 +60,23 @@ const PROGRESS_INTERVAL: Duration = Duration::from_millis(100);
 pub enum Request {
     Status,
     Flush,
-    SetMode { mode: Mode },
-    SetWriteback { settings: WritebackSettings },
-    SetAdmission { settings: AdmissionSettings },
-    SetPolicy { policy: String },
-    Detach,
+    SetMode {
+        mode: Mode,
+    },
+    SetWriteback {
+        settings: WritebackSettings,
+    },
+    SetAdmission {
+        settings: AdmissionSettings,
+    },
+    SetPolicy {
+        policy: String,
+    },
+    /// Refused while a front end's device is in use, unless `force`.
+    Detach {
+        #[serde(default)]
+        force: bool,
+    },
 }
 
 #[derive(Serialize, Deserialize, Debug)]
@@ -76,6 +89,9 @@ pub struct Response {
     /// Set on the progress lines of a flush; absent on the final response.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<[u64; 2]>,
+    /// With a status: what the cache is served on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frontends: Option<Frontends>,
 }
 
 impl Response {
@@ -86,12 +102,14 @@ impl Response {
                 error: None,
                 status,
                 progress: None,
+                frontends: None,
             },
             Err(e) => Response {
                 ok: false,
                 error: Some(e),
                 status: None,
                 progress: None,
+                frontends: None,
             },
         }
     }
@@ -157,7 +175,7 @@ pub fn call_with_progress(
 }
 
 /// Answers one connection. `on_detach` is called after a detach succeeds.
-pub fn handle(engine: &Arc<Engine>, stream: UnixStream, on_detach: &dyn Fn()) {
+pub fn handle(engine: &Arc<Engine>, served: &Served, stream: UnixStream, on_detach: &dyn Fn()) {
     let mut reader = BufReader::new(match stream.try_clone() {
         Ok(s) => s,
         Err(_) => return,
@@ -169,12 +187,16 @@ pub fn handle(engine: &Arc<Engine>, stream: UnixStream, on_detach: &dyn Fn()) {
     }
     let mut out = stream;
     let mut detached = false;
+    let mut status_request = false;
     let resp = match serde_json::from_str::<Request>(&line) {
         Err(e) => Response::result(Err(format!("bad request: {e}"))),
         Ok(req) => {
             log::info!("control request: {req:?}");
             Response::result(match req {
-                Request::Status => Ok(Some(engine.status())),
+                Request::Status => {
+                    status_request = true;
+                    Ok(Some(engine.status()))
+                }
                 Request::Flush => {
                     let mut last = Instant::now() - PROGRESS_INTERVAL;
                     let mut report = |done: u64, total: u64| {
@@ -185,6 +207,7 @@ pub fn handle(engine: &Arc<Engine>, stream: UnixStream, on_detach: &dyn Fn()) {
                                 error: None,
                                 status: None,
                                 progress: Some([done, total]),
+                                frontends: None,
                             };
                             // A client that went away does not stop the flush.
                             let _ = send(&mut out, &line);
@@ -214,13 +237,27 @@ pub fn handle(engine: &Arc<Engine>, stream: UnixStream, on_detach: &dyn Fn()) {
                         .map_err(|e| e.to_string()),
                     None => Err(format!("unknown replacement policy '{policy}'")),
                 },
-                Request::Detach => {
-                    let r = engine.detach().map(|_| None).map_err(|e| e.to_string());
-                    detached = r.is_ok();
-                    r
+                Request::Detach { force } => {
+                    let refusal = if force {
+                        None
+                    } else {
+                        served.teardown_refusal()
+                    };
+                    match refusal {
+                        Some(why) => Err(format!("refusing to detach: {why}")),
+                        None => {
+                            let r = engine.detach().map(|_| None).map_err(|e| e.to_string());
+                            detached = r.is_ok();
+                            r
+                        }
+                    }
                 }
             })
         }
+    };
+    let resp = Response {
+        frontends: status_request.then(|| served.snapshot()),
+        ..resp
     };
     let _ = send(&mut out, &resp);
     if detached {

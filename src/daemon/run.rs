@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::control;
+use super::frontends::{Frontends, Served};
 use super::registry::{self, Registry, RegistryError};
 use crate::device::{open_device, DeviceError};
 use crate::engine::volume::AsyncEngine;
@@ -255,20 +256,31 @@ async fn serve_until_stopped(
     control_path: &std::path::Path,
 ) -> Result<()> {
     let listen = |what: String| move |source| DaemonError::Listen { what, source };
-    let mut listeners =
-        vec![Listener::bind_unix(nbd_path).map_err(listen(nbd_path.display().to_string()))?];
-    if let Some(tcp) = &cfg.tcp {
-        let mut l = Listener::bind_tcp(tcp.addr.as_str())
-            .await
-            .map_err(listen(tcp.addr.clone()))?;
-        if let Some((acceptor, required)) = tcp.tls.clone() {
-            l = l.with_tls(acceptor, required);
+    // ublk serves instead of NBD: no NBD listener then.
+    let mut listeners = Vec::new();
+    let mut fixed = Frontends::default();
+    if cfg.ublk.is_none() {
+        listeners
+            .push(Listener::bind_unix(nbd_path).map_err(listen(nbd_path.display().to_string()))?);
+        fixed.nbd_socket = Some(nbd_path.display().to_string());
+        if let Some(tcp) = &cfg.tcp {
+            let mut l = Listener::bind_tcp(tcp.addr.as_str())
+                .await
+                .map_err(listen(tcp.addr.clone()))?;
+            fixed.nbd_tcp = l.local_addr().map(|a| a.to_string());
+            if let Some((acceptor, required)) = tcp.tls.clone() {
+                l = l.with_tls(acceptor, required);
+            }
+            listeners.push(l);
         }
-        listeners.push(l);
     }
+    if let Some(u) = &cfg.ublk {
+        fixed.ublk_device = Some(format!("/dev/ublkb{}", u.dev_id));
+    }
+    let served = Arc::new(Served::new(fixed, cfg.nbd.clients_connected.clone()));
     let (tx, rx) = watch::channel(false);
     let tx = Arc::new(tx);
-    start_control(engine, control_path, &tx)?;
+    start_control(engine, &served, control_path, &tx)?;
     start_signal_handler(&tx);
     start_malloc_trim();
     for service in cfg.services {
@@ -276,6 +288,16 @@ async fn serve_until_stopped(
             what: "a service",
             source,
         })?;
+    }
+    if let Some(u) = &cfg.ublk {
+        eprintln!(
+            "tiercache: serving '{name}' ({} bytes, {} mode) as /dev/ublkb{}; control socket {}",
+            engine.volume_bytes(),
+            engine.mode(),
+            u.dev_id,
+            control_path.display()
+        );
+        return serve_ublk(engine, u, rx).await;
     }
     let tcp_text = cfg.tcp.as_ref().map(|t| {
         let scheme = match &t.tls {
@@ -294,9 +316,6 @@ async fn serve_until_stopped(
         tcp_text.unwrap_or_default(),
         control_path.display()
     );
-    if let Some(u) = &cfg.ublk {
-        return serve_ublk(engine, u, rx).await;
-    }
     serve(
         Arc::new(AsyncEngine(engine.clone())),
         listeners,
@@ -311,6 +330,7 @@ async fn serve_until_stopped(
 /// A detach that succeeds stops the daemon.
 fn start_control(
     engine: &Arc<Engine>,
+    served: &Arc<Served>,
     path: &std::path::Path,
     stop: &Arc<watch::Sender<bool>>,
 ) -> Result<()> {
@@ -320,15 +340,17 @@ fn start_control(
             source,
         })?;
     let engine = engine.clone();
+    let served = served.clone();
     let stop = stop.clone();
     std::thread::Builder::new()
         .name("tiercache-control".into())
         .spawn(move || {
             for stream in ctl.incoming().flatten() {
                 let e = engine.clone();
+                let served = served.clone();
                 let stop = stop.clone();
                 std::thread::spawn(move || {
-                    control::handle(&e, stream, &|| {
+                    control::handle(&e, &served, stream, &|| {
                         let _ = stop.send(true);
                     })
                 });
