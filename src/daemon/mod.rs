@@ -2,11 +2,13 @@
 //! named caches (`registry`), the control socket that the other commands
 //! talk to while a cache is served (`control`), and the daemon's life from
 //! opening the cache to its clean shutdown (`run`), and what it serves on
-//! with the guard against tearing down a device in use (`frontends`). The binary's `serve`
+//! with the guard against tearing down a device in use (`frontends`), and
+//! systemd's readiness notification (`notify`). The binary's `serve`
 //! only turns flags into a [`run::DaemonConfig`].
 
 pub mod control;
 pub mod frontends;
+pub mod notify;
 pub mod registry;
 pub mod run;
 

@@ -14,6 +14,7 @@ use tokio::sync::watch;
 
 use super::control;
 use super::frontends::{Frontends, Served};
+use super::notify::{notify_or_log, READY, STOPPING};
 use super::registry::{self, Registry, RegistryError};
 use crate::device::{open_device, DeviceError};
 use crate::engine::volume::AsyncEngine;
@@ -316,6 +317,7 @@ async fn serve_until_stopped(
         tcp_text.unwrap_or_default(),
         control_path.display()
     );
+    notify_or_log(READY);
     serve(
         Arc::new(AsyncEngine(engine.clone())),
         listeners,
@@ -350,9 +352,7 @@ fn start_control(
                 let served = served.clone();
                 let stop = stop.clone();
                 std::thread::spawn(move || {
-                    control::handle(&e, &served, stream, &|| {
-                        let _ = stop.send(true);
-                    })
+                    control::handle(&e, &served, stream, &|| stop_daemon(&stop))
                 });
             }
         })
@@ -373,8 +373,16 @@ fn start_signal_handler(stop: &Arc<watch::Sender<bool>>) {
             _ = tokio::signal::ctrl_c() => log::warn!("SIGINT: shutting down"),
             _ = term.recv() => log::warn!("SIGTERM: shutting down"),
         }
-        let _ = stop.send(true);
+        stop_daemon(&stop);
     });
+}
+
+/// Begins the clean shutdown, and tells systemd so.
+fn stop_daemon(tx: &watch::Sender<bool>) {
+    if !*tx.borrow() {
+        notify_or_log(STOPPING);
+    }
+    let _ = tx.send(true);
 }
 
 /// Request buffers (up to 32 MiB each) are freed into malloc's per-thread
@@ -429,6 +437,7 @@ async fn serve_ublk(
                     if recover { "recovered" } else { "serving on" },
                     ctrl.dev_info().dev_id
                 );
+                notify_or_log(READY);
             })
         })
         .map_err(|source| DaemonError::Start {
