@@ -48,6 +48,8 @@ pub struct UblkSettings {
     pub dev_id: i32,
     pub nr_queues: u16,
     pub queue_depth: u16,
+    /// Complete writes only once durable (`UblkConfig::durable_writes`).
+    pub durable_writes: bool,
 }
 
 /// A service started beside the front end once the engine is open (for
@@ -425,6 +427,7 @@ async fn serve_ublk(
         nr_queues: u.nr_queues,
         queue_depth: u.queue_depth,
         recover,
+        durable_writes: u.durable_writes,
     };
     let volume = Arc::new(AsyncEngine(engine.clone()));
     let rt = tokio::runtime::Handle::current();
