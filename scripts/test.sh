@@ -7,10 +7,12 @@ cd "$(dirname "$0")/.."
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
-# Real NBD clients and servers the tests drive: tool -> Debian package.
+# Real NBD clients and servers the tests drive, and systemd-analyze for the
+# unit file: tool -> Debian package.
 missing=()
 for pair in fio:fio nbdkit:nbdkit nbdinfo:libnbd-bin nbdcopy:libnbd-bin nbdsh:libnbd-bin \
-            qemu-img:qemu-utils qemu-nbd:qemu-utils openssl:openssl pkg-config:pkg-config; do
+            qemu-img:qemu-utils qemu-nbd:qemu-utils openssl:openssl pkg-config:pkg-config \
+            systemd-analyze:systemd; do
     tool=${pair%%:*}; pkg=${pair##*:}
     command -v "$tool" >/dev/null 2>&1 || missing+=("$pkg")
 done

@@ -5,8 +5,11 @@
 //! format, metadata, cache modes, replacement, writeback), `frontend/`
 //! (`nbd/`: wire protocol and server; `ublk.rs`, behind the `ublk`
 //! feature), `monitor/` (Prometheus metrics and the dashboard over HTTP),
-//! `cli/` (the operator commands).
+//! `daemon/` (registry of named caches, control socket, the serving
+//! daemon's runtime), and in the binary `cli/` (the operator commands:
+//! flags and output).
 
+pub mod daemon;
 pub mod device;
 pub mod engine;
 pub mod frontend;

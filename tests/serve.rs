@@ -273,3 +273,49 @@ fn flush_shows_progress_on_a_terminal() {
     assert!(text.contains("0 dirty"), "{text}");
     sigterm(&mut server);
 }
+
+/// `status` names the front ends of the daemon; `detach` is refused while
+/// an NBD client is connected, and `--force` detaches anyway.
+#[test]
+fn status_shows_frontends_and_detach_waits_for_clients() {
+    let s = Setup::new("writeback");
+    let mut server = s.serve();
+    let st = s.status();
+    let socket = s.nbd_socket().display().to_string();
+    assert_eq!(st["frontends"]["nbd_socket"], socket.as_str(), "{st}");
+    assert_eq!(st["frontends"]["nbd_clients"], 0, "{st}");
+    let dev = NbdDevice::connect(&s.uri(), 1).unwrap();
+    dev.write_at(&[7u8; 4096], 0).unwrap();
+    dev.flush().unwrap();
+    assert_eq!(s.status()["frontends"]["nbd_clients"], 1);
+    let text = s.cli(&["status"]);
+    assert!(
+        text.contains(&format!("served        NBD on {socket}"))
+            && text.contains("NBD clients connected: 1"),
+        "{text}"
+    );
+    let out = s.cli_output(&["detach"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "detach under a client succeeded");
+    assert!(
+        err.contains("refusing to detach cache 'tc0': 1 NBD client is connected")
+            && err.contains("--force"),
+        "{err}"
+    );
+    assert!(server.try_wait().unwrap().is_none(), "the daemon stopped");
+    // Still served, nothing detached: the client goes on.
+    dev.write_at(&[8u8; 4096], 4096).unwrap();
+    dev.flush().unwrap();
+    let out = s.cli(&["detach", "--force"]);
+    assert!(out.contains("stands alone"), "{out}");
+    let t = Instant::now();
+    while server.try_wait().unwrap().is_none() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "daemon still running"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let origin = std::fs::read(s.path("origin.img")).unwrap();
+    assert!(origin[..4096] == [7u8; 4096] && origin[4096..8192] == [8u8; 4096]);
+}

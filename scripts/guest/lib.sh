@@ -28,7 +28,8 @@ disk() {
 tc() { "$TC_BIN" "$@"; }
 
 # Starts `tiercache serve` for cache NAME (default tc0) in the background;
-# sets SERVE_PID once both sockets accept.
+# sets SERVE_PID once its sockets exist (the control socket; and the NBD
+# socket unless --ublk).
 serve_start() {
     local name=${1:-tc0} i
     shift || true
@@ -39,7 +40,11 @@ serve_start() {
     SERVE_PID=$!
     echo "$SERVE_PID" >>$PIDS
     for i in $(seq 200); do
-        [ -S "$TIERCACHE_STATE_DIR/$name.nbd" ] && [ -S "$TIERCACHE_STATE_DIR/$name.sock" ] && return 0
+        # With --ublk there is no NBD socket (ublk_wait waits for the device).
+        if [ -S "$TIERCACHE_STATE_DIR/$name.sock" ] \
+           && { [ -S "$TIERCACHE_STATE_DIR/$name.nbd" ] || [[ " $* " == *" --ublk "* ]]; }; then
+            return 0
+        fi
         kill -0 "$SERVE_PID" 2>/dev/null || { cat /run/serve-$name.log; fail "tiercache serve exited"; }
         sleep 0.1
     done

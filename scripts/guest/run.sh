@@ -48,7 +48,9 @@ for t in $TC_TESTS; do
         fio_verify_writeback|fio_verify_writethrough) run_test "$t" "test_fio_verify ${t#fio_verify_}" ;;
         ext4_restart_writeback|ext4_restart_writethrough) run_test "$t" "test_ext4_restart ${t#ext4_restart_}" ;;
         ublk_fio_verify_writeback|ublk_fio_verify_writethrough) run_test "$t" "test_ublk_fio_verify ${t#ublk_fio_verify_}" ;;
-        ublk_ext4_recover_writeback|ublk_ext4_recover_writethrough) run_test "$t" "test_ublk_ext4_recover ${t#ublk_ext4_recover_}" ;;
+        # Ten kill -9 and recovery cycles under an ext4 writer: ~2-3 min.
+        ublk_ext4_recover_writeback|ublk_ext4_recover_writethrough)
+            TEST_TIMEOUT_S=600 run_test "$t" "test_ublk_ext4_recover ${t#ublk_ext4_recover_} 10" ;;
         compare) TEST_TIMEOUT_S=2300 run_test compare "compare_all" ;;
         *) echo "FAIL $t 0 (unknown test)" >>$RESULTS/summary ;;
     esac

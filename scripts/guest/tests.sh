@@ -195,9 +195,11 @@ test_ublk_fio_verify() { # MODE
 }
 
 # ext4 on /dev/ublkb0; tiercache serve is killed with -9 under an
-# fsync'ing writer and restarted, and takes the device over (user
-# recovery): the writer sees no error, every file matches, fsck is clean.
-test_ublk_ext4_recover() { # MODE
+# fsync'ing writer and restarted, CYCLES times (default 10), 3 s apart;
+# each restart takes the device over (user recovery): the writer sees no
+# error, every file whose fsync returned matches, fsck is clean.
+test_ublk_ext4_recover() { # MODE [CYCLES]
+    local cycles=${2:-10} cycle recovered i
     dmesg -C
     new_cache "$1"
     serve_start tc0 --ublk
@@ -206,19 +208,40 @@ test_ublk_ext4_recover() { # MODE
     mount -o noatime /dev/ublkb0 "$MNT"
     write_files a $WORK/manifest
     : >$WORK/manifest-b
-    ( for round in 1 2 3 4 5 6; do write_files "b$round" $WORK/manifest-b || exit 1; done ) &
+    rm -f $WORK/stop-writer
+    ( round=0
+      while ! [ -e $WORK/stop-writer ]; do
+          round=$((round + 1))
+          write_files "b$round" $WORK/manifest-b || exit 1
+      done ) &
     local writer=$!
     echo $writer >>$PIDS
-    sleep 3
-    log "kill -9 tiercache serve (pid $SERVE_PID) with $(wc -l <$WORK/manifest-b) more files fsync'ed"
-    kill -9 "$SERVE_PID"
-    wait "$SERVE_PID" 2>/dev/null || true
-    serve_start tc0 --ublk
-    log "restarted: $(grep -o 'recovered.*' /run/serve-tc0.log | tail -1)"
-    wait "$writer" || fail "the writer saw an error across the restart"
-    log "the writer finished: $(wc -l <$WORK/manifest-b) files fsync'ed in all"
+    recovered=$(grep -c 'recovered /dev/ublkb0' /run/serve-tc0.log || true)
+    for cycle in $(seq "$cycles"); do
+        sleep 3
+        kill -0 "$writer" 2>/dev/null || break  # it failed: wait reports it below
+        log "cycle $cycle: kill -9 tiercache serve (pid $SERVE_PID) with $(wc -l <$WORK/manifest-b) more files fsync'ed"
+        kill -9 "$SERVE_PID"
+        wait "$SERVE_PID" 2>/dev/null || true
+        serve_start tc0 --ublk
+        for i in $(seq 300); do
+            [ "$(grep -c 'recovered /dev/ublkb0' /run/serve-tc0.log)" -gt "$recovered" ] && break
+            kill -0 "$SERVE_PID" 2>/dev/null || { tail -5 /run/serve-tc0.log; fail "cycle $cycle: the restarted daemon exited"; }
+            sleep 0.1
+        done
+        recovered=$((recovered + 1))
+        [ "$(grep -c 'recovered /dev/ublkb0' /run/serve-tc0.log)" -ge "$recovered" ] \
+            || { tail -5 /run/serve-tc0.log; fail "cycle $cycle: the device was not recovered within 30 s"; }
+    done
+    touch $WORK/stop-writer
+    wait "$writer" || fail "the writer saw an error across the restarts"
+    log "$cycles kill -9 and recovery cycles; the writer finished: $(wc -l <$WORK/manifest-b) files fsync'ed in all"
     cat $WORK/manifest-b >>$WORK/manifest
     verify_files $WORK/manifest "across kill -9 and recovery"
+    tc status | grep -q 'served *ublk /dev/ublkb0' || { tc status; fail "status does not show /dev/ublkb0"; }
+    tc detach >$WORK/detach.log 2>&1 && fail "detach of a mounted /dev/ublkb0 succeeded"
+    grep -q 'refusing to detach.*mounted on' $WORK/detach.log || { cat $WORK/detach.log; fail "detach refused without saying why"; }
+    log "detach refused while mounted: $(cat $WORK/detach.log)"
     umount "$MNT"
     e2fsck -f -n /dev/ublkb0 >$WORK/fsck.log 2>&1 || { cat $WORK/fsck.log; fail "e2fsck after recovery"; }
     log "e2fsck -f clean"

@@ -1,27 +1,58 @@
 //! `tiercache detach`: write everything back, dissolve the cache, forget it.
+//! A served cache whose device is in use (a mounted or open ublk device, a
+//! connected NBD client) is left alone unless `--force`.
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
+use std::time::{Duration, Instant};
+
+use tiercache::daemon::frontends::{teardown_refusal, CLIENT_LEAVE_WAIT};
 
 use super::flush::flush_with_progress;
 use super::registry::Registry;
-use super::target::Opened;
+use super::target::{Opened, Target};
 use super::NameArg;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
     name: NameArg,
+    /// Detach even while the served device is mounted, open or connected:
+    /// its users then see every request fail.
+    #[arg(long)]
+    force: bool,
+}
+
+/// Why the served device must not go away now, checked before the write
+/// back (the daemon checks again at the detach itself). NBD clients that
+/// are disconnecting get a moment to be gone.
+fn in_use(target: &Target) -> Result<Option<String>> {
+    let t = Instant::now();
+    loop {
+        let Some(served) = target.status_and_frontends()?.1 else {
+            return Ok(None);
+        };
+        let why = teardown_refusal(&served);
+        if why.is_none() || served.nbd_clients == 0 || t.elapsed() >= CLIENT_LEAVE_WAIT {
+            return Ok(why);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     let opened = Opened::open(reg, a.name.name.as_deref())?;
     let entry = opened.entry.clone();
+    if !a.force {
+        if let Some(why) = in_use(&opened.target)? {
+            bail!("refusing to detach cache '{}': {why}", entry.name);
+        }
+    }
     // Written back here first for the progress bar; detach then finds
     // (almost) nothing left to do.
     let written = flush_with_progress(&opened.target)?;
     opened
         .target
-        .detach()
+        .detach(a.force)
         .with_context(|| format!("cache '{}'", entry.name))?;
     opened.finish()?;
     reg.remove(&entry.name).with_context(|| {

@@ -9,14 +9,11 @@
 //! one line, `tiercache: error: ...`, and exits with 1 (2 for usage errors).
 
 mod check;
-mod control;
 mod create;
 mod demo;
 mod detach;
 mod flush;
-mod monitor;
 mod progress;
-mod registry;
 mod serve;
 mod set_admission;
 mod set_mode;
@@ -32,6 +29,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use tiercache::daemon::{control, registry};
 
 use registry::Registry;
 

@@ -2,6 +2,7 @@
 
 use anyhow::{Context, Result};
 use serde::Serialize;
+use tiercache::daemon::Frontends;
 use tiercache::engine::Status;
 
 use super::registry::Registry;
@@ -18,21 +19,25 @@ pub struct Args {
     json: bool,
 }
 
-/// `--json` output: the engine's status with the registered name.
+/// `--json` output: the engine's status with the registered name, and
+/// when a daemon serves the cache, what it serves on.
 #[derive(Serialize)]
 struct StatusJson<'a> {
     name: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    frontends: Option<&'a Frontends>,
     #[serde(flatten)]
     status: &'a Status,
 }
 
 pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     let opened = Opened::open(reg, a.name.name.as_deref())?;
-    let status = opened.target.status()?;
+    let (status, frontends) = opened.target.status_and_frontends()?;
     opened.finish()?;
     if a.json {
         let json = StatusJson {
             name: &opened.entry.name,
+            frontends: frontends.as_ref(),
             status: &status,
         };
         println!(
@@ -41,10 +46,33 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         );
     } else {
         print!("{}", table(&opened.entry.name, &status));
-        // Counters live in memory; an offline status opens the cache anew.
-        println!("  (I/O counters count since this command opened the cache; `tiercache serve` reports live ones)");
+        match &frontends {
+            Some(f) => print!("{}", served_rows(f)),
+            // Counters live in memory; an offline status opens the cache anew.
+            None => println!("  (not served; I/O counters count since this command opened the cache; `tiercache serve` reports live ones)"),
+        }
     }
     Ok(())
+}
+
+/// Where a daemon serves the cache, one row per front end.
+fn served_rows(f: &Frontends) -> String {
+    let mut rows = Vec::new();
+    if let Some(socket) = &f.nbd_socket {
+        rows.push(format!("NBD on {socket}"));
+    }
+    if let Some(addr) = &f.nbd_tcp {
+        rows.push(format!("NBD on TCP {addr}"));
+    }
+    if f.nbd_socket.is_some() || f.nbd_tcp.is_some() {
+        rows.push(format!("NBD clients connected: {}", f.nbd_clients));
+    }
+    if let Some(dev) = &f.ublk_device {
+        rows.push(format!("ublk {dev}"));
+    }
+    rows.iter()
+        .map(|r| format!("  {:<13} {r}\n", "served"))
+        .collect()
 }
 
 /// The miss-ratio curve in one line: the hit ratio a cache of each size

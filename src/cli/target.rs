@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
+use tiercache::daemon::Frontends;
 use tiercache::device::open_device;
 use tiercache::engine::policy::PolicyKind;
 use tiercache::engine::{AdmissionSettings, Engine, Mode, OpenOptions, Status, WritebackSettings};
@@ -25,11 +26,18 @@ pub enum Target {
 
 impl Target {
     pub fn status(&self) -> Result<Status> {
+        Ok(self.status_and_frontends()?.0)
+    }
+
+    /// The status and, when a daemon serves the cache, what it serves on.
+    pub fn status_and_frontends(&self) -> Result<(Status, Option<Frontends>)> {
         match self {
-            Target::Offline(e) => Ok(e.status()),
-            Target::Daemon(p) => control::call(p, &Request::Status)?
-                .status
-                .context("the daemon sent no status"),
+            Target::Offline(e) => Ok((e.status(), None)),
+            Target::Daemon(p) => {
+                let resp = control::call(p, &Request::Status)?;
+                let status = resp.status.context("the daemon sent no status")?;
+                Ok((status, resp.frontends))
+            }
         }
     }
 
@@ -100,11 +108,12 @@ impl Target {
         }
     }
 
-    /// Writes everything back and dissolves the cache.
-    pub fn detach(&self) -> Result<()> {
+    /// Writes everything back and dissolves the cache. A daemon refuses
+    /// while its device is in use, unless `force`.
+    pub fn detach(&self, force: bool) -> Result<()> {
         match self {
             Target::Offline(e) => e.detach().context("detaching"),
-            Target::Daemon(p) => control::call(p, &Request::Detach)
+            Target::Daemon(p) => control::call(p, &Request::Detach { force })
                 .map(|_| ())
                 .context("detaching"),
         }

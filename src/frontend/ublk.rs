@@ -41,6 +41,12 @@ pub struct UblkConfig {
     pub queue_depth: u16,
     /// Take over an existing device left by a daemon that died.
     pub recover: bool,
+    /// Complete a write only once it is durable (as if FUA). A daemon that
+    /// dies is replaced under a live filesystem, which then flushes to the
+    /// new one: a write acknowledged but not yet committed by the dead one
+    /// would be lost without any error. Off, such writes are lost as a
+    /// disk's volatile cache loses them at a power failure.
+    pub durable_writes: bool,
 }
 
 /// Errors of the ublk front end.
@@ -111,7 +117,9 @@ pub fn serve<V: Volume>(
         dev.set_default_params(size_bytes);
         Ok(())
     };
-    let q_fn = move |qid: u16, dev: &UblkDev| queue_thread(qid, dev, volume.clone(), rt.clone());
+    let durable = cfg.durable_writes;
+    let q_fn =
+        move |qid: u16, dev: &UblkDev| queue_thread(qid, dev, volume.clone(), rt.clone(), durable);
     ctrl.run_target(tgt_init, q_fn, started)
         .map_err(ublk_err("running the device"))?;
     Ok(())
@@ -133,7 +141,13 @@ pub fn stop(id: i32) -> Result<(), UblkFrontendError> {
     Ok(())
 }
 
-fn queue_thread<V: Volume>(qid: u16, dev: &UblkDev, volume: Arc<V>, rt: tokio::runtime::Handle) {
+fn queue_thread<V: Volume>(
+    qid: u16,
+    dev: &UblkDev,
+    volume: Arc<V>,
+    rt: tokio::runtime::Handle,
+    durable_writes: bool,
+) {
     let bufs: Vec<IoBuf<u8>> = dev.alloc_queue_io_bufs();
     // SAFETY: eventfd(2) has no memory arguments; the result is checked.
     let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
@@ -196,7 +210,7 @@ fn queue_thread<V: Volume>(qid: u16, dev: &UblkDev, volume: Arc<V>, rt: tokio::r
         }
         let iod = q.get_iod(tag);
         let op = iod.op_flags & 0xff;
-        let fua = iod.op_flags & libublk::sys::UBLK_IO_F_FUA != 0;
+        let fua = durable_writes || iod.op_flags & libublk::sys::UBLK_IO_F_FUA != 0;
         let offset = iod.start_sector << 9;
         let len = iod.nr_sectors << 9;
         let data = if op == libublk::sys::UBLK_IO_OP_WRITE {

@@ -5,6 +5,7 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -59,6 +60,10 @@ pub struct ServerConfig {
     pub max_option_bytes: u32,
     /// After shutdown is signalled, how long in-flight requests may take.
     pub shutdown_grace: Duration,
+    /// Clients in the transmission phase now: the server counts, whoever
+    /// holds a clone of the `Arc` reads (the daemon, to refuse a detach
+    /// under a connected client).
+    pub clients_connected: Arc<AtomicUsize>,
 }
 
 /// 64 MiB: what nbdkit accepts; twice the 32 MiB every client may assume.
@@ -80,6 +85,7 @@ impl Default for ServerConfig {
             max_options: 32,
             max_option_bytes: 64 << 10,
             shutdown_grace: Duration::from_secs(30),
+            clients_connected: Arc::new(AtomicUsize::new(0)),
         }
     }
 }
@@ -302,6 +308,22 @@ async fn accept(socket: &Socket) -> std::io::Result<(Stream, String)> {
     }
 }
 
+/// One client in `ServerConfig::clients_connected` while it lives.
+struct Connected(Arc<AtomicUsize>);
+
+impl Connected {
+    fn count(clients: &Arc<AtomicUsize>) -> Connected {
+        clients.fetch_add(1, Ordering::Relaxed);
+        Connected(clients.clone())
+    }
+}
+
+impl Drop for Connected {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// A plaintext socket whose halves can be owned by two tasks without a
 /// lock (an encrypted stream is split with `tokio::io::split`).
 trait PlainStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
@@ -423,6 +445,7 @@ async fn serve_connection<S: PlainStream, V: Volume>(
         stall_timeout: cfg.stall_timeout,
     };
     let ex = shared.export_shared.clone();
+    let _counted = Connected::count(&cfg.clients_connected);
     let end = match stream {
         Negotiated::Plain(s) => {
             let (r, w) = s.split_owned();

@@ -6,14 +6,89 @@
 //!   (temporary file, fsync, rename).
 //! - `<name>.lock`: held (flock) by whichever process uses the cache, so two
 //!   commands never open the same cache at once.
-//! - `<name>.sock`: reserved for the control socket of `tiercache serve`.
+//! - `<name>.sock`: the control socket of the daemon serving the cache
+//!   (`control.rs`); `<name>.nbd`: its NBD socket.
 
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
+
+use crate::engine::Engine;
+
+/// Errors of the registry. Messages name the file and say what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// A file or directory of the state directory could not be used.
+    #[error("{what} {}", path.display())]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The state directory exists but cannot be written.
+    #[error("state directory {} is not writable", dir.display())]
+    NotWritable {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A registry entry is not valid JSON for an [`Entry`].
+    #[error("registry file {} is not valid", path.display())]
+    Corrupt {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// An entry could not be encoded (not expected: entries are plain data).
+    #[error("encoding registry entry")]
+    Encode(#[source] serde_json::Error),
+    /// No cache of that name; `registered` lists the ones there are.
+    #[error("{}", unknown_message(name, registered, dir))]
+    Unknown {
+        name: String,
+        registered: Vec<String>,
+        dir: PathBuf,
+    },
+    /// No name given and no cache registered.
+    #[error("no cache; run tiercache create (state directory {})", dir.display())]
+    Empty { dir: PathBuf },
+    /// No name given and several caches registered.
+    #[error("several caches are registered ({}); pick one with --name", names.join(", "))]
+    Ambiguous { names: Vec<String> },
+    /// Another process holds the cache's lock.
+    #[error("cache '{name}' is in use by another tiercache process (lock {})", lock.display())]
+    InUse { name: String, lock: PathBuf },
+    /// A name that cannot be a file name.
+    #[error("invalid cache name '{0}': use 1 to {NAME_MAX_BYTES} letters, digits, '-', '_' or '.', not starting with '.' or '-'")]
+    InvalidName(String),
+    /// A path that is not UTF-8 (entries are JSON strings).
+    #[error("path {} is not valid UTF-8", .0.display())]
+    NotUtf8(PathBuf),
+}
+
+fn unknown_message(name: &str, registered: &[String], dir: &Path) -> String {
+    if registered.is_empty() {
+        format!(
+            "no cache named '{name}': no cache is registered in {}; run tiercache create",
+            dir.display()
+        )
+    } else {
+        format!(
+            "no cache named '{name}'; registered: {}",
+            registered.join(", ")
+        )
+    }
+}
+
+type Result<T> = std::result::Result<T, RegistryError>;
+
+fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> RegistryError {
+    let path = path.to_path_buf();
+    move |source| RegistryError::Io { what, path, source }
+}
 
 /// The name `create` uses when none is given.
 pub const DEFAULT_NAME: &str = "tc0";
@@ -77,13 +152,11 @@ impl Registry {
         let rd = match fs::read_dir(&dir) {
             Ok(rd) => rd,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(e).with_context(|| format!("reading {}", dir.display())),
+            Err(e) => return Err(io_err("reading", &dir)(e)),
         };
         let mut entries = Vec::new();
         for item in rd {
-            let path = item
-                .with_context(|| format!("reading {}", dir.display()))?
-                .path();
+            let path = item.map_err(io_err("reading", &dir))?.path();
             if path.extension().and_then(|e| e.to_str()) != Some("json") {
                 continue;
             }
@@ -108,29 +181,21 @@ impl Registry {
             if let Some(e) = self.get(name)? {
                 return Ok(e);
             }
-            let names = self.names()?;
-            if names.is_empty() {
-                bail!(
-                    "no cache named '{name}': no cache is registered in {}; run tiercache create",
-                    self.dir.display()
-                );
-            }
-            bail!("no cache named '{name}'; registered: {}", names.join(", "));
+            return Err(RegistryError::Unknown {
+                name: name.to_string(),
+                registered: self.names()?,
+                dir: self.dir.clone(),
+            });
         }
         let mut all = self.list()?;
         match all.len() {
-            0 => bail!(
-                "no cache; run tiercache create (state directory {})",
-                self.dir.display()
-            ),
+            0 => Err(RegistryError::Empty {
+                dir: self.dir.clone(),
+            }),
             1 => Ok(all.remove(0)),
-            _ => bail!(
-                "several caches are registered ({}); pick one with --name",
-                all.iter()
-                    .map(|e| e.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
+            _ => Err(RegistryError::Ambiguous {
+                names: all.into_iter().map(|e| e.name).collect(),
+            }),
         }
     }
 
@@ -142,11 +207,12 @@ impl Registry {
     /// so `create` finds out before it formats a device.
     pub fn prepare(&self) -> Result<()> {
         let dir = self.caches_dir();
-        fs::create_dir_all(&dir)
-            .with_context(|| format!("cannot create state directory {}", dir.display()))?;
+        fs::create_dir_all(&dir).map_err(io_err("cannot create state directory", &dir))?;
         let probe = dir.join(".write-test");
-        File::create(&probe)
-            .with_context(|| format!("state directory {} is not writable", dir.display()))?;
+        File::create(&probe).map_err(|source| RegistryError::NotWritable {
+            dir: dir.clone(),
+            source,
+        })?;
         let _ = fs::remove_file(&probe);
         Ok(())
     }
@@ -156,7 +222,7 @@ impl Registry {
         self.prepare()?;
         let path = self.entry_path(&entry.name);
         let tmp = self.caches_dir().join(format!(".{}.json.tmp", entry.name));
-        let mut json = serde_json::to_string_pretty(entry).context("encoding registry entry")?;
+        let mut json = serde_json::to_string_pretty(entry).map_err(RegistryError::Encode)?;
         json.push('\n');
         let write = || -> std::io::Result<()> {
             let mut f = File::create(&tmp)?;
@@ -166,12 +232,12 @@ impl Registry {
             // The rename is durable once the directory is.
             File::open(self.caches_dir())?.sync_all()
         };
-        write().with_context(|| format!("writing {}", path.display()))
+        write().map_err(io_err("writing", &path))
     }
 
     pub fn remove(&self, name: &str) -> Result<()> {
         let path = self.entry_path(name);
-        fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+        fs::remove_file(&path).map_err(io_err("removing", &path))?;
         if let Ok(d) = File::open(self.caches_dir()) {
             let _ = d.sync_all();
         }
@@ -182,42 +248,36 @@ impl Registry {
     /// same cache is an error, not something to queue behind.
     pub fn lock(&self, name: &str) -> Result<Lock> {
         fs::create_dir_all(&self.dir)
-            .with_context(|| format!("cannot create state directory {}", self.dir.display()))?;
+            .map_err(io_err("cannot create state directory", &self.dir))?;
         let path = self.dir.join(format!("{name}.lock"));
         let file = File::options()
             .create(true)
             .truncate(false)
             .write(true)
             .open(&path)
-            .with_context(|| format!("cannot open lock file {}", path.display()))?;
+            .map_err(io_err("cannot open lock file", &path))?;
         match file.try_lock() {
             Ok(()) => Ok(Lock { _file: file }),
-            Err(fs::TryLockError::WouldBlock) => Err(anyhow!(
-                "cache '{name}' is in use by another tiercache process (lock {})",
-                path.display()
-            )),
-            Err(fs::TryLockError::Error(e)) => {
-                Err(e).with_context(|| format!("cannot lock {}", path.display()))
-            }
+            Err(fs::TryLockError::WouldBlock) => Err(RegistryError::InUse {
+                name: name.to_string(),
+                lock: path,
+            }),
+            Err(fs::TryLockError::Error(e)) => Err(io_err("cannot lock", &path)(e)),
         }
     }
 }
 
 fn read_entry(path: &Path) -> Result<Entry> {
-    let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    serde_json::from_str(&text)
-        .with_context(|| format!("registry file {} is not valid", path.display()))
+    let text = fs::read_to_string(path).map_err(io_err("reading", path))?;
+    serde_json::from_str(&text).map_err(|source| RegistryError::Corrupt {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
-/// Names become file names: letters, digits, '-', '_' and '.', not starting
-/// with '.' or '-'.
 /// After `entry`'s cache opened: clears a distrust mark the open has acted
 /// on, and makes the engine set it again if the cache gets bypassed.
-pub fn record_distrust(
-    reg: &Registry,
-    entry: &Entry,
-    engine: &tiercache::engine::Engine,
-) -> Result<()> {
+pub fn record_distrust(reg: &Registry, entry: &Entry, engine: &Engine) -> Result<()> {
     if entry.distrust_clean {
         reg.add(&Entry {
             distrust_clean: false,
@@ -231,12 +291,14 @@ pub fn record_distrust(
     };
     engine.on_bypass(Box::new(move || {
         if let Err(e) = Registry::new(dir.clone()).add(&marked) {
-            log::error!("could not record the bypass in the registry: {e:#}");
+            log::error!("could not record the bypass in the registry: {e}");
         }
     }));
     Ok(())
 }
 
+/// Names become file names: letters, digits, '-', '_' and '.', not starting
+/// with '.' or '-'.
 pub fn validate_name(name: &str) -> Result<()> {
     let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
     if name.is_empty()
@@ -244,9 +306,7 @@ pub fn validate_name(name: &str) -> Result<()> {
         || name.starts_with(['.', '-'])
         || !name.chars().all(ok_char)
     {
-        bail!(
-            "invalid cache name '{name}': use 1 to {NAME_MAX_BYTES} letters, digits, '-', '_' or '.', not starting with '.' or '-'"
-        );
+        return Err(RegistryError::InvalidName(name.to_string()));
     }
     Ok(())
 }
@@ -258,10 +318,10 @@ pub fn absolute(path: &str) -> Result<String> {
     if path.starts_with("nbd://") || path.starts_with("nbd+") || path.starts_with("nbds") {
         return Ok(path.to_string());
     }
-    let abs = std::path::absolute(path).with_context(|| format!("resolving path {path}"))?;
+    let abs = std::path::absolute(path).map_err(io_err("resolving path", Path::new(path)))?;
     abs.into_os_string()
         .into_string()
-        .map_err(|p| anyhow!("path {} is not valid UTF-8", p.display()))
+        .map_err(|p| RegistryError::NotUtf8(p.into()))
 }
 
 /// True if two paths name the same file (after resolving symlinks).

@@ -1,4 +1,4 @@
-//! The control socket of a running `tiercache serve`: one JSON request per
+//! The control socket of a running daemon (`tiercache serve`): one JSON request per
 //! line, answered by one JSON response line (a flush first sends progress
 //! lines, `{"ok":true,"progress":[done,total]}`, at most ten a second; so
 //! does a warm, in bytes). `status`, `flush`, `warm`, `set-mode`,
@@ -12,10 +12,44 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, Context, Result};
 use serde::{Deserialize, Serialize};
-use tiercache::engine::policy::PolicyKind;
-use tiercache::engine::{AdmissionSettings, Engine, Mode, Status, WritebackSettings};
+
+use super::frontends::{Frontends, Served};
+use crate::engine::policy::PolicyKind;
+use crate::engine::{AdmissionSettings, Engine, Mode, Status, WritebackSettings};
+
+/// Errors of a control client ([`call`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// No daemon listens on the socket (or it cannot be reached).
+    #[error("connecting to {}", path.display())]
+    Connect {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The request could not be sent.
+    #[error("sending request")]
+    Send(#[source] std::io::Error),
+    /// The reply could not be read.
+    #[error("reading the daemon's reply")]
+    Receive(#[source] std::io::Error),
+    /// The daemon hung up before answering (it died, or shut down).
+    #[error("the daemon closed the control connection without answering")]
+    Closed,
+    /// A request or reply that is not the JSON both sides speak.
+    #[error("{what} the daemon's reply")]
+    Json {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The daemon refused or failed the request; its message.
+    #[error("{0}")]
+    Refused(String),
+}
+
+type Result<T> = std::result::Result<T, ControlError>;
 
 /// Longest request line accepted.
 const MAX_REQUEST_BYTES: u64 = 64 * 1024;
@@ -39,7 +73,11 @@ pub enum Request {
     SetPolicy {
         policy: String,
     },
-    Detach,
+    /// Refused while a front end's device is in use, unless `force`.
+    Detach {
+        #[serde(default)]
+        force: bool,
+    },
     /// Promote `length` bytes at `offset` into the cache.
     Warm {
         offset: u64,
@@ -57,22 +95,27 @@ pub struct Response {
     /// Set on the progress lines of a flush; absent on the final response.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<[u64; 2]>,
+    /// With a status: what the cache is served on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frontends: Option<Frontends>,
 }
 
 impl Response {
-    fn result(r: Result<Option<Status>, String>) -> Response {
+    fn result(r: std::result::Result<Option<Status>, String>) -> Response {
         match r {
             Ok(status) => Response {
                 ok: true,
                 error: None,
                 status,
                 progress: None,
+                frontends: None,
             },
             Err(e) => Response {
                 ok: false,
                 error: Some(e),
                 status: None,
                 progress: None,
+                frontends: None,
             },
         }
     }
@@ -100,32 +143,38 @@ pub fn call_with_progress(
     req: &Request,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Response> {
-    let mut s =
-        UnixStream::connect(path).with_context(|| format!("connecting to {}", path.display()))?;
-    let mut line = serde_json::to_string(req).context("encoding request")?;
+    let mut s = UnixStream::connect(path).map_err(|source| ControlError::Connect {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut line = serde_json::to_string(req).map_err(|source| ControlError::Json {
+        what: "encoding the request for",
+        source,
+    })?;
     line.push('\n');
-    s.write_all(line.as_bytes()).context("sending request")?;
+    s.write_all(line.as_bytes()).map_err(ControlError::Send)?;
     let mut reader = BufReader::new(s);
     loop {
         let mut reply = String::new();
         let n = (&mut reader)
             .take(16 << 20)
             .read_line(&mut reply)
-            .context("reading the daemon's reply")?;
+            .map_err(ControlError::Receive)?;
         if n == 0 {
-            return Err(anyhow!(
-                "the daemon closed the control connection without answering"
-            ));
+            return Err(ControlError::Closed);
         }
-        let resp: Response = serde_json::from_str(&reply).context("decoding the daemon's reply")?;
+        let resp: Response = serde_json::from_str(&reply).map_err(|source| ControlError::Json {
+            what: "decoding",
+            source,
+        })?;
         if let Some([done, total]) = resp.progress {
             progress(done, total);
             continue;
         }
         if !resp.ok {
-            return Err(anyhow!(resp
-                .error
-                .unwrap_or_else(|| "request failed".into())));
+            return Err(ControlError::Refused(
+                resp.error.unwrap_or_else(|| "request failed".into()),
+            ));
         }
         return Ok(resp);
     }
@@ -144,6 +193,7 @@ fn progress_lines(out: &mut UnixStream) -> impl FnMut(u64, u64) + '_ {
                 error: None,
                 status: None,
                 progress: Some([done, total]),
+                frontends: None,
             };
             let _ = send(out, &line);
         }
@@ -151,7 +201,7 @@ fn progress_lines(out: &mut UnixStream) -> impl FnMut(u64, u64) + '_ {
 }
 
 /// Answers one connection. `on_detach` is called after a detach succeeds.
-pub fn handle(engine: &Arc<Engine>, stream: UnixStream, on_detach: &dyn Fn()) {
+pub fn handle(engine: &Arc<Engine>, served: &Served, stream: UnixStream, on_detach: &dyn Fn()) {
     let mut reader = BufReader::new(match stream.try_clone() {
         Ok(s) => s,
         Err(_) => return,
@@ -163,12 +213,16 @@ pub fn handle(engine: &Arc<Engine>, stream: UnixStream, on_detach: &dyn Fn()) {
     }
     let mut out = stream;
     let mut detached = false;
+    let mut status_request = false;
     let resp = match serde_json::from_str::<Request>(&line) {
         Err(e) => Response::result(Err(format!("bad request: {e}"))),
         Ok(req) => {
             log::info!("control request: {req:?}");
             Response::result(match req {
-                Request::Status => Ok(Some(engine.status())),
+                Request::Status => {
+                    status_request = true;
+                    Ok(Some(engine.status()))
+                }
                 Request::Flush => engine
                     .flush_all(&mut progress_lines(&mut out))
                     .map(|_| Some(engine.status()))
@@ -196,13 +250,27 @@ pub fn handle(engine: &Arc<Engine>, stream: UnixStream, on_detach: &dyn Fn()) {
                         .map_err(|e| e.to_string()),
                     None => Err(format!("unknown replacement policy '{policy}'")),
                 },
-                Request::Detach => {
-                    let r = engine.detach().map(|_| None).map_err(|e| e.to_string());
-                    detached = r.is_ok();
-                    r
+                Request::Detach { force } => {
+                    let refusal = if force {
+                        None
+                    } else {
+                        served.teardown_refusal()
+                    };
+                    match refusal {
+                        Some(why) => Err(format!("refusing to detach: {why}")),
+                        None => {
+                            let r = engine.detach().map(|_| None).map_err(|e| e.to_string());
+                            detached = r.is_ok();
+                            r
+                        }
+                    }
                 }
             })
         }
+    };
+    let resp = Response {
+        frontends: status_request.then(|| served.snapshot()),
+        ..resp
     };
     let _ = send(&mut out, &resp);
     if detached {

@@ -1,0 +1,152 @@
+//! What a daemon serves its cache on, as `status` reports it, and the
+//! guard that keeps a device in use from being torn down: a detach of a
+//! cache whose ublk device is mounted or held open, or that an NBD client
+//! is connected to, is refused unless forced (the filesystem on it would
+//! see every later request fail).
+
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+/// The front ends of a running daemon (the control socket's wire form).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Frontends {
+    /// NBD Unix socket, when NBD is served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbd_socket: Option<String>,
+    /// NBD TCP address as bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbd_tcp: Option<String>,
+    /// NBD clients past the handshake now.
+    #[serde(default)]
+    pub nbd_clients: usize,
+    /// The ublk block device (`/dev/ublkbN`), when ublk is served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ublk_device: Option<String>,
+}
+
+/// The daemon's live view: fixed addresses and the server's client count.
+pub struct Served {
+    fixed: Frontends,
+    nbd_clients: Arc<AtomicUsize>,
+}
+
+impl Served {
+    pub fn new(fixed: Frontends, nbd_clients: Arc<AtomicUsize>) -> Served {
+        Served { fixed, nbd_clients }
+    }
+
+    pub fn snapshot(&self) -> Frontends {
+        Frontends {
+            nbd_clients: self.nbd_clients.load(Ordering::Relaxed),
+            ..self.fixed.clone()
+        }
+    }
+
+    /// [`teardown_refusal`], after giving NBD clients that are leaving up to
+    /// [`CLIENT_LEAVE_WAIT`] to be gone: a client that has just sent its
+    /// disconnect is still counted until the server has closed its end.
+    pub fn teardown_refusal(&self) -> Option<String> {
+        let t = Instant::now();
+        loop {
+            let f = self.snapshot();
+            let why = teardown_refusal(&f);
+            if why.is_none() || f.nbd_clients == 0 || t.elapsed() >= CLIENT_LEAVE_WAIT {
+                return why;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// How long a teardown waits for NBD clients that are disconnecting.
+pub const CLIENT_LEAVE_WAIT: Duration = Duration::from_secs(2);
+
+/// Why tearing down the cache behind `f` would pull a device from under its
+/// users, or `None` when nothing uses it. Checked on the daemon's host: a
+/// ublk device is in use when it is mounted (its major:minor in
+/// /proc/self/mountinfo) or held open exclusively (an `O_EXCL` open fails
+/// with EBUSY: a mount, device-mapper, another `O_EXCL` opener).
+pub fn teardown_refusal(f: &Frontends) -> Option<String> {
+    if let Some(dev) = &f.ublk_device {
+        if let Some(why) = block_device_in_use(dev) {
+            return Some(format!(
+                "{dev} is {why}; unmount it (or close it) first, or pass --force"
+            ));
+        }
+    }
+    if f.nbd_clients > 0 {
+        return Some(format!(
+            "{} NBD client{} connected (e.g. nbd-client on /dev/nbdN); disconnect first \
+             (nbd-client -d /dev/nbdN), or pass --force",
+            f.nbd_clients,
+            if f.nbd_clients == 1 { " is" } else { "s are" }
+        ));
+    }
+    None
+}
+
+/// "mounted on PATH" or "held open exclusively", if so.
+fn block_device_in_use(dev: &str) -> Option<String> {
+    let meta = std::fs::metadata(dev).ok()?;
+    if !meta.file_type().is_block_device() {
+        return None;
+    }
+    let rdev = meta.rdev();
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    if let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") {
+        if let Some(mount_point) = mounted_on(&info, major, minor) {
+            return Some(format!("mounted on {mount_point}"));
+        }
+    }
+    match std::fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_EXCL)
+        .open(dev)
+    {
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Some("held open exclusively".into()),
+        _ => None,
+    }
+}
+
+/// The mount point of the first mount of device `major:minor`
+/// (proc(5) mountinfo: field 3 is major:minor, field 5 the mount point).
+fn mounted_on(mountinfo: &str, major: u32, minor: u32) -> Option<String> {
+    let want = format!("{major}:{minor}");
+    mountinfo.lines().find_map(|line| {
+        let mut fields = line.split(' ');
+        let dev = fields.nth(2)?;
+        let mount_point = fields.nth(1)?;
+        (dev == want).then(|| mount_point.replace("\\040", " "))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_lines() {
+        let info = "22 1 259:2 / / rw,relatime shared:1 - ext4 /dev/nvme0n1p2 rw\n\
+                    98 22 259:0 / /mnt/my\\040disk rw - ext4 /dev/ublkb0 rw\n";
+        assert_eq!(mounted_on(info, 259, 0).as_deref(), Some("/mnt/my disk"));
+        assert_eq!(mounted_on(info, 259, 2).as_deref(), Some("/"));
+        assert_eq!(mounted_on(info, 8, 0), None);
+    }
+
+    #[test]
+    fn nbd_clients_refuse() {
+        let mut f = Frontends {
+            nbd_socket: Some("/x.nbd".into()),
+            ..Frontends::default()
+        };
+        assert_eq!(teardown_refusal(&f), None);
+        f.nbd_clients = 2;
+        let why = teardown_refusal(&f).unwrap();
+        assert!(why.contains("2 NBD clients are connected"), "{why}");
+        assert!(why.contains("--force"), "{why}");
+    }
+}

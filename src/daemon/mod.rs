@@ -1,0 +1,17 @@
+//! The daemon behind `tiercache serve`, as a library: the registry of
+//! named caches (`registry`), the control socket that the other commands
+//! talk to while a cache is served (`control`), and the daemon's life from
+//! opening the cache to its clean shutdown (`run`), and what it serves on
+//! with the guard against tearing down a device in use (`frontends`), and
+//! systemd's readiness notification (`notify`). The binary's `serve`
+//! only turns flags into a [`run::DaemonConfig`].
+
+pub mod control;
+pub mod frontends;
+pub mod notify;
+pub mod registry;
+pub mod run;
+
+pub use frontends::Frontends;
+pub use registry::{Entry, Registry, RegistryError};
+pub use run::{run, DaemonConfig, DaemonError, EngineSource, Service, TcpListen, UblkSettings};

@@ -1,0 +1,493 @@
+//! The daemon's life: open the cache, bind the listeners, start the front
+//! end (NBD on a Unix socket and optionally TCP, or the ublk device), answer
+//! the control socket, and shut down cleanly when SIGINT, SIGTERM or a
+//! detach asks: the front end stops (NBD requests in flight finish, the
+//! ublk device is deleted), then metadata is committed and the cache is
+//! marked clean. A daemon killed instead leaves the journal to replay and,
+//! for ublk, the device to the next daemon (user recovery).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::control;
+use super::frontends::{Frontends, Served};
+use super::notify::{notify_or_log, READY, STOPPING};
+use super::registry::{self, Registry, RegistryError};
+use crate::device::{open_device, DeviceError};
+use crate::engine::volume::AsyncEngine;
+use crate::engine::{CreateOptions, Engine, EngineError, OpenOptions};
+use crate::frontend::nbd::{serve, Listener, NbdError, ServerConfig, TlsAcceptor};
+
+/// What the daemon serves.
+pub enum EngineSource {
+    /// A registered cache by name (`None`: the only one registered).
+    Registered(Option<String>),
+    /// A RAM cache created for this run only over `origin` (a device spec).
+    Volatile {
+        /// Name of the control socket (default "ram").
+        name: Option<String>,
+        origin: String,
+        /// Size of the RAM cache as `open_device("ram:SIZE")` reads it.
+        ram_size: String,
+        options: CreateOptions,
+    },
+}
+
+/// The TCP listener, with its TLS acceptor and whether TLS is required.
+pub struct TcpListen {
+    pub addr: String,
+    pub tls: Option<(TlsAcceptor, bool)>,
+}
+
+/// `/dev/ublkb<dev_id>` instead of NBD.
+#[derive(Debug, Clone)]
+pub struct UblkSettings {
+    pub dev_id: i32,
+    pub nr_queues: u16,
+    pub queue_depth: u16,
+    /// Complete writes only once durable (`UblkConfig::durable_writes`).
+    pub durable_writes: bool,
+}
+
+/// A service started beside the front end once the engine is open (for
+/// example metrics over HTTP). It is called inside the daemon's runtime, so
+/// it may `tokio::spawn`; it gets the engine and the shutdown signal (true
+/// once the daemon stops) and returns an error to abort the start.
+pub type Service =
+    Box<dyn FnOnce(Arc<Engine>, watch::Receiver<bool>) -> std::io::Result<()> + Send>;
+
+/// Everything the daemon needs, decided by the caller (the CLI's flags).
+pub struct DaemonConfig {
+    pub source: EngineSource,
+    /// NBD Unix socket (default `<state-dir>/<name>.nbd`).
+    pub nbd_socket: Option<PathBuf>,
+    pub tcp: Option<TcpListen>,
+    /// Export name, read-only and resource bounds of the NBD server.
+    pub nbd: ServerConfig,
+    pub ublk: Option<UblkSettings>,
+    /// Runtime worker threads: they answer cache hits directly.
+    pub io_threads: u16,
+    /// Prometheus metrics on this address (`monitor/`).
+    pub metrics: Option<String>,
+    /// The dashboard (and the metrics) on this address.
+    pub http: Option<String>,
+    pub services: Vec<Service>,
+}
+
+/// Errors of the daemon; each says which step failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The registry could not resolve, lock or update the cache.
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    /// The metrics or dashboard endpoint could not start.
+    #[error("starting the monitoring endpoints")]
+    Monitor(#[source] crate::monitor::MonitorError),
+    /// Another daemon answers on the cache's control socket.
+    #[error("cache '{0}' is already being served")]
+    AlreadyServed(String),
+    /// A device could not be opened (`what` says which).
+    #[error("{what}")]
+    Device {
+        what: &'static str,
+        #[source]
+        source: DeviceError,
+    },
+    /// The registered cache could not be opened.
+    #[error("cache '{name}'")]
+    Open {
+        name: String,
+        #[source]
+        source: EngineError,
+    },
+    /// The RAM cache could not be created.
+    #[error(transparent)]
+    Create(EngineError),
+    /// A socket could not be bound.
+    #[error("listening on {what}")]
+    Listen {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A thread, the runtime or a service could not be started.
+    #[error("starting {what}")]
+    Start {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The NBD server refused its configuration.
+    #[error("NBD server")]
+    Nbd(#[source] NbdError),
+    /// The ublk front end failed.
+    #[cfg(feature = "ublk")]
+    #[error("{what}")]
+    Ublk {
+        what: &'static str,
+        #[source]
+        source: crate::frontend::ublk::UblkFrontendError,
+    },
+    /// `--ublk` in a build without the feature.
+    #[error("this tiercache was built without ublk support (cargo build --features ublk)")]
+    NoUblk,
+    /// The ublk queue thread panicked.
+    #[error("the ublk thread panicked")]
+    UblkPanic,
+    /// The final commit failed: the next open replays the journal.
+    #[error("closing the cache")]
+    Close(#[source] EngineError),
+}
+
+type Result<T> = std::result::Result<T, DaemonError>;
+
+/// The engine and the name its sockets are named after; holds the
+/// registry lock while the daemon runs.
+struct Opened {
+    engine: Arc<Engine>,
+    name: String,
+    _lock: Option<registry::Lock>,
+}
+
+fn device(what: &'static str, spec: &str) -> Result<crate::device::DeviceRef> {
+    open_device(spec).map_err(|source| DaemonError::Device { what, source })
+}
+
+fn open(reg: &Registry, source: &EngineSource) -> Result<Opened> {
+    match source {
+        EngineSource::Volatile {
+            name,
+            origin,
+            ram_size,
+            options,
+        } => {
+            let cache = device("creating the RAM cache", &format!("ram:{ram_size}"))?;
+            let origin = device("opening the origin device", origin)?;
+            let engine = Engine::create(cache, origin, options).map_err(DaemonError::Create)?;
+            Ok(Opened {
+                engine,
+                name: name.clone().unwrap_or_else(|| "ram".into()),
+                _lock: None,
+            })
+        }
+        EngineSource::Registered(name) => {
+            let entry = reg.resolve(name.as_deref())?;
+            if control::daemon_listening(&reg.socket_path(&entry.name)) {
+                return Err(DaemonError::AlreadyServed(entry.name));
+            }
+            let lock = reg.lock(&entry.name)?;
+            let cache = device("opening the cache device", &entry.cache)?;
+            let origin = device("opening the origin device", &entry.origin)?;
+            let opts = OpenOptions {
+                distrust_clean: entry.distrust_clean,
+                ..OpenOptions::default()
+            };
+            let engine =
+                Engine::open(cache, origin, &opts).map_err(|source| DaemonError::Open {
+                    name: entry.name.clone(),
+                    source,
+                })?;
+            registry::record_distrust(reg, &entry, &engine)?;
+            Ok(Opened {
+                engine,
+                name: entry.name,
+                _lock: Some(lock),
+            })
+        }
+    }
+}
+
+/// Runs the daemon in the foreground until it is told to stop; returns
+/// once the cache is closed.
+pub fn run(reg: &Registry, cfg: DaemonConfig) -> Result<()> {
+    if cfg!(not(feature = "ublk")) && cfg.ublk.is_some() {
+        return Err(DaemonError::NoUblk);
+    }
+    let Opened {
+        engine,
+        name,
+        _lock,
+    } = open(reg, &cfg.source)?;
+    reg.prepare()?;
+    let nbd_path = cfg
+        .nbd_socket
+        .clone()
+        .unwrap_or_else(|| reg.dir().join(format!("{name}.nbd")));
+    let control_path = reg.socket_path(&name);
+    let _ = std::fs::remove_file(&nbd_path);
+    let _ = std::fs::remove_file(&control_path);
+
+    // glibc gives each thread that allocates concurrently its own arena (up
+    // to 8 per core) and each keeps freed request buffers; with the I/O
+    // threads of a busy export that was megabytes of RSS that no cache
+    // block needed. Two arenas per core are plenty for 4 KiB buffers.
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    // SAFETY: mallopt only changes allocator tuning; called before the
+    // runtime starts any thread.
+    unsafe { libc::mallopt(libc::M_ARENA_MAX, (2 * cores) as libc::c_int) };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cfg.io_threads.into())
+        .enable_all()
+        .max_blocking_threads(256)
+        .build()
+        .map_err(|source| DaemonError::Start {
+            what: "the runtime",
+            source,
+        })?;
+    let result = rt.block_on(serve_until_stopped(
+        &engine,
+        &name,
+        cfg,
+        &nbd_path,
+        &control_path,
+    ));
+    let _ = std::fs::remove_file(&nbd_path);
+    let _ = std::fs::remove_file(&control_path);
+    rt.shutdown_timeout(Duration::from_secs(5));
+    result?;
+    match engine.close() {
+        Ok(()) => {
+            eprintln!("tiercache: '{name}' shut down cleanly");
+            Ok(())
+        }
+        Err(EngineError::ShutDown) => Ok(()),
+        Err(e) => Err(DaemonError::Close(e)),
+    }
+}
+
+async fn serve_until_stopped(
+    engine: &Arc<Engine>,
+    name: &str,
+    cfg: DaemonConfig,
+    nbd_path: &std::path::Path,
+    control_path: &std::path::Path,
+) -> Result<()> {
+    let listen = |what: String| move |source| DaemonError::Listen { what, source };
+    // ublk serves instead of NBD: no NBD listener then.
+    let mut listeners = Vec::new();
+    let mut fixed = Frontends::default();
+    if cfg.ublk.is_none() {
+        listeners
+            .push(Listener::bind_unix(nbd_path).map_err(listen(nbd_path.display().to_string()))?);
+        fixed.nbd_socket = Some(nbd_path.display().to_string());
+        if let Some(tcp) = &cfg.tcp {
+            let mut l = Listener::bind_tcp(tcp.addr.as_str())
+                .await
+                .map_err(listen(tcp.addr.clone()))?;
+            fixed.nbd_tcp = l.local_addr().map(|a| a.to_string());
+            if let Some((acceptor, required)) = tcp.tls.clone() {
+                l = l.with_tls(acceptor, required);
+            }
+            listeners.push(l);
+        }
+    }
+    if let Some(u) = &cfg.ublk {
+        fixed.ublk_device = Some(format!("/dev/ublkb{}", u.dev_id));
+    }
+    let served = Arc::new(Served::new(fixed, cfg.nbd.clients_connected.clone()));
+    let (tx, rx) = watch::channel(false);
+    let tx = Arc::new(tx);
+    start_control(engine, &served, control_path, &tx)?;
+    start_signal_handler(&tx);
+    start_malloc_trim();
+    let monitor = crate::monitor::EndpointConfig {
+        name: name.to_string(),
+        metrics: cfg.metrics.clone(),
+        http: cfg.http.clone(),
+    };
+    let endpoints = crate::monitor::spawn_endpoints(engine, &monitor, rx.clone())
+        .await
+        .map_err(DaemonError::Monitor)?;
+    if let Some(a) = endpoints.metrics_addr {
+        eprintln!("tiercache: metrics on http://{a}/metrics");
+    }
+    if let Some(a) = endpoints.http_addr {
+        eprintln!("tiercache: dashboard on http://{a}/");
+    }
+    for service in cfg.services {
+        service(engine.clone(), rx.clone()).map_err(|source| DaemonError::Start {
+            what: "a service",
+            source,
+        })?;
+    }
+    if let Some(u) = &cfg.ublk {
+        eprintln!(
+            "tiercache: serving '{name}' ({} bytes, {} mode) as /dev/ublkb{}; control socket {}",
+            engine.volume_bytes(),
+            engine.mode(),
+            u.dev_id,
+            control_path.display()
+        );
+        return serve_ublk(engine, u, rx).await;
+    }
+    let tcp_text = cfg.tcp.as_ref().map(|t| {
+        let scheme = match &t.tls {
+            Some((acc, true)) => format!("nbds:// ({}, TLS required)", acc.kind()),
+            Some((acc, false)) => format!("nbd:// or nbds:// ({})", acc.kind()),
+            None => "nbd://".into(),
+        };
+        format!(" and {} as {scheme}", t.addr)
+    });
+    eprintln!(
+        "tiercache: serving '{name}' ({} bytes, {} mode) on nbd+unix:///{}?socket={}{}; control socket {}",
+        engine.volume_bytes(),
+        engine.mode(),
+        cfg.nbd.export_name,
+        nbd_path.display(),
+        tcp_text.unwrap_or_default(),
+        control_path.display()
+    );
+    notify_or_log(READY);
+    serve(
+        Arc::new(AsyncEngine(engine.clone())),
+        listeners,
+        cfg.nbd,
+        rx,
+    )
+    .await
+    .map_err(DaemonError::Nbd)
+}
+
+/// The control socket, on its own thread (requests can take long: flush).
+/// A detach that succeeds stops the daemon.
+fn start_control(
+    engine: &Arc<Engine>,
+    served: &Arc<Served>,
+    path: &std::path::Path,
+    stop: &Arc<watch::Sender<bool>>,
+) -> Result<()> {
+    let ctl =
+        std::os::unix::net::UnixListener::bind(path).map_err(|source| DaemonError::Listen {
+            what: path.display().to_string(),
+            source,
+        })?;
+    let engine = engine.clone();
+    let served = served.clone();
+    let stop = stop.clone();
+    std::thread::Builder::new()
+        .name("tiercache-control".into())
+        .spawn(move || {
+            for stream in ctl.incoming().flatten() {
+                let e = engine.clone();
+                let served = served.clone();
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    control::handle(&e, &served, stream, &|| stop_daemon(&stop))
+                });
+            }
+        })
+        .map_err(|source| DaemonError::Start {
+            what: "the control thread",
+            source,
+        })?;
+    Ok(())
+}
+
+/// SIGINT and SIGTERM ask for a clean shutdown.
+fn start_signal_handler(stop: &Arc<watch::Sender<bool>>) {
+    let stop = stop.clone();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => log::warn!("SIGINT: shutting down"),
+            _ = term.recv() => log::warn!("SIGTERM: shutting down"),
+        }
+        stop_daemon(&stop);
+    });
+}
+
+/// Begins the clean shutdown, and tells systemd so.
+fn stop_daemon(tx: &watch::Sender<bool>) {
+    if !*tx.borrow() {
+        notify_or_log(STOPPING);
+    }
+    let _ = tx.send(true);
+}
+
+/// Request buffers (up to 32 MiB each) are freed into malloc's per-thread
+/// arenas, which keep them resident; hand idle memory back so the daemon's
+/// RSS reflects what it holds.
+fn start_malloc_trim() {
+    tokio::spawn(async {
+        let mut every = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            every.tick().await;
+            // SAFETY: malloc_trim only releases free heap memory.
+            unsafe { libc::malloc_trim(0) };
+        }
+    });
+}
+
+#[cfg(not(feature = "ublk"))]
+async fn serve_ublk(
+    _engine: &Arc<Engine>,
+    _u: &UblkSettings,
+    _shutdown: watch::Receiver<bool>,
+) -> Result<()> {
+    Err(DaemonError::NoUblk)
+}
+
+/// Serves the engine as /dev/ublkb<id> until shutdown is asked for, then
+/// deletes the device. A daemon killed without that leaves the device to
+/// the next `serve --ublk` with the same id (user recovery).
+#[cfg(feature = "ublk")]
+async fn serve_ublk(
+    engine: &Arc<Engine>,
+    u: &UblkSettings,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<()> {
+    use crate::frontend::ublk;
+    let id = u.dev_id;
+    let recover = std::path::Path::new(&format!("/dev/ublkc{id}")).exists();
+    let cfg = ublk::UblkConfig {
+        dev_id: Some(id),
+        nr_queues: u.nr_queues,
+        queue_depth: u.queue_depth,
+        recover,
+        durable_writes: u.durable_writes,
+    };
+    let volume = Arc::new(AsyncEngine(engine.clone()));
+    let rt = tokio::runtime::Handle::current();
+    let thread = std::thread::Builder::new()
+        .name("tiercache-ublk".into())
+        .spawn(move || {
+            ublk::serve(volume, rt, &cfg, move |ctrl| {
+                eprintln!(
+                    "tiercache: {} /dev/ublkb{}",
+                    if recover { "recovered" } else { "serving on" },
+                    ctrl.dev_info().dev_id
+                );
+                notify_or_log(READY);
+            })
+        })
+        .map_err(|source| DaemonError::Start {
+            what: "the ublk thread",
+            source,
+        })?;
+    // Until shutdown is asked for, or the device ends on its own (an
+    // error, or `ublk del`).
+    while !*shutdown.borrow() && !thread.is_finished() {
+        tokio::select! {
+            r = shutdown.changed() => if r.is_err() { break },
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+    }
+    if !thread.is_finished() {
+        ublk::delete(id).map_err(|source| DaemonError::Ublk {
+            what: "deleting the ublk device",
+            source,
+        })?;
+    }
+    tokio::task::spawn_blocking(move || thread.join())
+        .await
+        .map_err(|_| DaemonError::UblkPanic)?
+        .map_err(|_| DaemonError::UblkPanic)?
+        .map_err(|source| DaemonError::Ublk {
+            what: "ublk",
+            source,
+        })
+}
