@@ -18,6 +18,7 @@ use super::format::{
 use super::locks::BlockLocks;
 use super::meta::Table;
 use super::policy::PolicyKind;
+use super::sectors::SectorSet;
 use super::stats::Stats;
 use super::{
     CommitState, CreateOptions, Engine, EngineError, EngineResult, Meta, Mode, OpenOptions,
@@ -401,7 +402,17 @@ pub(crate) fn load(
     let slots = layout.slot_count as usize;
     let sectors = sectors_per_block(layout.block_bytes);
     let mut entries = Vec::with_capacity(slots + ENTRIES_PER_CHECKPOINT_PAGE);
-    let mut maps = Vec::with_capacity(slots);
+    // Sector maps are compared with their slot's entry as they are read
+    // (entry pages come first): only slots whose maps are not those of a
+    // whole block are kept, so opening a big cache holds no per-slot maps.
+    let mut partial = Vec::new();
+    let mut map_slot = 0usize;
+    let mut keep_map = |entries: &[u64], (v, d): (SectorSet, SectorSet)| {
+        if map_slot < slots && (v, d) != whole_sets(entries[map_slot], sectors) {
+            partial.push((map_slot as u32, v, d));
+        }
+        map_slot += 1;
+    };
     let mut idx = 0u64;
     while idx < layout.checkpoint_pages {
         let n = (layout.checkpoint_pages - idx).min(JOURNAL_READ_BYTES / PAGE_BYTES);
@@ -426,12 +437,12 @@ pub(crate) fn load(
             }
             for pair in decode_maps(payload, layout.block_bytes) {
                 match pair {
-                    Ok(p) => maps.push(p),
+                    Ok(p) => keep_map(&entries, p),
                     Err(e) => {
                         fail(format!(
                             "checkpoint area {area} page {page_index} (byte offset {at}): {e}"
                         ))?;
-                        maps.push(whole_sets(0, sectors));
+                        keep_map(&entries, whole_sets(0, sectors));
                     }
                 }
             }
@@ -439,14 +450,6 @@ pub(crate) fn load(
         idx += n;
     }
     entries.truncate(slots);
-    // Slots whose maps are not those of a whole block keep them.
-    let partial = entries
-        .iter()
-        .zip(&maps)
-        .enumerate()
-        .filter(|&(_, (&e, m))| *m != whole_sets(e, sectors))
-        .map(|(slot, (_, &(v, d)))| (slot as u32, v, d))
-        .collect();
     let checkpoint = CheckpointData { entries, partial };
     let mut table = match Table::from_checkpoint(checkpoint, origin_blocks, sectors) {
         Ok(t) => t,
