@@ -267,6 +267,10 @@ pub(crate) struct Meta {
     pub writeback_cursor: u64,
     /// Watermark writeback is running (set above high, cleared at low).
     pub writeback_active: bool,
+    /// Client requests counted when the writeback thread last looked, and
+    /// when that count last changed (engine ms): how long clients have
+    /// been away.
+    pub client_requests_seen: (u64, u64),
     /// Records that removed a mapping (unmap, or a map superseding
     /// another slot), appended since open.
     pub releases_appended: u64,

@@ -639,6 +639,7 @@ pub(crate) fn open(
             aged_scan_done_s: None,
             writeback_cursor: 0,
             writeback_active: false,
+            client_requests_seen: (0, 0),
             releases_appended: 0,
             released_blocks: Default::default(),
         }),
