@@ -408,7 +408,8 @@ pub(crate) fn load(
     let mut partial = Vec::new();
     let mut map_slot = 0usize;
     let mut keep_map = |entries: &[u64], (v, d): (SectorSet, SectorSet)| {
-        if map_slot < slots && (v, d) != whole_sets(entries[map_slot], sectors) {
+        let entry = entries.get(map_slot).copied();
+        if map_slot < slots && entry.is_some_and(|e| (v, d) != whole_sets(e, sectors)) {
             partial.push((map_slot as u32, v, d));
         }
         map_slot += 1;
