@@ -83,7 +83,10 @@ done
 # busybox (dynamic) and busybox-static both provide /bin/busybox.
 if ! [ -x /bin/busybox ] || ldd /bin/busybox >/dev/null 2>&1; then missing+=(busybox-static); fi
 if [ ${#missing[@]} -gt 0 ]; then
-    apt_install $(printf '%s\n' "${missing[@]}" | sort -u)
+    # qemu-utils too: Debian's qemu-system-x86 may replace a qemu-utils of
+    # another release (qemu-block-extra conflicts), and the rest of the
+    # suite needs qemu-img and qemu-nbd.
+    apt_install $(printf '%s\n' "${missing[@]}" | sort -u) qemu-utils
 fi
 export PATH=$PATH:/usr/sbin:/sbin
 
@@ -226,6 +229,7 @@ qemu-system-x86_64 -M q35 -accel tcg,thread=multi -cpu max -m "$MEM_MIB" -smp 2 
     -kernel "$VMLINUZ" -initrd "$INITRD" -nographic -no-reboot -nic none \
     -append "console=ttyS0 quiet loglevel=4 panic=-1 tc.dir=$ROOT" \
     -virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap" \
+    -virtfs "local,path=$ROOT,mount_tag=repo,security_model=none,readonly=on,multidevs=remap" \
     -virtfs "local,path=$RUN/results,mount_tag=results,security_model=none" \
     "${DISKS[@]}" </dev/null >"$CONSOLE" 2>&1 &
 QEMU=$!

@@ -194,3 +194,34 @@ fn a_setting_that_cannot_be_persisted_is_not_applied() {
         engine.close().unwrap();
     }
 }
+
+/// A commit that fails after writing its journal page leaves that page on
+/// the device; its records stay in memory and may be superseded. A later
+/// checkpoint must start replay past the page, or the next open replays the
+/// stale records over the checkpoint. Here: block 0 is written, its commit
+/// fails at the last flush (the page with "block 0 in slot s" is written),
+/// block 0 is then trimmed and written again (a new slot), and a clean close
+/// checkpoints. Replaying the stale page would map block 0 back to slot s,
+/// whose data is the first write's.
+#[test]
+fn a_checkpoint_after_a_failed_commit_never_replays_the_failed_commit() {
+    let (cache_dev, origin, engine, _) = setup(Mode::Writeback);
+    let first = pattern(1);
+    let second = pattern(2);
+    engine.write(0, &first[..4096], false).unwrap();
+    // The commit: cache flush, journal page, then the flush that fails.
+    cache_dev.fail_after_ops(2);
+    assert!(engine.flush().is_err(), "the commit's last flush fails");
+    cache_dev.clear_faults();
+    engine.trim(0, 4096, false).unwrap();
+    engine.write(0, &second[..4096], false).unwrap();
+    engine.close().unwrap();
+    drop(engine);
+    let cache: DeviceRef = cache_dev.clone();
+    let engine = Engine::open(cache, origin, &common::no_bg()).unwrap();
+    assert!(
+        engine.read(0, 4096).unwrap()[..] == second[..4096],
+        "the failed commit's journal page was replayed over the checkpoint"
+    );
+    engine.close().unwrap();
+}

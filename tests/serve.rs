@@ -145,6 +145,115 @@ fn kill_9_loses_nothing_flushed() {
     }
 }
 
+/// Sectors `first..first + n`, each stamped with its sector and `version`.
+fn stamped(first: u64, n: u64, version: u64) -> Vec<u8> {
+    (first..first + n)
+        .flat_map(|s| common::sector_content(s, version))
+        .collect()
+}
+
+/// Sub-block writes at QD1 until the connection dies; per sector, the
+/// version of the last write acknowledged and of the one in flight.
+fn write_until_killed(
+    uri: &str,
+    mut latest: Vec<(u64, u64)>,
+    first_version: u64,
+) -> Vec<(u64, u64)> {
+    let sectors = latest.len() as u64;
+    let Ok(dev) = NbdDevice::connect(uri, 1) else {
+        return latest;
+    };
+    let mut x = first_version | 1;
+    for version in first_version.. {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let n = 1 + x % 8;
+        let first = (x >> 8) % (sectors - n);
+        for s in first..first + n {
+            latest[s as usize].1 = version;
+        }
+        if dev
+            .write_at(&stamped(first, n, version), first * 512)
+            .is_err()
+        {
+            return latest;
+        }
+        for s in first..first + n {
+            latest[s as usize].0 = version;
+        }
+    }
+    unreachable!()
+}
+
+/// Every sector holds its last acknowledged version or the one in flight.
+fn check_acknowledged(volume: &[u8], latest: &[(u64, u64)], when: &str) {
+    let mut lost = 0;
+    for (sector, &(acked, in_flight)) in latest.iter().enumerate() {
+        let data = &volume[sector * 512..(sector + 1) * 512];
+        let version = match common::decode_sector(data) {
+            Some((s, v)) if s == sector as u64 => v,
+            // Never written: the origin's zeroes.
+            _ if acked == 0 && data.iter().all(|&b| b == 0) => 0,
+            _ => panic!("{when}: sector {sector} holds data never written to it"),
+        };
+        if version != acked && version != in_flight {
+            lost += 1;
+        }
+    }
+    assert_eq!(
+        lost, 0,
+        "{when}: {lost} sectors lost their last acknowledged (unflushed) write"
+    );
+}
+
+/// kill -9 right after unflushed writes were acknowledged: the next daemon,
+/// or an offline command, finds every one of them (the crash log); none of
+/// them was flushed or committed when the daemon died.
+#[test]
+fn kill_9_keeps_acknowledged_unflushed_writes() {
+    let s = Setup::new("writeback");
+    let sectors = (4u64 << 20) / 512;
+    let kill_under_writes = |before: Vec<(u64, u64)>, first_version: u64| {
+        let mut server = s.serve();
+        let writer = {
+            let uri = s.uri();
+            std::thread::spawn(move || write_until_killed(&uri, before, first_version))
+        };
+        // Well under the background's one-second commit.
+        std::thread::sleep(Duration::from_millis(400));
+        server.kill().unwrap();
+        server.wait().unwrap();
+        writer.join().unwrap()
+    };
+    let latest = kill_under_writes(vec![(0, 0); sectors as usize], 1);
+    let acked = latest.iter().filter(|l| l.0 > 0).count();
+    assert!(acked > 500, "only {acked} sectors written before the kill");
+    // A new daemon applies the crash log on open.
+    let _server = s.serve();
+    let dev = NbdDevice::connect(&s.uri(), 1).unwrap();
+    let mut volume = vec![0u8; (sectors * 512) as usize];
+    dev.read_at(&mut volume, 0).unwrap();
+    check_acknowledged(&volume, &latest, "after restart");
+    assert!(
+        s.status()["stats"]["crash_log_records_recovered"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    drop(dev);
+    drop(_server);
+    // Killed again; this time an offline detach writes everything back.
+    let now: Vec<(u64, u64)> = volume
+        .chunks(512)
+        .map(|d| common::decode_sector(d).map_or((0, 0), |(_, v)| (v, v)))
+        .collect();
+    let latest = kill_under_writes(now, 1 << 40);
+    s.cli(&["detach"]);
+    let origin = std::fs::read(s.path("origin.img")).unwrap();
+    check_acknowledged(&origin[..volume.len()], &latest, "after an offline detach");
+}
+
 fn nbdinfo_json(uri: &str) -> serde_json::Value {
     need("nbdinfo", "libnbd-bin");
     let out = Command::new("nbdinfo")

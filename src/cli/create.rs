@@ -142,6 +142,14 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         cache_error_limit: a.cache_error_limit,
     };
     let engine = Engine::create(cache, origin, &opts).context("creating the cache")?;
+    // A crash log left by an earlier cache of this name (a daemon killed,
+    // then the cache recreated with --force) must never meet the new one.
+    let crash_log = reg.crash_log_path(&a.name);
+    if let Err(e) = std::fs::remove_file(&crash_log) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            anyhow::bail!("removing the old crash log {}: {e}", crash_log.display());
+        }
+    }
     let status = engine.status();
     engine.close().context("closing the new cache")?;
     let entry = Entry {

@@ -78,13 +78,13 @@ pub struct Args {
     /// Requests each ublk queue takes at once.
     #[arg(long, default_value_t = 64, requires = "ublk", value_parser = clap::value_parser!(u16).range(1..=4096))]
     ublk_queue_depth: u16,
-    /// Complete ublk writes before they are durable (faster): a daemon
-    /// that dies then loses the writes acknowledged since the last flush,
-    /// as a disk's volatile cache at a power failure, and the filesystem on
-    /// the recovered device is not told. By default every write is durable
-    /// when it completes, so a killed daemon loses nothing.
+    /// Complete each ublk write only once it is durable, as if FUA (a
+    /// commit per write, shared by writes that complete together). Not
+    /// needed against a daemon that dies: the crash log keeps every write
+    /// it acknowledged. By default the device has a volatile write cache,
+    /// as a disk does: the kernel sends FLUSH where the filesystem needs it.
     #[arg(long, requires = "ublk")]
-    ublk_volatile_writes: bool,
+    ublk_durable_writes: bool,
     /// TLS on the TCP listener: off, on (clients choose) or require (every
     /// option but STARTTLS is refused until TLS is up). Default: require
     /// when credentials are given, else off.
@@ -253,7 +253,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
             dev_id: a.ublk_id,
             nr_queues: a.ublk_queues,
             queue_depth: a.ublk_queue_depth,
-            durable_writes: !a.ublk_volatile_writes,
+            durable_writes: a.ublk_durable_writes,
         }),
         io_threads: a.io_threads,
         metrics: a.metrics.clone(),

@@ -162,7 +162,7 @@ impl Opened {
             });
         }
         let lock = reg.lock(&entry.name)?;
-        let engine = open_engine(&entry).with_context(|| format!("cache '{}'", entry.name))?;
+        let engine = open_engine(reg, &entry).with_context(|| format!("cache '{}'", entry.name))?;
         super::registry::record_distrust(reg, &entry, &engine)?;
         Ok(Opened {
             entry,
@@ -178,7 +178,7 @@ impl Opened {
     }
 }
 
-fn open_engine(entry: &Entry) -> Result<Arc<Engine>> {
+fn open_engine(reg: &Registry, entry: &Entry) -> Result<Arc<Engine>> {
     let cache = open_device(&entry.cache).context("opening the cache device")?;
     let origin = open_device(&entry.origin).context("opening the origin device")?;
     // A command is short-lived: background writeback would only race the
@@ -186,6 +186,9 @@ fn open_engine(entry: &Entry) -> Result<Arc<Engine>> {
     let opts = OpenOptions {
         no_background: true,
         distrust_clean: entry.distrust_clean,
+        // A daemon killed before this command may have left writes that
+        // only its crash log knows about.
+        crash_log: Some(reg.crash_log_path(&entry.name)),
         ..OpenOptions::default()
     };
     Ok(Engine::open(cache, origin, &opts)?)

@@ -145,6 +145,25 @@ impl Registry {
         self.dir.join(format!("{name}.sock"))
     }
 
+    /// Where the cache's crash log lives (engine/crash_log.rs): shared
+    /// memory, which outlives a killed daemon but not the machine, and is
+    /// never written back to a disk. Named after this state directory
+    /// too, so two state directories' caches of one name never share it.
+    /// Falls back to the state directory where /dev/shm is missing.
+    pub fn crash_log_path(&self, name: &str) -> PathBuf {
+        let shm = Path::new("/dev/shm");
+        if !shm.is_dir() {
+            return self.dir.join(format!("{name}.crashlog"));
+        }
+        let dir = fs::canonicalize(&self.dir).unwrap_or_else(|_| self.dir.clone());
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in dir.as_os_str().as_encoded_bytes() {
+            hash = (hash ^ *b as u64).wrapping_mul(0x100_0000_01b3);
+        }
+        shm.join("tiercache")
+            .join(format!("{hash:016x}-{name}.crashlog"))
+    }
+
     /// All registered caches, sorted by name. A missing state directory
     /// means no caches.
     pub fn list(&self) -> Result<Vec<Entry>> {

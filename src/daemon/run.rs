@@ -183,6 +183,7 @@ fn open(reg: &Registry, source: &EngineSource) -> Result<Opened> {
             let origin = device("opening the origin device", &entry.origin)?;
             let opts = OpenOptions {
                 distrust_clean: entry.distrust_clean,
+                crash_log: Some(reg.crash_log_path(&entry.name)),
                 ..OpenOptions::default()
             };
             let engine =

@@ -59,9 +59,14 @@ pub struct CrashSwitch {
     state: Arc<Mutex<SwitchState>>,
 }
 
-#[derive(Debug, Default)]
+/// Called once when a switch trips, with the switch's lock held.
+pub type TripHook = Box<dyn Fn() + Send + Sync>;
+
+#[derive(Default)]
 struct SwitchState {
     tripped: bool,
+    /// See `CrashSwitch::on_trip`.
+    on_trip: Option<TripHook>,
     /// Writes still admitted before the one that trips the switch.
     writes_before_trip: Option<u64>,
     /// Flushes and discards count too (see `arm_after_events`).
@@ -81,7 +86,7 @@ impl CrashSwitch {
         let mut st = self.state.lock();
         match n.checked_sub(1) {
             Some(before) => st.writes_before_trip = Some(before),
-            None => st.tripped = true,
+            None => st.trip(),
         }
     }
 
@@ -99,7 +104,14 @@ impl CrashSwitch {
 
     /// Trips the switch now.
     pub fn trip(&self) {
-        self.state.lock().tripped = true;
+        self.state.lock().trip();
+    }
+
+    /// Runs `hook` the moment the switch trips, before any other I/O: a
+    /// test saves there what else a dying process leaves behind (its crash
+    /// log), exactly as of the crash.
+    pub fn on_trip(&self, hook: TripHook) {
+        self.state.lock().on_trip = Some(hook);
     }
 
     pub fn is_tripped(&self) -> bool {
@@ -115,7 +127,7 @@ impl CrashSwitch {
         }
         match st.writes_before_trip {
             Some(0) => {
-                st.tripped = true;
+                st.trip();
                 st.writes_before_trip = None;
                 false
             }
@@ -125,6 +137,27 @@ impl CrashSwitch {
             }
             None => true,
         }
+    }
+}
+
+impl SwitchState {
+    fn trip(&mut self) {
+        if !self.tripped {
+            self.tripped = true;
+            if let Some(hook) = &self.on_trip {
+                hook();
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for SwitchState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SwitchState")
+            .field("tripped", &self.tripped)
+            .field("writes_before_trip", &self.writes_before_trip)
+            .field("count_flushes", &self.count_flushes)
+            .finish()
     }
 }
 

@@ -21,6 +21,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use super::crash_log::Point;
 use super::format::{
     checkpoint_page, journal_page, CheckpointData, Record, PAGE_BYTES, RECORDS_PER_PAGE,
 };
@@ -72,7 +73,7 @@ impl Engine {
         let covered = self.completed_ops.load(Ordering::Acquire);
         let in_use = cs.next_page_seq - cs.sb.journal_replay_seq.get();
         let journal_pages = self.layout.journal_pages;
-        let (records, pending, snapshot, appended) = {
+        let (records, pending, snapshot, appended, target) = {
             let mut m = self.meta.lock();
             let appended = m.releases_appended;
             let records = std::mem::take(&mut m.records);
@@ -83,7 +84,11 @@ impl Engine {
             // it equals the state those records lead to.
             let snapshot = (checkpoint.is_some() || in_use + pages > journal_pages / 2)
                 .then(|| m.table.snapshot());
-            (records, pending, snapshot, appended)
+            let target = self.commit_target(cs, snapshot.is_some(), pages);
+            if let Some(log) = m.crash_log.as_mut() {
+                log.begin_commit(target, records.len());
+            }
+            (records, pending, snapshot, appended, target)
         };
         let result = self.commit_io(cs, &records, snapshot, checkpoint.unwrap_or(false));
         match result {
@@ -91,6 +96,12 @@ impl Engine {
                 let freed = !pending.is_empty();
                 {
                     let mut m = self.meta.lock();
+                    if let Some(log) = m.crash_log.as_mut() {
+                        log.commit_done(target);
+                        if log.len() < log.capacity() / 4 * 3 {
+                            self.crash_log_pressed.store(false, Ordering::Relaxed);
+                        }
+                    }
                     m.free.extend(pending);
                     m.released_blocks.retain(|_, seq| *seq > appended);
                     if m.released_blocks.capacity() > 4096
@@ -114,11 +125,49 @@ impl Engine {
                 // Keep the records and the pending slots for the next try:
                 // the in-memory state still depends on them.
                 let mut m = self.meta.lock();
+                if let Some(log) = m.crash_log.as_mut() {
+                    log.commit_failed();
+                }
                 let later = std::mem::replace(&mut m.records, records);
                 m.records.extend(later);
                 m.pending_free.extend(pending);
                 Err(e)
             }
+        }
+    }
+
+    /// The on-disk point a commit leads to (`crash_log::Point`): a
+    /// checkpoint bumps the checkpoint generation and starts replay where
+    /// the journal was written to; journal pages advance the sequence.
+    fn commit_target(&self, cs: &CommitState, checkpoint: bool, pages: u64) -> Point {
+        let generation = cs.sb.checkpoint_generation.get();
+        if checkpoint {
+            Point {
+                checkpoint_generation: generation + 1,
+                journal_seq: self.checkpoint_replay_seq(cs),
+            }
+        } else {
+            Point {
+                checkpoint_generation: generation,
+                journal_seq: cs.next_page_seq + pages,
+            }
+        }
+    }
+
+    /// Where replay starts after a checkpoint written now: past every
+    /// journal page ever written, so that pages of a commit that failed
+    /// after writing some of them are never replayed over the checkpoint
+    /// (their records were applied in memory since, and later records may
+    /// have undone them).
+    fn checkpoint_replay_seq(&self, cs: &CommitState) -> u64 {
+        cs.next_page_seq.max(cs.journal_written_end)
+    }
+
+    /// The durable point of the cache as it stands (for the crash log).
+    pub(crate) fn durable_point(&self, cs: &CommitState) -> Point {
+        Point {
+            checkpoint_generation: cs.sb.checkpoint_generation.get(),
+            journal_seq: cs.next_page_seq,
         }
     }
 
@@ -134,7 +183,7 @@ impl Engine {
             .inspect_err(|_| bump(&self.stats.origin_errors, 1))?;
         self.cache.flush().map_err(|e| self.cache_meta_error(e))?;
         if let Some(data) = snapshot {
-            let next = cs.next_page_seq;
+            let next = self.checkpoint_replay_seq(cs);
             return self.write_checkpoint(cs, &data, next, clean);
         }
         if records.is_empty() {
@@ -147,6 +196,7 @@ impl Engine {
             .enumerate()
             .map(|(i, chunk)| journal_page(first + i as u64, first, n_pages, chunk))
             .collect();
+        cs.journal_written_end = cs.journal_written_end.max(first + pages.len() as u64);
         // Write runs of pages that are contiguous in the ring.
         let mut i = 0;
         while i < pages.len() {
@@ -204,6 +254,7 @@ impl Engine {
             sb.clean_shutdown.set(clean as u32);
         })?;
         cs.next_page_seq = replay_seq;
+        cs.journal_written_end = replay_seq;
         bump(&self.stats.checkpoints, 1);
         Ok(())
     }

@@ -5,6 +5,8 @@
 //! - `entries.rs`: its per-slot entries, 4 bytes each for origins below 2^31 blocks.
 //! - `free.rs`: the free slots, as a bitmap that finds adjacent runs.
 //! - `commit.rs`: the commit protocol (group commit, journal, checkpoints).
+//! - `crash_log.rs`: records not yet journalled, kept in shared memory so a
+//!   killed daemon loses no acknowledged write.
 //! - `recovery.rs`: open, replay, and the offline `check`.
 //! - `load_fuzz.rs`: loading metadata from untrusted bytes (fuzz harness).
 //! - `sectors.rs`: which sectors of a block hold data, and which are dirty.
@@ -25,6 +27,7 @@
 
 pub mod admission;
 pub mod commit;
+pub mod crash_log;
 pub mod device_io;
 pub mod entries;
 pub mod error;
@@ -179,6 +182,10 @@ pub struct OpenOptions {
     /// Drop every clean cached block: the origin may have changed under
     /// them while the cache was bypassed (see failure.rs).
     pub distrust_clean: bool,
+    /// Where to keep the crash log (`crash_log.rs`): a file in shared
+    /// memory, one per cache. `None`: no log; a process that dies loses
+    /// the writes it acknowledged since its last commit.
+    pub crash_log: Option<std::path::PathBuf>,
 }
 
 /// What the engine shows beyond `status`.
@@ -271,6 +278,9 @@ pub(crate) struct Meta {
     /// when that count last changed (engine ms): how long clients have
     /// been away.
     pub client_requests_seen: (u64, u64),
+    /// The records not yet journalled, mirrored where a process death
+    /// does not lose them.
+    pub crash_log: Option<crash_log::CrashLog>,
     /// Records that removed a mapping (unmap, or a map superseding
     /// another slot), appended since open.
     pub releases_appended: u64,
@@ -288,6 +298,11 @@ pub(crate) struct CommitState {
     pub flushed_through: u64,
     /// `Meta::releases_appended` covered by the last completed commit.
     pub releases_durable: u64,
+    /// One past the highest journal sequence ever written, including by a
+    /// commit that failed: a checkpoint starts replay there, so pages of a
+    /// failed commit (records since applied differently) are never
+    /// replayed over it.
+    pub journal_written_end: u64,
     pub last_commit: Instant,
 }
 
@@ -337,6 +352,9 @@ pub struct Engine {
     /// Counts completed data writes and appended records; a commit that
     /// starts after value v makes everything counted up to v durable.
     pub(crate) completed_ops: AtomicU64,
+    /// The crash log is three quarters full: writers commit before they
+    /// return (set by `append`, cleared by a commit that empties it).
+    pub(crate) crash_log_pressed: AtomicBool,
     pub(crate) opened_at: Instant,
     pub(crate) closed: AtomicBool,
     pub(crate) bg_wake: (Mutex<bool>, Condvar),
@@ -590,8 +608,28 @@ impl Engine {
         // The checkpoint commits everything first (commit_locked).
         match self.checkpoint_now(true) {
             Err(e) if self.bypass_after_commit_error(&e) => self.flush_origin_only(),
+            Ok(()) => {
+                self.remove_crash_log();
+                Ok(())
+            }
             r => r,
         }
+    }
+
+    /// Everything is durable and nothing more will be written: the crash
+    /// log has nothing to add.
+    pub(crate) fn remove_crash_log(&self) {
+        if let Some(log) = self.meta.lock().crash_log.take() {
+            log.remove();
+        }
+    }
+
+    /// The crash log's bytes as they stand, copied under the metadata lock
+    /// (so no record is half appended): what a process killed now leaves.
+    /// For crash tests; `None` without a log.
+    pub fn crash_log_image(&self) -> Option<Vec<u8>> {
+        let m = self.meta.lock();
+        m.crash_log.as_ref().map(|l| l.image_bytes())
     }
 
     /// Stops all background work without committing anything, as if the
@@ -601,6 +639,8 @@ impl Engine {
     pub fn abandon(&self) {
         self.closed.store(true, Ordering::Release);
         writeback::stop_background(self);
+        // The dead process's log stays as it was, unlocked for the next.
+        drop(self.meta.lock().crash_log.take());
     }
 
     /// Writes back all dirty data, then dissolves the cache: afterwards the

@@ -6,6 +6,7 @@
 //! same steps with try-locks and stop (returning `None`) where they would
 //! have to wait.
 
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::admission::Decision;
@@ -222,7 +223,7 @@ impl Engine {
                 WriteRoute::Around => self.write_around_cache(offset, &segs, data)?,
             }
         }
-        if fua {
+        if fua || self.crash_log_pressed.load(Ordering::Relaxed) {
             self.commit()?;
         }
         Ok(())
@@ -256,7 +257,10 @@ impl Engine {
         data: &[u8],
         fua: bool,
     ) -> Option<EngineResult<()>> {
-        if fua || self.mode().write_route() != WriteRoute::Cache {
+        if fua
+            || self.mode().write_route() != WriteRoute::Cache
+            || self.crash_log_pressed.load(Ordering::Relaxed)
+        {
             return None;
         }
         let (segs, _guard) = match self.try_lock_request(offset, data.len() as u64, true)? {

@@ -8,6 +8,7 @@ use parking_lot::{Condvar, Mutex};
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, FromZeros};
 
+use super::crash_log::{self, CrashLog, LogImage, Pending};
 use super::format::{
     block_bytes_valid, checkpoint_page, decode_entries, decode_maps, parse_checkpoint_page,
     parse_journal_page, sectors_per_block, whole_sets, CheckpointData, CheckpointHeader, Layout,
@@ -567,7 +568,25 @@ pub(crate) fn open(
             ),
         });
     }
-    let loaded = load(&cache, sb, origin.size_bytes(), None)?;
+    let (mut log, image) = match &opts.crash_log {
+        Some(path) => {
+            let (log, image) = CrashLog::open(path, crash_log::DEFAULT_CAPACITY)
+                .map_err(|e| EngineError::Config(e.to_string()))?;
+            (Some(log), Some(image))
+        }
+        None => (None, None),
+    };
+    let mut loaded = load(&cache, sb, origin.size_bytes(), None)?;
+    let recovered = match image {
+        Some(image) => match apply_crash_log(&cache, &origin, &mut loaded, image)? {
+            Some(n) => n,
+            None => {
+                loaded = load(&cache, sb, origin.size_bytes(), None)?;
+                0
+            }
+        },
+        None => 0,
+    };
     let mut sb = loaded.sb;
     let mode = Mode::from_u32(sb.mode.get()).expect("validated");
     let allow = opts.allow_data_loss || sb.flags.get() & SB_FLAG_ALLOW_VOLATILE_WRITEBACK != 0;
@@ -603,7 +622,8 @@ pub(crate) fn open(
     free.extend(table.free_slots());
     let dirty_since_s = vec![0u16; table.slot_count() as usize];
     let block_bytes = layout.block_bytes as u64;
-    let clean = sb.clean_shutdown.get() == 1 && loaded.pages_replayed == 0 && !distrust;
+    let clean =
+        sb.clean_shutdown.get() == 1 && loaded.pages_replayed == 0 && recovered == 0 && !distrust;
     if let Some(note) = &loaded.tail_note {
         log::warn!("{}: {note}", cache.name());
     }
@@ -641,6 +661,7 @@ pub(crate) fn open(
             writeback_cursor: 0,
             writeback_active: false,
             client_requests_seen: (0, 0),
+            crash_log: None,
             releases_appended: 0,
             released_blocks: Default::default(),
         }),
@@ -649,6 +670,7 @@ pub(crate) fn open(
             next_page_seq: loaded.journal_end_seq,
             flushed_through: 0,
             releases_durable: 0,
+            journal_written_end: loaded.journal_end_seq,
             last_commit: Instant::now(),
         }),
         locks: BlockLocks::new(),
@@ -664,6 +686,7 @@ pub(crate) fn open(
         bypassing: AtomicBool::new(false),
         bypass_hook: Mutex::new(None),
         completed_ops: AtomicU64::new(0),
+        crash_log_pressed: AtomicBool::new(false),
         opened_at: Instant::now(),
         closed: AtomicBool::new(false),
         bg_wake: (Mutex::new(false), Condvar::new()),
@@ -688,8 +711,75 @@ pub(crate) fn open(
                 })?;
             }
         }
+        // The log starts empty at the state just made durable.
+        if let Some(mut log) = log.take() {
+            log.reset(&crash_log::Identity::of(&cs.sb), engine.durable_point(&cs));
+            engine.meta.lock().crash_log = Some(log);
+        }
     }
+    engine
+        .stats
+        .crash_log_records_recovered
+        .store(recovered, std::sync::atomic::Ordering::Relaxed);
     Ok(engine)
+}
+
+/// Applies what a crash log adds to the loaded state (`crash_log.rs`): the
+/// records a daemon that died had acknowledged but not journalled. Their
+/// data reached the devices before the daemon died; both are flushed
+/// first, so the checkpoint that open writes next may point at it. A log
+/// that does not follow the loaded state is ignored, with a warning.
+/// Returns how many records were applied, or `None` if one did not apply:
+/// the table is then half changed and must be loaded again.
+fn apply_crash_log(
+    cache: &DeviceRef,
+    origin: &DeviceRef,
+    loaded: &mut Loaded,
+    image: Result<LogImage, String>,
+) -> EngineResult<Option<u64>> {
+    let image = match image {
+        Ok(image) => image,
+        Err(why) => {
+            log::debug!("{}: no crash log to apply: {why}", cache.name());
+            return Ok(Some(0));
+        }
+    };
+    let at = crash_log::Point {
+        checkpoint_generation: loaded.sb.checkpoint_generation.get(),
+        journal_seq: loaded.journal_end_seq,
+    };
+    let records = match image.pending(&crash_log::Identity::of(&loaded.sb), at) {
+        Pending::Apply(records) => records,
+        Pending::Ignore(why) => {
+            log::warn!(
+                "{}: crash log not applied ({why}); writes acknowledged after the last commit of the process that wrote it may be lost",
+                cache.name()
+            );
+            return Ok(Some(0));
+        }
+    };
+    if records.is_empty() {
+        return Ok(Some(0));
+    }
+    for (i, r) in records.iter().enumerate() {
+        if let Err(e) = loaded.table.validate(r) {
+            log::error!(
+                "{}: crash log record {i} of {} does not apply ({e}); the log is ignored",
+                cache.name(),
+                records.len()
+            );
+            return Ok(None);
+        }
+        loaded.table.apply(r);
+    }
+    origin.flush()?;
+    cache.flush()?;
+    log::info!(
+        "{}: applied {} records from the crash log: writes the previous daemon acknowledged before it died",
+        cache.name(),
+        records.len()
+    );
+    Ok(Some(records.len() as u64))
 }
 
 /// Dissolves a fully written-back cache: both superblock copies first
@@ -701,6 +791,7 @@ pub(crate) fn wipe(engine: &Engine) -> EngineResult<()> {
         let mut cs = engine.commit_state.lock();
         engine.write_superblock(&mut cs, |_| {})?;
     }
+    engine.remove_crash_log();
     let zero = AlignedBuf::zeroed(PAGE_BYTES as usize);
     for copy in 0..2u64 {
         engine.cache.write_at(&zero, copy * PAGE_BYTES)?;

@@ -88,6 +88,18 @@ impl Engine {
             m.released_blocks.insert(b, seq);
         }
         m.records.push(r);
+        if let Some(log) = m.crash_log.as_mut() {
+            if !log.append(&r) {
+                bump(&self.stats.crash_log_overflows, 1);
+            }
+            if log.len() == log.capacity() / 2 {
+                // The background commits a log this full (writeback.rs).
+                self.wake_background();
+            }
+            if log.len() >= log.capacity() / 4 * 3 {
+                self.crash_log_pressed.store(true, Ordering::Relaxed);
+            }
+        }
         self.note_completed();
     }
 
@@ -122,10 +134,16 @@ impl Engine {
     /// origin one request per written-back run of blocks, where sending
     /// each write around the cache costs one request per write. True if a
     /// slot is free now; false at once if there is nothing to clean or the
-    /// mode keeps no dirty data. The caller may hold block locks:
+    /// mode keeps no dirty data, or when no background thread runs. The
+    /// caller may hold block locks:
     /// writeback only try-locks.
     pub(crate) fn wait_for_slots(&self) -> bool {
         if !self.mode().holds_dirty() || self.meta.lock().table.dirty_count() == 0 {
+            return false;
+        }
+        if self.bg_thread.lock().is_none() {
+            // Opened without background work (a command, a test): nobody
+            // would write back while we wait.
             return false;
         }
         bump(&self.stats.slot_waits, 1);

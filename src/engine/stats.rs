@@ -73,6 +73,12 @@ counters! {
     commits,
     /// Checkpoints written.
     checkpoints,
+    /// Records the crash log could not hold (it was full): until the next
+    /// commit, a daemon that dies may lose writes it acknowledged.
+    crash_log_overflows,
+    /// Records applied from the crash log when this cache was opened: what
+    /// a daemon that died had acknowledged but not yet journalled.
+    crash_log_records_recovered,
     /// Read requests served.
     read_requests,
     /// Write requests served.

@@ -129,10 +129,19 @@ impl Engine {
             }
         }
         self.keep_reserve();
-        let due = {
+        let (waiting, log_half_full) = {
             let m = self.meta.lock();
-            !m.records.is_empty() || !m.pending_free.is_empty()
-        } && self.commit_state.lock().last_commit.elapsed() >= COMMIT_INTERVAL;
+            let log_half_full = m
+                .crash_log
+                .as_ref()
+                .is_some_and(|l| l.len() >= l.capacity() / 2);
+            (
+                !m.records.is_empty() || !m.pending_free.is_empty(),
+                log_half_full,
+            )
+        };
+        let due = log_half_full
+            || waiting && self.commit_state.lock().last_commit.elapsed() >= COMMIT_INTERVAL;
         if due {
             if let Err(e) = self.commit() {
                 log::warn!("background commit: {e}");

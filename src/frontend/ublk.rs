@@ -41,11 +41,11 @@ pub struct UblkConfig {
     pub queue_depth: u16,
     /// Take over an existing device left by a daemon that died.
     pub recover: bool,
-    /// Complete a write only once it is durable (as if FUA). A daemon that
-    /// dies is replaced under a live filesystem, which then flushes to the
-    /// new one: a write acknowledged but not yet committed by the dead one
-    /// would be lost without any error. Off, such writes are lost as a
-    /// disk's volatile cache loses them at a power failure.
+    /// Complete a write only once it is durable (as if FUA). Off, the
+    /// device has a volatile write cache and the kernel sends FLUSH. A
+    /// daemon that dies is replaced under a live filesystem, which then
+    /// flushes to the new one: writes the dead one acknowledged but had not
+    /// committed are kept by the engine's crash log either way.
     pub durable_writes: bool,
 }
 

@@ -1,0 +1,698 @@
+//! The crash log: every record not yet in the journal, mirrored into a
+//! shared-memory file, so that a daemon that dies (kill -9, a panic, the
+//! OOM killer) loses no acknowledged write.
+//!
+//! A write is acknowledged once its data is on the cache device and its
+//! record is applied in memory; the record reaches the journal with the
+//! next commit (FLUSH, FUA, or the background's, at least once a second).
+//! If the process dies in between, the data is on the device but nothing
+//! on disk points at it. The machine is still up, though, and a client
+//! (the kernel NBD client with a dead-connection timeout, ublk's user
+//! recovery) reissues its requests to the next daemon and then flushes
+//! there: without this log the flush would succeed over writes the dead
+//! daemon acknowledged and lost. A power loss is different: the log is in
+//! RAM and goes with it, and the journal alone decides, as always.
+//!
+//! Fault model: the process may stop between any two instructions; memory
+//! it stored to a shared mapping stays (the kernel owns the pages). A
+//! reboot loses the file (tmpfs), and the boot id in the header rejects a
+//! log that survived one anyway. Single writer: every change happens under
+//! the engine's metadata lock.
+//!
+//! Layout (all little-endian u64 words; the file is `HEADER_BYTES` plus
+//! `capacity` records of 16 bytes in the on-disk record encoding):
+//!
+//! | word | field |
+//! |---|---|
+//! | 0 | magic `TCCRLOG1` |
+//! | 1 | version (1) |
+//! | 2, 3 | boot id (the 16 bytes of /proc/sys/kernel/random/boot_id) |
+//! | 4..8 | cache identity: creation time, origin identity, slot count, block bytes |
+//! | 8 | capacity in records |
+//! | 9 | state: 0 valid, 1 invalid (records were dropped or a commit failed) |
+//! | 10, 11 | durable point: checkpoint generation, next journal sequence |
+//! | 12, 13 | head, tail: records `[head, tail)` are not known durable |
+//! | 14 | a commit is in flight (0 or 1) |
+//! | 15, 16 | its target point |
+//! | 17 | its end: records `[head, upto)` are in it |
+//!
+//! Protocol (docs/format.md, "The crash log"):
+//! - append: the record is stored at `tail % capacity`, then `tail` is
+//!   published (release).
+//! - a commit starts: the target point and `upto = tail` are stored, then
+//!   the in-flight flag.
+//! - it succeeds: the durable point becomes the target, `head = upto`,
+//!   then the flag is cleared. Recovery checks the in-flight target first,
+//!   so a stop between these stores is read correctly.
+//! - it fails, or the ring is full: the state becomes invalid until a
+//!   later commit covers every record (a commit that starts while invalid
+//!   empties the ring: all records then are in its batch).
+//!
+//! Recovery loads the checkpoint and replays the journal, reaching point
+//! L; it then applies `[upto, tail)` if a commit to L was in flight,
+//! `[head, tail)` if L is the durable point, and nothing otherwise (the
+//! cache was opened since without this log: the log is stale).
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use zerocopy::FromBytes;
+
+use super::format::{RawRecord, Record, Superblock};
+
+const MAGIC: u64 = u64::from_le_bytes(*b"TCCRLOG1");
+const VERSION: u64 = 1;
+/// Bytes before the first record: one page.
+pub const HEADER_BYTES: usize = 4096;
+const RECORD_BYTES: usize = 16;
+/// Records the ring holds by default: 4 MiB of shared memory. At half of it
+/// the background commits; at three quarters writers commit themselves.
+pub const DEFAULT_CAPACITY: u64 = 1 << 18;
+
+const W_MAGIC: usize = 0;
+const W_VERSION: usize = 1;
+const W_BOOT: usize = 2;
+const W_IDENTITY: usize = 4;
+const W_CAPACITY: usize = 8;
+const W_STATE: usize = 9;
+const W_DURABLE: usize = 10;
+const W_HEAD: usize = 12;
+const W_TAIL: usize = 13;
+const W_INFLIGHT: usize = 14;
+const W_TARGET: usize = 15;
+const W_UPTO: usize = 17;
+const WORDS: usize = 18;
+const _: () = assert!(WORDS * 8 <= HEADER_BYTES);
+
+const STATE_VALID: u64 = 0;
+const STATE_INVALID: u64 = 1;
+
+/// Errors of the crash log file.
+#[derive(Debug, thiserror::Error)]
+pub enum CrashLogError {
+    /// The file could not be created, sized, locked or mapped.
+    #[error("crash log {path}: {what}: {source}")]
+    Io {
+        path: PathBuf,
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Another process holds the log: it has this cache open.
+    #[error("crash log {0} is locked: another process has this cache open")]
+    Locked(PathBuf),
+}
+
+/// A state of the on-disk metadata: the checkpoint generation, and the
+/// journal sequence after the last page replay reached (or a commit wrote).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Point {
+    pub checkpoint_generation: u64,
+    pub journal_seq: u64,
+}
+
+/// What a log belongs to: the boot and the cache. A log whose identity
+/// differs is never applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Identity {
+    pub boot_id: [u64; 2],
+    pub cache: [u64; 4],
+}
+
+impl Identity {
+    pub fn of(sb: &Superblock) -> Identity {
+        Identity {
+            boot_id: boot_id(),
+            cache: [
+                sb.created_unix_secs.get(),
+                sb.origin_identity.get(),
+                sb.slot_count.get(),
+                sb.block_bytes.get() as u64,
+            ],
+        }
+    }
+}
+
+/// The kernel's id of this boot; zeros where it cannot be read.
+fn boot_id() -> [u64; 2] {
+    let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let hex: String = text.chars().filter(|c| c.is_ascii_hexdigit()).collect();
+    if hex.len() != 32 {
+        return [0, 0];
+    }
+    let word = |s: &str| u64::from_str_radix(s, 16).unwrap_or(0);
+    [word(&hex[..16]), word(&hex[16..])]
+}
+
+/// A log as found in a file: parsed, not yet matched to the cache.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogImage {
+    pub identity: Identity,
+    pub valid: bool,
+    pub durable: Point,
+    pub head: u64,
+    pub tail: u64,
+    /// A commit's target point and the end of its batch.
+    pub in_flight: Option<(Point, u64)>,
+    /// Records `[first, tail)`, where `first` is the lower of `head` and
+    /// the in-flight batch's start.
+    pub first: u64,
+    pub records: Vec<Record>,
+}
+
+/// What recovery makes of a log.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Pending<'a> {
+    /// These records follow the loaded state; apply them in order.
+    Apply(&'a [Record]),
+    /// The log does not follow the loaded state; why.
+    Ignore(String),
+}
+
+fn word(bytes: &[u8], i: usize) -> u64 {
+    u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().expect("8 bytes"))
+}
+
+impl LogImage {
+    /// Parses a log file's bytes. Never panics; `Err` says why the bytes
+    /// are not a usable log.
+    pub fn parse(bytes: &[u8]) -> Result<LogImage, String> {
+        if bytes.len() < HEADER_BYTES {
+            return Err(format!("{} bytes: shorter than its header", bytes.len()));
+        }
+        if word(bytes, W_MAGIC) != MAGIC {
+            return Err("no crash log magic".into());
+        }
+        if word(bytes, W_VERSION) != VERSION {
+            return Err(format!(
+                "version {} (expected {VERSION})",
+                word(bytes, W_VERSION)
+            ));
+        }
+        let capacity = word(bytes, W_CAPACITY);
+        let room = ((bytes.len() - HEADER_BYTES) / RECORD_BYTES) as u64;
+        if capacity == 0 || capacity > room {
+            return Err(format!("capacity {capacity} records, file holds {room}"));
+        }
+        let identity = Identity {
+            boot_id: [word(bytes, W_BOOT), word(bytes, W_BOOT + 1)],
+            cache: std::array::from_fn(|k| word(bytes, W_IDENTITY + k)),
+        };
+        let point = |i: usize| Point {
+            checkpoint_generation: word(bytes, i),
+            journal_seq: word(bytes, i + 1),
+        };
+        let (head, tail) = (word(bytes, W_HEAD), word(bytes, W_TAIL));
+        let in_flight = match word(bytes, W_INFLIGHT) {
+            0 => None,
+            1 => Some((point(W_TARGET), word(bytes, W_UPTO))),
+            f => return Err(format!("in-flight flag {f}")),
+        };
+        let first = in_flight.map_or(head, |(_, upto)| head.min(upto));
+        let upto_ok = in_flight.is_none_or(|(_, upto)| head <= upto && upto <= tail);
+        if head > tail || tail - first > capacity || !upto_ok {
+            return Err(format!(
+                "head {head}, tail {tail}, in flight {in_flight:?}: not a ring of {capacity}"
+            ));
+        }
+        let mut records = Vec::with_capacity((tail - first) as usize);
+        for i in first..tail {
+            let at = HEADER_BYTES + (i % capacity) as usize * RECORD_BYTES;
+            let raw = RawRecord::read_from_bytes(&bytes[at..at + RECORD_BYTES])
+                .map_err(|_| "record size".to_string())?;
+            records.push(Record::from_raw(&raw).map_err(|e| format!("record {i}: {e}"))?);
+        }
+        Ok(LogImage {
+            identity,
+            valid: word(bytes, W_STATE) == STATE_VALID,
+            durable: point(W_DURABLE),
+            head,
+            tail,
+            in_flight,
+            first,
+            records,
+        })
+    }
+
+    /// The records that follow `loaded` (the point recovery reached), for
+    /// the cache and boot `identity`.
+    pub fn pending(&self, identity: &Identity, loaded: Point) -> Pending<'_> {
+        if self.identity.cache != identity.cache {
+            return Pending::Ignore("it belongs to another cache".into());
+        }
+        if self.identity.boot_id != identity.boot_id {
+            return Pending::Ignore("it was written before the machine restarted".into());
+        }
+        if !self.valid {
+            return Pending::Ignore(
+                "it was marked incomplete (a commit failed or the log filled up)".into(),
+            );
+        }
+        let from = |start: u64| Pending::Apply(&self.records[(start - self.first) as usize..]);
+        match self.in_flight {
+            Some((target, upto)) if target == loaded => from(upto),
+            _ if self.durable == loaded => from(self.head),
+            _ => Pending::Ignore(format!(
+                "it follows {:?}, the cache is at {loaded:?}: the cache was opened without it since",
+                self.durable
+            )),
+        }
+    }
+}
+
+/// The live log of an open cache. Held under the engine's metadata lock.
+pub struct CrashLog {
+    path: PathBuf,
+    /// Keeps the flock for as long as the log lives.
+    _file: File,
+    map: *mut u8,
+    map_bytes: usize,
+    capacity: u64,
+    /// Mirrors of words the engine changes (the mapping is only written).
+    head: u64,
+    tail: u64,
+    valid: bool,
+    /// A record was dropped (ring full) since the commit in flight began.
+    dropped: bool,
+    /// The commit in flight began while the log was invalid: its success
+    /// makes the log valid again (unless a record was dropped meanwhile).
+    revalidate: bool,
+    upto: u64,
+}
+
+// SAFETY: the mapping is owned by this value (unmapped on drop) and is only
+// touched through `&mut self`, under the engine's metadata lock.
+unsafe impl Send for CrashLog {}
+
+impl CrashLog {
+    /// Opens (creating if needed) and locks the log at `path`; returns it
+    /// with the image it held, if it parsed. The image's records still
+    /// have to be matched to the cache (`LogImage::pending`); the log must
+    /// be `reset` before use.
+    pub fn open(
+        path: &Path,
+        capacity: u64,
+    ) -> Result<(CrashLog, Result<LogImage, String>), CrashLogError> {
+        let io = |what| {
+            move |source| CrashLogError::Io {
+                path: path.to_path_buf(),
+                what,
+                source,
+            }
+        };
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(io("creating its directory"))?;
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(io("opening"))?;
+        // SAFETY: flock on a descriptor we own; no memory is involved.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                return Err(CrashLogError::Locked(path.to_path_buf()));
+            }
+            return Err(io("locking")(e));
+        }
+        let old = std::fs::read(path).map_err(io("reading"))?;
+        let image = if old.is_empty() {
+            Err("empty (new)".to_string())
+        } else {
+            LogImage::parse(&old)
+        };
+        drop(old);
+        let map_bytes = HEADER_BYTES + capacity as usize * RECORD_BYTES;
+        file.set_len(map_bytes as u64).map_err(io("sizing"))?;
+        // SAFETY: a shared read-write mapping of `map_bytes` bytes of a file
+        // we just sized to that length; checked for MAP_FAILED below.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if map == libc::MAP_FAILED {
+            return Err(io("mapping")(std::io::Error::last_os_error()));
+        }
+        let log = CrashLog {
+            path: path.to_path_buf(),
+            _file: file,
+            map: map as *mut u8,
+            map_bytes,
+            capacity,
+            head: 0,
+            tail: 0,
+            valid: false,
+            dropped: false,
+            revalidate: false,
+            upto: 0,
+        };
+        Ok((log, image))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn word(&self, i: usize) -> &AtomicU64 {
+        assert!(i < WORDS);
+        // SAFETY: word i lies in the header, inside the mapping, and is
+        // 8-byte aligned (the mapping is page aligned). Only this process
+        // writes the file while it holds the lock.
+        unsafe { &*(self.map.add(i * 8) as *const AtomicU64) }
+    }
+
+    fn store(&self, i: usize, v: u64) {
+        self.word(i).store(v, Ordering::Release);
+    }
+
+    /// Starts an empty log for a cache at `durable`.
+    pub fn reset(&mut self, identity: &Identity, durable: Point) {
+        // Invalid while the header is rewritten: a stop half-way leaves a
+        // log that is never applied.
+        self.store(W_STATE, STATE_INVALID);
+        self.store(W_INFLIGHT, 0);
+        self.store(W_BOOT, identity.boot_id[0]);
+        self.store(W_BOOT + 1, identity.boot_id[1]);
+        for (k, &w) in identity.cache.iter().enumerate() {
+            self.store(W_IDENTITY + k, w);
+        }
+        self.store(W_CAPACITY, self.capacity);
+        self.store(W_DURABLE, durable.checkpoint_generation);
+        self.store(W_DURABLE + 1, durable.journal_seq);
+        self.store(W_HEAD, 0);
+        self.store(W_TAIL, 0);
+        self.store(W_VERSION, VERSION);
+        self.store(W_MAGIC, MAGIC);
+        self.store(W_STATE, STATE_VALID);
+        (self.head, self.tail, self.upto) = (0, 0, 0);
+        (self.valid, self.dropped, self.revalidate) = (true, false, false);
+    }
+
+    /// Records not known durable.
+    pub fn len(&self) -> u64 {
+        self.tail - self.head
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Mirrors an appended record. False if the ring was full (the log is
+    /// then invalid until a later commit covers everything).
+    pub fn append(&mut self, r: &Record) -> bool {
+        if self.tail - self.head >= self.capacity {
+            self.invalidate();
+            self.dropped = true;
+            return false;
+        }
+        let at = HEADER_BYTES + (self.tail % self.capacity) as usize * RECORD_BYTES;
+        let raw = r.to_raw();
+        let bytes = zerocopy::IntoBytes::as_bytes(&raw);
+        debug_assert!(at + RECORD_BYTES <= self.map_bytes);
+        // SAFETY: `at..at + 16` lies inside the mapping (tail % capacity <
+        // capacity records after the header); nothing else aliases it.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.map.add(at), RECORD_BYTES) };
+        self.tail += 1;
+        self.store(W_TAIL, self.tail);
+        true
+    }
+
+    fn invalidate(&mut self) {
+        if self.valid {
+            self.store(W_STATE, STATE_INVALID);
+            self.valid = false;
+        }
+    }
+
+    /// A commit of the `batch` records appended so far begins; it leads
+    /// to `target`.
+    pub fn begin_commit(&mut self, target: Point, batch: usize) {
+        if !self.valid {
+            // Every record not yet durable is in this batch: the ring
+            // starts over behind it.
+            self.head = self.tail;
+            self.store(W_HEAD, self.head);
+            self.revalidate = true;
+            self.dropped = false;
+        } else {
+            assert_eq!(
+                self.tail - self.head,
+                batch as u64,
+                "crash log and buffered records disagree"
+            );
+        }
+        self.upto = self.tail;
+        self.store(W_TARGET, target.checkpoint_generation);
+        self.store(W_TARGET + 1, target.journal_seq);
+        self.store(W_UPTO, self.upto);
+        self.store(W_INFLIGHT, 1);
+    }
+
+    /// The commit begun last is durable: `target` is the durable point.
+    pub fn commit_done(&mut self, target: Point) {
+        self.store(W_DURABLE, target.checkpoint_generation);
+        self.store(W_DURABLE + 1, target.journal_seq);
+        self.head = self.upto;
+        self.store(W_HEAD, self.head);
+        self.store(W_INFLIGHT, 0);
+        if self.revalidate && !self.dropped {
+            self.store(W_STATE, STATE_VALID);
+            self.valid = true;
+        }
+        self.revalidate = false;
+    }
+
+    /// The commit begun last failed: its records stay buffered in memory,
+    /// and what reached the journal is unknown.
+    pub fn commit_failed(&mut self) {
+        self.invalidate();
+        self.store(W_INFLIGHT, 0);
+        self.revalidate = false;
+    }
+
+    /// A copy of the whole mapping.
+    pub fn image_bytes(&self) -> Vec<u8> {
+        // SAFETY: the mapping is `map_bytes` long and stays mapped while
+        // `self` lives; only this process writes it, under `&mut self`.
+        unsafe { std::slice::from_raw_parts(self.map, self.map_bytes) }.to_vec()
+    }
+
+    /// After a clean close: the log has nothing to add; remove it.
+    pub fn remove(self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Drop for CrashLog {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `open`.
+        unsafe { libc::munmap(self.map as *mut libc::c_void, self.map_bytes) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::sectors::SectorRun;
+
+    fn point(g: u64, s: u64) -> Point {
+        Point {
+            checkpoint_generation: g,
+            journal_seq: s,
+        }
+    }
+
+    fn rec(i: u32) -> Record {
+        Record::Map {
+            slot: i,
+            block: i as u64 * 3,
+            dirty: true,
+        }
+    }
+
+    fn id() -> Identity {
+        Identity {
+            boot_id: boot_id(),
+            cache: [1, 2, 3, 4096],
+        }
+    }
+
+    fn image(log: &CrashLog) -> LogImage {
+        LogImage::parse(&std::fs::read(log.path()).unwrap()).unwrap()
+    }
+
+    fn new_log(dir: &Path, capacity: u64) -> CrashLog {
+        let (mut log, _) = CrashLog::open(&dir.join("log"), capacity).unwrap();
+        log.reset(&id(), point(5, 100));
+        log
+    }
+
+    #[test]
+    fn records_after_the_durable_point_are_pending() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = new_log(dir.path(), 64);
+        for i in 0..3 {
+            assert!(log.append(&rec(i)));
+        }
+        let img = image(&log);
+        assert_eq!(
+            img.pending(&id(), point(5, 100)),
+            Pending::Apply(&[rec(0), rec(1), rec(2)])
+        );
+        assert!(matches!(
+            img.pending(&id(), point(5, 101)),
+            Pending::Ignore(_)
+        ));
+        let other = Identity {
+            cache: [9, 2, 3, 4096],
+            ..id()
+        };
+        assert!(matches!(
+            img.pending(&other, point(5, 100)),
+            Pending::Ignore(_)
+        ));
+        let rebooted = Identity {
+            boot_id: [1, 1],
+            ..id()
+        };
+        assert!(matches!(
+            img.pending(&rebooted, point(5, 100)),
+            Pending::Ignore(_)
+        ));
+    }
+
+    /// Every stop point of a commit: the log gives the records that the
+    /// reached state lacks, whether the commit's pages made it or not.
+    #[test]
+    fn a_commit_in_flight_is_read_by_where_the_disk_got() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = new_log(dir.path(), 64);
+        log.append(&rec(0));
+        log.append(&rec(1));
+        log.begin_commit(point(5, 101), 2);
+        log.append(&rec(2));
+        let img = image(&log);
+        // The journal page did not make it: everything is pending.
+        assert_eq!(
+            img.pending(&id(), point(5, 100)),
+            Pending::Apply(&[rec(0), rec(1), rec(2)])
+        );
+        // It did: only what came after the batch.
+        assert_eq!(img.pending(&id(), point(5, 101)), Pending::Apply(&[rec(2)]));
+        log.commit_done(point(5, 101));
+        let img = image(&log);
+        assert_eq!(img.pending(&id(), point(5, 101)), Pending::Apply(&[rec(2)]));
+        assert!(matches!(
+            img.pending(&id(), point(5, 100)),
+            Pending::Ignore(_)
+        ));
+    }
+
+    #[test]
+    fn a_full_ring_invalidates_until_a_commit_covers_everything() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = new_log(dir.path(), 4);
+        for i in 0..4 {
+            assert!(log.append(&rec(i)));
+        }
+        assert!(!log.append(&rec(4)));
+        assert!(!image(&log).valid);
+        log.begin_commit(point(6, 100), 5);
+        log.append(&rec(5));
+        assert!(!image(&log).valid, "invalid until the commit is durable");
+        log.commit_done(point(6, 100));
+        let img = image(&log);
+        assert!(img.valid);
+        assert_eq!(img.pending(&id(), point(6, 100)), Pending::Apply(&[rec(5)]));
+    }
+
+    #[test]
+    fn a_failed_commit_invalidates_until_the_next_succeeds() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = new_log(dir.path(), 16);
+        log.append(&rec(0));
+        log.begin_commit(point(5, 101), 1);
+        log.commit_failed();
+        assert!(!image(&log).valid);
+        log.append(&rec(1));
+        log.begin_commit(point(5, 101), 2);
+        log.commit_done(point(5, 101));
+        let img = image(&log);
+        assert!(img.valid);
+        assert_eq!(img.pending(&id(), point(5, 101)), Pending::Apply(&[]));
+    }
+
+    #[test]
+    fn the_ring_wraps() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = new_log(dir.path(), 4);
+        let mut durable = 100;
+        for round in 0..10u32 {
+            for k in 0..3 {
+                assert!(log.append(&rec(round * 3 + k)));
+            }
+            durable += 1;
+            log.begin_commit(point(5, durable), 3);
+            log.commit_done(point(5, durable));
+        }
+        let r = Record::AddRun {
+            slot: 7,
+            block: 9,
+            run: SectorRun { first: 1, count: 2 },
+            dirty: true,
+        };
+        log.append(&r);
+        assert_eq!(
+            image(&log).pending(&id(), point(5, durable)),
+            Pending::Apply(&[r])
+        );
+    }
+
+    #[test]
+    fn a_second_opener_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let _log = new_log(dir.path(), 4);
+        assert!(matches!(
+            CrashLog::open(&dir.path().join("log"), 4),
+            Err(CrashLogError::Locked(_))
+        ));
+    }
+
+    #[test]
+    fn garbage_never_parses_into_records_past_its_bounds() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = new_log(dir.path(), 8);
+        log.append(&rec(1));
+        let good = std::fs::read(log.path()).unwrap();
+        let mut rng = 0x9e3779b97f4a7c15u64;
+        for _ in 0..2000 {
+            let mut bytes = good.clone();
+            for _ in 0..4 {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let at = (rng % (WORDS as u64 * 8 + 64)) as usize;
+                bytes[at] = (rng >> 32) as u8;
+            }
+            if let Ok(img) = LogImage::parse(&bytes) {
+                assert!(img.records.len() as u64 <= 8);
+            }
+        }
+        assert!(LogImage::parse(&good[..100]).is_err());
+    }
+}
