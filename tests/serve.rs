@@ -229,7 +229,12 @@ fn kill_9_keeps_acknowledged_unflushed_writes() {
     let latest = kill_under_writes(vec![(0, 0); sectors as usize], 1);
     let acked = latest.iter().filter(|l| l.0 > 0).count();
     assert!(acked > 500, "only {acked} sectors written before the kill");
-    // A new daemon applies the crash log on open.
+    // check (read-only) says what the log holds; a new daemon applies it.
+    let report = s.cli(&["check"]);
+    assert!(
+        report.contains("records the last daemon acknowledged but did not journal"),
+        "{report}"
+    );
     let _server = s.serve();
     let dev = NbdDevice::connect(&s.uri(), 1).unwrap();
     let mut volume = vec![0u8; (sectors * 512) as usize];

@@ -78,6 +78,7 @@ test_ext4_kill() { # MODE
     log "tiercache check after kill -9: $(tail -1 $WORK/check.log)"
 
     serve_start tc0
+    log "the restarted daemon: $(grep -o 'applied [0-9]* records from the crash log' /run/serve-tc0.log || echo 'nothing to apply from the crash log')"
     log "restarted: $(tc status --json | grep -E '"cache_blocks_dirty"' | tr -d ' ,')"
     nbd_attach /dev/nbd0 tc0 -b 4096 -nonetlink
     mount -o noatime /dev/nbd0 "$MNT"
@@ -236,6 +237,7 @@ test_ublk_ext4_recover() { # MODE [CYCLES]
     touch $WORK/stop-writer
     wait "$writer" || fail "the writer saw an error across the restarts"
     log "$cycles kill -9 and recovery cycles; the writer finished: $(wc -l <$WORK/manifest-b) files fsync'ed in all"
+    log "records the restarted daemons applied from the crash log (acknowledged, not yet committed at the kill): $(grep -o 'applied [0-9]* records from the crash log' /run/serve-tc0.log | awk '{n++; s+=$2} END {printf "%d in %d of the restarts", s, n}')"
     cat $WORK/manifest-b >>$WORK/manifest
     verify_files $WORK/manifest "across kill -9 and recovery"
     tc status | grep -q 'served *ublk /dev/ublkb0' || { tc status; fail "status does not show /dev/ublkb0"; }

@@ -21,21 +21,27 @@ pub struct Args {
 }
 
 pub fn run(reg: &Registry, a: &Args) -> Result<()> {
-    let (label, cache_path, origin_path, _lock): (String, String, Option<String>, Option<Lock>) =
-        match &a.cache {
-            Some(path) => (path.clone(), path.clone(), None, None),
-            None => {
-                let entry = reg.resolve(a.name.as_deref())?;
-                // Not while another command changes it.
-                let lock = reg.lock(&entry.name)?;
-                (
-                    format!("cache '{}' ({})", entry.name, entry.cache),
-                    entry.cache,
-                    Some(entry.origin),
-                    Some(lock),
-                )
-            }
-        };
+    let (label, cache_path, origin_path, crash_log, _lock): (
+        String,
+        String,
+        Option<String>,
+        Option<std::path::PathBuf>,
+        Option<Lock>,
+    ) = match &a.cache {
+        Some(path) => (path.clone(), path.clone(), None, None, None),
+        None => {
+            let entry = reg.resolve(a.name.as_deref())?;
+            // Not while another command changes it.
+            let lock = reg.lock(&entry.name)?;
+            (
+                format!("cache '{}' ({})", entry.name, entry.cache),
+                entry.cache,
+                Some(entry.origin),
+                Some(reg.crash_log_path(&entry.name)),
+                Some(lock),
+            )
+        }
+    };
     let cache = open_device(&cache_path).context("cache")?;
     // The origin's size lets the check compare it with the recorded one; a
     // missing origin does not stop a metadata check.
@@ -50,7 +56,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         None => None,
     };
     let spinner = super::progress::spinner("checking the metadata");
-    let report = recovery::check(&cache, origin_bytes);
+    let report = recovery::check_with_crash_log(&cache, origin_bytes, crash_log.as_deref());
     if let Some(s) = spinner {
         s.finish_and_clear();
     }

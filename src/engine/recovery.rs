@@ -774,7 +774,7 @@ fn apply_crash_log(
     }
     origin.flush()?;
     cache.flush()?;
-    log::info!(
+    log::warn!(
         "{}: applied {} records from the crash log: writes the previous daemon acknowledged before it died",
         cache.name(),
         records.len()
@@ -800,6 +800,36 @@ pub(crate) fn wipe(engine: &Engine) -> EngineResult<()> {
     Ok(())
 }
 
+/// What the crash log at `path` holds for the loaded state, for `check`.
+fn crash_log_note(loaded: &Loaded, path: &std::path::Path) -> Option<String> {
+    let bytes = std::fs::read(path).ok()?;
+    let image = match LogImage::parse(&bytes) {
+        Ok(image) => image,
+        Err(e) => {
+            return Some(format!(
+                "note: crash log {}: unusable ({e})",
+                path.display()
+            ))
+        }
+    };
+    let at = crash_log::Point {
+        checkpoint_generation: loaded.sb.checkpoint_generation.get(),
+        journal_seq: loaded.journal_end_seq,
+    };
+    Some(match image.pending(&crash_log::Identity::of(&loaded.sb), at) {
+        Pending::Apply([]) => format!("note: crash log {}: nothing to add", path.display()),
+        Pending::Apply(records) => format!(
+            "note: crash log {}: {} records the last daemon acknowledged but did not journal; the next open applies them",
+            path.display(),
+            records.len()
+        ),
+        Pending::Ignore(why) => format!(
+            "note: crash log {}: would be ignored ({why})",
+            path.display()
+        ),
+    })
+}
+
 /// The result of an offline metadata check.
 #[derive(Debug, serde::Serialize)]
 pub struct CheckReport {
@@ -817,6 +847,16 @@ pub struct CheckReport {
 /// Checks the metadata without writing anything. `origin_bytes` is the
 /// origin's size if known (else the recorded size is used).
 pub fn check(cache: &DeviceRef, origin_bytes: Option<u64>) -> CheckReport {
+    check_with_crash_log(cache, origin_bytes, None)
+}
+
+/// `check`, also saying what the crash log at `crash_log` would add at the
+/// next open (a note, never damage: the log is not metadata on disk).
+pub fn check_with_crash_log(
+    cache: &DeviceRef,
+    origin_bytes: Option<u64>,
+    crash_log: Option<&std::path::Path>,
+) -> CheckReport {
     let mut findings = Vec::new();
     let mut report = CheckReport {
         ok: false,
@@ -868,6 +908,7 @@ pub fn check(cache: &DeviceRef, origin_bytes: Option<u64>) -> CheckReport {
             report.cache_blocks_used = l.table.used();
             report.cache_blocks_dirty = l.table.dirty_count();
             report.journal_pages_to_replay = l.pages_replayed;
+            findings.extend(crash_log.and_then(|p| crash_log_note(&l, p)));
             findings.extend(l.tail_note.map(|n| format!("note: {n}")));
         }
         Err(e) => problems.push(e.to_string()),
