@@ -192,7 +192,18 @@ test_ublk_fio_verify() { # MODE
     serve_start tc0 --ublk
     ublk_wait
     fio_verify "verify after restart" /dev/ublkb0 --verify_only
-    serve_stop
+    # set-mode while the device is up: leaving writeback writes back first.
+    tc set-mode writethrough >/dev/null || fail "set-mode writethrough under /dev/ublkb0"
+    tc status --json | grep -q '"cache_blocks_dirty": 0' || { tc status; fail "dirty blocks after set-mode writethrough"; }
+    fio_verify "verify in writethrough" /dev/ublkb0 --verify_only
+    tc set-mode "$1" >/dev/null || fail "set-mode $1 under /dev/ublkb0"
+    # detach while the device is up (nothing holds it): the daemon writes
+    # back, removes /dev/ublkb0 and exits; the origin holds everything.
+    tc detach >/dev/null || fail "tiercache detach under /dev/ublkb0"
+    wait "$SERVE_PID" || fail "tiercache serve exited with $? after detach"
+    [ -e /dev/ublkb0 ] && fail "/dev/ublkb0 still there after detach"
+    fio_verify "verify on the origin after detach" "$(disk origin)" --verify_only
+    log "set-mode and detach while /dev/ublkb0 was up"
 }
 
 # ext4 on /dev/ublkb0; tiercache serve is killed with -9 under an
