@@ -83,10 +83,19 @@ done
 # busybox (dynamic) and busybox-static both provide /bin/busybox.
 if ! [ -x /bin/busybox ] || ldd /bin/busybox >/dev/null 2>&1; then missing+=(busybox-static); fi
 if [ ${#missing[@]} -gt 0 ]; then
-    # qemu-utils too: Debian's qemu-system-x86 may replace a qemu-utils of
-    # another release (qemu-block-extra conflicts), and the rest of the
-    # suite needs qemu-img and qemu-nbd.
-    apt_install $(printf '%s\n' "${missing[@]}" | sort -u) qemu-utils
+    # qemu-system-x86 must come from the release of the installed
+    # qemu-utils: otherwise apt replaces qemu-utils (qemu-block-extra
+    # conflicts), and the rest of the suite and the benchmarks need
+    # qemu-img and qemu-nbd as the machine had them. Our machines carry
+    # qemu-utils from bookworm-backports.
+    qemu=(qemu-utils)
+    if [[ "$(dpkg-query -W -f '${Version}' qemu-utils 2>/dev/null || true)" == *bpo12* ]]; then
+        echo 'deb http://deb.debian.org/debian bookworm-backports main' |
+            $SUDO tee /etc/apt/sources.list.d/tiercache-backports.list >/dev/null
+        qemu=(qemu-utils/bookworm-backports qemu-system-x86/bookworm-backports)
+        missing=("${missing[@]/qemu-system-x86}")
+    fi
+    apt_install $(printf '%s\n' "${missing[@]}" | sort -u) "${qemu[@]}"
 fi
 export PATH=$PATH:/usr/sbin:/sbin
 
