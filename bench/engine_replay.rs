@@ -1,0 +1,178 @@
+//! Replays a block trace through the engine in-process, one request at a
+//! time, on RAM devices: no NBD, no emulated disk, no timing. What it
+//! measures is what the engine's policy and admission make of the trace:
+//! origin reads and writes, hits, against the compulsory misses. Seconds
+//! instead of the minutes of `bench/run --trace`, so a policy change can be
+//! judged on the real engine, not only in `bench/trace/sim.py`.
+//!
+//!     /usr/bin/python3 bench/trace/tracetool.py gen --preset scans -o scans.csv
+//!     cargo run --release --example engine_replay -- scans.csv --cache 0.25 \
+//!         --policies s3fifo,lru --admit-all
+//!
+//! The trace is MSR / SNIA CSV (`Timestamp,Hostname,DiskNumber,Type,Offset,
+//! Size,ResponseTime`); offsets are used as they are, the origin is as large
+//! as the largest request end. `--cache F` sizes the cache at F times the
+//! footprint (distinct 4 KiB blocks touched). Background writeback runs
+//! between requests as the background thread would (`background_tick` every
+//! `--tick` requests).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use tiercache::device::ram::RamDevice;
+use tiercache::device::DeviceRef;
+use tiercache::engine::format::Layout;
+use tiercache::engine::policy::PolicyKind;
+use tiercache::engine::{AdmissionSettings, CreateOptions, Engine, Mode, OpenOptions};
+
+struct Req {
+    write: bool,
+    offset: u64,
+    len: u64,
+}
+
+fn read_trace(path: &str) -> Result<Vec<Req>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let f: Vec<&str> = line.split(',').collect();
+        if f.len() < 6 || f[0].eq_ignore_ascii_case("timestamp") {
+            continue;
+        }
+        let write = match f[3] {
+            "Write" => true,
+            "Read" => false,
+            t => bail!("{path}:{}: type {t:?}", i + 1),
+        };
+        let offset: u64 = f[4].parse().with_context(|| format!("{path}:{}", i + 1))?;
+        let len: u64 = f[5].parse().with_context(|| format!("{path}:{}", i + 1))?;
+        if len == 0 || offset % 512 != 0 || len % 512 != 0 {
+            continue;
+        }
+        out.push(Req { write, offset, len });
+    }
+    Ok(out)
+}
+
+fn cache_bytes_for(slots: u64) -> u64 {
+    let (mut lo, mut hi) = (1u64 << 16, 1u64 << 40);
+    while lo + 4096 < hi {
+        let mid = (lo + (hi - lo) / 2) / 4096 * 4096;
+        match Layout::compute(mid, 4096) {
+            Ok(l) if l.slot_count >= slots => hi = mid,
+            _ => lo = mid,
+        }
+    }
+    hi
+}
+
+fn arg(args: &[String], name: &str) -> Option<String> {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(path) = args.first().filter(|a| !a.starts_with("--")) else {
+        bail!("usage: engine_replay TRACE.csv [--cache 0.25] [--policies s3fifo,lru] [--admit-all] [--mode writeback] [--tick 32]");
+    };
+    let reqs = read_trace(path)?;
+    let ratio: f64 = arg(&args, "--cache").map_or(Ok(0.25), |v| v.parse())?;
+    let tick: usize = arg(&args, "--tick").map_or(Ok(32), |v| v.parse())?;
+    let admit_all = args.iter().any(|a| a == "--admit-all");
+    let mode = match arg(&args, "--mode").as_deref() {
+        None | Some("writeback") => Mode::Writeback,
+        Some("writethrough") => Mode::Writethrough,
+        Some("writearound") => Mode::Writearound,
+        Some(m) => bail!("mode {m}"),
+    };
+    let policies = arg(&args, "--policies").unwrap_or_else(|| "s3fifo,lru".into());
+    let end = reqs.iter().map(|r| r.offset + r.len).max().unwrap_or(0);
+    let origin_bytes = end.div_ceil(1 << 20) << 20;
+    let blocks: HashSet<u64> = reqs
+        .iter()
+        .flat_map(|r| r.offset / 4096..(r.offset + r.len).div_ceil(4096))
+        .collect();
+    let slots = ((blocks.len() as f64 * ratio) as u64).max(64);
+    // A read of a never-touched sector must go to the origin: the bound.
+    let mut touched: HashSet<u64> = HashSet::new();
+    let mut compulsory = 0u64;
+    for r in &reqs {
+        let sectors = r.offset / 512..(r.offset + r.len) / 512;
+        if !r.write && sectors.clone().any(|s| !touched.contains(&s)) {
+            compulsory += 1;
+        }
+        touched.extend(sectors);
+    }
+    println!(
+        "{path}: {} requests, footprint {} blocks, cache {slots} blocks ({ratio}x), {mode:?}, admission {}; compulsory read misses {compulsory}",
+        reqs.len(),
+        blocks.len(),
+        if admit_all { "admits everything" } else { "default" }
+    );
+    println!("| policy | origin reads | origin writes (after the run) | origin writes incl. flush | read hits | read misses | x LRU reads |");
+    println!("|---|--:|--:|--:|--:|--:|--:|");
+    let mut lru_reads = None;
+    for name in policies.split(',') {
+        let Some(kind) = PolicyKind::parse(name) else {
+            bail!("policy {name}: lru, fifo or s3fifo");
+        };
+        let cache: DeviceRef = Arc::new(RamDevice::new("cache", cache_bytes_for(slots)));
+        let origin: DeviceRef = Arc::new(RamDevice::new("origin", origin_bytes));
+        let mut admission = AdmissionSettings::default();
+        if admit_all {
+            admission.sequential_cutoff_bytes = 0;
+            admission.promote_after = 1;
+            admission.guard = false;
+        }
+        let opts = CreateOptions {
+            mode,
+            policy: kind,
+            admission,
+            allow_data_loss: true,
+            ..Default::default()
+        };
+        Engine::create(cache.clone(), origin.clone(), &opts)?.close()?;
+        let engine = Engine::open(
+            cache,
+            origin,
+            &OpenOptions {
+                no_background: true,
+                allow_data_loss: true,
+                ..Default::default()
+            },
+        )?;
+        for (i, r) in reqs.iter().enumerate() {
+            if r.write {
+                engine.write(r.offset, &vec![0xa5u8; r.len as usize], false)?;
+            } else {
+                engine.read(r.offset, r.len)?;
+            }
+            if i % tick == tick - 1 {
+                engine.background_tick();
+            }
+        }
+        let during = engine.status().stats;
+        engine.flush_all(&mut |_, _| {})?;
+        let after = engine.status().stats;
+        engine.close()?;
+        let x = match lru_reads {
+            Some(l) => format!("{:.3}", during.origin_reads as f64 / l as f64),
+            None => "-".into(),
+        };
+        if kind == PolicyKind::Lru {
+            lru_reads = Some(during.origin_reads);
+        }
+        println!(
+            "| {name} | {} | {} | {} | {} | {} | {x} |",
+            during.origin_reads,
+            during.origin_writes,
+            after.origin_writes,
+            during.read_hits,
+            during.read_misses
+        );
+    }
+    Ok(())
+}
