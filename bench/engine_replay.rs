@@ -47,7 +47,7 @@ fn read_trace(path: &str) -> Result<Vec<Req>> {
         };
         let offset: u64 = f[4].parse().with_context(|| format!("{path}:{}", i + 1))?;
         let len: u64 = f[5].parse().with_context(|| format!("{path}:{}", i + 1))?;
-        if len == 0 || offset % 512 != 0 || len % 512 != 0 {
+        if len == 0 || !offset.is_multiple_of(512) || !len.is_multiple_of(512) {
             continue;
         }
         out.push(Req { write, offset, len });

@@ -42,6 +42,9 @@ pub enum EngineError {
     /// The engine is closed or detached.
     #[error("the cache is shut down")]
     ShutDown,
+    /// The crash log could not be opened (or another process holds it).
+    #[error(transparent)]
+    CrashLog(#[from] super::crash_log::CrashLogError),
 }
 
 pub type EngineResult<T> = Result<T, EngineError>;

@@ -550,28 +550,12 @@ pub(crate) fn open(
     opts: &OpenOptions,
 ) -> EngineResult<Engine> {
     let sb = current_superblock(&cache)?;
-    if sb.origin_bytes.get() != origin.size_bytes() {
-        return Err(EngineError::OriginMismatch {
-            what: format!(
-                "{} has {} bytes but the cache was created for an origin of {} bytes",
-                origin.name(),
-                origin.size_bytes(),
-                sb.origin_bytes.get()
-            ),
-        });
-    }
-    if sb.origin_identity.get() != origin.identity() && !opts.force {
-        return Err(EngineError::OriginMismatch {
-            what: format!(
-                "{} is not the device the cache was created for (identity differs)",
-                origin.name()
-            ),
-        });
-    }
-    let (mut log, image) = match &opts.crash_log {
+    check_origin(&sb, &origin, opts.force)?;
+    // The log is locked before anything is read: a second process opening
+    // the same cache stops here.
+    let (log, image) = match &opts.crash_log {
         Some(path) => {
-            let (log, image) = CrashLog::open(path, crash_log::DEFAULT_CAPACITY)
-                .map_err(|e| EngineError::Config(e.to_string()))?;
+            let (log, image) = CrashLog::open(path, crash_log::DEFAULT_CAPACITY)?;
             (Some(log), Some(image))
         }
         None => (None, None),
@@ -587,7 +571,93 @@ pub(crate) fn open(
         },
         None => 0,
     };
-    let mut sb = loaded.sb;
+    let sb = settle_superblock(&cache, loaded.sb, opts)?;
+    let distrust = opts.distrust_clean || sb.flags.get() & SB_FLAG_DISTRUST_CLEAN != 0;
+    if distrust {
+        let dropped = loaded.table.drop_clean();
+        log::warn!(
+            "{}: the cache was bypassed after a device failure; dropped {dropped} clean cached blocks",
+            cache.name()
+        );
+    }
+    let clean =
+        sb.clean_shutdown.get() == 1 && loaded.pages_replayed == 0 && recovered == 0 && !distrust;
+    if let Some(note) = &loaded.tail_note {
+        log::warn!("{}: {note}", cache.name());
+    }
+    if !clean {
+        log::info!(
+            "{}: recovering after an unclean shutdown: replayed {} journal pages ({} records); {} blocks cached, {} dirty",
+            cache.name(),
+            loaded.pages_replayed,
+            loaded.records_replayed,
+            loaded.table.used(),
+            loaded.table.dirty_count()
+        );
+    }
+    let journal_end_seq = loaded.journal_end_seq;
+    let engine = build_engine(cache, origin, sb, loaded);
+    {
+        let mut cs = engine.commit_state.lock();
+        if clean {
+            engine.write_superblock(&mut cs, |sb| sb.clean_shutdown.set(0))?;
+        } else {
+            // Pages after the replayed ones may hold valid pages of an
+            // interrupted commit; start the new journal a full ring later so
+            // none of them can ever be taken for a new page.
+            let data = engine.meta.lock().table.snapshot();
+            let restart = journal_end_seq + engine.layout.journal_pages;
+            engine.write_checkpoint(&mut cs, &data, restart, false)?;
+            if distrust {
+                engine.write_superblock(&mut cs, |sb| {
+                    sb.flags.set(sb.flags.get() & !SB_FLAG_DISTRUST_CLEAN)
+                })?;
+            }
+        }
+        // The log starts empty at the state just made durable.
+        if let Some(mut log) = log {
+            log.reset(&crash_log::Identity::of(&cs.sb), engine.durable_point(&cs));
+            engine.meta.lock().crash_log = Some(log);
+        }
+    }
+    engine
+        .stats
+        .crash_log_records_recovered
+        .store(recovered, std::sync::atomic::Ordering::Relaxed);
+    Ok(engine)
+}
+
+/// The origin must be the one the cache was made for: same size always,
+/// same identity unless forced.
+fn check_origin(sb: &Superblock, origin: &DeviceRef, force: bool) -> EngineResult<()> {
+    if sb.origin_bytes.get() != origin.size_bytes() {
+        return Err(EngineError::OriginMismatch {
+            what: format!(
+                "{} has {} bytes but the cache was created for an origin of {} bytes",
+                origin.name(),
+                origin.size_bytes(),
+                sb.origin_bytes.get()
+            ),
+        });
+    }
+    if sb.origin_identity.get() != origin.identity() && !force {
+        return Err(EngineError::OriginMismatch {
+            what: format!(
+                "{} is not the device the cache was created for (identity differs)",
+                origin.name()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Refuses dirty modes on a volatile cache unless data loss was accepted
+/// (now or at create), and records an acceptance given now.
+fn settle_superblock(
+    cache: &DeviceRef,
+    mut sb: Superblock,
+    opts: &OpenOptions,
+) -> EngineResult<Superblock> {
     let mode = Mode::from_u32(sb.mode.get()).expect("validated");
     let allow = opts.allow_data_loss || sb.flags.get() & SB_FLAG_ALLOW_VOLATILE_WRITEBACK != 0;
     if mode.holds_dirty() && cache.is_volatile() && !allow {
@@ -600,18 +670,16 @@ pub(crate) fn open(
         sb.flags
             .set(sb.flags.get() | SB_FLAG_ALLOW_VOLATILE_WRITEBACK);
     }
+    Ok(sb)
+}
+
+/// The engine over a loaded table: policy, free slots and settings from
+/// the table and superblock; nothing written yet.
+fn build_engine(cache: DeviceRef, origin: DeviceRef, sb: Superblock, loaded: Loaded) -> Engine {
+    let mode = Mode::from_u32(sb.mode.get()).expect("validated");
     let policy_kind = PolicyKind::from_u32(sb.policy.get()).expect("validated");
-    let sb_error_limit = sb.cache_error_limit.get();
     let layout = loaded.layout;
-    let mut table = loaded.table;
-    let distrust = opts.distrust_clean || sb.flags.get() & SB_FLAG_DISTRUST_CLEAN != 0;
-    if distrust {
-        let dropped = table.drop_clean();
-        log::warn!(
-            "{}: the cache was bypassed after a device failure; dropped {dropped} clean cached blocks",
-            cache.name()
-        );
-    }
+    let table = loaded.table;
     let mut policy = policy_kind.build(layout.slot_count as u32);
     for slot in 0..table.slot_count() as u32 {
         if let Some((block, _)) = table.slot_block(slot) {
@@ -622,22 +690,7 @@ pub(crate) fn open(
     free.extend(table.free_slots());
     let dirty_since_s = vec![0u16; table.slot_count() as usize];
     let block_bytes = layout.block_bytes as u64;
-    let clean =
-        sb.clean_shutdown.get() == 1 && loaded.pages_replayed == 0 && recovered == 0 && !distrust;
-    if let Some(note) = &loaded.tail_note {
-        log::warn!("{}: {note}", cache.name());
-    }
-    if !clean {
-        log::info!(
-            "{}: recovering after an unclean shutdown: replayed {} journal pages ({} records); {} blocks cached, {} dirty",
-            cache.name(),
-            loaded.pages_replayed,
-            loaded.records_replayed,
-            table.used(),
-            table.dirty_count()
-        );
-    }
-    let engine = Engine {
+    Engine {
         layout,
         block_bytes,
         origin_blocks: origin.size_bytes() / block_bytes,
@@ -681,7 +734,7 @@ pub(crate) fn open(
         slot_waiters: Default::default(),
         slots_freed: (Mutex::new(()), Condvar::new()),
         observe: super::observe::Observe::new(layout.slot_count, origin.size_bytes() / block_bytes),
-        cache_error_limit: AtomicU64::new(sb_error_limit),
+        cache_error_limit: AtomicU64::new(sb.cache_error_limit.get()),
         admission_stopped: AtomicBool::new(false),
         bypassing: AtomicBool::new(false),
         bypass_hook: Mutex::new(None),
@@ -693,35 +746,7 @@ pub(crate) fn open(
         bg_thread: Mutex::new(None),
         cache,
         origin,
-    };
-    {
-        let mut cs = engine.commit_state.lock();
-        if clean {
-            engine.write_superblock(&mut cs, |sb| sb.clean_shutdown.set(0))?;
-        } else {
-            // Pages after the replayed ones may hold valid pages of an
-            // interrupted commit; start the new journal a full ring later so
-            // none of them can ever be taken for a new page.
-            let data = engine.meta.lock().table.snapshot();
-            let restart = loaded.journal_end_seq + layout.journal_pages;
-            engine.write_checkpoint(&mut cs, &data, restart, false)?;
-            if distrust {
-                engine.write_superblock(&mut cs, |sb| {
-                    sb.flags.set(sb.flags.get() & !SB_FLAG_DISTRUST_CLEAN)
-                })?;
-            }
-        }
-        // The log starts empty at the state just made durable.
-        if let Some(mut log) = log.take() {
-            log.reset(&crash_log::Identity::of(&cs.sb), engine.durable_point(&cs));
-            engine.meta.lock().crash_log = Some(log);
-        }
     }
-    engine
-        .stats
-        .crash_log_records_recovered
-        .store(recovered, std::sync::atomic::Ordering::Relaxed);
-    Ok(engine)
 }
 
 /// Applies what a crash log adds to the loaded state (`crash_log.rs`): the
