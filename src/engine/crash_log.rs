@@ -67,6 +67,8 @@ const VERSION: u64 = 1;
 /// Bytes before the first record: one page.
 pub const HEADER_BYTES: usize = 4096;
 const RECORD_BYTES: usize = 16;
+/// Records in one 4 KiB page of the ring; capacities are multiples of it.
+const RECORDS_PER_PAGE: u64 = (HEADER_BYTES / RECORD_BYTES) as u64;
 /// Records the ring holds by default: 4 MiB of shared memory. At half of it
 /// the background commits; at three quarters writers commit themselves.
 pub const DEFAULT_CAPACITY: u64 = 1 << 18;
@@ -265,8 +267,8 @@ impl LogImage {
 /// The live log of an open cache. Held under the engine's metadata lock.
 pub struct CrashLog {
     path: PathBuf,
-    /// Keeps the flock for as long as the log lives.
-    _file: File,
+    /// Holds the flock for as long as the log lives.
+    file: File,
     map: *mut u8,
     map_bytes: usize,
     capacity: u64,
@@ -280,6 +282,9 @@ pub struct CrashLog {
     /// makes the log valid again (unless a record was dropped meanwhile).
     revalidate: bool,
     upto: u64,
+    /// Record pages (`RECORDS_PER_PAGE` records each, counted from record
+    /// 0) below this one have been given back to the system.
+    released_page: u64,
 }
 
 // SAFETY: the mapping is owned by this value (unmapped on drop) and is only
@@ -327,6 +332,7 @@ impl CrashLog {
             LogImage::parse(&old)
         };
         drop(old);
+        assert!(capacity > 0, "a crash log holds at least one record");
         let map_bytes = HEADER_BYTES + capacity as usize * RECORD_BYTES;
         file.set_len(map_bytes as u64).map_err(io("sizing"))?;
         // SAFETY: a shared read-write mapping of `map_bytes` bytes of a file
@@ -346,7 +352,7 @@ impl CrashLog {
         }
         let log = CrashLog {
             path: path.to_path_buf(),
-            _file: file,
+            file,
             map: map as *mut u8,
             map_bytes,
             capacity,
@@ -356,6 +362,7 @@ impl CrashLog {
             dropped: false,
             revalidate: false,
             upto: 0,
+            released_page: 0,
         };
         Ok((log, image))
     }
@@ -397,6 +404,57 @@ impl CrashLog {
         self.store(W_STATE, STATE_VALID);
         (self.head, self.tail, self.upto) = (0, 0, 0);
         (self.valid, self.dropped, self.revalidate) = (true, false, false);
+        // The previous life's records are not needed: give their pages back.
+        self.punch(HEADER_BYTES as u64, self.capacity * RECORD_BYTES as u64);
+        self.released_page = 0;
+    }
+
+    /// Gives back the pages of records that are durable now, so the log's
+    /// memory follows the records pending, not every page the ring has
+    /// passed over. A record page is given back once `head` has passed it,
+    /// unless the ring has come round and the tail writes in that page
+    /// again.
+    fn release_consumed(&mut self) {
+        if !self.capacity.is_multiple_of(RECORDS_PER_PAGE) {
+            return; // small test logs: pages would hold records of two laps
+        }
+        let pages = self.capacity / RECORDS_PER_PAGE;
+        let head_page = self.head / RECORDS_PER_PAGE;
+        // Pages below this one share their place in the ring with live
+        // records (tail - capacity and up).
+        let reused_below = self
+            .tail
+            .saturating_sub(self.capacity)
+            .div_ceil(RECORDS_PER_PAGE);
+        let mut p = self.released_page.max(reused_below);
+        while p < head_page {
+            // A run of pages contiguous in the file (it breaks where the
+            // ring wraps).
+            let slot = p % pages;
+            let n = (head_page - p).min(pages - slot);
+            self.punch(
+                HEADER_BYTES as u64 + slot * HEADER_BYTES as u64,
+                n * HEADER_BYTES as u64,
+            );
+            p += n;
+        }
+        self.released_page = self.released_page.max(head_page);
+    }
+
+    /// Frees `len` bytes at `offset` of the file (they read as zeroes).
+    /// Best effort: a file system without hole punching keeps the pages.
+    fn punch(&self, offset: u64, len: u64) {
+        // SAFETY: fallocate on our own descriptor; the range lies inside the
+        // file, and no record in it is needed (callers' rule), so the
+        // zeroes that replace it in the mapping are never read as records.
+        unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                offset as libc::off_t,
+                len as libc::off_t,
+            )
+        };
     }
 
     /// Records not known durable.
@@ -475,6 +533,7 @@ impl CrashLog {
             self.valid = true;
         }
         self.revalidate = false;
+        self.release_consumed();
     }
 
     /// The commit begun last failed: its records stay buffered in memory,
@@ -661,6 +720,45 @@ mod tests {
             image(&log).pending(&id(), point(5, durable)),
             Pending::Apply(&[r])
         );
+    }
+
+    /// Pages of durable records go back to the system; pending ones stay.
+    #[test]
+    fn durable_records_give_their_pages_back() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let pages = 8;
+        let mut log = new_log(dir.path(), pages * RECORDS_PER_PAGE);
+        let allocated = |log: &CrashLog| std::fs::metadata(log.path()).unwrap().blocks() * 512;
+        let mut durable = 100;
+        let mut next = 0u32;
+        // Several laps of the ring, committing 3.5 pages at a time, with
+        // records pending across each commit.
+        for _ in 0..20 {
+            let batch = (RECORDS_PER_PAGE * 7 / 2) as usize;
+            for _ in 0..batch {
+                assert!(log.append(&rec(next % 1000)));
+                next += 1;
+            }
+            durable += 1;
+            log.begin_commit(point(5, durable), log.len() as usize);
+            for _ in 0..10 {
+                assert!(log.append(&rec(next % 1000)));
+                next += 1;
+            }
+            log.commit_done(point(5, durable));
+            // The header, the page holding the pending records, and at most
+            // one more partly consumed one.
+            assert!(
+                allocated(&log) <= 3 * HEADER_BYTES as u64,
+                "{} bytes allocated with {} records pending",
+                allocated(&log),
+                log.len()
+            );
+            let img = image(&log);
+            let want: Vec<Record> = (next - 10..next).map(|i| rec(i % 1000)).collect();
+            assert_eq!(img.pending(&id(), point(5, durable)), Pending::Apply(&want));
+        }
     }
 
     #[test]
