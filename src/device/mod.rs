@@ -1,16 +1,19 @@
 //! The device layer: every byte the engine reads or writes goes through
 //! [`BlockDevice`]. Backends: a file or block device (`file.rs`), volatile RAM
-//! (`ram.rs`), a fault-injecting device for tests (`fault.rs`), a
-//! recording wrapper whose log rebuilds crash images (`recorder.rs`), and a
-//! wrapper that delays every request (`latency.rs`, the demo's slow origin).
+//! (`ram.rs`), a wrapper that delays every request (`latency.rs`, the
+//! demo's slow origin), and, with the `testing` feature (the tests and fuzz
+//! targets turn it on), a fault-injecting device (`fault.rs`) and a
+//! recording wrapper whose log rebuilds crash images (`recorder.rs`).
 
 pub mod buf;
 
+#[cfg(any(test, feature = "testing"))]
 pub mod fault;
 pub mod file;
 pub mod latency;
 pub mod nbd;
 pub mod ram;
+#[cfg(any(test, feature = "testing"))]
 pub mod recorder;
 
 use std::sync::Arc;

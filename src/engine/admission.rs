@@ -25,8 +25,8 @@
 //!
 //! At any occupancy, the **guard**: while the cache device is clearly
 //! slower than the origin (device latencies of requests up to 64 KiB, as
-//! moving averages; cache writes twice as slow and 200 us slower than
-//! origin writes), new data goes around the cache; one request in 16 is
+//! moving averages of at least 32 samples each; cache writes twice as slow
+//! and 200 us slower than origin writes), new data goes around the cache; one request in 16 is
 //! still admitted to keep measuring. A cache that makes I/O slower than the
 //! origin alone is a misconfiguration or a failing device; this keeps the
 //! volume at origin speed meanwhile.
@@ -143,7 +143,13 @@ pub enum Dev {
 #[derive(Default)]
 pub struct Latencies {
     ewma_ns: [AtomicU64; 4],
+    samples: [AtomicU64; 4],
 }
+
+/// Samples of a device's latency before the guard trusts its average: the
+/// first sample sets it, and one request that waited for a CPU (or a disk
+/// spinning up) must not send new data around the cache.
+const GUARD_MIN_SAMPLES: u64 = 32;
 
 impl Latencies {
     pub fn record(&self, dev: Dev, ns: u64) {
@@ -156,6 +162,14 @@ impl Latencies {
             old - old / 16 + ns / 16
         };
         a.store(new.max(1), Ordering::Relaxed);
+        self.samples[dev as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The average once it rests on `GUARD_MIN_SAMPLES` samples.
+    fn settled(&self, dev: Dev) -> Option<u64> {
+        (self.samples[dev as usize].load(Ordering::Relaxed) >= GUARD_MIN_SAMPLES)
+            .then(|| self.get(dev))
+            .flatten()
     }
 
     /// The average, or None before any sample.
@@ -264,7 +278,8 @@ impl Admission {
     /// 16, which keeps the measurement going.
     fn guard_says_around(&self) -> bool {
         let l = &self.latencies;
-        let (Some(cache), Some(origin)) = (l.get(Dev::CacheWrite), l.get(Dev::OriginWrite)) else {
+        let (Some(cache), Some(origin)) = (l.settled(Dev::CacheWrite), l.settled(Dev::OriginWrite))
+        else {
             return false;
         };
         // Engage when cache writes take clearly longer (twice as long and
@@ -442,8 +457,15 @@ mod tests {
     #[test]
     fn the_guard_follows_device_latencies() {
         let a = adm(0);
+        // One slow first sample is not enough to go on.
         a.latencies.record(Dev::OriginWrite, 5_000_000);
-        a.latencies.record(Dev::CacheWrite, 20_000);
+        a.latencies.record(Dev::CacheWrite, 50_000_000);
+        assert_eq!(a.decide(0, 4096, false, || 0), Decision::Admit);
+        assert!(!a.guard_engaged());
+        for _ in 0..GUARD_MIN_SAMPLES {
+            a.latencies.record(Dev::OriginWrite, 5_000_000);
+            a.latencies.record(Dev::CacheWrite, 20_000);
+        }
         assert_eq!(a.decide(0, 4096, false, || 0), Decision::Admit);
         for _ in 0..200 {
             a.latencies.record(Dev::CacheWrite, 50_000_000);

@@ -37,6 +37,7 @@ pub mod format;
 pub mod free;
 pub mod index;
 pub mod introspect;
+#[cfg(any(test, feature = "testing"))]
 pub mod load_fuzz;
 pub mod locks;
 pub mod meta;
@@ -624,6 +625,7 @@ impl Engine {
         }
     }
 
+    #[cfg(any(test, feature = "testing"))]
     /// The crash log's bytes as they stand, copied under the metadata lock
     /// (so no record is half appended): what a process killed now leaves.
     /// For crash tests; `None` without a log.
@@ -632,6 +634,7 @@ impl Engine {
         m.crash_log.as_ref().map(|l| l.image_bytes())
     }
 
+    #[cfg(any(test, feature = "testing"))]
     /// Stops all background work without committing anything, as if the
     /// process died here: for in-process crash tests, where a dropped
     /// engine's background thread must not keep writing to devices that a
