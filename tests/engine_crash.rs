@@ -17,7 +17,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tiercache::device::fault::{CrashSwitch, FaultDevice};
 use tiercache::device::DeviceRef;
-use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions, WritebackSettings};
+use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions};
 
 const ORIGIN_BYTES: u64 = 1 << 20;
 const SECTORS: usize = (ORIGIN_BYTES / 512) as usize;
@@ -38,12 +38,7 @@ fn crash_case(seed: u64, mode: Mode, block_bytes: u32, power_loss: bool) {
     let opts = CreateOptions {
         mode,
         block_bytes,
-        writeback: WritebackSettings {
-            high_pct: 25,
-            low_pct: 10,
-            max_age_secs: 1,
-            idle_secs: 0,
-        },
+        writeback: common::eager_writeback(),
         ..Default::default()
     };
     let engine =

@@ -25,7 +25,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tiercache::device::fault::{CrashSwitch, FaultDevice};
 use tiercache::device::DeviceRef;
-use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions, WritebackSettings};
+use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions};
 
 const ORIGIN_BYTES: u64 = 1 << 20;
 const SECTORS: u64 = ORIGIN_BYTES / 512;
@@ -69,12 +69,7 @@ fn run_until_killed(seed: u64, dir: &Path) -> Killed {
     let opts = CreateOptions {
         mode,
         block_bytes,
-        writeback: WritebackSettings {
-            high_pct: 25,
-            low_pct: 10,
-            max_age_secs: 1,
-            idle_secs: 0,
-        },
+        writeback: common::eager_writeback(),
         ..Default::default()
     };
     let engine = Engine::create(cache.clone(), origin.clone(), &opts)

@@ -28,7 +28,7 @@ use rand_chacha::ChaCha8Rng;
 use tiercache::device::fault::FaultDevice;
 use tiercache::device::recorder::{Event, EventLog, Replay, Survival};
 use tiercache::engine::recovery::check;
-use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions, WritebackSettings};
+use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions};
 
 use common::SectorModel;
 
@@ -80,12 +80,7 @@ fn record(w: &Workload) -> Recorded {
     let opts = CreateOptions {
         mode: w.mode,
         block_bytes: w.block_bytes,
-        writeback: WritebackSettings {
-            high_pct: 25,
-            low_pct: 10,
-            max_age_secs: 1,
-            idle_secs: 0,
-        },
+        writeback: common::eager_writeback(),
         ..Default::default()
     };
     Engine::create(cache0_ref, origin0.clone(), &opts)

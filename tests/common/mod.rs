@@ -84,6 +84,17 @@ pub fn scaled(short: u64, long: u64) -> u64 {
     }
 }
 
+/// Writeback that starts early (25% dirty) and writes back anything older
+/// than a second: the crash tests want writeback under way at the crash.
+pub fn eager_writeback() -> tiercache::engine::WritebackSettings {
+    tiercache::engine::WritebackSettings {
+        high_pct: 25,
+        low_pct: 10,
+        max_age_secs: 1,
+        idle_secs: 0,
+    }
+}
+
 pub fn no_bg() -> OpenOptions {
     OpenOptions {
         no_background: true,
