@@ -387,14 +387,17 @@ fn start_control(
     Ok(())
 }
 
-/// SIGINT and SIGTERM ask for a clean shutdown.
+/// SIGINT and SIGTERM ask for a clean shutdown. The handlers are in place
+/// when this returns, before READY=1 goes out: a SIGTERM right after it
+/// (systemd's stop) must not find the default action, which kills.
 fn start_signal_handler(stop: &Arc<watch::Sender<bool>>) {
+    use tokio::signal::unix::{signal, SignalKind};
     let stop = stop.clone();
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
     tokio::spawn(async move {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => log::warn!("SIGINT: shutting down"),
+            _ = int.recv() => log::warn!("SIGINT: shutting down"),
             _ = term.recv() => log::warn!("SIGTERM: shutting down"),
         }
         stop_daemon(&stop);
