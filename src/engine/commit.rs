@@ -73,11 +73,10 @@ impl Engine {
         let covered = self.completed_ops.load(Ordering::Acquire);
         let in_use = cs.next_page_seq - cs.sb.journal_replay_seq.get();
         let journal_pages = self.layout.journal_pages;
-        let (records, pending, snapshot, appended, target) = {
+        let (records, releases, snapshot, target) = {
             let mut m = self.meta.lock();
-            let appended = m.releases_appended;
             let records = std::mem::take(&mut m.records);
-            let pending = std::mem::take(&mut m.pending_free);
+            let releases = m.releases.take();
             let pages = records.len().div_ceil(RECORDS_PER_PAGE) as u64;
             // Checkpoint instead of journalling when the journal would pass
             // half full; the snapshot is taken together with the records so
@@ -88,12 +87,12 @@ impl Engine {
             if let Some(log) = m.crash_log.as_mut() {
                 log.begin_commit(target, records.len());
             }
-            (records, pending, snapshot, appended, target)
+            (records, releases, snapshot, target)
         };
         let result = self.commit_io(cs, &records, snapshot, checkpoint.unwrap_or(false));
         match result {
             Ok(()) => {
-                let freed = !pending.is_empty();
+                let freed = !releases.slots.is_empty();
                 {
                     let mut m = self.meta.lock();
                     if let Some(log) = m.crash_log.as_mut() {
@@ -102,13 +101,8 @@ impl Engine {
                             self.crash_log_pressed.store(false, Ordering::Relaxed);
                         }
                     }
-                    m.free.extend(pending);
-                    m.released_blocks.retain(|_, seq| *seq > appended);
-                    if m.released_blocks.capacity() > 4096
-                        && m.released_blocks.len() < m.released_blocks.capacity() / 4
-                    {
-                        m.released_blocks.shrink_to_fit();
-                    }
+                    m.free.extend(releases.slots);
+                    m.releases.forget_durable(releases.through);
                 }
                 if freed {
                     // Writes waiting for a slot (slots.rs) try again.
@@ -116,7 +110,7 @@ impl Engine {
                     self.slots_freed.1.notify_all();
                 }
                 cs.flushed_through = covered;
-                cs.releases_durable = appended;
+                cs.releases_durable = releases.through;
                 cs.last_commit = Instant::now();
                 bump(&self.stats.commits, 1);
                 Ok(())
@@ -130,7 +124,7 @@ impl Engine {
                 }
                 let later = std::mem::replace(&mut m.records, records);
                 m.records.extend(later);
-                m.pending_free.extend(pending);
+                m.releases.restore(releases);
                 Err(e)
             }
         }

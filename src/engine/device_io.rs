@@ -131,15 +131,6 @@ impl Engine {
     /// cannot meet a revived old copy.
     pub(crate) fn releases_pending(&self, blocks: std::ops::RangeInclusive<u64>) -> bool {
         let durable = self.commit_state.lock().releases_durable;
-        let m = self.meta.lock();
-        if m.released_blocks.len() as u64 <= blocks.end() - blocks.start() {
-            m.released_blocks
-                .iter()
-                .any(|(b, &seq)| seq > durable && blocks.contains(b))
-        } else {
-            blocks
-                .into_iter()
-                .any(|b| m.released_blocks.get(&b).is_some_and(|&seq| seq > durable))
-        }
+        self.meta.lock().releases.pending_in(blocks, durable)
     }
 }

@@ -17,6 +17,7 @@
 //!   after N misses, the guard against a cache slower than the origin).
 //! - `device_io.rs`: cache and origin access with error accounting.
 //! - `slots.rs`: records applied in memory, slot allocation, eviction, stores.
+//! - `releases.rs`: removed mappings not yet durable (freed slots, released blocks).
 //! - `read.rs`: the read path.
 //! - `write.rs`: the write entry points and what every mode's write shares.
 //! - `modes/`: one file per cache mode's write path.
@@ -47,6 +48,7 @@ pub mod pipeline;
 pub mod policy;
 pub mod read;
 pub mod recovery;
+pub(crate) mod releases;
 pub mod request;
 pub mod sectors;
 pub mod slots;
@@ -244,10 +246,9 @@ impl Meta {
         self.table.heap_bytes()
             + self.policy.heap_bytes()
             + self.free.heap_bytes()
-            + cap(&self.pending_free)
+            + self.releases.heap_bytes()
             + cap(&self.records)
             + cap(&self.dirty_since_s)
-            + (self.released_blocks.capacity() * 17) as u64
     }
 }
 
@@ -257,9 +258,9 @@ pub(crate) struct Meta {
     pub policy: Box<dyn Policy>,
     /// Slots that are free on disk: safe to overwrite.
     pub free: free::FreeSlots,
-    /// Slots freed in memory whose release is not yet durable; they join
-    /// `free` when the commit that carries their records completes.
-    pub pending_free: Vec<u32>,
+    /// Removed mappings not yet durable: the slots they freed join `free`
+    /// when the commit that carries their records completes.
+    pub releases: releases::Releases,
     /// Records applied in memory, not yet written to the journal.
     pub records: Vec<Record>,
     pub mode: Mode,
@@ -282,13 +283,6 @@ pub(crate) struct Meta {
     /// The records not yet journalled, mirrored where a process death
     /// does not lose them.
     pub crash_log: Option<crash_log::CrashLog>,
-    /// Records that removed a mapping (unmap, or a map superseding
-    /// another slot), appended since open.
-    pub releases_appended: u64,
-    /// Per block whose mapping was removed: the `releases_appended` count of
-    /// its latest removal. Entries a completed commit made durable are
-    /// dropped then.
-    pub released_blocks: std::collections::HashMap<u64, u64>,
 }
 
 /// State under the commit lock: the journal position and the superblock.
@@ -297,7 +291,7 @@ pub(crate) struct CommitState {
     pub next_page_seq: u64,
     /// `Engine::completed_ops` value covered by the last completed commit.
     pub flushed_through: u64,
-    /// `Meta::releases_appended` covered by the last completed commit.
+    /// The last release (`releases.rs`) covered by a completed commit.
     pub releases_durable: u64,
     /// One past the highest journal sequence ever written, including by a
     /// commit that failed: a checkpoint starts replay there, so pages of a

@@ -699,7 +699,7 @@ fn build_engine(cache: DeviceRef, origin: DeviceRef, sb: Superblock, loaded: Loa
             table,
             policy,
             free,
-            pending_free: Vec::new(),
+            releases: Default::default(),
             records: Vec::new(),
             mode,
             writeback: WritebackSettings {
@@ -715,8 +715,6 @@ fn build_engine(cache: DeviceRef, origin: DeviceRef, sb: Superblock, loaded: Loa
             writeback_active: false,
             client_requests_seen: (0, 0),
             crash_log: None,
-            releases_appended: 0,
-            released_blocks: Default::default(),
         }),
         commit_state: Mutex::new(CommitState {
             sb,

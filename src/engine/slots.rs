@@ -64,7 +64,7 @@ impl Engine {
             }
             Record::Unmap { slot } => {
                 m.policy.removed(slot);
-                m.pending_free.push(slot);
+                m.releases.free_slot(slot);
             }
             Record::AddRun { .. } | Record::Clean { .. } => {}
         }
@@ -72,7 +72,7 @@ impl Engine {
             m.dirty_since_s[r.slot() as usize] = t;
         }
         if let Some(old) = applied.released {
-            m.pending_free.push(old);
+            m.releases.free_slot(old);
         }
         let released_block = match r {
             Record::Map { block, .. } | Record::MapRun { block, .. }
@@ -83,9 +83,7 @@ impl Engine {
             _ => unmapped_block,
         };
         if let Some(b) = released_block {
-            m.releases_appended += 1;
-            let seq = m.releases_appended;
-            m.released_blocks.insert(b, seq);
+            m.releases.release_block(b);
         }
         m.records.push(r);
         if let Some(log) = m.crash_log.as_mut() {
@@ -120,7 +118,7 @@ impl Engine {
                     }
                     return Ok(slots);
                 }
-                if m.pending_free.is_empty() && self.evict(&mut m, EVICT_BATCH) == 0 {
+                if m.releases.waiting_slots() == 0 && self.evict(&mut m, EVICT_BATCH) == 0 {
                     return Ok(Vec::new());
                 }
             }

@@ -136,7 +136,7 @@ impl Engine {
                 .as_ref()
                 .is_some_and(|l| l.len() >= l.capacity() / 2);
             (
-                !m.records.is_empty() || !m.pending_free.is_empty(),
+                !m.records.is_empty() || m.releases.waiting_slots() > 0,
                 log_half_full,
             )
         };
@@ -169,11 +169,11 @@ impl Engine {
         let commit_now = {
             let mut m = self.meta.lock();
             let reserve = self.reserve_slots(&m);
-            let have = m.free.len() + m.pending_free.len();
+            let have = m.free.len() + m.releases.waiting_slots();
             if have < reserve {
                 self.evict(&mut m, reserve - have);
             }
-            m.free.len() < self.low_free_slots(&m) && !m.pending_free.is_empty()
+            m.free.len() < self.low_free_slots(&m) && m.releases.waiting_slots() > 0
         };
         if commit_now {
             if let Err(e) = self.commit() {
