@@ -26,7 +26,8 @@
 //! At any occupancy, the **guard**: while the cache device is clearly
 //! slower than the origin (device latencies of requests up to 64 KiB, as
 //! moving averages of at least 32 samples each; cache writes twice as slow
-//! and 200 us slower than origin writes), new data goes around the cache; one request in 16 is
+//! and 200 us slower than origin writes, for a second on end), new data
+//! goes around the cache; one request in 16 is
 //! still admitted to keep measuring. A cache that makes I/O slower than the
 //! origin alone is a misconfiguration or a failing device; this keeps the
 //! volume at origin speed meanwhile.
@@ -190,7 +191,18 @@ pub struct Admission {
     pub latencies: Latencies,
     guard_engaged: AtomicBool,
     probe: AtomicU64,
+    /// Milliseconds since `born` when the cache device was first seen
+    /// slower in the current stretch (0: it is not).
+    slow_since_ms: AtomicU64,
+    /// How long the cache device must stay slower before the guard engages.
+    engage_after_ms: u64,
+    born: std::time::Instant,
 }
+
+/// The guard engages only once the cache device has stayed slower than the
+/// origin this long: a failing or overloaded device stays so for seconds,
+/// while a burst of requests that waited for a CPU ends in milliseconds.
+const GUARD_ENGAGE_AFTER_MS: u64 = 1000;
 
 impl Admission {
     pub fn new(settings: AdmissionSettings, slot_count: u64) -> Admission {
@@ -205,7 +217,18 @@ impl Admission {
             latencies: Latencies::default(),
             guard_engaged: AtomicBool::new(false),
             probe: AtomicU64::new(0),
+            slow_since_ms: AtomicU64::new(0),
+            engage_after_ms: GUARD_ENGAGE_AFTER_MS,
+            born: std::time::Instant::now(),
         }
+    }
+
+    /// The same, with the guard engaging after `ms` of a slower cache
+    /// device.
+    #[cfg(test)]
+    pub fn with_guard_delay(mut self, ms: u64) -> Admission {
+        self.engage_after_ms = ms;
+        self
     }
 
     pub fn settings(&self) -> AdmissionSettings {
@@ -286,10 +309,14 @@ impl Admission {
         // 200 us more), release when they are back near the origin's: two
         // fast devices of similar speed never trip it.
         let engaged = self.guard_engaged.load(Ordering::Relaxed);
+        let slower = cache > origin * 2 + 200_000;
+        if !slower {
+            self.slow_since_ms.store(0, Ordering::Relaxed);
+        }
         let now = if engaged {
             cache > origin * 3 / 2 + 100_000
         } else {
-            cache > origin * 2 + 200_000
+            slower && self.slow_for_long_enough()
         };
         if now != engaged {
             self.guard_engaged.store(now, Ordering::Relaxed);
@@ -304,6 +331,21 @@ impl Admission {
             .probe
             .fetch_add(1, Ordering::Relaxed)
             .is_multiple_of(16)
+    }
+
+    /// Called while the cache device looks slower: true once it has for
+    /// `engage_after_ms`. A stretch ends when a check finds it not slower.
+    fn slow_for_long_enough(&self) -> bool {
+        // +1: 0 means "not slow".
+        let now_ms = self.born.elapsed().as_millis() as u64 + 1;
+        let since = match self.slow_since_ms.load(Ordering::Relaxed) {
+            0 => {
+                self.slow_since_ms.store(now_ms, Ordering::Relaxed);
+                now_ms
+            }
+            t => t,
+        };
+        now_ms - since >= self.engage_after_ms
     }
 
     /// (byte, bit shift) of `block`'s counter in `row` (0 or 1).
@@ -456,7 +498,7 @@ mod tests {
 
     #[test]
     fn the_guard_follows_device_latencies() {
-        let a = adm(0);
+        let a = adm(0).with_guard_delay(0);
         // One slow first sample is not enough to go on.
         a.latencies.record(Dev::OriginWrite, 5_000_000);
         a.latencies.record(Dev::CacheWrite, 50_000_000);
@@ -480,6 +522,46 @@ mod tests {
         }
         assert_eq!(a.decide(0, 4096, false, || 0), Decision::Admit);
         assert!(!a.guard_engaged());
+    }
+
+    /// A cache device slower for a moment (requests that waited for a CPU)
+    /// does not engage the guard; slower for the whole delay, it does.
+    #[test]
+    fn the_guard_waits_for_a_lasting_slowdown() {
+        let a = adm(0).with_guard_delay(60);
+        for _ in 0..GUARD_MIN_SAMPLES {
+            a.latencies.record(Dev::OriginWrite, 20_000);
+            a.latencies.record(Dev::CacheWrite, 20_000);
+        }
+        let slow = |a: &Admission| {
+            for _ in 0..GUARD_MIN_SAMPLES {
+                a.latencies.record(Dev::CacheWrite, 5_000_000);
+            }
+        };
+        let fast = |a: &Admission| {
+            for _ in 0..4 * GUARD_MIN_SAMPLES {
+                a.latencies.record(Dev::CacheWrite, 20_000);
+            }
+        };
+        // Slow, fast again within the delay, slow again: never engaged.
+        slow(&a);
+        assert_eq!(a.decide(0, 4096, false, || 0), Decision::Admit);
+        std::thread::sleep(std::time::Duration::from_millis(40));
+        fast(&a);
+        assert_eq!(a.decide(0, 4096, false, || 0), Decision::Admit);
+        slow(&a);
+        assert_eq!(a.decide(0, 4096, false, || 0), Decision::Admit);
+        std::thread::sleep(std::time::Duration::from_millis(40));
+        assert_eq!(a.decide(0, 4096, false, || 0), Decision::Admit);
+        assert!(!a.guard_engaged());
+        // Slow for longer than the delay: engaged (one request in 16 is
+        // still admitted, to keep measuring).
+        std::thread::sleep(std::time::Duration::from_millis(40));
+        let around = (0..16)
+            .filter(|_| a.decide(0, 4096, false, || 0) == Decision::Guard)
+            .count();
+        assert!(a.guard_engaged());
+        assert_eq!(around, 15);
     }
 
     #[test]

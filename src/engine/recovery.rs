@@ -373,6 +373,25 @@ fn whole_commit<'a>(
     Some(pages)
 }
 
+/// Where `load` puts the damage it finds: listed and passed over (for
+/// `check`), or, without a list, the first one is the error.
+struct Damage<'a> {
+    cache: &'a DeviceRef,
+    list: Option<&'a mut Vec<String>>,
+}
+
+impl Damage<'_> {
+    fn found(&mut self, what: String) -> EngineResult<()> {
+        match self.list.as_deref_mut() {
+            Some(list) => {
+                list.push(what);
+                Ok(())
+            }
+            None => Err(corrupt(self.cache, what)),
+        }
+    }
+}
+
 /// Loads the checkpoint and replays the journal. With `problems` given,
 /// keeps going after damage and lists it (for `check`); otherwise the first
 /// damage is an error.
@@ -380,24 +399,41 @@ pub(crate) fn load(
     cache: &DeviceRef,
     sb: Superblock,
     origin_bytes: u64,
-    mut problems: Option<&mut Vec<String>>,
+    problems: Option<&mut Vec<String>>,
 ) -> EngineResult<Loaded> {
     let layout = validate_superblock(cache, &sb)?;
-    let origin_blocks = origin_bytes / layout.block_bytes as u64;
-    let mut fail = |what: String| -> EngineResult<()> {
-        match problems.as_deref_mut() {
-            Some(p) => {
-                p.push(what);
-                Ok(())
-            }
-            None => Err(corrupt(cache, what)),
-        }
+    let mut damage = Damage {
+        cache,
+        list: problems,
     };
     if let Some(why) = outdated_superblock(cache, &sb, &layout)? {
-        fail(why)?;
+        damage.found(why)?;
     }
+    let origin_blocks = origin_bytes / layout.block_bytes as u64;
+    let mut table = read_checkpoint(cache, &sb, &layout, origin_blocks, &mut damage)?;
+    let ring = read_journal(cache, &layout)?;
+    let start = sb.journal_replay_seq.get();
+    let (seq, records_replayed) = replay(&ring, &layout, start, &mut table, &mut damage)?;
+    let tail_note = check_journal_end(&ring, &layout, start, seq, &mut damage)?;
+    Ok(Loaded {
+        sb,
+        layout,
+        table,
+        journal_end_seq: seq,
+        pages_replayed: seq - start,
+        records_replayed,
+        tail_note,
+    })
+}
 
-    // Checkpoint: entry pages, then sector-map pages.
+/// The current checkpoint as a table: entry pages, then sector-map pages.
+fn read_checkpoint(
+    cache: &DeviceRef,
+    sb: &Superblock,
+    layout: &Layout,
+    origin_blocks: u64,
+    damage: &mut Damage,
+) -> EngineResult<Table> {
     let area = sb.checkpoint_area.get() as usize;
     let generation = sb.checkpoint_generation.get();
     let slots = layout.slot_count as usize;
@@ -424,12 +460,11 @@ pub(crate) fn load(
             let page_index = idx + k;
             let page = &buf[(k * PAGE_BYTES) as usize..((k + 1) * PAGE_BYTES) as usize];
             let at = layout.checkpoint_offset[area] + page_index * PAGE_BYTES;
+            let where_ = || format!("checkpoint area {area} page {page_index} (byte offset {at})");
             let payload = match parse_checkpoint_page(page, generation, page_index) {
                 Ok(p) => p,
                 Err(e) => {
-                    fail(format!(
-                        "checkpoint area {area} page {page_index} (byte offset {at}): {e}"
-                    ))?;
+                    damage.found(format!("{}: {e}", where_()))?;
                     &[0u8; PAGE_BYTES as usize][..]
                 }
             };
@@ -441,9 +476,7 @@ pub(crate) fn load(
                 match pair {
                     Ok(p) => keep_map(&entries, p),
                     Err(e) => {
-                        fail(format!(
-                            "checkpoint area {area} page {page_index} (byte offset {at}): {e}"
-                        ))?;
+                        damage.found(format!("{}: {e}", where_()))?;
                         keep_map(&entries, whole_sets(0, sectors));
                     }
                 }
@@ -453,67 +486,96 @@ pub(crate) fn load(
     }
     entries.truncate(slots);
     let checkpoint = CheckpointData { entries, partial };
-    let mut table = match Table::from_checkpoint(checkpoint, origin_blocks, sectors) {
-        Ok(t) => t,
+    match Table::from_checkpoint(checkpoint, origin_blocks, sectors) {
+        Ok(t) => Ok(t),
         Err(e) => {
-            fail(format!("checkpoint: {e}"))?;
-            Table::new(layout.slot_count, origin_blocks, sectors)
+            damage.found(format!("checkpoint: {e}"))?;
+            Ok(Table::new(layout.slot_count, origin_blocks, sectors))
         }
-    };
+    }
+}
 
-    // Journal: read the whole ring once.
-    let n_pages = layout.journal_pages;
-    let mut ring = AlignedBuf::zeroed((n_pages * PAGE_BYTES) as usize);
+/// The whole journal ring, read once.
+fn read_journal(cache: &DeviceRef, layout: &Layout) -> EngineResult<AlignedBuf> {
+    let ring_bytes = layout.journal_pages * PAGE_BYTES;
+    let mut ring = AlignedBuf::zeroed(ring_bytes as usize);
     let mut off = 0u64;
-    while off < n_pages * PAGE_BYTES {
-        let n = (n_pages * PAGE_BYTES - off).min(JOURNAL_READ_BYTES);
+    while off < ring_bytes {
+        let n = (ring_bytes - off).min(JOURNAL_READ_BYTES);
         cache.read_at(
             &mut ring[off as usize..(off + n) as usize],
             layout.journal_offset + off,
         )?;
         off += n;
     }
-    let page_at = |seq: u64| {
-        let i = (seq % n_pages) as usize * PAGE_BYTES as usize;
-        &ring[i..i + PAGE_BYTES as usize]
-    };
-    let start = sb.journal_replay_seq.get();
+    Ok(ring)
+}
+
+/// The page of sequence `seq` in the ring.
+fn ring_page<'a>(ring: &'a [u8], layout: &Layout, seq: u64) -> &'a [u8] {
+    let i = (seq % layout.journal_pages) as usize * PAGE_BYTES as usize;
+    &ring[i..i + PAGE_BYTES as usize]
+}
+
+/// Applies the journal's whole commits from `start`, commit by commit: a
+/// commit is applied only when all its pages are intact (a multi-record
+/// change is never half replayed). Returns the sequence where replay ended
+/// and the records applied.
+fn replay(
+    ring: &[u8],
+    layout: &Layout,
+    start: u64,
+    table: &mut Table,
+    damage: &mut Damage,
+) -> EngineResult<(u64, u64)> {
+    let page_at = |seq: u64| ring_page(ring, layout, seq);
     let mut seq = start;
-    let mut records_replayed = 0u64;
-    // Commit by commit: a commit is applied only when all its pages are
-    // intact (a multi-record change is never half replayed).
-    'replay: while let Some(commit) = whole_commit(seq, start + n_pages, &page_at) {
+    let mut records = 0u64;
+    while let Some(commit) = whole_commit(seq, start + layout.journal_pages, &page_at) {
         for r in commit.iter().flat_map(|p| &p.records) {
             if let Err(e) = table.validate(r) {
-                fail(format!("journal page {seq}: {e}"))?;
-                break 'replay;
+                damage.found(format!("journal page {seq}: {e}"))?;
+                return Ok((seq, records));
             }
             table.apply(r);
-            records_replayed += 1;
+            records += 1;
         }
         seq += commit.len() as u64;
     }
+    Ok((seq, records))
+}
+
+/// Why the replay stopped at `seq`, checked against the rest of the ring;
+/// returns a note for `check` when the page there is not blank or stale.
+fn check_journal_end(
+    ring: &[u8],
+    layout: &Layout,
+    start: u64,
+    seq: u64,
+    damage: &mut Damage,
+) -> EngineResult<Option<String>> {
+    let page_at = |s: u64| ring_page(ring, layout, s);
+    let end = start + layout.journal_pages;
     // The replay stopped at `seq`. That is the torn tail of the last commit
     // unless a page of a LATER commit is valid: commits are sequential, so a
     // later commit means the commit holding `seq` had completed, and its
     // page was durable: it was damaged afterwards.
-    // No valid page can claim a sequence at or past `start + n_pages`: a
-    // commit checkpoints before the journal passes half full. Such a page
-    // is damage that a later commit would otherwise meet as a "later
-    // commit" and refuse only then (the fuzzer found this).
-    for later in seq..start + n_pages {
+    // No valid page can claim a sequence at or past `end`: a commit
+    // checkpoints before the journal passes half full. Such a page is
+    // damage that a later commit would otherwise meet as a "later commit"
+    // and refuse only then (the fuzzer found this).
+    for later in seq..end {
         if let Ok(p) = parse_journal_page(page_at(later)) {
-            if p.seq >= start + n_pages {
-                fail(format!(
-                    "journal page at byte offset {} claims sequence {}, past the journal's end ({})",
+            if p.seq >= end {
+                damage.found(format!(
+                    "journal page at byte offset {} claims sequence {}, past the journal's end ({end})",
                     layout.journal_page_offset(later),
                     p.seq,
-                    start + n_pages
                 ))?;
                 break;
             }
             if p.seq == later && later > seq && p.commit_first_seq > seq {
-                fail(format!(
+                damage.found(format!(
                     "journal page {seq} (byte offset {}) is damaged but the later commit at page {later} is intact",
                     layout.journal_page_offset(seq)
                 ))?;
@@ -526,21 +588,12 @@ pub(crate) fn load(
     // to the last commit (then lost): the two cannot be told apart. Either
     // way replay ends before it; `check` says so.
     let end_page = page_at(seq);
-    let tail_note = match parse_journal_page(end_page) {
+    Ok(match parse_journal_page(end_page) {
         Err(e) if end_page.iter().any(|&b| b != 0) => Some(format!(
             "journal page {seq} (byte offset {}) fails its checks ({e}); replay ends before it: the torn end of a commit cut by a crash, or damage that loses the last commit",
             layout.journal_page_offset(seq)
         )),
         _ => None,
-    };
-    Ok(Loaded {
-        sb,
-        layout,
-        table,
-        journal_end_seq: seq,
-        pages_replayed: seq - start,
-        records_replayed,
-        tail_note,
     })
 }
 
