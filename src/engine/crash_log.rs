@@ -804,7 +804,7 @@ mod tests {
         std::fs::create_dir_all(&out).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let mut log = new_log(dir.path(), RECORDS_PER_PAGE);
-        let mut save = |log: &CrashLog, name: &str| {
+        let save = |log: &CrashLog, name: &str| {
             std::fs::write(out.join(name), log.image_bytes()).unwrap();
         };
         for i in 0..5 {
