@@ -240,12 +240,17 @@ fn kill_9_keeps_acknowledged_unflushed_writes() {
     let mut volume = vec![0u8; (sectors * 512) as usize];
     dev.read_at(&mut volume, 0).unwrap();
     check_acknowledged(&volume, &latest, "after restart");
+    let status = s.status();
     assert!(
-        s.status()["stats"]["crash_log_records_recovered"]
+        status["stats"]["crash_log_records_recovered"]
             .as_u64()
             .unwrap()
             > 0
     );
+    let log = status["crash_log"]["path"]
+        .as_str()
+        .expect("status names the crash log");
+    assert!(std::path::Path::new(log).exists(), "{log}");
     drop(dev);
     drop(_server);
     // Killed again; this time an offline detach writes everything back.

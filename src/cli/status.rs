@@ -176,6 +176,16 @@ pub fn table(name: &str, s: &Status) -> String {
         ),
         ("size curve", size_curve(&s.mrc)),
         (
+            "crash log",
+            match &s.crash_log {
+                Some(l) => format!(
+                    "{} records not yet journalled (of {}), {}",
+                    l.records_pending, l.capacity_records, l.path
+                ),
+                None => "none (a daemon that dies loses writes since the last commit)".into(),
+            },
+        ),
+        (
             "metadata memory",
             format!(
                 "{} ({:.1} B per cache block)",

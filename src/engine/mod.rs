@@ -199,6 +199,15 @@ pub struct Observations {
     pub mrc: observe::Mrc,
 }
 
+/// The crash log as `status` reports it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CrashLogStatus {
+    pub path: String,
+    /// Records a daemon that died now would leave for the next open.
+    pub records_pending: u64,
+    pub capacity_records: u64,
+}
+
 /// What `status` reports.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Status {
@@ -227,6 +236,10 @@ pub struct Status {
     /// all are dirty (they keep sector maps).
     #[serde(default)]
     pub partial_blocks: u64,
+    /// The crash log (`crash_log.rs`): its file and the records in it not
+    /// yet journalled; `None` when the cache runs without one.
+    #[serde(default)]
+    pub crash_log: Option<CrashLogStatus>,
     pub admission_settings: AdmissionSettings,
     /// Estimated hit ratios of caches from 1/8 to 8 times this one's size.
     #[serde(default)]
@@ -420,6 +433,11 @@ impl Engine {
         Status {
             metadata_bytes,
             partial_blocks: m.table.partial_count() as u64,
+            crash_log: m.crash_log.as_ref().map(|l| CrashLogStatus {
+                path: l.path().display().to_string(),
+                records_pending: l.len(),
+                capacity_records: l.capacity(),
+            }),
             admission_settings: self.admission.settings(),
             mrc: self.observe.mrc(),
             guard_engaged: self.admission.guard_engaged(),
