@@ -82,20 +82,19 @@ done
 [ -x /usr/bin/python3 ] || missing+=(python3)
 # busybox (dynamic) and busybox-static both provide /bin/busybox.
 if ! [ -x /bin/busybox ] || ldd /bin/busybox >/dev/null 2>&1; then missing+=(busybox-static); fi
+# qemu-system-x86 comes from the release of the installed qemu-utils
+# (scripts/qemu-install.sh), in its own apt-get run: `-t` would otherwise
+# pull the other tools from backports too.
+need_qemu=0
+for i in "${!missing[@]}"; do
+    if [ "${missing[$i]}" = qemu-system-x86 ]; then unset 'missing[i]'; need_qemu=1; fi
+done
 if [ ${#missing[@]} -gt 0 ]; then
-    # qemu-system-x86 must come from the release of the installed
-    # qemu-utils: otherwise apt replaces qemu-utils (qemu-block-extra
-    # conflicts), and the rest of the suite and the benchmarks need
-    # qemu-img and qemu-nbd as the machine had them. Our machines carry
-    # qemu-utils from bookworm-backports.
-    qemu=(qemu-utils)
-    if [[ "$(dpkg-query -W -f '${Version}' qemu-utils 2>/dev/null || true)" == *bpo12* ]]; then
-        echo 'deb http://deb.debian.org/debian bookworm-backports main' |
-            $SUDO tee /etc/apt/sources.list.d/tiercache-backports.list >/dev/null
-        qemu=(qemu-utils/bookworm-backports qemu-system-x86/bookworm-backports)
-        missing=("${missing[@]/qemu-system-x86}")
-    fi
-    apt_install $(printf '%s\n' "${missing[@]}" | sort -u) "${qemu[@]}"
+    apt_install $(printf '%s\n' "${missing[@]}" | sort -u)
+fi
+if [ $need_qemu = 1 ]; then
+    say "installing qemu-system-x86 from $(scripts/qemu-install.sh --release)"
+    scripts/qemu-install.sh
 fi
 export PATH=$PATH:/usr/sbin:/sbin
 

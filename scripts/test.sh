@@ -39,6 +39,9 @@ fi
 cargo fmt --check
 cargo clippy --all-targets --quiet -- -D warnings
 cargo test --quiet
+# The guest's qemu install resolves for machines with qemu-utils from
+# bookworm and from bookworm-backports (apt-get install -s, both).
+./scripts/qemu-install.sh --check
 # tiercache under a real kernel (qemu, TCG): ext4 (kill -9, restart) and fio
 # verify over the kernel NBD client; installs qemu and the kernel (docs/guest.md).
 ./scripts/guest-test.sh --quick --debug

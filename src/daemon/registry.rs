@@ -147,8 +147,9 @@ impl Registry {
 
     /// Where the cache's crash log lives (engine/crash_log.rs): shared
     /// memory, which outlives a killed daemon but not the machine, and is
-    /// never written back to a disk. Named after this state directory
-    /// too, so two state directories' caches of one name never share it.
+    /// never written back to a disk; a directory per user (mode 0700).
+    /// Named after this state directory too, so two state directories'
+    /// caches of one name never share it.
     /// Falls back to the state directory where /dev/shm is missing.
     pub fn crash_log_path(&self, name: &str) -> PathBuf {
         let shm = Path::new("/dev/shm");
@@ -160,7 +161,9 @@ impl Registry {
         for b in dir.as_os_str().as_encoded_bytes() {
             hash = (hash ^ *b as u64).wrapping_mul(0x100_0000_01b3);
         }
-        shm.join("tiercache")
+        // SAFETY: getuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::getuid() };
+        shm.join(format!("tiercache-{uid}"))
             .join(format!("{hash:016x}-{name}.crashlog"))
     }
 

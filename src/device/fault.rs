@@ -219,6 +219,8 @@ struct State {
     flushes: u64,
     discards: u64,
     injected_errors: u64,
+    /// A hash of every completed operation in order (see `io_digest`).
+    digest: u64,
 }
 
 /// An in-memory [`BlockDevice`] that injects errors, crashes and power loss;
@@ -334,6 +336,13 @@ impl FaultDevice {
         self.state.lock().discards
     }
 
+    /// A hash of every operation completed so far, in order: kind, offset,
+    /// length and the bytes read or written. Two runs of a deterministic
+    /// test that end with the same digest did the same I/O, bit for bit.
+    pub fn io_digest(&self) -> u64 {
+        self.state.lock().digest
+    }
+
     /// Operations failed by injection (ranges, `fail_after_ops`, crash switch).
     pub fn injected_errors(&self) -> u64 {
         self.state.lock().injected_errors
@@ -398,8 +407,15 @@ impl FaultDevice {
         Ok(())
     }
 
-    /// Bookkeeping after an admitted operation has been carried out.
-    fn succeeded(st: &mut State, op: Op) {
+    /// Bookkeeping after an admitted operation has been carried out on
+    /// `len` bytes at `offset` (`data`: the bytes read or written).
+    fn succeeded(st: &mut State, op: Op, offset: u64, len: u64, data: &[u8]) {
+        let mut entry = [0u8; 32];
+        entry[..8].copy_from_slice(&(op as u64).to_le_bytes());
+        entry[8..16].copy_from_slice(&offset.to_le_bytes());
+        entry[16..24].copy_from_slice(&len.to_le_bytes());
+        entry[24..].copy_from_slice(&fnv1a64(data).to_le_bytes());
+        st.digest = fnv1a64(&entry) ^ st.digest.rotate_left(17);
         if let Some(n) = st.ops_before_failing.as_mut() {
             *n -= 1;
         }
@@ -434,7 +450,7 @@ impl BlockDevice for FaultDevice {
         self.admit(&mut st, Op::Read, offset, buf.len() as u64)?;
         let at = offset as usize;
         buf.copy_from_slice(&st.current[at..at + buf.len()]);
-        Self::succeeded(&mut st, Op::Read);
+        Self::succeeded(&mut st, Op::Read, offset, buf.len() as u64, buf);
         Ok(())
     }
 
@@ -450,7 +466,7 @@ impl BlockDevice for FaultDevice {
             };
             Self::complete(&mut st, write);
         }
-        Self::succeeded(&mut st, Op::Write);
+        Self::succeeded(&mut st, Op::Write, offset, buf.len() as u64, buf);
         Ok(())
     }
 
@@ -462,7 +478,7 @@ impl BlockDevice for FaultDevice {
             durable, current, ..
         } = &mut *st;
         durable.copy_from_slice(current);
-        Self::succeeded(&mut st, Op::Flush);
+        Self::succeeded(&mut st, Op::Flush, 0, 0, &[]);
         Ok(())
     }
 
@@ -478,7 +494,7 @@ impl BlockDevice for FaultDevice {
             };
             Self::complete(&mut st, write);
         }
-        Self::succeeded(&mut st, Op::Discard);
+        Self::succeeded(&mut st, Op::Discard, offset, len, &[]);
         Ok(())
     }
 

@@ -191,12 +191,12 @@ pub struct Admission {
     pub latencies: Latencies,
     guard_engaged: AtomicBool,
     probe: AtomicU64,
-    /// Milliseconds since `born` when the cache device was first seen
+    /// Milliseconds of `clock` when the cache device was first seen
     /// slower in the current stretch (0: it is not).
     slow_since_ms: AtomicU64,
     /// How long the cache device must stay slower before the guard engages.
     engage_after_ms: u64,
-    born: std::time::Instant,
+    clock: super::clock::Clock,
 }
 
 /// The guard engages only once the cache device has stayed slower than the
@@ -219,8 +219,14 @@ impl Admission {
             probe: AtomicU64::new(0),
             slow_since_ms: AtomicU64::new(0),
             engage_after_ms: GUARD_ENGAGE_AFTER_MS,
-            born: std::time::Instant::now(),
+            clock: super::clock::Clock::real(),
         }
+    }
+
+    /// The same, reading time from `clock` (the engine's).
+    pub fn with_clock(mut self, clock: super::clock::Clock) -> Admission {
+        self.clock = clock;
+        self
     }
 
     /// The same, with the guard engaging after `ms` of a slower cache
@@ -337,7 +343,7 @@ impl Admission {
     /// `engage_after_ms`. A stretch ends when a check finds it not slower.
     fn slow_for_long_enough(&self) -> bool {
         // +1: 0 means "not slow".
-        let now_ms = self.born.elapsed().as_millis() as u64 + 1;
+        let now_ms = self.clock.now_ms() + 1;
         let since = match self.slow_since_ms.load(Ordering::Relaxed) {
             0 => {
                 self.slow_since_ms.store(now_ms, Ordering::Relaxed);

@@ -308,7 +308,13 @@ impl CrashLog {
             }
         };
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(io("creating its directory"))?;
+            // Only its owner may read what blocks were written, or plant a log.
+            std::os::unix::fs::DirBuilderExt::mode(
+                std::fs::DirBuilder::new().recursive(true),
+                0o700,
+            )
+            .create(dir)
+            .map_err(io("creating its directory"))?;
         }
         let file = OpenOptions::new()
             .read(true)
@@ -413,8 +419,8 @@ impl CrashLog {
     /// memory follows the records pending, not every page the ring has
     /// passed over. A record page is given back once `head` has passed it,
     /// unless the ring has come round and the tail writes in that page
-    /// again.
-    fn release_consumed(&mut self) {
+    /// again. The background calls it after its commits.
+    pub fn trim(&mut self) {
         if !self.capacity.is_multiple_of(RECORDS_PER_PAGE) {
             return; // small test logs: pages would hold records of two laps
         }
@@ -533,7 +539,6 @@ impl CrashLog {
             self.valid = true;
         }
         self.revalidate = false;
-        self.release_consumed();
     }
 
     /// The commit begun last failed: its records stay buffered in memory,
@@ -781,6 +786,7 @@ mod tests {
                 next += 1;
             }
             log.commit_done(point(5, durable));
+            log.trim();
             // The header, the page holding the pending records, and at most
             // one more partly consumed one.
             assert!(

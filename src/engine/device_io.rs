@@ -3,7 +3,6 @@
 //! obeys.
 
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
 use super::admission::Dev;
 use super::stats::bump;
@@ -21,9 +20,9 @@ impl Engine {
     /// compares small requests only (up to 64 KiB): a 1 MiB write and a
     /// 4 KiB one say nothing about each other's device.
     fn timed_device<T>(&self, dev: Dev, bytes: usize, f: impl FnOnce() -> T) -> T {
-        let t = Instant::now();
+        let t = self.clock.now_ns();
         let r = f();
-        let ns = t.elapsed().as_nanos() as u64;
+        let ns = self.clock.since_ns(t);
         self.observe.latency.device(dev as usize, ns);
         if bytes <= 64 << 10 {
             self.admission.latencies.record(dev, ns);

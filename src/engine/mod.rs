@@ -27,6 +27,7 @@
 //! - `introspect.rs`: read-only reports of what the cache holds.
 
 pub mod admission;
+pub mod clock;
 pub mod commit;
 pub mod crash_log;
 pub mod device_io;
@@ -60,7 +61,6 @@ pub mod writeback;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
-use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
@@ -189,6 +189,8 @@ pub struct OpenOptions {
     /// memory, one per cache. `None`: no log; a process that dies loses
     /// the writes it acknowledged since its last commit.
     pub crash_log: Option<std::path::PathBuf>,
+    /// The engine's time (clock.rs): real unless a test simulates it.
+    pub clock: clock::Clock,
 }
 
 /// What the engine shows beyond `status`.
@@ -311,7 +313,8 @@ pub(crate) struct CommitState {
     /// failed commit (records since applied differently) are never
     /// replayed over it.
     pub journal_written_end: u64,
-    pub last_commit: Instant,
+    /// When the last commit completed (`Engine::now_ms`).
+    pub last_commit_ms: u64,
 }
 
 pub type BypassHook = Box<dyn Fn() + Send + Sync>;
@@ -363,7 +366,8 @@ pub struct Engine {
     /// The crash log is three quarters full: writers commit before they
     /// return (set by `append`, cleared by a commit that empties it).
     pub(crate) crash_log_pressed: AtomicBool,
-    pub(crate) opened_at: Instant,
+    /// Time for every decision taken by time (clock.rs).
+    pub(crate) clock: clock::Clock,
     pub(crate) closed: AtomicBool,
     pub(crate) bg_wake: (Mutex<bool>, Condvar),
     pub(crate) bg_thread: Mutex<Option<JoinHandle<()>>>,
@@ -377,6 +381,17 @@ impl Engine {
         origin: DeviceRef,
         opts: &CreateOptions,
     ) -> EngineResult<Arc<Engine>> {
+        Engine::create_with(cache, origin, opts, &OpenOptions::default())
+    }
+
+    /// `create`, then opened with `open` (its `allow_data_loss` is the
+    /// create options').
+    pub fn create_with(
+        cache: DeviceRef,
+        origin: DeviceRef,
+        opts: &CreateOptions,
+        open: &OpenOptions,
+    ) -> EngineResult<Arc<Engine>> {
         recovery::format_cache(&cache, &origin, opts)?;
         Engine::open(
             cache,
@@ -384,7 +399,7 @@ impl Engine {
             &OpenOptions {
                 force: false,
                 allow_data_loss: opts.allow_data_loss,
-                ..OpenOptions::default()
+                ..open.clone()
             },
         )
     }
@@ -678,7 +693,7 @@ impl Engine {
     }
 
     pub(crate) fn now_ms(&self) -> u64 {
-        self.opened_at.elapsed().as_millis() as u64
+        self.clock.now_ms()
     }
 
     pub(crate) fn note_completed(&self) {

@@ -7,7 +7,6 @@
 //! have to wait.
 
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
 use super::admission::Decision;
 use super::device_io::ORIGIN_REQUESTS;
@@ -86,12 +85,12 @@ impl Engine {
     /// made no origin request.
     pub(crate) fn timed_request<T>(&self, op: Op, f: impl FnOnce() -> T) -> T {
         let before = ORIGIN_REQUESTS.with(|c| c.get());
-        let t = Instant::now();
+        let t = self.clock.now_ns();
         let r = f();
         let hit = ORIGIN_REQUESTS.with(|c| c.get()) == before;
         self.observe
             .latency
-            .request(op, hit, t.elapsed().as_nanos() as u64);
+            .request(op, hit, self.clock.since_ns(t));
         r
     }
 
@@ -174,11 +173,11 @@ impl Engine {
     /// request. `None` (nothing done) otherwise. For the NBD server's async
     /// workers, which must not block for long.
     pub fn try_read_hits(&self, offset: u64, len: u64) -> Option<EngineResult<AlignedBuf>> {
-        let t = Instant::now();
+        let t = self.clock.now_ns();
         let r = self.try_read_hits_untimed(offset, len)?;
         self.observe
             .latency
-            .request(Op::Read, true, t.elapsed().as_nanos() as u64);
+            .request(Op::Read, true, self.clock.since_ns(t));
         Some(r)
     }
 
@@ -243,11 +242,11 @@ impl Engine {
         data: &[u8],
         fua: bool,
     ) -> Option<EngineResult<()>> {
-        let t = Instant::now();
+        let t = self.clock.now_ns();
         let r = self.try_write_cached_untimed(offset, data, fua)?;
         self.observe
             .latency
-            .request(Op::Write, true, t.elapsed().as_nanos() as u64);
+            .request(Op::Write, true, self.clock.since_ns(t));
         Some(r)
     }
 

@@ -2,12 +2,12 @@
 //! dissolving it on detach, and the offline metadata check.
 
 use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, FromZeros};
 
+use super::clock::Clock;
 use super::crash_log::{self, CrashLog, LogImage, Pending};
 use super::format::{
     block_bytes_valid, checkpoint_page, decode_entries, decode_maps, parse_checkpoint_page,
@@ -649,7 +649,7 @@ pub(crate) fn open(
         );
     }
     let journal_end_seq = loaded.journal_end_seq;
-    let engine = build_engine(cache, origin, sb, loaded);
+    let engine = build_engine(cache, origin, sb, loaded, opts.clock.clone());
     {
         let mut cs = engine.commit_state.lock();
         if clean {
@@ -728,7 +728,13 @@ fn settle_superblock(
 
 /// The engine over a loaded table: policy, free slots and settings from
 /// the table and superblock; nothing written yet.
-fn build_engine(cache: DeviceRef, origin: DeviceRef, sb: Superblock, loaded: Loaded) -> Engine {
+fn build_engine(
+    cache: DeviceRef,
+    origin: DeviceRef,
+    sb: Superblock,
+    loaded: Loaded,
+    clock: Clock,
+) -> Engine {
     let mode = Mode::from_u32(sb.mode.get()).expect("validated");
     let policy_kind = PolicyKind::from_u32(sb.policy.get()).expect("validated");
     let layout = loaded.layout;
@@ -775,12 +781,13 @@ fn build_engine(cache: DeviceRef, origin: DeviceRef, sb: Superblock, loaded: Loa
             flushed_through: 0,
             releases_durable: 0,
             journal_written_end: loaded.journal_end_seq,
-            last_commit: Instant::now(),
+            last_commit_ms: 0,
         }),
         locks: BlockLocks::new(),
         flights: Default::default(),
         stats: Stats::default(),
-        admission: super::admission::Admission::new(sb.admission(), layout.slot_count),
+        admission: super::admission::Admission::new(sb.admission(), layout.slot_count)
+            .with_clock(clock.clone()),
         origin_activity: Default::default(),
         slot_waiters: Default::default(),
         slots_freed: (Mutex::new(()), Condvar::new()),
@@ -791,7 +798,7 @@ fn build_engine(cache: DeviceRef, origin: DeviceRef, sb: Superblock, loaded: Loa
         bypass_hook: Mutex::new(None),
         completed_ops: AtomicU64::new(0),
         crash_log_pressed: AtomicBool::new(false),
-        opened_at: Instant::now(),
+        clock,
         closed: AtomicBool::new(false),
         bg_wake: (Mutex::new(false), Condvar::new()),
         bg_thread: Mutex::new(None),

@@ -22,7 +22,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::admission::Dev;
 
@@ -106,20 +106,16 @@ impl Engine {
         cv.notify_one();
     }
 
-    /// One round of background work; public so tests can drive it.
+    /// One round of background work: writeback batches until nothing is
+    /// due (at most 64), the free-slot reserve, a commit when one is due,
+    /// and giving back the crash log's durable pages. Each is a step of its
+    /// own below, so a deterministic test can schedule them one by one.
     pub fn background_tick(&self) {
         for _ in 0..64 {
             if self.closed.load(std::sync::atomic::Ordering::Acquire) {
                 return;
             }
-            // Between batches too: a round of writeback can take seconds
-            // against a slow origin.
-            self.keep_reserve();
-            let (cands, pace) = self.writeback_candidates();
-            if cands.is_empty() {
-                break;
-            }
-            match self.writeback_blocks(&cands, pace) {
+            match self.writeback_step() {
                 Ok(0) => break,
                 Ok(_) => {}
                 Err(e) => {
@@ -129,6 +125,31 @@ impl Engine {
             }
         }
         self.keep_reserve();
+        if self.commit_due() {
+            if let Err(e) = self.commit() {
+                log::warn!("background commit: {e}");
+            }
+        }
+        self.trim_crash_log();
+    }
+
+    /// One batch of background writeback: keeps the free-slot reserve,
+    /// then writes back what the watermarks, ages and idle time call for
+    /// now. Returns the blocks written back (0: nothing was due).
+    pub fn writeback_step(&self) -> EngineResult<usize> {
+        // Between batches too: a round of writeback can take seconds
+        // against a slow origin.
+        self.keep_reserve();
+        let (cands, pace) = self.writeback_candidates();
+        if cands.is_empty() {
+            return Ok(0);
+        }
+        self.writeback_blocks(&cands, pace)
+    }
+
+    /// A background commit is due: records wait and the last commit is a
+    /// `COMMIT_INTERVAL` old, or the crash log is half full.
+    pub fn commit_due(&self) -> bool {
         let (waiting, log_half_full) = {
             let m = self.meta.lock();
             let log_half_full = m
@@ -140,12 +161,19 @@ impl Engine {
                 log_half_full,
             )
         };
-        let due = log_half_full
-            || waiting && self.commit_state.lock().last_commit.elapsed() >= COMMIT_INTERVAL;
-        if due {
-            if let Err(e) = self.commit() {
-                log::warn!("background commit: {e}");
-            }
+        log_half_full
+            || waiting
+                && self
+                    .now_ms()
+                    .saturating_sub(self.commit_state.lock().last_commit_ms)
+                    >= COMMIT_INTERVAL.as_millis() as u64
+    }
+
+    /// Gives the pages of crash-log records that commits made durable back
+    /// to the system (crash_log.rs).
+    pub fn trim_crash_log(&self) {
+        if let Some(log) = self.meta.lock().crash_log.as_mut() {
+            log.trim();
         }
     }
 
@@ -379,7 +407,7 @@ impl Engine {
             if run.is_empty() {
                 continue;
             }
-            let started = Instant::now();
+            let started_ns = self.clock.now_ns();
             match self.write_back_in_flight(&run) {
                 Ok(n) => written += n,
                 Err(e) => {
@@ -392,7 +420,7 @@ impl Engine {
                         && self.origin_busy()
                         && self.slot_waiters.load(Ordering::Acquire) == 0 =>
                 {
-                    let took = started.elapsed().as_secs_f64();
+                    let took = self.clock.since_ns(started_ns) as f64 / 1e9;
                     let pause = Duration::from_secs_f64(took * (1.0 - share) / share);
                     bump(&self.stats.writeback_pauses, 1);
                     self.pause_background(pause.min(MAX_PAUSE));
