@@ -1,5 +1,6 @@
-//! Power-loss test. A random write/flush/FUA workload runs with background
-//! writeback; a crash switch shared by the cache and the origin cuts power at
+//! Power-loss test. A random write/flush/FUA workload runs with the
+//! background's work (writeback, commits, checkpoints, time passing) as
+//! steps a seeded scheduler picks (tests/common/sim.rs); a crash switch shared by the cache and the origin cuts power at
 //! the N-th device write; each device then loses, keeps, tears or reorders
 //! its unflushed writes (FaultDevice's power-loss model). After recovery:
 //! every write acknowledged before the last completed flush, and every FUA
@@ -7,14 +8,17 @@
 //!
 //! Every sector written carries (sector, version) and a pattern derived from
 //! them, so a read identifies exactly which write it came from.
-//! Seeded; a failure prints the seed (rerun with TIERCACHE_SEED=N).
+//! Deterministic: a failure prints its seed, the command that replays it
+//! bit for bit, and the last steps before the crash.
 
 mod common;
+#[path = "common/sim.rs"]
+mod sim;
 
 use std::sync::Arc;
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::Rng;
+use sim::Sim;
 use tiercache::device::fault::{CrashSwitch, FaultDevice};
 use tiercache::device::DeviceRef;
 use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions};
@@ -22,9 +26,20 @@ use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions};
 const ORIGIN_BYTES: u64 = 1 << 20;
 const SECTORS: usize = (ORIGIN_BYTES / 512) as usize;
 
-/// Runs one crash case; returns the number of device writes it allowed.
-fn crash_case(seed: u64, mode: Mode, block_bytes: u32, power_loss: bool) {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+/// What a crash case leaves to compare between two runs of one seed.
+struct Outcome {
+    trace: String,
+    digests: (u64, u64),
+    volume: Vec<u8>,
+}
+
+/// Runs one crash case: a deterministic simulation (tests/common/sim.rs),
+/// the background's work as steps a seeded scheduler picks.
+fn crash_case(seed: u64, mode: Mode, block_bytes: u32, power_loss: bool, test: &str) -> Outcome {
+    let mut sim = Sim::new(seed, sim::replay_command("engine_crash", test, seed));
+    sim.note(format!(
+        "mode {mode}, {block_bytes}-byte blocks, power loss {power_loss}"
+    ));
     let switch = CrashSwitch::new();
     let cache_bytes = common::cache_bytes_for(20, block_bytes);
     let cache_dev =
@@ -41,21 +56,35 @@ fn crash_case(seed: u64, mode: Mode, block_bytes: u32, power_loss: bool) {
         writeback: common::eager_writeback(),
         ..Default::default()
     };
-    let engine =
-        Engine::create(cache, origin, &opts).unwrap_or_else(|e| panic!("seed {seed}: create: {e}"));
+    let engine = Engine::create_with(cache, origin, &opts, &sim.open_options())
+        .unwrap_or_else(|e| panic!("seed {seed}: create: {e}"));
     // Per sector: the versions it may hold after a crash. The first entry
     // is the last durable version; later ones were written since.
     let mut model = common::SectorModel::new(SECTORS as u64);
-    switch.arm_after_events(rng.gen_range(1..=250));
+    let crash_at = sim.rng().gen_range(1..=250);
+    sim.note(format!("power fails at device event {crash_at}"));
+    switch.arm_after_events(crash_at);
     let max_sectors = (2 * block_bytes / 512) as u64;
     for _ in 0..300 {
-        let r: u32 = rng.gen_range(0..100);
-        let ok = if r < 75 {
-            let n = rng.gen_range(1..=max_sectors);
-            let first = rng.gen_range(0..=SECTORS as u64 - n);
-            let fua = r < 10;
+        let r: u32 = sim.rng().gen_range(0..100);
+        if r < 20 {
+            if sim.background(&engine).is_err() {
+                break;
+            }
+            continue;
+        }
+        sim.client_time();
+        let ok = if r < 65 {
+            let n = sim.rng().gen_range(1..=max_sectors);
+            let first = sim.rng().gen_range(0..=SECTORS as u64 - n);
+            let fua = r < 28;
             let v = model.issue_write(first, n);
             let res = engine.write(first * 512, &common::stamped(first, n, v), fua);
+            sim.note(format!(
+                "write v{v} sectors {first}+{n}{}: {}",
+                if fua { " FUA" } else { "" },
+                res.is_ok()
+            ));
             if res.is_ok() && fua {
                 model.fua_done(v);
             }
@@ -64,11 +93,14 @@ fn crash_case(seed: u64, mode: Mode, block_bytes: u32, power_loss: bool) {
             // Reads fill blocks cached in part and promote others, writing
             // into slots in place: a crash in the middle must not leave a
             // sector served from the cache that it never held.
-            let n = rng.gen_range(1..=max_sectors);
-            let first = rng.gen_range(0..=SECTORS as u64 - n);
-            engine.read(first * 512, n * 512).is_ok()
+            let n = sim.rng().gen_range(1..=max_sectors);
+            let first = sim.rng().gen_range(0..=SECTORS as u64 - n);
+            let ok = engine.read(first * 512, n * 512).is_ok();
+            sim.note(format!("read sectors {first}+{n}: {ok}"));
+            ok
         } else {
             let res = engine.flush();
+            sim.note(format!("flush: {}", res.is_ok()));
             if res.is_ok() {
                 model.flush_done();
             }
@@ -78,17 +110,10 @@ fn crash_case(seed: u64, mode: Mode, block_bytes: u32, power_loss: bool) {
             break;
         }
     }
-    if std::env::var("TIERCACHE_TRACE").is_ok() {
-        eprintln!(
-            "seed {seed}: tripped early {} cache unflushed {} origin unflushed {}",
-            switch.is_tripped(),
-            cache_dev.unflushed_writes(),
-            origin_dev.unflushed_writes()
-        );
-    }
     switch.trip();
     engine.abandon();
     drop(engine);
+    let digests = (cache_dev.io_digest(), origin_dev.io_digest());
     let (cache_img, origin_img) = if power_loss {
         (cache_dev.power_loss_image(), origin_dev.power_loss_image())
     } else {
@@ -96,21 +121,15 @@ fn crash_case(seed: u64, mode: Mode, block_bytes: u32, power_loss: bool) {
     };
     let cache: DeviceRef = Arc::new(FaultDevice::from_image("cache", cache_img, seed + 1));
     let origin: DeviceRef = Arc::new(FaultDevice::from_image("origin", origin_img, seed + 2));
-    let engine = Engine::open(
-        cache.clone(),
-        origin.clone(),
-        &OpenOptions {
-            no_background: true,
-            ..Default::default()
-        },
-    )
-    .unwrap_or_else(|e| panic!("seed {seed}: recovery refused: {e}"));
+    let fail = |what: String| -> ! { panic!("{}{what}", sim.report(40)) };
+    let engine = Engine::open(cache.clone(), origin.clone(), &sim.open_options())
+        .unwrap_or_else(|e| fail(format!("recovery refused: {e}")));
     let verify = |engine: &Engine, when: &str| {
         let all = engine
             .read(0, ORIGIN_BYTES)
-            .unwrap_or_else(|e| panic!("seed {seed}: read after recovery: {e}"));
+            .unwrap_or_else(|e| fail(format!("read after recovery: {e}")));
         if let Err(e) = model.verify(&all) {
-            panic!("seed {seed} ({when}): {e}");
+            fail(format!("{when}: {e}"));
         }
         all
     };
@@ -118,63 +137,76 @@ fn crash_case(seed: u64, mode: Mode, block_bytes: u32, power_loss: bool) {
     // What recovery shows must stay: write everything back, restart, detach.
     engine
         .flush_all(&mut |_, _| {})
-        .unwrap_or_else(|e| panic!("seed {seed}: flush_all: {e}"));
+        .unwrap_or_else(|e| fail(format!("flush_all: {e}")));
     engine.close().unwrap();
     drop(engine);
-    let engine = Engine::open(
-        cache,
-        origin.clone(),
-        &OpenOptions {
-            no_background: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let engine = Engine::open(cache, origin.clone(), &sim.open_options()).unwrap();
     let second = verify(&engine, "after restart");
-    assert!(
-        first[..] == second[..],
-        "seed {seed}: volume changed across a clean restart"
-    );
+    if first[..] != second[..] {
+        fail("volume changed across a clean restart".into());
+    }
     engine.detach().unwrap();
     let mut back = vec![0u8; ORIGIN_BYTES as usize];
     origin.read_at(&mut back, 0).unwrap();
-    assert!(
-        back[..] == first[..],
-        "seed {seed}: origin after detach differs from the recovered volume"
-    );
+    if back[..] != first[..] {
+        fail("origin after detach differs from the recovered volume".into());
+    }
+    Outcome {
+        trace: sim.report(usize::MAX),
+        digests,
+        volume: first.to_vec(),
+    }
 }
 
-fn run(mode: Mode, cases: u64, salt: u64) {
+/// The case a seed stands for.
+fn case_of(seed: u64) -> (u32, bool) {
+    ([4096u32, 8192, 65536][(seed % 3) as usize], seed % 5 != 0)
+}
+
+fn run(mode: Mode, cases: u64, salt: u64, test: &str) {
     let seeds: Vec<u64> = match std::env::var("TIERCACHE_SEED") {
         Ok(s) => vec![s.parse().expect("TIERCACHE_SEED must be a number")],
         Err(_) => (0..cases).map(|i| salt * 1_000_000 + i).collect(),
     };
     for seed in seeds {
-        let block_bytes = [4096u32, 8192, 65536][(seed % 3) as usize];
-        let power_loss = seed % 5 != 0;
-        let r = std::panic::catch_unwind(|| crash_case(seed, mode, block_bytes, power_loss));
-        if r.is_err() {
-            panic!("crash test failed: rerun with TIERCACHE_SEED={seed} (mode {mode}, block size {block_bytes}, power loss {power_loss})");
-        }
+        let (block_bytes, power_loss) = case_of(seed);
+        crash_case(seed, mode, block_bytes, power_loss, test);
+    }
+}
+
+/// A seed replays bit for bit: the same steps and device events.
+#[test]
+fn a_seed_replays_bit_for_bit() {
+    for seed in [5_000_001u64, 5_000_002, 5_000_003, 5_000_004] {
+        let (block_bytes, power_loss) = case_of(seed);
+        let test = "a_seed_replays_bit_for_bit";
+        let a = crash_case(seed, Mode::Writeback, block_bytes, power_loss, test);
+        let b = crash_case(seed, Mode::Writeback, block_bytes, power_loss, test);
+        assert_eq!(a.trace, b.trace, "seed {seed}: the steps differ");
+        assert_eq!(
+            a.digests, b.digests,
+            "seed {seed}: the device events differ"
+        );
+        assert!(a.volume == b.volume, "seed {seed}: the volumes differ");
     }
 }
 
 // 1,200 crash points in all.
 #[test]
 fn crash_writeback() {
-    run(Mode::Writeback, 600, 1);
+    run(Mode::Writeback, 600, 1, "crash_writeback");
 }
 #[test]
 fn crash_writeonly() {
-    run(Mode::Writeonly, 200, 2);
+    run(Mode::Writeonly, 200, 2, "crash_writeonly");
 }
 #[test]
 fn crash_writethrough() {
-    run(Mode::Writethrough, 200, 3);
+    run(Mode::Writethrough, 200, 3, "crash_writethrough");
 }
 #[test]
 fn crash_writearound() {
-    run(Mode::Writearound, 200, 4);
+    run(Mode::Writearound, 200, 4, "crash_writearound");
 }
 
 /// Systematic: crash at every device event (write or flush) of one flush
@@ -198,13 +230,14 @@ fn crash_at_every_event_of_a_flush() {
                     )
                     .with_crash_switch(switch.clone()),
                 );
-                let engine = Engine::create(
+                let engine = Engine::create_with(
                     cache_dev.clone(),
                     origin_dev.clone(),
                     &CreateOptions {
                         mode,
                         ..Default::default()
                     },
+                    &Sim::new(seed, String::new()).open_options(),
                 )
                 .unwrap();
                 let sectors = 64u64;
@@ -226,6 +259,7 @@ fn crash_at_every_event_of_a_flush() {
                     );
                 }
                 switch.trip();
+                engine.abandon();
                 drop(engine);
                 let cache: DeviceRef = Arc::new(FaultDevice::from_image(
                     "cache",
@@ -292,14 +326,11 @@ fn writeback_of_a_rewritten_clean_block_never_revives_the_old_copy() {
                     .with_crash_switch(switch.clone()),
             );
             let opts = CreateOptions::default();
-            Engine::create(cache_dev.clone(), origin_dev.clone(), &opts)
+            let no_bg = Sim::new(event, String::new()).open_options();
+            Engine::create_with(cache_dev.clone(), origin_dev.clone(), &opts, &no_bg)
                 .unwrap()
                 .close()
                 .unwrap();
-            let no_bg = OpenOptions {
-                no_background: true,
-                ..Default::default()
-            };
             let engine = Engine::open(cache_dev.clone(), origin_dev.clone(), &no_bg).unwrap();
             let block = |v: u64| -> Vec<u8> {
                 (0..8u64)

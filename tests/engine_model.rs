@@ -5,11 +5,14 @@
 //! failure prints its seed (rerun one with TIERCACHE_SEED=N).
 
 mod common;
+#[path = "common/sim.rs"]
+mod sim;
 
 use std::sync::Arc;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use sim::Sim;
 use tiercache::device::DeviceRef;
 use tiercache::engine::policy::PolicyKind;
 use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions, WritebackSettings};
@@ -40,9 +43,12 @@ impl Model {
     }
 }
 
-/// With `background`, the engine's own writeback thread runs beside the
-/// workload (and the workload's own background ticks): races between it and
-/// foreground I/O are in play, so a failure may not reproduce exactly.
+/// Without `background`, a deterministic simulation (tests/common/sim.rs):
+/// the background's work runs as seeded steps on a simulated clock, so a
+/// seed replays bit for bit. With `background`, the engine's own writeback
+/// thread runs beside the workload on the real clock: it needs real
+/// threads (races between it and foreground I/O are in play), so a failure
+/// may not reproduce exactly; the other form is its seeded twin.
 fn run_one(
     seed: u64,
     mode: Mode,
@@ -52,6 +58,7 @@ fn run_one(
     background: bool,
 ) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut sim = Sim::new(seed, "the command in the panic message".into());
     // At least 40 blocks, so a 24-block cache must evict at every size.
     let origin_bytes = ORIGIN_BYTES.max(40 * block_bytes as u64);
     let cache_size = common::cache_bytes_for(24, block_bytes);
@@ -74,17 +81,14 @@ fn run_one(
         },
         ..Default::default()
     };
-    let open = || {
-        Engine::open(
-            cache.clone(),
-            origin.clone(),
-            &OpenOptions {
-                no_background: !background,
-                ..Default::default()
-            },
-        )
+    let open_opts = if background {
+        OpenOptions::default()
+    } else {
+        sim.open_options()
     };
-    let created = Engine::create(cache.clone(), origin.clone(), &opts).expect("create");
+    let open = || Engine::open(cache.clone(), origin.clone(), &open_opts);
+    let created =
+        Engine::create_with(cache.clone(), origin.clone(), &opts, &open_opts).expect("create");
     created.close().expect("close");
     drop(created);
     let mut engine = open().expect("open");
@@ -98,6 +102,7 @@ fn run_one(
         let len = rng.gen_range(1..=max_len / 512) * 512;
         let offset = rng.gen_range(0..=(origin_bytes - len) / 512) * 512;
         let choice = rng.gen_range(0..100);
+        sim.client_time();
         if std::env::var("TIERCACHE_TRACE").is_ok() {
             eprintln!(
                 "op {op}: kind {choice} offset {offset} len {len} blocks {}..={}",
@@ -141,7 +146,12 @@ fn run_one(
             86..=87 => engine
                 .prefetch(offset, len)
                 .unwrap_or_else(|e| panic!("{ctx}: prefetch: {e}")),
-            88..=93 => engine.background_tick(),
+            88..=93 if background => engine.background_tick(),
+            88..=93 => {
+                if let Err(e) = sim.background(&engine) {
+                    panic!("{ctx}: background step: {e}");
+                }
+            }
             94 => {
                 // Switch to another mode and back: leaving a dirty mode writes back.
                 let other = Mode::ALL[rng.gen_range(0..Mode::ALL.len())];

@@ -31,6 +31,12 @@
 //!
 //! CI runs 6 cycles; `TIERCACHE_LONG=1` runs 200. Rerun a seed with
 //! `TIERCACHE_SEED=N` (timing still varies).
+//!
+//! Needs real processes: what is under test is a daemon killed by a signal
+//! while NBD clients write, and the next daemon taking over. Timing decides
+//! where the kill lands, so a seed does not replay a failure exactly. Its
+//! seeded twin is tests/engine_crash_log.rs (a deterministic simulation of
+//! the same kill, the crash log copied at a device event a seed picks).
 
 mod common;
 #[path = "common/daemon.rs"]

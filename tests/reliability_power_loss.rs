@@ -18,6 +18,8 @@
 //! (rerun one with TIERCACHE_SEED=N).
 
 mod common;
+#[path = "common/sim.rs"]
+mod sim;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,6 +27,7 @@ use std::sync::Arc;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use sim::Sim;
 use tiercache::device::fault::FaultDevice;
 use tiercache::device::recorder::{Event, EventLog, Replay, Survival};
 use tiercache::engine::recovery::check;
@@ -58,8 +61,11 @@ struct Workload {
     seed: u64,
     mode: Mode,
     block_bytes: u32,
-    /// The engine's own background thread (timing-dependent) instead of
-    /// background ticks driven by the workload (deterministic).
+    /// The engine's own background thread on the real clock (it needs
+    /// real threads: writeback and commits racing the workload; timing
+    /// decides the interleaving) instead of the background's work as steps
+    /// a seeded scheduler picks on a simulated clock (tests/common/sim.rs:
+    /// a seed replays bit for bit), its twin.
     background_thread: bool,
     ops: usize,
 }
@@ -67,6 +73,12 @@ struct Workload {
 /// Runs the workload on recording devices and returns the log.
 fn record(w: &Workload) -> Recorded {
     let mut rng = ChaCha8Rng::seed_from_u64(w.seed);
+    let mut sim = Sim::new(w.seed, format!("TIERCACHE_SEED={}", w.seed));
+    let open_opts = if w.background_thread {
+        OpenOptions::default()
+    } else {
+        sim.open_options()
+    };
     let bs = w.block_bytes as u64;
     // A cache of 24 blocks over an origin of 256 (4 KiB) or 16 (64 KiB)
     // blocks: eviction and writeback never stop.
@@ -83,7 +95,7 @@ fn record(w: &Workload) -> Recorded {
         writeback: common::eager_writeback(),
         ..Default::default()
     };
-    Engine::create(cache0_ref, origin0.clone(), &opts)
+    Engine::create_with(cache0_ref, origin0.clone(), &opts, &open_opts)
         .unwrap()
         .close()
         .unwrap();
@@ -101,15 +113,7 @@ fn record(w: &Workload) -> Recorded {
         0,
     )));
     assert_eq!((cache.index(), origin.index()), (CACHE, ORIGIN));
-    let engine = Engine::open(
-        Arc::new(cache),
-        Arc::new(origin),
-        &OpenOptions {
-            no_background: !w.background_thread,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let engine = Engine::open(Arc::new(cache), Arc::new(origin), &open_opts).unwrap();
     let mut ops = Vec::new();
     let mark = |op: Op, ops: &mut Vec<Op>| {
         log.mark(ops.len() as u64);
@@ -122,6 +126,7 @@ fn record(w: &Workload) -> Recorded {
     let max_sectors = 2 * bs / 512;
     for _ in 0..w.ops {
         let r = rng.gen_range(0..100u32);
+        sim.client_time();
         if r < 60 {
             let n = rng.gen_range(1..=max_sectors);
             let span = if rng.gen_bool(0.6) {
@@ -166,7 +171,7 @@ fn record(w: &Workload) -> Recorded {
             mark(Op::Trim { first, n }, &mut ops);
             engine.trim(first * 512, n * 512, false).unwrap();
         } else if !w.background_thread {
-            engine.background_tick();
+            sim.background(&engine).unwrap();
         } else {
             std::thread::sleep(std::time::Duration::from_micros(200));
         }

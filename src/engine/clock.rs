@@ -12,6 +12,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Where a simulated clock's Unix time starts (2026-01-01).
+const SIM_EPOCH_UNIX_SECS: u64 = 1_767_225_600;
+
 /// Simulated time, in nanoseconds; clones share it.
 #[derive(Clone, Debug, Default)]
 pub struct SimClock(Arc<AtomicU64>);
@@ -75,6 +78,17 @@ impl Clock {
 
     pub fn now_ms(&self) -> u64 {
         self.now_ns() / 1_000_000
+    }
+
+    /// Seconds since the Unix epoch (a cache's creation time): the
+    /// system's, or for a simulated clock a fixed date plus its time.
+    pub fn unix_secs(&self) -> u64 {
+        match &self.sim {
+            Some(s) => SIM_EPOCH_UNIX_SECS + s.now_ns() / 1_000_000_000,
+            None => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        }
     }
 
     /// Nanoseconds from `since` (a `now_ns` reading) to now.

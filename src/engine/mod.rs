@@ -392,7 +392,7 @@ impl Engine {
         opts: &CreateOptions,
         open: &OpenOptions,
     ) -> EngineResult<Arc<Engine>> {
-        recovery::format_cache(&cache, &origin, opts)?;
+        recovery::format_cache(&cache, &origin, opts, &open.clock)?;
         Engine::open(
             cache,
             origin,

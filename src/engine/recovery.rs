@@ -90,6 +90,7 @@ pub(crate) fn format_cache(
     cache: &DeviceRef,
     origin: &DeviceRef,
     opts: &CreateOptions,
+    clock: &Clock,
 ) -> EngineResult<()> {
     check_block_bytes(opts.block_bytes)?;
     if opts.mode.holds_dirty() && cache.is_volatile() && !opts.allow_data_loss {
@@ -187,11 +188,7 @@ pub(crate) fn format_cache(
     } else {
         0
     });
-    sb.created_unix_secs = U64::new(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
-    );
+    sb.created_unix_secs = U64::new(clock.unix_secs());
     for generation in [1u64, 2] {
         sb.generation = U64::new(generation);
         sb.seal();

@@ -95,9 +95,13 @@ pub fn eager_writeback() -> tiercache::engine::WritebackSettings {
     }
 }
 
+/// No background thread, and a clock of its own that stands still
+/// (`tiercache::engine::clock`): what such an engine decides does not
+/// depend on how fast the machine runs the test.
 pub fn no_bg() -> OpenOptions {
     OpenOptions {
         no_background: true,
+        clock: tiercache::engine::clock::Clock::sim(Default::default()),
         ..Default::default()
     }
 }
