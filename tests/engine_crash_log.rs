@@ -36,7 +36,8 @@ use rand_chacha::ChaCha8Rng;
 use sim::Sim;
 use tiercache::device::fault::{CrashSwitch, FaultDevice};
 use tiercache::device::{BlockDevice, DeviceRef, DeviceResult};
-use tiercache::engine::crash_log::LogImage;
+use tiercache::engine::crash_log::{LogImage, HEADER_BYTES};
+use tiercache::engine::recovery::{self, CrashLogs};
 use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions};
 
 const ORIGIN_BYTES: u64 = 1 << 20;
@@ -577,4 +578,119 @@ fn a_held_crash_log_refuses_a_second_open() {
     assert!(err.contains("locked"), "{err}");
     engine.close().unwrap();
     assert!(!log.exists(), "a clean close removes the log");
+}
+
+/// A cache whose first life wrote `writes` blocks (one sector each, from
+/// block 0) and was killed: its images and the log it left.
+fn killed_with_log(writes: u64, dir: &Path) -> (Vec<u8>, Vec<u8>, PathBuf) {
+    let (cache_dev, cache) = common::fault_dev("cache", common::cache_bytes_for(64, 4096), 1);
+    let origin_dev = Arc::new(FaultDevice::from_image(
+        "origin",
+        common::initial_origin(ORIGIN_BYTES),
+        2,
+    ));
+    let origin: DeviceRef = origin_dev.clone();
+    let engine = Engine::create(cache.clone(), origin.clone(), &CreateOptions::default()).unwrap();
+    engine.close().unwrap();
+    drop(engine);
+    let log = dir.join("log");
+    let engine = Engine::open(cache, origin, &open_opts(Some(&log))).unwrap();
+    for b in 0..writes {
+        engine
+            .write(b * 4096, &common::stamped(b * 8, 8, 1), false)
+            .unwrap();
+    }
+    engine.abandon();
+    drop(engine);
+    (
+        cache_dev.snapshot_current(),
+        origin_dev.snapshot_current(),
+        log,
+    )
+}
+
+/// Opens the killed images with the log at `log`: what `check` notes first,
+/// then the records open applied and the blocks that read back written.
+fn open_killed(cache: &[u8], origin: &[u8], log: &Path, writes: u64) -> (String, u64, u64) {
+    let cache: DeviceRef = Arc::new(FaultDevice::from_image("cache", cache.to_vec(), 3));
+    let origin: DeviceRef = Arc::new(FaultDevice::from_image("origin", origin.to_vec(), 4));
+    let report = recovery::check_with_crash_log(&cache, None, &CrashLogs::Known(log.to_path_buf()));
+    let note = report
+        .findings
+        .iter()
+        .find(|f| f.contains("crash log"))
+        .cloned()
+        .unwrap_or_default();
+    let engine = Engine::open(cache, origin, &open_opts(Some(log))).unwrap();
+    let applied = engine.status().stats.crash_log_records_recovered;
+    let kept = (0..writes)
+        .filter(|&b| engine.read(b * 4096, 4096).unwrap()[..] == common::stamped(b * 8, 8, 1)[..])
+        .count() as u64;
+    engine.close().unwrap();
+    (note, applied, kept)
+}
+
+/// Bad input stays safe: a log damaged in its header, in a record, or in a
+/// way that parses but names slots the cache does not have, is reported by
+/// `check` and never applied; open goes on without it.
+#[test]
+fn a_damaged_crash_log_is_reported_and_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cache, origin, log) = killed_with_log(6, dir.path());
+    let good = std::fs::read(&log).unwrap();
+    let (note, applied, kept) = open_killed(&cache, &origin, &log, 6);
+    assert!(note.contains("the next open applies them"), "{note}");
+    assert_eq!((applied > 0, kept), (true, 6), "the intact log is applied");
+    let header = HEADER_BYTES;
+    type Damage = Box<dyn Fn(&mut Vec<u8>)>;
+    let damages: [(&str, Damage); 4] = [
+        ("magic", Box::new(|b: &mut Vec<u8>| b[0] ^= 0xff)),
+        ("truncated", Box::new(|b: &mut Vec<u8>| b.truncate(100))),
+        // tail far beyond the ring.
+        ("tail", Box::new(|b: &mut Vec<u8>| b[13 * 8 + 5] = 0x7f)),
+        // A record's kind byte.
+        (
+            "record kind",
+            Box::new(move |b: &mut Vec<u8>| b[header + 4] = 0xee),
+        ),
+    ];
+    for (what, damage) in damages {
+        let mut bad = good.clone();
+        damage(&mut bad);
+        std::fs::write(&log, &bad).unwrap();
+        let (note, applied, kept) = open_killed(&cache, &origin, &log, 6);
+        assert!(
+            note.contains("unusable, would be ignored"),
+            "{what}: check says {note:?}"
+        );
+        assert_eq!((applied, kept), (0, 0), "{what}: a damaged log was applied");
+    }
+    // Records that parse but name a slot past the cache's: refused whole.
+    let mut bad = good.clone();
+    for rec in bad[header..header + 6 * 16].chunks_mut(16) {
+        rec[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+    }
+    std::fs::write(&log, &bad).unwrap();
+    let (note, applied, kept) = open_killed(&cache, &origin, &log, 6);
+    assert!(note.contains("unusable, would be ignored"), "{note}");
+    assert_eq!(
+        (applied, kept),
+        (0, 0),
+        "records naming no slot were applied"
+    );
+}
+
+/// A log of another cache at this cache's path is reported and ignored.
+#[test]
+fn a_foreign_crash_log_is_reported_and_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cache, origin, log) = killed_with_log(4, dir.path());
+    let other = tempfile::tempdir().unwrap();
+    // Another cache (created later: another identity) left a log too.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let (_, _, other_log) = killed_with_log(4, other.path());
+    std::fs::copy(&other_log, &log).unwrap();
+    let (note, applied, kept) = open_killed(&cache, &origin, &log, 4);
+    assert!(note.contains("belongs to another cache"), "{note}");
+    assert_eq!((applied, kept), (0, 0), "a foreign log was applied");
 }

@@ -235,6 +235,13 @@ fn kill_9_keeps_acknowledged_unflushed_writes() {
         report.contains("records the last daemon acknowledged but did not journal"),
         "{report}"
     );
+    // Given only the device, check finds the log by the cache named in it.
+    let cache = s.path("cache.img");
+    let report = s.cli(&["check", "--cache", cache.to_str().unwrap()]);
+    assert!(
+        report.contains("records the last daemon acknowledged but did not journal"),
+        "{report}"
+    );
     let _server = s.serve();
     let dev = NbdDevice::connect(&s.uri(), 1).unwrap();
     let mut volume = vec![0u8; (sectors * 512) as usize];

@@ -3,7 +3,7 @@
 
 use anyhow::{bail, Context, Result};
 use tiercache::device::open_device;
-use tiercache::engine::recovery::{self, CheckReport};
+use tiercache::engine::recovery::{self, CheckReport, CrashLogs};
 
 use super::registry::{Lock, Registry};
 
@@ -21,14 +21,22 @@ pub struct Args {
 }
 
 pub fn run(reg: &Registry, a: &Args) -> Result<()> {
-    let (label, cache_path, origin_path, crash_log, _lock): (
+    let (label, cache_path, origin_path, crash_logs, _lock): (
         String,
         String,
         Option<String>,
-        Option<std::path::PathBuf>,
+        CrashLogs,
         Option<Lock>,
     ) = match &a.cache {
-        Some(path) => (path.clone(), path.clone(), None, None, None),
+        // No name, so no known log: every log of this user's that belongs
+        // to this cache device (by the identity in its header).
+        Some(path) => (
+            path.clone(),
+            path.clone(),
+            None,
+            CrashLogs::Search(reg.crash_log_files()),
+            None,
+        ),
         None => {
             let entry = reg.resolve(a.name.as_deref())?;
             // Not while another command changes it.
@@ -37,7 +45,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
                 format!("cache '{}' ({})", entry.name, entry.cache),
                 entry.cache,
                 Some(entry.origin),
-                Some(reg.crash_log_path(&entry.name)),
+                CrashLogs::Known(reg.crash_log_path(&entry.name)),
                 Some(lock),
             )
         }
@@ -56,7 +64,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         None => None,
     };
     let spinner = super::progress::spinner("checking the metadata");
-    let report = recovery::check_with_crash_log(&cache, origin_bytes, crash_log.as_deref());
+    let report = recovery::check_with_crash_log(&cache, origin_bytes, &crash_logs);
     if let Some(s) = spinner {
         s.finish_and_clear();
     }

@@ -152,19 +152,40 @@ impl Registry {
     /// caches of one name never share it.
     /// Falls back to the state directory where /dev/shm is missing.
     pub fn crash_log_path(&self, name: &str) -> PathBuf {
-        let shm = Path::new("/dev/shm");
-        if !shm.is_dir() {
+        let Some(shm) = Self::shm_dir() else {
             return self.dir.join(format!("{name}.crashlog"));
-        }
+        };
         let dir = fs::canonicalize(&self.dir).unwrap_or_else(|_| self.dir.clone());
         let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
         for b in dir.as_os_str().as_encoded_bytes() {
             hash = (hash ^ *b as u64).wrapping_mul(0x100_0000_01b3);
         }
+        shm.join(format!("{hash:016x}-{name}.crashlog"))
+    }
+
+    /// This user's directory of crash logs in shared memory, if there is
+    /// shared memory.
+    fn shm_dir() -> Option<PathBuf> {
+        let shm = Path::new("/dev/shm");
         // SAFETY: getuid has no preconditions and cannot fail.
         let uid = unsafe { libc::getuid() };
-        shm.join(format!("tiercache-{uid}"))
-            .join(format!("{hash:016x}-{name}.crashlog"))
+        shm.is_dir().then(|| shm.join(format!("tiercache-{uid}")))
+    }
+
+    /// Every crash log file this user's caches may have left: in shared
+    /// memory (any state directory's), and in this state directory (where
+    /// /dev/shm is missing). For `check --cache DEV`, which knows no name.
+    pub fn crash_log_files(&self) -> Vec<PathBuf> {
+        let mut files: Vec<PathBuf> = Self::shm_dir()
+            .into_iter()
+            .chain([self.dir.clone()])
+            .filter_map(|d| fs::read_dir(d).ok())
+            .flatten()
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "crashlog"))
+            .collect();
+        files.sort();
+        files
     }
 
     /// All registered caches, sorted by name. A missing state directory

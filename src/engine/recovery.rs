@@ -880,14 +880,59 @@ pub(crate) fn wipe(engine: &Engine) -> EngineResult<()> {
     Ok(())
 }
 
+/// Which crash log `check` reads.
+pub enum CrashLogs {
+    /// None.
+    None,
+    /// The named cache's log (there may be no such file).
+    Known(std::path::PathBuf),
+    /// Of these files, the logs whose header names this cache (for a
+    /// device given without a name). Others are skipped: they belong to
+    /// other caches, or are not logs.
+    Search(Vec<std::path::PathBuf>),
+}
+
+/// What the crash logs `logs` hold for the loaded state, for `check`. The
+/// records a log would add are applied to `loaded`'s table, as open would,
+/// so a record that does not fit is caught here too.
+fn crash_log_notes(loaded: &mut Loaded, logs: &CrashLogs) -> Vec<String> {
+    match logs {
+        CrashLogs::None => Vec::new(),
+        CrashLogs::Known(path) => crash_log_note(loaded, path).into_iter().collect(),
+        CrashLogs::Search(files) => {
+            let ours = crash_log::Identity::of(&loaded.sb).cache;
+            let notes: Vec<String> = files
+                .iter()
+                .filter(|p| {
+                    std::fs::read(p)
+                        .ok()
+                        .and_then(|b| LogImage::parse(&b).ok())
+                        .is_some_and(|img| img.identity.cache == ours)
+                })
+                .filter_map(|p| crash_log_note(loaded, p))
+                // One log at most applies to a state.
+                .take(1)
+                .collect();
+            if notes.is_empty() {
+                vec![format!(
+                    "note: no crash log of this cache among {} crash log files searched",
+                    files.len()
+                )]
+            } else {
+                notes
+            }
+        }
+    }
+}
+
 /// What the crash log at `path` holds for the loaded state, for `check`.
-fn crash_log_note(loaded: &Loaded, path: &std::path::Path) -> Option<String> {
+fn crash_log_note(loaded: &mut Loaded, path: &std::path::Path) -> Option<String> {
     let bytes = std::fs::read(path).ok()?;
     let image = match LogImage::parse(&bytes) {
         Ok(image) => image,
         Err(e) => {
             return Some(format!(
-                "note: crash log {}: unusable ({e})",
+                "note: crash log {}: unusable, would be ignored ({e})",
                 path.display()
             ))
         }
@@ -898,11 +943,21 @@ fn crash_log_note(loaded: &Loaded, path: &std::path::Path) -> Option<String> {
     };
     Some(match image.pending(&crash_log::Identity::of(&loaded.sb), at) {
         Pending::Apply([]) => format!("note: crash log {}: nothing to add", path.display()),
-        Pending::Apply(records) => format!(
+        Pending::Apply(records) => match records.iter().enumerate().try_for_each(|(i, r)| {
+            loaded.table.validate(r).map_err(|e| format!("record {i}: {e}"))?;
+            loaded.table.apply(r);
+            Ok::<(), String>(())
+        }) {
+            Err(e) => format!(
+                "note: crash log {}: unusable, would be ignored ({e})",
+                path.display()
+            ),
+            Ok(()) => format!(
             "note: crash log {}: {} records the last daemon acknowledged but did not journal; the next open applies them",
             path.display(),
             records.len()
         ),
+        },
         Pending::Ignore(why) => format!(
             "note: crash log {}: would be ignored ({why})",
             path.display()
@@ -927,15 +982,15 @@ pub struct CheckReport {
 /// Checks the metadata without writing anything. `origin_bytes` is the
 /// origin's size if known (else the recorded size is used).
 pub fn check(cache: &DeviceRef, origin_bytes: Option<u64>) -> CheckReport {
-    check_with_crash_log(cache, origin_bytes, None)
+    check_with_crash_log(cache, origin_bytes, &CrashLogs::None)
 }
 
-/// `check`, also saying what the crash log at `crash_log` would add at the
-/// next open (a note, never damage: the log is not metadata on disk).
+/// `check`, also saying what the crash logs `logs` would add at the next
+/// open (a note, never damage: the log is not metadata on disk).
 pub fn check_with_crash_log(
     cache: &DeviceRef,
     origin_bytes: Option<u64>,
-    crash_log: Option<&std::path::Path>,
+    logs: &CrashLogs,
 ) -> CheckReport {
     let mut findings = Vec::new();
     let mut report = CheckReport {
@@ -983,12 +1038,12 @@ pub fn check_with_crash_log(
     }
     let mut problems = Vec::new();
     match load(cache, sb, origin_bytes, Some(&mut problems)) {
-        Ok(l) => {
+        Ok(mut l) => {
             report.cache_blocks_total = l.layout.slot_count;
             report.cache_blocks_used = l.table.used();
             report.cache_blocks_dirty = l.table.dirty_count();
             report.journal_pages_to_replay = l.pages_replayed;
-            findings.extend(crash_log.and_then(|p| crash_log_note(&l, p)));
+            findings.extend(crash_log_notes(&mut l, logs));
             findings.extend(l.tail_note.map(|n| format!("note: {n}")));
         }
         Err(e) => problems.push(e.to_string()),
