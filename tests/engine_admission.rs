@@ -40,7 +40,12 @@ fn engine_with(
         .unwrap()
         .close()
         .unwrap();
-    Engine::open(cache, origin, &common::no_bg()).unwrap()
+    // The real clock: the guard compares measured device latencies.
+    let real_time = tiercache::engine::OpenOptions {
+        no_background: true,
+        ..Default::default()
+    };
+    Engine::open(cache, origin, &real_time).unwrap()
 }
 
 fn devices(slots: u64) -> (Arc<FaultDevice>, Arc<FaultDevice>) {
