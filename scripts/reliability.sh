@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The long form of the reliability suite (issue 5): every
-# tests/reliability_*.rs with TIERCACHE_LONG=1 in the release profile (200
+# tests/reliability_*.rs, engine_crash_log.rs (20,000 simulated kills) and
+# engine_crash.rs with TIERCACHE_LONG=1 in the release profile (200
 # kill -9 cycles, 10-minute soak, minute-long race runs, ...), then every
 # cargo-fuzz target in fuzz/fuzz_targets/ for FUZZ_SECONDS each through
 # scripts/fuzz.sh. Each test prints its counts (cycles, sectors verified,
@@ -18,7 +19,7 @@ start=$(date +%s)
 # One test at a time: each long test loads both cores by itself, and the
 # counts come out in order. --nocapture shows them as they are printed.
 status=0
-cargo test --release --test 'reliability_*' -- --nocapture --test-threads=1 2>&1 | tee "$log" || status=1
+cargo test --release --test 'reliability_*' --test engine_crash_log --test engine_crash -- --nocapture --test-threads=1 2>&1 | tee "$log" || status=1
 echo "reliability tests: $(( $(date +%s) - start )) s"
 
 echo "== fuzzing, ${fuzz_seconds} s per target"
