@@ -197,19 +197,39 @@ fn a_seed_replays_bit_for_bit() {
 // 1,200 crash points in all (6,000 in the long form).
 #[test]
 fn crash_writeback() {
-    run(Mode::Writeback, common::scaled(600, 3000), 1, "crash_writeback");
+    run(
+        Mode::Writeback,
+        common::scaled(600, 3000),
+        1,
+        "crash_writeback",
+    );
 }
 #[test]
 fn crash_writeonly() {
-    run(Mode::Writeonly, common::scaled(200, 1000), 2, "crash_writeonly");
+    run(
+        Mode::Writeonly,
+        common::scaled(200, 1000),
+        2,
+        "crash_writeonly",
+    );
 }
 #[test]
 fn crash_writethrough() {
-    run(Mode::Writethrough, common::scaled(200, 1000), 3, "crash_writethrough");
+    run(
+        Mode::Writethrough,
+        common::scaled(200, 1000),
+        3,
+        "crash_writethrough",
+    );
 }
 #[test]
 fn crash_writearound() {
-    run(Mode::Writearound, common::scaled(200, 1000), 4, "crash_writearound");
+    run(
+        Mode::Writearound,
+        common::scaled(200, 1000),
+        4,
+        "crash_writearound",
+    );
 }
 
 /// Systematic: crash at every device event (write or flush) of one flush
