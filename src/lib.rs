@@ -14,6 +14,7 @@ pub mod device;
 pub mod engine;
 pub mod frontend;
 pub mod monitor;
+pub mod sync;
 /// The NBD front end under its long-standing path.
 pub use frontend::nbd;
 pub mod volume;

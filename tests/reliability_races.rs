@@ -38,7 +38,7 @@ use rand_chacha::ChaCha8Rng;
 use tiercache::device::fault::FaultDevice;
 use tiercache::device::nbd::NbdDevice;
 use tiercache::device::{BlockDevice, DeviceRef};
-use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions, WritebackSettings};
+use tiercache::engine::{CreateOptions, Engine, Fast, Mode, OpenOptions, WritebackSettings};
 
 /// Hot region: the first HOT_BLOCKS cache blocks of the volume.
 const HOT_BLOCKS: u64 = 40;
@@ -69,23 +69,26 @@ trait Target: Send + Sync {
 impl Target for Engine {
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), String> {
         let fast = (offset / 512).is_multiple_of(2);
-        match fast
-            .then(|| self.try_write_cached(offset, data, false))
-            .flatten()
-        {
-            Some(r) => r,
-            None => Engine::write(self, offset, data, false),
+        if !fast {
+            return Engine::write(self, offset, data, false).map_err(|e| e.to_string());
+        }
+        match self.try_write_cached(offset, data, false) {
+            Fast::Done(r) => r,
+            Fast::Pending(req) => self.write_request(req, data),
         }
         .map_err(|e| e.to_string())
     }
     fn read(&self, offset: u64, len: u64) -> Result<Vec<u8>, String> {
         let fast = (offset / 512).is_multiple_of(2);
-        match fast.then(|| self.try_read_hits(offset, len)).flatten() {
-            Some(r) => r,
-            None => Engine::read(self, offset, len),
-        }
-        .map(|b| b.to_vec())
-        .map_err(|e| e.to_string())
+        let r = if fast {
+            match self.try_read_hits(offset, len) {
+                Fast::Done(r) => r,
+                Fast::Pending(req) => self.read_request(req),
+            }
+        } else {
+            Engine::read(self, offset, len)
+        };
+        r.map(|b| b.to_vec()).map_err(|e| e.to_string())
     }
     fn trim(&self, offset: u64, len: u64) -> Result<(), String> {
         Engine::trim(self, offset, len, false).map_err(|e| e.to_string())

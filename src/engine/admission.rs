@@ -36,7 +36,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 
-use parking_lot::Mutex;
+use crate::sync::{Mutex, Rank};
 use serde::{Deserialize, Serialize};
 
 /// Admission settings, persisted in the superblock.
@@ -209,8 +209,8 @@ impl Admission {
         // Two rows of slots / 2 counters, two counters per byte.
         let counters = (slot_count as usize).max(128) / 2 * 2;
         Admission {
-            settings: Mutex::new(settings),
-            streams: Mutex::new(([Stream::default(); STREAMS], 0)),
+            settings: Mutex::new(Rank::Admission, settings),
+            streams: Mutex::new(Rank::Admission, ([Stream::default(); STREAMS], 0)),
             counts: (0..counters / 2).map(|_| AtomicU8::new(0)).collect(),
             misses: AtomicU64::new(0),
             halve_every: (counters / 4) as u64,
@@ -254,8 +254,9 @@ impl Admission {
     }
 
     /// The decision for a request of `len` bytes at `offset` (`write`: a
-    /// write), on a cache `used_pct` full. Sees every request, so it can
-    /// follow streams.
+    /// write), on a cache `used_pct` full. It reads the stream table and
+    /// changes nothing about the request's stream: `record` does that, once
+    /// per client request. (The guard keeps its own measurement state.)
     pub fn decide(
         &self,
         offset: u64,
@@ -279,8 +280,22 @@ impl Admission {
         Decision::Admit
     }
 
-    /// Bytes of the stream this request belongs to, itself included.
+    /// Bytes of the stream a request of `len` bytes at `offset` would
+    /// belong to, itself included (the table is only read).
     fn stream_bytes(&self, offset: u64, len: u64) -> u64 {
+        let g = self.streams.lock();
+        let before =
+            g.0.iter()
+                .find(|s| s.next == offset && s.bytes > 0)
+                .map_or(0, |s| s.bytes);
+        before.saturating_add(len)
+    }
+
+    /// The stream table learns a request: it extends the stream that ends
+    /// at `offset`, or replaces the least recently used stream. Called once
+    /// per request, after `decide`: a second call for the same request
+    /// would find no stream ending at `offset` and start a new one.
+    pub fn record(&self, offset: u64, len: u64) {
         let mut g = self.streams.lock();
         let (table, clock) = &mut *g;
         *clock += 1;
@@ -299,7 +314,20 @@ impl Admission {
         s.bytes = s.bytes.saturating_add(len);
         s.next = offset + len;
         s.used = now;
-        s.bytes
+    }
+
+    /// `decide`, then `record`: what a request does at the engine's door.
+    #[cfg(test)]
+    fn decide_and_record(
+        &self,
+        offset: u64,
+        len: u64,
+        write: bool,
+        used_pct: impl FnOnce() -> u64,
+    ) -> Decision {
+        let d = self.decide(offset, len, write, used_pct);
+        self.record(offset, len);
+        d
     }
 
     /// True while new data should go around: the cache device writes more
@@ -425,46 +453,58 @@ mod tests {
         let a = adm(1 << 20);
         for k in 0..16u64 {
             assert_eq!(
-                a.decide(k * 65536, 65536, false, || 90),
+                a.decide_and_record(k * 65536, 65536, false, || 90),
                 Decision::Admit,
                 "{k}"
             );
         }
         assert_eq!(
-            a.decide(16 * 65536, 65536, false, || 90),
+            a.decide_and_record(16 * 65536, 65536, false, || 90),
             Decision::Sequential
         );
         // Another stream interleaved is tracked apart.
-        assert_eq!(a.decide(1 << 30, 4096, false, || 90), Decision::Admit);
         assert_eq!(
-            a.decide(17 * 65536, 65536, false, || 90),
+            a.decide_and_record(1 << 30, 4096, false, || 90),
+            Decision::Admit
+        );
+        assert_eq!(
+            a.decide_and_record(17 * 65536, 65536, false, || 90),
             Decision::Sequential
         );
         // Into an emptier cache the stream is admitted, and still followed.
-        assert_eq!(a.decide(18 * 65536, 65536, false, || 50), Decision::Admit);
         assert_eq!(
-            a.decide(19 * 65536, 65536, false, || 90),
+            a.decide_and_record(18 * 65536, 65536, false, || 50),
+            Decision::Admit
+        );
+        assert_eq!(
+            a.decide_and_record(19 * 65536, 65536, false, || 90),
             Decision::Sequential
         );
         // Random 4K requests never add up.
         for k in 0..1000u64 {
             let off = (k * 7919 % 5000) * 8192;
-            assert_ne!(a.decide(off, 4096, false, || 90), Decision::Sequential);
+            assert_ne!(
+                a.decide_and_record(off, 4096, false, || 90),
+                Decision::Sequential
+            );
         }
         assert_eq!(
-            adm(0).decide(0, 1 << 30, false, || 90),
+            adm(0).decide_and_record(0, 1 << 30, false, || 90),
             Decision::Admit,
             "0 = off"
         );
         // Writes: small ones stay in the stream's cache, large ones go.
         let a = adm(1 << 20);
         for k in 0..40u64 {
-            assert_eq!(a.decide(k * 65536, 65536, true, || 90), Decision::Admit);
+            assert_eq!(
+                a.decide_and_record(k * 65536, 65536, true, || 90),
+                Decision::Admit
+            );
         }
         let big = 1u64 << 20;
         let mut last = Decision::Admit;
         for k in 0..4u64 {
-            last = a.decide((1 << 32) + k * big, big, true, || 90);
+            last = a.decide_and_record((1 << 32) + k * big, big, true, || 90);
         }
         assert_eq!(last, Decision::Sequential);
     }
@@ -472,8 +512,11 @@ mod tests {
     #[test]
     fn misses_count_up_and_age() {
         let a = Admission::new(AdmissionSettings::default(), 1000);
-        assert_eq!(a.decide(0, 4096, false, || 90), Decision::AdmitHot);
-        assert_eq!(a.decide(0, 4096, false, || 50), Decision::Admit);
+        assert_eq!(
+            a.decide_and_record(0, 4096, false, || 90),
+            Decision::AdmitHot
+        );
+        assert_eq!(a.decide_and_record(0, 4096, false, || 50), Decision::Admit);
         assert_eq!(a.missed(7), 1);
         assert!(!a.promotes(Decision::AdmitHot, 1));
         a.missed(7);
@@ -508,25 +551,25 @@ mod tests {
         // One slow first sample is not enough to go on.
         a.latencies.record(Dev::OriginWrite, 5_000_000);
         a.latencies.record(Dev::CacheWrite, 50_000_000);
-        assert_eq!(a.decide(0, 4096, false, || 0), Decision::Admit);
+        assert_eq!(a.decide_and_record(0, 4096, false, || 0), Decision::Admit);
         assert!(!a.guard_engaged());
         for _ in 0..GUARD_MIN_SAMPLES {
             a.latencies.record(Dev::OriginWrite, 5_000_000);
             a.latencies.record(Dev::CacheWrite, 20_000);
         }
-        assert_eq!(a.decide(0, 4096, false, || 0), Decision::Admit);
+        assert_eq!(a.decide_and_record(0, 4096, false, || 0), Decision::Admit);
         for _ in 0..200 {
             a.latencies.record(Dev::CacheWrite, 50_000_000);
         }
         let around = (0..160)
-            .filter(|_| a.decide(0, 4096, false, || 0) == Decision::Guard)
+            .filter(|_| a.decide_and_record(0, 4096, false, || 0) == Decision::Guard)
             .count();
         assert_eq!(around, 150, "15 of 16 requests go around");
         assert!(a.guard_engaged());
         for _ in 0..200 {
             a.latencies.record(Dev::CacheWrite, 10_000);
         }
-        assert_eq!(a.decide(0, 4096, false, || 0), Decision::Admit);
+        assert_eq!(a.decide_and_record(0, 4096, false, || 0), Decision::Admit);
         assert!(!a.guard_engaged());
     }
 
@@ -551,20 +594,20 @@ mod tests {
         };
         // Slow, fast again within the delay, slow again: never engaged.
         slow(&a);
-        assert_eq!(a.decide(0, 4096, false, || 0), Decision::Admit);
+        assert_eq!(a.decide_and_record(0, 4096, false, || 0), Decision::Admit);
         std::thread::sleep(std::time::Duration::from_millis(40));
         fast(&a);
-        assert_eq!(a.decide(0, 4096, false, || 0), Decision::Admit);
+        assert_eq!(a.decide_and_record(0, 4096, false, || 0), Decision::Admit);
         slow(&a);
-        assert_eq!(a.decide(0, 4096, false, || 0), Decision::Admit);
+        assert_eq!(a.decide_and_record(0, 4096, false, || 0), Decision::Admit);
         std::thread::sleep(std::time::Duration::from_millis(40));
-        assert_eq!(a.decide(0, 4096, false, || 0), Decision::Admit);
+        assert_eq!(a.decide_and_record(0, 4096, false, || 0), Decision::Admit);
         assert!(!a.guard_engaged());
         // Slow for longer than the delay: engaged (one request in 16 is
         // still admitted, to keep measuring).
         std::thread::sleep(std::time::Duration::from_millis(40));
         let around = (0..16)
-            .filter(|_| a.decide(0, 4096, false, || 0) == Decision::Guard)
+            .filter(|_| a.decide_and_record(0, 4096, false, || 0) == Decision::Guard)
             .count();
         assert!(a.guard_engaged());
         assert_eq!(around, 15);

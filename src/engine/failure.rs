@@ -75,7 +75,7 @@ impl Engine {
         }
         {
             let m = self.meta.lock();
-            if m.mode.holds_dirty() || m.table.dirty_count() > 0 {
+            if self.mode().holds_dirty() || m.table.dirty_count() > 0 {
                 return false;
             }
         }
@@ -88,7 +88,7 @@ impl Engine {
         }
         // Passthrough in memory only: reads skip the cache, writes go to the
         // origin; the mode recorded on the device is unchanged.
-        self.meta.lock().mode = super::Mode::Passthrough;
+        self.swap_mode(super::Mode::Passthrough);
         log::error!(
             "{}: cache metadata cannot be written ({e}); bypassing the cache until it is reopened",
             self.cache.name()

@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex, Rank};
 
 #[derive(Default)]
 struct Flight {
@@ -27,12 +27,21 @@ struct Flight {
     touched: bool,
 }
 
-#[derive(Default)]
 pub struct Flights {
     map: Mutex<HashMap<u64, Flight>>,
     /// Blocks in flight; lets the common case skip the mutex.
     count: AtomicUsize,
     origin_done: Condvar,
+}
+
+impl Default for Flights {
+    fn default() -> Self {
+        Flights {
+            map: Mutex::new(Rank::Flights, HashMap::new()),
+            count: AtomicUsize::new(0),
+            origin_done: Condvar::new(),
+        }
+    }
 }
 
 impl Flights {

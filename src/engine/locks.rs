@@ -1,10 +1,13 @@
 //! Per-block locks: operations on the same cache block are serialised;
 //! operations on different blocks never wait on each other (a shard's
 //! condition variable may wake a waiter spuriously, which then re-checks).
+//! The block locks a thread holds have the outermost engine rank,
+//! `Rank::Blocks` (crate::sync): taken before any other engine lock, in
+//! ascending block order.
 
 use std::collections::HashSet;
 
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{self, Condvar, Mutex, Rank};
 
 const SHARDS: usize = 64;
 
@@ -22,7 +25,7 @@ impl BlockLocks {
     pub fn new() -> Self {
         BlockLocks {
             shards: (0..SHARDS)
-                .map(|_| (Mutex::new(HashSet::new()), Condvar::new()))
+                .map(|_| (Mutex::new(Rank::BlockShard, HashSet::new()), Condvar::new()))
                 .collect(),
         }
     }
@@ -32,6 +35,7 @@ impl BlockLocks {
     }
 
     pub fn lock(&self, block: u64) {
+        sync::acquired(Rank::Blocks, false);
         let (m, cv) = self.shard(block);
         let mut held = m.lock();
         while held.contains(&block) {
@@ -42,7 +46,11 @@ impl BlockLocks {
 
     pub fn try_lock(&self, block: u64) -> bool {
         let (m, _) = self.shard(block);
-        m.lock().insert(block)
+        let taken = m.lock().insert(block);
+        if taken {
+            sync::acquired(Rank::Blocks, true);
+        }
+        taken
     }
 
     pub fn unlock(&self, block: u64) {
@@ -50,6 +58,7 @@ impl BlockLocks {
         let removed = m.lock().remove(&block);
         assert!(removed, "unlock of block {block} that is not locked");
         cv.notify_all();
+        sync::released(Rank::Blocks);
     }
 
     /// Locks blocks `first..=last` if none is held, without waiting.

@@ -10,7 +10,8 @@
 //! - `recovery.rs`: open, replay, and the offline `check`.
 //! - `load_fuzz.rs`: loading metadata from untrusted bytes (fuzz harness).
 //! - `sectors.rs`: which sectors of a block hold data, and which are dirty.
-//! - `request.rs`: a request split into per-block segments, and their lookup.
+//! - `request.rs`: a `Request`: validated, split into per-block segments,
+//!   resolved once, and its lookup.
 //! - `pipeline.rs`: resolve (mode and admission, in one place), then dispatch.
 //! - `observe/`: latency histograms, the LBA heat map, the miss-ratio curve.
 //! - `admission.rs`: what may enter the cache (sequential cutoff, promotion
@@ -25,6 +26,9 @@
 //! - `writeback.rs`: background writeback and `flush`.
 //! - `volume.rs`: the asynchronous API (`crate::volume::Volume`).
 //! - `introspect.rs`: read-only reports of what the cache holds.
+//!
+//! Threads, locks and their order: docs/concurrency.md. Every lock has a rank
+//! (`crate::sync::Rank`), checked in debug builds.
 
 pub mod admission;
 pub mod clock;
@@ -58,11 +62,11 @@ pub mod volume;
 pub mod write;
 pub mod writeback;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 
 use crate::device::DeviceRef;
@@ -73,6 +77,7 @@ use locks::BlockLocks;
 use meta::Table;
 pub use modes::Mode;
 use policy::{Policy, PolicyKind};
+pub use request::{Fast, Request};
 use stats::{Stats, StatsSnapshot};
 
 /// Parameters fixed when a cache is created.
@@ -278,7 +283,6 @@ pub(crate) struct Meta {
     pub releases: releases::Releases,
     /// Records applied in memory, not yet written to the journal.
     pub records: Vec<Record>,
-    pub mode: Mode,
     pub writeback: WritebackSettings,
     /// Per slot: when its block last became dirty, in seconds since open
     /// (wrapping; valid while the slot is dirty). 2 bytes per slot.
@@ -350,6 +354,12 @@ pub struct Engine {
     pub(crate) slots_freed: (Mutex<()>, Condvar),
     /// See `CreateOptions::cache_error_limit`.
     pub(crate) cache_error_limit: AtomicU64,
+    /// The cache mode (`Mode::to_u32`), read once per request. A switch
+    /// stores it before taking the metadata lock to look for dirty blocks,
+    /// and a write loads it after appending its dirtying records under
+    /// that lock: either the write sees the new mode or the switch sees
+    /// its dirty blocks (`write_back_if_mode_changed`).
+    pub(crate) mode: AtomicU32,
     /// Set once the cache device has failed `cache_error_limit` times: the
     /// engine keeps serving (hits, writeback, origin I/O) but puts no new
     /// blocks in the cache until it is reopened.
@@ -426,7 +436,13 @@ impl Engine {
     }
 
     pub fn mode(&self) -> Mode {
-        self.meta.lock().mode
+        Mode::from_u32(self.mode.load(Ordering::SeqCst)).expect("only modes are stored")
+    }
+
+    /// Sets the mode in memory; returns the old one.
+    pub(crate) fn swap_mode(&self, mode: Mode) -> Mode {
+        Mode::from_u32(self.mode.swap(mode.to_u32(), Ordering::SeqCst))
+            .expect("only modes are stored")
     }
 
     pub fn cache_device(&self) -> &DeviceRef {
@@ -462,7 +478,7 @@ impl Engine {
                 "running"
             }
             .into(),
-            mode: m.mode,
+            mode: self.mode(),
             policy: m.policy.kind().name().into(),
             block_bytes: self.block_bytes as u32,
             volume_bytes: self.volume_bytes,
@@ -549,18 +565,18 @@ impl Engine {
             // mode that a restart would open without them in mind.
             let mut cs = self.commit_state.lock();
             self.write_superblock(&mut cs, |sb| sb.mode.set(mode.to_u32()))?;
-            self.meta.lock().mode = mode;
+            self.swap_mode(mode);
             return Ok(());
         }
         // In memory first, so that no new dirty block appears while
         // flush_all writes back the ones there are.
-        let old = std::mem::replace(&mut self.meta.lock().mode, mode);
+        let old = self.swap_mode(mode);
         let persisted = self.flush_all(&mut |_, _| {}).and_then(|()| {
             let mut cs = self.commit_state.lock();
             self.write_superblock(&mut cs, |sb| sb.mode.set(mode.to_u32()))
         });
         if persisted.is_err() {
-            self.meta.lock().mode = old;
+            self.swap_mode(old);
         }
         persisted
     }
@@ -677,9 +693,9 @@ impl Engine {
     /// origin alone holds all data and the cache device holds no cache.
     pub fn detach(&self) -> EngineResult<()> {
         self.check_open()?;
-        let old = std::mem::replace(&mut self.meta.lock().mode, Mode::Passthrough);
+        let old = self.swap_mode(Mode::Passthrough);
         if let Err(e) = self.flush_all(&mut |_, _| {}) {
-            self.meta.lock().mode = old;
+            self.swap_mode(old);
             return Err(e);
         }
         self.closed.store(true, Ordering::Release);

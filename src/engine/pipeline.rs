@@ -1,10 +1,11 @@
 //! One request pipeline: a request is validated and split into per-block
-//! segments (`request.rs`), its blocks are locked, then `resolve` decides in
-//! one place what the mode and admission make of it, and the request is
-//! dispatched: reads to `read.rs`, writes to their route's file in
-//! `modes/`. The fast paths for the NBD server's worker threads take the
-//! same steps with try-locks and stop (returning `None`) where they would
-//! have to wait.
+//! segments (`request.rs`, a `Request`), its blocks are locked, then
+//! `resolve` decides in one place what the mode and admission make of it and
+//! counts it, once, and the request is dispatched: reads to `read.rs`,
+//! writes to their route's file in `modes/`. The fast paths for the NBD
+//! server's worker threads take the same steps with try-locks and stop
+//! where they would have to wait, handing the request on (`Fast::Pending`)
+//! with whatever they resolved: nothing is decided or counted twice.
 
 use std::sync::atomic::Ordering;
 
@@ -12,7 +13,7 @@ use super::admission::Decision;
 use super::device_io::ORIGIN_REQUESTS;
 use super::modes::WriteRoute;
 use super::observe::latency::Op;
-use super::request::adjacent_slots;
+use super::request::{adjacent_slots, Fast, Request};
 use super::stats::bump;
 use super::{Engine, EngineResult, Mode};
 use crate::device::AlignedBuf;
@@ -53,32 +54,51 @@ pub(crate) enum ReadKind {
 }
 
 impl Engine {
-    /// Resolves a request of `len` bytes at `offset`: the mode's route and
-    /// read rule, and the admission decision.
-    pub(crate) fn resolve(&self, offset: u64, len: u64, write: bool, kind: ReadKind) -> Plan {
+    /// Resolves a request once: the mode's route and read rule and
+    /// admission's decision, read and decided here and nowhere else. The
+    /// first call records the request (admission's stream table, the bypass
+    /// counters, the heat map and miss-ratio curve for a client's request);
+    /// later calls return the same plan.
+    pub(crate) fn resolve(&self, req: &mut Request) -> Plan {
+        if let Some(plan) = req.plan {
+            return plan;
+        }
         let mode = self.mode();
-        let prefetch = kind != ReadKind::Client;
-        let admission = if kind == ReadKind::Warm && self.admitting() {
-            Decision::Admit
-        } else if self.admitting() {
-            self.admission.decide(offset, len, write, || {
-                let m = self.meta.lock();
-                m.table.used() * 100 / m.table.slot_count().max(1)
-            })
-        } else {
-            Decision::Stopped
-        };
+        let admission = self.admission_for(req);
         match admission {
             Decision::Sequential => bump(&self.stats.sequential_bypasses, 1),
             Decision::Guard => bump(&self.stats.guard_bypasses, 1),
             _ => {}
         }
-        Plan {
+        if req.kind == ReadKind::Client {
+            self.note_blocks(req.offset, req.len);
+        }
+        let prefetch = req.kind != ReadKind::Client;
+        let plan = Plan {
             mode,
             route: mode.write_route(),
             promote: mode.promotes_reads() || (prefetch && mode != Mode::Passthrough),
             admission,
+        };
+        req.plan = Some(plan);
+        plan
+    }
+
+    /// Admission's decision for a request not yet resolved; the stream
+    /// table learns it.
+    fn admission_for(&self, req: &Request) -> Decision {
+        if !self.admitting() {
+            return Decision::Stopped;
         }
+        if req.kind == ReadKind::Warm {
+            return Decision::Admit;
+        }
+        let d = self.admission.decide(req.offset, req.len, req.write, || {
+            let m = self.meta.lock();
+            m.table.used() * 100 / m.table.slot_count().max(1)
+        });
+        self.admission.record(req.offset, req.len);
+        d
     }
 
     /// Runs a request, timing it for the latency histograms: a hit if it
@@ -108,12 +128,19 @@ impl Engine {
 
     /// Reads `len` bytes at `offset`.
     pub fn read(&self, offset: u64, len: u64) -> EngineResult<AlignedBuf> {
-        self.timed_request(Op::Read, || self.read_inner(offset, len, ReadKind::Client))
+        let req = self.request(offset, len, false, false, ReadKind::Client)?;
+        self.read_request(req)
+    }
+
+    /// Finishes a read a fast path handed on (`try_read_hits`), or starts one.
+    pub fn read_request(&self, req: Request) -> EngineResult<AlignedBuf> {
+        self.timed_request(Op::Read, || self.read_inner(req))
     }
 
     /// Copies a range into the cache (NBD_CMD_CACHE); returns nothing.
     pub fn prefetch(&self, offset: u64, len: u64) -> EngineResult<()> {
-        self.read_inner(offset, len, ReadKind::Prefetch).map(|_| ())
+        let req = self.request(offset, len, false, false, ReadKind::Prefetch)?;
+        self.read_inner(req).map(|_| ())
     }
 
     /// Promotes `len` bytes at `offset` into the cache ahead of use (see
@@ -132,97 +159,93 @@ impl Engine {
         while at < end {
             // Chunks end on chunk boundaries, so they stay block-aligned.
             let next = ((at / WARM_CHUNK_BYTES + 1) * WARM_CHUNK_BYTES).min(end);
-            self.read_inner(at, next - at, ReadKind::Warm)?;
+            let req = self.request(at, next - at, false, false, ReadKind::Warm)?;
+            self.read_inner(req)?;
             at = next;
             progress(at - offset, total);
         }
         Ok(())
     }
 
-    pub(crate) fn read_inner(
-        &self,
-        offset: u64,
-        len: u64,
-        kind: ReadKind,
-    ) -> EngineResult<AlignedBuf> {
-        self.check_open()?;
-        let segs = self.segments(offset, len, false)?;
+    fn read_inner(&self, mut req: Request) -> EngineResult<AlignedBuf> {
         bump(&self.stats.read_requests, 1);
-        let Some(first) = segs.first() else {
-            return Ok(AlignedBuf::zeroed(len as usize));
+        let Some((first, last)) = req.blocks() else {
+            return Ok(AlignedBuf::zeroed(req.len as usize));
         };
-        let _guard = self
-            .locks
-            .lock_range(first.block, segs.last().expect("non-empty").block);
-        let plan = self.resolve(offset, len, false, kind);
-        if kind == ReadKind::Client {
-            self.note_blocks(offset, len);
-        }
+        let _guard = self.locks.lock_range(first, last);
+        let plan = self.resolve(&mut req);
         // The block locks are held: these mappings cannot change under us
         // (eviction and writeback only take blocks they can lock).
         // Passthrough reads the origin, except a dirty block, whose only
         // current copy is in the cache: set-mode and detach switch to
         // passthrough before they write the dirty blocks back.
-        let cached = self.lookup_accessed(&segs, |dirty| dirty || plan.mode.reads_cache());
-        self.read_locked(&segs, len, &plan, &cached)
+        let cached = self.lookup(&mut req, |dirty| dirty || plan.mode.reads_cache());
+        self.read_locked(&req.segs, req.len, &plan, &cached)
     }
 
     /// The read, done on the caller's thread, if every block it touches is
     /// unlocked and holds the requested sectors: one cache device read per
     /// run of adjacent slots, never an origin read or a wait for another
-    /// request. `None` (nothing done) otherwise. For the NBD server's async
-    /// workers, which must not block for long.
-    pub fn try_read_hits(&self, offset: u64, len: u64) -> Option<EngineResult<AlignedBuf>> {
+    /// request. Otherwise nothing is done and the request is handed on
+    /// (`read_request` finishes it). For the NBD server's async workers,
+    /// which must not block for long.
+    pub fn try_read_hits(&self, offset: u64, len: u64) -> Fast<AlignedBuf> {
         let t = self.clock.now_ns();
-        let r = self.try_read_hits_untimed(offset, len)?;
+        let mut req = match self.request(offset, len, false, false, ReadKind::Client) {
+            Ok(req) => req,
+            Err(e) => return Fast::Done(Err(e)),
+        };
+        let Some(r) = self.try_read_hits_locked(&mut req) else {
+            return Fast::Pending(req);
+        };
         self.observe
             .latency
             .request(Op::Read, true, self.clock.since_ns(t));
-        Some(r)
+        Fast::Done(r)
     }
 
-    fn try_read_hits_untimed(&self, offset: u64, len: u64) -> Option<EngineResult<AlignedBuf>> {
-        let (segs, _guard) = match self.try_lock_request(offset, len, false)? {
-            Ok(locked) => locked,
-            Err(e) => return Some(Err(e)),
-        };
-        let plan = self.resolve(offset, len, false, ReadKind::Client);
-        let cached = self.lookup_accessed(&segs, |dirty| dirty || plan.mode.reads_cache());
+    fn try_read_hits_locked(&self, req: &mut Request) -> Option<EngineResult<AlignedBuf>> {
+        let (first, last) = req.blocks()?;
+        let _guard = self.locks.try_lock_range(first, last)?;
+        let plan = self.resolve(req);
+        let cached = self.lookup(req, |dirty| dirty || plan.mode.reads_cache());
         if !cached.iter().all(|c| c.is_some_and(|h| h.valid)) {
             return None;
         }
         bump(&self.stats.read_requests, 1);
-        self.note_blocks(offset, len);
-        Some(self.read_locked(&segs, len, &plan, &cached))
+        Some(self.read_locked(&req.segs, req.len, &plan, &cached))
     }
 
     /// Writes `data` at `offset`; with `fua`, durable on return.
     pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> EngineResult<()> {
-        self.timed_request(Op::Write, || self.write_untimed(offset, data, fua))
+        let req = self.request(offset, data.len() as u64, true, fua, ReadKind::Client)?;
+        self.write_request(req, data)
     }
 
-    fn write_untimed(&self, offset: u64, data: &[u8], fua: bool) -> EngineResult<()> {
-        self.check_open()?;
-        let segs = self.segments(offset, data.len() as u64, true)?;
+    /// Finishes a write a fast path handed on (`try_write_cached`), or
+    /// starts one; `data` is the request's.
+    pub fn write_request(&self, req: Request, data: &[u8]) -> EngineResult<()> {
+        self.timed_request(Op::Write, || self.write_untimed(req, data))
+    }
+
+    fn write_untimed(&self, mut req: Request, data: &[u8]) -> EngineResult<()> {
         bump(&self.stats.write_requests, 1);
-        if let Some(first) = segs.first() {
-            let last = segs.last().expect("non-empty").block;
-            let _guard = self.locks.lock_range(first.block, last);
-            self.flights.touch(first.block, last);
-            let plan = self.resolve(offset, data.len() as u64, true, ReadKind::Client);
-            self.note_blocks(offset, data.len() as u64);
+        if let Some((first, last)) = req.blocks() {
+            let _guard = self.locks.lock_range(first, last);
+            self.flights.touch(first, last);
+            let plan = self.resolve(&mut req);
             match plan.route {
                 WriteRoute::Cache => {
-                    let cached = self.lookup_accessed(&segs, |_| true);
-                    self.write_cached_dirty_with(&segs, data, &cached, plan.admits())?
+                    let cached = self.lookup(&mut req, |_| true);
+                    self.write_cached_dirty_with(&req.segs, data, &cached, plan.admits())?
                 }
                 WriteRoute::Through => {
-                    self.write_writethrough(offset, &segs, data, plan.admits())?
+                    self.write_writethrough(req.offset, &req.segs, data, plan.admits())?
                 }
-                WriteRoute::Around => self.write_around_cache(offset, &segs, data)?,
+                WriteRoute::Around => self.write_around_cache(req.offset, &req.segs, data)?,
             }
         }
-        if fua || self.crash_log_pressed.load(Ordering::Relaxed) {
+        if req.fua || self.crash_log_pressed.load(Ordering::Relaxed) {
             self.commit()?;
         }
         Ok(())
@@ -234,62 +257,60 @@ impl Engine {
     /// slots are written in place with one cache write; whole blocks, and
     /// parts of blocks not cached, otherwise go to new slots while free
     /// slots are plentiful and admission lets them in (the background keeps
-    /// a reserve, so no eviction or commit is needed). `None` (nothing done)
-    /// otherwise, and for FUA.
-    pub fn try_write_cached(
-        &self,
-        offset: u64,
-        data: &[u8],
-        fua: bool,
-    ) -> Option<EngineResult<()>> {
+    /// a reserve, so no eviction or commit is needed). Otherwise, and for
+    /// FUA, nothing is done and the request is handed on (`write_request`
+    /// finishes it).
+    pub fn try_write_cached(&self, offset: u64, data: &[u8], fua: bool) -> Fast<()> {
         let t = self.clock.now_ns();
-        let r = self.try_write_cached_untimed(offset, data, fua)?;
+        let mut req = match self.request(offset, data.len() as u64, true, fua, ReadKind::Client) {
+            Ok(req) => req,
+            Err(e) => return Fast::Done(Err(e)),
+        };
+        let Some(r) = self.try_write_cached_locked(&mut req, data) else {
+            return Fast::Pending(req);
+        };
         self.observe
             .latency
             .request(Op::Write, true, self.clock.since_ns(t));
-        Some(r)
+        Fast::Done(r)
     }
 
-    fn try_write_cached_untimed(
-        &self,
-        offset: u64,
-        data: &[u8],
-        fua: bool,
-    ) -> Option<EngineResult<()>> {
-        if fua
-            || self.mode().write_route() != WriteRoute::Cache
-            || self.crash_log_pressed.load(Ordering::Relaxed)
-        {
+    fn try_write_cached_locked(&self, req: &mut Request, data: &[u8]) -> Option<EngineResult<()>> {
+        if req.fua || self.crash_log_pressed.load(Ordering::Relaxed) {
             return None;
         }
-        let (segs, _guard) = match self.try_lock_request(offset, data.len() as u64, true)? {
-            Ok(locked) => locked,
-            Err(e) => return Some(Err(e)),
-        };
-        if !segs.iter().all(|s| self.cacheable(s.block)) {
+        let (first, last) = req.blocks()?;
+        if !req.segs.iter().all(|s| self.cacheable(s.block)) {
             return None;
         }
-        let plan = self.resolve(offset, data.len() as u64, true, ReadKind::Client);
-        let cached = self.lookup_accessed(&segs, |_| true);
-        let in_place = adjacent_slots(&cached, |h| h.writable) == segs.len();
-        let to_new_slots = || {
-            plan.admits()
-                && segs
-                    .iter()
-                    .zip(&cached)
-                    .all(|(s, c)| self.full_block(s) || c.is_none())
-                && {
-                    let m = self.meta.lock();
-                    m.free.len() >= segs.len() + self.low_free_slots(&m)
-                }
-        };
-        if plan.route != WriteRoute::Cache || !(in_place || to_new_slots()) {
+        let _guard = self.locks.try_lock_range(first, last)?;
+        let plan = self.resolve(req);
+        if plan.route != WriteRoute::Cache {
+            return None;
+        }
+        let cached = self.lookup(req, |_| true);
+        let in_place = adjacent_slots(&cached, |h| h.writable) == req.segs.len();
+        if !(in_place || (plan.admits() && self.fits_new_slots(&req.segs, &cached))) {
             return None;
         }
         bump(&self.stats.write_requests, 1);
-        self.note_blocks(offset, data.len() as u64);
-        self.flights
-            .touch(segs[0].block, segs[segs.len() - 1].block);
-        Some(self.write_cached_dirty_with(&segs, data, &cached, plan.admits()))
+        self.flights.touch(first, last);
+        Some(self.write_cached_dirty_with(&req.segs, data, &cached, plan.admits()))
+    }
+
+    /// Every segment is a whole block or a block not cached, and the free
+    /// slots hold them all above the background's reserve.
+    fn fits_new_slots(
+        &self,
+        segs: &[super::request::Segment],
+        cached: &[Option<super::request::Hit>],
+    ) -> bool {
+        segs.iter()
+            .zip(cached)
+            .all(|(s, c)| self.full_block(s) || c.is_none())
+            && {
+                let m = self.meta.lock();
+                m.free.len() >= segs.len() + self.low_free_slots(&m)
+            }
     }
 }

@@ -6,7 +6,6 @@
 //! before their record is durable only leaves them empty).
 
 use super::format::Record;
-use super::locks::RangeGuard;
 use super::pipeline::Plan;
 use super::request::{adjacent_slots, Hit, Segment};
 use super::sectors::{SectorRun, SectorSet, SECTOR_BYTES};
@@ -31,30 +30,8 @@ struct Fetch {
 }
 
 impl Engine {
-    /// A request's segments and a guard over their block locks, taken only
-    /// if none of them is held (`None` otherwise, and for an empty
-    /// request); `Some(Err)` for a request that is not valid.
-    pub(crate) fn try_lock_request(
-        &self,
-        offset: u64,
-        len: u64,
-        write: bool,
-    ) -> Option<EngineResult<(Vec<Segment>, RangeGuard<'_>)>> {
-        let segs = match self
-            .check_open()
-            .and_then(|_| self.segments(offset, len, write))
-        {
-            Ok(s) => s,
-            Err(e) => return Some(Err(e)),
-        };
-        let guard = self
-            .locks
-            .try_lock_range(segs.first()?.block, segs.last()?.block)?;
-        Some(Ok((segs, guard)))
-    }
-
     /// The read of `segs` (non-empty) while their block locks are held.
-    /// (`cached`: `lookup_accessed` of `segs` under these locks, hits kept
+    /// (`cached`: `lookup` of `segs` under these locks, hits kept
     /// as the plan's mode reads them.)
     pub(crate) fn read_locked(
         &self,

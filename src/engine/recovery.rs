@@ -1,9 +1,9 @@
 //! Formatting a cache device, opening it (validation and journal replay),
 //! dissolving it on detach, and the offline metadata check.
 
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex, Rank};
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, FromZeros};
 
@@ -751,35 +751,40 @@ fn build_engine(
         block_bytes,
         origin_blocks: origin.size_bytes() / block_bytes,
         volume_bytes: origin.size_bytes(),
-        meta: Mutex::new(Meta {
-            table,
-            policy,
-            free,
-            releases: Default::default(),
-            records: Vec::new(),
-            mode,
-            writeback: WritebackSettings {
-                high_pct: sb.writeback_high_pct.get(),
-                low_pct: sb.writeback_low_pct.get(),
-                max_age_secs: sb.writeback_max_age_secs.get(),
-                idle_secs: sb.writeback_idle_secs.get(),
+        meta: Mutex::new(
+            Rank::Meta,
+            Meta {
+                table,
+                policy,
+                free,
+                releases: Default::default(),
+                records: Vec::new(),
+                writeback: WritebackSettings {
+                    high_pct: sb.writeback_high_pct.get(),
+                    low_pct: sb.writeback_low_pct.get(),
+                    max_age_secs: sb.writeback_max_age_secs.get(),
+                    idle_secs: sb.writeback_idle_secs.get(),
+                },
+                dirty_since_s,
+                aged_scan_cursor: 0,
+                aged_scan_done_s: None,
+                writeback_cursor: 0,
+                writeback_active: false,
+                client_requests_seen: (0, 0),
+                crash_log: None,
             },
-            dirty_since_s,
-            aged_scan_cursor: 0,
-            aged_scan_done_s: None,
-            writeback_cursor: 0,
-            writeback_active: false,
-            client_requests_seen: (0, 0),
-            crash_log: None,
-        }),
-        commit_state: Mutex::new(CommitState {
-            sb,
-            next_page_seq: loaded.journal_end_seq,
-            flushed_through: 0,
-            releases_durable: 0,
-            journal_written_end: loaded.journal_end_seq,
-            last_commit_ms: 0,
-        }),
+        ),
+        commit_state: Mutex::new(
+            Rank::Commit,
+            CommitState {
+                sb,
+                next_page_seq: loaded.journal_end_seq,
+                flushed_through: 0,
+                releases_durable: 0,
+                journal_written_end: loaded.journal_end_seq,
+                last_commit_ms: 0,
+            },
+        ),
         locks: BlockLocks::new(),
         flights: Default::default(),
         stats: Stats::default(),
@@ -787,18 +792,19 @@ fn build_engine(
             .with_clock(clock.clone()),
         origin_activity: Default::default(),
         slot_waiters: Default::default(),
-        slots_freed: (Mutex::new(()), Condvar::new()),
+        slots_freed: (Mutex::new(Rank::SlotsFreed, ()), Condvar::new()),
         observe: super::observe::Observe::new(layout.slot_count, origin.size_bytes() / block_bytes),
         cache_error_limit: AtomicU64::new(sb.cache_error_limit.get()),
+        mode: AtomicU32::new(mode.to_u32()),
         admission_stopped: AtomicBool::new(false),
         bypassing: AtomicBool::new(false),
-        bypass_hook: Mutex::new(None),
+        bypass_hook: Mutex::new(Rank::BypassHook, None),
         completed_ops: AtomicU64::new(0),
         crash_log_pressed: AtomicBool::new(false),
         clock,
         closed: AtomicBool::new(false),
-        bg_wake: (Mutex::new(false), Condvar::new()),
-        bg_thread: Mutex::new(None),
+        bg_wake: (Mutex::new(Rank::Background, false), Condvar::new()),
+        bg_thread: Mutex::new(Rank::Background, None),
         cache,
         origin,
     }

@@ -1,10 +1,48 @@
 //! A request as the engine sees it: validated, split into per-block
-//! segments, and looked up in the table under the blocks' locks.
+//! segments, resolved once, and looked up in the table under the blocks'
+//! locks.
 
 use std::ops::Range;
 
+use super::pipeline::{Plan, ReadKind};
 use super::sectors::{SectorRun, SectorSet};
+use super::stats::bump;
 use super::{Engine, EngineError, EngineResult};
+
+/// A client request at the engine's door: validated and split into
+/// segments once, resolved once (`Engine::resolve`: the mode, admission's
+/// decision and everything that counts the request), and the policy told
+/// about its cached blocks once. A fast path that gives up hands it on
+/// (`Fast::Pending`) to the blocking path, which takes the block locks and
+/// carries on with what was already decided and counted.
+#[derive(Debug)]
+pub struct Request {
+    pub(crate) offset: u64,
+    pub(crate) len: u64,
+    pub(crate) segs: Vec<Segment>,
+    pub(crate) write: bool,
+    pub(crate) fua: bool,
+    pub(crate) kind: ReadKind,
+    /// Set by the first `resolve`.
+    pub(crate) plan: Option<Plan>,
+    /// The policy has been told about the cached blocks (`lookup`).
+    pub(crate) policy_told: bool,
+}
+
+impl Request {
+    /// The first and last block (`None` for an empty request).
+    pub(crate) fn blocks(&self) -> Option<(u64, u64)> {
+        Some((self.segs.first()?.block, self.segs.last()?.block))
+    }
+}
+
+/// What a fast path made of a request: done, or handed on unfinished
+/// (nothing of it done, whatever it resolved carried along).
+#[derive(Debug)]
+pub enum Fast<T> {
+    Done(EngineResult<T>),
+    Pending(Request),
+}
 
 /// The part of a request that falls in one cache block.
 #[derive(Clone, Debug)]
@@ -59,6 +97,30 @@ impl Hit {
 }
 
 impl Engine {
+    /// A client request of `len` bytes at `offset`: the engine is open and
+    /// the range valid.
+    pub(crate) fn request(
+        &self,
+        offset: u64,
+        len: u64,
+        write: bool,
+        fua: bool,
+        kind: ReadKind,
+    ) -> EngineResult<Request> {
+        self.check_open()?;
+        let segs = self.segments(offset, len, write)?;
+        Ok(Request {
+            offset,
+            len,
+            segs,
+            write,
+            fua,
+            kind,
+            plan: None,
+            policy_told: false,
+        })
+    }
+
     /// Validates a request and splits it into per-block segments.
     pub(crate) fn segments(
         &self,
@@ -107,20 +169,29 @@ impl Engine {
         seg.in_block == 0 && seg.len() == self.block_bytes
     }
 
-    /// Looks up the segments' blocks under one metadata lock, keeping the
-    /// hits that `keep` accepts (given the block's dirty flag) and telling
-    /// the policy about each. The caller holds the blocks' locks, so the
-    /// mappings stay valid.
-    pub(crate) fn lookup_accessed(
+    /// Looks up the request's blocks under one metadata lock, keeping the
+    /// hits that `keep` accepts (given the block's dirty flag). The first
+    /// lookup of a request tells the policy about each hit; a request
+    /// handed on from a fast path is looked up again (its locks were let
+    /// go) without telling the policy twice. The caller holds the blocks'
+    /// locks, so the mappings stay valid.
+    pub(crate) fn lookup(
         &self,
-        segs: &[Segment],
+        req: &mut Request,
         keep: impl Fn(bool) -> bool,
     ) -> Vec<Option<Hit>> {
+        let tell = !std::mem::replace(&mut req.policy_told, true);
+        let mut told = 0;
         let mut m = self.meta.lock();
-        segs.iter()
+        let hits = req
+            .segs
+            .iter()
             .map(|seg| {
                 let l = m.table.lookup_full(seg.block).filter(|l| keep(l.dirty))?;
-                m.policy.accessed(l.slot);
+                if tell {
+                    m.policy.accessed(l.slot);
+                    told += 1;
+                }
                 Some(if l.whole {
                     Hit {
                         slot: l.slot,
@@ -134,7 +205,10 @@ impl Engine {
                     Hit::of(l.slot, seg.run(), &valid, &dirty)
                 })
             })
-            .collect()
+            .collect();
+        drop(m);
+        bump(&self.stats.policy_accesses, told);
+        hits
     }
 }
 

@@ -61,6 +61,9 @@ counters! {
     guard_bypasses,
     /// Read-missed blocks not promoted: not missed often enough yet.
     cold_bypasses,
+    /// Cached blocks requests used, as the replacement policy was told of
+    /// them: once per block per request.
+    policy_accesses,
     /// Cache device I/O errors.
     cache_errors,
     /// Origin device I/O errors.

@@ -89,7 +89,14 @@ impl TestServer {
     }
 
     pub fn start_backend(size_bytes: u64, config: ServerConfig, backend: Backend) -> Self {
-        Self::start_full(size_bytes, config, backend, None, false)
+        Self::start_full(size_bytes, config, backend, None, false, None)
+    }
+
+    /// Serves an engine the test built (and keeps: the test reads its
+    /// status and closes it).
+    pub fn start_engine(engine: Arc<Engine>, config: ServerConfig) -> Self {
+        let size = engine.volume_bytes();
+        Self::start_full(size, config, Backend::Device, None, false, Some(engine))
     }
 
     /// Also listens on a loopback TCP port (plaintext with `tls: None`).
@@ -99,7 +106,7 @@ impl TestServer {
         backend: Backend,
         tls: Option<TestTls>,
     ) -> Self {
-        Self::start_full(size_bytes, config, backend, tls, true)
+        Self::start_full(size_bytes, config, backend, tls, true, None)
     }
 
     fn start_full(
@@ -108,6 +115,7 @@ impl TestServer {
         backend: Backend,
         tls: Option<TestTls>,
         tcp: bool,
+        given: Option<Arc<Engine>>,
     ) -> Self {
         install_panic_hook();
         let dir = tempfile::tempdir().expect("tempdir");
@@ -135,6 +143,14 @@ impl TestServer {
                             l = l.with_tls(acceptor, t.required);
                         }
                         listeners.push(l);
+                    }
+                    if let Some(engine) = given {
+                        ready_tx.send(port).expect("ready");
+                        let volume = Arc::new(AsyncEngine(engine));
+                        serve(volume, listeners, config, shutdown_rx)
+                            .await
+                            .expect("serve");
+                        return;
                     }
                     let origin = Arc::new(RamDevice::new("ram", size_bytes));
                     match backend {

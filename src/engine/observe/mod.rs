@@ -9,7 +9,7 @@ pub mod heat;
 pub mod latency;
 pub mod mrc;
 
-use parking_lot::Mutex;
+use crate::sync::{Mutex, Rank};
 use serde::{Deserialize, Serialize};
 
 use heat::Accesses;
@@ -62,7 +62,7 @@ impl Observe {
             latency: Histograms::default(),
             accesses: Accesses::new(origin_blocks),
             mrc_threshold: std::sync::atomic::AtomicU64::new(shards.threshold()),
-            mrc: Mutex::new(shards),
+            mrc: Mutex::new(Rank::Mrc, shards),
             all_refs: Default::default(),
             slot_count,
         }

@@ -1,0 +1,261 @@
+//! Locks with a rank, and a checker of the order they are taken in.
+//!
+//! Every lock of the engine has a rank (`Rank`, docs/concurrency.md lists
+//! them). A thread may take a lock only while every lock it holds has a
+//! lower rank; two threads that follow this rule can never wait for each
+//! other in a cycle. Debug builds (the whole test suite) keep each thread's
+//! held ranks and panic at the first acquisition that breaks the rule,
+//! naming both locks; release builds keep nothing and check nothing.
+//!
+//! A `try_lock` never waits, so it cannot close a cycle: it is not checked,
+//! but what it takes counts as held. `Rank::Blocks` is a set of locks of one
+//! rank (the per-block locks): a thread may hold several, taken in
+//! ascending block order (engine/locks.rs), so taking one while holding
+//! another of that rank is allowed.
+
+use std::cell::RefCell;
+use std::ops::{Deref, DerefMut};
+use std::time::Duration;
+
+/// The ranks, outermost first. Declaration order is the order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Rank {
+    /// The per-block locks (engine/locks.rs): held across a request.
+    Blocks,
+    /// The commit lock: the journal position and the superblock.
+    Commit,
+    /// Where writes wait for writeback to free a slot.
+    SlotsFreed,
+    /// The metadata lock: the table, the free slots, the records, the
+    /// crash log.
+    Meta,
+    /// Writebacks in flight (engine/flights.rs).
+    Flights,
+    /// The per-block locks' shard tables (engine/locks.rs, internal).
+    BlockShard,
+    /// Admission's settings and sequential-stream table.
+    Admission,
+    /// The miss-ratio curve's sample.
+    Mrc,
+    /// The background thread's wake-up flag and its handle.
+    Background,
+    /// The hook run when the cache is bypassed (it writes the registry).
+    BypassHook,
+}
+
+impl Rank {
+    /// Several locks of this rank may be held at once.
+    fn is_set(self) -> bool {
+        self == Rank::Blocks
+    }
+}
+
+#[cfg(debug_assertions)]
+thread_local! {
+    static HELD: RefCell<Vec<Rank>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Checks that `rank` may be taken now (unless `tried`), then counts it as
+/// held by this thread.
+#[inline]
+pub fn acquired(rank: Rank, tried: bool) {
+    #[cfg(debug_assertions)]
+    HELD.with(|h| {
+        let mut h = h.borrow_mut();
+        if !tried {
+            if let Some(&top) = h.iter().max() {
+                if top > rank || (top == rank && !rank.is_set()) {
+                    drop(h);
+                    panic!(
+                        "lock order broken: taking {rank:?} while holding {top:?} \
+                         (docs/concurrency.md: a lock is taken only under locks of a lower rank)"
+                    );
+                }
+            }
+        }
+        h.push(rank);
+    });
+    #[cfg(not(debug_assertions))]
+    let _ = (rank, tried);
+}
+
+/// This thread no longer holds one lock of `rank`.
+#[inline]
+pub fn released(rank: Rank) {
+    #[cfg(debug_assertions)]
+    HELD.with(|h| {
+        let mut h = h.borrow_mut();
+        let at = h.iter().rposition(|&r| r == rank);
+        h.remove(at.expect("a released lock was held"));
+    });
+    #[cfg(not(debug_assertions))]
+    let _ = rank;
+}
+
+/// The ranks this thread holds (debug builds; empty otherwise).
+pub fn held() -> Vec<Rank> {
+    #[cfg(debug_assertions)]
+    return HELD.with(|h| h.borrow().clone());
+    #[cfg(not(debug_assertions))]
+    Vec::new()
+}
+
+/// A mutex with a rank.
+pub struct Mutex<T> {
+    rank: Rank,
+    inner: parking_lot::Mutex<T>,
+}
+
+/// A held `Mutex`.
+pub struct MutexGuard<'a, T> {
+    rank: Rank,
+    inner: parking_lot::MutexGuard<'a, T>,
+}
+
+impl<T> Mutex<T> {
+    pub const fn new(rank: Rank, value: T) -> Mutex<T> {
+        Mutex {
+            rank,
+            inner: parking_lot::const_mutex(value),
+        }
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, T> {
+        acquired(self.rank, false);
+        MutexGuard {
+            rank: self.rank,
+            inner: self.inner.lock(),
+        }
+    }
+
+    pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+        let inner = self.inner.try_lock()?;
+        acquired(self.rank, true);
+        Some(MutexGuard {
+            rank: self.rank,
+            inner,
+        })
+    }
+
+    pub fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    pub fn get_mut(&mut self) -> &mut T {
+        self.inner.get_mut()
+    }
+
+    pub fn into_inner(self) -> T {
+        self.inner.into_inner()
+    }
+}
+
+impl<T> Drop for MutexGuard<'_, T> {
+    fn drop(&mut self) {
+        released(self.rank);
+    }
+}
+
+impl<T> Deref for MutexGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.inner
+    }
+}
+
+impl<T> DerefMut for MutexGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.inner
+    }
+}
+
+/// A condition variable for ranked mutexes. While a thread waits it takes
+/// nothing, so its held ranks stay as they are.
+#[derive(Default)]
+pub struct Condvar(parking_lot::Condvar);
+
+impl Condvar {
+    pub const fn new() -> Condvar {
+        Condvar(parking_lot::Condvar::new())
+    }
+
+    pub fn wait<T>(&self, guard: &mut MutexGuard<'_, T>) {
+        self.0.wait(&mut guard.inner);
+    }
+
+    /// True if it timed out.
+    pub fn wait_for<T>(&self, guard: &mut MutexGuard<'_, T>, timeout: Duration) -> bool {
+        self.0.wait_for(&mut guard.inner, timeout).timed_out()
+    }
+
+    pub fn notify_one(&self) -> bool {
+        self.0.notify_one()
+    }
+
+    pub fn notify_all(&self) -> usize {
+        self.0.notify_all()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ascending_ranks_are_allowed_and_released() {
+        let commit = Mutex::new(Rank::Commit, ());
+        let meta = Mutex::new(Rank::Meta, ());
+        {
+            let _c = commit.lock();
+            let _m = meta.lock();
+            assert_eq!(held(), [Rank::Commit, Rank::Meta]);
+        }
+        assert!(held().is_empty());
+        // Taking them one at a time in any order is fine.
+        drop(meta.lock());
+        drop(commit.lock());
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    fn an_inversion_panics_naming_both_locks() {
+        let commit = Mutex::new(Rank::Commit, ());
+        let meta = Mutex::new(Rank::Meta, ());
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _m = meta.lock();
+            let _c = commit.lock();
+        }));
+        let msg = r.expect_err("an inversion must panic");
+        let msg = msg.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(msg.contains("taking Commit while holding Meta"), "{msg}");
+        assert!(held().is_empty(), "guards released while unwinding");
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    fn the_same_rank_twice_panics_except_for_a_set() {
+        let a = Mutex::new(Rank::Meta, ());
+        let b = Mutex::new(Rank::Meta, ());
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _a = a.lock();
+            let _b = b.lock();
+        }));
+        assert!(r.is_err());
+        acquired(Rank::Blocks, false);
+        acquired(Rank::Blocks, false);
+        released(Rank::Blocks);
+        released(Rank::Blocks);
+    }
+
+    #[test]
+    fn a_try_lock_is_not_checked_but_counts_as_held() {
+        let commit = Mutex::new(Rank::Commit, ());
+        let meta = Mutex::new(Rank::Meta, ());
+        let _m = meta.lock();
+        let c = commit.try_lock().expect("free");
+        if cfg!(debug_assertions) {
+            assert_eq!(held(), [Rank::Meta, Rank::Commit]);
+        }
+        drop(c);
+    }
+}
