@@ -1,9 +1,12 @@
 //! tiercache: a userspace block cache. A slow origin device and a fast cache
 //! device become one cached volume, served over NBD.
 //!
-//! Layout: `device/` (every backend behind one trait), `engine/` (on-disk
+//! Layout, ground floor up: `sync.rs` (ranked locks), `nbd/` (the NBD
+//! protocol and TLS, shared by client and server), `device/` (every backend
+//! behind one trait), `volume/` (the asynchronous API front ends call, and
+//! `DeviceVolume` over a plain device), `engine/` (on-disk
 //! format, metadata, cache modes, replacement, writeback), `frontend/`
-//! (`nbd/`: wire protocol and server; `ublk.rs`, behind the `ublk`
+//! (`nbd/`: the server; `ublk.rs`, behind the `ublk`
 //! feature), `monitor/` (Prometheus metrics and the dashboard over HTTP),
 //! `daemon/` (registry of named caches, control socket, the serving
 //! daemon's runtime), and in the binary `cli/` (the operator commands:
@@ -14,7 +17,6 @@ pub mod device;
 pub mod engine;
 pub mod frontend;
 pub mod monitor;
+pub mod nbd;
 pub mod sync;
-/// The NBD front end under its long-standing path.
-pub use frontend::nbd;
 pub mod volume;

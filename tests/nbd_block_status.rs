@@ -12,7 +12,7 @@ use std::process::Command;
 
 use common::{Backend, RawClient, TestServer};
 use tiercache::engine::Mode;
-use tiercache::nbd::handshake::{CONTEXT_ID_BASE_ALLOCATION, CONTEXT_ID_CACHE};
+use tiercache::frontend::nbd::handshake::{CONTEXT_ID_BASE_ALLOCATION, CONTEXT_ID_CACHE};
 use tiercache::nbd::proto;
 
 const SIZE: u64 = 8 << 20;

@@ -1,4 +1,4 @@
-//! The NBD fuzz targets' bodies (`tiercache::nbd::fuzz`) under seeded
+//! The NBD fuzz targets' bodies (`tiercache::frontend::nbd::fuzz`) under seeded
 //! mutation of valid inputs, so CI runs them without libFuzzer: option
 //! haggling without TLS, with optional and with required TLS (options
 //! inside TLS after STARTTLS included), request validation, and block
@@ -12,8 +12,8 @@ use std::path::Path;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use tiercache::nbd::fuzz;
-use tiercache::nbd::handshake::TlsPolicy;
+use tiercache::frontend::nbd::fuzz;
+use tiercache::frontend::nbd::handshake::TlsPolicy;
 use tiercache::nbd::proto;
 
 fn opt(code: u32, data: &[u8]) -> Vec<u8> {

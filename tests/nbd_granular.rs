@@ -17,7 +17,8 @@ use common::{Backend, RawClient, TestServer};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tiercache::engine::Mode;
-use tiercache::nbd::{proto, ServerConfig};
+use tiercache::frontend::nbd::ServerConfig;
+use tiercache::nbd::proto;
 
 const BACKENDS: [Backend; 3] = [
     Backend::Device,

@@ -2,12 +2,12 @@
 //! optional (even) or required (odd) TLS, the rest is as in nbd_options.
 //! An acknowledged NBD_OPT_STARTTLS counts as a completed TLS handshake,
 //! so what follows is fuzzed as options inside TLS; before it, a required
-//! listener must leak nothing (`tiercache::nbd::fuzz::options`).
+//! listener must leak nothing (`tiercache::frontend::nbd::fuzz::options`).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tiercache::nbd::fuzz;
-use tiercache::nbd::handshake::TlsPolicy;
+use tiercache::frontend::nbd::fuzz;
+use tiercache::frontend::nbd::handshake::TlsPolicy;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&policy, rest)) = data.split_first() else {

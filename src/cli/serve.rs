@@ -20,7 +20,8 @@ use tiercache::daemon::{DaemonConfig, EngineSource, TcpListen, UblkSettings};
 use tiercache::device::parse_size;
 use tiercache::engine::policy::PolicyKind;
 use tiercache::engine::{CreateOptions, Mode};
-use tiercache::nbd::{ServerConfig, ServerCredentials, TlsAcceptor};
+use tiercache::frontend::nbd::ServerConfig;
+use tiercache::nbd::{ServerCredentials, TlsAcceptor};
 
 use super::registry::Registry;
 use super::units::parse_block_size;

@@ -19,7 +19,8 @@ use super::registry::{self, Registry, RegistryError};
 use crate::device::{open_device, DeviceError};
 use crate::engine::volume::AsyncEngine;
 use crate::engine::{CreateOptions, Engine, EngineError, OpenOptions};
-use crate::frontend::nbd::{serve, Listener, NbdError, ServerConfig, TlsAcceptor};
+use crate::frontend::nbd::{serve, Listener, NbdError, ServerConfig};
+use crate::nbd::TlsAcceptor;
 
 /// What the daemon serves.
 pub enum EngineSource {

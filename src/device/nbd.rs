@@ -7,7 +7,7 @@
 //!
 //! TLS runs on a relay thread per connection: the handshake and
 //! NBD_OPT_STARTTLS happen in plaintext on the socket, then the TLS stream
-//! (crate::frontend::nbd::tls, shared with the server) is pumped to one end of a
+//! (crate::nbd::tls, shared with the server) is pumped to one end of a
 //! socketpair and everything below speaks plaintext NBD on the other end,
 //! unchanged. It costs a copy and a thread hop per request, which an origin
 //! (the slow device) can afford. TLS is required once asked for: a server
@@ -46,7 +46,7 @@ use zerocopy::byteorder::big_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, IntoBytes};
 
 use super::{check_range, BlockDevice, DeviceError, DeviceResult, SECTOR_BYTES};
-use crate::frontend::nbd::proto::{
+use crate::nbd::proto::{
     is_error_reply, ExportNameReply, InfoBlockSize, InfoExport, OptionHeader, OptionReplyHeader,
     RequestHeader, SimpleReplyHeader, CMD_DISC, CMD_FLUSH, CMD_READ, CMD_TRIM, CMD_WRITE,
     FLAG_CAN_MULTI_CONN, FLAG_FIXED_NEWSTYLE, FLAG_NO_ZEROES, FLAG_READ_ONLY, FLAG_SEND_FLUSH,
@@ -54,7 +54,7 @@ use crate::frontend::nbd::proto::{
     OPT_EXPORT_NAME, OPT_GO, OPT_STARTTLS, REP_ACK, REP_ERR, REP_ERR_UNSUP, REP_INFO,
     REQUEST_MAGIC, SIMPLE_REPLY_MAGIC, STRUCTURED_REPLY_MAGIC,
 };
-use crate::frontend::nbd::tls::{ClientCredentials, TlsConnector};
+use crate::nbd::tls::{ClientCredentials, TlsConnector};
 
 /// Default TCP port (proto.md: IANA-assigned 10809).
 pub const DEFAULT_PORT: u16 = 10809;
@@ -72,7 +72,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const OPTION_REPLY_BYTES_MAX: u32 = 64 << 10;
 
 // Wire constants and layouts come from the one place that defines them for
-// the server too (crate::frontend::nbd::proto). The client alone needs this one: an
+// the server too (crate::nbd::proto). The client alone needs this one: an
 // oldstyle server's greeting, which it refuses.
 const OLDSTYLE_MAGIC: u64 = 0x0000_4202_8186_1253;
 
@@ -647,11 +647,7 @@ fn tls_relay(
 
 /// Copies both ways between the TLS stream and the plaintext socket until
 /// either side ends; then both are closed (the TLS side with close_notify).
-async fn pump(
-    tls: crate::frontend::nbd::tls::BoxStream,
-    local: tokio::net::UnixStream,
-    error: RelayError,
-) {
+async fn pump(tls: crate::nbd::tls::BoxStream, local: tokio::net::UnixStream, error: RelayError) {
     use tokio::io::AsyncWriteExt;
     let (tr, mut tw) = tokio::io::split(tls);
     let (lr, mut lw) = local.into_split();

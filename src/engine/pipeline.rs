@@ -13,45 +13,13 @@ use super::admission::Decision;
 use super::device_io::ORIGIN_REQUESTS;
 use super::modes::WriteRoute;
 use super::observe::latency::Op;
-use super::request::{adjacent_slots, Fast, Request};
+use super::request::{adjacent_slots, Fast, Plan, ReadKind, Request};
 use super::stats::bump;
 use super::{Engine, EngineResult, Mode};
 use crate::device::AlignedBuf;
 
-/// What the mode and admission make of one request.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Plan {
-    pub mode: Mode,
-    /// Where a write goes.
-    pub route: WriteRoute,
-    /// Read misses may be promoted (before admission's say, per block).
-    pub promote: bool,
-    pub admission: Decision,
-}
-
-impl Plan {
-    /// New blocks may enter the cache for this request.
-    pub fn admits(&self) -> bool {
-        self.admission.admits()
-    }
-}
-
 /// Largest request `warm` makes.
 const WARM_CHUNK_BYTES: u64 = 1 << 20;
-
-/// Who asks for a read, which decides what a miss may promote.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum ReadKind {
-    /// A client's read: the mode and admission decide.
-    Client,
-    /// NBD_CMD_CACHE: promotes in every mode but passthrough; admission
-    /// still decides.
-    Prefetch,
-    /// `warm`: the operator asked for this range in the cache, so it is
-    /// admitted whatever the sequential cutoff, promotion count or guard
-    /// say (not while admission is stopped after cache errors).
-    Warm,
-}
 
 impl Engine {
     /// Resolves a request once: the mode's route and read rule and

@@ -6,8 +6,7 @@
 //! before their record is durable only leaves them empty).
 
 use super::format::Record;
-use super::pipeline::Plan;
-use super::request::{adjacent_slots, Hit, Segment};
+use super::request::{adjacent_slots, Hit, Plan, Segment};
 use super::sectors::{SectorRun, SectorSet, SECTOR_BYTES};
 use super::stats::bump;
 use super::{Engine, EngineResult};

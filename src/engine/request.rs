@@ -4,10 +4,43 @@
 
 use std::ops::Range;
 
-use super::pipeline::{Plan, ReadKind};
+use super::admission::Decision;
+use super::modes::WriteRoute;
 use super::sectors::{SectorRun, SectorSet};
 use super::stats::bump;
-use super::{Engine, EngineError, EngineResult};
+use super::{Engine, EngineError, EngineResult, Mode};
+
+/// What the mode and admission make of one request.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Plan {
+    pub mode: Mode,
+    /// Where a write goes.
+    pub route: WriteRoute,
+    /// Read misses may be promoted (before admission's say, per block).
+    pub promote: bool,
+    pub admission: Decision,
+}
+
+impl Plan {
+    /// New blocks may enter the cache for this request.
+    pub fn admits(&self) -> bool {
+        self.admission.admits()
+    }
+}
+
+/// Who asks for a read, which decides what a miss may promote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ReadKind {
+    /// A client's read: the mode and admission decide.
+    Client,
+    /// NBD_CMD_CACHE: promotes in every mode but passthrough; admission
+    /// still decides.
+    Prefetch,
+    /// `warm`: the operator asked for this range in the cache, so it is
+    /// admitted whatever the sequential cutoff, promotion count or guard
+    /// say (not while admission is stopped after cache errors).
+    Warm,
+}
 
 /// A client request at the engine's door: validated and split into
 /// segments once, resolved once (`Engine::resolve`: the mode, admission's

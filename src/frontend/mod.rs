@@ -1,6 +1,6 @@
 //! Front ends: how a [`crate::volume::Volume`] reaches a client, side by
-//! side over the one `Volume` API: `nbd` (wire protocol and server; also
-//! `crate::nbd`, whose protocol module the NBD origin client shares) and
+//! side over the one `Volume` API: `nbd` (the server, over the protocol
+//! module `crate::nbd` it shares with the NBD origin client) and
 //! `ublk` (the kernel block device, behind the `ublk` feature).
 
 pub mod nbd;

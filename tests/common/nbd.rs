@@ -15,8 +15,10 @@ use tiercache::device::fault::FaultDevice;
 use tiercache::device::ram::RamDevice;
 use tiercache::engine::volume::AsyncEngine;
 use tiercache::engine::{CreateOptions, Engine, Mode};
+use tiercache::frontend::nbd::{serve, Listener, ServerConfig};
 use tiercache::nbd::proto;
-use tiercache::nbd::{serve, DeviceVolume, Listener, ServerConfig, ServerCredentials, TlsAcceptor};
+use tiercache::nbd::{ServerCredentials, TlsAcceptor};
+use tiercache::volume::DeviceVolume;
 
 /// Names of the server's runtime threads; a panic on one fails the tests.
 const SERVER_THREAD: &str = "nbd-test-server";

@@ -21,8 +21,8 @@ use super::handshake::{
     ExportInfo, MetaContexts, Negotiation, OptionOutcome, TlsPolicy, CONTEXT_ID_BASE_ALLOCATION,
     CONTEXT_ID_CACHE,
 };
-use super::proto::{self, Command};
 use super::transmission::{check_request, descriptors, Action, Disposition, ExportLimits};
+use crate::nbd::proto::{self, Command};
 use crate::volume::Extent;
 
 /// Option data accepted by the default server configuration.

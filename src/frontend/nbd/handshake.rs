@@ -11,8 +11,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use zerocopy::byteorder::network_endian::U32;
 use zerocopy::IntoBytes;
 
-use super::proto::{self, OptionCode};
 use super::NbdError;
+use crate::nbd::proto::{self, OptionCode};
 
 /// What the server tells clients about its one export.
 #[derive(Debug, Clone)]

@@ -1,22 +1,18 @@
-//! The NBD front end: wire format (`proto`), handshake, transmission and the
-//! listener loop (`server`), TLS (`tls`, shared with the NBD origin client),
-//! the range locks that make read-modify-write safe (`ranges`), the fuzz
-//! harnesses (`fuzz`), plus [`DeviceVolume`], which exports a plain
-//! [`BlockDevice`](crate::device::BlockDevice). docs/nbd.md describes the
-//! server's behaviour on the wire.
+//! The NBD server: handshake, transmission and the listener loop
+//! (`server`), and the range locks that make read-modify-write safe
+//! (`ranges`), over the protocol module it shares with the NBD client
+//! origin (`crate::nbd`: wire format and TLS); the fuzz harnesses (`fuzz`)
+//! are built with the `testing` feature. docs/nbd.md describes the server's
+//! behaviour on the wire.
 
-pub mod device_volume;
+#[cfg(any(test, feature = "testing"))]
 pub mod fuzz;
 pub mod handshake;
-pub mod proto;
 pub mod ranges;
 pub mod server;
-pub mod tls;
 pub mod transmission;
 
-pub use device_volume::DeviceVolume;
 pub use server::{serve, Listener, ServerConfig};
-pub use tls::{ClientCredentials, ServerCredentials, TlsAcceptor, TlsConnector};
 
 /// Errors of the NBD layer. Per-connection errors end only that connection
 /// and are logged; `serve` itself returns only configuration errors.
@@ -27,7 +23,7 @@ pub enum NbdError {
     Io(#[from] std::io::Error),
     /// The client sent bytes that are not valid NBD.
     #[error("protocol violation: {0}")]
-    Protocol(#[from] proto::ProtoError),
+    Protocol(#[from] crate::nbd::proto::ProtoError),
     /// The client exceeded a bound the server puts on it.
     #[error("limit exceeded: {0}")]
     Limit(&'static str),
@@ -37,7 +33,7 @@ pub enum NbdError {
     Refused(&'static str),
     /// TLS could not be set up, or its handshake with the client failed.
     #[error("TLS: {0}")]
-    Tls(#[from] tls::TlsError),
+    Tls(#[from] crate::nbd::tls::TlsError),
     /// The handshake did not finish within the configured time.
     #[error("handshake timed out")]
     Timeout,

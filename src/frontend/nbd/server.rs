@@ -15,14 +15,14 @@ use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{watch, Semaphore};
 
 use super::handshake::{self, ExportInfo, HandshakeLimits, Negotiation, Step, TlsPolicy};
-use super::proto;
 use super::ranges::RangeLocks;
-use super::tls::{BoxStream, TlsAcceptor};
 use super::transmission::{
     self, shutdown_requested, ConnEnd, ConnLimits, ExportLimits, SharedExport,
 };
 use super::NbdError;
 use crate::device::SECTOR_BYTES;
+use crate::nbd::proto;
+use crate::nbd::tls::{BoxStream, TlsAcceptor};
 use crate::volume::Volume;
 
 /// Server settings. Every field has a bound-keeping default.

@@ -40,9 +40,9 @@ use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 
 use super::handshake::{MetaContexts, TransmissionMode};
-use super::proto::{self, Command, Request};
 use super::ranges::RangeLocks;
 use crate::device::{AlignedBuf, SECTOR_BYTES};
+use crate::nbd::proto::{self, Command, Request};
 use crate::volume::{self, ErrorKind, Extent, Volume, VolumeError, VolumeResult};
 
 const _: () = assert!(volume::ALLOC_HOLE == proto::STATE_HOLE);

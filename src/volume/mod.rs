@@ -9,6 +9,9 @@
 
 use std::future::Future;
 
+mod device_volume;
+pub use device_volume::DeviceVolume;
+
 use crate::device::AlignedBuf;
 
 /// Error classes a front end maps onto its wire errors (NBD errno values).

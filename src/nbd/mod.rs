@@ -1,0 +1,10 @@
+//! The NBD protocol, shared by the server (`crate::frontend::nbd`) and the
+//! NBD client origin (`crate::device::nbd`): the wire format (`proto`) and
+//! TLS for both ends (`tls`). It sits on the ground floor: it imports
+//! nothing else of the crate. docs/nbd.md describes the server's behaviour
+//! on the wire.
+
+pub mod proto;
+pub mod tls;
+
+pub use tls::{ClientCredentials, ServerCredentials, TlsAcceptor, TlsConnector};
