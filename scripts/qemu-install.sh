@@ -12,8 +12,10 @@
 #
 #   scripts/qemu-install.sh            # install qemu-utils and qemu-system-x86
 #   scripts/qemu-install.sh --check    # simulate (apt-get install -s) the
-#                                      # install for both releases; exit 1 if
-#                                      # either does not resolve to one version
+#                                      # install for both releases on a fresh
+#                                      # machine (this one's dpkg status
+#                                      # without qemu); exit 1 if either does
+#                                      # not resolve to one version
 #   scripts/qemu-install.sh --release  # print the release it would use
 set -euo pipefail
 
@@ -42,22 +44,35 @@ ensure_backports() {
     fi
 }
 
-# Simulates the install for release $1 and checks that qemu-system-x86 and
-# qemu-utils end at one version (kept or installed).
+# The dpkg status of this machine without qemu, its firmware and its
+# modules (written to $1): the state of a fresh machine, whichever qemu this
+# one has installed since (the guest test installs one, and a simulation of
+# the other release on top of it would be a downgrade, not a fresh install).
+fresh_status() {
+    awk 'BEGIN { RS = ""; ORS = "\n\n" }
+         $0 ~ /(^|\n)Package: (qemu-[^\n]*|seabios|ipxe-qemu)(\n|$)/ { next }
+         $0 ~ /\nSource: qemu( |\n|$)/ { next }
+         { print }' /var/lib/dpkg/status >"$1"
+}
+
+# Simulates the install for release $1 on a fresh machine's dpkg status and
+# checks that qemu-system-x86 and qemu-utils come from one version.
 check_release() {
-    local r=$1 out utils system
+    local r=$1 out utils system status
+    status=$(mktemp)
+    fresh_status "$status"
     # shellcheck disable=SC2046
-    if ! out=$(apt-get install -s $(install_args "$r") 2>&1); then
+    if ! out=$(apt-get install -s -o Dir::State::status="$status" $(install_args "$r") 2>&1); then
+        rm -f "$status"
         echo "qemu-install: $r: apt-get install -s $(install_args "$r") does not resolve:" >&2
         echo "$out" | grep -E '^E:|Depends:|Breaks:|Conflicts:' >&2 || echo "$out" | tail -5 >&2
         return 1
     fi
+    rm -f "$status"
     system=$(echo "$out" | awk '$1 == "Inst" && $2 == "qemu-system-x86"' |
              sed -E 's/^Inst qemu-system-x86 (\[[^]]*\] )?\(([^ ]+).*/\2/')
     utils=$(echo "$out" | awk '$1 == "Inst" && $2 == "qemu-utils"' |
             sed -E 's/^Inst qemu-utils (\[[^]]*\] )?\(([^ ]+).*/\2/')
-    [ -n "$utils" ] || utils=$(dpkg-query -W -f '${Version}' qemu-utils 2>/dev/null || true)
-    [ -n "$system" ] || system=$(dpkg-query -W -f '${Version}' qemu-system-x86 2>/dev/null || true)
     if [ -z "$system" ] || [ "$system" != "$utils" ]; then
         echo "qemu-install: $r: qemu-system-x86 '$system' and qemu-utils '$utils' differ" >&2
         return 1
