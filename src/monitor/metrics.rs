@@ -96,28 +96,199 @@ fn ratio(part: u64, whole: u64) -> f64 {
     }
 }
 
+/// The cache's mode, policy and devices, as an info metric
+/// (`tiercache_cache_info`: the info type adds `_info`).
+fn encode_info(e: &mut DescriptorEncoder, s: &crate::engine::Status) -> std::fmt::Result {
+    let info: Labels = vec![
+        ("mode", s.mode.name().to_string()),
+        ("policy", s.policy.clone()),
+        ("origin", s.origin.clone()),
+        ("cache_device", s.cache.clone()),
+    ];
+    let mut m = e.encode_descriptor(
+        "cache",
+        "The cache's mode, replacement policy and devices.",
+        None,
+        MetricType::Info,
+    )?;
+    m.encode_info(&info)
+}
+
+/// (name, help, value) of the volume's size, occupancy and rates.
+fn occupancy_gauges(t: &Taken) -> Vec<(&'static str, &'static str, f64)> {
+    let s = &t.status;
+    let bs = u64::from(s.block_bytes);
+    let total = s.cache_blocks_total;
+    vec![
+        (
+            "volume_bytes",
+            "Size of the cached volume.",
+            s.volume_bytes as f64,
+        ),
+        ("block_bytes", "Cache block size.", bs as f64),
+        (
+            "cache_capacity_bytes",
+            "Bytes the cache device holds for data.",
+            (total * bs) as f64,
+        ),
+        (
+            "cache_used_bytes",
+            "Bytes of cache blocks in use (occupancy).",
+            (s.cache_blocks_used * bs) as f64,
+        ),
+        (
+            "cache_used_ratio",
+            "Cache blocks in use over all cache blocks.",
+            ratio(s.cache_blocks_used, total),
+        ),
+        (
+            "dirty_bytes",
+            "Bytes of dirty cache blocks: the writeback backlog.",
+            (s.cache_blocks_dirty * bs) as f64,
+        ),
+        (
+            "dirty_ratio",
+            "Dirty cache blocks over all cache blocks.",
+            ratio(s.cache_blocks_dirty, total),
+        ),
+        (
+            "partial_blocks",
+            "Cached blocks holding only some of their sectors.",
+            s.partial_blocks as f64,
+        ),
+        (
+            "metadata_memory_bytes",
+            "Heap bytes of the in-memory metadata.",
+            s.metadata_bytes as f64,
+        ),
+        (
+            "read_hit_ratio",
+            "Blocks read from the cache over blocks read, since the cache opened.",
+            ratio(s.stats.read_hits, s.stats.read_hits + s.stats.read_misses),
+        ),
+        (
+            "writeback_rate_bytes_per_second",
+            "Bytes written back per second over the last sampling interval.",
+            t.latest.as_ref().map_or(0.0, |l| l.writeback_bytes_per_s),
+        ),
+    ]
+}
+
+/// (name, help, value) of the settings and states shown as gauges.
+fn setting_gauges(s: &crate::engine::Status) -> Vec<(&'static str, &'static str, f64)> {
+    let wb = &s.writeback;
+    let flag = |b: bool| f64::from(u8::from(b));
+    vec![
+        (
+            "writeback_high_watermark_ratio",
+            "Dirty share at which background writeback starts.",
+            f64::from(wb.high_pct) / 100.0,
+        ),
+        (
+            "writeback_low_watermark_ratio",
+            "Dirty share at which background writeback stops.",
+            f64::from(wb.low_pct) / 100.0,
+        ),
+        (
+            "writeback_max_age_seconds",
+            "Dirty blocks older than this are written back.",
+            f64::from(wb.max_age_secs),
+        ),
+        (
+            "admitting",
+            "1 while new blocks may enter the cache, 0 after too many cache errors.",
+            flag(s.admitting),
+        ),
+        (
+            "guard_engaged",
+            "1 while the admission guard sends new data around a slow cache device.",
+            flag(s.guard_engaged),
+        ),
+        (
+            "cache_error_limit",
+            "Cache device errors after which no new blocks are admitted (0: never).",
+            s.cache_error_limit as f64,
+        ),
+    ]
+}
+
+/// Request and device latency histograms.
+fn encode_latency(e: &mut DescriptorEncoder, t: &Taken) -> std::fmt::Result {
+    let latency = &t.observations.latency;
+    let req: Vec<(Labels, &HistogramSnapshot)> = latency
+        .requests
+        .iter()
+        .map(|(op, kind, h)| (vec![("op", op.clone()), ("result", kind.clone())], h))
+        .collect();
+    histograms(
+        e,
+        "request_duration_seconds",
+        "Request latency by operation; result=miss when the request made an origin request.",
+        &req,
+    )?;
+    let dev: Vec<(Labels, &HistogramSnapshot)> = latency
+        .devices
+        .iter()
+        .map(|(d, op, h)| (vec![("device", d.clone()), ("op", op.clone())], h))
+        .collect();
+    histograms(
+        e,
+        "device_duration_seconds",
+        "Latency of the cache and origin devices' reads and writes.",
+        &dev,
+    )
+}
+
+/// The sampled miss-ratio curve: a point per cache size, and the sampler.
+fn encode_mrc(e: &mut DescriptorEncoder, t: &Taken) -> std::fmt::Result {
+    let mrc = &t.observations.mrc;
+    let bs = u64::from(t.status.block_bytes);
+    let points = |f: &dyn Fn(&crate::engine::observe::MrcPoint) -> f64| -> Vec<(Labels, f64)> {
+        mrc.points
+            .iter()
+            .map(|p| (vec![("size_ratio", p.size_factor.to_string())], f(p)))
+            .collect()
+    };
+    gauges(
+        e,
+        "mrc_hit_ratio",
+        "Estimated LRU hit ratio of a cache size_ratio times this one's size (sampled miss-ratio curve).",
+        &points(&|p| p.hit_ratio),
+    )?;
+    gauges(
+        e,
+        "mrc_size_bytes",
+        "Cache size of each point of the miss-ratio curve.",
+        &points(&|p| (p.size_blocks * bs) as f64),
+    )?;
+    for (name, help, v) in [
+        (
+            "mrc_sample_ratio",
+            "Fraction of blocks the miss-ratio curve samples.",
+            mrc.sample_rate,
+        ),
+        (
+            "mrc_tracked_blocks",
+            "Blocks the miss-ratio sampler tracks.",
+            mrc.tracked_blocks as f64,
+        ),
+        (
+            "mrc_memory_bytes",
+            "Heap bytes of the miss-ratio sampler.",
+            mrc.memory_bytes as f64,
+        ),
+    ] {
+        gauge(e, name, help, v)?;
+    }
+    Ok(())
+}
+
 impl Collector for Exposition {
     fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
         let t = &self.0;
         let s = &t.status;
-        let bs = u64::from(s.block_bytes);
         let e = &mut e;
-        {
-            let info: Labels = vec![
-                ("mode", s.mode.name().to_string()),
-                ("policy", s.policy.clone()),
-                ("origin", s.origin.clone()),
-                ("cache_device", s.cache.clone()),
-            ];
-            // The info type adds `_info`: tiercache_cache_info.
-            let mut m = e.encode_descriptor(
-                "cache",
-                "The cache's mode, replacement policy and devices.",
-                None,
-                MetricType::Info,
-            )?;
-            m.encode_info(&info)?;
-        }
+        encode_info(e, s)?;
         // Every counter of `status`, under its own name.
         for (name, help, v) in s.stats.counters() {
             counter(e, name, help, v)?;
@@ -126,174 +297,18 @@ impl Collector for Exposition {
             e,
             "written_back_bytes",
             "Bytes of dirty blocks written back to the origin.",
-            s.stats.blocks_written_back * bs,
+            s.stats.blocks_written_back * u64::from(s.block_bytes),
         )?;
-        gauge(
-            e,
-            "volume_bytes",
-            "Size of the cached volume.",
-            s.volume_bytes as f64,
-        )?;
-        gauge(e, "block_bytes", "Cache block size.", bs as f64)?;
-        gauge(
-            e,
-            "cache_capacity_bytes",
-            "Bytes the cache device holds for data.",
-            (s.cache_blocks_total * bs) as f64,
-        )?;
-        gauge(
-            e,
-            "cache_used_bytes",
-            "Bytes of cache blocks in use (occupancy).",
-            (s.cache_blocks_used * bs) as f64,
-        )?;
-        gauge(
-            e,
-            "cache_used_ratio",
-            "Cache blocks in use over all cache blocks.",
-            ratio(s.cache_blocks_used, s.cache_blocks_total),
-        )?;
-        gauge(
-            e,
-            "dirty_bytes",
-            "Bytes of dirty cache blocks: the writeback backlog.",
-            (s.cache_blocks_dirty * bs) as f64,
-        )?;
-        gauge(
-            e,
-            "dirty_ratio",
-            "Dirty cache blocks over all cache blocks.",
-            ratio(s.cache_blocks_dirty, s.cache_blocks_total),
-        )?;
-        gauge(
-            e,
-            "partial_blocks",
-            "Cached blocks holding only some of their sectors.",
-            s.partial_blocks as f64,
-        )?;
-        gauge(
-            e,
-            "metadata_memory_bytes",
-            "Heap bytes of the in-memory metadata.",
-            s.metadata_bytes as f64,
-        )?;
-        gauge(
-            e,
-            "read_hit_ratio",
-            "Blocks read from the cache over blocks read, since the cache opened.",
-            ratio(s.stats.read_hits, s.stats.read_hits + s.stats.read_misses),
-        )?;
-        gauge(
-            e,
-            "writeback_rate_bytes_per_second",
-            "Bytes written back per second over the last sampling interval.",
-            t.latest.as_ref().map_or(0.0, |l| l.writeback_bytes_per_s),
-        )?;
-        gauge(
-            e,
-            "writeback_high_watermark_ratio",
-            "Dirty share at which background writeback starts.",
-            f64::from(s.writeback.high_pct) / 100.0,
-        )?;
-        gauge(
-            e,
-            "writeback_low_watermark_ratio",
-            "Dirty share at which background writeback stops.",
-            f64::from(s.writeback.low_pct) / 100.0,
-        )?;
-        gauge(
-            e,
-            "writeback_max_age_seconds",
-            "Dirty blocks older than this are written back.",
-            f64::from(s.writeback.max_age_secs),
-        )?;
-        gauge(
-            e,
-            "admitting",
-            "1 while new blocks may enter the cache, 0 after too many cache errors.",
-            f64::from(u8::from(s.admitting)),
-        )?;
-        gauge(
-            e,
-            "guard_engaged",
-            "1 while the admission guard sends new data around a slow cache device.",
-            f64::from(u8::from(s.guard_engaged)),
-        )?;
-        gauge(
-            e,
-            "cache_error_limit",
-            "Cache device errors after which no new blocks are admitted (0: never).",
-            s.cache_error_limit as f64,
-        )?;
-        let req: Vec<(Labels, &HistogramSnapshot)> = t
-            .observations
-            .latency
-            .requests
-            .iter()
-            .map(|(op, kind, h)| (vec![("op", op.clone()), ("result", kind.clone())], h))
-            .collect();
-        histograms(
-            e,
-            "request_duration_seconds",
-            "Request latency by operation; result=miss when the request made an origin request.",
-            &req,
-        )?;
-        let dev: Vec<(Labels, &HistogramSnapshot)> = t
-            .observations
-            .latency
-            .devices
-            .iter()
-            .map(|(d, op, h)| (vec![("device", d.clone()), ("op", op.clone())], h))
-            .collect();
-        histograms(
-            e,
-            "device_duration_seconds",
-            "Latency of the cache and origin devices' reads and writes.",
-            &dev,
-        )?;
-        let mrc = &t.observations.mrc;
-        let points = |f: &dyn Fn(&crate::engine::observe::MrcPoint) -> f64| -> Vec<(Labels, f64)> {
-            mrc.points
-                .iter()
-                .map(|p| (vec![("size_ratio", p.size_factor.to_string())], f(p)))
-                .collect()
-        };
-        gauges(
-            e,
-            "mrc_hit_ratio",
-            "Estimated LRU hit ratio of a cache size_ratio times this one's size (sampled miss-ratio curve).",
-            &points(&|p| p.hit_ratio),
-        )?;
-        gauges(
-            e,
-            "mrc_size_bytes",
-            "Cache size of each point of the miss-ratio curve.",
-            &points(&|p| (p.size_blocks * bs) as f64),
-        )?;
-        gauge(
-            e,
-            "mrc_sample_ratio",
-            "Fraction of blocks the miss-ratio curve samples.",
-            mrc.sample_rate,
-        )?;
-        gauge(
-            e,
-            "mrc_tracked_blocks",
-            "Blocks the miss-ratio sampler tracks.",
-            mrc.tracked_blocks as f64,
-        )?;
-        gauge(
-            e,
-            "mrc_memory_bytes",
-            "Heap bytes of the miss-ratio sampler.",
-            mrc.memory_bytes as f64,
-        )?;
+        for (name, help, v) in occupancy_gauges(t).into_iter().chain(setting_gauges(s)) {
+            gauge(e, name, help, v)?;
+        }
+        encode_latency(e, t)?;
+        encode_mrc(e, t)?;
         gauge(
             e,
             "monitor_uptime_seconds",
             "Seconds since the metrics endpoint started.",
             t.uptime_s,
-        )?;
-        Ok(())
+        )
     }
 }
