@@ -100,11 +100,12 @@ fn size_curve(m: &tiercache::engine::observe::Mrc) -> String {
     )
 }
 
-/// The human-readable status, one fact per line.
-pub fn table(name: &str, s: &Status) -> String {
-    let st = &s.stats;
-    let reads = st.read_hits + st.read_misses;
-    let rows: Vec<(&str, String)> = vec![
+/// Lines of the human-readable status: (label, value).
+type Rows = Vec<(&'static str, String)>;
+
+/// The devices, the mode and how full the cache is.
+fn volume_rows(s: &Status) -> Rows {
+    vec![
         (
             "origin",
             format!("{} ({})", s.origin, human_bytes(s.volume_bytes)),
@@ -129,6 +130,14 @@ pub fn table(name: &str, s: &Status) -> String {
             "partial",
             format!("{} blocks hold only some sectors", s.partial_blocks),
         ),
+    ]
+}
+
+/// What the requests did.
+fn traffic_rows(s: &Status) -> Rows {
+    let st = &s.stats;
+    let reads = st.read_hits + st.read_misses;
+    vec![
         (
             "reads",
             format!(
@@ -154,6 +163,13 @@ pub fn table(name: &str, s: &Status) -> String {
             "errors",
             format!("cache {}  origin {}", st.cache_errors, st.origin_errors),
         ),
+    ]
+}
+
+/// What may enter the cache, and what was kept out.
+fn admission_rows(s: &Status) -> Rows {
+    let st = &s.stats;
+    vec![
         ("admission", s.admission.clone()),
         (
             "  rules",
@@ -174,6 +190,12 @@ pub fn table(name: &str, s: &Status) -> String {
                 st.sequential_bypasses, st.guard_bypasses, st.cold_bypasses
             ),
         ),
+    ]
+}
+
+/// The miss-ratio curve, the crash log, memory and writeback settings.
+fn state_rows(s: &Status) -> Rows {
+    vec![
         ("size curve", size_curve(&s.mrc)),
         (
             "crash log",
@@ -203,9 +225,19 @@ pub fn table(name: &str, s: &Status) -> String {
                 super::set_writeback::idle_text(s.writeback.idle_secs)
             ),
         ),
+    ]
+}
+
+/// The human-readable status, one fact per line.
+pub fn table(name: &str, s: &Status) -> String {
+    let rows = [
+        volume_rows(s),
+        traffic_rows(s),
+        admission_rows(s),
+        state_rows(s),
     ];
     let mut out = format!("cache '{name}'\n");
-    for (k, v) in rows {
+    for (k, v) in rows.into_iter().flatten() {
         out.push_str(&format!("  {k:<13} {v}\n"));
     }
     out
