@@ -61,86 +61,13 @@ pub struct Args {
 }
 
 pub fn run(reg: &Registry, a: &Args) -> Result<()> {
-    // 1. Arguments.
-    registry::validate_name(&a.name)?;
-    let mode = parse_mode(&a.mode)?;
-    let policy = parse_policy(&a.policy)?;
-    let block_bytes = parse_block_size(&a.block_size)?;
-    let defaults = WritebackSettings::default();
-    let writeback = WritebackSettings {
-        high_pct: a.writeback_high.unwrap_or(defaults.high_pct),
-        low_pct: a.writeback_low.unwrap_or(defaults.low_pct),
-        max_age_secs: a.writeback_age.unwrap_or(defaults.max_age_secs),
-        idle_secs: a.writeback_idle.unwrap_or(defaults.idle_secs),
-    };
-    check_writeback(&writeback)?;
-    let admission = a.admission.apply(Default::default())?;
-    for (role, spec) in [("cache", &a.cache), ("origin", &a.origin)] {
-        if spec.starts_with("ram:") {
-            bail!(
-                "{role} device '{spec}' is volatile: a RAM device does not outlive this command; RAM devices are for `tiercache serve`"
-            );
-        }
-    }
-    let origin_path = registry::absolute(&a.origin)?;
-    let cache_path = registry::absolute(&a.cache)?;
-    if registry::same_file(&origin_path, &cache_path) {
-        bail!("origin and cache are the same device ({origin_path})");
-    }
-
-    // 2. The registry: writable, name free, devices not in another cache.
+    let (opts, origin_path, cache_path) = checked_options(a)?;
     reg.prepare()?;
     let _lock = reg.lock(&a.name)?;
-    if let Some(old) = reg.get(&a.name)? {
-        if !a.force {
-            bail!(
-                "a cache named '{}' is already registered (origin {}, cache {}); choose another --name, or pass --force to replace it",
-                old.name,
-                old.origin,
-                old.cache
-            );
-        }
-    }
-    for other in reg.list()?.iter().filter(|e| e.name != a.name) {
-        for (role, path) in [("origin", &origin_path), ("cache", &cache_path)] {
-            if registry::same_file(path, &other.origin) || registry::same_file(path, &other.cache) {
-                bail!(
-                    "{role} device {path} is already used by cache '{}'; detach that cache first",
-                    other.name
-                );
-            }
-        }
-    }
-
-    // 3. The devices: both open, sizes fit.
-    let origin = open_device(&origin_path).context("origin")?;
-    let cache = open_device(&cache_path).context("cache")?;
-    if origin.identity() != 0 && origin.identity() == cache.identity() {
-        bail!("origin {origin_path} and cache {cache_path} are the same device");
-    }
-    if origin.size_bytes() < u64::from(block_bytes) {
-        bail!(
-            "origin {origin_path} ({}) is smaller than one cache block ({})",
-            human_bytes(origin.size_bytes()),
-            human_bytes(block_bytes.into())
-        );
-    }
-    let layout = Layout::compute(cache.size_bytes(), block_bytes)
-        .map_err(anyhow::Error::msg)
-        .with_context(|| format!("cache {cache_path}"))?;
-
-    // 4. Format (the engine refuses a device holding a cache unless forced),
-    //    shut down cleanly, register.
-    let opts = CreateOptions {
-        mode,
-        block_bytes,
-        policy,
-        writeback,
-        admission,
-        force: a.force,
-        allow_data_loss: a.allow_data_loss,
-        cache_error_limit: a.cache_error_limit,
-    };
+    check_registry(reg, a, &origin_path, &cache_path)?;
+    let (origin, cache, layout) = open_devices(&origin_path, &cache_path, opts.block_bytes)?;
+    // Format (the engine refuses a device holding a cache unless forced),
+    // shut down cleanly, register.
     let engine = Engine::create(cache, origin, &opts).context("creating the cache")?;
     // A crash log left by an earlier cache of this name (a daemon killed,
     // then the cache recreated with --force) must never meet the new one.
@@ -165,19 +92,109 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
             entry.cache
         )
     })?;
-
     println!(
         "created cache '{}': {} cached on {}",
         entry.name, entry.origin, entry.cache
     );
     println!(
         "  mode {}, policy {}, block size {}, {} cache blocks ({}), volume {}",
-        mode.name(),
-        policy.name(),
-        human_bytes(block_bytes.into()),
+        opts.mode.name(),
+        opts.policy.name(),
+        human_bytes(opts.block_bytes.into()),
         layout.slot_count,
-        human_bytes(layout.slot_count * u64::from(block_bytes)),
+        human_bytes(layout.slot_count * u64::from(opts.block_bytes)),
         human_bytes(status.volume_bytes)
     );
     Ok(())
+}
+
+/// The arguments, checked: the cache's options and both devices' absolute
+/// paths (not RAM devices, not the same file).
+fn checked_options(a: &Args) -> Result<(CreateOptions, String, String)> {
+    registry::validate_name(&a.name)?;
+    let defaults = WritebackSettings::default();
+    let writeback = WritebackSettings {
+        high_pct: a.writeback_high.unwrap_or(defaults.high_pct),
+        low_pct: a.writeback_low.unwrap_or(defaults.low_pct),
+        max_age_secs: a.writeback_age.unwrap_or(defaults.max_age_secs),
+        idle_secs: a.writeback_idle.unwrap_or(defaults.idle_secs),
+    };
+    check_writeback(&writeback)?;
+    let opts = CreateOptions {
+        mode: parse_mode(&a.mode)?,
+        block_bytes: parse_block_size(&a.block_size)?,
+        policy: parse_policy(&a.policy)?,
+        writeback,
+        admission: a.admission.apply(Default::default())?,
+        force: a.force,
+        allow_data_loss: a.allow_data_loss,
+        cache_error_limit: a.cache_error_limit,
+    };
+    for (role, spec) in [("cache", &a.cache), ("origin", &a.origin)] {
+        if spec.starts_with("ram:") {
+            bail!(
+                "{role} device '{spec}' is volatile: a RAM device does not outlive this command; RAM devices are for `tiercache serve`"
+            );
+        }
+    }
+    let origin_path = registry::absolute(&a.origin)?;
+    let cache_path = registry::absolute(&a.cache)?;
+    if registry::same_file(&origin_path, &cache_path) {
+        bail!("origin and cache are the same device ({origin_path})");
+    }
+    Ok((opts, origin_path, cache_path))
+}
+
+/// The name is free (or `--force` replaces it) and neither device belongs
+/// to another registered cache. The caller holds the name's lock.
+fn check_registry(reg: &Registry, a: &Args, origin_path: &str, cache_path: &str) -> Result<()> {
+    if let Some(old) = reg.get(&a.name)? {
+        if !a.force {
+            bail!(
+                "a cache named '{}' is already registered (origin {}, cache {}); choose another --name, or pass --force to replace it",
+                old.name,
+                old.origin,
+                old.cache
+            );
+        }
+    }
+    for other in reg.list()?.iter().filter(|e| e.name != a.name) {
+        for (role, path) in [("origin", origin_path), ("cache", cache_path)] {
+            if registry::same_file(path, &other.origin) || registry::same_file(path, &other.cache) {
+                bail!(
+                    "{role} device {path} is already used by cache '{}'; detach that cache first",
+                    other.name
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Both devices open, not the same, and their sizes fit a cache.
+fn open_devices(
+    origin_path: &str,
+    cache_path: &str,
+    block_bytes: u32,
+) -> Result<(
+    tiercache::device::DeviceRef,
+    tiercache::device::DeviceRef,
+    Layout,
+)> {
+    let origin = open_device(origin_path).context("origin")?;
+    let cache = open_device(cache_path).context("cache")?;
+    if origin.identity() != 0 && origin.identity() == cache.identity() {
+        bail!("origin {origin_path} and cache {cache_path} are the same device");
+    }
+    if origin.size_bytes() < u64::from(block_bytes) {
+        bail!(
+            "origin {origin_path} ({}) is smaller than one cache block ({})",
+            human_bytes(origin.size_bytes()),
+            human_bytes(block_bytes.into())
+        );
+    }
+    let layout = Layout::compute(cache.size_bytes(), block_bytes)
+        .map_err(anyhow::Error::msg)
+        .with_context(|| format!("cache {cache_path}"))?;
+    Ok((origin, cache, layout))
 }
