@@ -60,18 +60,10 @@ pub struct Args {
 
 pub fn run(a: &Args) -> Result<()> {
     let started = Instant::now();
-    fs::create_dir_all(&a.dir).with_context(|| format!("creating {}", a.dir.display()))?;
-    let origin_path = fresh_file(&a.dir.join("origin.img"), ORIGIN_BYTES)?;
-    let cache_path = fresh_file(&a.dir.join("cache.img"), CACHE_BYTES)?;
-    println!(
-        "demo: origin {origin_path} ({}), cache {cache_path} ({}), writeback mode",
-        human_bytes(ORIGIN_BYTES),
-        human_bytes(CACHE_BYTES)
-    );
-
     if !(0.0..=1000.0).contains(&a.origin_latency_ms) {
         bail!("--origin-latency-ms must be between 0 and 1000");
     }
+    let (origin_path, cache_path) = demo_files(a)?;
     let delay = Duration::from_secs_f64(a.origin_latency_ms / 1e3);
     let slow_origin: DeviceRef = Arc::new(LatencyDevice::new(
         open_device(&origin_path).context("origin")?,
@@ -90,37 +82,97 @@ pub fn run(a: &Args) -> Result<()> {
         },
     )
     .context("creating the demo cache")?;
-
-    // The dashboard, on a runtime of its own while the workload runs here.
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let endpoints = if a.http == "off" {
-        None
-    } else {
-        let cfg = EndpointConfig {
-            name: "demo".into(),
-            metrics: None,
-            http: Some(a.http.clone()),
-        };
-        let e = rt
-            .block_on(spawn_endpoints(&engine, &cfg, stop_rx))
-            .context("starting the dashboard")?;
-        if let Some(addr) = e.http_addr {
-            println!(
-                "demo: dashboard on http://{addr}/ while the demo runs (--linger SECS keeps it up)"
-            );
-        }
-        Some(e)
-    };
+    let dashboard = Dashboard::start(a, &engine)?;
     println!();
-
     origin_versus_cache(&slow_origin, &engine)?;
+    workload(&engine)?;
+    if a.linger > 0 {
+        println!(
+            "demo: the dashboard stays up {} s (Ctrl-C ends the demo)",
+            a.linger
+        );
+        std::thread::sleep(Duration::from_secs(a.linger));
+    }
+    write_back_and_show(&engine)?;
+    // Clean shutdown, offline check, warm reopen, detach.
+    dashboard.stop();
+    engine.close().context("closing the demo cache")?;
+    drop(engine);
+    check_reopen_detach(&origin_path, &cache_path)?;
+    println!();
+    println!(
+        "demo finished in {:.1} s. The same with named caches:",
+        started.elapsed().as_secs_f64()
+    );
+    println!("  tiercache create --origin {origin_path} --cache {cache_path}");
+    println!("  tiercache status; tiercache flush; tiercache check; tiercache detach");
+    Ok(())
+}
 
-    // Workload.
+/// New origin and cache files in the demo's directory: (origin, cache).
+fn demo_files(a: &Args) -> Result<(String, String)> {
+    fs::create_dir_all(&a.dir).with_context(|| format!("creating {}", a.dir.display()))?;
+    let origin_path = fresh_file(&a.dir.join("origin.img"), ORIGIN_BYTES)?;
+    let cache_path = fresh_file(&a.dir.join("cache.img"), CACHE_BYTES)?;
+    println!(
+        "demo: origin {origin_path} ({}), cache {cache_path} ({}), writeback mode",
+        human_bytes(ORIGIN_BYTES),
+        human_bytes(CACHE_BYTES)
+    );
+    Ok((origin_path, cache_path))
+}
+
+/// The dashboard, on a runtime of its own while the workload runs on the
+/// demo's thread.
+struct Dashboard {
+    rt: tokio::runtime::Runtime,
+    stop_tx: tokio::sync::watch::Sender<bool>,
+    endpoints: Option<tiercache::monitor::Endpoints>,
+}
+
+impl Dashboard {
+    fn start(a: &Args, engine: &Arc<Engine>) -> Result<Dashboard> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .context("starting the runtime")?;
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let endpoints = if a.http == "off" {
+            None
+        } else {
+            let cfg = EndpointConfig {
+                name: "demo".into(),
+                metrics: None,
+                http: Some(a.http.clone()),
+            };
+            let e = rt
+                .block_on(spawn_endpoints(engine, &cfg, stop_rx))
+                .context("starting the dashboard")?;
+            if let Some(addr) = e.http_addr {
+                println!(
+                    "demo: dashboard on http://{addr}/ while the demo runs (--linger SECS keeps it up)"
+                );
+            }
+            Some(e)
+        };
+        Ok(Dashboard {
+            rt,
+            stop_tx,
+            endpoints,
+        })
+    }
+
+    fn stop(self) {
+        let _ = self.stop_tx.send(true);
+        drop(self.endpoints);
+        self.rt.shutdown_timeout(Duration::from_secs(1));
+    }
+}
+
+/// Writes a pattern and flushes, reads it twice, then reads a range never
+/// written twice (the origin's zeroes, then the cache's copy of them).
+fn workload(engine: &Arc<Engine>) -> Result<()> {
     let t = Instant::now();
     for off in (0..WRITE_BYTES).step_by(IO_BYTES as usize) {
         let mut buf = AlignedBuf::zeroed(IO_BYTES as usize);
@@ -136,26 +188,18 @@ pub fn run(a: &Args) -> Result<()> {
         mib_per_sec(WRITE_BYTES, secs)
     );
     for pass in 1..=2 {
-        read_pass(
-            &engine,
-            &format!("read   written, pass {pass}"),
-            0,
-            WRITE_BYTES,
-            true,
-        )?;
+        let what = format!("read   written, pass {pass}");
+        read_pass(engine, &what, 0, WRITE_BYTES, true)?;
     }
     for pass in 1..=2 {
         let what = format!("read   never written, pass {pass}");
-        read_pass(&engine, &what, COLD_OFFSET, COLD_BYTES, false)?;
+        read_pass(engine, &what, COLD_OFFSET, COLD_BYTES, false)?;
     }
+    Ok(())
+}
 
-    if a.linger > 0 {
-        println!(
-            "demo: the dashboard stays up {} s (Ctrl-C ends the demo)",
-            a.linger
-        );
-        std::thread::sleep(Duration::from_secs(a.linger));
-    }
+/// Writes every dirty block back, then prints the status table.
+fn write_back_and_show(engine: &Arc<Engine>) -> Result<()> {
     let dirty = engine.dirty_blocks();
     let t = Instant::now();
     engine.flush_all(&mut |_, _| {})?;
@@ -166,15 +210,14 @@ pub fn run(a: &Args) -> Result<()> {
     println!();
     print!("{}", status::table("demo", &engine.status()));
     println!();
+    Ok(())
+}
 
-    // Clean shutdown, offline check, warm reopen, detach.
-    let _ = stop_tx.send(true);
-    drop(endpoints);
-    rt.shutdown_timeout(Duration::from_secs(1));
-    engine.close().context("closing the demo cache")?;
-    drop(engine);
+/// The closed cache checked offline, reopened warm and detached; then the
+/// origin file alone must hold the pattern.
+fn check_reopen_detach(origin_path: &str, cache_path: &str) -> Result<()> {
     let report = recovery::check(
-        &open_device(&cache_path).context("cache")?,
+        &open_device(cache_path).context("cache")?,
         Some(ORIGIN_BYTES),
     );
     if !report.ok {
@@ -191,8 +234,8 @@ pub fn run(a: &Args) -> Result<()> {
         report.clean_shutdown == Some(true)
     );
     let engine = Engine::open(
-        open_device(&cache_path).context("cache")?,
-        open_device(&origin_path).context("origin")?,
+        open_device(cache_path).context("cache")?,
+        open_device(origin_path).context("origin")?,
         &OpenOptions {
             no_background: true,
             ..OpenOptions::default()
@@ -203,19 +246,11 @@ pub fn run(a: &Args) -> Result<()> {
     engine.detach().context("detaching the demo cache")?;
     drop(engine);
     println!("detach reopened warm with {warm} blocks cached, then dissolved the cache");
-
-    verify_origin(&origin_path)?;
+    verify_origin(origin_path)?;
     println!(
         "verify the origin file alone holds the {} pattern and zeroes elsewhere",
         human_bytes(WRITE_BYTES)
     );
-    println!();
-    println!(
-        "demo finished in {:.1} s. The same with named caches:",
-        started.elapsed().as_secs_f64()
-    );
-    println!("  tiercache create --origin {origin_path} --cache {cache_path}");
-    println!("  tiercache status; tiercache flush; tiercache check; tiercache detach");
     Ok(())
 }
 
