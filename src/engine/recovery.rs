@@ -92,6 +92,34 @@ pub(crate) fn format_cache(
     opts: &CreateOptions,
     clock: &Clock,
 ) -> EngineResult<()> {
+    check_create_options(cache, origin, opts)?;
+    let layout =
+        Layout::compute(cache.size_bytes(), opts.block_bytes).map_err(EngineError::Config)?;
+    if !opts.force {
+        refuse_existing_cache(cache)?;
+    }
+    write_empty_metadata(cache, &layout)?;
+    // 4. The superblock, both copies (generations 1 and 2).
+    let mut sb = new_superblock(cache, origin, opts, &layout);
+    sb.created_unix_secs = U64::new(clock.unix_secs());
+    for generation in [1u64, 2] {
+        sb.generation = U64::new(generation);
+        sb.seal();
+        cache.write_at(
+            &AlignedBuf::from_slice(&sb.to_page()),
+            (generation % 2) * PAGE_BYTES,
+        )?;
+    }
+    cache.flush()?;
+    Ok(())
+}
+
+/// The options a new cache is created with, against its devices.
+fn check_create_options(
+    cache: &DeviceRef,
+    origin: &DeviceRef,
+    opts: &CreateOptions,
+) -> EngineResult<()> {
     check_block_bytes(opts.block_bytes)?;
     if opts.mode.holds_dirty() && cache.is_volatile() && !opts.allow_data_loss {
         return Err(EngineError::VolatileWriteback {
@@ -99,8 +127,7 @@ pub(crate) fn format_cache(
             mode: opts.mode.name().into(),
         });
     }
-    let w = opts.writeback;
-    w.validate().map_err(EngineError::Config)?;
+    opts.writeback.validate().map_err(EngineError::Config)?;
     opts.admission.validate().map_err(EngineError::Config)?;
     if origin.size_bytes() < opts.block_bytes as u64 {
         return Err(EngineError::Config(format!(
@@ -110,23 +137,30 @@ pub(crate) fn format_cache(
             opts.block_bytes
         )));
     }
-    let layout =
-        Layout::compute(cache.size_bytes(), opts.block_bytes).map_err(EngineError::Config)?;
-    if !opts.force {
-        if let Ok(sb) = current_superblock(cache) {
-            let mode = Mode::from_u32(sb.mode.get()).map_or("unknown", |m| m.name());
-            return Err(EngineError::AlreadyACache {
-                device: cache.name().into(),
-                mode: mode.into(),
-                dirty_hint: if sb.clean_shutdown.get() == 1 {
-                    "shut down cleanly"
-                } else {
-                    "not shut down cleanly: it may hold dirty data"
-                }
-                .into(),
-            });
+    Ok(())
+}
+
+/// A device that holds a cache is formatted only with `force`.
+fn refuse_existing_cache(cache: &DeviceRef) -> EngineResult<()> {
+    let Ok(sb) = current_superblock(cache) else {
+        return Ok(());
+    };
+    let mode = Mode::from_u32(sb.mode.get()).map_or("unknown", |m| m.name());
+    Err(EngineError::AlreadyACache {
+        device: cache.name().into(),
+        mode: mode.into(),
+        dirty_hint: if sb.clean_shutdown.get() == 1 {
+            "shut down cleanly"
+        } else {
+            "not shut down cleanly: it may hold dirty data"
         }
-    }
+        .into(),
+    })
+}
+
+/// Steps 1 to 3 of formatting: old superblocks invalidated, the journal
+/// zeroed, an empty checkpoint in area 0, each made durable.
+fn write_empty_metadata(cache: &DeviceRef, layout: &Layout) -> EngineResult<()> {
     // 1. Invalidate any old superblocks, so an interrupted create never
     //    leaves an older cache's superblock current.
     let zero = AlignedBuf::zeroed(2 * PAGE_BYTES as usize);
@@ -147,14 +181,24 @@ pub(crate) fn format_cache(
         partial: Vec::new(),
     };
     for page_index in 0..layout.checkpoint_pages {
-        let page = checkpoint_page(&layout, 1, page_index, &empty);
+        let page = checkpoint_page(layout, 1, page_index, &empty);
         cache.write_at(
             &AlignedBuf::from_slice(&page),
             layout.checkpoint_offset[0] + page_index * PAGE_BYTES,
         )?;
     }
     cache.flush()?;
-    // 4. The superblock, both copies (generations 1 and 2).
+    Ok(())
+}
+
+/// The superblock of a new cache (generation and seal not yet set).
+fn new_superblock(
+    cache: &DeviceRef,
+    origin: &DeviceRef,
+    opts: &CreateOptions,
+    layout: &Layout,
+) -> Superblock {
+    let w = opts.writeback;
     let mut sb = Superblock::new_zeroed();
     sb.magic = SUPERBLOCK_MAGIC;
     sb.version = U32::new(FORMAT_VERSION);
@@ -188,17 +232,7 @@ pub(crate) fn format_cache(
     } else {
         0
     });
-    sb.created_unix_secs = U64::new(clock.unix_secs());
-    for generation in [1u64, 2] {
-        sb.generation = U64::new(generation);
-        sb.seal();
-        cache.write_at(
-            &AlignedBuf::from_slice(&sb.to_page()),
-            (generation % 2) * PAGE_BYTES,
-        )?;
-    }
-    cache.flush()?;
-    Ok(())
+    sb
 }
 
 /// What loading the metadata found.
@@ -632,49 +666,66 @@ pub(crate) fn open(
     }
     let clean =
         sb.clean_shutdown.get() == 1 && loaded.pages_replayed == 0 && recovered == 0 && !distrust;
+    note_recovery(cache.name(), &loaded, clean);
+    let journal_end_seq = loaded.journal_end_seq;
+    let engine = build_engine(cache, origin, sb, loaded, opts.clock.clone());
+    start_durable(&engine, clean, distrust, journal_end_seq, log)?;
+    engine
+        .stats
+        .crash_log_records_recovered
+        .store(recovered, std::sync::atomic::Ordering::Relaxed);
+    Ok(engine)
+}
+
+/// Logs what opening found: a damaged journal tail, and what recovery
+/// replayed after an unclean shutdown.
+fn note_recovery(cache: &str, loaded: &Loaded, clean: bool) {
     if let Some(note) = &loaded.tail_note {
-        log::warn!("{}: {note}", cache.name());
+        log::warn!("{cache}: {note}");
     }
     if !clean {
         log::info!(
-            "{}: recovering after an unclean shutdown: replayed {} journal pages ({} records); {} blocks cached, {} dirty",
-            cache.name(),
+            "{cache}: recovering after an unclean shutdown: replayed {} journal pages ({} records); {} blocks cached, {} dirty",
             loaded.pages_replayed,
             loaded.records_replayed,
             loaded.table.used(),
             loaded.table.dirty_count()
         );
     }
-    let journal_end_seq = loaded.journal_end_seq;
-    let engine = build_engine(cache, origin, sb, loaded, opts.clock.clone());
-    {
-        let mut cs = engine.commit_state.lock();
-        if clean {
-            engine.write_superblock(&mut cs, |sb| sb.clean_shutdown.set(0))?;
-        } else {
-            // Pages after the replayed ones may hold valid pages of an
-            // interrupted commit; start the new journal a full ring later so
-            // none of them can ever be taken for a new page.
-            let data = engine.meta.lock().table.snapshot();
-            let restart = journal_end_seq + engine.layout.journal_pages;
-            engine.write_checkpoint(&mut cs, &data, restart, false)?;
-            if distrust {
-                engine.write_superblock(&mut cs, |sb| {
-                    sb.flags.set(sb.flags.get() & !SB_FLAG_DISTRUST_CLEAN)
-                })?;
-            }
-        }
-        // The log starts empty at the state just made durable.
-        if let Some(mut log) = log {
-            log.reset(&crash_log::Identity::of(&cs.sb), engine.durable_point(&cs));
-            engine.meta.lock().crash_log = Some(log);
+}
+
+/// Makes the opened state durable before any request: a clean cache is
+/// marked in use; a recovered one gets a checkpoint that restarts the
+/// journal a full ring later. The crash log then starts empty at that
+/// state.
+fn start_durable(
+    engine: &Engine,
+    clean: bool,
+    distrust: bool,
+    journal_end_seq: u64,
+    log: Option<CrashLog>,
+) -> EngineResult<()> {
+    let mut cs = engine.commit_state.lock();
+    if clean {
+        engine.write_superblock(&mut cs, |sb| sb.clean_shutdown.set(0))?;
+    } else {
+        // Pages after the replayed ones may hold valid pages of an
+        // interrupted commit; start the new journal a full ring later so
+        // none of them can ever be taken for a new page.
+        let data = engine.meta.lock().table.snapshot();
+        let restart = journal_end_seq + engine.layout.journal_pages;
+        engine.write_checkpoint(&mut cs, &data, restart, false)?;
+        if distrust {
+            engine.write_superblock(&mut cs, |sb| {
+                sb.flags.set(sb.flags.get() & !SB_FLAG_DISTRUST_CLEAN)
+            })?;
         }
     }
-    engine
-        .stats
-        .crash_log_records_recovered
-        .store(recovered, std::sync::atomic::Ordering::Relaxed);
-    Ok(engine)
+    if let Some(mut log) = log {
+        log.reset(&crash_log::Identity::of(&cs.sb), engine.durable_point(&cs));
+        engine.meta.lock().crash_log = Some(log);
+    }
+    Ok(())
 }
 
 /// The origin must be the one the cache was made for: same size always,
@@ -733,47 +784,14 @@ fn build_engine(
     clock: Clock,
 ) -> Engine {
     let mode = Mode::from_u32(sb.mode.get()).expect("validated");
-    let policy_kind = PolicyKind::from_u32(sb.policy.get()).expect("validated");
     let layout = loaded.layout;
-    let table = loaded.table;
-    let mut policy = policy_kind.build(layout.slot_count as u32);
-    for slot in 0..table.slot_count() as u32 {
-        if let Some((block, _)) = table.slot_block(slot) {
-            policy.inserted(slot, block);
-        }
-    }
-    let mut free = super::free::FreeSlots::new(table.slot_count());
-    free.extend(table.free_slots());
-    let dirty_since_s = vec![0u16; table.slot_count() as usize];
     let block_bytes = layout.block_bytes as u64;
     Engine {
         layout,
         block_bytes,
         origin_blocks: origin.size_bytes() / block_bytes,
         volume_bytes: origin.size_bytes(),
-        meta: Mutex::new(
-            Rank::Meta,
-            Meta {
-                table,
-                policy,
-                free,
-                releases: Default::default(),
-                records: Vec::new(),
-                writeback: WritebackSettings {
-                    high_pct: sb.writeback_high_pct.get(),
-                    low_pct: sb.writeback_low_pct.get(),
-                    max_age_secs: sb.writeback_max_age_secs.get(),
-                    idle_secs: sb.writeback_idle_secs.get(),
-                },
-                dirty_since_s,
-                aged_scan_cursor: 0,
-                aged_scan_done_s: None,
-                writeback_cursor: 0,
-                writeback_active: false,
-                client_requests_seen: (0, 0),
-                crash_log: None,
-            },
-        ),
+        meta: Mutex::new(Rank::Meta, new_meta(&sb, loaded.table)),
         commit_state: Mutex::new(
             Rank::Commit,
             CommitState {
@@ -807,6 +825,41 @@ fn build_engine(
         bg_thread: Mutex::new(Rank::Background, None),
         cache,
         origin,
+    }
+}
+
+/// The metadata state of an opened cache: the loaded table, the policy
+/// ordered from it, its free slots, the superblock's writeback settings.
+fn new_meta(sb: &Superblock, table: Table) -> Meta {
+    let policy_kind = PolicyKind::from_u32(sb.policy.get()).expect("validated");
+    let mut policy = policy_kind.build(table.slot_count() as u32);
+    for slot in 0..table.slot_count() as u32 {
+        if let Some((block, _)) = table.slot_block(slot) {
+            policy.inserted(slot, block);
+        }
+    }
+    let mut free = super::free::FreeSlots::new(table.slot_count());
+    free.extend(table.free_slots());
+    let dirty_since_s = vec![0u16; table.slot_count() as usize];
+    Meta {
+        table,
+        policy,
+        free,
+        releases: Default::default(),
+        records: Vec::new(),
+        writeback: WritebackSettings {
+            high_pct: sb.writeback_high_pct.get(),
+            low_pct: sb.writeback_low_pct.get(),
+            max_age_secs: sb.writeback_max_age_secs.get(),
+            idle_secs: sb.writeback_idle_secs.get(),
+        },
+        dirty_since_s,
+        aged_scan_cursor: 0,
+        aged_scan_done_s: None,
+        writeback_cursor: 0,
+        writeback_active: false,
+        client_requests_seen: (0, 0),
+        crash_log: None,
     }
 }
 
