@@ -115,6 +115,12 @@ pub struct Negotiation {
     contexts: MetaContexts,
 }
 
+/// An error reply to `option`; the haggling goes on.
+fn reply_err(out: &mut Vec<u8>, option: u32, reply_type: u32, msg: &str) -> OptionOutcome {
+    proto::put_option_reply(out, option, reply_type, msg.as_bytes());
+    OptionOutcome::Continue
+}
+
 impl Negotiation {
     pub fn new(export: ExportInfo, client: proto::ClientFlags, tls: TlsPolicy) -> Self {
         Negotiation {
@@ -144,103 +150,24 @@ impl Negotiation {
     /// Answers one option with `data` (already read in full), appending the
     /// reply bytes to `out`.
     pub fn answer(&mut self, option: u32, data: &[u8], out: &mut Vec<u8>) -> OptionOutcome {
-        let reply_err = |out: &mut Vec<u8>, reply_type: u32, msg: &str| {
-            proto::put_option_reply(out, option, reply_type, msg.as_bytes());
-            OptionOutcome::Continue
-        };
         let code = OptionCode::from_wire(option);
-        if self.tls == TlsPolicy::Required && !self.tls_active {
-            match code {
-                OptionCode::StartTls | OptionCode::Abort => {}
-                OptionCode::ExportName => {
-                    return OptionOutcome::Disconnect("NBD_OPT_EXPORT_NAME before TLS")
-                }
-                _ => {
-                    return reply_err(
-                        out,
-                        proto::REP_ERR_TLS_REQD,
-                        "TLS is required: send NBD_OPT_STARTTLS first",
-                    )
-                }
-            }
+        if let Some(refused) = self.before_tls(code, option, out) {
+            return refused;
         }
         match code {
-            OptionCode::ExportName => {
-                let Ok(name) = proto::parse_string(data, "export name") else {
-                    return OptionOutcome::Disconnect("NBD_OPT_EXPORT_NAME with a bad name");
-                };
-                if !self.export.accepts(&name) {
-                    return OptionOutcome::Disconnect("NBD_OPT_EXPORT_NAME of an unknown export");
-                }
-                let reply = proto::ExportNameReply {
-                    size_bytes: self.export.size_bytes.into(),
-                    transmission_flags: self.export.transmission_flags.into(),
-                };
-                out.extend_from_slice(reply.as_bytes());
-                if !self.no_zeroes {
-                    out.extend_from_slice(&[0u8; proto::EXPORT_NAME_PAD_BYTES]);
-                }
-                OptionOutcome::Transmission(self.mode(1))
-            }
+            OptionCode::ExportName => self.answer_export_name(data, out),
             OptionCode::Abort => {
                 proto::put_option_reply(out, option, proto::REP_ACK, &[]);
                 OptionOutcome::Abort
             }
-            OptionCode::StartTls => {
-                if self.tls == TlsPolicy::Off {
-                    return reply_err(out, proto::REP_ERR_UNSUP, "TLS is not configured");
-                }
-                if self.tls_active {
-                    return reply_err(out, proto::REP_ERR_INVALID, "TLS is already running");
-                }
-                if !data.is_empty() {
-                    return reply_err(
-                        out,
-                        proto::REP_ERR_INVALID,
-                        "NBD_OPT_STARTTLS takes no data",
-                    );
-                }
-                proto::put_option_reply(out, option, proto::REP_ACK, &[]);
-                OptionOutcome::StartTls
-            }
-            OptionCode::List => {
-                if !data.is_empty() {
-                    return reply_err(out, proto::REP_ERR_INVALID, "NBD_OPT_LIST takes no data");
-                }
-                let name = self.export.name.as_bytes();
-                let mut entry = U32::new(name.len() as u32).as_bytes().to_vec();
-                entry.extend_from_slice(name);
-                proto::put_option_reply(out, option, proto::REP_SERVER, &entry);
-                proto::put_option_reply(out, option, proto::REP_ACK, &[]);
-                OptionOutcome::Continue
-            }
-            OptionCode::Info | OptionCode::Go => {
-                let req = match proto::parse_info_request(data) {
-                    Ok(r) => r,
-                    Err(e) => return reply_err(out, proto::REP_ERR_INVALID, &e.to_string()),
-                };
-                if !self.export.accepts(&req.export_name) {
-                    return reply_err(out, proto::REP_ERR_UNKNOWN, "no such export");
-                }
-                self.put_infos(option, &req.info_types, out);
-                proto::put_option_reply(out, option, proto::REP_ACK, &[]);
-                if option == proto::OPT_GO {
-                    // A client that asks for block sizes with GO must obey
-                    // them; one that does not gets the default minimum of 1.
-                    let min = if req.info_types.contains(&proto::INFO_BLOCK_SIZE) {
-                        self.export.min_block_bytes
-                    } else {
-                        1
-                    };
-                    OptionOutcome::Transmission(self.mode(min))
-                } else {
-                    OptionOutcome::Continue
-                }
-            }
+            OptionCode::StartTls => self.answer_starttls(option, data, out),
+            OptionCode::List => self.answer_list(option, data, out),
+            OptionCode::Info | OptionCode::Go => self.answer_info_or_go(option, data, out),
             OptionCode::StructuredReply => {
                 if !data.is_empty() {
                     return reply_err(
                         out,
+                        option,
                         proto::REP_ERR_INVALID,
                         "NBD_OPT_STRUCTURED_REPLY takes no data",
                     );
@@ -252,8 +179,122 @@ impl Negotiation {
             OptionCode::ListMetaContext | OptionCode::SetMetaContext => {
                 self.answer_meta_context(option, data, out)
             }
-            OptionCode::Other(_) => reply_err(out, proto::REP_ERR_UNSUP, "option not supported"),
+            OptionCode::Other(_) => {
+                reply_err(out, option, proto::REP_ERR_UNSUP, "option not supported")
+            }
         }
+    }
+
+    /// While TLS is required and not yet running, every option but
+    /// STARTTLS and ABORT is refused (EXPORT_NAME, which has no error
+    /// reply, by disconnecting).
+    fn before_tls(
+        &self,
+        code: OptionCode,
+        option: u32,
+        out: &mut Vec<u8>,
+    ) -> Option<OptionOutcome> {
+        if self.tls != TlsPolicy::Required || self.tls_active {
+            return None;
+        }
+        match code {
+            OptionCode::StartTls | OptionCode::Abort => None,
+            OptionCode::ExportName => {
+                Some(OptionOutcome::Disconnect("NBD_OPT_EXPORT_NAME before TLS"))
+            }
+            _ => Some(reply_err(
+                out,
+                option,
+                proto::REP_ERR_TLS_REQD,
+                "TLS is required: send NBD_OPT_STARTTLS first",
+            )),
+        }
+    }
+
+    /// NBD_OPT_EXPORT_NAME: no error reply exists, so a bad or unknown
+    /// name disconnects.
+    fn answer_export_name(&mut self, data: &[u8], out: &mut Vec<u8>) -> OptionOutcome {
+        let Ok(name) = proto::parse_string(data, "export name") else {
+            return OptionOutcome::Disconnect("NBD_OPT_EXPORT_NAME with a bad name");
+        };
+        if !self.export.accepts(&name) {
+            return OptionOutcome::Disconnect("NBD_OPT_EXPORT_NAME of an unknown export");
+        }
+        let reply = proto::ExportNameReply {
+            size_bytes: self.export.size_bytes.into(),
+            transmission_flags: self.export.transmission_flags.into(),
+        };
+        out.extend_from_slice(reply.as_bytes());
+        if !self.no_zeroes {
+            out.extend_from_slice(&[0u8; proto::EXPORT_NAME_PAD_BYTES]);
+        }
+        OptionOutcome::Transmission(self.mode(1))
+    }
+
+    fn answer_starttls(&mut self, option: u32, data: &[u8], out: &mut Vec<u8>) -> OptionOutcome {
+        if self.tls == TlsPolicy::Off {
+            return reply_err(out, option, proto::REP_ERR_UNSUP, "TLS is not configured");
+        }
+        if self.tls_active {
+            return reply_err(
+                out,
+                option,
+                proto::REP_ERR_INVALID,
+                "TLS is already running",
+            );
+        }
+        if !data.is_empty() {
+            return reply_err(
+                out,
+                option,
+                proto::REP_ERR_INVALID,
+                "NBD_OPT_STARTTLS takes no data",
+            );
+        }
+        proto::put_option_reply(out, option, proto::REP_ACK, &[]);
+        OptionOutcome::StartTls
+    }
+
+    fn answer_list(&self, option: u32, data: &[u8], out: &mut Vec<u8>) -> OptionOutcome {
+        if !data.is_empty() {
+            return reply_err(
+                out,
+                option,
+                proto::REP_ERR_INVALID,
+                "NBD_OPT_LIST takes no data",
+            );
+        }
+        let name = self.export.name.as_bytes();
+        let mut entry = U32::new(name.len() as u32).as_bytes().to_vec();
+        entry.extend_from_slice(name);
+        proto::put_option_reply(out, option, proto::REP_SERVER, &entry);
+        proto::put_option_reply(out, option, proto::REP_ACK, &[]);
+        OptionOutcome::Continue
+    }
+
+    /// NBD_OPT_INFO and NBD_OPT_GO: the infos asked for, then (GO) the
+    /// transmission phase.
+    fn answer_info_or_go(&mut self, option: u32, data: &[u8], out: &mut Vec<u8>) -> OptionOutcome {
+        let req = match proto::parse_info_request(data) {
+            Ok(r) => r,
+            Err(e) => return reply_err(out, option, proto::REP_ERR_INVALID, &e.to_string()),
+        };
+        if !self.export.accepts(&req.export_name) {
+            return reply_err(out, option, proto::REP_ERR_UNKNOWN, "no such export");
+        }
+        self.put_infos(option, &req.info_types, out);
+        proto::put_option_reply(out, option, proto::REP_ACK, &[]);
+        if option != proto::OPT_GO {
+            return OptionOutcome::Continue;
+        }
+        // A client that asks for block sizes with GO must obey them; one
+        // that does not gets the default minimum of 1.
+        let min = if req.info_types.contains(&proto::INFO_BLOCK_SIZE) {
+            self.export.min_block_bytes
+        } else {
+            1
+        };
+        OptionOutcome::Transmission(self.mode(min))
     }
 
     /// NBD_OPT_LIST_META_CONTEXT and NBD_OPT_SET_META_CONTEXT. Queries:

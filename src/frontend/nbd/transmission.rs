@@ -175,11 +175,33 @@ pub fn check_request(req: &Request, limits: &ExportLimits) -> Disposition {
         // need unbounded memory or a drain we would rather not offer.
         return Disposition::Drop("write payload larger than the maximum block size");
     }
-    let fail = |errno, why| Disposition::Fail {
+    let fail = |(errno, why): Refusal| Disposition::Fail {
         errno,
         payload_bytes,
         why,
     };
+    if let Err(r) = check_command(req, limits) {
+        return fail(r);
+    }
+    match req.command {
+        Command::Disc => return Disposition::Disconnect,
+        // Offset and length of FLUSH are ignored (the client MUST send 0).
+        Command::Flush => return Disposition::Execute(Action::Flush),
+        _ => {}
+    }
+    let checked = if req.length == 0 {
+        zero_length(req, limits)
+    } else {
+        check_range(req, limits).and_then(|()| action(req))
+    };
+    checked.map_or_else(fail, Disposition::Execute)
+}
+
+/// Why a request fails: (errno, a reason for the log).
+type Refusal = (u32, &'static str);
+
+/// The command, its flags, and whether this export allows it.
+fn check_command(req: &Request, limits: &ExportLimits) -> Result<(), Refusal> {
     // FUA is valid on every command once SEND_FUA is advertised (proto.md
     // NBD_CMD_FLAG_FUA); NO_HOLE and FAST_ZERO only on WRITE_ZEROES;
     // REQ_ONE only on BLOCK_STATUS; DF is not advertised, so it is unknown.
@@ -191,75 +213,86 @@ pub fn check_request(req: &Request, limits: &ExportLimits) -> Disposition {
         _ => proto::CMD_FLAG_FUA,
     };
     if let Command::Unknown(_) = req.command {
-        return fail(proto::EINVAL, "unknown command");
+        return Err((proto::EINVAL, "unknown command"));
     }
     if req.flags & !allowed_flags != 0 {
-        return fail(proto::EINVAL, "unknown or unsupported command flags");
+        return Err((proto::EINVAL, "unknown or unsupported command flags"));
     }
-    let fua = req.flags & proto::CMD_FLAG_FUA != 0;
+    // proto.md NBD_CMD_BLOCK_STATUS: SHOULD reply EINVAL to a client that
+    // selected no metadata context.
+    if req.command == Command::BlockStatus && limits.contexts.is_empty() {
+        return Err((proto::EINVAL, "no metadata context selected"));
+    }
     let writes = matches!(
         req.command,
         Command::Write | Command::Trim | Command::WriteZeroes
     );
-    match req.command {
-        Command::Disc => return Disposition::Disconnect,
-        // Offset and length of FLUSH are ignored (the client MUST send 0).
-        Command::Flush => return Disposition::Execute(Action::Flush),
-        // proto.md NBD_CMD_BLOCK_STATUS: SHOULD reply EINVAL to a client
-        // that selected no metadata context.
-        Command::BlockStatus if limits.contexts.is_empty() => {
-            return fail(proto::EINVAL, "no metadata context selected")
-        }
-        _ => {}
-    }
     if writes && limits.read_only {
-        return fail(proto::EPERM, "write to a read-only export");
+        return Err((proto::EPERM, "write to a read-only export"));
     }
-    let (offset, len) = (req.offset, req.length);
-    let end = offset.checked_add(u64::from(len));
-    let beyond_end = end.is_none_or(|e| e > limits.size_bytes);
-    let is_write = matches!(req.command, Command::Write | Command::WriteZeroes);
-    let range_errno = if is_write {
+    Ok(())
+}
+
+/// The errno of a range error: ENOSPC for a write (proto.md), EINVAL
+/// otherwise.
+fn range_errno(req: &Request) -> u32 {
+    if matches!(req.command, Command::Write | Command::WriteZeroes) {
         proto::ENOSPC
     } else {
         proto::EINVAL
-    };
-    let min = u64::from(limits.min_block_bytes.max(1));
-    if len == 0 {
-        if offset > limits.size_bytes {
-            return fail(range_errno, "offset beyond the end of the export");
-        }
-        // A success reply to BLOCK_STATUS needs an extent of length > 0.
-        if req.command == Command::BlockStatus {
-            return fail(proto::EINVAL, "block status of zero bytes");
-        }
-        return Disposition::Execute(Action::Noop {
-            is_read: req.command == Command::Read,
-        });
     }
+}
+
+/// A request of no bytes: done at once if its offset is inside the export.
+fn zero_length(req: &Request, limits: &ExportLimits) -> Result<Action, Refusal> {
+    if req.offset > limits.size_bytes {
+        return Err((range_errno(req), "offset beyond the end of the export"));
+    }
+    // A success reply to BLOCK_STATUS needs an extent of length > 0.
+    if req.command == Command::BlockStatus {
+        return Err((proto::EINVAL, "block status of zero bytes"));
+    }
+    Ok(Action::Noop {
+        is_read: req.command == Command::Read,
+    })
+}
+
+/// A request of some bytes: within the maximum, aligned to the minimum
+/// block size, inside the export.
+fn check_range(req: &Request, limits: &ExportLimits) -> Result<(), Refusal> {
+    let (offset, len) = (req.offset, req.length);
     if req.command == Command::Read && len > limits.max_request_bytes {
-        return fail(proto::EINVAL, "read larger than the maximum block size");
+        return Err((proto::EINVAL, "read larger than the maximum block size"));
     }
     // proto.md "Block size constraints": SHOULD fail requests not aligned
     // to the minimum block size the client agreed to with EINVAL.
+    let min = u64::from(limits.min_block_bytes.max(1));
     if !offset.is_multiple_of(min) || !u64::from(len).is_multiple_of(min) {
-        return fail(
+        return Err((
             proto::EINVAL,
             "request not aligned to the minimum block size",
-        );
+        ));
     }
-    if beyond_end {
-        return fail(range_errno, "request beyond the end of the export");
+    let end = offset.checked_add(u64::from(len));
+    if end.is_none_or(|e| e > limits.size_bytes) {
+        return Err((range_errno(req), "request beyond the end of the export"));
     }
+    Ok(())
+}
+
+/// What a checked request of some bytes asks the volume to do.
+fn action(req: &Request) -> Result<Action, Refusal> {
+    let (offset, len) = (req.offset, req.length);
+    let fua = req.flags & proto::CMD_FLAG_FUA != 0;
     let fast_zero = req.flags & proto::CMD_FLAG_FAST_ZERO != 0;
-    Disposition::Execute(match req.command {
+    Ok(match req.command {
         Command::Read => Action::Read { offset, len },
         Command::Write => Action::Write { offset, len, fua },
         Command::Trim => Action::Trim { offset, len, fua },
         Command::WriteZeroes if fast_zero => {
             // Zeroing is never faster than writing here (proto.md
             // NBD_CMD_FLAG_FAST_ZERO: fail quickly with ENOTSUP).
-            return fail(proto::ENOTSUP, "fast zero not supported");
+            return Err((proto::ENOTSUP, "fast zero not supported"));
         }
         Command::WriteZeroes => Action::WriteZeroes { offset, len, fua },
         Command::Cache => Action::Cache { offset, len },
@@ -269,7 +302,7 @@ pub fn check_request(req: &Request, limits: &ExportLimits) -> Disposition {
             req_one: req.flags & proto::CMD_FLAG_REQ_ONE != 0,
         },
         Command::Disc | Command::Flush | Command::Unknown(_) => {
-            unreachable!("handled above")
+            unreachable!("handled by check_request")
         }
     })
 }
@@ -496,65 +529,90 @@ impl<V: Volume> Reader<'_, V> {
                 Disposition::Fail { .. } | Disposition::Disconnect | Disposition::Drop(_) => 0,
             };
             let permits = self.permits(charge).await;
-            let cookie = req.cookie;
-            let send = |body, permits| {
-                // A send fails only when the writer is gone; the select in
-                // `run` notices that.
-                let _ = self.tx.send(Reply {
-                    cookie,
-                    body,
-                    _permits: permits,
-                });
-            };
-            match disposition {
-                Disposition::Disconnect => return ConnEnd::Clean,
-                Disposition::Drop(why) => return ConnEnd::Broken(why.into()),
-                Disposition::Fail {
-                    errno,
-                    payload_bytes,
-                    why,
-                } => {
-                    if let Err(e) = skip(rd, payload_bytes, self.conn.stall_timeout).await {
-                        return ConnEnd::Broken(format!("reading write payload: {e}"));
-                    }
-                    debug!("request {req:?} failed: {why}");
-                    let message = why.to_string();
-                    send(ReplyBody::Error { errno, message }, permits);
-                }
-                Disposition::Execute(Action::Noop { is_read }) => {
-                    send(ReplyBody::Done { is_read }, permits)
-                }
-                Disposition::Execute(action) => {
-                    let payload = if let Action::Write { offset, len, .. } = action {
-                        // The payload goes where it belongs in the covering
-                        // sectors; a read-modify-write fills in the rest.
-                        let (start, span) = sector_span(offset, u64::from(len));
-                        let mut buf = AlignedBuf::zeroed(span as usize);
-                        let at = (offset - start) as usize;
-                        let stall = self.conn.stall_timeout;
-                        if let Err(e) =
-                            read_payload(rd, &mut buf[at..at + len as usize], stall).await
-                        {
-                            return ConnEnd::Broken(format!("reading write payload: {e}"));
-                        }
-                        Some(buf)
-                    } else {
-                        None
-                    };
-                    let export = self.export.clone();
-                    let contexts = self.limits.contexts;
-                    let tx = self.tx.clone();
-                    tokio::spawn(async move {
-                        let body = execute(&export, contexts, action, payload).await;
-                        let _ = tx.send(Reply {
-                            cookie,
-                            body,
-                            _permits: permits,
-                        });
-                    });
-                }
+            if let Some(end) = self.dispose(rd, &req, disposition, permits).await {
+                return end;
             }
         }
+    }
+
+    /// Carries out what `check_request` decided for `req`, holding
+    /// `permits` until its reply is sent; `Some` ends the connection.
+    async fn dispose<R>(
+        &self,
+        rd: &mut BufReader<R>,
+        req: &Request,
+        disposition: Disposition,
+        permits: Permits,
+    ) -> Option<ConnEnd>
+    where
+        R: AsyncRead + Unpin,
+    {
+        let send = |body, permits| {
+            // A send fails only when the writer is gone; the select in
+            // `run` notices that.
+            let _ = self.tx.send(Reply {
+                cookie: req.cookie,
+                body,
+                _permits: permits,
+            });
+        };
+        match disposition {
+            Disposition::Disconnect => return Some(ConnEnd::Clean),
+            Disposition::Drop(why) => return Some(ConnEnd::Broken(why.into())),
+            Disposition::Fail {
+                errno,
+                payload_bytes,
+                why,
+            } => {
+                if let Err(e) = skip(rd, payload_bytes, self.conn.stall_timeout).await {
+                    return Some(ConnEnd::Broken(format!("reading write payload: {e}")));
+                }
+                debug!("request {req:?} failed: {why}");
+                let message = why.to_string();
+                send(ReplyBody::Error { errno, message }, permits);
+            }
+            Disposition::Execute(Action::Noop { is_read }) => {
+                send(ReplyBody::Done { is_read }, permits)
+            }
+            Disposition::Execute(action) => {
+                let payload = match self.read_write_payload(rd, action).await {
+                    Ok(p) => p,
+                    Err(e) => return Some(ConnEnd::Broken(format!("reading write payload: {e}"))),
+                };
+                let export = self.export.clone();
+                let contexts = self.limits.contexts;
+                let (tx, cookie) = (self.tx.clone(), req.cookie);
+                tokio::spawn(async move {
+                    let body = execute(&export, contexts, action, payload).await;
+                    let _ = tx.send(Reply {
+                        cookie,
+                        body,
+                        _permits: permits,
+                    });
+                });
+            }
+        }
+        None
+    }
+
+    /// A write's payload, placed where it belongs in the sectors that cover
+    /// it (a read-modify-write fills in the rest); `None` for other actions.
+    async fn read_write_payload<R>(
+        &self,
+        rd: &mut BufReader<R>,
+        action: Action,
+    ) -> std::io::Result<Option<AlignedBuf>>
+    where
+        R: AsyncRead + Unpin,
+    {
+        let Action::Write { offset, len, .. } = action else {
+            return Ok(None);
+        };
+        let (start, span) = sector_span(offset, u64::from(len));
+        let mut buf = AlignedBuf::zeroed(span as usize);
+        let at = (offset - start) as usize;
+        read_payload(rd, &mut buf[at..at + len as usize], self.conn.stall_timeout).await?;
+        Ok(Some(buf))
     }
 
     /// Waits for a request slot and `bytes` of buffer on this connection and
@@ -994,7 +1052,7 @@ mod tests {
     }
 
     #[test]
-    fn checks() {
+    fn checks_of_commands_flags_and_ranges() {
         use proto::*;
         let c = |r| check_request(&r, &LIMITS);
         assert_eq!(
@@ -1035,6 +1093,12 @@ mod tests {
             Disposition::Execute(Action::Noop { is_read: true })
         );
         assert_eq!(c(req(CMD_DISC, 0, 0, 0)), Disposition::Disconnect);
+    }
+
+    #[test]
+    fn checks_of_read_only_exports_and_block_status() {
+        use proto::*;
+        let c = |r| check_request(&r, &LIMITS);
         let ro = ExportLimits {
             read_only: true,
             ..LIMITS
