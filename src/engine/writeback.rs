@@ -241,6 +241,18 @@ impl Engine {
         let busy = self.origin_busy();
         let quiet_ms = self.origin_quiet_ms();
         let mut m = self.meta.lock();
+        let idle = self.clients_idle(&mut m, quiet_ms);
+        // Writes are waiting for a slot: write back at full speed.
+        let pressed = self.slot_waiters.load(Ordering::Acquire) > 0;
+        if let Some(batch) = self.watermark_batch(&mut m, idle, pressed, busy) {
+            return batch;
+        }
+        self.aged_batch(&mut m, busy)
+    }
+
+    /// True once neither the origin (`quiet_ms`) nor any client request
+    /// has been seen for the idle time (0: never idle).
+    fn clients_idle(&self, m: &mut Meta, quiet_ms: u64) -> bool {
         let idle_ms = m.writeback.idle_secs as u64 * 1000;
         // Idle means no client request at all, not only none at the
         // origin: a drain while writes keep hitting the cache competes
@@ -255,9 +267,20 @@ impl Engine {
             m.client_requests_seen = (requests, now_ms);
         }
         let client_quiet_ms = now_ms.saturating_sub(m.client_requests_seen.1);
-        let idle = idle_ms > 0 && quiet_ms >= idle_ms && client_quiet_ms >= idle_ms;
-        // Writes are waiting for a slot: write back at full speed.
-        let pressed = self.slot_waiters.load(Ordering::Acquire) > 0;
+        idle_ms > 0 && quiet_ms >= idle_ms && client_quiet_ms >= idle_ms
+    }
+
+    /// The batch the watermarks, an idle origin or writes waiting for a
+    /// slot call for, if any: idle, everything at full speed; past the high
+    /// watermark, just enough to reach the low one, paced while the origin
+    /// is busy.
+    fn watermark_batch(
+        &self,
+        m: &mut Meta,
+        idle: bool,
+        pressed: bool,
+        busy: bool,
+    ) -> Option<(Vec<u64>, Pace)> {
         let total = m.table.slot_count().max(1);
         let dirty = m.table.dirty_count();
         let pct = dirty * 100 / total;
@@ -267,36 +290,38 @@ impl Engine {
         if pct <= m.writeback.low_pct as u64 || dirty == 0 {
             m.writeback_active = false;
         }
-        if dirty > 0 && (idle || pressed || m.writeback_active) {
-            // Idle: everything, at full speed. Past the high watermark:
-            // just enough to reach the low one, paced while busy.
-            let low = m.writeback.low_pct as u64;
-            let (want, pace) = if idle {
-                (BATCH_BLOCKS, Pace::Drain)
-            } else if pressed {
-                (BATCH_BLOCKS, Pace::Full)
-            } else {
-                let low_blocks = total * low / 100;
-                let over = (pct.saturating_sub(low)) as f64 / (100 - low.min(99)) as f64;
-                (
-                    (dirty.saturating_sub(low_blocks) as usize).clamp(1, BATCH_BLOCKS),
-                    if busy {
-                        Pace::Share(over.clamp(MIN_SHARE, 1.0))
-                    } else {
-                        Pace::Full
-                    },
-                )
-            };
-            if idle {
-                bump(&self.stats.idle_drains, 1);
-            }
-            let mut v = m.table.dirty_from(m.writeback_cursor, want);
-            v.sort_unstable();
-            let v = self.extend_runs(&m, v);
-            m.writeback_cursor = v.last().map_or(0, |b| b + 1);
-            return (v, pace);
+        if dirty == 0 || !(idle || pressed || m.writeback_active) {
+            return None;
         }
-        // Aged blocks: at most one full pass over the slots per second.
+        let low = m.writeback.low_pct as u64;
+        let (want, pace) = if idle {
+            (BATCH_BLOCKS, Pace::Drain)
+        } else if pressed {
+            (BATCH_BLOCKS, Pace::Full)
+        } else {
+            let low_blocks = total * low / 100;
+            let over = (pct.saturating_sub(low)) as f64 / (100 - low.min(99)) as f64;
+            let pace = if busy {
+                Pace::Share(over.clamp(MIN_SHARE, 1.0))
+            } else {
+                Pace::Full
+            };
+            let want = (dirty.saturating_sub(low_blocks) as usize).clamp(1, BATCH_BLOCKS);
+            (want, pace)
+        };
+        if idle {
+            bump(&self.stats.idle_drains, 1);
+        }
+        let mut v = m.table.dirty_from(m.writeback_cursor, want);
+        v.sort_unstable();
+        let v = self.extend_runs(m, v);
+        m.writeback_cursor = v.last().map_or(0, |b| b + 1);
+        Some((v, pace))
+    }
+
+    /// Blocks dirty for longer than the writeback age: at most one full
+    /// pass over the slots per second.
+    fn aged_batch(&self, m: &mut Meta, busy: bool) -> (Vec<u64>, Pace) {
         let now_s = self.now_ms() / 1000;
         if m.aged_scan_done_s == Some(now_s) {
             return (Vec::new(), Pace::Full);
@@ -323,15 +348,13 @@ impl Engine {
             m.aged_scan_done_s = Some(now_s);
         }
         v.sort_unstable();
-        let v = self.extend_runs(&m, v);
-        (
-            v,
-            if busy {
-                Pace::Share(AGED_SHARE)
-            } else {
-                Pace::Full
-            },
-        )
+        let v = self.extend_runs(m, v);
+        let pace = if busy {
+            Pace::Share(AGED_SHARE)
+        } else {
+            Pace::Full
+        };
+        (v, pace)
     }
 
     /// Extends each run of adjacent blocks in `v` (ascending) with the dirty

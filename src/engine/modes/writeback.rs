@@ -36,7 +36,6 @@ impl Engine {
         cached: &[Option<Hit>],
         admit: bool,
     ) -> EngineResult<()> {
-        let bs = self.block_bytes;
         let hits = cached.iter().filter(|c| c.is_some()).count() as u64;
         bump(&self.stats.write_hits, hits);
         bump(&self.stats.write_misses, segs.len() as u64 - hits);
@@ -44,65 +43,82 @@ impl Engine {
         // Waits for writeback to free slots, at most a few per request.
         let mut waits = 0;
         while i < segs.len() {
-            let seg = &segs[i];
-            if !self.cacheable(seg.block) {
-                bump(&self.stats.bypassed_ios, 1);
-                self.origin_write(&data[seg.buf.clone()], seg.block * bs + seg.in_block)?;
-                i += 1;
-                continue;
-            }
-            // Whole blocks from here on, cached or not.
-            let whole = segs[i..]
-                .iter()
-                .take_while(|s| self.full_block(s) && self.cacheable(s.block))
-                .count();
-            if let Some(hit) = cached[i].filter(|h| h.writable) {
-                // Writable segments in adjacent slots are written in place
-                // with one device write, unless more whole blocks follow:
-                // then they all go to new slots with one write (a dirty slot
-                // may be superseded like a clean one; it is freed only once
-                // the new mapping is durable).
-                let run = adjacent_slots(&cached[i..], |h| h.writable);
-                if run >= whole {
-                    let end = segs[i + run - 1].buf.end;
-                    self.cache_write(hit.slot, seg.in_block, &data[seg.buf.start..end])?;
-                    self.record_in_place(&segs[i..i + run], &cached[i..i + run]);
-                    i += run;
-                    continue;
-                }
-            }
-            if !admit {
-                self.write_around(seg, data)?;
-                i += 1;
-                continue;
-            }
-            if whole > 0 {
-                let bytes = &data[seg.buf.start..segs[i + whole - 1].buf.end];
-                let (stored, why) = self.store_in_new_slots(seg.block, bytes, true)?;
-                i += stored;
-                match why {
-                    Stored::Yes => {}
-                    Stored::CacheError(e) => return Err(e.into()),
-                    Stored::NoSlot if waits < 3 && self.wait_for_slots() => waits += 1,
-                    Stored::NoSlot => {
-                        self.write_around(&segs[i], data)?;
-                        i += 1;
-                    }
-                }
-                continue;
-            }
-            match self.store_part(seg, data, cached[i])? {
-                Stored::Yes => {}
-                Stored::CacheError(e) => return Err(e.into()),
-                Stored::NoSlot if waits < 3 && self.wait_for_slots() => {
-                    waits += 1;
-                    continue;
-                }
-                Stored::NoSlot => self.write_around(seg, data)?,
-            }
-            i += 1;
+            i += self.write_cached_step(&segs[i..], data, &cached[i..], admit, &mut waits)?;
         }
         self.write_back_if_mode_changed(segs)
+    }
+
+    /// Writes `segs[0]`, and with it the segments that follow where one
+    /// device write covers them; returns how many segments are done (0: it
+    /// waited for writeback to free slots and tries again).
+    fn write_cached_step(
+        &self,
+        segs: &[Segment],
+        data: &[u8],
+        cached: &[Option<Hit>],
+        admit: bool,
+        waits: &mut u32,
+    ) -> EngineResult<usize> {
+        let seg = &segs[0];
+        if !self.cacheable(seg.block) {
+            bump(&self.stats.bypassed_ios, 1);
+            self.origin_write(
+                &data[seg.buf.clone()],
+                seg.block * self.block_bytes + seg.in_block,
+            )?;
+            return Ok(1);
+        }
+        // Whole blocks from here on, cached or not.
+        let whole = segs
+            .iter()
+            .take_while(|s| self.full_block(s) && self.cacheable(s.block))
+            .count();
+        if let Some(hit) = cached[0].filter(|h| h.writable) {
+            // Writable segments in adjacent slots are written in place with
+            // one device write, unless more whole blocks follow: then they
+            // all go to new slots with one write (a dirty slot may be
+            // superseded like a clean one; it is freed only once the new
+            // mapping is durable).
+            let run = adjacent_slots(cached, |h| h.writable);
+            if run >= whole {
+                let end = segs[run - 1].buf.end;
+                self.cache_write(hit.slot, seg.in_block, &data[seg.buf.start..end])?;
+                self.record_in_place(&segs[..run], &cached[..run]);
+                return Ok(run);
+            }
+        }
+        if !admit {
+            self.write_around(seg, data)?;
+            return Ok(1);
+        }
+        if whole > 0 {
+            let bytes = &data[seg.buf.start..segs[whole - 1].buf.end];
+            let (stored, why) = self.store_in_new_slots(seg.block, bytes, true)?;
+            return match why {
+                Stored::Yes => Ok(stored),
+                Stored::CacheError(e) => Err(e.into()),
+                Stored::NoSlot if *waits < 3 && self.wait_for_slots() => {
+                    *waits += 1;
+                    Ok(stored)
+                }
+                Stored::NoSlot => {
+                    self.write_around(&segs[stored], data)?;
+                    Ok(stored + 1)
+                }
+            };
+        }
+        match self.store_part(seg, data, cached[0])? {
+            Stored::Yes => Ok(1),
+            Stored::CacheError(e) => Err(e.into()),
+            Stored::NoSlot if *waits < 3 && self.wait_for_slots() => {
+                *waits += 1;
+                Ok(0)
+            }
+            Stored::NoSlot => {
+                self.write_around(seg, data)?;
+                Ok(1)
+            }
+        }
     }
 
     /// Records the sectors that writes in place made dirty, where the slot
