@@ -291,6 +291,41 @@ pub struct CrashLog {
 // touched through `&mut self`, under the engine's metadata lock.
 unsafe impl Send for CrashLog {}
 
+/// Opens (creating it and its directory, mode 0700) the log file at
+/// `path` and takes its lock: a second process opening the same cache
+/// fails here (`CrashLogError::Locked`).
+fn open_locked(path: &Path) -> Result<std::fs::File, CrashLogError> {
+    let io = |what| {
+        move |source| CrashLogError::Io {
+            path: path.to_path_buf(),
+            what,
+            source,
+        }
+    };
+    if let Some(dir) = path.parent() {
+        // Only its owner may read what blocks were written, or plant a log.
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+            .create(dir)
+            .map_err(io("creating its directory"))?;
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(io("opening"))?;
+    // SAFETY: flock on a descriptor we own; no memory is involved.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Err(CrashLogError::Locked(path.to_path_buf()));
+        }
+        return Err(io("locking")(e));
+    }
+    Ok(file)
+}
+
 impl CrashLog {
     /// Opens (creating if needed) and locks the log at `path`; returns it
     /// with the image it held, if it parsed. The image's records still
@@ -307,30 +342,7 @@ impl CrashLog {
                 source,
             }
         };
-        if let Some(dir) = path.parent() {
-            // Only its owner may read what blocks were written, or plant a log.
-            std::os::unix::fs::DirBuilderExt::mode(
-                std::fs::DirBuilder::new().recursive(true),
-                0o700,
-            )
-            .create(dir)
-            .map_err(io("creating its directory"))?;
-        }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(io("opening"))?;
-        // SAFETY: flock on a descriptor we own; no memory is involved.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                return Err(CrashLogError::Locked(path.to_path_buf()));
-            }
-            return Err(io("locking")(e));
-        }
+        let file = open_locked(path)?;
         let old = std::fs::read(path).map_err(io("reading"))?;
         let image = if old.is_empty() {
             Err("empty (new)".to_string())

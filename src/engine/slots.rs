@@ -32,32 +32,15 @@ impl Engine {
     pub(crate) fn append(&self, m: &mut Meta, r: Record) {
         debug_assert!(m.table.validate(&r).is_ok(), "invalid record {r:?}");
         let now_s = (self.now_ms() / 1000) as u16;
-        // When the block was already dirty (in this slot or the one a map
-        // supersedes), it keeps its age: rewrites must not postpone the
-        // max-age writeback forever.
-        let dirty_since = match r {
-            Record::Map {
-                block, dirty: true, ..
-            }
-            | Record::MapRun {
-                block, dirty: true, ..
-            }
-            | Record::AddRun {
-                block, dirty: true, ..
-            } => Some(match m.table.lookup(block) {
-                Some((old, true)) => m.dirty_since_s[old as usize],
-                _ => now_s,
-            }),
-            _ => None,
-        };
+        let dirty_since = dirty_since(m, &r, now_s);
         let unmapped_block = match r {
             Record::Unmap { slot } => m.table.slot_block(slot).map(|(b, _)| b),
             _ => None,
         };
-        let applied = m.table.apply(&r);
+        let released = m.table.apply(&r).released;
         match r {
             Record::Map { slot, block, .. } | Record::MapRun { slot, block, .. } => {
-                match applied.released {
+                match released {
                     Some(old) => m.policy.moved(old, slot, block),
                     None => m.policy.inserted(slot, block),
                 }
@@ -71,13 +54,11 @@ impl Engine {
         if let Some(t) = dirty_since {
             m.dirty_since_s[r.slot() as usize] = t;
         }
-        if let Some(old) = applied.released {
+        if let Some(old) = released {
             m.releases.free_slot(old);
         }
         let released_block = match r {
-            Record::Map { block, .. } | Record::MapRun { block, .. }
-                if applied.released.is_some() =>
-            {
+            Record::Map { block, .. } | Record::MapRun { block, .. } if released.is_some() => {
                 Some(block)
             }
             _ => unmapped_block,
@@ -86,19 +67,27 @@ impl Engine {
             m.releases.release_block(b);
         }
         m.records.push(r);
-        if let Some(log) = m.crash_log.as_mut() {
-            if !log.append(&r) {
-                bump(&self.stats.crash_log_overflows, 1);
-            }
-            if log.len() == log.capacity() / 2 {
-                // The background commits a log this full (writeback.rs).
-                self.wake_background();
-            }
-            if log.len() >= log.capacity() / 4 * 3 {
-                self.crash_log_pressed.store(true, Ordering::Relaxed);
-            }
-        }
+        self.mirror_in_crash_log(m, &r);
         self.note_completed();
+    }
+
+    /// Copies an appended record to the crash log; a log half full wakes
+    /// the background to commit, one three quarters full makes writers
+    /// commit before they return.
+    fn mirror_in_crash_log(&self, m: &mut Meta, r: &Record) {
+        let Some(log) = m.crash_log.as_mut() else {
+            return;
+        };
+        if !log.append(r) {
+            bump(&self.stats.crash_log_overflows, 1);
+        }
+        if log.len() == log.capacity() / 2 {
+            // The background commits a log this full (writeback.rs).
+            self.wake_background();
+        }
+        if log.len() >= log.capacity() / 4 * 3 {
+            self.crash_log_pressed.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Up to `n` slots free on disk (adjacent where the free slots allow),
@@ -302,5 +291,27 @@ impl Engine {
             );
         }
         Ok(Stored::Yes)
+    }
+}
+
+/// When the block a record makes dirty became dirty: now, or, if it was
+/// already dirty (in this slot or the one a map supersedes), when it was,
+/// so that rewrites never postpone the max-age writeback; `None` for a
+/// record that makes nothing dirty.
+fn dirty_since(m: &Meta, r: &Record, now_s: u16) -> Option<u16> {
+    match *r {
+        Record::Map {
+            block, dirty: true, ..
+        }
+        | Record::MapRun {
+            block, dirty: true, ..
+        }
+        | Record::AddRun {
+            block, dirty: true, ..
+        } => Some(match m.table.lookup(block) {
+            Some((old, true)) => m.dirty_since_s[old as usize],
+            _ => now_s,
+        }),
+        _ => None,
     }
 }
