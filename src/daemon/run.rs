@@ -267,28 +267,7 @@ async fn serve_until_stopped(
     nbd_path: &std::path::Path,
     control_path: &std::path::Path,
 ) -> Result<()> {
-    let listen = |what: String| move |source| DaemonError::Listen { what, source };
-    // ublk serves instead of NBD: no NBD listener then.
-    let mut listeners = Vec::new();
-    let mut fixed = Frontends::default();
-    if cfg.ublk.is_none() {
-        listeners
-            .push(Listener::bind_unix(nbd_path).map_err(listen(nbd_path.display().to_string()))?);
-        fixed.nbd_socket = Some(nbd_path.display().to_string());
-        if let Some(tcp) = &cfg.tcp {
-            let mut l = Listener::bind_tcp(tcp.addr.as_str())
-                .await
-                .map_err(listen(tcp.addr.clone()))?;
-            fixed.nbd_tcp = l.local_addr().map(|a| a.to_string());
-            if let Some((acceptor, required)) = tcp.tls.clone() {
-                l = l.with_tls(acceptor, required);
-            }
-            listeners.push(l);
-        }
-    }
-    if let Some(u) = &cfg.ublk {
-        fixed.ublk_device = Some(format!("/dev/ublkb{}", u.dev_id));
-    }
+    let (listeners, fixed) = bind_listeners(&cfg, nbd_path).await?;
     let served = Arc::new(Served::new(fixed, cfg.nbd.clients_connected.clone()));
     let (tx, rx) = watch::channel(false);
     let tx = Arc::new(tx);
@@ -325,21 +304,13 @@ async fn serve_until_stopped(
         );
         return serve_ublk(engine, u, rx).await;
     }
-    let tcp_text = cfg.tcp.as_ref().map(|t| {
-        let scheme = match &t.tls {
-            Some((acc, true)) => format!("nbds:// ({}, TLS required)", acc.kind()),
-            Some((acc, false)) => format!("nbd:// or nbds:// ({})", acc.kind()),
-            None => "nbd://".into(),
-        };
-        format!(" and {} as {scheme}", t.addr)
-    });
     eprintln!(
         "tiercache: serving '{name}' ({} bytes, {} mode) on nbd+unix:///{}?socket={}{}; control socket {}",
         engine.volume_bytes(),
         engine.mode(),
         cfg.nbd.export_name,
         nbd_path.display(),
-        tcp_text.unwrap_or_default(),
+        tcp_text(cfg.tcp.as_ref()),
         control_path.display()
     );
     notify_or_log(READY);
@@ -351,6 +322,47 @@ async fn serve_until_stopped(
     )
     .await
     .map_err(DaemonError::Nbd)
+}
+
+/// The NBD listeners (none when ublk serves instead) and the front ends
+/// `status` shows.
+async fn bind_listeners(
+    cfg: &DaemonConfig,
+    nbd_path: &std::path::Path,
+) -> Result<(Vec<Listener>, Frontends)> {
+    let listen = |what: String| move |source| DaemonError::Listen { what, source };
+    let mut listeners = Vec::new();
+    let mut fixed = Frontends::default();
+    if let Some(u) = &cfg.ublk {
+        fixed.ublk_device = Some(format!("/dev/ublkb{}", u.dev_id));
+        return Ok((listeners, fixed));
+    }
+    listeners.push(Listener::bind_unix(nbd_path).map_err(listen(nbd_path.display().to_string()))?);
+    fixed.nbd_socket = Some(nbd_path.display().to_string());
+    if let Some(tcp) = &cfg.tcp {
+        let mut l = Listener::bind_tcp(tcp.addr.as_str())
+            .await
+            .map_err(listen(tcp.addr.clone()))?;
+        fixed.nbd_tcp = l.local_addr().map(|a| a.to_string());
+        if let Some((acceptor, required)) = tcp.tls.clone() {
+            l = l.with_tls(acceptor, required);
+        }
+        listeners.push(l);
+    }
+    Ok((listeners, fixed))
+}
+
+/// " and ADDR as SCHEME" for the TCP listener, if there is one.
+fn tcp_text(tcp: Option<&TcpListen>) -> String {
+    let Some(t) = tcp else {
+        return String::new();
+    };
+    let scheme = match &t.tls {
+        Some((acc, true)) => format!("nbds:// ({}, TLS required)", acc.kind()),
+        Some((acc, false)) => format!("nbd:// or nbds:// ({})", acc.kind()),
+        None => "nbd://".into(),
+    };
+    format!(" and {} as {scheme}", t.addr)
 }
 
 /// The control socket, on its own thread (requests can take long: flush).
