@@ -66,13 +66,6 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
 /// One screen: the cache, then every counter with its rate since the last
 /// screen.
 fn screen(name: &str, s: &Status, prev: Option<&(Instant, Status)>, live: bool) -> String {
-    let st = &s.stats;
-    let dt = prev.map(|(t, _)| t.elapsed().as_secs_f64().max(1e-3));
-    let rate = |now: u64, was: fn(&Status) -> u64| -> Option<f64> {
-        let (_, p) = prev?;
-        Some(now.saturating_sub(was(p)) as f64 / dt?)
-    };
-    let reads = st.read_hits + st.read_misses;
     let mut out = format!(
         "tiercache top: '{name}' ({}, {} mode, {} policy){}\n\n",
         human_bytes(s.volume_bytes),
@@ -84,13 +77,39 @@ fn screen(name: &str, s: &Status, prev: Option<&(Instant, Status)>, live: bool) 
             "  [not served: counters of this command's own open]"
         }
     );
+    out.push_str(&summary(s, prev));
+    out.push_str(&counter_table(s, prev));
+    if !s.mrc.points.is_empty() {
+        let pts: Vec<String> = s
+            .mrc
+            .points
+            .iter()
+            .map(|p| format!("{}x {:.0}%", p.size_factor, p.hit_ratio * 100.0))
+            .collect();
+        out.push_str(&format!(
+            "\n  hit ratio by cache size: {}\n",
+            pts.join("  ")
+        ));
+    }
+    out.push_str("\n  q or Ctrl-C quits\n");
+    out
+}
+
+/// Request rates, hit ratio, occupancy, writeback rate and admission.
+fn summary(s: &Status, prev: Option<&(Instant, Status)>) -> String {
+    let st = &s.stats;
+    let dt = prev.map(|(t, _)| t.elapsed().as_secs_f64().max(1e-3));
+    let rate = |now: u64, was: fn(&Status) -> u64| -> Option<f64> {
+        let (_, p) = prev?;
+        Some(now.saturating_sub(was(p)) as f64 / dt?)
+    };
     let fmt_rate = |r: Option<f64>| r.map_or_else(|| "-".to_string(), |r| format!("{r:.0}/s"));
-    out.push_str(&format!(
+    let mut out = format!(
         "  requests   read {}  write {}  flush {}\n",
         fmt_rate(rate(st.read_requests, |p| p.stats.read_requests)),
         fmt_rate(rate(st.write_requests, |p| p.stats.write_requests)),
         fmt_rate(rate(st.flush_requests, |p| p.stats.flush_requests)),
-    ));
+    );
     let interval_hits = prev.map(|(_, p)| {
         let h = st.read_hits - p.stats.read_hits.min(st.read_hits);
         let m = st.read_misses - p.stats.read_misses.min(st.read_misses);
@@ -99,7 +118,7 @@ fn screen(name: &str, s: &Status, prev: Option<&(Instant, Status)>, live: bool) 
     out.push_str(&format!(
         "  hit ratio  {} now, {} since open\n",
         interval_hits.unwrap_or_else(|| "-".into()),
-        percent(st.read_hits, reads)
+        percent(st.read_hits, st.read_hits + st.read_misses)
     ));
     let bs = u64::from(s.block_bytes);
     out.push_str(&format!(
@@ -115,12 +134,15 @@ fn screen(name: &str, s: &Status, prev: Option<&(Instant, Status)>, live: bool) 
         wb.map_or_else(|| "-".into(), |r| human_bytes((r * bs as f64) as u64))
     ));
     out.push_str(&format!("  admission  {}\n\n", s.admission));
-    out.push_str(&format!(
-        "  {:<22} {:>14} {:>12}\n",
-        "counter", "total", "per second"
-    ));
+    out
+}
+
+/// Every counter, its total and its rate since the last screen.
+fn counter_table(s: &Status, prev: Option<&(Instant, Status)>) -> String {
+    let dt = prev.map(|(t, _)| t.elapsed().as_secs_f64().max(1e-3));
+    let mut out = format!("  {:<22} {:>14} {:>12}\n", "counter", "total", "per second");
     let before = prev.map(|(_, p)| p.stats.counters());
-    for (i, (name, _, v)) in st.counters().into_iter().enumerate() {
+    for (i, (name, _, v)) in s.stats.counters().into_iter().enumerate() {
         let r = before
             .as_ref()
             .and_then(|b| dt.map(|dt| v.saturating_sub(b[i].2) as f64 / dt));
@@ -129,19 +151,6 @@ fn screen(name: &str, s: &Status, prev: Option<&(Instant, Status)>, live: bool) 
             r.map_or_else(|| "-".into(), |r| format!("{r:.0}"))
         ));
     }
-    if !s.mrc.points.is_empty() {
-        let pts: Vec<String> = s
-            .mrc
-            .points
-            .iter()
-            .map(|p| format!("{}x {:.0}%", p.size_factor, p.hit_ratio * 100.0))
-            .collect();
-        out.push_str(&format!(
-            "\n  hit ratio by cache size: {}\n",
-            pts.join("  ")
-        ));
-    }
-    out.push_str("\n  q or Ctrl-C quits\n");
     out
 }
 

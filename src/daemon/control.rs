@@ -212,68 +212,65 @@ pub fn handle(engine: &Arc<Engine>, served: &Served, stream: UnixStream, on_deta
         return;
     }
     let mut out = stream;
-    let mut detached = false;
-    let mut status_request = false;
-    let resp = match serde_json::from_str::<Request>(&line) {
-        Err(e) => Response::result(Err(format!("bad request: {e}"))),
+    let (resp, detached) = match serde_json::from_str::<Request>(&line) {
+        Err(e) => (Response::result(Err(format!("bad request: {e}"))), false),
         Ok(req) => {
             log::info!("control request: {req:?}");
-            Response::result(match req {
-                Request::Status => {
-                    status_request = true;
-                    Ok(Some(engine.status()))
-                }
-                Request::Flush => engine
-                    .flush_all(&mut progress_lines(&mut out))
-                    .map(|_| Some(engine.status()))
-                    .map_err(|e| e.to_string()),
-                Request::Warm { offset, length } => engine
-                    .warm(offset, length, &mut progress_lines(&mut out))
-                    .map(|_| Some(engine.status()))
-                    .map_err(|e| e.to_string()),
-                Request::SetMode { mode } => engine
-                    .set_mode(mode)
-                    .map(|_| None)
-                    .map_err(|e| e.to_string()),
-                Request::SetWriteback { settings } => engine
-                    .set_writeback(settings)
-                    .map(|_| None)
-                    .map_err(|e| e.to_string()),
-                Request::SetAdmission { settings } => engine
-                    .set_admission(settings)
-                    .map(|_| None)
-                    .map_err(|e| e.to_string()),
-                Request::SetPolicy { policy } => match PolicyKind::parse(&policy) {
-                    Some(p) => engine
-                        .set_policy(p)
-                        .map(|_| None)
-                        .map_err(|e| e.to_string()),
-                    None => Err(format!("unknown replacement policy '{policy}'")),
-                },
-                Request::Detach { force } => {
-                    let refusal = if force {
-                        None
-                    } else {
-                        served.teardown_refusal()
-                    };
-                    match refusal {
-                        Some(why) => Err(format!("refusing to detach: {why}")),
-                        None => {
-                            let r = engine.detach().map(|_| None).map_err(|e| e.to_string());
-                            detached = r.is_ok();
-                            r
-                        }
-                    }
-                }
-            })
+            let status_request = matches!(req, Request::Status);
+            let (result, detached) = carry_out(engine, served, req, &mut out);
+            let resp = Response {
+                frontends: status_request.then(|| served.snapshot()),
+                ..Response::result(result)
+            };
+            (resp, detached)
         }
-    };
-    let resp = Response {
-        frontends: status_request.then(|| served.snapshot()),
-        ..resp
     };
     let _ = send(&mut out, &resp);
     if detached {
         on_detach();
     }
+}
+
+/// Carries out one request (progress lines go to `out`); returns its
+/// result and whether the cache was detached.
+fn carry_out(
+    engine: &Arc<Engine>,
+    served: &Served,
+    req: Request,
+    out: &mut UnixStream,
+) -> (std::result::Result<Option<Status>, String>, bool) {
+    let status = |r: crate::engine::EngineResult<()>| {
+        r.map(|_| Some(engine.status())).map_err(|e| e.to_string())
+    };
+    let done = |r: crate::engine::EngineResult<()>| r.map(|_| None).map_err(|e| e.to_string());
+    let result = match req {
+        Request::Status => Ok(Some(engine.status())),
+        Request::Flush => status(engine.flush_all(&mut progress_lines(out))),
+        Request::Warm { offset, length } => {
+            status(engine.warm(offset, length, &mut progress_lines(out)))
+        }
+        Request::SetMode { mode } => done(engine.set_mode(mode)),
+        Request::SetWriteback { settings } => done(engine.set_writeback(settings)),
+        Request::SetAdmission { settings } => done(engine.set_admission(settings)),
+        Request::SetPolicy { policy } => match PolicyKind::parse(&policy) {
+            Some(p) => done(engine.set_policy(p)),
+            None => Err(format!("unknown replacement policy '{policy}'")),
+        },
+        Request::Detach { force } => {
+            let refusal = if force {
+                None
+            } else {
+                served.teardown_refusal()
+            };
+            return match refusal {
+                Some(why) => (Err(format!("refusing to detach: {why}")), false),
+                None => {
+                    let r = done(engine.detach());
+                    let detached = r.is_ok();
+                    (r, detached)
+                }
+            };
+        }
+    };
+    (result, false)
 }

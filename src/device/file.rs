@@ -97,22 +97,12 @@ impl FileDevice {
         }
 
         let file = if direct {
-            match probe_direct(&file, size_bytes) {
-                Ok(()) => file,
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                    let buffered = open_rw(path, 0).map_err(|e| open_err(e.to_string()))?;
-                    let buffered_meta = buffered.metadata().map_err(|e| open_err(e.to_string()))?;
-                    if (buffered_meta.dev(), buffered_meta.ino()) != (meta.dev(), meta.ino()) {
-                        return Err(open_err("the path was replaced while opening it".into()));
-                    }
-                    warn_buffered(
-                        path,
-                        "an O_DIRECT read of 512-byte sectors failed with EINVAL",
-                    );
+            match keep_direct_or_reopen(path, file, &meta, size_bytes)? {
+                (file, true) => file,
+                (file, false) => {
                     direct = false;
-                    buffered
+                    file
                 }
-                Err(e) => return Err(open_err(format!("first read failed: {e}"))),
             }
         } else {
             file
@@ -233,6 +223,38 @@ fn warn_buffered(path: &str, reason: &str) {
         );
     } else {
         log::debug!("O_DIRECT is unavailable for {path} ({reason}); using the page cache");
+    }
+}
+
+/// Keeps an O_DIRECT descriptor whose first sector read works; one whose
+/// read fails with EINVAL (sectors smaller than the device's logical block)
+/// is replaced by a buffered open of the same file. Returns the descriptor
+/// and whether it is direct.
+fn keep_direct_or_reopen(
+    path: &str,
+    file: File,
+    meta: &std::fs::Metadata,
+    size_bytes: u64,
+) -> DeviceResult<(File, bool)> {
+    let open_err = |reason: String| DeviceError::Open {
+        spec: path.to_string(),
+        reason,
+    };
+    match probe_direct(&file, size_bytes) {
+        Ok(()) => Ok((file, true)),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            let buffered = open_rw(path, 0).map_err(|e| open_err(e.to_string()))?;
+            let buffered_meta = buffered.metadata().map_err(|e| open_err(e.to_string()))?;
+            if (buffered_meta.dev(), buffered_meta.ino()) != (meta.dev(), meta.ino()) {
+                return Err(open_err("the path was replaced while opening it".into()));
+            }
+            warn_buffered(
+                path,
+                "an O_DIRECT read of 512-byte sectors failed with EINVAL",
+            );
+            Ok((buffered, false))
+        }
+        Err(e) => Err(open_err(format!("first read failed: {e}"))),
     }
 }
 

@@ -669,6 +669,39 @@ async fn pump(tls: crate::nbd::tls::BoxStream, local: tokio::net::UnixStream, er
     }
 }
 
+/// One NBD_REP_INFO of the reply to NBD_OPT_GO: the export's size and
+/// flags, or its block sizes (the minimum must allow 512-byte requests).
+fn take_info(
+    body: &[u8],
+    export_info: &mut Option<(u64, u16)>,
+    payload_bytes_max: &mut u32,
+) -> io::Result<()> {
+    let Some(info_type) = body.get(..2).map(|b| u16::from_be_bytes([b[0], b[1]])) else {
+        return Err(proto_err("empty NBD_REP_INFO"));
+    };
+    match info_type {
+        INFO_EXPORT => {
+            let i = InfoExport::read_from_bytes(body)
+                .map_err(|_| proto_err("bad NBD_INFO_EXPORT length"))?;
+            *export_info = Some((i.size_bytes.get(), i.transmission_flags.get()));
+        }
+        INFO_BLOCK_SIZE => {
+            let i = InfoBlockSize::read_from_bytes(body)
+                .map_err(|_| proto_err("bad NBD_INFO_BLOCK_SIZE length"))?;
+            // Every request we send is 512-byte aligned.
+            if i.min_block_bytes.get() > SECTOR_BYTES as u32 {
+                return Err(proto_err(format!(
+                    "export needs {}-byte aligned requests; only 512 is supported",
+                    i.min_block_bytes.get()
+                )));
+            }
+            *payload_bytes_max = i.max_block_bytes.get();
+        }
+        _ => {} // proto.md: clients ignore unrequested info types
+    }
+    Ok(())
+}
+
 /// `NBD_OPT_GO` asking for block size constraints. `Ok(None)` if the server
 /// does not know the option (then the caller falls back to EXPORT_NAME).
 fn opt_go(s: &mut Stream, export: &str) -> io::Result<Option<ExportInfo>> {
@@ -697,32 +730,7 @@ fn opt_go(s: &mut Stream, export: &str) -> io::Result<Option<ExportInfo>> {
         s.read_exact(&mut body)?;
         match h.reply_type.get() {
             REP_ACK => break,
-            REP_INFO => {
-                let Some(info_type) = body.get(..2).map(|b| u16::from_be_bytes([b[0], b[1]]))
-                else {
-                    return Err(proto_err("empty NBD_REP_INFO"));
-                };
-                match info_type {
-                    INFO_EXPORT => {
-                        let i = InfoExport::read_from_bytes(&body)
-                            .map_err(|_| proto_err("bad NBD_INFO_EXPORT length"))?;
-                        export_info = Some((i.size_bytes.get(), i.transmission_flags.get()));
-                    }
-                    INFO_BLOCK_SIZE => {
-                        let i = InfoBlockSize::read_from_bytes(&body)
-                            .map_err(|_| proto_err("bad NBD_INFO_BLOCK_SIZE length"))?;
-                        // Every request we send is 512-byte aligned.
-                        if i.min_block_bytes.get() > SECTOR_BYTES as u32 {
-                            return Err(proto_err(format!(
-                                "export needs {}-byte aligned requests; only 512 is supported",
-                                i.min_block_bytes.get()
-                            )));
-                        }
-                        payload_bytes_max = i.max_block_bytes.get();
-                    }
-                    _ => {} // proto.md: clients ignore unrequested info types
-                }
-            }
+            REP_INFO => take_info(&body, &mut export_info, &mut payload_bytes_max)?,
             REP_ERR_UNSUP => return Ok(None),
             t if is_error_reply(t) => {
                 let msg = String::from_utf8_lossy(&body);

@@ -72,6 +72,24 @@ pub enum OptionsEnd {
     },
 }
 
+/// The transmission mode a handshake ends in: a known minimum block size,
+/// metadata contexts only with structured replies, and only ours.
+fn check_mode(mode: &super::handshake::TransmissionMode) {
+    assert!(mode.min_block_bytes == 1 || mode.min_block_bytes == 512);
+    if !mode.structured_replies {
+        assert!(
+            mode.contexts.is_empty(),
+            "contexts without structured replies"
+        );
+    }
+    for id in [mode.contexts.base_allocation, mode.contexts.cache]
+        .into_iter()
+        .flatten()
+    {
+        assert!(id == CONTEXT_ID_BASE_ALLOCATION || id == CONTEXT_ID_CACHE);
+    }
+}
+
 /// Option haggling on a listener with `tls` policy. See the module doc.
 pub fn options(tls: TlsPolicy, data: &[u8]) -> OptionsEnd {
     let Some((flags, mut rest)) = data.split_first_chunk::<4>() else {
@@ -120,19 +138,7 @@ pub fn options(tls: TlsPolicy, data: &[u8]) -> OptionsEnd {
             }
             OptionOutcome::Transmission(mode) => {
                 assert!(tls != TlsPolicy::Required || neg.tls_active());
-                assert!(mode.min_block_bytes == 1 || mode.min_block_bytes == 512);
-                if !mode.structured_replies {
-                    assert!(
-                        mode.contexts.is_empty(),
-                        "contexts without structured replies"
-                    );
-                }
-                for id in [mode.contexts.base_allocation, mode.contexts.cache]
-                    .into_iter()
-                    .flatten()
-                {
-                    assert!(id == CONTEXT_ID_BASE_ALLOCATION || id == CONTEXT_ID_CACHE);
-                }
+                check_mode(&mode);
                 if opt.option != proto::OPT_EXPORT_NAME {
                     let r = replies(&out, opt.option);
                     assert_eq!(r.last().map(|x| x.0), Some(proto::REP_ACK));
@@ -168,6 +174,50 @@ fn check_forced_tls(option: u32, outcome: OptionOutcome, out: &[u8]) {
     }
 }
 
+/// What `check_request` lets through keeps to the limits: flags the
+/// command allows, a bounded buffer charge, a range inside the export and
+/// aligned, no write to a read-only export, block status only with a
+/// context.
+fn check_action(req: &proto::Request, limits: &ExportLimits, action: Action) {
+    let allowed = match req.command {
+        Command::WriteZeroes => {
+            proto::CMD_FLAG_FUA | proto::CMD_FLAG_NO_HOLE | proto::CMD_FLAG_FAST_ZERO
+        }
+        Command::BlockStatus => proto::CMD_FLAG_FUA | proto::CMD_FLAG_REQ_ONE,
+        _ => proto::CMD_FLAG_FUA,
+    };
+    assert_eq!(req.flags & !allowed, 0);
+    // The buffer charged before the payload is read is bounded.
+    let max = u64::from(limits.max_request_bytes);
+    assert!(action.charge_bytes() <= (max + 1024) + (max + 1024) / 32);
+    let range = match action {
+        Action::Read { offset, len } => {
+            assert!(len <= limits.max_request_bytes);
+            Some((offset, len))
+        }
+        Action::Write { offset, len, .. } => {
+            assert!(!limits.read_only && len <= limits.max_request_bytes);
+            Some((offset, len))
+        }
+        Action::Trim { offset, len, .. } | Action::WriteZeroes { offset, len, .. } => {
+            assert!(!limits.read_only);
+            Some((offset, len))
+        }
+        Action::BlockStatus { offset, len, .. } => {
+            assert!(!limits.contexts.is_empty());
+            Some((offset, len))
+        }
+        Action::Cache { offset, len } => Some((offset, len)),
+        Action::Flush | Action::Noop { .. } => None,
+    };
+    if let Some((offset, len)) = range {
+        let min = u64::from(limits.min_block_bytes);
+        assert!(len > 0 && offset.is_multiple_of(min) && u64::from(len).is_multiple_of(min));
+        let end = offset.checked_add(u64::from(len));
+        assert!(end.is_some_and(|e| e <= limits.size_bytes));
+    }
+}
+
 /// A request header against limits from the configuration byte. See the
 /// module doc.
 pub fn request(data: &[u8]) {
@@ -187,48 +237,8 @@ pub fn request(data: &[u8]) {
     let Ok(req) = proto::parse_request(header) else {
         return;
     };
-    let end = req.offset.checked_add(u64::from(req.length));
-    let min = u64::from(limits.min_block_bytes);
     match check_request(&req, &limits) {
-        Disposition::Execute(action) => {
-            let allowed = match req.command {
-                Command::WriteZeroes => {
-                    proto::CMD_FLAG_FUA | proto::CMD_FLAG_NO_HOLE | proto::CMD_FLAG_FAST_ZERO
-                }
-                Command::BlockStatus => proto::CMD_FLAG_FUA | proto::CMD_FLAG_REQ_ONE,
-                _ => proto::CMD_FLAG_FUA,
-            };
-            assert_eq!(req.flags & !allowed, 0);
-            // The buffer charged before the payload is read is bounded.
-            let max = u64::from(limits.max_request_bytes);
-            assert!(action.charge_bytes() <= (max + 1024) + (max + 1024) / 32);
-            let range = match action {
-                Action::Read { offset, len } => {
-                    assert!(len <= limits.max_request_bytes);
-                    Some((offset, len))
-                }
-                Action::Write { offset, len, .. } => {
-                    assert!(!limits.read_only && len <= limits.max_request_bytes);
-                    Some((offset, len))
-                }
-                Action::Trim { offset, len, .. } | Action::WriteZeroes { offset, len, .. } => {
-                    assert!(!limits.read_only);
-                    Some((offset, len))
-                }
-                Action::BlockStatus { offset, len, .. } => {
-                    assert!(!limits.contexts.is_empty());
-                    Some((offset, len))
-                }
-                Action::Cache { offset, len } => Some((offset, len)),
-                Action::Flush | Action::Noop { .. } => None,
-            };
-            if let Some((offset, len)) = range {
-                assert!(
-                    len > 0 && offset.is_multiple_of(min) && u64::from(len).is_multiple_of(min)
-                );
-                assert!(end.is_some_and(|e| e <= limits.size_bytes));
-            }
-        }
+        Disposition::Execute(action) => check_action(&req, &limits, action),
         Disposition::Fail { payload_bytes, .. } => {
             // The payload of a failed write is consumed to keep framing.
             let want = if req.command == Command::Write {

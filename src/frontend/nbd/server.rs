@@ -386,15 +386,16 @@ async fn handshake_phase<S: PlainStream>(
     }
 }
 
-async fn serve_connection<S: PlainStream, V: Volume>(
+/// The handshake, bounded by the handshake timeout and cut short by a
+/// server shutdown; `None` (logged) if it did not reach transmission.
+async fn negotiate<S: PlainStream, V: Volume>(
     s: S,
     peer: &str,
     tls: Option<ListenerTls>,
-    shared: Arc<Shared<V>>,
-    mut shutdown: watch::Receiver<bool>,
-) {
+    shared: &Shared<V>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<(Negotiated<S>, handshake::TransmissionMode)> {
     let cfg = &shared.config;
-    info!("{peer}: connected");
     let limits = HandshakeLimits {
         option_bytes_max: cfg.max_option_bytes,
         options_max: cfg.max_options,
@@ -405,26 +406,40 @@ async fn serve_connection<S: PlainStream, V: Volume>(
     );
     let negotiated = tokio::select! {
         biased;
-        _ = shutdown_requested(&mut shutdown) => {
+        _ = shutdown_requested(shutdown) => {
             info!("{peer}: closed during handshake by server shutdown");
-            return;
+            return None;
         }
         r = handshake => r.unwrap_or(Err(NbdError::Timeout)),
     };
-    let (stream, mode) = match negotiated {
-        Ok(Some(n)) => n,
+    match negotiated {
+        Ok(Some(n)) => Some(n),
         Ok(None) => {
             info!("{peer}: aborted the handshake");
-            return;
+            None
         }
         Err(NbdError::Io(e)) => {
             info!("{peer}: disconnected during handshake: {e}");
-            return;
+            None
         }
         Err(e) => {
             warn!("{peer}: handshake failed: {e}");
-            return;
+            None
         }
+    }
+}
+
+async fn serve_connection<S: PlainStream, V: Volume>(
+    s: S,
+    peer: &str,
+    tls: Option<ListenerTls>,
+    shared: Arc<Shared<V>>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let cfg = &shared.config;
+    info!("{peer}: connected");
+    let Some((stream, mode)) = negotiate(s, peer, tls, &shared, &mut shutdown).await else {
+        return;
     };
     let encrypted = matches!(stream, Negotiated::Tls(_));
     info!(
