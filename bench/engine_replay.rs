@@ -155,7 +155,7 @@ fn main() -> Result<()> {
             }
         }
         let during = engine.status().stats;
-        engine.flush_all(&mut |_, _| {})?;
+        engine.write_back_all(&mut |_, _| {})?;
         let after = engine.status().stats;
         engine.close()?;
         let x = match lru_reads {

@@ -136,8 +136,8 @@ fn crash_case(seed: u64, mode: Mode, block_bytes: u32, power_loss: bool, test: &
     let first = verify(&engine, "after recovery");
     // What recovery shows must stay: write everything back, restart, detach.
     engine
-        .flush_all(&mut |_, _| {})
-        .unwrap_or_else(|e| fail(format!("flush_all: {e}")));
+        .write_back_all(&mut |_, _| {})
+        .unwrap_or_else(|e| fail(format!("write_back_all: {e}")));
     engine.close().unwrap();
     drop(engine);
     let engine = Engine::open(cache, origin.clone(), &sim.open_options()).unwrap();
@@ -361,10 +361,10 @@ fn writeback_of_a_rewritten_clean_block_never_revives_the_old_copy() {
                     .collect()
             };
             engine.write(0, &block(1), false).unwrap();
-            engine.flush_all(&mut |_, _| {}).unwrap(); // block 0 now clean, durably
+            engine.write_back_all(&mut |_, _| {}).unwrap(); // block 0 now clean, durably
             engine.write(0, &block(2), false).unwrap(); // copied to a new slot, dirty
             switch.arm_after_events(event);
-            let _ = engine.flush_all(&mut |_, _| {});
+            let _ = engine.write_back_all(&mut |_, _| {});
             switch.trip();
             drop(engine);
             let image = |d: &FaultDevice| {

@@ -299,8 +299,8 @@ fn recover(seed: u64, k: &Killed, log: Option<&Path>) -> Result<(), String> {
     k.model.verify(&all)?;
     // What recovery shows must stay: write back, reopen, read again.
     engine
-        .flush_all(&mut |_, _| {})
-        .map_err(|e| format!("flush_all: {e}"))?;
+        .write_back_all(&mut |_, _| {})
+        .map_err(|e| format!("write_back_all: {e}"))?;
     engine.close().map_err(|e| format!("close: {e}"))?;
     drop(engine);
     let engine = Engine::open(cache, origin, &open_opts(None)).map_err(|e| e.to_string())?;

@@ -99,7 +99,7 @@ fn cache_errors_are_returned_in_writeback_and_lose_nothing() {
     );
     assert!(engine.status().stats.cache_errors > 0);
     // Writeback cannot proceed while reads fail: the data stays dirty.
-    assert!(engine.flush_all(&mut |_, _| {}).is_err());
+    assert!(engine.write_back_all(&mut |_, _| {}).is_err());
     assert!(engine.dirty_blocks() > 0, "dirty data dropped after errors");
     // The cache recovers: nothing acknowledged was lost.
     cache_dev.clear_faults();

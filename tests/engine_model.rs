@@ -201,10 +201,14 @@ fn run_one(
             }
             _ => {
                 engine
-                    .flush_all(&mut |_, _| {})
-                    .unwrap_or_else(|e| panic!("{ctx}: flush_all: {e}"));
+                    .write_back_all(&mut |_, _| {})
+                    .unwrap_or_else(|e| panic!("{ctx}: write_back_all: {e}"));
                 if mode.holds_dirty() {
-                    assert_eq!(engine.dirty_blocks(), 0, "{ctx}: dirty after flush_all");
+                    assert_eq!(
+                        engine.dirty_blocks(),
+                        0,
+                        "{ctx}: dirty after write_back_all"
+                    );
                 }
             }
         }

@@ -147,7 +147,7 @@ fn reads_fetch_only_what_the_cache_lacks_and_keep_it() {
     // 11 and 12 hold clean data between them, so they may be merged into
     // one write of 10..14).
     let writes = s.origin.writes();
-    s.engine.flush_all(&mut |_, _| {}).unwrap();
+    s.engine.write_back_all(&mut |_, _| {}).unwrap();
     assert!(s.origin.writes() - writes <= 2);
     let mut back = vec![0u8; 8 * 512];
     s.origin.read_at(&mut back, 8 * 512).unwrap();
@@ -171,7 +171,7 @@ fn writeback_writes_only_dirty_sectors_never_empty_ones() {
         .write(90 * 512, &common::stamped(90, 2, 8), false)
         .unwrap();
     let w = s.origin.writes();
-    s.engine.flush_all(&mut |_, _| {}).unwrap();
+    s.engine.write_back_all(&mut |_, _| {}).unwrap();
     // Two writes: the sectors between hold no data, so they are not merged.
     assert_eq!(s.origin.writes() - w, 2);
     let mut back = vec![0u8; 32 * 512];

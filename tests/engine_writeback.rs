@@ -195,7 +195,7 @@ fn coalesces_a_run_into_one_origin_write() {
     for b in 200..264 {
         write_block(&engine, b);
     }
-    engine.flush_all(&mut |_, _| {}).unwrap();
+    engine.write_back_all(&mut |_, _| {}).unwrap();
     let writes = origin.writes.lock().clone();
     assert_eq!(
         writes,
@@ -251,7 +251,7 @@ fn a_block_in_writeback_is_read_and_rewritten_without_waiting_for_the_origin() {
     engine.write(5 * BS, &old, false).unwrap();
 
     let e = engine.clone();
-    let flusher = std::thread::spawn(move || e.flush_all(&mut |_, _| {}));
+    let flusher = std::thread::spawn(move || e.write_back_all(&mut |_, _| {}));
     // Wait for the writeback's origin write to reach the gate.
     {
         let mut g = origin.gate.lock();

@@ -115,7 +115,7 @@ fn build_base(
             write_random(&engine, &mut model, &mut rng);
         }
         if i % 10 == 9 {
-            engine.flush_all(&mut |_, _| {}).unwrap();
+            engine.write_back_all(&mut |_, _| {}).unwrap();
         }
         engine.flush().unwrap();
         model.flush_done();
@@ -828,7 +828,7 @@ fn seed_images() -> Vec<(&'static str, Vec<u8>)> {
                     .unwrap();
             }
             if c % 4 == 3 {
-                engine.flush_all(&mut |_, _| {}).unwrap();
+                engine.write_back_all(&mut |_, _| {}).unwrap();
             }
             engine.flush().unwrap();
         }

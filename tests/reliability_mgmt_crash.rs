@@ -166,7 +166,7 @@ fn before(op: Op) -> Before {
         .unwrap();
     let engine = Engine::open(cache_ref.clone(), origin.clone(), &common::no_bg()).unwrap();
     write_blocks(&engine, &mut model, 0..6);
-    engine.flush_all(&mut |_, _| {}).unwrap();
+    engine.write_back_all(&mut |_, _| {}).unwrap();
     write_blocks(&engine, &mut model, 4..12);
     for b in [20, 23, 26, 29, 32] {
         write_blocks(&engine, &mut model, b..b + 1);
@@ -264,7 +264,7 @@ fn run_cut(
         Op::SetModeToWritethrough => engine.set_mode(Mode::Writethrough),
         Op::SetModeToWriteback => engine.set_mode(Mode::Writeback),
         Op::SetWriteback => engine.set_writeback(NEW_WB),
-        Op::Flush => engine.flush_all(&mut |_, _| {}),
+        Op::Flush => engine.write_back_all(&mut |_, _| {}),
         Op::Detach => engine.detach(),
         Op::Close => engine.close(),
         Op::CreateBlank | Op::CreateOverOld | Op::OpenClean | Op::Recover => unreachable!(),

@@ -243,8 +243,8 @@ fn verify_image(
     // that disagrees with the origin shows up here), restart cleanly
     // (`deep` only), detach, and the origin must hold it.
     engine
-        .flush_all(&mut |_, _| {})
-        .map_err(|e| format!("flush_all: {e}"))?;
+        .write_back_all(&mut |_, _| {})
+        .map_err(|e| format!("write_back_all: {e}"))?;
     let engine = if deep {
         engine.close().map_err(|e| format!("close: {e}"))?;
         drop(engine);

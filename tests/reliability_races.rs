@@ -4,7 +4,7 @@
 //! 40 hot blocks) with writes, reads, trims, prefetches and flushes of
 //! 512 B..12 KiB at any sector, while writeback runs all the time
 //! (watermarks 5%/0%, 1 s age, plus threads driving writeback and
-//! `flush_all` directly). So blocks are written while being written back,
+//! `write_back_all` directly). So blocks are written while being written back,
 //! read while being promoted, trimmed while dirty, evicted while wanted.
 //! Once against the engine in-process (every caching mode, and with the
 //! mode switched under the load), once over NBD against `tiercache serve`
@@ -20,7 +20,7 @@
 //! issued after the trim completed has completed; even then the sector may
 //! only hold zeroes or one of its own versions, never another sector's data.
 //! After the load the volume is checked the same way, then again after a
-//! clean reopen, and after `flush_all` the origin must equal the volume.
+//! clean reopen, and after `write_back_all` the origin must equal the volume.
 //!
 //! CI runs a few seconds per case; `TIERCACHE_LONG=1` a minute. Timing
 //! decides interleavings, so a seed does not replay a failure exactly.
@@ -375,7 +375,7 @@ fn report(what: &str, counts: &Counts, seconds: f64, seed: u64) {
 }
 
 /// One in-process case: engine over fault devices, the engine's background
-/// thread plus a thread driving writeback ticks, `flush_all` and (with
+/// thread plus a thread driving writeback ticks, `write_back_all` and (with
 /// `switch_modes`) mode changes.
 fn engine_case(mode: Mode, block_bytes: u32, slots: u64, switch_modes: bool, seed: u64) {
     let volume_bytes = HOT_BLOCKS * block_bytes as u64;
@@ -416,8 +416,8 @@ fn engine_case(mode: Mode, block_bytes: u32, slots: u64, switch_modes: bool, see
                 match rng.gen_range(0..10) {
                     0..=6 => engine.background_tick(),
                     7..=8 => engine
-                        .flush_all(&mut |_, _| {})
-                        .map_err(|e| format!("flush_all: {e}"))?,
+                        .write_back_all(&mut |_, _| {})
+                        .map_err(|e| format!("write_back_all: {e}"))?,
                     _ if switch_modes => {
                         let m = Mode::ALL[rng.gen_range(0..Mode::ALL.len())];
                         engine
@@ -451,7 +451,7 @@ fn engine_case(mode: Mode, block_bytes: u32, slots: u64, switch_modes: bool, see
     }
     let st = engine.status().stats;
     // Quiet now: every sector as the history says, before and after a
-    // clean reopen; after flush_all the origin equals the volume.
+    // clean reopen; after write_back_all the origin equals the volume.
     let quiet = |e: &Engine, what: &str| {
         let c =
             check_all(e, &h, sectors, &format!("{ctx} {what}")).unwrap_or_else(|e| panic!("{e}"));
@@ -462,12 +462,14 @@ fn engine_case(mode: Mode, block_bytes: u32, slots: u64, switch_modes: bool, see
     drop(engine);
     let engine = Engine::open(cache, origin, &OpenOptions::default()).expect("reopen");
     quiet(&engine, "after a clean reopen");
-    engine.flush_all(&mut |_, _| {}).expect("flush_all");
+    engine
+        .write_back_all(&mut |_, _| {})
+        .expect("write_back_all");
     let volume = engine.read(0, volume_bytes).expect("read all");
     engine.close().expect("close");
     assert!(
         volume[..] == origin_dev.snapshot_current()[..],
-        "{ctx}: origin differs from the volume after flush_all"
+        "{ctx}: origin differs from the volume after write_back_all"
     );
     assert!(
         st.blocks_written_back > 0 || !mode.holds_dirty(),
@@ -760,7 +762,7 @@ fn write_held_in_flight() -> HeldWrite {
 }
 
 /// Regression: a write that read the mode (writeback) before a switch to
-/// passthrough, and dirtied its block after the switch's `flush_all` had
+/// passthrough, and dirtied its block after the switch's `write_back_all` had
 /// looked, left a dirty block behind in passthrough, whose reads go to the
 /// origin: the acknowledged write read back stale.
 #[test]

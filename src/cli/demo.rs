@@ -202,7 +202,7 @@ fn workload(engine: &Arc<Engine>) -> Result<()> {
 fn write_back_and_show(engine: &Arc<Engine>) -> Result<()> {
     let dirty = engine.dirty_blocks();
     let t = Instant::now();
-    engine.flush_all(&mut |_, _| {})?;
+    engine.write_back_all(&mut |_, _| {})?;
     println!(
         "flush  {dirty} dirty blocks written back to the origin in {:.1} ms",
         t.elapsed().as_secs_f64() * 1e3

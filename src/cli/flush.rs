@@ -38,7 +38,7 @@ pub fn flush_with_progress(target: &Target) -> Result<u64> {
     } else {
         None
     };
-    let result = target.flush_all(&mut progress::updater(&bar));
+    let result = target.write_back_all(&mut progress::updater(&bar));
     if let Some(bar) = &bar {
         bar.finish_and_clear();
     }

@@ -42,9 +42,11 @@ impl Target {
     }
 
     /// Writes back all dirty data; `progress` gets (blocks done, blocks to do).
-    pub fn flush_all(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<()> {
+    pub fn write_back_all(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<()> {
         match self {
-            Target::Offline(e) => e.flush_all(progress).context("writing back dirty data"),
+            Target::Offline(e) => e
+                .write_back_all(progress)
+                .context("writing back dirty data"),
             Target::Daemon(p) => control::call_with_progress(p, &Request::Flush, progress)
                 .map(|_| ())
                 .context("writing back dirty data"),

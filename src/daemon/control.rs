@@ -245,7 +245,7 @@ fn carry_out(
     let done = |r: crate::engine::EngineResult<()>| r.map(|_| None).map_err(|e| e.to_string());
     let result = match req {
         Request::Status => Ok(Some(engine.status())),
-        Request::Flush => status(engine.flush_all(&mut progress_lines(out))),
+        Request::Flush => status(engine.write_back_all(&mut progress_lines(out))),
         Request::Warm { offset, length } => {
             status(engine.warm(offset, length, &mut progress_lines(out)))
         }

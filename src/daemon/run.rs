@@ -17,7 +17,7 @@ use super::frontends::{Frontends, Served};
 use super::notify::{notify_or_log, READY, STOPPING};
 use super::registry::{self, Registry, RegistryError};
 use crate::device::{open_device, DeviceError};
-use crate::engine::volume::AsyncEngine;
+use crate::engine::async_engine::AsyncEngine;
 use crate::engine::{CreateOptions, Engine, EngineError, OpenOptions};
 use crate::frontend::nbd::{serve, Listener, NbdError, ServerConfig};
 use crate::nbd::TlsAcceptor;

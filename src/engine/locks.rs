@@ -62,7 +62,7 @@ impl BlockLocks {
     }
 
     /// Locks blocks `first..=last` if none is held, without waiting.
-    pub fn try_lock_range(&self, first: u64, last: u64) -> Option<RangeGuard<'_>> {
+    pub fn try_lock_range(&self, first: u64, last: u64) -> Option<BlockRangeGuard<'_>> {
         for b in first..=last {
             if !self.try_lock(b) {
                 for held in first..b {
@@ -71,7 +71,7 @@ impl BlockLocks {
                 return None;
             }
         }
-        Some(RangeGuard {
+        Some(BlockRangeGuard {
             locks: self,
             first,
             last,
@@ -80,11 +80,11 @@ impl BlockLocks {
 
     /// Locks blocks `first..=last` in ascending order (so two range locks
     /// never deadlock) and returns a guard that unlocks them.
-    pub fn lock_range(&self, first: u64, last: u64) -> RangeGuard<'_> {
+    pub fn lock_range(&self, first: u64, last: u64) -> BlockRangeGuard<'_> {
         for b in first..=last {
             self.lock(b);
         }
-        RangeGuard {
+        BlockRangeGuard {
             locks: self,
             first,
             last,
@@ -92,13 +92,13 @@ impl BlockLocks {
     }
 }
 
-pub struct RangeGuard<'a> {
+pub struct BlockRangeGuard<'a> {
     locks: &'a BlockLocks,
     first: u64,
     last: u64,
 }
 
-impl Drop for RangeGuard<'_> {
+impl Drop for BlockRangeGuard<'_> {
     fn drop(&mut self) {
         for b in self.first..=self.last {
             self.locks.unlock(b);

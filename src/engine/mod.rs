@@ -24,13 +24,14 @@
 //! - `modes/`: one file per cache mode's write path.
 //! - `policy/`: replacement policies.
 //! - `writeback.rs`: background writeback and `flush`.
-//! - `volume.rs`: the asynchronous API (`crate::volume::Volume`).
+//! - `async_engine.rs`: the engine as a `crate::volume::Volume` (`AsyncEngine`).
 //! - `introspect.rs`: read-only reports of what the cache holds.
 //!
 //! Threads, locks and their order: docs/concurrency.md. Every lock has a rank
 //! (`crate::sync::Rank`), checked in debug builds.
 
 pub mod admission;
+pub mod async_engine;
 pub mod clock;
 pub mod commit;
 pub mod crash_log;
@@ -58,7 +59,6 @@ pub mod request;
 pub mod sectors;
 pub mod slots;
 pub mod stats;
-pub mod volume;
 pub mod write;
 pub mod writeback;
 
@@ -569,9 +569,9 @@ impl Engine {
             return Ok(());
         }
         // In memory first, so that no new dirty block appears while
-        // flush_all writes back the ones there are.
+        // write_back_all writes back the ones there are.
         let old = self.swap_mode(mode);
-        let persisted = self.flush_all(&mut |_, _| {}).and_then(|()| {
+        let persisted = self.write_back_all(&mut |_, _| {}).and_then(|()| {
             let mut cs = self.commit_state.lock();
             self.write_superblock(&mut cs, |sb| sb.mode.set(mode.to_u32()))
         });
@@ -694,7 +694,7 @@ impl Engine {
     pub fn detach(&self) -> EngineResult<()> {
         self.check_open()?;
         let old = self.swap_mode(Mode::Passthrough);
-        if let Err(e) = self.flush_all(&mut |_, _| {}) {
+        if let Err(e) = self.write_back_all(&mut |_, _| {}) {
             self.swap_mode(old);
             return Err(e);
         }

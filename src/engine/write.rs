@@ -78,7 +78,8 @@ impl Engine {
         Ok(())
     }
 
-    /// Makes every completed write durable (NBD FLUSH).
+    /// Makes every completed write durable (NBD FLUSH): a commit. Dirty
+    /// data stays in the cache; `write_back_all` writes it back.
     pub fn flush(&self) -> EngineResult<()> {
         self.check_open()?;
         bump(&self.stats.flush_requests, 1);

@@ -564,9 +564,10 @@ impl Engine {
     /// Writes back every block dirty when it is called (and, when the mode
     /// holds no dirty data, until none is left), then commits. `progress` is
     /// called with (blocks done, blocks to do). Blocks dirtied by writes that
-    /// arrive meanwhile in writeback mode are left for later, so a flush
-    /// always ends.
-    pub fn flush_all(&self, progress: &mut dyn FnMut(u64, u64)) -> EngineResult<()> {
+    /// arrive meanwhile in writeback mode are left for later, so it always
+    /// ends. (`tiercache flush` and lvmcache's flush mean this; the NBD
+    /// FLUSH command, `Engine::flush`, only makes completed writes durable.)
+    pub fn write_back_all(&self, progress: &mut dyn FnMut(u64, u64)) -> EngineResult<()> {
         for _pass in 0..16 {
             let snapshot: Vec<u64> = self.meta.lock().table.all_dirty();
             let total = snapshot.len() as u64;

@@ -279,8 +279,8 @@ pub fn detach_and_compare(
     volume: &[u8],
 ) -> Result<(), String> {
     engine
-        .flush_all(&mut |_, _| {})
-        .map_err(|e| format!("flush_all: {e}"))?;
+        .write_back_all(&mut |_, _| {})
+        .map_err(|e| format!("write_back_all: {e}"))?;
     engine.detach().map_err(|e| format!("detach: {e}"))?;
     let mut back = vec![0u8; volume.len()];
     origin.read_at(&mut back, 0).unwrap();

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tiercache::device::fault::FaultDevice;
 use tiercache::device::ram::RamDevice;
-use tiercache::engine::volume::AsyncEngine;
+use tiercache::engine::async_engine::AsyncEngine;
 use tiercache::engine::{CreateOptions, Engine, Mode};
 use tiercache::frontend::nbd::{serve, Listener, ServerConfig};
 use tiercache::nbd::proto;

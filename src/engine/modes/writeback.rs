@@ -173,7 +173,7 @@ impl Engine {
 
     /// This write read the mode before it dirtied its blocks; a switch to
     /// a mode without dirty data (set-mode, detach) may have happened
-    /// meanwhile, and its `flush_all` may have looked before these blocks
+    /// meanwhile, and its `write_back_all` may have looked before these blocks
     /// were dirty. Write them back now, under this write's block locks.
     /// (The mode is read after the dirtying records were appended, both
     /// under the metadata lock: either this sees the new mode, or the
