@@ -204,28 +204,9 @@ fn a_cache_slower_than_the_origin_is_bypassed_for_new_data() {
     let e = engine_with(Mode::Writeback, 4096, admission, slow, origin.clone());
     // Writes to both devices so both latencies are measured (the guard
     // waits for 32 samples of each): in writethrough each reaches both.
-    e.set_mode(Mode::Writethrough).unwrap();
-    for k in 0..40u64 {
-        e.write(k * 97 * BS, &[3u8; 4096], false).unwrap();
-    }
-    e.set_mode(Mode::Writeback).unwrap();
     // The guard waits for the cache device to stay slower for a second.
-    let t = std::time::Instant::now();
-    let mut k = 0u64;
-    while !e.status().guard_engaged {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "the guard never engaged"
-        );
-        e.write((8000 + k % 1000 * 8) * BS, &[4u8; 4096], false)
-            .unwrap();
-        k += 1;
-    }
-    assert!(
-        t.elapsed() >= Duration::from_millis(500),
-        "engaged after {:?}",
-        t.elapsed()
-    );
+    let took = common::engage_guard(&e, BS, Duration::from_secs(10));
+    assert!(took >= Duration::from_millis(500), "engaged after {took:?}");
     let bypasses = e.status().stats.guard_bypasses;
     let origin_writes = origin.writes();
     let t = std::time::Instant::now();

@@ -18,7 +18,7 @@ mod nbd;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nbd::TestServer;
 use tiercache::device::fault::FaultDevice;
@@ -156,24 +156,7 @@ fn the_guard_counts_each_request_once() {
             ..Default::default()
         },
     );
-    // Both devices' write latencies measured (writethrough writes both),
-    // then writes until the guard has seen the cache slower for a second.
-    e.set_mode(Mode::Writethrough).unwrap();
-    for k in 0..40u64 {
-        e.write(k * 97 * BS, &[3u8; 4096], false).unwrap();
-    }
-    e.set_mode(Mode::Writeback).unwrap();
-    let t = Instant::now();
-    let mut k = 0u64;
-    while !e.status().guard_engaged {
-        assert!(
-            t.elapsed() < Duration::from_secs(60),
-            "the guard never engaged"
-        );
-        e.write((8000 + k % 1000 * 8) * BS, &[4u8; 4096], false)
-            .unwrap();
-        k += 1;
-    }
+    common::engage_guard(&e, BS, Duration::from_secs(60));
     let server = TestServer::start_engine(e.clone(), TestServer::test_config());
     let before = stats(&e);
     // 200 writes and 100 reads of blocks never written, one at a time.

@@ -289,3 +289,29 @@ pub fn detach_and_compare(
     }
     Ok(())
 }
+
+/// Engages the admission guard of a writeback engine whose cache device
+/// writes slowly: both devices' write latencies are measured first
+/// (writethrough writes both), then 4 KiB writes (blocks below 16,000 of
+/// `block_bytes`) go on until the guard has seen the cache slower for long
+/// enough. Fails after `limit`; returns how long the writes took.
+pub fn engage_guard(
+    e: &Engine,
+    block_bytes: u64,
+    limit: std::time::Duration,
+) -> std::time::Duration {
+    e.set_mode(tiercache::engine::Mode::Writethrough).unwrap();
+    for k in 0..40u64 {
+        e.write(k * 97 * block_bytes, &[3u8; 4096], false).unwrap();
+    }
+    e.set_mode(tiercache::engine::Mode::Writeback).unwrap();
+    let t = std::time::Instant::now();
+    let mut k = 0u64;
+    while !e.status().guard_engaged {
+        assert!(t.elapsed() < limit, "the guard never engaged");
+        e.write((8000 + k % 1000 * 8) * block_bytes, &[4u8; 4096], false)
+            .unwrap();
+        k += 1;
+    }
+    t.elapsed()
+}
