@@ -92,6 +92,21 @@ pub fn released(rank: Rank) {
     let _ = rank;
 }
 
+/// Panics (debug builds) if this thread holds a lock of `rank`: for work
+/// that must never run under it, such as device I/O under the metadata
+/// lock (docs/concurrency.md).
+#[inline]
+pub fn assert_unheld(rank: Rank, what: &str) {
+    #[cfg(debug_assertions)]
+    HELD.with(|h| {
+        if h.borrow().contains(&rank) {
+            panic!("{what} under the {rank:?} lock (docs/concurrency.md)");
+        }
+    });
+    #[cfg(not(debug_assertions))]
+    let _ = (rank, what);
+}
+
 /// The ranks this thread holds (debug builds; empty otherwise).
 pub fn held() -> Vec<Rank> {
     #[cfg(debug_assertions)]

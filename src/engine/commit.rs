@@ -171,6 +171,7 @@ impl Engine {
         snapshot: Option<CheckpointData>,
         clean: bool,
     ) -> EngineResult<()> {
+        crate::sync::assert_unheld(crate::sync::Rank::Meta, "a commit's device I/O");
         self.origin
             .flush()
             .inspect_err(|_| bump(&self.stats.origin_errors, 1))?;
@@ -259,6 +260,7 @@ impl Engine {
         cs: &mut CommitState,
         change: impl FnOnce(&mut super::format::Superblock),
     ) -> EngineResult<()> {
+        crate::sync::assert_unheld(crate::sync::Rank::Meta, "a superblock write");
         let mut sb = cs.sb;
         change(&mut sb);
         sb.generation.set(sb.generation.get() + 1);

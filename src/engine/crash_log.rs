@@ -57,6 +57,7 @@ use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use zerocopy::FromBytes;
 
@@ -267,8 +268,9 @@ impl LogImage {
 /// The live log of an open cache. Held under the engine's metadata lock.
 pub struct CrashLog {
     path: PathBuf,
-    /// Holds the flock for as long as the log lives.
-    file: File,
+    /// Holds the flock for as long as the log lives; shared with a trim
+    /// under way (`Trim`), which punches pages with no lock held.
+    file: Arc<File>,
     map: *mut u8,
     map_bytes: usize,
     capacity: u64,
@@ -285,6 +287,46 @@ pub struct CrashLog {
     /// Record pages (`RECORDS_PER_PAGE` records each, counted from record
     /// 0) below this one have been given back to the system.
     released_page: u64,
+    /// The page slots a trim is punching now (`Trim`): `first << 32 | n`,
+    /// 0 when none. An append into one of them waits for the punch.
+    fence: Arc<AtomicU64>,
+}
+
+/// Pages of durable records to give back (`CrashLog::plan_trim`): one run
+/// of page slots, contiguous in the file, punched by `run` after the
+/// metadata lock is released (no system call runs under it). Until `run`
+/// ends, an append that comes round the ring into these pages waits.
+pub struct Trim {
+    file: Arc<File>,
+    offset: u64,
+    len: u64,
+    fence: Arc<AtomicU64>,
+}
+
+impl Trim {
+    /// Punches the pages, then lifts the fence.
+    pub fn run(self) {
+        crate::sync::assert_unheld(crate::sync::Rank::Meta, "a crash log punch");
+        punch(&self.file, self.offset, self.len);
+        self.fence.store(0, Ordering::Release);
+    }
+}
+
+/// Frees `len` bytes at `offset` of the file (they read as zeroes).
+/// Best effort: a file system without hole punching keeps the pages.
+fn punch(file: &File, offset: u64, len: u64) {
+    // SAFETY: fallocate on our own descriptor; the range lies inside the
+    // file, and no record in it is needed (callers' rule: durable records,
+    // fenced against appends until the punch ends), so the zeroes that
+    // replace it in the mapping are never read as records.
+    unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset as libc::off_t,
+            len as libc::off_t,
+        )
+    };
 }
 
 // SAFETY: the mapping is owned by this value (unmapped on drop) and is only
@@ -342,7 +384,7 @@ impl CrashLog {
                 source,
             }
         };
-        let file = open_locked(path)?;
+        let file = Arc::new(open_locked(path)?);
         let old = std::fs::read(path).map_err(io("reading"))?;
         let image = if old.is_empty() {
             Err("empty (new)".to_string())
@@ -381,6 +423,7 @@ impl CrashLog {
             revalidate: false,
             upto: 0,
             released_page: 0,
+            fence: Arc::new(AtomicU64::new(0)),
         };
         Ok((log, image))
     }
@@ -423,18 +466,30 @@ impl CrashLog {
         (self.head, self.tail, self.upto) = (0, 0, 0);
         (self.valid, self.dropped, self.revalidate) = (true, false, false);
         // The previous life's records are not needed: give their pages back.
-        self.punch(HEADER_BYTES as u64, self.capacity * RECORD_BYTES as u64);
+        punch(&self.file, HEADER_BYTES as u64, self.capacity * RECORD_BYTES as u64);
         self.released_page = 0;
     }
 
     /// Gives back the pages of records that are durable now, so the log's
     /// memory follows the records pending, not every page the ring has
-    /// passed over. A record page is given back once `head` has passed it,
-    /// unless the ring has come round and the tail writes in that page
-    /// again. The background calls it after its commits.
+    /// passed over (`plan_trim` and `Trim::run`, until nothing is left).
     pub fn trim(&mut self) {
+        while let Some(t) = self.plan_trim() {
+            t.run();
+        }
+    }
+
+    /// The next run of pages to give back, if any: a record page is given
+    /// back once `head` has passed it, unless the ring has come round and
+    /// the tail writes in that page again. The pages count as given back
+    /// from here on; `Trim::run` punches them. `None` while an earlier
+    /// trim is still punching.
+    pub fn plan_trim(&mut self) -> Option<Trim> {
         if !self.capacity.is_multiple_of(RECORDS_PER_PAGE) {
-            return; // small test logs: pages would hold records of two laps
+            return None; // small test logs: pages would hold records of two laps
+        }
+        if self.fence.load(Ordering::Acquire) != 0 {
+            return None;
         }
         let pages = self.capacity / RECORDS_PER_PAGE;
         let head_page = self.head / RECORDS_PER_PAGE;
@@ -444,35 +499,37 @@ impl CrashLog {
             .tail
             .saturating_sub(self.capacity)
             .div_ceil(RECORDS_PER_PAGE);
-        let mut p = self.released_page.max(reused_below);
-        while p < head_page {
-            // A run of pages contiguous in the file (it breaks where the
-            // ring wraps).
-            let slot = p % pages;
-            let n = (head_page - p).min(pages - slot);
-            self.punch(
-                HEADER_BYTES as u64 + slot * HEADER_BYTES as u64,
-                n * HEADER_BYTES as u64,
-            );
-            p += n;
+        let p = self.released_page.max(reused_below);
+        if p >= head_page {
+            self.released_page = self.released_page.max(head_page);
+            return None;
         }
-        self.released_page = self.released_page.max(head_page);
+        // One run of pages contiguous in the file (it breaks where the
+        // ring wraps; the next plan takes the rest).
+        let slot = p % pages;
+        let n = (head_page - p).min(pages - slot);
+        self.released_page = p + n;
+        self.fence.store(slot << 32 | n, Ordering::Release);
+        Some(Trim {
+            file: self.file.clone(),
+            offset: HEADER_BYTES as u64 + slot * HEADER_BYTES as u64,
+            len: n * HEADER_BYTES as u64,
+            fence: self.fence.clone(),
+        })
     }
 
-    /// Frees `len` bytes at `offset` of the file (they read as zeroes).
-    /// Best effort: a file system without hole punching keeps the pages.
-    fn punch(&self, offset: u64, len: u64) {
-        // SAFETY: fallocate on our own descriptor; the range lies inside the
-        // file, and no record in it is needed (callers' rule), so the
-        // zeroes that replace it in the mapping are never read as records.
-        unsafe {
-            libc::fallocate(
-                self.file.as_raw_fd(),
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                offset as libc::off_t,
-                len as libc::off_t,
-            )
-        };
+    /// Waits while a trim punches the page that record `at` goes into
+    /// (the ring came round to it within one punch: rare, and short).
+    fn wait_for_punch(&self, at: u64) {
+        let page = (at % self.capacity) / RECORDS_PER_PAGE;
+        loop {
+            let f = self.fence.load(Ordering::Acquire);
+            let (first, n) = (f >> 32, f & 0xffff_ffff);
+            if n == 0 || page < first || page >= first + n {
+                return;
+            }
+            std::thread::yield_now();
+        }
     }
 
     /// Records not known durable.
@@ -495,6 +552,9 @@ impl CrashLog {
             self.invalidate();
             self.dropped = true;
             return false;
+        }
+        if self.capacity.is_multiple_of(RECORDS_PER_PAGE) {
+            self.wait_for_punch(self.tail);
         }
         let at = HEADER_BYTES + (self.tail % self.capacity) as usize * RECORD_BYTES;
         let raw = r.to_raw();
@@ -811,6 +871,49 @@ mod tests {
             let want: Vec<Record> = (next - 10..next).map(|i| rec(i % 1000)).collect();
             assert_eq!(img.pending(&id(), point(5, durable)), Pending::Apply(&want));
         }
+    }
+
+    /// A trim punches its pages with no lock held; an append that comes
+    /// round the ring into them meanwhile waits for the punch, so the
+    /// punch never zeroes a live record.
+    #[test]
+    fn an_append_into_pages_being_punched_waits_for_the_punch() {
+        let dir = tempfile::tempdir().unwrap();
+        let pages = 4;
+        let mut log = new_log(dir.path(), pages * RECORDS_PER_PAGE);
+        let mut next = 0u32;
+        let mut append = |log: &mut CrashLog, n: u64| {
+            for _ in 0..n {
+                assert!(log.append(&rec(next % 1000)));
+                next += 1;
+            }
+        };
+        // Two pages durable: the trim takes pages 0 and 1.
+        append(&mut log, 2 * RECORDS_PER_PAGE + 5);
+        log.begin_commit(point(5, 101), log.len() as usize);
+        log.commit_done(point(5, 101));
+        let trim = log.plan_trim().expect("two pages to give back");
+        assert!(log.plan_trim().is_none(), "one trim at a time");
+        // Fill the ring up to where it comes round to page 0.
+        append(&mut log, 2 * RECORDS_PER_PAGE - 5);
+        let punched = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let p = punched.clone();
+        let punch = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            p.store(true, Ordering::SeqCst);
+            trim.run();
+        });
+        append(&mut log, 3);
+        assert!(
+            punched.load(Ordering::SeqCst),
+            "the append into a page being punched did not wait"
+        );
+        punch.join().unwrap();
+        let img = image(&log);
+        let want: Vec<Record> = (next - 2 * RECORDS_PER_PAGE as u32 - 3 + 5..next)
+            .map(|i| rec(i % 1000))
+            .collect();
+        assert_eq!(img.pending(&id(), point(5, 101)), Pending::Apply(&want));
     }
 
     /// Seeds for the fuzz target: valid logs, idle, with a commit in flight,

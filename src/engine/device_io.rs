@@ -20,6 +20,7 @@ impl Engine {
     /// compares small requests only (up to 64 KiB): a 1 MiB write and a
     /// 4 KiB one say nothing about each other's device.
     fn timed_device<T>(&self, dev: Dev, bytes: usize, f: impl FnOnce() -> T) -> T {
+        crate::sync::assert_unheld(crate::sync::Rank::Meta, "device I/O");
         let t = self.clock.now_ns();
         let r = f();
         let ns = self.clock.since_ns(t);

@@ -663,7 +663,9 @@ impl Engine {
     /// Everything is durable and nothing more will be written: the crash
     /// log has nothing to add.
     pub(crate) fn remove_crash_log(&self) {
-        if let Some(log) = self.meta.lock().crash_log.take() {
+        // Taken out under the lock, removed (unlink, munmap) after it.
+        let log = self.meta.lock().crash_log.take();
+        if let Some(log) = log {
             log.remove();
         }
     }
@@ -686,7 +688,8 @@ impl Engine {
         self.closed.store(true, Ordering::Release);
         writeback::stop_background(self);
         // The dead process's log stays as it was, unlocked for the next.
-        drop(self.meta.lock().crash_log.take());
+        let log = self.meta.lock().crash_log.take();
+        drop(log);
     }
 
     /// Writes back all dirty data, then dissolves the cache: afterwards the

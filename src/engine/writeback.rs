@@ -171,9 +171,15 @@ impl Engine {
 
     /// Gives the pages of crash-log records that commits made durable back
     /// to the system (crash_log.rs).
+    /// The pages are chosen under the metadata lock and punched after it
+    /// is released.
     pub fn trim_crash_log(&self) {
-        if let Some(log) = self.meta.lock().crash_log.as_mut() {
-            log.trim();
+        loop {
+            let trim = self.meta.lock().crash_log.as_mut().and_then(|l| l.plan_trim());
+            match trim {
+                Some(t) => t.run(),
+                None => return,
+            }
         }
     }
 
