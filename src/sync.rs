@@ -24,6 +24,8 @@ pub enum Rank {
     Blocks,
     /// The commit lock: the journal position and the superblock.
     Commit,
+    /// Background writeback's settings and cursors (engine/writeback/).
+    WritebackState,
     /// Where writes wait for writeback to free a slot.
     SlotsFreed,
     /// The metadata lock: the table, the free slots, the records, the

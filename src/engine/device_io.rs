@@ -2,8 +2,6 @@
 //! with their error accounting, and the ordering rule every origin write
 //! obeys.
 
-use std::sync::atomic::Ordering;
-
 use super::admission::Dev;
 use super::stats::bump;
 use super::{Engine, EngineResult};
@@ -70,12 +68,7 @@ impl Engine {
     /// Counts a foreground origin request while `f` runs (writeback yields
     /// to them: writeback.rs).
     fn foreground<T>(&self, f: impl FnOnce() -> T) -> T {
-        let a = &self.origin_activity;
-        a.in_flight.fetch_add(1, Ordering::AcqRel);
-        let r = f();
-        a.last_end_ms.store(self.now_ms(), Ordering::Release);
-        a.in_flight.fetch_sub(1, Ordering::AcqRel);
-        r
+        self.writeback.foreground(|| self.now_ms(), f)
     }
 
     pub(crate) fn origin_read(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
@@ -100,7 +93,7 @@ impl Engine {
     pub(crate) fn origin_write(&self, buf: &[u8], offset: u64) -> EngineResult<()> {
         if !buf.is_empty() {
             let bs = self.block_bytes;
-            self.flights
+            self.writeback
                 .wait_origin(offset / bs, (offset + buf.len() as u64 - 1) / bs);
         }
         self.foreground(|| self.origin_write_now(buf, offset))
@@ -130,7 +123,7 @@ impl Engine {
     /// durable. Only those blocks matter: an origin write to other blocks
     /// cannot meet a revived old copy.
     pub(crate) fn releases_pending(&self, blocks: std::ops::RangeInclusive<u64>) -> bool {
-        let durable = self.commit_state.lock().releases_durable;
+        let durable = self.journal.releases_durable();
         self.meta.lock().releases.pending_in(blocks, durable)
     }
 }

@@ -25,8 +25,7 @@ impl Engine {
     /// the superblock. Reaching it takes effect at the next cache error.
     pub fn set_cache_error_limit(&self, limit: u64) -> EngineResult<()> {
         self.cache_error_limit.store(limit, Ordering::Relaxed);
-        let mut cs = self.commit_state.lock();
-        self.write_superblock(&mut cs, |sb| sb.cache_error_limit.set(limit))
+        self.update_superblock(|sb| sb.cache_error_limit.set(limit))
     }
 
     /// Counts a cache device error; at the limit, stops admitting blocks.
@@ -95,10 +94,8 @@ impl Engine {
         );
         // Best effort: if this write fails too, the device is unusable and
         // opening it again fails as well (open writes the superblock).
-        let mut cs = self.commit_state.lock();
-        let flagged = self.write_superblock(&mut cs, |sb| {
-            sb.flags.set(sb.flags.get() | SB_FLAG_DISTRUST_CLEAN)
-        });
+        let flagged =
+            self.update_superblock(|sb| sb.flags.set(sb.flags.get() | SB_FLAG_DISTRUST_CLEAN));
         if let Err(e) = flagged {
             log::error!(
                 "{}: could not mark the cache for invalidation: {e}",

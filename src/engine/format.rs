@@ -114,6 +114,16 @@ pub const SB_FLAG_DISTRUST_CLEAN: u32 = 2;
 pub const ADMISSION_FLAG_NO_GUARD: u32 = 1;
 
 impl Superblock {
+    /// The background writeback settings it records.
+    pub fn writeback(&self) -> super::WritebackSettings {
+        super::WritebackSettings {
+            high_pct: self.writeback_high_pct.get(),
+            low_pct: self.writeback_low_pct.get(),
+            max_age_secs: self.writeback_max_age_secs.get(),
+            idle_secs: self.writeback_idle_secs.get(),
+        }
+    }
+
     pub fn admission(&self) -> AdmissionSettings {
         AdmissionSettings {
             sequential_cutoff_bytes: self.sequential_cutoff_bytes.get(),

@@ -23,7 +23,8 @@
 //! - `write.rs`: the write entry points and what every mode's write shares.
 //! - `modes/`: one file per cache mode's write path.
 //! - `policy/`: replacement policies.
-//! - `writeback.rs`: background writeback and `flush`.
+//! - `writeback/`: the writeback part: background writeback, writebacks in
+//!   flight, writes waiting for a slot, `write_back_all`.
 //! - `async_engine.rs`: the engine as a `crate::volume::Volume` (`AsyncEngine`).
 //! - `introspect.rs`: read-only reports of what the cache holds.
 //!
@@ -33,17 +34,16 @@
 pub mod admission;
 pub mod async_engine;
 pub mod clock;
-pub mod commit;
-pub mod crash_log;
 pub mod device_io;
 pub mod entries;
 pub mod error;
 pub mod failure;
-pub mod flights;
 pub mod format;
 pub mod free;
 pub mod index;
 pub mod introspect;
+pub mod journal;
+pub use journal::{commit, crash_log};
 #[cfg(any(test, feature = "testing"))]
 pub mod load_fuzz;
 pub mod locks;
@@ -64,15 +64,14 @@ pub mod writeback;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::thread::JoinHandle;
 
-use crate::sync::{Condvar, Mutex};
+use crate::sync::Mutex;
 use serde::{Deserialize, Serialize};
 
 use crate::device::DeviceRef;
 pub use admission::AdmissionSettings;
 pub use error::{EngineError, EngineResult};
-use format::{Layout, Record, Superblock};
+use format::{Layout, Record};
 use locks::BlockLocks;
 use meta::Table;
 pub use modes::Mode;
@@ -283,53 +282,15 @@ pub(crate) struct Meta {
     pub releases: releases::Releases,
     /// Records applied in memory, not yet written to the journal.
     pub records: Vec<Record>,
-    pub writeback: WritebackSettings,
     /// Per slot: when its block last became dirty, in seconds since open
     /// (wrapping; valid while the slot is dirty). 2 bytes per slot.
     pub dirty_since_s: Vec<u16>,
-    /// Where the next scan for aged dirty blocks starts (slot index), and
-    /// when the last scan that found them all ran.
-    pub aged_scan_cursor: u32,
-    pub aged_scan_done_s: Option<u64>,
-    /// Where the next writeback sweep starts (ascending origin blocks).
-    pub writeback_cursor: u64,
-    /// Watermark writeback is running (set above high, cleared at low).
-    pub writeback_active: bool,
-    /// Client requests counted when the writeback thread last looked, and
-    /// when that count last changed (engine ms): how long clients have
-    /// been away.
-    pub client_requests_seen: (u64, u64),
     /// The records not yet journalled, mirrored where a process death
     /// does not lose them.
     pub crash_log: Option<crash_log::CrashLog>,
 }
 
-/// State under the commit lock: the journal position and the superblock.
-pub(crate) struct CommitState {
-    pub sb: Superblock,
-    pub next_page_seq: u64,
-    /// `Engine::completed_ops` value covered by the last completed commit.
-    pub flushed_through: u64,
-    /// The last release (`releases.rs`) covered by a completed commit.
-    pub releases_durable: u64,
-    /// One past the highest journal sequence ever written, including by a
-    /// commit that failed: a checkpoint starts replay there, so pages of a
-    /// failed commit (records since applied differently) are never
-    /// replayed over it.
-    pub journal_written_end: u64,
-    /// When the last commit completed (`Engine::now_ms`).
-    pub last_commit_ms: u64,
-}
-
 pub type BypassHook = Box<dyn Fn() + Send + Sync>;
-
-/// Foreground origin requests under way, and when the last one ended.
-#[derive(Default)]
-pub(crate) struct OriginActivity {
-    pub in_flight: std::sync::atomic::AtomicU32,
-    /// `Engine::now_ms` at the end of the last one.
-    pub last_end_ms: AtomicU64,
-}
 
 pub struct Engine {
     pub(crate) cache: DeviceRef,
@@ -340,18 +301,17 @@ pub struct Engine {
     pub(crate) origin_blocks: u64,
     pub(crate) volume_bytes: u64,
     pub(crate) meta: Mutex<Meta>,
-    pub(crate) commit_state: Mutex<CommitState>,
+    /// The journal part (journal/): the commit lock's state, completed
+    /// operations, the crash log's pressure.
+    pub(crate) journal: journal::Journal,
     pub(crate) locks: BlockLocks,
-    /// Background writebacks whose origin write runs without block locks.
-    pub(crate) flights: flights::Flights,
     pub(crate) stats: Stats,
     pub(crate) admission: admission::Admission,
-    /// Foreground origin requests, so background writeback can yield.
-    pub(crate) origin_activity: OriginActivity,
+    /// The writeback part (writeback/): the background thread, its
+    /// settings and cursors, writebacks in flight, writes waiting for a
+    /// slot, foreground origin activity.
+    pub(crate) writeback: writeback::Writeback,
     pub(crate) observe: observe::Observe,
-    /// Writes waiting for writeback to free a slot, and where they wait.
-    pub(crate) slot_waiters: std::sync::atomic::AtomicU32,
-    pub(crate) slots_freed: (Mutex<()>, Condvar),
     /// See `CreateOptions::cache_error_limit`.
     pub(crate) cache_error_limit: AtomicU64,
     /// The cache mode (`Mode::to_u32`), read once per request. A switch
@@ -370,17 +330,9 @@ pub struct Engine {
     /// Called once when the cache becomes bypassed, before any origin write
     /// that follows (the daemon records it outside the failed device).
     pub(crate) bypass_hook: Mutex<Option<BypassHook>>,
-    /// Counts completed data writes and appended records; a commit that
-    /// starts after value v makes everything counted up to v durable.
-    pub(crate) completed_ops: AtomicU64,
-    /// The crash log is three quarters full: writers commit before they
-    /// return (set by `append`, cleared by a commit that empties it).
-    pub(crate) crash_log_pressed: AtomicBool,
     /// Time for every decision taken by time (clock.rs).
     pub(crate) clock: clock::Clock,
     pub(crate) closed: AtomicBool,
-    pub(crate) bg_wake: (Mutex<bool>, Condvar),
-    pub(crate) bg_thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Engine {
@@ -458,6 +410,7 @@ impl Engine {
         let limit = self.cache_error_limit.load(Ordering::Relaxed);
         let stats = self.stats.snapshot();
         let errors = stats.cache_errors;
+        let writeback = self.writeback.settings();
         let mut m = self.meta.lock();
         let metadata_bytes =
             m.heap_bytes() + self.admission.heap_bytes() + self.observe.heap_bytes();
@@ -487,7 +440,7 @@ impl Engine {
             cache_blocks_total: m.table.slot_count(),
             cache_blocks_used: m.table.used(),
             cache_blocks_dirty: m.table.dirty_count(),
-            writeback: m.writeback,
+            writeback,
             admitting: !stopped,
             admission: if self.bypassing() {
                 format!(
@@ -563,18 +516,15 @@ impl Engine {
         if mode.holds_dirty() {
             // On disk first: memory must never hold dirty blocks under a
             // mode that a restart would open without them in mind.
-            let mut cs = self.commit_state.lock();
-            self.write_superblock(&mut cs, |sb| sb.mode.set(mode.to_u32()))?;
-            self.swap_mode(mode);
+            self.update_superblock_then(|sb| sb.mode.set(mode.to_u32()), || self.swap_mode(mode))?;
             return Ok(());
         }
         // In memory first, so that no new dirty block appears while
         // write_back_all writes back the ones there are.
         let old = self.swap_mode(mode);
-        let persisted = self.write_back_all(&mut |_, _| {}).and_then(|()| {
-            let mut cs = self.commit_state.lock();
-            self.write_superblock(&mut cs, |sb| sb.mode.set(mode.to_u32()))
-        });
+        let persisted = self
+            .write_back_all(&mut |_, _| {})
+            .and_then(|()| self.update_superblock(|sb| sb.mode.set(mode.to_u32())));
         if persisted.is_err() {
             self.swap_mode(old);
         }
@@ -585,48 +535,47 @@ impl Engine {
     pub fn set_admission(&self, a: AdmissionSettings) -> EngineResult<()> {
         a.validate().map_err(EngineError::Config)?;
         // On disk first: an error leaves the old settings in force.
-        let mut cs = self.commit_state.lock();
-        self.write_superblock(&mut cs, |sb| sb.set_admission(&a))?;
-        self.admission.set_settings(a);
-        Ok(())
+        self.update_superblock_then(|sb| sb.set_admission(&a), || self.admission.set_settings(a))
     }
 
     /// Switches the replacement policy on a live cache; persisted in the
     /// superblock. The new policy starts from the old one's order.
     pub fn set_policy(&self, kind: PolicyKind) -> EngineResult<()> {
         self.check_open()?;
-        let mut cs = self.commit_state.lock();
-        self.write_superblock(&mut cs, |sb| sb.policy.set(kind.to_u32()))?;
-        let mut m = self.meta.lock();
-        if m.policy.kind() != kind {
-            let mut p = kind.build(m.table.slot_count() as u32);
-            for slot in m.policy.order() {
-                if let Some((block, _)) = m.table.slot_block(slot) {
-                    p.inserted(slot, block);
+        self.update_superblock_then(
+            |sb| sb.policy.set(kind.to_u32()),
+            || {
+                let mut m = self.meta.lock();
+                if m.policy.kind() != kind {
+                    let mut p = kind.build(m.table.slot_count() as u32);
+                    for slot in m.policy.order() {
+                        if let Some((block, _)) = m.table.slot_block(slot) {
+                            p.inserted(slot, block);
+                        }
+                    }
+                    m.policy = p;
                 }
-            }
-            m.policy = p;
-        }
-        Ok(())
+            },
+        )
     }
 
     /// Changes the writeback watermarks and age; persisted in the superblock.
     pub fn set_writeback(&self, w: WritebackSettings) -> EngineResult<()> {
         w.validate().map_err(EngineError::Config)?;
         // On disk first: an error leaves the old settings in force.
-        let mut cs = self.commit_state.lock();
-        self.write_superblock(&mut cs, |sb| {
-            sb.writeback_high_pct.set(w.high_pct);
-            sb.writeback_low_pct.set(w.low_pct);
-            sb.writeback_max_age_secs.set(w.max_age_secs);
-            sb.writeback_idle_secs.set(w.idle_secs);
-        })?;
-        self.meta.lock().writeback = w;
-        Ok(())
+        self.update_superblock_then(
+            |sb| {
+                sb.writeback_high_pct.set(w.high_pct);
+                sb.writeback_low_pct.set(w.low_pct);
+                sb.writeback_max_age_secs.set(w.max_age_secs);
+                sb.writeback_idle_secs.set(w.idle_secs);
+            },
+            || self.writeback.set_settings(w),
+        )
     }
 
     pub(crate) fn allow_data_loss(&self) -> bool {
-        self.commit_state.lock().sb.flags.get() & format::SB_FLAG_ALLOW_VOLATILE_WRITEBACK != 0
+        self.journal.allow_data_loss()
     }
 
     pub(crate) fn check_open(&self) -> EngineResult<()> {
@@ -716,7 +665,7 @@ impl Engine {
     }
 
     pub(crate) fn note_completed(&self) {
-        self.completed_ops.fetch_add(1, Ordering::AcqRel);
+        self.journal.note_completed();
     }
 
     /// Weak handle for the background thread.

@@ -7,8 +7,6 @@
 //! where they would have to wait, handing the request on (`Fast::Pending`)
 //! with whatever they resolved: nothing is decided or counted twice.
 
-use std::sync::atomic::Ordering;
-
 use super::admission::Decision;
 use super::device_io::ORIGIN_REQUESTS;
 use super::modes::WriteRoute;
@@ -200,7 +198,7 @@ impl Engine {
         bump(&self.stats.write_requests, 1);
         if let Some((first, last)) = req.blocks() {
             let _guard = self.locks.lock_range(first, last);
-            self.flights.touch(first, last);
+            self.writeback.touch(first, last);
             let plan = self.resolve(&mut req);
             match plan.route {
                 WriteRoute::Cache => {
@@ -213,7 +211,7 @@ impl Engine {
                 WriteRoute::Around => self.write_around_cache(req.offset, &req.segs, data)?,
             }
         }
-        if req.fua || self.crash_log_pressed.load(Ordering::Relaxed) {
+        if req.fua || self.journal.pressed() {
             self.commit()?;
         }
         Ok(())
@@ -244,7 +242,7 @@ impl Engine {
     }
 
     fn try_write_cached_locked(&self, req: &mut Request, data: &[u8]) -> Option<EngineResult<()>> {
-        if req.fua || self.crash_log_pressed.load(Ordering::Relaxed) {
+        if req.fua || self.journal.pressed() {
             return None;
         }
         let (first, last) = req.blocks()?;
@@ -262,7 +260,7 @@ impl Engine {
             return None;
         }
         bump(&self.stats.write_requests, 1);
-        self.flights.touch(first, last);
+        self.writeback.touch(first, last);
         Some(self.write_cached_dirty_with(&req.segs, data, &cached, plan.admits()))
     }
 

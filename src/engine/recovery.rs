@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 
-use crate::sync::{Condvar, Mutex, Rank};
+use crate::sync::{Mutex, Rank};
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, FromZeros};
 
@@ -21,10 +21,7 @@ use super::meta::Table;
 use super::policy::PolicyKind;
 use super::sectors::SectorSet;
 use super::stats::Stats;
-use super::{
-    CommitState, CreateOptions, Engine, EngineError, EngineResult, Meta, Mode, OpenOptions,
-    WritebackSettings,
-};
+use super::{CreateOptions, Engine, EngineError, EngineResult, Meta, Mode, OpenOptions};
 use crate::device::{AlignedBuf, DeviceRef};
 
 /// Bytes of journal read per request during replay and checks.
@@ -705,27 +702,7 @@ fn start_durable(
     journal_end_seq: u64,
     log: Option<CrashLog>,
 ) -> EngineResult<()> {
-    let mut cs = engine.commit_state.lock();
-    if clean {
-        engine.write_superblock(&mut cs, |sb| sb.clean_shutdown.set(0))?;
-    } else {
-        // Pages after the replayed ones may hold valid pages of an
-        // interrupted commit; start the new journal a full ring later so
-        // none of them can ever be taken for a new page.
-        let data = engine.meta.lock().table.snapshot();
-        let restart = journal_end_seq + engine.layout.journal_pages;
-        engine.write_checkpoint(&mut cs, &data, restart, false)?;
-        if distrust {
-            engine.write_superblock(&mut cs, |sb| {
-                sb.flags.set(sb.flags.get() & !SB_FLAG_DISTRUST_CLEAN)
-            })?;
-        }
-    }
-    if let Some(mut log) = log {
-        log.reset(&crash_log::Identity::of(&cs.sb), engine.durable_point(&cs));
-        engine.meta.lock().crash_log = Some(log);
-    }
-    Ok(())
+    engine.start_journal(clean, distrust, journal_end_seq, log)
 }
 
 /// The origin must be the one the cache was made for: same size always,
@@ -792,37 +769,20 @@ fn build_engine(
         origin_blocks: origin.size_bytes() / block_bytes,
         volume_bytes: origin.size_bytes(),
         meta: Mutex::new(Rank::Meta, new_meta(&sb, loaded.table)),
-        commit_state: Mutex::new(
-            Rank::Commit,
-            CommitState {
-                sb,
-                next_page_seq: loaded.journal_end_seq,
-                flushed_through: 0,
-                releases_durable: 0,
-                journal_written_end: loaded.journal_end_seq,
-                last_commit_ms: 0,
-            },
-        ),
+        journal: super::journal::Journal::new(sb, loaded.journal_end_seq),
         locks: BlockLocks::new(),
-        flights: Default::default(),
         stats: Stats::default(),
         admission: super::admission::Admission::new(sb.admission(), layout.slot_count)
             .with_clock(clock.clone()),
-        origin_activity: Default::default(),
-        slot_waiters: Default::default(),
-        slots_freed: (Mutex::new(Rank::SlotsFreed, ()), Condvar::new()),
+        writeback: super::writeback::Writeback::new(sb.writeback()),
         observe: super::observe::Observe::new(layout.slot_count, origin.size_bytes() / block_bytes),
         cache_error_limit: AtomicU64::new(sb.cache_error_limit.get()),
         mode: AtomicU32::new(mode.to_u32()),
         admission_stopped: AtomicBool::new(false),
         bypassing: AtomicBool::new(false),
         bypass_hook: Mutex::new(Rank::BypassHook, None),
-        completed_ops: AtomicU64::new(0),
-        crash_log_pressed: AtomicBool::new(false),
         clock,
         closed: AtomicBool::new(false),
-        bg_wake: (Mutex::new(Rank::Background, false), Condvar::new()),
-        bg_thread: Mutex::new(Rank::Background, None),
         cache,
         origin,
     }
@@ -847,18 +807,7 @@ fn new_meta(sb: &Superblock, table: Table) -> Meta {
         free,
         releases: Default::default(),
         records: Vec::new(),
-        writeback: WritebackSettings {
-            high_pct: sb.writeback_high_pct.get(),
-            low_pct: sb.writeback_low_pct.get(),
-            max_age_secs: sb.writeback_max_age_secs.get(),
-            idle_secs: sb.writeback_idle_secs.get(),
-        },
         dirty_since_s,
-        aged_scan_cursor: 0,
-        aged_scan_done_s: None,
-        writeback_cursor: 0,
-        writeback_active: false,
-        client_requests_seen: (0, 0),
         crash_log: None,
     }
 }
@@ -926,10 +875,7 @@ fn apply_crash_log(
 /// leaves either that clean cache or no cache.
 pub(crate) fn wipe(engine: &Engine) -> EngineResult<()> {
     engine.checkpoint_now(true)?;
-    {
-        let mut cs = engine.commit_state.lock();
-        engine.write_superblock(&mut cs, |_| {})?;
-    }
+    engine.update_superblock(|_| {})?;
     engine.remove_crash_log();
     let zero = AlignedBuf::zeroed(PAGE_BYTES as usize);
     for copy in 0..2u64 {

@@ -4,7 +4,6 @@
 use super::format::Record;
 use super::policy::Verdict;
 use super::sectors::{SectorSet, SECTOR_BYTES};
-use std::sync::atomic::Ordering;
 
 use super::stats::bump;
 use super::{Engine, EngineResult, Meta};
@@ -14,9 +13,6 @@ use crate::device::DeviceError;
 const EVICT_BATCH: usize = 64;
 /// Candidates examined per eviction.
 const EVICT_SCAN: usize = 4096;
-/// Longest a write waits for writeback to free a slot before it goes
-/// around the cache.
-const SLOT_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Why a store stopped (`Yes`: it stored every block).
 pub(crate) enum Stored {
@@ -83,10 +79,10 @@ impl Engine {
         }
         if log.len() == log.capacity() / 2 {
             // The background commits a log this full (writeback.rs).
-            self.wake_background();
+            self.writeback.wake();
         }
         if log.len() >= log.capacity() / 4 * 3 {
-            self.crash_log_pressed.store(true, Ordering::Relaxed);
+            self.journal.press();
         }
     }
 
@@ -103,7 +99,7 @@ impl Engine {
                     // Running low: the background evicts and commits ahead.
                     let low = self.low_free_slots(&m);
                     if before > low && m.free.len() <= low {
-                        self.wake_background();
+                        self.writeback.wake();
                     }
                     return Ok(slots);
                 }
@@ -114,46 +110,6 @@ impl Engine {
             self.commit()?;
         }
         Ok(self.meta.lock().free.take(n))
-    }
-
-    /// Every slot is dirty or busy: waits up to `SLOT_WAIT` for background
-    /// writeback to clean blocks and free their slots, which costs the
-    /// origin one request per written-back run of blocks, where sending
-    /// each write around the cache costs one request per write. True if a
-    /// slot is free now; false at once if there is nothing to clean or the
-    /// mode keeps no dirty data, or when no background thread runs. The
-    /// caller may hold block locks:
-    /// writeback only try-locks.
-    pub(crate) fn wait_for_slots(&self) -> bool {
-        if !self.mode().holds_dirty() || self.meta.lock().table.dirty_count() == 0 {
-            return false;
-        }
-        if self.bg_thread.lock().is_none() {
-            // Opened without background work (a command, a test): nobody
-            // would write back while we wait.
-            return false;
-        }
-        bump(&self.stats.slot_waits, 1);
-        self.slot_waiters.fetch_add(1, Ordering::AcqRel);
-        let deadline = std::time::Instant::now() + SLOT_WAIT;
-        let freed = loop {
-            self.wake_background();
-            let (lock, cv) = &self.slots_freed;
-            let mut g = lock.lock();
-            if !self.meta.lock().free.is_empty() {
-                break true;
-            }
-            let now = std::time::Instant::now();
-            if now >= deadline || self.closed.load(Ordering::Acquire) {
-                break false;
-            }
-            cv.wait_for(
-                &mut g,
-                (deadline - now).min(std::time::Duration::from_millis(50)),
-            );
-        };
-        self.slot_waiters.fetch_sub(1, Ordering::AcqRel);
-        freed
     }
 
     /// Evicts up to `want` clean, unlocked blocks; returns how many. Their

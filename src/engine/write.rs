@@ -42,7 +42,7 @@ impl Engine {
         if let Some(first) = segs.first() {
             let last = segs.last().expect("non-empty").block;
             let _guard = self.locks.lock_range(first.block, last);
-            self.flights.touch(first.block, last);
+            self.writeback.touch(first.block, last);
             // Ranges to discard on the origin: whole blocks, and parts of
             // blocks that are not cached. A cached block trimmed in part
             // keeps its origin bytes, so cache and origin never disagree.
@@ -65,7 +65,7 @@ impl Engine {
                     }
                 }
             }
-            self.flights.wait_origin(first.block, last);
+            self.writeback.wait_origin(first.block, last);
             for (off, l) in discard {
                 if let Err(e) = self.origin.discard(off, l) {
                     log::debug!("origin discard failed (ignored, discard is a hint): {e}");

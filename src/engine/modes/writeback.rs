@@ -201,7 +201,7 @@ impl Engine {
             &data[seg.buf.clone()],
             seg.block * self.block_bytes + seg.in_block,
         )?;
-        self.wake_background();
+        self.writeback.wake();
         Ok(())
     }
 }

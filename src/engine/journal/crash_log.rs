@@ -61,7 +61,7 @@ use std::sync::Arc;
 
 use zerocopy::FromBytes;
 
-use super::format::{RawRecord, Record, Superblock};
+use crate::engine::format::{RawRecord, Record, Superblock};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"TCCRLOG1");
 const VERSION: u64 = 1;
@@ -466,7 +466,11 @@ impl CrashLog {
         (self.head, self.tail, self.upto) = (0, 0, 0);
         (self.valid, self.dropped, self.revalidate) = (true, false, false);
         // The previous life's records are not needed: give their pages back.
-        punch(&self.file, HEADER_BYTES as u64, self.capacity * RECORD_BYTES as u64);
+        punch(
+            &self.file,
+            HEADER_BYTES as u64,
+            self.capacity * RECORD_BYTES as u64,
+        );
         self.released_page = 0;
     }
 
@@ -647,7 +651,7 @@ impl Drop for CrashLog {
 /// asserts what parsing promises.
 #[cfg(any(test, feature = "testing"))]
 pub fn fuzz_exercise(data: &[u8]) {
-    use super::meta::Table;
+    use crate::engine::meta::Table;
     let Ok(image) = LogImage::parse(data) else {
         return;
     };

@@ -20,13 +20,15 @@
 
 use std::sync::atomic::Ordering;
 
-use super::crash_log::Point;
-use super::format::{
+use super::crash_log::{self, CrashLog, Point};
+use super::CommitState;
+use crate::device::AlignedBuf;
+use crate::engine::format::{
     checkpoint_page, journal_page, CheckpointData, Record, PAGE_BYTES, RECORDS_PER_PAGE,
 };
-use super::stats::bump;
-use super::{CommitState, Engine, EngineResult};
-use crate::device::AlignedBuf;
+use crate::engine::format::{Superblock, SB_FLAG_DISTRUST_CLEAN};
+use crate::engine::stats::bump;
+use crate::engine::{Engine, EngineResult};
 
 /// Checkpoint pages written per device request.
 const CHECKPOINT_PAGES_PER_WRITE: usize = 256;
@@ -37,8 +39,8 @@ impl Engine {
         if self.bypassing() {
             return self.flush_origin_only();
         }
-        let wanted = self.completed_ops.load(Ordering::Acquire);
-        let mut cs = self.commit_state.lock();
+        let wanted = self.journal.completed_ops.load(Ordering::Acquire);
+        let mut cs = self.journal.state.lock();
         if cs.flushed_through >= wanted && wanted > 0 {
             return Ok(());
         }
@@ -69,7 +71,7 @@ impl Engine {
         cs: &mut CommitState,
         checkpoint: Option<bool>,
     ) -> EngineResult<()> {
-        let covered = self.completed_ops.load(Ordering::Acquire);
+        let covered = self.journal.completed_ops.load(Ordering::Acquire);
         let in_use = cs.next_page_seq - cs.sb.journal_replay_seq.get();
         let journal_pages = self.layout.journal_pages;
         let (records, releases, snapshot, target) = {
@@ -97,7 +99,7 @@ impl Engine {
                     if let Some(log) = m.crash_log.as_mut() {
                         log.commit_done(target);
                         if log.len() < log.capacity() / 4 * 3 {
-                            self.crash_log_pressed.store(false, Ordering::Relaxed);
+                            self.journal.pressed.store(false, Ordering::Relaxed);
                         }
                     }
                     m.free.extend(releases.slots);
@@ -105,8 +107,7 @@ impl Engine {
                 }
                 if freed {
                     // Writes waiting for a slot (slots.rs) try again.
-                    let _g = self.slots_freed.0.lock();
-                    self.slots_freed.1.notify_all();
+                    self.writeback.slots_freed();
                 }
                 cs.flushed_through = covered;
                 cs.releases_durable = releases.through;
@@ -258,7 +259,7 @@ impl Engine {
     pub(crate) fn write_superblock(
         &self,
         cs: &mut CommitState,
-        change: impl FnOnce(&mut super::format::Superblock),
+        change: impl FnOnce(&mut Superblock),
     ) -> EngineResult<()> {
         crate::sync::assert_unheld(crate::sync::Rank::Meta, "a superblock write");
         let mut sb = cs.sb;
@@ -288,7 +289,63 @@ impl Engine {
     /// Commits, then writes a checkpoint of the whole table (with the clean
     /// flag for a clean shutdown), emptying the journal.
     pub(crate) fn checkpoint_now(&self, clean: bool) -> EngineResult<()> {
-        let mut cs = self.commit_state.lock();
+        let mut cs = self.journal.state.lock();
         self.commit_locked(&mut cs, Some(clean))
+    }
+
+    /// Changes the superblock (written to the copy not holding the current
+    /// generation, then flushed) under the commit lock.
+    pub(crate) fn update_superblock(
+        &self,
+        change: impl FnOnce(&mut Superblock),
+    ) -> EngineResult<()> {
+        self.update_superblock_then(change, || ())
+    }
+
+    /// `update_superblock`, then `then` while the commit lock is still
+    /// held, if the write succeeded: a setting changes in memory in the
+    /// same order as on disk.
+    pub(crate) fn update_superblock_then<T>(
+        &self,
+        change: impl FnOnce(&mut Superblock),
+        then: impl FnOnce() -> T,
+    ) -> EngineResult<T> {
+        let mut cs = self.journal.state.lock();
+        self.write_superblock(&mut cs, change)?;
+        Ok(then())
+    }
+
+    /// Makes the opened state durable before any request: a clean cache is
+    /// marked in use; a recovered one gets a checkpoint that restarts the
+    /// journal a full ring later. The crash log then starts empty at that
+    /// state.
+    pub(crate) fn start_journal(
+        &self,
+        clean: bool,
+        distrust: bool,
+        journal_end_seq: u64,
+        log: Option<CrashLog>,
+    ) -> EngineResult<()> {
+        let mut cs = self.journal.state.lock();
+        if clean {
+            self.write_superblock(&mut cs, |sb| sb.clean_shutdown.set(0))?;
+        } else {
+            // Pages after the replayed ones may hold valid pages of an
+            // interrupted commit; start the new journal a full ring later so
+            // none of them can ever be taken for a new page.
+            let data = self.meta.lock().table.snapshot();
+            let restart = journal_end_seq + self.layout.journal_pages;
+            self.write_checkpoint(&mut cs, &data, restart, false)?;
+            if distrust {
+                self.write_superblock(&mut cs, |sb| {
+                    sb.flags.set(sb.flags.get() & !SB_FLAG_DISTRUST_CLEAN)
+                })?;
+            }
+        }
+        if let Some(mut log) = log {
+            log.reset(&crash_log::Identity::of(&cs.sb), self.durable_point(&cs));
+            self.meta.lock().crash_log = Some(log);
+        }
+        Ok(())
     }
 }

@@ -1,4 +1,4 @@
-//! Background writeback and `flush`.
+//! Background writeback and `write_back_all`.
 //!
 //! The background thread writes dirty blocks back, in ascending order,
 //! adjacent blocks coalesced into one write, without holding the blocks'
@@ -24,14 +24,17 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::admission::Dev;
-
-use super::format::{entry_decode, Record, ENTRY_DIRTY};
-use super::sectors::SECTOR_BYTES;
-use super::stats::bump;
-use super::{Engine, EngineError, EngineResult, Meta, MAX_AGE_SECS};
+use super::State;
 use crate::device::{AlignedBuf, DeviceError};
+use crate::engine::admission::Dev;
+use crate::engine::format::{entry_decode, Record, ENTRY_DIRTY};
+use crate::engine::sectors::SECTOR_BYTES;
+use crate::engine::stats::bump;
+use crate::engine::{Engine, EngineError, EngineResult, Meta, MAX_AGE_SECS};
 
+/// Longest a write waits for writeback to free a slot before it goes
+/// around the cache.
+const SLOT_WAIT: Duration = Duration::from_millis(500);
 /// Largest coalesced origin write: an origin that charges per request
 /// (a disk's seek, a network round trip) takes a few megabytes in one go.
 const MAX_RUN_BYTES: u64 = 4 << 20;
@@ -68,7 +71,7 @@ pub(crate) fn start_background(engine: &Arc<Engine>) {
             }
             e.background_tick();
             {
-                let (lock, cv) = &e.bg_wake;
+                let (lock, cv) = &e.writeback.wake;
                 let mut woken = lock.lock();
                 if !*woken {
                     cv.wait_for(&mut woken, TICK);
@@ -77,12 +80,12 @@ pub(crate) fn start_background(engine: &Arc<Engine>) {
             }
         })
         .expect("spawn background thread");
-    *engine.bg_thread.lock() = Some(handle);
+    *engine.writeback.thread.lock() = Some(handle);
 }
 
 pub(crate) fn stop_background(engine: &Engine) {
-    engine.wake_background();
-    let handle = engine.bg_thread.lock().take();
+    engine.writeback.wake();
+    let handle = engine.writeback.thread.lock().take();
     if let Some(h) = handle {
         if h.thread().id() != std::thread::current().id() {
             let _ = h.join();
@@ -93,17 +96,11 @@ pub(crate) fn stop_background(engine: &Engine) {
 impl Engine {
     /// Waits `d`, or less if the engine closes or the background is woken.
     fn pause_background(&self, d: Duration) {
-        let (lock, cv) = &self.bg_wake;
+        let (lock, cv) = &self.writeback.wake;
         let mut woken = lock.lock();
         if !*woken && !self.closed.load(Ordering::Acquire) {
             cv.wait_for(&mut woken, d);
         }
-    }
-
-    pub(crate) fn wake_background(&self) {
-        let (lock, cv) = &self.bg_wake;
-        *lock.lock() = true;
-        cv.notify_one();
     }
 
     /// One round of background work: writeback batches until nothing is
@@ -163,9 +160,7 @@ impl Engine {
         };
         log_half_full
             || waiting
-                && self
-                    .now_ms()
-                    .saturating_sub(self.commit_state.lock().last_commit_ms)
+                && self.now_ms().saturating_sub(self.journal.last_commit_ms())
                     >= COMMIT_INTERVAL.as_millis() as u64
     }
 
@@ -175,7 +170,12 @@ impl Engine {
     /// is released.
     pub fn trim_crash_log(&self) {
         loop {
-            let trim = self.meta.lock().crash_log.as_mut().and_then(|l| l.plan_trim());
+            let trim = self
+                .meta
+                .lock()
+                .crash_log
+                .as_mut()
+                .and_then(|l| l.plan_trim());
             match trim {
                 Some(t) => t.run(),
                 None => return,
@@ -219,12 +219,12 @@ impl Engine {
     /// Milliseconds since the last foreground origin request ended (0 while
     /// one is under way).
     fn origin_quiet_ms(&self) -> u64 {
-        let a = &self.origin_activity;
-        if a.in_flight.load(Ordering::Acquire) > 0 {
+        let w = &self.writeback;
+        if w.origin_in_flight.load(Ordering::Acquire) > 0 {
             return 0;
         }
         self.now_ms()
-            .saturating_sub(a.last_end_ms.load(Ordering::Acquire))
+            .saturating_sub(w.origin_last_end_ms.load(Ordering::Acquire))
     }
 
     /// True while clients keep the origin busy: a foreground origin request
@@ -246,20 +246,21 @@ impl Engine {
     fn writeback_candidates(&self) -> (Vec<u64>, Pace) {
         let busy = self.origin_busy();
         let quiet_ms = self.origin_quiet_ms();
-        let mut m = self.meta.lock();
-        let idle = self.clients_idle(&mut m, quiet_ms);
+        let mut st = self.writeback.state.lock();
+        let m = self.meta.lock();
+        let idle = self.clients_idle(&mut st, quiet_ms);
         // Writes are waiting for a slot: write back at full speed.
-        let pressed = self.slot_waiters.load(Ordering::Acquire) > 0;
-        if let Some(batch) = self.watermark_batch(&mut m, idle, pressed, busy) {
+        let pressed = self.writeback.writes_waiting();
+        if let Some(batch) = self.watermark_batch(&mut st, &m, idle, pressed, busy) {
             return batch;
         }
-        self.aged_batch(&mut m, busy)
+        self.aged_batch(&mut st, &m, busy)
     }
 
     /// True once neither the origin (`quiet_ms`) nor any client request
     /// has been seen for the idle time (0: never idle).
-    fn clients_idle(&self, m: &mut Meta, quiet_ms: u64) -> bool {
-        let idle_ms = m.writeback.idle_secs as u64 * 1000;
+    fn clients_idle(&self, st: &mut State, quiet_ms: u64) -> bool {
+        let idle_ms = st.settings.idle_secs as u64 * 1000;
         // Idle means no client request at all, not only none at the
         // origin: a drain while writes keep hitting the cache competes
         // with them for the cache device (4K random writes into a cache
@@ -269,10 +270,10 @@ impl Engine {
             + self.stats.trim_requests.load(Ordering::Relaxed)
             + self.stats.flush_requests.load(Ordering::Relaxed);
         let now_ms = self.now_ms();
-        if m.client_requests_seen.0 != requests {
-            m.client_requests_seen = (requests, now_ms);
+        if st.client_requests_seen.0 != requests {
+            st.client_requests_seen = (requests, now_ms);
         }
-        let client_quiet_ms = now_ms.saturating_sub(m.client_requests_seen.1);
+        let client_quiet_ms = now_ms.saturating_sub(st.client_requests_seen.1);
         idle_ms > 0 && quiet_ms >= idle_ms && client_quiet_ms >= idle_ms
     }
 
@@ -282,7 +283,8 @@ impl Engine {
     /// is busy.
     fn watermark_batch(
         &self,
-        m: &mut Meta,
+        st: &mut State,
+        m: &Meta,
         idle: bool,
         pressed: bool,
         busy: bool,
@@ -290,16 +292,16 @@ impl Engine {
         let total = m.table.slot_count().max(1);
         let dirty = m.table.dirty_count();
         let pct = dirty * 100 / total;
-        if pct >= m.writeback.high_pct as u64 && dirty > 0 {
-            m.writeback_active = true;
+        if pct >= st.settings.high_pct as u64 && dirty > 0 {
+            st.active = true;
         }
-        if pct <= m.writeback.low_pct as u64 || dirty == 0 {
-            m.writeback_active = false;
+        if pct <= st.settings.low_pct as u64 || dirty == 0 {
+            st.active = false;
         }
-        if dirty == 0 || !(idle || pressed || m.writeback_active) {
+        if dirty == 0 || !(idle || pressed || st.active) {
             return None;
         }
-        let low = m.writeback.low_pct as u64;
+        let low = st.settings.low_pct as u64;
         let (want, pace) = if idle {
             (BATCH_BLOCKS, Pace::Drain)
         } else if pressed {
@@ -318,25 +320,25 @@ impl Engine {
         if idle {
             bump(&self.stats.idle_drains, 1);
         }
-        let mut v = m.table.dirty_from(m.writeback_cursor, want);
+        let mut v = m.table.dirty_from(st.cursor, want);
         v.sort_unstable();
         let v = self.extend_runs(m, v);
-        m.writeback_cursor = v.last().map_or(0, |b| b + 1);
+        st.cursor = v.last().map_or(0, |b| b + 1);
         Some((v, pace))
     }
 
     /// Blocks dirty for longer than the writeback age: at most one full
     /// pass over the slots per second.
-    fn aged_batch(&self, m: &mut Meta, busy: bool) -> (Vec<u64>, Pace) {
+    fn aged_batch(&self, st: &mut State, m: &Meta, busy: bool) -> (Vec<u64>, Pace) {
         let now_s = self.now_ms() / 1000;
-        if m.aged_scan_done_s == Some(now_s) {
+        if st.aged_scan_done_s == Some(now_s) {
             return (Vec::new(), Pace::Full);
         }
         // Stamps have 1 s resolution, so a block may go up to 1 s early.
-        let max_age = m.writeback.max_age_secs.min(MAX_AGE_SECS) as u16;
+        let max_age = st.settings.max_age_secs.min(MAX_AGE_SECS) as u16;
         let n = m.table.entries.len();
         let mut v = Vec::new();
-        let mut s = m.aged_scan_cursor as usize % n.max(1);
+        let mut s = st.aged_scan_cursor as usize % n.max(1);
         for _ in 0..n {
             let e = m.table.entries.get(s);
             if e & ENTRY_DIRTY != 0 && (now_s as u16).wrapping_sub(m.dirty_since_s[s]) >= max_age {
@@ -349,9 +351,9 @@ impl Engine {
                 break;
             }
         }
-        m.aged_scan_cursor = s as u32;
+        st.aged_scan_cursor = s as u32;
         if v.len() < BATCH_BLOCKS {
-            m.aged_scan_done_s = Some(now_s);
+            st.aged_scan_done_s = Some(now_s);
         }
         v.sort_unstable();
         let v = self.extend_runs(m, v);
@@ -424,7 +426,7 @@ impl Engine {
                 };
                 match dirty {
                     // Not already being written back by another thread.
-                    Some(slot) if !self.flights.contains(b) => run.push((b, slot)),
+                    Some(slot) if !self.writeback.flights.contains(b) => run.push((b, slot)),
                     _ => {
                         self.locks.unlock(b);
                         i += 1;
@@ -445,9 +447,7 @@ impl Engine {
             }
             match pace {
                 Pace::Share(share)
-                    if share < 1.0
-                        && self.origin_busy()
-                        && self.slot_waiters.load(Ordering::Acquire) == 0 =>
+                    if share < 1.0 && self.origin_busy() && !self.writeback.writes_waiting() =>
                 {
                     let took = self.clock.since_ns(started_ns) as f64 / 1e9;
                     let pause = Duration::from_secs_f64(took * (1.0 - share) / share);
@@ -483,15 +483,15 @@ impl Engine {
                 return Err(e.into());
             }
         };
-        self.flights.start(blocks());
+        self.writeback.flights.start(blocks());
         blocks().for_each(|b| self.locks.unlock(b));
         let base = run[0].0 * self.block_bytes;
         let written = extents
             .iter()
             .try_for_each(|e| self.origin_write_now(&buf[e.clone()], base + e.start as u64));
-        self.flights.origin_written(blocks());
+        self.writeback.flights.origin_written(blocks());
         let _guard = self.locks.lock_range(run[0].0, run[run.len() - 1].0);
-        let touched = self.flights.finish(blocks());
+        let touched = self.writeback.flights.finish(blocks());
         written?;
         Ok(self.mark_clean(run, &touched))
     }
@@ -565,6 +565,30 @@ impl Engine {
         }
         self.mark_clean(&[(block, slot)], &[]);
         Ok(())
+    }
+
+    /// Every slot is dirty or busy: waits up to `SLOT_WAIT` for background
+    /// writeback to clean blocks and free their slots, which costs the
+    /// origin one request per written-back run of blocks, where sending
+    /// each write around the cache costs one request per write. True if a
+    /// slot is free now; false at once if there is nothing to clean or the
+    /// mode keeps no dirty data, or when no background thread runs. The
+    /// caller may hold block locks: writeback only try-locks.
+    pub(crate) fn wait_for_slots(&self) -> bool {
+        if !self.mode().holds_dirty() || self.meta.lock().table.dirty_count() == 0 {
+            return false;
+        }
+        if !self.writeback.has_thread() {
+            // Opened without background work (a command, a test): nobody
+            // would write back while we wait.
+            return false;
+        }
+        bump(&self.stats.slot_waits, 1);
+        self.writeback.wait_slots(
+            std::time::Instant::now() + SLOT_WAIT,
+            || !self.meta.lock().free.is_empty(),
+            || self.closed.load(Ordering::Acquire),
+        )
     }
 
     /// Writes back every block dirty when it is called (and, when the mode

@@ -1,0 +1,162 @@
+//! The writeback part: writing dirty blocks back to the origin.
+//!
+//! It owns the background thread and its wake-up, the settings and cursors
+//! of background writeback, the writebacks in flight (`flights.rs`), the
+//! writes waiting for it to free a slot, and the foreground origin activity
+//! it yields to. Other parts reach it only through the methods below.
+//!
+//! - `run.rs`: the background's rounds and steps, `write_back_all`, and
+//!   writing a run of dirty blocks back (`impl Engine`).
+//! - `flights.rs`: writebacks whose origin write runs without block locks.
+
+pub mod flights;
+pub mod run;
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::WritebackSettings;
+use crate::sync::{Condvar, Mutex, Rank};
+
+pub(crate) use run::{start_background, stop_background};
+
+/// The writeback part's state.
+pub(crate) struct Writeback {
+    /// Settings and cursors (rank `WritebackState`: taken before the
+    /// metadata lock).
+    state: Mutex<State>,
+    flights: flights::Flights,
+    /// Writes waiting for writeback to free a slot, and where they wait.
+    slot_waiters: AtomicU32,
+    slots_freed: (Mutex<()>, Condvar),
+    /// The background thread's wake-up flag and its handle.
+    wake: (Mutex<bool>, Condvar),
+    thread: Mutex<Option<JoinHandle<()>>>,
+    /// Foreground origin requests under way, and when the last one ended
+    /// (engine ms): writeback yields to them.
+    origin_in_flight: AtomicU32,
+    origin_last_end_ms: AtomicU64,
+}
+
+/// What background writeback decides by, kept between its rounds.
+struct State {
+    settings: WritebackSettings,
+    /// Where the next scan for aged dirty blocks starts (slot index), and
+    /// when the last scan that found them all ran.
+    aged_scan_cursor: u32,
+    aged_scan_done_s: Option<u64>,
+    /// Where the next watermark sweep starts (ascending origin blocks).
+    cursor: u64,
+    /// Watermark writeback is running (set above high, cleared at low).
+    active: bool,
+    /// Client requests counted when the writeback thread last looked, and
+    /// when that count last changed (engine ms): how long clients have
+    /// been away.
+    client_requests_seen: (u64, u64),
+}
+
+impl Writeback {
+    pub(crate) fn new(settings: WritebackSettings) -> Writeback {
+        Writeback {
+            state: Mutex::new(
+                Rank::WritebackState,
+                State {
+                    settings,
+                    aged_scan_cursor: 0,
+                    aged_scan_done_s: None,
+                    cursor: 0,
+                    active: false,
+                    client_requests_seen: (0, 0),
+                },
+            ),
+            flights: Default::default(),
+            slot_waiters: AtomicU32::new(0),
+            slots_freed: (Mutex::new(Rank::SlotsFreed, ()), Condvar::new()),
+            wake: (Mutex::new(Rank::Background, false), Condvar::new()),
+            thread: Mutex::new(Rank::Background, None),
+            origin_in_flight: AtomicU32::new(0),
+            origin_last_end_ms: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn settings(&self) -> WritebackSettings {
+        self.state.lock().settings
+    }
+
+    pub(crate) fn set_settings(&self, w: WritebackSettings) {
+        self.state.lock().settings = w;
+    }
+
+    /// Wakes the background thread for a round now.
+    pub(crate) fn wake(&self) {
+        let (lock, cv) = &self.wake;
+        *lock.lock() = true;
+        cv.notify_one();
+    }
+
+    /// A write or trim holds the locks of blocks `first..=last`: a
+    /// writeback in flight there must not mark them clean.
+    pub(crate) fn touch(&self, first: u64, last: u64) {
+        self.flights.touch(first, last);
+    }
+
+    /// Waits until no writeback is writing blocks `first..=last` to the
+    /// origin (a foreground origin write comes after it).
+    pub(crate) fn wait_origin(&self, first: u64, last: u64) {
+        self.flights.wait_origin(first, last);
+    }
+
+    /// Runs a foreground origin request `f`, counted so that writeback
+    /// yields to it; `now_ms` stamps its end.
+    pub(crate) fn foreground<T>(&self, now_ms: impl Fn() -> u64, f: impl FnOnce() -> T) -> T {
+        self.origin_in_flight.fetch_add(1, Ordering::AcqRel);
+        let r = f();
+        self.origin_last_end_ms.store(now_ms(), Ordering::Release);
+        self.origin_in_flight.fetch_sub(1, Ordering::AcqRel);
+        r
+    }
+
+    /// A commit made slots free: writes waiting for one try again.
+    pub(crate) fn slots_freed(&self) {
+        let _g = self.slots_freed.0.lock();
+        self.slots_freed.1.notify_all();
+    }
+
+    /// True while a background thread runs.
+    fn has_thread(&self) -> bool {
+        self.thread.lock().is_some()
+    }
+
+    /// Writes are waiting for a free slot.
+    fn writes_waiting(&self) -> bool {
+        self.slot_waiters.load(Ordering::Acquire) > 0
+    }
+
+    /// Waits until `freed()` holds, the deadline passes or `closed()`,
+    /// waking the background all along; false if it gave up. Counted as
+    /// a waiter meanwhile (writeback then runs at full speed).
+    fn wait_slots(
+        &self,
+        deadline: Instant,
+        freed: impl Fn() -> bool,
+        closed: impl Fn() -> bool,
+    ) -> bool {
+        self.slot_waiters.fetch_add(1, Ordering::AcqRel);
+        let got = loop {
+            self.wake();
+            let (lock, cv) = &self.slots_freed;
+            let mut g = lock.lock();
+            if freed() {
+                break true;
+            }
+            let now = Instant::now();
+            if now >= deadline || closed() {
+                break false;
+            }
+            cv.wait_for(&mut g, (deadline - now).min(Duration::from_millis(50)));
+        };
+        self.slot_waiters.fetch_sub(1, Ordering::AcqRel);
+        got
+    }
+}
