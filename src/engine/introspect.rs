@@ -41,7 +41,7 @@ impl Engine {
             let block_start = block * bs;
             let (lo, hi) = (offset.max(block_start), end.min(block_start + bs));
             let found = if block < self.origin_blocks {
-                meta.table.lookup_full(block)
+                meta.table().lookup_full(block)
             } else {
                 None
             };
@@ -52,7 +52,7 @@ impl Engine {
                     push(hi - lo, CACHE_CACHED | dirty)
                 }
                 Some(l) => {
-                    let (valid, dirty) = meta.table.sector_sets(l.slot);
+                    let (valid, dirty) = meta.table().sector_sets(l.slot);
                     let mut pos = lo;
                     while pos < hi {
                         let sector = ((pos - block_start) / SECTOR_BYTES) as usize;

@@ -35,30 +35,26 @@ pub mod admission;
 pub mod async_engine;
 pub mod clock;
 pub mod device_io;
-pub mod entries;
 pub mod error;
 pub mod failure;
 pub mod format;
-pub mod free;
-pub mod index;
 pub mod introspect;
 pub mod journal;
 pub use journal::{commit, crash_log};
+pub(crate) use table::Meta;
+pub use table::{map as meta, sectors};
 #[cfg(any(test, feature = "testing"))]
 pub mod load_fuzz;
 pub mod locks;
-pub mod meta;
 pub mod modes;
 pub mod observe;
 pub mod pipeline;
 pub mod policy;
 pub mod read;
 pub mod recovery;
-pub(crate) mod releases;
 pub mod request;
-pub mod sectors;
-pub mod slots;
 pub mod stats;
+pub mod table;
 pub mod write;
 pub mod writeback;
 
@@ -71,11 +67,10 @@ use serde::{Deserialize, Serialize};
 use crate::device::DeviceRef;
 pub use admission::AdmissionSettings;
 pub use error::{EngineError, EngineResult};
-use format::{Layout, Record};
+use format::Layout;
 use locks::BlockLocks;
-use meta::Table;
 pub use modes::Mode;
-use policy::{Policy, PolicyKind};
+use policy::PolicyKind;
 pub use request::{Fast, Request};
 use stats::{Stats, StatsSnapshot};
 
@@ -256,40 +251,6 @@ pub struct Status {
     pub stats: StatsSnapshot,
 }
 
-impl Meta {
-    /// Heap bytes held by the metadata (capacities, not lengths).
-    pub fn heap_bytes(&mut self) -> u64 {
-        fn cap<T>(v: &Vec<T>) -> u64 {
-            (v.capacity() * std::mem::size_of::<T>()) as u64
-        }
-        self.table.heap_bytes()
-            + self.policy.heap_bytes()
-            + self.free.heap_bytes()
-            + self.releases.heap_bytes()
-            + cap(&self.records)
-            + cap(&self.dirty_since_s)
-    }
-}
-
-/// State under the metadata lock. Held only for in-memory work, never I/O.
-pub(crate) struct Meta {
-    pub table: Table,
-    pub policy: Box<dyn Policy>,
-    /// Slots that are free on disk: safe to overwrite.
-    pub free: free::FreeSlots,
-    /// Removed mappings not yet durable: the slots they freed join `free`
-    /// when the commit that carries their records completes.
-    pub releases: releases::Releases,
-    /// Records applied in memory, not yet written to the journal.
-    pub records: Vec<Record>,
-    /// Per slot: when its block last became dirty, in seconds since open
-    /// (wrapping; valid while the slot is dirty). 2 bytes per slot.
-    pub dirty_since_s: Vec<u16>,
-    /// The records not yet journalled, mirrored where a process death
-    /// does not lose them.
-    pub crash_log: Option<crash_log::CrashLog>,
-}
-
 pub type BypassHook = Box<dyn Fn() + Send + Sync>;
 
 pub struct Engine {
@@ -416,8 +377,8 @@ impl Engine {
             m.heap_bytes() + self.admission.heap_bytes() + self.observe.heap_bytes();
         Status {
             metadata_bytes,
-            partial_blocks: m.table.partial_count() as u64,
-            crash_log: m.crash_log.as_ref().map(|l| CrashLogStatus {
+            partial_blocks: m.table().partial_count() as u64,
+            crash_log: m.crash_log_ref().map(|l| CrashLogStatus {
                 path: l.path().display().to_string(),
                 records_pending: l.len(),
                 capacity_records: l.capacity(),
@@ -432,14 +393,14 @@ impl Engine {
             }
             .into(),
             mode: self.mode(),
-            policy: m.policy.kind().name().into(),
+            policy: m.policy_kind().name().into(),
             block_bytes: self.block_bytes as u32,
             volume_bytes: self.volume_bytes,
             origin: self.origin.name().into(),
             cache: self.cache.name().into(),
-            cache_blocks_total: m.table.slot_count(),
-            cache_blocks_used: m.table.used(),
-            cache_blocks_dirty: m.table.dirty_count(),
+            cache_blocks_total: m.table().slot_count(),
+            cache_blocks_used: m.table().used(),
+            cache_blocks_dirty: m.table().dirty_count(),
             writeback,
             admitting: !stopped,
             admission: if self.bypassing() {
@@ -471,8 +432,8 @@ impl Engine {
         let (cached, dirty) = {
             let m = self.meta.lock();
             (
-                m.table.regions.cached.clone(),
-                m.table.regions.dirty.clone(),
+                m.table().regions.cached.clone(),
+                m.table().regions.dirty.clone(),
             )
         };
         let heat = observe::heat::HeatMap {
@@ -493,7 +454,7 @@ impl Engine {
     }
 
     pub fn dirty_blocks(&self) -> u64 {
-        self.meta.lock().table.dirty_count()
+        self.meta.lock().table().dirty_count()
     }
 
     /// Switches the cache mode on a live cache. Leaving a mode that holds
@@ -544,18 +505,7 @@ impl Engine {
         self.check_open()?;
         self.update_superblock_then(
             |sb| sb.policy.set(kind.to_u32()),
-            || {
-                let mut m = self.meta.lock();
-                if m.policy.kind() != kind {
-                    let mut p = kind.build(m.table.slot_count() as u32);
-                    for slot in m.policy.order() {
-                        if let Some((block, _)) = m.table.slot_block(slot) {
-                            p.inserted(slot, block);
-                        }
-                    }
-                    m.policy = p;
-                }
-            },
+            || self.meta.lock().set_policy(kind),
         )
     }
 
@@ -613,7 +563,7 @@ impl Engine {
     /// log has nothing to add.
     pub(crate) fn remove_crash_log(&self) {
         // Taken out under the lock, removed (unlink, munmap) after it.
-        let log = self.meta.lock().crash_log.take();
+        let log = self.meta.lock().take_crash_log();
         if let Some(log) = log {
             log.remove();
         }
@@ -625,7 +575,7 @@ impl Engine {
     /// For crash tests; `None` without a log.
     pub fn crash_log_image(&self) -> Option<Vec<u8>> {
         let m = self.meta.lock();
-        m.crash_log.as_ref().map(|l| l.image_bytes())
+        m.crash_log_ref().map(|l| l.image_bytes())
     }
 
     #[cfg(any(test, feature = "testing"))]
@@ -637,7 +587,7 @@ impl Engine {
         self.closed.store(true, Ordering::Release);
         writeback::stop_background(self);
         // The dead process's log stays as it was, unlocked for the next.
-        let log = self.meta.lock().crash_log.take();
+        let log = self.meta.lock().take_crash_log();
         drop(log);
     }
 

@@ -61,7 +61,7 @@ impl Engine {
         }
         let d = self.admission.decide(req.offset, req.len, req.write, || {
             let m = self.meta.lock();
-            m.table.used() * 100 / m.table.slot_count().max(1)
+            m.table().used() * 100 / m.table().slot_count().max(1)
         });
         self.admission.record(req.offset, req.len);
         d
@@ -276,7 +276,7 @@ impl Engine {
             .all(|(s, c)| self.full_block(s) || c.is_none())
             && {
                 let m = self.meta.lock();
-                m.free.len() >= segs.len() + self.low_free_slots(&m)
+                m.free_slots() >= segs.len() + self.low_free_slots(&m)
             }
     }
 }

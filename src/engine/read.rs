@@ -91,7 +91,7 @@ impl Engine {
     /// Drops a clean cached copy after a cache read error.
     fn invalidate_failed(&self, block: u64, slot: u32) {
         let mut m = self.meta.lock();
-        if m.table.lookup(block) == Some((slot, false)) {
+        if m.table().lookup(block) == Some((slot, false)) {
             self.append(&mut m, Record::Unmap { slot });
         }
     }
@@ -205,7 +205,7 @@ impl Engine {
                     None if keep => (SectorRun::new(0, spb), true),
                     None => (seg.run(), false),
                     Some(h) => {
-                        let (valid, _) = m.table.sector_sets(h.slot);
+                        let (valid, _) = m.table().sector_sets(h.slot);
                         let empty = valid.complement();
                         let want = if keep {
                             empty
@@ -233,7 +233,7 @@ impl Engine {
         tmp: &[u8],
         out: &mut [u8],
     ) -> EngineResult<()> {
-        let (valid, _) = self.meta.lock().table.sector_sets(hit.slot);
+        let (valid, _) = self.meta.lock().table().sector_sets(hit.slot);
         let sb = SECTOR_BYTES as usize;
         let fetched = |s: usize| f.at + (s - f.run.first as usize) * sb;
         let seg_first = (seg.in_block / SECTOR_BYTES) as usize;

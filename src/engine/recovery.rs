@@ -17,10 +17,10 @@ use super::format::{
     SUPERBLOCK_MAGIC,
 };
 use super::locks::BlockLocks;
-use super::meta::Table;
 use super::policy::PolicyKind;
 use super::sectors::SectorSet;
 use super::stats::Stats;
+use super::table::map::Table;
 use super::{CreateOptions, Engine, EngineError, EngineResult, Meta, Mode, OpenOptions};
 use crate::device::{AlignedBuf, DeviceRef};
 
@@ -768,7 +768,13 @@ fn build_engine(
         block_bytes,
         origin_blocks: origin.size_bytes() / block_bytes,
         volume_bytes: origin.size_bytes(),
-        meta: Mutex::new(Rank::Meta, new_meta(&sb, loaded.table)),
+        meta: Mutex::new(
+            Rank::Meta,
+            Meta::new(
+                loaded.table,
+                PolicyKind::from_u32(sb.policy.get()).expect("validated"),
+            ),
+        ),
         journal: super::journal::Journal::new(sb, loaded.journal_end_seq),
         locks: BlockLocks::new(),
         stats: Stats::default(),
@@ -785,30 +791,6 @@ fn build_engine(
         closed: AtomicBool::new(false),
         cache,
         origin,
-    }
-}
-
-/// The metadata state of an opened cache: the loaded table, the policy
-/// ordered from it, its free slots, the superblock's writeback settings.
-fn new_meta(sb: &Superblock, table: Table) -> Meta {
-    let policy_kind = PolicyKind::from_u32(sb.policy.get()).expect("validated");
-    let mut policy = policy_kind.build(table.slot_count() as u32);
-    for slot in 0..table.slot_count() as u32 {
-        if let Some((block, _)) = table.slot_block(slot) {
-            policy.inserted(slot, block);
-        }
-    }
-    let mut free = super::free::FreeSlots::new(table.slot_count());
-    free.extend(table.free_slots());
-    let dirty_since_s = vec![0u16; table.slot_count() as usize];
-    Meta {
-        table,
-        policy,
-        free,
-        releases: Default::default(),
-        records: Vec::new(),
-        dirty_since_s,
-        crash_log: None,
     }
 }
 

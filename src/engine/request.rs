@@ -220,9 +220,9 @@ impl Engine {
             .segs
             .iter()
             .map(|seg| {
-                let l = m.table.lookup_full(seg.block).filter(|l| keep(l.dirty))?;
+                let l = m.table().lookup_full(seg.block).filter(|l| keep(l.dirty))?;
                 if tell {
-                    m.policy.accessed(l.slot);
+                    m.accessed(l.slot);
                     told += 1;
                 }
                 Some(if l.whole {
@@ -234,7 +234,7 @@ impl Engine {
                         writable: l.dirty,
                     }
                 } else {
-                    let (valid, dirty) = m.table.sector_sets(l.slot);
+                    let (valid, dirty) = m.table().sector_sets(l.slot);
                     Hit::of(l.slot, seg.run(), &valid, &dirty)
                 })
             })

@@ -50,7 +50,7 @@ impl Engine {
             {
                 let mut m = self.meta.lock();
                 for seg in &segs {
-                    let cached = m.table.lookup(seg.block);
+                    let cached = m.table().lookup(seg.block);
                     if self.full_block(seg) {
                         if let Some((slot, _)) = cached {
                             self.append(&mut m, Record::Unmap { slot });
@@ -91,7 +91,7 @@ impl Engine {
     /// `origin_write` makes the drops durable before the origin changes.
     pub(crate) fn invalidate_before_origin_write(&self, segs: &[Segment]) -> EngineResult<()> {
         for seg in segs {
-            let cached = self.meta.lock().table.lookup(seg.block);
+            let cached = self.meta.lock().table().lookup(seg.block);
             let Some((slot, dirty)) = cached else {
                 continue;
             };
@@ -99,7 +99,7 @@ impl Engine {
                 self.write_back_one(seg.block, slot)?;
             }
             let mut m = self.meta.lock();
-            if let Some((slot, _)) = m.table.lookup(seg.block) {
+            if let Some((slot, _)) = m.table().lookup(seg.block) {
                 self.append(&mut m, Record::Unmap { slot });
             }
         }
@@ -123,7 +123,7 @@ impl Engine {
         let m = self.meta.lock();
         let hits = segs
             .iter()
-            .filter(|s| m.table.lookup(s.block).is_some())
+            .filter(|s| m.table().lookup(s.block).is_some())
             .count() as u64;
         drop(m);
         bump(&self.stats.write_hits, hits);

@@ -74,43 +74,42 @@ impl Engine {
         let covered = self.journal.completed_ops.load(Ordering::Acquire);
         let in_use = cs.next_page_seq - cs.sb.journal_replay_seq.get();
         let journal_pages = self.layout.journal_pages;
-        let (records, releases, snapshot, target) = {
+        let (batch, snapshot, target) = {
             let mut m = self.meta.lock();
-            let records = std::mem::take(&mut m.records);
-            let releases = m.releases.take();
-            let pages = records.len().div_ceil(RECORDS_PER_PAGE) as u64;
+            let batch = m.take_batch();
+            let pages = batch.records.len().div_ceil(RECORDS_PER_PAGE) as u64;
             // Checkpoint instead of journalling when the journal would pass
             // half full; the snapshot is taken together with the records so
             // it equals the state those records lead to.
             let snapshot = (checkpoint.is_some() || in_use + pages > journal_pages / 2)
-                .then(|| m.table.snapshot());
+                .then(|| m.table().snapshot());
             let target = self.commit_target(cs, snapshot.is_some(), pages);
-            if let Some(log) = m.crash_log.as_mut() {
-                log.begin_commit(target, records.len());
+            if let Some(log) = m.crash_log() {
+                log.begin_commit(target, batch.records.len());
             }
-            (records, releases, snapshot, target)
+            (batch, snapshot, target)
         };
-        let result = self.commit_io(cs, &records, snapshot, checkpoint.unwrap_or(false));
+        let result = self.commit_io(cs, &batch.records, snapshot, checkpoint.unwrap_or(false));
         match result {
             Ok(()) => {
-                let freed = !releases.slots.is_empty();
+                let freed = batch.frees_slots();
+                let through = batch.releases_through();
                 {
                     let mut m = self.meta.lock();
-                    if let Some(log) = m.crash_log.as_mut() {
+                    if let Some(log) = m.crash_log() {
                         log.commit_done(target);
                         if log.len() < log.capacity() / 4 * 3 {
                             self.journal.pressed.store(false, Ordering::Relaxed);
                         }
                     }
-                    m.free.extend(releases.slots);
-                    m.releases.forget_durable(releases.through);
+                    m.batch_durable(batch);
                 }
                 if freed {
                     // Writes waiting for a slot (slots.rs) try again.
                     self.writeback.slots_freed();
                 }
                 cs.flushed_through = covered;
-                cs.releases_durable = releases.through;
+                cs.releases_durable = through;
                 cs.last_commit_ms = self.now_ms();
                 bump(&self.stats.commits, 1);
                 Ok(())
@@ -119,12 +118,10 @@ impl Engine {
                 // Keep the records and the pending slots for the next try:
                 // the in-memory state still depends on them.
                 let mut m = self.meta.lock();
-                if let Some(log) = m.crash_log.as_mut() {
+                if let Some(log) = m.crash_log() {
                     log.commit_failed();
                 }
-                let later = std::mem::replace(&mut m.records, records);
-                m.records.extend(later);
-                m.releases.restore(releases);
+                m.batch_failed(batch);
                 Err(e)
             }
         }
@@ -333,7 +330,7 @@ impl Engine {
             // Pages after the replayed ones may hold valid pages of an
             // interrupted commit; start the new journal a full ring later so
             // none of them can ever be taken for a new page.
-            let data = self.meta.lock().table.snapshot();
+            let data = self.meta.lock().table().snapshot();
             let restart = journal_end_seq + self.layout.journal_pages;
             self.write_checkpoint(&mut cs, &data, restart, false)?;
             if distrust {
@@ -344,7 +341,7 @@ impl Engine {
         }
         if let Some(mut log) = log {
             log.reset(&crash_log::Identity::of(&cs.sb), self.durable_point(&cs));
-            self.meta.lock().crash_log = Some(log);
+            self.meta.lock().set_crash_log(log);
         }
         Ok(())
     }

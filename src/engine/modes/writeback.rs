@@ -18,8 +18,8 @@
 use super::super::format::Record;
 use super::super::request::{adjacent_slots, Hit, Segment};
 use super::super::sectors::{SectorSet, SECTOR_BYTES};
-use super::super::slots::Stored;
 use super::super::stats::bump;
+use super::super::table::slots::Stored;
 use super::super::{Engine, EngineResult};
 use crate::device::AlignedBuf;
 
@@ -149,7 +149,7 @@ impl Engine {
         let mut valid = SectorSet::of_run(sectors, seg.run());
         let old = match hit {
             Some(h) => {
-                let (v, _) = self.meta.lock().table.sector_sets(h.slot);
+                let (v, _) = self.meta.lock().table().sector_sets(h.slot);
                 let hull = v.union(&valid).hull().expect("non-empty");
                 let mut buf = AlignedBuf::zeroed(hull.count as usize * SECTOR_BYTES as usize);
                 let from = hull.first as u64 * SECTOR_BYTES;
@@ -183,7 +183,7 @@ impl Engine {
             return Ok(());
         }
         for seg in segs {
-            let cached = self.meta.lock().table.lookup(seg.block);
+            let cached = self.meta.lock().table().lookup(seg.block);
             if let Some((slot, true)) = cached {
                 self.write_back_one(seg.block, slot)?;
             }

@@ -27,7 +27,7 @@ use std::time::Duration;
 use super::State;
 use crate::device::{AlignedBuf, DeviceError};
 use crate::engine::admission::Dev;
-use crate::engine::format::{entry_decode, Record, ENTRY_DIRTY};
+use crate::engine::format::Record;
 use crate::engine::sectors::SECTOR_BYTES;
 use crate::engine::stats::bump;
 use crate::engine::{Engine, EngineError, EngineResult, Meta, MAX_AGE_SECS};
@@ -150,13 +150,9 @@ impl Engine {
         let (waiting, log_half_full) = {
             let m = self.meta.lock();
             let log_half_full = m
-                .crash_log
-                .as_ref()
+                .crash_log_ref()
                 .is_some_and(|l| l.len() >= l.capacity() / 2);
-            (
-                !m.records.is_empty() || m.releases.waiting_slots() > 0,
-                log_half_full,
-            )
+            (m.commit_waiting(), log_half_full)
         };
         log_half_full
             || waiting
@@ -165,17 +161,11 @@ impl Engine {
     }
 
     /// Gives the pages of crash-log records that commits made durable back
-    /// to the system (crash_log.rs).
-    /// The pages are chosen under the metadata lock and punched after it
-    /// is released.
+    /// to the system (crash_log.rs): chosen under the metadata lock,
+    /// punched after it is released.
     pub fn trim_crash_log(&self) {
         loop {
-            let trim = self
-                .meta
-                .lock()
-                .crash_log
-                .as_mut()
-                .and_then(|l| l.plan_trim());
+            let trim = self.meta.lock().crash_log().and_then(|l| l.plan_trim());
             match trim {
                 Some(t) => t.run(),
                 None => return,
@@ -185,7 +175,7 @@ impl Engine {
 
     /// Free slots the background keeps ahead of need.
     pub(crate) fn reserve_slots(&self, m: &Meta) -> usize {
-        (m.table.slot_count() / 50).max(8) as usize
+        (m.table().slot_count() / 50).max(8) as usize
     }
 
     /// Free slots below which the free list runs low: the background then
@@ -203,11 +193,11 @@ impl Engine {
         let commit_now = {
             let mut m = self.meta.lock();
             let reserve = self.reserve_slots(&m);
-            let have = m.free.len() + m.releases.waiting_slots();
+            let have = m.free_slots() + m.waiting_slots();
             if have < reserve {
                 self.evict(&mut m, reserve - have);
             }
-            m.free.len() < self.low_free_slots(&m) && m.releases.waiting_slots() > 0
+            m.free_slots() < self.low_free_slots(&m) && m.waiting_slots() > 0
         };
         if commit_now {
             if let Err(e) = self.commit() {
@@ -289,8 +279,8 @@ impl Engine {
         pressed: bool,
         busy: bool,
     ) -> Option<(Vec<u64>, Pace)> {
-        let total = m.table.slot_count().max(1);
-        let dirty = m.table.dirty_count();
+        let total = m.table().slot_count().max(1);
+        let dirty = m.table().dirty_count();
         let pct = dirty * 100 / total;
         if pct >= st.settings.high_pct as u64 && dirty > 0 {
             st.active = true;
@@ -320,7 +310,7 @@ impl Engine {
         if idle {
             bump(&self.stats.idle_drains, 1);
         }
-        let mut v = m.table.dirty_from(st.cursor, want);
+        let mut v = m.table().dirty_from(st.cursor, want);
         v.sort_unstable();
         let v = self.extend_runs(m, v);
         st.cursor = v.last().map_or(0, |b| b + 1);
@@ -336,24 +326,10 @@ impl Engine {
         }
         // Stamps have 1 s resolution, so a block may go up to 1 s early.
         let max_age = st.settings.max_age_secs.min(MAX_AGE_SECS) as u16;
-        let n = m.table.entries.len();
-        let mut v = Vec::new();
-        let mut s = st.aged_scan_cursor as usize % n.max(1);
-        for _ in 0..n {
-            let e = m.table.entries.get(s);
-            if e & ENTRY_DIRTY != 0 && (now_s as u16).wrapping_sub(m.dirty_since_s[s]) >= max_age {
-                if let Some((b, _)) = entry_decode(e) {
-                    v.push(b);
-                }
-            }
-            s = if s + 1 == n { 0 } else { s + 1 };
-            if v.len() >= BATCH_BLOCKS {
-                break;
-            }
-        }
-        st.aged_scan_cursor = s as u32;
-        if v.len() < BATCH_BLOCKS {
-            st.aged_scan_done_s = Some(now_s);
+        let (mut v, next) = m.aged_dirty(st.aged_scan_cursor, BATCH_BLOCKS, now_s as u16, max_age);
+        match next {
+            Some(slot) => st.aged_scan_cursor = slot,
+            None => st.aged_scan_done_s = Some(now_s),
         }
         v.sort_unstable();
         let v = self.extend_runs(m, v);
@@ -387,7 +363,7 @@ impl Engine {
             while out.len() - start < max_run
                 && out.len() < limit
                 && v.get(i) != Some(&next)
-                && m.table.is_dirty(next)
+                && m.table().is_dirty(next)
             {
                 out.push(next);
                 next += 1;
@@ -420,7 +396,7 @@ impl Engine {
                     i += 1;
                     break;
                 }
-                let dirty = match self.meta.lock().table.lookup(b) {
+                let dirty = match self.meta.lock().table().lookup(b) {
                     Some((slot, true)) => Some(slot),
                     _ => None,
                 };
@@ -502,14 +478,14 @@ impl Engine {
     /// across sectors holding none. Whole dirty blocks make one range.
     fn dirty_extents(&self, run: &[(u64, u32)]) -> Vec<std::ops::Range<usize>> {
         let m = self.meta.lock();
-        let spb = m.table.sectors();
+        let spb = m.table().sectors();
         let sb = SECTOR_BYTES as usize;
         let mut extents: Vec<std::ops::Range<usize>> = Vec::new();
         // The open extent: its first sector and the sector after its last
         // dirty one.
         let mut open: Option<(usize, usize)> = None;
         for (k, &(_, slot)) in run.iter().enumerate() {
-            let (valid, dirty) = m.table.sector_sets(slot);
+            let (valid, dirty) = m.table().sector_sets(slot);
             for s in 0..spb {
                 let g = k * spb + s;
                 if !valid.contains(s) {
@@ -546,7 +522,7 @@ impl Engine {
         let mut m = self.meta.lock();
         let mut n = 0;
         for (k, &(b, slot)) in run.iter().enumerate() {
-            if !skip.get(k).copied().unwrap_or(false) && m.table.lookup(b) == Some((slot, true)) {
+            if !skip.get(k).copied().unwrap_or(false) && m.table().lookup(b) == Some((slot, true)) {
                 self.append(&mut m, Record::Clean { slot });
                 n += 1;
             }
@@ -575,7 +551,7 @@ impl Engine {
     /// mode keeps no dirty data, or when no background thread runs. The
     /// caller may hold block locks: writeback only try-locks.
     pub(crate) fn wait_for_slots(&self) -> bool {
-        if !self.mode().holds_dirty() || self.meta.lock().table.dirty_count() == 0 {
+        if !self.mode().holds_dirty() || self.meta.lock().table().dirty_count() == 0 {
             return false;
         }
         if !self.writeback.has_thread() {
@@ -586,7 +562,7 @@ impl Engine {
         bump(&self.stats.slot_waits, 1);
         self.writeback.wait_slots(
             std::time::Instant::now() + SLOT_WAIT,
-            || !self.meta.lock().free.is_empty(),
+            || self.meta.lock().free_slots() > 0,
             || self.closed.load(Ordering::Acquire),
         )
     }
@@ -599,7 +575,7 @@ impl Engine {
     /// FLUSH command, `Engine::flush`, only makes completed writes durable.)
     pub fn write_back_all(&self, progress: &mut dyn FnMut(u64, u64)) -> EngineResult<()> {
         for _pass in 0..16 {
-            let snapshot: Vec<u64> = self.meta.lock().table.all_dirty();
+            let snapshot: Vec<u64> = self.meta.lock().table().all_dirty();
             let total = snapshot.len() as u64;
             progress(0, total);
             let mut stalled = 0;
@@ -609,7 +585,7 @@ impl Engine {
                 for (k, chunk) in remaining.chunks(BATCH_BLOCKS).enumerate() {
                     self.writeback_blocks(chunk, Pace::Full)?;
                     let m = self.meta.lock();
-                    next.extend(chunk.iter().filter(|&&b| m.table.is_dirty(b)));
+                    next.extend(chunk.iter().filter(|&&b| m.table().is_dirty(b)));
                     drop(m);
                     let untried = remaining.len().saturating_sub((k + 1) * BATCH_BLOCKS);
                     progress(total - (untried + next.len()) as u64, total);

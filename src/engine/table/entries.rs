@@ -3,7 +3,7 @@
 //! 4 KiB blocks), 8 bytes otherwise. Callers see the on-disk encoding of
 //! `format::entry_encode` (block + 1, bit 63 dirty, 0 free) either way.
 
-use super::format::ENTRY_DIRTY;
+use crate::engine::format::ENTRY_DIRTY;
 
 const NARROW_DIRTY: u32 = 1 << 31;
 
@@ -100,8 +100,8 @@ fn widen(e: u32) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::format::{entry_decode, entry_encode, ENTRY_FREE};
     use super::*;
+    use crate::engine::format::{entry_decode, entry_encode, ENTRY_FREE};
 
     #[test]
     fn both_widths_keep_the_encoding() {

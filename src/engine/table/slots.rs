@@ -1,13 +1,14 @@
 //! Slots: records applied in memory, allocation of slots free on disk,
 //! eviction of clean blocks, and storing data in new slots.
 
-use super::format::Record;
-use super::policy::Verdict;
 use super::sectors::{SectorSet, SECTOR_BYTES};
+use crate::engine::format::Record;
+use crate::engine::policy::Verdict;
 
-use super::stats::bump;
-use super::{Engine, EngineResult, Meta};
+use super::Meta;
 use crate::device::DeviceError;
+use crate::engine::stats::bump;
+use crate::engine::{Engine, EngineResult};
 
 /// Clean blocks evicted at once when no slot is free.
 const EVICT_BATCH: usize = 64;

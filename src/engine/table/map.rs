@@ -6,13 +6,13 @@
 use std::collections::BinaryHeap;
 
 use super::entries::Entries;
-use super::format::{
+use super::index::BlockIndex;
+use super::sectors::{PartialMaps, SectorRun, SectorSet};
+use crate::engine::format::{
     entry_decode, entry_encode, whole_sets, CheckpointData, PartialEntry, Record, ENTRY_DIRTY,
     ENTRY_FREE,
 };
-use super::index::BlockIndex;
-use super::observe::heat::RegionCounts;
-use super::sectors::{PartialMaps, SectorRun, SectorSet};
+use crate::engine::observe::heat::RegionCounts;
 
 /// In memory a cached block costs its entry (4 bytes, or 8 for origins of
 /// 2^31 blocks or more), an index bucket (4 bytes at most 4/5 full) and one

@@ -7,7 +7,7 @@
 //! table never grows because the slot count is fixed when a cache is opened.
 
 use super::entries::Entries;
-use super::format::entry_decode;
+use crate::engine::format::entry_decode;
 
 const EMPTY: u32 = u32::MAX;
 /// Maximum fill: 5 buckets per 4 slots.
@@ -139,8 +139,8 @@ impl BlockIndex {
 
 #[cfg(test)]
 mod tests {
-    use super::super::format::{entry_encode, ENTRY_FREE};
     use super::*;
+    use crate::engine::format::{entry_encode, ENTRY_FREE};
     use rand::{Rng, SeedableRng};
     use std::collections::HashMap;
 

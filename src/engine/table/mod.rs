@@ -1,0 +1,229 @@
+//! The table part: which cache slot holds which origin block, and
+//! everything that changes with it, under the metadata lock (`Meta`).
+//!
+//! `Meta`'s fields are private to this folder. Other parts read the
+//! mappings through `Meta::table` (a `&Table`: lookups, sector maps,
+//! counts) and change them only by appending records (`Engine::append`,
+//! `slots.rs`), which the journal makes durable and replays whole or not at
+//! all. Slots are allocated, evicted and filled with data here too.
+//!
+//! - `map.rs`: the mapping table (`Table`), changed only by records.
+//! - `entries.rs`: its per-slot entries, 4 bytes each for origins below
+//!   2^31 blocks.
+//! - `index.rs`: origin block -> slot.
+//! - `sectors.rs`: which sectors of a block hold data, and which are dirty.
+//! - `free.rs`: the free slots, as a bitmap that finds adjacent runs.
+//! - `releases.rs`: removed mappings not yet durable (freed slots, released
+//!   blocks).
+//! - `slots.rs`: appending records, allocating and evicting slots, storing
+//!   data in new slots (`impl Engine`).
+
+pub mod entries;
+pub mod free;
+pub mod index;
+pub mod map;
+pub(crate) mod releases;
+pub mod sectors;
+pub mod slots;
+
+use std::ops::RangeInclusive;
+
+use super::format::{entry_decode, Record, ENTRY_DIRTY};
+use super::journal::crash_log::CrashLog;
+use super::policy::{Policy, PolicyKind};
+use map::Table;
+
+/// State under the metadata lock. Held only for in-memory work, never I/O.
+pub(crate) struct Meta {
+    table: Table,
+    policy: Box<dyn Policy>,
+    /// Slots that are free on disk: safe to overwrite.
+    free: free::FreeSlots,
+    /// Removed mappings not yet durable: the slots they freed join `free`
+    /// when the commit that carries their records completes.
+    releases: releases::Releases,
+    /// Records applied in memory, not yet written to the journal.
+    records: Vec<Record>,
+    /// Per slot: when its block last became dirty, in seconds since open
+    /// (wrapping; valid while the slot is dirty). 2 bytes per slot.
+    dirty_since_s: Vec<u16>,
+    /// The records not yet journalled, mirrored where a process death
+    /// does not lose them (the journal part's; kept here because it
+    /// changes with `records`).
+    crash_log: Option<CrashLog>,
+}
+
+/// Records a commit takes to the journal, and the releases they carry.
+pub(crate) struct Batch {
+    pub records: Vec<Record>,
+    releases: releases::Batch,
+}
+
+impl Batch {
+    /// The commit frees slots when it is durable.
+    pub fn frees_slots(&self) -> bool {
+        !self.releases.slots.is_empty()
+    }
+
+    /// The last release this batch carries.
+    pub fn releases_through(&self) -> u64 {
+        self.releases.through
+    }
+}
+
+impl Meta {
+    /// The state of an opened cache: the loaded table, the policy ordered
+    /// from it (slot order), its free slots.
+    pub(crate) fn new(table: Table, policy: PolicyKind) -> Meta {
+        let mut policy = policy.build(table.slot_count() as u32);
+        for slot in 0..table.slot_count() as u32 {
+            if let Some((block, _)) = table.slot_block(slot) {
+                policy.inserted(slot, block);
+            }
+        }
+        let mut free = free::FreeSlots::new(table.slot_count());
+        free.extend(table.free_slots());
+        let dirty_since_s = vec![0u16; table.slot_count() as usize];
+        Meta {
+            table,
+            policy,
+            free,
+            releases: Default::default(),
+            records: Vec::new(),
+            dirty_since_s,
+            crash_log: None,
+        }
+    }
+
+    /// The mappings, to read.
+    pub(crate) fn table(&self) -> &Table {
+        &self.table
+    }
+
+    /// Heap bytes held by the metadata (capacities, not lengths).
+    pub fn heap_bytes(&mut self) -> u64 {
+        fn cap<T>(v: &Vec<T>) -> u64 {
+            (v.capacity() * std::mem::size_of::<T>()) as u64
+        }
+        self.table.heap_bytes()
+            + self.policy.heap_bytes()
+            + self.free.heap_bytes()
+            + self.releases.heap_bytes()
+            + cap(&self.records)
+            + cap(&self.dirty_since_s)
+    }
+
+    /// A request reached a cached slot: the policy learns it.
+    pub(crate) fn accessed(&mut self, slot: u32) {
+        self.policy.accessed(slot);
+    }
+
+    pub(crate) fn policy_kind(&self) -> PolicyKind {
+        self.policy.kind()
+    }
+
+    /// Switches the replacement policy; the new one starts from the old
+    /// one's order.
+    pub(crate) fn set_policy(&mut self, kind: PolicyKind) {
+        if self.policy.kind() == kind {
+            return;
+        }
+        let mut p = kind.build(self.table.slot_count() as u32);
+        for slot in self.policy.order() {
+            if let Some((block, _)) = self.table.slot_block(slot) {
+                p.inserted(slot, block);
+            }
+        }
+        self.policy = p;
+    }
+
+    /// Slots free on disk now.
+    pub(crate) fn free_slots(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Slots freed by records not yet durable (free after the next commit).
+    pub(crate) fn waiting_slots(&self) -> usize {
+        self.releases.waiting_slots()
+    }
+
+    /// Records or releases wait for a commit.
+    pub(crate) fn commit_waiting(&self) -> bool {
+        !self.records.is_empty() || self.releases.waiting_slots() > 0
+    }
+
+    /// Some block in `blocks` lost its mapping by a record not yet durable
+    /// (`durable`: the last release a commit made durable).
+    pub(crate) fn releases_pending(&self, blocks: RangeInclusive<u64>, durable: u64) -> bool {
+        self.releases.pending_in(blocks, durable)
+    }
+
+    /// A commit begins: it takes the records buffered so far.
+    pub(crate) fn take_batch(&mut self) -> Batch {
+        Batch {
+            records: std::mem::take(&mut self.records),
+            releases: self.releases.take(),
+        }
+    }
+
+    /// The commit of `batch` is durable: the slots it freed are free.
+    pub(crate) fn batch_durable(&mut self, batch: Batch) {
+        let through = batch.releases.through;
+        self.free.extend(batch.releases.slots);
+        self.releases.forget_durable(through);
+    }
+
+    /// The commit of `batch` failed: its records and releases wait for
+    /// the next one, ahead of those appended since.
+    pub(crate) fn batch_failed(&mut self, batch: Batch) {
+        let later = std::mem::replace(&mut self.records, batch.records);
+        self.records.extend(later);
+        self.releases.restore(batch.releases);
+    }
+
+    pub(crate) fn crash_log(&mut self) -> Option<&mut CrashLog> {
+        self.crash_log.as_mut()
+    }
+
+    pub(crate) fn crash_log_ref(&self) -> Option<&CrashLog> {
+        self.crash_log.as_ref()
+    }
+
+    pub(crate) fn set_crash_log(&mut self, log: CrashLog) {
+        self.crash_log = Some(log);
+    }
+
+    /// Takes the crash log out (to remove or drop it after the lock).
+    pub(crate) fn take_crash_log(&mut self) -> Option<CrashLog> {
+        self.crash_log.take()
+    }
+
+    /// Blocks dirty for at least `max_age_s` seconds at `now_s`, scanning
+    /// slots from `from` on, wrapping, until `want` are found or every
+    /// slot was seen. Returns them and the slot to go on from, or `None`
+    /// for that if the scan saw every slot.
+    pub(crate) fn aged_dirty(
+        &self,
+        from: u32,
+        want: usize,
+        now_s: u16,
+        max_age_s: u16,
+    ) -> (Vec<u64>, Option<u32>) {
+        let n = self.table.entries.len();
+        let mut v = Vec::new();
+        let mut s = from as usize % n.max(1);
+        for _ in 0..n {
+            let e = self.table.entries.get(s);
+            if e & ENTRY_DIRTY != 0 && now_s.wrapping_sub(self.dirty_since_s[s]) >= max_age_s {
+                if let Some((b, _)) = entry_decode(e) {
+                    v.push(b);
+                }
+            }
+            s = if s + 1 == n { 0 } else { s + 1 };
+            if v.len() >= want {
+                return (v, Some(s as u32));
+            }
+        }
+        (v, None)
+    }
+}
