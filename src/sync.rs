@@ -28,6 +28,14 @@ pub enum Rank {
     WritebackState,
     /// Where writes wait for writeback to free a slot.
     SlotsFreed,
+    /// A test device's own state (device/fault.rs, recorder.rs,
+    /// latency.rs): taken inside a device call, under `Blocks` or `Commit`,
+    /// never under `Meta`. A set: a device that wraps another holds its
+    /// lock across the inner device's call.
+    Device,
+    /// The power switch test devices share (device/fault.rs): taken under a
+    /// device's lock; its trip hook copies the crash log under `Meta`.
+    PowerSwitch,
     /// The metadata lock: the table, the free slots, the records, the
     /// crash log.
     Meta,
@@ -43,12 +51,25 @@ pub enum Rank {
     Background,
     /// The hook run when the cache is bypassed (it writes the registry).
     BypassHook,
+    /// The NBD client origin's request table (device/nbd.rs): which
+    /// requests wait for which reply; its condition variable waits for a
+    /// free request slot.
+    NbdClient,
+    /// The NBD client origin's socket writer: one request's bytes at a time.
+    NbdClientWriter,
+    /// The error a TLS relay task of the NBD client left.
+    NbdRelay,
+    /// The NBD server's byte-range table (frontend/nbd/ranges.rs): held
+    /// only to register, grant or drop a range, never across an await.
+    NbdRanges,
+    /// The metrics sampler's history and its wake-up (monitor/sampler.rs).
+    Sampler,
 }
 
 impl Rank {
     /// Several locks of this rank may be held at once.
     fn is_set(self) -> bool {
-        self == Rank::Blocks
+        matches!(self, Rank::Blocks | Rank::Device)
     }
 }
 
@@ -121,6 +142,15 @@ pub fn held() -> Vec<Rank> {
 pub struct Mutex<T> {
     rank: Rank,
     inner: parking_lot::Mutex<T>,
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for Mutex<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mutex")
+            .field("rank", &self.rank)
+            .field("inner", &self.inner)
+            .finish()
+    }
 }
 
 /// A held `Mutex`.

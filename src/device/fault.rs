@@ -46,7 +46,7 @@
 
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use crate::sync::{Mutex, Rank};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -54,9 +54,17 @@ use rand_chacha::ChaCha8Rng;
 use super::{check_range, fnv1a64, BlockDevice, DeviceError, DeviceResult, SECTOR_BYTES};
 
 /// Power for several [`FaultDevice`]s at once; cloning shares the switch.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct CrashSwitch {
     state: Arc<Mutex<SwitchState>>,
+}
+
+impl Default for CrashSwitch {
+    fn default() -> Self {
+        CrashSwitch {
+            state: Arc::new(Mutex::new(Rank::PowerSwitch, SwitchState::default())),
+        }
+    }
 }
 
 /// Called once when a switch trips, with the switch's lock held.
@@ -267,11 +275,14 @@ impl FaultDevice {
             size_bytes: image.len() as u64,
             seed,
             crash_switch: None,
-            state: Mutex::new(State {
-                current: image.clone(),
-                durable: image,
-                ..State::default()
-            }),
+            state: Mutex::new(
+                Rank::Device,
+                State {
+                    current: image.clone(),
+                    durable: image,
+                    ..State::default()
+                },
+            ),
         }
     }
 

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use parking_lot::Mutex;
+use crate::sync::{Mutex, MutexGuard, Rank};
 
 use super::{BlockDevice, DeviceRef, DeviceResult};
 
@@ -25,11 +25,11 @@ impl LatencyDevice {
             inner,
             delay,
             name,
-            arm: Mutex::new(()),
+            arm: Mutex::new(Rank::Device, ()),
         }
     }
 
-    fn wait(&self) -> parking_lot::MutexGuard<'_, ()> {
+    fn wait(&self) -> MutexGuard<'_, ()> {
         let g = self.arm.lock();
         std::thread::sleep(self.delay);
         g

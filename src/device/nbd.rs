@@ -41,7 +41,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex, Rank};
 use zerocopy::byteorder::big_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -585,7 +585,7 @@ fn tls_relay(
     connector: &TlsConnector,
     server_name: &str,
 ) -> io::Result<(Stream, RelayError)> {
-    let relay_error: RelayError = Arc::default();
+    let relay_error: RelayError = Arc::new(Mutex::new(Rank::NbdRelay, None));
     let relay_error_thread = relay_error.clone();
     let (local, remote) = UnixStream::pair()?;
     s.set_timeouts(None)?;
@@ -858,7 +858,7 @@ impl Conn {
         };
         s.set_timeouts(None)?;
         let shared = Arc::new(Shared {
-            state: Mutex::new(State::default()),
+            state: Mutex::new(Rank::NbdClient, State::default()),
             slot_free: Condvar::new(),
         });
         let control = s.try_clone()?;
@@ -869,7 +869,7 @@ impl Conn {
             .spawn(move || reader_loop(read_half, &reader_shared))?;
         let conn = Conn {
             shared,
-            writer: Mutex::new(s),
+            writer: Mutex::new(Rank::NbdClientWriter, s),
             control,
             next_cookie: AtomicU64::new(1),
             reader: Some(reader),

@@ -30,7 +30,7 @@
 
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use crate::sync::{Mutex, Rank};
 
 use super::fault::for_surviving_sectors;
 use super::{BlockDevice, DeviceRef, DeviceResult, SECTOR_BYTES};
@@ -58,9 +58,17 @@ pub enum Event {
 
 /// The ordered log shared by the devices of one simulated machine; cloning
 /// shares it.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct EventLog {
     state: Arc<Mutex<LogState>>,
+}
+
+impl Default for EventLog {
+    fn default() -> Self {
+        EventLog {
+            state: Arc::new(Mutex::new(Rank::Device, LogState::default())),
+        }
+    }
 }
 
 #[derive(Default)]

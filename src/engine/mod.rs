@@ -1,32 +1,37 @@
 //! The cache engine: a slow origin device cached on a fast cache device.
 //!
-//! - `format.rs`: the on-disk format (superblock, journal, checkpoints).
-//! - `meta.rs`: the in-memory mapping table, changed only by records.
-//! - `entries.rs`: its per-slot entries, 4 bytes each for origins below 2^31 blocks.
-//! - `free.rs`: the free slots, as a bitmap that finds adjacent runs.
-//! - `commit.rs`: the commit protocol (group commit, journal, checkpoints).
-//! - `crash_log.rs`: records not yet journalled, kept in shared memory so a
-//!   killed daemon loses no acknowledged write.
-//! - `recovery.rs`: open, replay, and the offline `check`.
-//! - `load_fuzz.rs`: loading metadata from untrusted bytes (fuzz harness).
-//! - `sectors.rs`: which sectors of a block hold data, and which are dirty.
-//! - `request.rs`: a `Request`: validated, split into per-block segments,
-//!   resolved once, and its lookup.
-//! - `pipeline.rs`: resolve (mode and admission, in one place), then dispatch.
-//! - `observe/`: latency histograms, the LBA heat map, the miss-ratio curve.
+//! docs/engine.md is the map: a request's life, the invariants, which part
+//! owns what. The parts, each owning its state behind the methods it
+//! exports (its fields are private to its folder):
+//!
+//! - `table/`: the mappings, sector maps, free slots and records not yet
+//!   journalled, under the metadata lock (`Meta`); slots allocated,
+//!   evicted and filled (`table/slots.rs`).
+//! - `journal/`: the commit protocol, checkpoints, the superblock and the
+//!   crash log (records not yet journalled, kept where a killed daemon
+//!   does not lose them).
+//! - `writeback/`: background writeback, writebacks in flight, writes
+//!   waiting for a slot, `write_back_all`.
 //! - `admission.rs`: what may enter the cache (sequential cutoff, promotion
 //!   after N misses, the guard against a cache slower than the origin).
-//! - `device_io.rs`: cache and origin access with error accounting.
-//! - `slots.rs`: records applied in memory, slot allocation, eviction, stores.
-//! - `releases.rs`: removed mappings not yet durable (freed slots, released blocks).
-//! - `read.rs`: the read path.
-//! - `write.rs`: the write entry points and what every mode's write shares.
-//! - `modes/`: one file per cache mode's write path.
-//! - `policy/`: replacement policies.
-//! - `writeback/`: the writeback part: background writeback, writebacks in
-//!   flight, writes waiting for a slot, `write_back_all`.
-//! - `async_engine.rs`: the engine as a `crate::volume::Volume` (`AsyncEngine`).
-//! - `introspect.rs`: read-only reports of what the cache holds.
+//! - `policy/`: replacement policies (kept under the metadata lock).
+//! - `device_io.rs` and `failure.rs`: cache and origin access with error
+//!   accounting; what a failing cache device leads to.
+//! - `locks.rs`: the per-block locks.
+//!
+//! The request path through them:
+//!
+//! - `request.rs`: a `Request` and what it learns (segments, plan, hits).
+//! - `pipeline.rs`: the door: build, lock, resolve (mode and admission, in
+//!   one place, once), look up, dispatch; the fast paths.
+//! - `read.rs`: the read path. `modes/`: one file per write route.
+//!   `write.rs`: trim, zeroes, flush, and what every route shares.
+//!
+//! And around them: `format.rs` (the on-disk format), `recovery.rs` (open,
+//! replay, the offline `check`), `observe/` (latency histograms, heat map,
+//! miss-ratio curve), `async_engine.rs` (the engine as a `Volume`),
+//! `introspect.rs` (what the cache holds), `clock.rs`, `stats.rs`,
+//! `load_fuzz.rs` (loading metadata from untrusted bytes).
 //!
 //! Threads, locks and their order: docs/concurrency.md. Every lock has a rank
 //! (`crate::sync::Rank`), checked in debug builds.

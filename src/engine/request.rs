@@ -1,14 +1,13 @@
-//! A request as the engine sees it: validated, split into per-block
-//! segments, resolved once, and looked up in the table under the blocks'
-//! locks.
+//! A request as the engine sees it, and what it learns on its way: its
+//! per-block segments, its plan (resolved once) and its blocks' lookups.
+//! The steps that build and fill it are in `pipeline.rs`.
 
 use std::ops::Range;
 
 use super::admission::Decision;
 use super::modes::WriteRoute;
 use super::sectors::{SectorRun, SectorSet};
-use super::stats::bump;
-use super::{Engine, EngineError, EngineResult, Mode};
+use super::{EngineResult, Mode};
 
 /// What the mode and admission make of one request.
 #[derive(Clone, Copy, Debug)]
@@ -126,122 +125,6 @@ impl Hit {
             valid: valid.covers(run),
             writable: !clean.meets(run),
         }
-    }
-}
-
-impl Engine {
-    /// A client request of `len` bytes at `offset`: the engine is open and
-    /// the range valid.
-    pub(crate) fn request(
-        &self,
-        offset: u64,
-        len: u64,
-        write: bool,
-        fua: bool,
-        kind: ReadKind,
-    ) -> EngineResult<Request> {
-        self.check_open()?;
-        let segs = self.segments(offset, len, write)?;
-        Ok(Request {
-            offset,
-            len,
-            segs,
-            write,
-            fua,
-            kind,
-            plan: None,
-            policy_told: false,
-        })
-    }
-
-    /// Validates a request and splits it into per-block segments.
-    pub(crate) fn segments(
-        &self,
-        offset: u64,
-        len: u64,
-        write: bool,
-    ) -> EngineResult<Vec<Segment>> {
-        if !offset.is_multiple_of(512) || !len.is_multiple_of(512) {
-            return Err(EngineError::InvalidRequest(format!(
-                "{offset}+{len} is not 512-byte aligned"
-            )));
-        }
-        let end = offset.checked_add(len);
-        if end.is_none_or(|e| e > self.volume_bytes) {
-            let msg = format!("{offset}+{len} beyond {} bytes", self.volume_bytes);
-            return Err(if write {
-                EngineError::NoSpace(msg)
-            } else {
-                EngineError::InvalidRequest(msg)
-            });
-        }
-        let bs = self.block_bytes;
-        let mut out = Vec::new();
-        let mut pos = offset;
-        while pos < offset + len {
-            let block = pos / bs;
-            let in_block = pos % bs;
-            let n = (bs - in_block).min(offset + len - pos);
-            let start = (pos - offset) as usize;
-            out.push(Segment {
-                block,
-                in_block,
-                buf: start..start + n as usize,
-            });
-            pos += n;
-        }
-        Ok(out)
-    }
-
-    /// True if `block` can be cached (a partial last block never is).
-    pub(crate) fn cacheable(&self, block: u64) -> bool {
-        block < self.origin_blocks
-    }
-
-    pub(crate) fn full_block(&self, seg: &Segment) -> bool {
-        seg.in_block == 0 && seg.len() == self.block_bytes
-    }
-
-    /// Looks up the request's blocks under one metadata lock, keeping the
-    /// hits that `keep` accepts (given the block's dirty flag). The first
-    /// lookup of a request tells the policy about each hit; a request
-    /// handed on from a fast path is looked up again (its locks were let
-    /// go) without telling the policy twice. The caller holds the blocks'
-    /// locks, so the mappings stay valid.
-    pub(crate) fn lookup(
-        &self,
-        req: &mut Request,
-        keep: impl Fn(bool) -> bool,
-    ) -> Vec<Option<Hit>> {
-        let tell = !std::mem::replace(&mut req.policy_told, true);
-        let mut told = 0;
-        let mut m = self.meta.lock();
-        let hits = req
-            .segs
-            .iter()
-            .map(|seg| {
-                let l = m.table().lookup_full(seg.block).filter(|l| keep(l.dirty))?;
-                if tell {
-                    m.accessed(l.slot);
-                    told += 1;
-                }
-                Some(if l.whole {
-                    Hit {
-                        slot: l.slot,
-                        dirty: l.dirty,
-                        whole: true,
-                        valid: true,
-                        writable: l.dirty,
-                    }
-                } else {
-                    let (valid, dirty) = m.table().sector_sets(l.slot);
-                    Hit::of(l.slot, seg.run(), &valid, &dirty)
-                })
-            })
-            .collect();
-        drop(m);
-        bump(&self.stats.policy_accesses, told);
-        hits
     }
 }
 

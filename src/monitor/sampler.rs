@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex, Rank};
 use serde::{Deserialize, Serialize};
 
 use crate::engine::observe::latency::{HistogramSnapshot, LatencySnapshot};
@@ -73,13 +73,16 @@ impl Sampler {
     pub fn new() -> Sampler {
         Sampler {
             started: Instant::now(),
-            state: Mutex::new(State {
-                history: VecDeque::with_capacity(HISTORY),
-                heat: Vec::new(),
-                previous: None,
-            }),
+            state: Mutex::new(
+                Rank::Sampler,
+                State {
+                    history: VecDeque::with_capacity(HISTORY),
+                    heat: Vec::new(),
+                    previous: None,
+                },
+            ),
             stop: AtomicBool::new(false),
-            wake: (Mutex::new(()), Condvar::new()),
+            wake: (Mutex::new(Rank::Sampler, ()), Condvar::new()),
         }
     }
 

@@ -21,7 +21,7 @@
 
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use crate::sync::{Mutex, Rank};
 use tokio::sync::Notify;
 
 #[derive(Debug, Clone, Copy)]
@@ -65,10 +65,18 @@ impl Table {
 }
 
 /// The locks of one export, shared by all its connections.
-#[derive(Default)]
 pub struct RangeLocks {
     table: Mutex<Table>,
     released: Notify,
+}
+
+impl Default for RangeLocks {
+    fn default() -> Self {
+        RangeLocks {
+            table: Mutex::new(Rank::NbdRanges, Table::default()),
+            released: Notify::new(),
+        }
+    }
 }
 
 /// A held (or, inside [`RangeLocks::lock`], awaited) range. Dropping it
