@@ -49,8 +49,9 @@ pub enum Rank {
     Mrc,
     /// The background thread's wake-up flag and its handle.
     Background,
-    /// The hook run when the cache is bypassed (it writes the registry).
-    BypassHook,
+    /// The hook run when the cache fails over to the origin (it writes the
+    /// registry).
+    FailoverHook,
     /// The NBD client origin's request table (device/nbd.rs): which
     /// requests wait for which reply; its condition variable waits for a
     /// free request slot.

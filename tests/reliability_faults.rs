@@ -6,7 +6,7 @@
 //! - Writeback, writeonly: errors are returned, never wrong data; once the
 //!   error limit is reached no block is admitted and status says so; when
 //!   the device works again, flushing writes every dirty block back.
-//! - A bypassed cache reopened after the device recovers serves no stale
+//! - A failed-over cache reopened after the device recovers serves no stale
 //!   block (the clean mappings are dropped).
 //! - Origin errors are returned, counted, and other blocks keep working.
 
@@ -206,7 +206,7 @@ fn cache_failure_is_invisible_without_dirty_data() {
                 if matches!(failure, Failure::Whole) && mode != Mode::Passthrough {
                     assert!(!st.admitting, "{what}: {}", st.admission);
                     assert!(
-                        st.admission.contains("bypassed"),
+                        st.admission.contains("failed over"),
                         "{what}: {}",
                         st.admission
                     );
@@ -266,7 +266,7 @@ fn cache_failure_with_dirty_data_returns_errors_and_loses_nothing() {
 }
 
 #[test]
-fn bypassed_cache_reopened_after_the_device_recovers_serves_nothing_stale() {
+fn a_failed_over_cache_reopened_after_the_device_recovers_serves_nothing_stale() {
     for (seed, mark_on_device) in [(20u64, true), (21, false)] {
         let r = rig(Mode::Writethrough, seed);
         let mut model = new_model();
@@ -281,8 +281,8 @@ fn bypassed_cache_reopened_after_the_device_recovers_serves_nothing_stale() {
         r.cache.fail_reads_in(from, u64::MAX / 2);
         write_stamped(&r.engine, &mut model, 0, 32 * 8, false).unwrap();
         r.engine.flush().unwrap();
-        assert!(r.engine.bypassing());
-        check_origin(&r.origin, &model, "origin while bypassed");
+        assert!(r.engine.failed_over());
+        check_origin(&r.origin, &model, "origin while failed over");
         r.engine.abandon();
         // The device works again. Without the mark, the journal would map
         // version 1 of those blocks.

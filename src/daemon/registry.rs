@@ -107,7 +107,7 @@ pub struct Entry {
     pub cache: String,
     /// When the cache was created, RFC 3339 UTC.
     pub created: String,
-    /// The cache was bypassed after a device failure: the next open drops
+    /// The cache failed over after a device failure: the next open drops
     /// its clean blocks (the origin changed under them), then clears this.
     #[serde(default)]
     pub distrust_clean: bool,
@@ -319,7 +319,7 @@ fn read_entry(path: &Path) -> Result<Entry> {
 }
 
 /// After `entry`'s cache opened: clears a distrust mark the open has acted
-/// on, and makes the engine set it again if the cache gets bypassed.
+/// on, and makes the engine set it again if the cache fails over.
 pub fn record_distrust(reg: &Registry, entry: &Entry, engine: &Engine) -> Result<()> {
     if entry.distrust_clean {
         reg.add(&Entry {
@@ -332,9 +332,9 @@ pub fn record_distrust(reg: &Registry, entry: &Entry, engine: &Engine) -> Result
         distrust_clean: true,
         ..entry.clone()
     };
-    engine.on_bypass(Box::new(move || {
+    engine.on_failover(Box::new(move || {
         if let Err(e) = Registry::new(dir.clone()).add(&marked) {
-            log::error!("could not record the bypass in the registry: {e}");
+            log::error!("could not record the failover in the registry: {e}");
         }
     }));
     Ok(())

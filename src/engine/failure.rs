@@ -6,8 +6,9 @@
 //!   origin, read misses are not promoted. Reopening the cache resets this.
 //! - If a commit cannot write the cache metadata while the cache holds no
 //!   dirty data (writethrough, writearound, passthrough), the cache is
-//!   bypassed: every request goes to the origin and succeeds if the origin
-//!   does, so the failure stays invisible to the user. Before bypassing, a
+//!   *failed over* to the origin: every request goes to the origin and
+//!   succeeds if the origin does, so the failure stays invisible to the
+//!   user. Before failing over, a
 //!   superblock flag is written (best effort) that makes the next open drop
 //!   every clean mapping, since the origin may change under them.
 //! - With dirty data (writeback, writeonly), errors are returned to the
@@ -17,7 +18,7 @@ use std::sync::atomic::Ordering;
 
 use super::format::SB_FLAG_DISTRUST_CLEAN;
 use super::stats::bump;
-use super::{BypassHook, Engine, EngineError, EngineResult};
+use super::{Engine, EngineError, EngineResult, FailoverHook};
 use crate::device::DeviceError;
 
 impl Engine {
@@ -48,27 +49,27 @@ impl Engine {
         EngineError::CacheMetadata(e)
     }
 
-    /// Sets the function called when the cache becomes bypassed. It should
+    /// Sets the function called when the cache fails over to the origin. It should
     /// record, somewhere other than the cache device, that the next open
     /// must pass `OpenOptions::distrust_clean`: the device-side flag is
     /// only best effort.
-    pub fn on_bypass(&self, hook: BypassHook) {
-        *self.bypass_hook.lock() = Some(hook);
+    pub fn on_failover(&self, hook: FailoverHook) {
+        *self.failover_hook.lock() = Some(hook);
     }
 
-    /// False once the cache error limit was reached or the cache bypassed.
+    /// False once the cache error limit was reached or the cache failed over.
     pub fn admitting(&self) -> bool {
         !self.admission_stopped.load(Ordering::Acquire)
     }
 
-    /// True once the cache is bypassed (see the module comment).
-    pub fn bypassing(&self) -> bool {
-        self.bypassing.load(Ordering::Acquire)
+    /// True once the cache failed over to the origin (see the module comment).
+    pub fn failed_over(&self) -> bool {
+        self.failed_over.load(Ordering::Acquire)
     }
 
-    /// After a failed commit: bypass the cache if that hides the failure
+    /// After a failed commit: fail over to the origin if that hides the failure
     /// without losing anything, which is when no block is dirty.
-    pub(crate) fn bypass_after_commit_error(&self, e: &EngineError) -> bool {
+    pub(crate) fn fail_over_after_commit_error(&self, e: &EngineError) -> bool {
         if !matches!(e, EngineError::CacheMetadata(_)) {
             return false;
         }
@@ -78,18 +79,18 @@ impl Engine {
                 return false;
             }
         }
-        if self.bypassing.swap(true, Ordering::AcqRel) {
+        if self.failed_over.swap(true, Ordering::AcqRel) {
             return true;
         }
         self.admission_stopped.store(true, Ordering::Release);
-        if let Some(hook) = self.bypass_hook.lock().as_ref() {
+        if let Some(hook) = self.failover_hook.lock().as_ref() {
             hook();
         }
         // Passthrough in memory only: reads skip the cache, writes go to the
         // origin; the mode recorded on the device is unchanged.
         self.swap_mode(super::Mode::Passthrough);
         log::error!(
-            "{}: cache metadata cannot be written ({e}); bypassing the cache until it is reopened",
+            "{}: cache metadata cannot be written ({e}); failing over to the origin until the cache is reopened",
             self.cache.name()
         );
         // Best effort: if this write fails too, the device is unusable and

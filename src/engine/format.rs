@@ -107,7 +107,7 @@ const _: () = assert!(std::mem::size_of::<Superblock>() == 256);
 
 /// Superblock flag: the user accepted data loss (writeback on a volatile cache).
 pub const SB_FLAG_ALLOW_VOLATILE_WRITEBACK: u32 = 1;
-/// Superblock flag: the cache was bypassed after a metadata write failed, so
+/// Superblock flag: the cache failed over after a metadata write failed, so
 /// the origin may have changed under clean mappings; open drops them.
 pub const SB_FLAG_DISTRUST_CLEAN: u32 = 2;
 /// Admission flag: the guard is off.

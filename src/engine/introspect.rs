@@ -3,7 +3,7 @@
 //! Takes the metadata lock once per call, does no I/O and leaves the
 //! replacement policy alone (a lookup here is not an access).
 
-use super::sectors::SECTOR_BYTES;
+use super::sectors::{SectorRun, SECTOR_BYTES};
 use super::Engine;
 use crate::volume::{Extent, CACHE_CACHED, CACHE_DIRTY};
 
@@ -37,11 +37,12 @@ impl Engine {
         let first = offset / bs;
         let last = ((end - 1) / bs).min(first + BLOCKS_PER_CALL_MAX - 1);
         let meta = self.meta.lock();
+        let whole_block = SectorRun::new(0, meta.table().sectors());
         for block in first..=last {
             let block_start = block * bs;
             let (lo, hi) = (offset.max(block_start), end.min(block_start + bs));
             let found = if block < self.origin_blocks {
-                meta.table().lookup_full(block)
+                meta.table().cached(block, whole_block)
             } else {
                 None
             };

@@ -187,7 +187,7 @@ pub struct OpenOptions {
     /// Do not start the background writeback thread (tests drive it).
     pub no_background: bool,
     /// Drop every clean cached block: the origin may have changed under
-    /// them while the cache was bypassed (see failure.rs).
+    /// them while the cache had failed over (see failure.rs).
     pub distrust_clean: bool,
     /// Where to keep the crash log (`crash_log.rs`): a file in shared
     /// memory, one per cache. `None`: no log; a process that dies loses
@@ -256,7 +256,7 @@ pub struct Status {
     pub stats: StatsSnapshot,
 }
 
-pub type BypassHook = Box<dyn Fn() + Send + Sync>;
+pub type FailoverHook = Box<dyn Fn() + Send + Sync>;
 
 pub struct Engine {
     pub(crate) cache: DeviceRef,
@@ -292,10 +292,10 @@ pub struct Engine {
     pub(crate) admission_stopped: AtomicBool,
     /// Set when the cache metadata could not be written in a mode without
     /// dirty data: all I/O goes to the origin until the cache is reopened.
-    pub(crate) bypassing: AtomicBool,
-    /// Called once when the cache becomes bypassed, before any origin write
+    pub(crate) failed_over: AtomicBool,
+    /// Called once when the cache fails over, before any origin write
     /// that follows (the daemon records it outside the failed device).
-    pub(crate) bypass_hook: Mutex<Option<BypassHook>>,
+    pub(crate) failover_hook: Mutex<Option<FailoverHook>>,
     /// Time for every decision taken by time (clock.rs).
     pub(crate) clock: clock::Clock,
     pub(crate) closed: AtomicBool,
@@ -408,9 +408,9 @@ impl Engine {
             cache_blocks_dirty: m.table().dirty_count(),
             writeback,
             admitting: !stopped,
-            admission: if self.bypassing() {
+            admission: if self.failed_over() {
                 format!(
-                    "bypassed: the cache device failed {errors} times and its metadata \
+                    "failed over: the cache device failed {errors} times and its metadata \
                      could not be written; all I/O goes to the origin until the cache \
                      is reopened"
                 )
@@ -467,9 +467,9 @@ impl Engine {
     /// stays.
     pub fn set_mode(&self, mode: Mode) -> EngineResult<()> {
         self.check_open()?;
-        if self.bypassing() {
+        if self.failed_over() {
             return Err(EngineError::Config(
-                "the cache is bypassed after a cache device failure; reopen it (restart the daemon) first".into(),
+                "the cache failed over to the origin after a cache device failure; reopen it (restart the daemon) first".into(),
             ));
         }
         if mode.holds_dirty() && self.cache.is_volatile() && !self.allow_data_loss() {
@@ -548,14 +548,14 @@ impl Engine {
             return Ok(());
         }
         writeback::stop_background(self);
-        if self.bypassing() {
+        if self.failed_over() {
             // Everything is on the origin; commit() flushes it. The cache
             // metadata cannot be written (see failure.rs).
             return self.commit();
         }
         // The checkpoint commits everything first (commit_locked).
         match self.checkpoint_now(true) {
-            Err(e) if self.bypass_after_commit_error(&e) => self.flush_origin_only(),
+            Err(e) if self.fail_over_after_commit_error(&e) => self.flush_origin_only(),
             Ok(()) => {
                 self.remove_crash_log();
                 Ok(())

@@ -12,7 +12,7 @@ use super::admission::Decision;
 use super::device_io::ORIGIN_REQUESTS;
 use super::modes::WriteRoute;
 use super::observe::latency::Op;
-use super::request::{adjacent_slots, Fast, Hit, Plan, ReadKind, Request, Segment};
+use super::request::{adjacent_slots, Cached, Fast, Plan, ReadKind, Request, Segment};
 use super::stats::bump;
 use super::EngineError;
 use super::{Engine, EngineResult, Mode};
@@ -104,7 +104,7 @@ impl Engine {
         &self,
         req: &mut Request,
         keep: impl Fn(bool) -> bool,
-    ) -> Vec<Option<Hit>> {
+    ) -> Vec<Option<Cached>> {
         let tell = !std::mem::replace(&mut req.policy_told, true);
         let mut told = 0;
         let mut m = self.meta.lock();
@@ -112,23 +112,15 @@ impl Engine {
             .segs
             .iter()
             .map(|seg| {
-                let l = m.table().lookup_full(seg.block).filter(|l| keep(l.dirty))?;
+                let c = m
+                    .table()
+                    .cached(seg.block, seg.run())
+                    .filter(|c| keep(c.dirty))?;
                 if tell {
-                    m.accessed(l.slot);
+                    m.accessed(c.slot);
                     told += 1;
                 }
-                Some(if l.whole {
-                    Hit {
-                        slot: l.slot,
-                        dirty: l.dirty,
-                        whole: true,
-                        valid: true,
-                        writable: l.dirty,
-                    }
-                } else {
-                    let (valid, dirty) = m.table().sector_sets(l.slot);
-                    Hit::of(l.slot, seg.run(), &valid, &dirty)
-                })
+                Some(c)
             })
             .collect();
         drop(m);
@@ -387,7 +379,7 @@ impl Engine {
     fn fits_new_slots(
         &self,
         segs: &[super::request::Segment],
-        cached: &[Option<super::request::Hit>],
+        cached: &[Option<super::request::Cached>],
     ) -> bool {
         segs.iter()
             .zip(cached)

@@ -6,7 +6,7 @@
 //! before their record is durable only leaves them empty).
 
 use super::format::Record;
-use super::request::{adjacent_slots, Hit, Plan, Segment};
+use super::request::{adjacent_slots, Cached, Plan, Segment};
 use super::sectors::{SectorRun, SectorSet, SECTOR_BYTES};
 use super::stats::bump;
 use super::{Engine, EngineResult};
@@ -37,7 +37,7 @@ impl Engine {
         segs: &[Segment],
         len: u64,
         plan: &Plan,
-        cached: &[Option<Hit>],
+        cached: &[Option<Cached>],
     ) -> EngineResult<AlignedBuf> {
         let mut out = AlignedBuf::zeroed(len as usize);
         // Segments that need the origin are read together, after the hits.
@@ -106,7 +106,7 @@ impl Engine {
     fn read_misses(
         &self,
         segs: &[Segment],
-        cached: &[Option<Hit>],
+        cached: &[Option<Cached>],
         out: &mut AlignedBuf,
         plan: &Plan,
     ) -> EngineResult<()> {
@@ -173,7 +173,7 @@ impl Engine {
     /// admission allow it); a block cached in part, from its first to its
     /// last empty sector when kept (filling it), else the segment's empty
     /// sectors; anything else, the segment itself.
-    fn plan_fetches(&self, segs: &[Segment], cached: &[Option<Hit>], plan: &Plan) -> Vec<Fetch> {
+    fn plan_fetches(&self, segs: &[Segment], cached: &[Option<Cached>], plan: &Plan) -> Vec<Fetch> {
         let spb = (self.block_bytes / SECTOR_BYTES) as usize;
         let keeps: Vec<bool> = segs
             .iter()
@@ -228,7 +228,7 @@ impl Engine {
     fn complete_partial(
         &self,
         seg: &Segment,
-        hit: Hit,
+        hit: Cached,
         f: &Fetch,
         tmp: &[u8],
         out: &mut [u8],

@@ -657,7 +657,7 @@ pub(crate) fn open(
     if distrust {
         let dropped = loaded.table.drop_clean();
         log::warn!(
-            "{}: the cache was bypassed after a device failure; dropped {dropped} clean cached blocks",
+            "{}: the cache had failed over after a device failure; dropped {dropped} clean cached blocks",
             cache.name()
         );
     }
@@ -785,8 +785,8 @@ fn build_engine(
         cache_error_limit: AtomicU64::new(sb.cache_error_limit.get()),
         mode: AtomicU32::new(mode.to_u32()),
         admission_stopped: AtomicBool::new(false),
-        bypassing: AtomicBool::new(false),
-        bypass_hook: Mutex::new(Rank::BypassHook, None),
+        failed_over: AtomicBool::new(false),
+        failover_hook: Mutex::new(Rank::FailoverHook, None),
         clock,
         closed: AtomicBool::new(false),
         cache,

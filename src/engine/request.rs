@@ -6,7 +6,7 @@ use std::ops::Range;
 
 use super::admission::Decision;
 use super::modes::WriteRoute;
-use super::sectors::{SectorRun, SectorSet};
+use super::sectors::SectorRun;
 use super::{EngineResult, Mode};
 
 /// What the mode and admission make of one request.
@@ -98,40 +98,12 @@ impl Segment {
 }
 
 /// A segment's block as the table holds it, seen under the block's lock.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Hit {
-    pub slot: u32,
-    /// Some sector of the block is dirty.
-    pub dirty: bool,
-    /// The slot holds the whole block, all clean or all dirty.
-    pub whole: bool,
-    /// Every sector of the segment holds data in the slot.
-    pub valid: bool,
-    /// No sector of the segment holds clean data (each is dirty or holds
-    /// nothing): the segment may be written into the slot in place.
-    pub writable: bool,
-}
-
-impl Hit {
-    /// The hit of a segment covering `run` of a slot whose sectors are
-    /// (`valid`, `dirty`).
-    pub fn of(slot: u32, run: SectorRun, valid: &SectorSet, dirty: &SectorSet) -> Hit {
-        let whole = valid.is_full() && (dirty.is_empty() || dirty.is_full());
-        let clean = valid.minus(dirty);
-        Hit {
-            slot,
-            dirty: !dirty.is_empty(),
-            whole,
-            valid: valid.covers(run),
-            writable: !clean.meets(run),
-        }
-    }
-}
+pub(crate) use super::table::map::Cached;
 
 /// How many leading lookups, starting with `cached[0]`, are hits in adjacent
 /// slots (slot, slot + 1, ...) that satisfy `also`: one device I/O covers
 /// them all. 0 if `cached[0]` is no such hit.
-pub(crate) fn adjacent_slots(cached: &[Option<Hit>], also: impl Fn(&Hit) -> bool) -> usize {
+pub(crate) fn adjacent_slots(cached: &[Option<Cached>], also: impl Fn(&Cached) -> bool) -> usize {
     let Some(Some(first)) = cached.first() else {
         return 0;
     };
@@ -140,23 +112,4 @@ pub(crate) fn adjacent_slots(cached: &[Option<Hit>], also: impl Fn(&Hit) -> bool
         .enumerate()
         .take_while(|&(k, c)| matches!(c, Some(h) if h.slot == first.slot + k as u32 && also(h)))
         .count()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hits_of_partial_slots() {
-        let valid = SectorSet::of_run(8, SectorRun::new(0, 4));
-        let dirty = SectorSet::of_run(8, SectorRun::new(2, 2));
-        let h = Hit::of(1, SectorRun::new(2, 2), &valid, &dirty);
-        assert!(h.valid && h.writable && h.dirty && !h.whole);
-        // Sectors 4.. hold nothing: writable, not valid.
-        let h = Hit::of(1, SectorRun::new(3, 3), &valid, &dirty);
-        assert!(!h.valid && h.writable);
-        // Sector 1 is clean.
-        let h = Hit::of(1, SectorRun::new(1, 2), &valid, &dirty);
-        assert!(h.valid && !h.writable);
-    }
 }

@@ -36,7 +36,7 @@ const CHECKPOINT_PAGES_PER_WRITE: usize = 256;
 impl Engine {
     /// Makes every completed write and every applied record durable.
     pub fn commit(&self) -> EngineResult<()> {
-        if self.bypassing() {
+        if self.failed_over() {
             return self.flush_origin_only();
         }
         let wanted = self.journal.completed_ops.load(Ordering::Acquire);
@@ -47,7 +47,7 @@ impl Engine {
         match self.commit_locked(&mut cs, None) {
             Err(e) => {
                 drop(cs);
-                if self.bypass_after_commit_error(&e) {
+                if self.fail_over_after_commit_error(&e) {
                     return self.flush_origin_only();
                 }
                 Err(e)
@@ -56,7 +56,7 @@ impl Engine {
         }
     }
 
-    /// A commit while the cache is bypassed: all data is on the origin.
+    /// A commit while the cache has failed over: all data is on the origin.
     pub(crate) fn flush_origin_only(&self) -> EngineResult<()> {
         self.origin
             .flush()
@@ -277,7 +277,7 @@ impl Engine {
     /// journal (the background does this when the journal passes half
     /// full; tests schedule it as a step of its own).
     pub fn checkpoint(&self) -> EngineResult<()> {
-        if self.bypassing() {
+        if self.failed_over() {
             return self.commit();
         }
         self.checkpoint_now(false)

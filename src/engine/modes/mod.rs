@@ -1,14 +1,17 @@
 //! Cache modes. A mode is resolved into a write route and a read rule in
 //! one place (`engine/pipeline.rs`, with admission); reads are common to
-//! all modes (`engine/read.rs`); each write route lives in its own file.
+//! all modes (`engine/read.rs`); each write route lives in its own file,
+//! named by where the route sends writes (`write_cache.rs`,
+//! `write_through.rs`, `write_around.rs`). "Writeback" alone names the mode
+//! and the work of writing dirty blocks back (`engine/writeback/`).
 //!
 //! | mode         | read miss promotes | writes go to (route)                  | dirty data |
 //! |--------------|--------------------|---------------------------------------|------------|
-//! | writeback    | yes                | cache (`writeback.rs`)                | yes        |
-//! | writethrough | yes                | origin, then cache (`writethrough.rs`) | no        |
-//! | writearound  | yes                | origin; cache invalidated (`writearound.rs`) | no  |
-//! | writeonly    | no                 | cache, as dm-writecache (`writeback.rs`) | yes     |
-//! | passthrough  | no (reads origin)  | origin; cache invalidated (`writearound.rs`) | no  |
+//! | writeback    | yes                | cache (`write_cache.rs`)              | yes        |
+//! | writethrough | yes                | origin, then cache (`write_through.rs`) | no       |
+//! | writearound  | yes                | origin; cache invalidated (`write_around.rs`) | no |
+//! | writeonly    | no                 | cache, as dm-writecache (`write_cache.rs`) | yes   |
+//! | passthrough  | no (reads origin)  | origin; cache invalidated (`write_around.rs`) | no |
 //!
 //! Passthrough keeps the blocks still cached valid (writes drop the copies
 //! they touch, committed first), so the cache is warm again when another
@@ -16,9 +19,9 @@
 //! switch to passthrough is still writing dirty blocks back, reads of those
 //! blocks are served from the cache, the only current copy.
 
-pub mod writearound;
-pub mod writeback;
-pub mod writethrough;
+pub mod write_around;
+pub mod write_cache;
+pub mod write_through;
 
 use serde::{Deserialize, Serialize};
 

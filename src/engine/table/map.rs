@@ -43,15 +43,37 @@ pub struct Applied {
     pub released: Option<u32>,
 }
 
-/// A cached block as a request sees it: its slot, and which of the
-/// request's sectors hold data and which are dirty.
+/// A cached block as one request sees it (`Table::cached`): its slot, and
+/// what the slot holds of the request's sectors in that block. The one
+/// name for "what the cache has of this block" from the table up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Lookup {
+pub struct Cached {
     pub slot: u32,
     /// Some sector of the block is dirty.
     pub dirty: bool,
-    /// The slot holds the whole block (no sector maps).
+    /// The slot holds the whole block, all clean or all dirty (no sector
+    /// maps).
     pub whole: bool,
+    /// Every requested sector holds data: a read of them is a hit.
+    pub valid: bool,
+    /// No requested sector holds clean data: a write may go in place.
+    pub writable: bool,
+}
+
+impl Cached {
+    /// A slot with sector maps `valid` and `dirty`, seen by a request for
+    /// `run`.
+    pub fn of(slot: u32, run: SectorRun, valid: &SectorSet, dirty: &SectorSet) -> Cached {
+        let whole = valid.is_full() && (dirty.is_empty() || dirty.is_full());
+        let clean = valid.minus(dirty);
+        Cached {
+            slot,
+            dirty: !dirty.is_empty(),
+            whole,
+            valid: valid.covers(run),
+            writable: !clean.meets(run),
+        }
+    }
 }
 
 impl Table {
@@ -160,13 +182,20 @@ impl Table {
             .map(|s| (s, self.entries.get(s as usize) & ENTRY_DIRTY != 0))
     }
 
-    /// `lookup` with whether the slot holds the whole block.
-    pub fn lookup_full(&self, block: u64) -> Option<Lookup> {
-        self.lookup(block).map(|(slot, dirty)| Lookup {
-            slot,
-            dirty,
-            whole: !self.is_partial(slot),
-        })
+    /// What the cache has of `block`'s sectors `run`, if it is cached.
+    pub fn cached(&self, block: u64, run: SectorRun) -> Option<Cached> {
+        let (slot, dirty) = self.lookup(block)?;
+        if !self.is_partial(slot) {
+            return Some(Cached {
+                slot,
+                dirty,
+                whole: true,
+                valid: true,
+                writable: dirty,
+            });
+        }
+        let (valid, dirty) = self.sector_sets(slot);
+        Some(Cached::of(slot, run, &valid, &dirty))
     }
 
     pub fn is_dirty(&self, block: u64) -> bool {
@@ -512,6 +541,20 @@ mod tests {
     }
 
     #[test]
+    fn what_a_request_sees_of_a_partial_slot() {
+        let valid = SectorSet::of_run(8, SectorRun::new(0, 4));
+        let dirty = SectorSet::of_run(8, SectorRun::new(2, 2));
+        let h = Cached::of(1, SectorRun::new(2, 2), &valid, &dirty);
+        assert!(h.valid && h.writable && h.dirty && !h.whole);
+        // Sectors 4.. hold nothing: writable, not valid.
+        let h = Cached::of(1, SectorRun::new(3, 3), &valid, &dirty);
+        assert!(!h.valid && h.writable);
+        // Sector 1 is clean.
+        let h = Cached::of(1, SectorRun::new(1, 2), &valid, &dirty);
+        assert!(h.valid && !h.writable);
+    }
+
+    #[test]
     fn runs_build_up_and_collapse_to_whole() {
         let mut t = Table::new(4, 100, 8);
         t.apply(&Record::MapRun {
@@ -521,11 +564,13 @@ mod tests {
             dirty: true,
         });
         assert_eq!(
-            t.lookup_full(9),
-            Some(Lookup {
+            t.cached(9, run(3, 1)),
+            Some(Cached {
                 slot: 2,
                 dirty: true,
-                whole: false
+                whole: false,
+                valid: true,
+                writable: true,
             })
         );
         assert_eq!(t.dirty_count(), 1);
@@ -546,7 +591,7 @@ mod tests {
         t.apply(&Record::Clean { slot: 2 });
         assert_eq!(t.partial_count(), 0);
         assert_eq!(
-            t.lookup_full(9).map(|l| (l.dirty, l.whole)),
+            t.cached(9, run(0, 8)).map(|l| (l.dirty, l.whole)),
             Some((false, true))
         );
         assert_eq!(t.dirty_count(), 0);
@@ -558,7 +603,7 @@ mod tests {
             dirty: true,
         });
         assert_eq!(
-            t.lookup_full(9).map(|l| (l.dirty, l.whole)),
+            t.cached(9, run(0, 8)).map(|l| (l.dirty, l.whole)),
             Some((true, true))
         );
         assert_eq!(t.partial_count(), 0);

@@ -16,7 +16,7 @@
 //! keeps a 1 MiB write one device write instead of up to 256).
 
 use super::super::format::Record;
-use super::super::request::{adjacent_slots, Hit, Segment};
+use super::super::request::{adjacent_slots, Cached, Segment};
 use super::super::sectors::{SectorSet, SECTOR_BYTES};
 use super::super::stats::bump;
 use super::super::table::slots::Stored;
@@ -33,7 +33,7 @@ impl Engine {
         &self,
         segs: &[Segment],
         data: &[u8],
-        cached: &[Option<Hit>],
+        cached: &[Option<Cached>],
         admit: bool,
     ) -> EngineResult<()> {
         let hits = cached.iter().filter(|c| c.is_some()).count() as u64;
@@ -55,7 +55,7 @@ impl Engine {
         &self,
         segs: &[Segment],
         data: &[u8],
-        cached: &[Option<Hit>],
+        cached: &[Option<Cached>],
         admit: bool,
         waits: &mut u32,
     ) -> EngineResult<usize> {
@@ -123,7 +123,7 @@ impl Engine {
 
     /// Records the sectors that writes in place made dirty, where the slot
     /// was not already whole and dirty.
-    fn record_in_place(&self, segs: &[Segment], cached: &[Option<Hit>]) {
+    fn record_in_place(&self, segs: &[Segment], cached: &[Option<Cached>]) {
         let mut m = self.meta.lock();
         for (seg, hit) in segs.iter().zip(cached) {
             let hit = hit.expect("written in place");
@@ -144,7 +144,7 @@ impl Engine {
     /// Stores part of a block, dirty, in a new slot: the segment's sectors,
     /// and those the old slot held (copied from it; all of them become
     /// dirty, which is harmless for sectors equal to the origin).
-    fn store_part(&self, seg: &Segment, data: &[u8], hit: Option<Hit>) -> EngineResult<Stored> {
+    fn store_part(&self, seg: &Segment, data: &[u8], hit: Option<Cached>) -> EngineResult<Stored> {
         let sectors = (self.block_bytes / SECTOR_BYTES) as usize;
         let mut valid = SectorSet::of_run(sectors, seg.run());
         let old = match hit {
