@@ -13,6 +13,7 @@
 //! ascending block order (engine/locks.rs), so taking one while holding
 //! another of that rank is allowed.
 
+#[cfg(debug_assertions)]
 use std::cell::RefCell;
 use std::ops::{Deref, DerefMut};
 use std::time::Duration;
@@ -69,6 +70,7 @@ pub enum Rank {
 
 impl Rank {
     /// Several locks of this rank may be held at once.
+    #[cfg_attr(not(debug_assertions), allow(dead_code))]
     fn is_set(self) -> bool {
         matches!(self, Rank::Blocks | Rank::Device)
     }

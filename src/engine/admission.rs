@@ -109,7 +109,7 @@ pub enum Decision {
     Sequential,
     /// Nothing new enters: the cache device is slower than the origin.
     Guard,
-    /// Nothing new enters: the cache device failed too often (failure.rs).
+    /// Nothing new enters: the cache device failed too often (io/failure.rs).
     Stopped,
 }
 

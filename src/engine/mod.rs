@@ -15,8 +15,9 @@
 //! - `admission.rs`: what may enter the cache (sequential cutoff, promotion
 //!   after N misses, the guard against a cache slower than the origin).
 //! - `policy/`: replacement policies (kept under the metadata lock).
-//! - `device_io.rs` and `failure.rs`: cache and origin access with error
-//!   accounting; what a failing cache device leads to.
+//! - `io/`: the cache and origin devices: data-path access with error
+//!   accounting (`data.rs`), the journal's writes and flushes, what a
+//!   failing cache device leads to (`failure.rs`).
 //! - `locks.rs`: the per-block locks.
 //!
 //! The request path through them:
@@ -39,11 +40,10 @@
 pub mod admission;
 pub mod async_engine;
 pub mod clock;
-pub mod device_io;
 pub mod error;
-pub mod failure;
 pub mod format;
 pub mod introspect;
+pub mod io;
 pub mod journal;
 pub use journal::{commit, crash_log};
 pub(crate) use table::Meta;
@@ -63,7 +63,7 @@ pub mod table;
 pub mod write;
 pub mod writeback;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 
 use crate::sync::Mutex;
@@ -187,7 +187,7 @@ pub struct OpenOptions {
     /// Do not start the background writeback thread (tests drive it).
     pub no_background: bool,
     /// Drop every clean cached block: the origin may have changed under
-    /// them while the cache had failed over (see failure.rs).
+    /// them while the cache had failed over (see io/failure.rs).
     pub distrust_clean: bool,
     /// Where to keep the crash log (`crash_log.rs`): a file in shared
     /// memory, one per cache. `None`: no log; a process that dies loses
@@ -259,46 +259,35 @@ pub struct Status {
 pub type FailoverHook = Box<dyn Fn() + Send + Sync>;
 
 pub struct Engine {
-    pub(crate) cache: DeviceRef,
-    pub(crate) origin: DeviceRef,
-    pub(crate) layout: Layout,
-    pub(crate) block_bytes: u64,
+    /// The device part (io/): the cache and origin, error counts, the
+    /// admission stop and failover.
+    io: io::Io,
+    layout: Layout,
+    block_bytes: u64,
     /// Origin blocks that can be cached (a partial last block never is).
-    pub(crate) origin_blocks: u64,
-    pub(crate) volume_bytes: u64,
-    pub(crate) meta: Mutex<Meta>,
+    origin_blocks: u64,
+    volume_bytes: u64,
+    meta: Mutex<Meta>,
     /// The journal part (journal/): the commit lock's state, completed
     /// operations, the crash log's pressure.
-    pub(crate) journal: journal::Journal,
-    pub(crate) locks: BlockLocks,
-    pub(crate) stats: Stats,
-    pub(crate) admission: admission::Admission,
+    journal: journal::Journal,
+    locks: BlockLocks,
+    stats: Stats,
+    admission: admission::Admission,
     /// The writeback part (writeback/): the background thread, its
     /// settings and cursors, writebacks in flight, writes waiting for a
     /// slot, foreground origin activity.
-    pub(crate) writeback: writeback::Writeback,
-    pub(crate) observe: observe::Observe,
-    /// See `CreateOptions::cache_error_limit`.
-    pub(crate) cache_error_limit: AtomicU64,
+    writeback: writeback::Writeback,
+    observe: observe::Observe,
     /// The cache mode (`Mode::to_u32`), read once per request. A switch
     /// stores it before taking the metadata lock to look for dirty blocks,
     /// and a write loads it after appending its dirtying records under
     /// that lock: either the write sees the new mode or the switch sees
     /// its dirty blocks (`write_back_if_mode_changed`).
-    pub(crate) mode: AtomicU32,
-    /// Set once the cache device has failed `cache_error_limit` times: the
-    /// engine keeps serving (hits, writeback, origin I/O) but puts no new
-    /// blocks in the cache until it is reopened.
-    pub(crate) admission_stopped: AtomicBool,
-    /// Set when the cache metadata could not be written in a mode without
-    /// dirty data: all I/O goes to the origin until the cache is reopened.
-    pub(crate) failed_over: AtomicBool,
-    /// Called once when the cache fails over, before any origin write
-    /// that follows (the daemon records it outside the failed device).
-    pub(crate) failover_hook: Mutex<Option<FailoverHook>>,
+    mode: AtomicU32,
     /// Time for every decision taken by time (clock.rs).
-    pub(crate) clock: clock::Clock,
-    pub(crate) closed: AtomicBool,
+    clock: clock::Clock,
+    closed: AtomicBool,
 }
 
 impl Engine {
@@ -364,16 +353,16 @@ impl Engine {
     }
 
     pub fn cache_device(&self) -> &DeviceRef {
-        &self.cache
+        self.io.cache()
     }
 
     pub fn origin_device(&self) -> &DeviceRef {
-        &self.origin
+        self.io.origin()
     }
 
     pub fn status(&self) -> Status {
-        let stopped = self.admission_stopped.load(Ordering::Acquire);
-        let limit = self.cache_error_limit.load(Ordering::Relaxed);
+        let stopped = self.io.admission_stopped();
+        let limit = self.io.cache_error_limit();
         let stats = self.stats.snapshot();
         let errors = stats.cache_errors;
         let writeback = self.writeback.settings();
@@ -401,8 +390,8 @@ impl Engine {
             policy: m.policy_kind().name().into(),
             block_bytes: self.block_bytes as u32,
             volume_bytes: self.volume_bytes,
-            origin: self.origin.name().into(),
-            cache: self.cache.name().into(),
+            origin: self.io.origin().name().into(),
+            cache: self.io.cache().name().into(),
             cache_blocks_total: m.table().slot_count(),
             cache_blocks_used: m.table().used(),
             cache_blocks_dirty: m.table().dirty_count(),
@@ -472,9 +461,9 @@ impl Engine {
                 "the cache failed over to the origin after a cache device failure; reopen it (restart the daemon) first".into(),
             ));
         }
-        if mode.holds_dirty() && self.cache.is_volatile() && !self.allow_data_loss() {
+        if mode.holds_dirty() && self.io.cache().is_volatile() && !self.allow_data_loss() {
             return Err(EngineError::VolatileWriteback {
-                device: self.cache.name().into(),
+                device: self.io.cache().name().into(),
                 mode: mode.name().into(),
             });
         }
@@ -550,7 +539,7 @@ impl Engine {
         writeback::stop_background(self);
         if self.failed_over() {
             // Everything is on the origin; commit() flushes it. The cache
-            // metadata cannot be written (see failure.rs).
+            // metadata cannot be written (see io/failure.rs).
             return self.commit();
         }
         // The checkpoint commits everything first (commit_locked).

@@ -9,7 +9,7 @@
 //! The blocks are looked up here too (`lookup`), under their locks.
 
 use super::admission::Decision;
-use super::device_io::ORIGIN_REQUESTS;
+use super::io::data::ORIGIN_REQUESTS;
 use super::modes::WriteRoute;
 use super::observe::latency::Op;
 use super::request::{adjacent_slots, Cached, Fast, Plan, ReadKind, Request, Segment};

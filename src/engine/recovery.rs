@@ -1,7 +1,7 @@
 //! Formatting a cache device, opening it (validation and journal replay),
 //! dissolving it on detach, and the offline metadata check.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU32};
 
 use crate::sync::{Mutex, Rank};
 use zerocopy::little_endian::{U32, U64};
@@ -782,15 +782,10 @@ fn build_engine(
             .with_clock(clock.clone()),
         writeback: super::writeback::Writeback::new(sb.writeback()),
         observe: super::observe::Observe::new(layout.slot_count, origin.size_bytes() / block_bytes),
-        cache_error_limit: AtomicU64::new(sb.cache_error_limit.get()),
         mode: AtomicU32::new(mode.to_u32()),
-        admission_stopped: AtomicBool::new(false),
-        failed_over: AtomicBool::new(false),
-        failover_hook: Mutex::new(Rank::FailoverHook, None),
         clock,
         closed: AtomicBool::new(false),
-        cache,
-        origin,
+        io: super::io::Io::new(cache, origin, sb.cache_error_limit.get()),
     }
 }
 
@@ -861,8 +856,8 @@ pub(crate) fn wipe(engine: &Engine) -> EngineResult<()> {
     engine.remove_crash_log();
     let zero = AlignedBuf::zeroed(PAGE_BYTES as usize);
     for copy in 0..2u64 {
-        engine.cache.write_at(&zero, copy * PAGE_BYTES)?;
-        engine.cache.flush()?;
+        engine.meta_write(&zero, copy * PAGE_BYTES)?;
+        engine.cache_flush()?;
     }
     Ok(())
 }

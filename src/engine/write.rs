@@ -67,7 +67,7 @@ impl Engine {
             }
             self.writeback.wait_origin(first.block, last);
             for (off, l) in discard {
-                if let Err(e) = self.origin.discard(off, l) {
+                if let Err(e) = self.io.origin().discard(off, l) {
                     log::debug!("origin discard failed (ignored, discard is a hint): {e}");
                 }
             }

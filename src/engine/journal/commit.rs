@@ -58,10 +58,7 @@ impl Engine {
 
     /// A commit while the cache has failed over: all data is on the origin.
     pub(crate) fn flush_origin_only(&self) -> EngineResult<()> {
-        self.origin
-            .flush()
-            .inspect_err(|_| bump(&self.stats.origin_errors, 1))?;
-        Ok(())
+        self.origin_flush()
     }
 
     /// With `checkpoint = Some(clean)`, always writes a checkpoint (marking
@@ -169,11 +166,8 @@ impl Engine {
         snapshot: Option<CheckpointData>,
         clean: bool,
     ) -> EngineResult<()> {
-        crate::sync::assert_unheld(crate::sync::Rank::Meta, "a commit's device I/O");
-        self.origin
-            .flush()
-            .inspect_err(|_| bump(&self.stats.origin_errors, 1))?;
-        self.cache.flush().map_err(|e| self.cache_meta_error(e))?;
+        self.origin_flush()?;
+        self.cache_flush()?;
         if let Some(data) = snapshot {
             let next = self.checkpoint_replay_seq(cs);
             return self.write_checkpoint(cs, &data, next, clean);
@@ -199,12 +193,10 @@ impl Engine {
             for (k, p) in pages[i..i + n].iter().enumerate() {
                 buf[k * PAGE_BYTES as usize..(k + 1) * PAGE_BYTES as usize].copy_from_slice(p);
             }
-            self.cache
-                .write_at(&buf, self.layout.journal_page_offset(seq))
-                .map_err(|e| self.cache_meta_error(e))?;
+            self.meta_write(&buf, self.layout.journal_page_offset(seq))?;
             i += n;
         }
-        self.cache.flush().map_err(|e| self.cache_meta_error(e))?;
+        self.cache_flush()?;
         cs.next_page_seq = first + pages.len() as u64;
         Ok(())
     }
@@ -233,12 +225,10 @@ impl Engine {
                 buf[k * PAGE_BYTES as usize..(k + 1) * PAGE_BYTES as usize].copy_from_slice(&page);
             }
             let off = self.layout.checkpoint_offset[area] + page_index as u64 * PAGE_BYTES;
-            self.cache
-                .write_at(&buf, off)
-                .map_err(|e| self.cache_meta_error(e))?;
+            self.meta_write(&buf, off)?;
             page_index += n;
         }
-        self.cache.flush().map_err(|e| self.cache_meta_error(e))?;
+        self.cache_flush()?;
         self.write_superblock(cs, |sb| {
             sb.checkpoint_area.set(area as u32);
             sb.checkpoint_generation.set(generation);
@@ -258,17 +248,14 @@ impl Engine {
         cs: &mut CommitState,
         change: impl FnOnce(&mut Superblock),
     ) -> EngineResult<()> {
-        crate::sync::assert_unheld(crate::sync::Rank::Meta, "a superblock write");
         let mut sb = cs.sb;
         change(&mut sb);
         sb.generation.set(sb.generation.get() + 1);
         sb.seal();
         let copy = sb.generation.get() % 2;
         let buf = AlignedBuf::from_slice(&sb.to_page());
-        self.cache
-            .write_at(&buf, copy * PAGE_BYTES)
-            .map_err(|e| self.cache_meta_error(e))?;
-        self.cache.flush().map_err(|e| self.cache_meta_error(e))?;
+        self.meta_write(&buf, copy * PAGE_BYTES)?;
+        self.cache_flush()?;
         cs.sb = sb;
         Ok(())
     }

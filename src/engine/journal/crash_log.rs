@@ -563,7 +563,11 @@ impl CrashLog {
         let at = HEADER_BYTES + (self.tail % self.capacity) as usize * RECORD_BYTES;
         let raw = r.to_raw();
         let bytes = zerocopy::IntoBytes::as_bytes(&raw);
-        debug_assert!(at + RECORD_BYTES <= self.map_bytes);
+        // Kept in release builds: the copy below writes raw memory.
+        assert!(
+            at + RECORD_BYTES <= self.map_bytes,
+            "crash log record past its mapping"
+        );
         // SAFETY: `at..at + 16` lies inside the mapping (tail % capacity <
         // capacity records after the header); nothing else aliases it.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.map.add(at), RECORD_BYTES) };

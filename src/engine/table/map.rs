@@ -227,7 +227,9 @@ impl Table {
     /// whole; keeps the entry's dirty flag and the dirty count in step.
     fn set_sets(&mut self, slot: u32, valid: &SectorSet, dirty: &SectorSet) {
         let e = self.entries.get(slot as usize);
-        debug_assert!(e != ENTRY_FREE && !valid.is_empty() && dirty.is_subset(valid));
+        // Kept in release builds: records are validated before they are
+        // applied, so this only fails on an engine bug.
+        assert!(e != ENTRY_FREE && !valid.is_empty() && dirty.is_subset(valid));
         let whole = valid.is_full() && (dirty.is_empty() || dirty.is_full());
         let (word, bit) = (slot as usize / 64, 1u64 << (slot % 64));
         if whole {

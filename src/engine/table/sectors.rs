@@ -280,7 +280,7 @@ impl PartialMaps {
     }
 
     pub fn set(&mut self, slot: u32, valid: &SectorSet, dirty: &SectorSet) {
-        debug_assert!(!valid.is_empty() && dirty.is_subset(valid));
+        assert!(!valid.is_empty() && dirty.is_subset(valid));
         let w = self.words_per_set;
         let e = match self.index.get(&slot) {
             Some(&e) => e,

@@ -2,10 +2,10 @@
 //! with their error accounting, and the ordering rule every origin write
 //! obeys.
 
-use super::admission::Dev;
-use super::stats::bump;
-use super::{Engine, EngineResult};
 use crate::device::DeviceError;
+use crate::engine::admission::Dev;
+use crate::engine::stats::bump;
+use crate::engine::{Engine, EngineResult};
 
 thread_local! {
     /// Origin requests made by this thread: a request that made none was a
@@ -41,7 +41,7 @@ impl Engine {
         buf: &mut [u8],
     ) -> Result<(), DeviceError> {
         let at = self.layout.slot_offset(slot) + in_block;
-        self.timed_device(Dev::CacheRead, buf.len(), || self.cache.read_at(buf, at))
+        self.timed_device(Dev::CacheRead, buf.len(), || self.io.cache.read_at(buf, at))
             .inspect_err(|e| {
                 self.note_cache_error();
                 log::warn!("cache read error: {e}");
@@ -56,7 +56,9 @@ impl Engine {
     ) -> Result<(), DeviceError> {
         let at = self.layout.slot_offset(slot) + in_block;
         let r = self
-            .timed_device(Dev::CacheWrite, buf.len(), || self.cache.write_at(buf, at))
+            .timed_device(Dev::CacheWrite, buf.len(), || {
+                self.io.cache.write_at(buf, at)
+            })
             .inspect_err(|e| {
                 self.note_cache_error();
                 log::warn!("cache write error: {e}");
@@ -75,7 +77,7 @@ impl Engine {
         bump(&self.stats.origin_reads, 1);
         let r = self.foreground(|| {
             self.timed_device(Dev::OriginRead, buf.len(), || {
-                self.origin.read_at(buf, offset)
+                self.io.origin.read_at(buf, offset)
             })
         });
         r.inspect_err(|e| {
@@ -108,7 +110,7 @@ impl Engine {
         }
         bump(&self.stats.origin_writes, 1);
         let r = self.timed_device(Dev::OriginWrite, buf.len(), || {
-            self.origin.write_at(buf, offset)
+            self.io.origin.write_at(buf, offset)
         });
         let r = r.inspect_err(|e| {
             bump(&self.stats.origin_errors, 1);

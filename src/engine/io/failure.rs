@@ -16,28 +16,28 @@
 
 use std::sync::atomic::Ordering;
 
-use super::format::SB_FLAG_DISTRUST_CLEAN;
-use super::stats::bump;
-use super::{Engine, EngineError, EngineResult, FailoverHook};
 use crate::device::DeviceError;
+use crate::engine::format::SB_FLAG_DISTRUST_CLEAN;
+use crate::engine::stats::bump;
+use crate::engine::{Engine, EngineError, EngineResult, FailoverHook};
 
 impl Engine {
     /// Changes the cache error limit (0: never stop admitting); persisted in
     /// the superblock. Reaching it takes effect at the next cache error.
     pub fn set_cache_error_limit(&self, limit: u64) -> EngineResult<()> {
-        self.cache_error_limit.store(limit, Ordering::Relaxed);
+        self.io.cache_error_limit.store(limit, Ordering::Relaxed);
         self.update_superblock(|sb| sb.cache_error_limit.set(limit))
     }
 
     /// Counts a cache device error; at the limit, stops admitting blocks.
     pub(crate) fn note_cache_error(&self) {
         bump(&self.stats.cache_errors, 1);
-        let limit = self.cache_error_limit.load(Ordering::Relaxed);
+        let limit = self.io.cache_error_limit.load(Ordering::Relaxed);
         let errors = self.stats.cache_errors.load(Ordering::Relaxed);
-        if limit > 0 && errors >= limit && !self.admission_stopped.swap(true, Ordering::AcqRel) {
+        if limit > 0 && errors >= limit && !self.io.admission_stopped.swap(true, Ordering::AcqRel) {
             log::error!(
                 "{}: {errors} cache device errors (limit {limit}): no new blocks will be cached",
-                self.cache.name()
+                self.io.cache.name()
             );
         }
     }
@@ -54,17 +54,17 @@ impl Engine {
     /// must pass `OpenOptions::distrust_clean`: the device-side flag is
     /// only best effort.
     pub fn on_failover(&self, hook: FailoverHook) {
-        *self.failover_hook.lock() = Some(hook);
+        *self.io.failover_hook.lock() = Some(hook);
     }
 
     /// False once the cache error limit was reached or the cache failed over.
     pub fn admitting(&self) -> bool {
-        !self.admission_stopped.load(Ordering::Acquire)
+        !self.io.admission_stopped.load(Ordering::Acquire)
     }
 
     /// True once the cache failed over to the origin (see the module comment).
     pub fn failed_over(&self) -> bool {
-        self.failed_over.load(Ordering::Acquire)
+        self.io.failed_over.load(Ordering::Acquire)
     }
 
     /// After a failed commit: fail over to the origin if that hides the failure
@@ -79,19 +79,19 @@ impl Engine {
                 return false;
             }
         }
-        if self.failed_over.swap(true, Ordering::AcqRel) {
+        if self.io.failed_over.swap(true, Ordering::AcqRel) {
             return true;
         }
-        self.admission_stopped.store(true, Ordering::Release);
-        if let Some(hook) = self.failover_hook.lock().as_ref() {
+        self.io.admission_stopped.store(true, Ordering::Release);
+        if let Some(hook) = self.io.failover_hook.lock().as_ref() {
             hook();
         }
         // Passthrough in memory only: reads skip the cache, writes go to the
         // origin; the mode recorded on the device is unchanged.
-        self.swap_mode(super::Mode::Passthrough);
+        self.swap_mode(crate::engine::Mode::Passthrough);
         log::error!(
             "{}: cache metadata cannot be written ({e}); failing over to the origin until the cache is reopened",
-            self.cache.name()
+            self.io.cache.name()
         );
         // Best effort: if this write fails too, the device is unusable and
         // opening it again fails as well (open writes the superblock).
@@ -100,7 +100,7 @@ impl Engine {
         if let Err(e) = flagged {
             log::error!(
                 "{}: could not mark the cache for invalidation: {e}",
-                self.cache.name()
+                self.io.cache.name()
             );
         }
         true

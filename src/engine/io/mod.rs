@@ -1,0 +1,94 @@
+//! The device part: the cache and origin devices, and what their failures
+//! have led to. The data path's device requests go through `data.rs`
+//! (timed, errors counted, the origin-write ordering rule); the journal's
+//! through `meta_write` and the flushes below; `failure.rs` decides what a
+//! failing cache device leads to (admission stopped, failover).
+//!
+//! Its fields are private to this folder: other parts see the devices only
+//! through these methods.
+
+pub mod data;
+pub mod failure;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use super::stats::bump;
+use super::{Engine, EngineResult, FailoverHook};
+use crate::device::DeviceRef;
+use crate::sync::{Mutex, Rank};
+
+/// The device part's state.
+pub(crate) struct Io {
+    cache: DeviceRef,
+    origin: DeviceRef,
+    /// See `CreateOptions::cache_error_limit`.
+    cache_error_limit: AtomicU64,
+    /// Set once the cache device has failed `cache_error_limit` times: the
+    /// engine keeps serving (hits, writeback, origin I/O) but puts no new
+    /// blocks in the cache until it is reopened.
+    admission_stopped: AtomicBool,
+    /// Set when the cache metadata could not be written in a mode without
+    /// dirty data: all I/O goes to the origin until the cache is reopened.
+    failed_over: AtomicBool,
+    /// Called once when the cache fails over, before any origin write
+    /// that follows (the daemon records it outside the failed device).
+    failover_hook: Mutex<Option<FailoverHook>>,
+}
+
+impl Io {
+    pub(crate) fn new(cache: DeviceRef, origin: DeviceRef, cache_error_limit: u64) -> Io {
+        Io {
+            cache,
+            origin,
+            cache_error_limit: AtomicU64::new(cache_error_limit),
+            admission_stopped: AtomicBool::new(false),
+            failed_over: AtomicBool::new(false),
+            failover_hook: Mutex::new(Rank::FailoverHook, None),
+        }
+    }
+
+    pub(crate) fn cache(&self) -> &DeviceRef {
+        &self.cache
+    }
+
+    pub(crate) fn origin(&self) -> &DeviceRef {
+        &self.origin
+    }
+
+    /// The admission stop (the error limit was reached) is in force.
+    pub(crate) fn admission_stopped(&self) -> bool {
+        self.admission_stopped.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn cache_error_limit(&self) -> u64 {
+        self.cache_error_limit.load(Ordering::Relaxed)
+    }
+}
+
+impl Engine {
+    /// Writes journal, checkpoint or superblock bytes to the cache device
+    /// (a failure is counted and tagged as a metadata error).
+    pub(crate) fn meta_write(&self, buf: &[u8], offset: u64) -> EngineResult<()> {
+        crate::sync::assert_unheld(Rank::Meta, "a metadata write");
+        self.io
+            .cache
+            .write_at(buf, offset)
+            .map_err(|e| self.cache_meta_error(e))
+    }
+
+    /// Flushes the cache device for the journal.
+    pub(crate) fn cache_flush(&self) -> EngineResult<()> {
+        crate::sync::assert_unheld(Rank::Meta, "a cache flush");
+        self.io.cache.flush().map_err(|e| self.cache_meta_error(e))
+    }
+
+    /// Flushes the origin (errors counted).
+    pub(crate) fn origin_flush(&self) -> EngineResult<()> {
+        crate::sync::assert_unheld(Rank::Meta, "an origin flush");
+        self.io
+            .origin
+            .flush()
+            .inspect_err(|_| bump(&self.stats.origin_errors, 1))?;
+        Ok(())
+    }
+}
