@@ -141,6 +141,78 @@ pub fn stop(id: i32) -> Result<(), UblkFrontendError> {
     Ok(())
 }
 
+/// An eventfd the runtime's tasks signal when a request is done.
+fn done_eventfd(qid: u16) -> Option<Arc<OwnedFd>> {
+    // SAFETY: eventfd(2) has no memory arguments; the result is checked.
+    let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if raw < 0 {
+        log::error!(
+            "ublk queue {qid}: eventfd: {}",
+            std::io::Error::last_os_error()
+        );
+        return None;
+    }
+    // SAFETY: `raw` is a new descriptor that nothing else owns.
+    Some(Arc::new(unsafe { OwnedFd::from_raw_fd(raw) }))
+}
+
+/// Completes every request the runtime has finished: copies read data into
+/// the tag's buffer, then tells the driver.
+fn complete_finished(q: &UblkQueue, rx: &mpsc::Receiver<Done>, bufs: &[IoBuf<u8>]) {
+    while let Ok((tag, res, data)) = rx.try_recv() {
+        let buf = &bufs[tag as usize];
+        if let Some(data) = data {
+            // SAFETY: the driver does not touch a tag's buffer between
+            // handing us the request and our completion.
+            let dst = unsafe {
+                std::slice::from_raw_parts_mut(buf.as_slice().as_ptr() as *mut u8, data.len())
+            };
+            dst.copy_from_slice(&data);
+        }
+        let _ = q.complete_io_cmd_unified(
+            tag,
+            BufDesc::Slice(buf.as_slice()),
+            Ok(UblkIORes::Result(res)),
+        );
+    }
+}
+
+/// One ublk request, as the volume runs it: what to complete the tag with.
+async fn run_request<V: Volume>(
+    volume: &V,
+    tag: u16,
+    op: u32,
+    offset: u64,
+    len: u32,
+    data: Option<AlignedBuf>,
+    fua: bool,
+) -> Done {
+    let ok = len as i32;
+    let res = |r: Result<(), VolumeError>, ok: i32| r.map_or_else(|e| errno(&e), |_| ok);
+    match op {
+        libublk::sys::UBLK_IO_OP_READ => match volume.read(offset, len).await {
+            Ok(buf) => (tag, ok, Some(buf)),
+            Err(e) => (tag, errno(&e), None),
+        },
+        libublk::sys::UBLK_IO_OP_WRITE => {
+            let data = data.expect("write data");
+            (tag, res(volume.write(offset, data, fua).await, ok), None)
+        }
+        libublk::sys::UBLK_IO_OP_FLUSH => (tag, res(volume.flush().await, 0), None),
+        libublk::sys::UBLK_IO_OP_DISCARD => (
+            tag,
+            res(volume.trim(offset, len.into(), fua).await, ok),
+            None,
+        ),
+        libublk::sys::UBLK_IO_OP_WRITE_ZEROES => (
+            tag,
+            res(volume.write_zeroes(offset, len.into(), fua).await, ok),
+            None,
+        ),
+        _ => (tag, -libc::EOPNOTSUPP, None),
+    }
+}
+
 fn queue_thread<V: Volume>(
     qid: u16,
     dev: &UblkDev,
@@ -149,17 +221,9 @@ fn queue_thread<V: Volume>(
     durable_writes: bool,
 ) {
     let bufs: Vec<IoBuf<u8>> = dev.alloc_queue_io_bufs();
-    // SAFETY: eventfd(2) has no memory arguments; the result is checked.
-    let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-    if raw < 0 {
-        log::error!(
-            "ublk queue {qid}: eventfd: {}",
-            std::io::Error::last_os_error()
-        );
+    let Some(efd) = done_eventfd(qid) else {
         return;
-    }
-    // SAFETY: `raw` is a new descriptor that nothing else owns.
-    let efd = Arc::new(unsafe { OwnedFd::from_raw_fd(raw) });
+    };
     let (tx, rx) = mpsc::channel::<Done>();
     let queue = match UblkQueue::new(qid, dev)
         .and_then(|q| q.submit_fetch_commands_unified(BufDescList::Slices(Some(&bufs))))
@@ -186,84 +250,19 @@ fn queue_thread<V: Volume>(
     let handler = |q: &UblkQueue, tag: u16, ctx: &UblkIOCtx| {
         if ctx.is_tgt_io() {
             // Requests the runtime finished: copy reads out, complete.
-            while let Ok((tag, res, data)) = rx.try_recv() {
-                let buf = &bufs[tag as usize];
-                if let Some(data) = data {
-                    // SAFETY: the driver does not touch a tag's buffer
-                    // between handing us the request and our completion.
-                    let dst = unsafe {
-                        std::slice::from_raw_parts_mut(
-                            buf.as_slice().as_ptr() as *mut u8,
-                            data.len(),
-                        )
-                    };
-                    dst.copy_from_slice(&data);
-                }
-                let _ = q.complete_io_cmd_unified(
-                    tag,
-                    BufDesc::Slice(buf.as_slice()),
-                    Ok(UblkIORes::Result(res)),
-                );
-            }
+            complete_finished(q, &rx, &bufs);
             arm(q);
             return;
         }
         let iod = q.get_iod(tag);
         let op = iod.op_flags & 0xff;
         let fua = durable_writes || iod.op_flags & libublk::sys::UBLK_IO_F_FUA != 0;
-        let offset = iod.start_sector << 9;
-        let len = iod.nr_sectors << 9;
-        let data = if op == libublk::sys::UBLK_IO_OP_WRITE {
-            Some(AlignedBuf::from_slice(
-                &bufs[tag as usize].as_slice()[..len as usize],
-            ))
-        } else {
-            None
-        };
-        let volume = volume.clone();
-        let tx = tx.clone();
-        let efd = efd.clone();
+        let (offset, len) = (iod.start_sector << 9, iod.nr_sectors << 9);
+        let data = (op == libublk::sys::UBLK_IO_OP_WRITE)
+            .then(|| AlignedBuf::from_slice(&bufs[tag as usize].as_slice()[..len as usize]));
+        let (volume, tx, efd) = (volume.clone(), tx.clone(), efd.clone());
         rt.spawn(async move {
-            let ok = len as i32;
-            let done: Done = match op {
-                libublk::sys::UBLK_IO_OP_READ => match volume.read(offset, len).await {
-                    Ok(buf) => (tag, ok, Some(buf)),
-                    Err(e) => (tag, errno(&e), None),
-                },
-                libublk::sys::UBLK_IO_OP_WRITE => {
-                    let data = data.expect("write data");
-                    (
-                        tag,
-                        volume
-                            .write(offset, data, fua)
-                            .await
-                            .map_or_else(|e| errno(&e), |_| ok),
-                        None,
-                    )
-                }
-                libublk::sys::UBLK_IO_OP_FLUSH => (
-                    tag,
-                    volume.flush().await.map_or_else(|e| errno(&e), |_| 0),
-                    None,
-                ),
-                libublk::sys::UBLK_IO_OP_DISCARD => (
-                    tag,
-                    volume
-                        .trim(offset, len.into(), fua)
-                        .await
-                        .map_or_else(|e| errno(&e), |_| ok),
-                    None,
-                ),
-                libublk::sys::UBLK_IO_OP_WRITE_ZEROES => (
-                    tag,
-                    volume
-                        .write_zeroes(offset, len.into(), fua)
-                        .await
-                        .map_or_else(|e| errno(&e), |_| ok),
-                    None,
-                ),
-                _ => (tag, -libc::EOPNOTSUPP, None),
-            };
+            let done = run_request(&*volume, tag, op, offset, len, data, fua).await;
             let _ = tx.send(done);
             let one = 1u64.to_ne_bytes();
             // SAFETY: writes 8 bytes from a live array to our eventfd.
