@@ -40,7 +40,7 @@ pub enum Rank {
     /// The metadata lock: the table, the free slots, the records, the
     /// crash log.
     Meta,
-    /// Writebacks in flight (engine/flights.rs).
+    /// Writebacks in flight (engine/writeback/flights.rs).
     Flights,
     /// The per-block locks' shard tables (engine/locks.rs, internal).
     BlockShard,
@@ -53,7 +53,7 @@ pub enum Rank {
     /// The hook run when the cache fails over to the origin (it writes the
     /// registry).
     FailoverHook,
-    /// The NBD client origin's request table (device/nbd.rs): which
+    /// The NBD client origin's request table (device/nbd/conn.rs): which
     /// requests wait for which reply; its condition variable waits for a
     /// free request slot.
     NbdClient,

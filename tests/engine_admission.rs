@@ -192,10 +192,11 @@ impl BlockDevice for Slow {
 
 #[test]
 fn a_cache_slower_than_the_origin_is_bypassed_for_new_data() {
-    let slow: DeviceRef = Arc::new(Slow {
+    let slow_cache = Arc::new(Slow {
         inner: FaultDevice::new("cache", common::cache_bytes_for(4096, BS as u32), 1),
         delay: Duration::from_millis(3),
     });
+    let slow: DeviceRef = slow_cache.clone();
     let origin = Arc::new(FaultDevice::new("origin", ORIGIN_BYTES, 2));
     let admission = AdmissionSettings {
         sequential_cutoff_bytes: 0,
@@ -209,7 +210,7 @@ fn a_cache_slower_than_the_origin_is_bypassed_for_new_data() {
     assert!(took >= Duration::from_millis(500), "engaged after {took:?}");
     let bypasses = e.status().stats.guard_bypasses;
     let origin_writes = origin.writes();
-    let t = std::time::Instant::now();
+    let cache_writes = slow_cache.inner.writes();
     for k in 0..160u64 {
         e.write((k * 13 + 5000) * BS, &[4u8; 4096], false).unwrap();
     }
@@ -221,11 +222,13 @@ fn a_cache_slower_than_the_origin_is_bypassed_for_new_data() {
         st.stats.guard_bypasses - bypasses
     );
     assert!(origin.writes() - origin_writes >= 140);
-    // 160 writes at 3 ms each through the cache would take 480 ms.
+    // Few of them reached the slow cache device (counted, not timed: a
+    // timing bound here would fail on a busy machine): at most the 20 not
+    // sent around, and a background commit's journal page and superblock.
+    let reached = slow_cache.inner.writes() - cache_writes;
     assert!(
-        t.elapsed() < Duration::from_millis(300),
-        "{:?}",
-        t.elapsed()
+        reached <= 30,
+        "{reached} cache device writes for 160 writes"
     );
     for k in 0..160u64 {
         assert!(e

@@ -39,7 +39,12 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     loop {
         let status = opened.target.status()?;
         let now = Instant::now();
-        let screen = screen(&opened.entry.name, &status, prev.as_ref(), live);
+        // Rates are over the time between the two status samples, taken
+        // once here for every line of the screen.
+        let before = prev
+            .as_ref()
+            .map(|(t, p)| (now.duration_since(*t).as_secs_f64().max(1e-3), p));
+        let screen = screen(&opened.entry.name, &status, before, live);
         let mut out = std::io::stdout().lock();
         if redraw {
             // Home, clear the screen; raw mode wants \r\n.
@@ -63,9 +68,12 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     Ok(())
 }
 
+/// The status of the last screen and the seconds since it was taken.
+type Before<'a> = Option<(f64, &'a Status)>;
+
 /// One screen: the cache, then every counter with its rate since the last
 /// screen.
-fn screen(name: &str, s: &Status, prev: Option<&(Instant, Status)>, live: bool) -> String {
+fn screen(name: &str, s: &Status, prev: Before, live: bool) -> String {
     let mut out = format!(
         "tiercache top: '{name}' ({}, {} mode, {} policy){}\n\n",
         human_bytes(s.volume_bytes),
@@ -96,12 +104,11 @@ fn screen(name: &str, s: &Status, prev: Option<&(Instant, Status)>, live: bool) 
 }
 
 /// Request rates, hit ratio, occupancy, writeback rate and admission.
-fn summary(s: &Status, prev: Option<&(Instant, Status)>) -> String {
+fn summary(s: &Status, prev: Before) -> String {
     let st = &s.stats;
-    let dt = prev.map(|(t, _)| t.elapsed().as_secs_f64().max(1e-3));
     let rate = |now: u64, was: fn(&Status) -> u64| -> Option<f64> {
-        let (_, p) = prev?;
-        Some(now.saturating_sub(was(p)) as f64 / dt?)
+        let (dt, p) = prev?;
+        Some(now.saturating_sub(was(p)) as f64 / dt)
     };
     let fmt_rate = |r: Option<f64>| r.map_or_else(|| "-".to_string(), |r| format!("{r:.0}/s"));
     let mut out = format!(
@@ -138,14 +145,13 @@ fn summary(s: &Status, prev: Option<&(Instant, Status)>) -> String {
 }
 
 /// Every counter, its total and its rate since the last screen.
-fn counter_table(s: &Status, prev: Option<&(Instant, Status)>) -> String {
-    let dt = prev.map(|(t, _)| t.elapsed().as_secs_f64().max(1e-3));
+fn counter_table(s: &Status, prev: Before) -> String {
     let mut out = format!("  {:<22} {:>14} {:>12}\n", "counter", "total", "per second");
-    let before = prev.map(|(_, p)| p.stats.counters());
+    let before = prev.map(|(dt, p)| (dt, p.stats.counters()));
     for (i, (name, _, v)) in s.stats.counters().into_iter().enumerate() {
         let r = before
             .as_ref()
-            .and_then(|b| dt.map(|dt| v.saturating_sub(b[i].2) as f64 / dt));
+            .map(|(dt, b)| v.saturating_sub(b[i].2) as f64 / dt);
         out.push_str(&format!(
             "  {name:<22} {v:>14} {:>12}\n",
             r.map_or_else(|| "-".into(), |r| format!("{r:.0}"))

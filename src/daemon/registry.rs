@@ -145,7 +145,7 @@ impl Registry {
         self.dir.join(format!("{name}.sock"))
     }
 
-    /// Where the cache's crash log lives (engine/crash_log.rs): shared
+    /// Where the cache's crash log lives (engine/journal/crash_log.rs): shared
     /// memory, which outlives a killed daemon but not the machine, and is
     /// never written back to a disk; a directory per user (mode 0700).
     /// Named after this state directory too, so two state directories'

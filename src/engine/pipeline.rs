@@ -147,7 +147,7 @@ impl Engine {
             _ => {}
         }
         if req.kind == ReadKind::Client {
-            self.note_blocks(req.offset, req.len);
+            self.note_blocks(req.offset, req.len, !req.write);
         }
         let prefetch = req.kind != ReadKind::Client;
         let plan = Plan {
@@ -191,14 +191,14 @@ impl Engine {
     }
 
     /// A request reached its blocks: the heat map and the miss-ratio curve
-    /// see each block once.
-    fn note_blocks(&self, offset: u64, len: u64) {
+    /// see each block once (the curve counts reads).
+    fn note_blocks(&self, offset: u64, len: u64, read: bool) {
         if len == 0 {
             return;
         }
         let bs = self.block_bytes;
         for block in offset / bs..=(offset + len - 1) / bs {
-            self.observe.accessed(block);
+            self.observe.accessed(block, read);
         }
     }
 

@@ -69,16 +69,24 @@ impl Observe {
     }
 
     /// An access of `block` by a request, for the curve and the heat map.
-    pub fn accessed(&self, block: u64) {
+    /// The curve estimates the read hit ratio: a write places the block
+    /// but is not counted.
+    pub fn accessed(&self, block: u64, read: bool) {
         self.accesses.accessed(block);
-        self.all_refs
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if read {
+            self.all_refs
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         let t = self
             .mrc_threshold
             .load(std::sync::atomic::Ordering::Relaxed);
         if Shards::sampled(t, block) {
             let mut m = self.mrc.lock();
-            m.access(block);
+            if read {
+                m.access(block);
+            } else {
+                m.write(block);
+            }
             self.mrc_threshold
                 .store(m.threshold(), std::sync::atomic::Ordering::Relaxed);
         }

@@ -1,0 +1,113 @@
+//! The engine's own cost per request, without a front end: 4 KiB read hits
+//! and in-place 4 KiB writes through the NBD server's fast paths
+//! (`try_read_hits`, `try_write_cached`), on RAM devices, one thread.
+//! For side-by-side runs of two builds (docs/benchmarks.md, issue 21):
+//!
+//!     cargo run --release --example engine_ops -- [--ops N] [--rounds R]
+//!
+//! Prints nanoseconds per request for each round and the median.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use tiercache::device::ram::RamDevice;
+use tiercache::device::DeviceRef;
+use tiercache::engine::format::Layout;
+use tiercache::engine::{CreateOptions, Engine, Fast, OpenOptions};
+
+const BS: u64 = 4096;
+/// Blocks written first, then read and rewritten at random.
+const BLOCKS: u64 = 32_768;
+
+fn cache_bytes_for(slots: u64) -> u64 {
+    let (mut lo, mut hi) = (1u64 << 16, 1u64 << 40);
+    while lo + BS < hi {
+        let mid = (lo + (hi - lo) / 2) / BS * BS;
+        match Layout::compute(mid, BS as u32) {
+            Ok(l) if l.slot_count >= slots => hi = mid,
+            _ => lo = mid,
+        }
+    }
+    hi
+}
+
+fn arg(args: &[String], name: &str, default: u64) -> Result<u64> {
+    match args.iter().position(|a| a == name) {
+        None => Ok(default),
+        Some(i) => match args.get(i + 1).and_then(|v| v.parse().ok()) {
+            Some(v) => Ok(v),
+            None => bail!("{name} needs a number"),
+        },
+    }
+}
+
+/// xorshift64: the same block sequence in every build.
+fn next(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let ops = arg(&args, "--ops", 1_000_000)?;
+    let rounds = arg(&args, "--rounds", 5)?;
+    let cache: DeviceRef = Arc::new(RamDevice::new("cache", cache_bytes_for(2 * BLOCKS)));
+    let origin: DeviceRef = Arc::new(RamDevice::new("origin", 4 * BLOCKS * BS));
+    let opts = CreateOptions {
+        allow_data_loss: true,
+        ..Default::default()
+    };
+    Engine::create(cache.clone(), origin.clone(), &opts)?.close()?;
+    let open = OpenOptions {
+        no_background: true,
+        allow_data_loss: true,
+        ..Default::default()
+    };
+    let engine = Engine::open(cache, origin, &open)?;
+    let data = vec![0x5au8; BS as usize];
+    for b in 0..BLOCKS {
+        engine.write(b * BS, &data, false)?;
+    }
+    engine.flush()?;
+    let (mut reads, mut writes) = (Vec::new(), Vec::new());
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for round in 0..rounds {
+        let t = Instant::now();
+        for _ in 0..ops {
+            let b = next(&mut x) % BLOCKS;
+            match engine.try_read_hits(b * BS, BS) {
+                Fast::Done(r) => drop(r?),
+                Fast::Pending(_) => bail!("block {b} was not a hit"),
+            }
+        }
+        reads.push(t.elapsed().as_nanos() as f64 / ops as f64);
+        let t = Instant::now();
+        for _ in 0..ops {
+            let b = next(&mut x) % BLOCKS;
+            match engine.try_write_cached(b * BS, &data, false) {
+                Fast::Done(r) => r?,
+                Fast::Pending(_) => bail!("block {b} was not written in place"),
+            }
+        }
+        writes.push(t.elapsed().as_nanos() as f64 / ops as f64);
+        println!(
+            "round {round}: read hit {:.0} ns, write in place {:.0} ns",
+            reads[round as usize], writes[round as usize]
+        );
+    }
+    println!(
+        "median of {rounds} rounds of {ops}: read hit {:.0} ns, write in place {:.0} ns",
+        median(&mut reads),
+        median(&mut writes)
+    );
+    engine.close()?;
+    Ok(())
+}
