@@ -251,6 +251,30 @@ impl Condvar {
 mod tests {
     use super::*;
 
+    /// docs/concurrency.md lists every rank, in the order of `Rank`.
+    #[test]
+    fn the_concurrency_doc_lists_every_rank_in_order() {
+        let doc = include_str!("../docs/concurrency.md");
+        let listed: Vec<&str> = doc
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `")?.split('`').next())
+            .filter(|name| name.chars().all(|c| c.is_ascii_alphabetic()))
+            .collect();
+        let src = include_str!("sync.rs");
+        let body = &src[src.find("pub enum Rank {").expect("the enum")..];
+        let ranks: Vec<&str> = body[..body.find("\n}").expect("its end")]
+            .lines()
+            .filter_map(|l| l.trim().strip_suffix(','))
+            .filter(|name| name.chars().all(|c| c.is_ascii_alphabetic()))
+            .collect();
+        assert!(ranks.len() >= 10, "{ranks:?}");
+        assert_eq!(
+            listed, ranks,
+            "docs/concurrency.md's lock table against Rank"
+        );
+        assert_eq!(format!("{:?}", Rank::Sampler), *ranks.last().unwrap());
+    }
+
     #[test]
     fn ascending_ranks_are_allowed_and_released() {
         let commit = Mutex::new(Rank::Commit, ());
