@@ -79,13 +79,16 @@ pub(super) fn handshake(s: &mut Stream, export: &str) -> io::Result<ExportInfo> 
     choose_export(s, export, fixed, no_zeroes)
 }
 
-/// NBD_OPT_STARTTLS; anything but NBD_REP_ACK is an error (proto.md: a
-/// client that only wishes to use TLS SHOULD terminate the session).
-pub(super) fn start_tls(s: &mut Stream) -> io::Result<()> {
-    send_option(s, OPT_STARTTLS, &[])?;
+/// One option reply to `option` (named `what` in errors): its type and
+/// body, the header checked and the body bounded.
+pub(super) fn read_option_reply(
+    s: &mut Stream,
+    option: u32,
+    what: &str,
+) -> io::Result<(u32, Vec<u8>)> {
     let h: OptionReplyHeader = read_struct(s)?;
-    if h.magic.get() != OPTION_REPLY_MAGIC || h.option.get() != OPT_STARTTLS {
-        return Err(proto_err("malformed reply to NBD_OPT_STARTTLS"));
+    if h.magic.get() != OPTION_REPLY_MAGIC || h.option.get() != option {
+        return Err(proto_err(format!("malformed reply to {what}")));
     }
     let len = h.length.get();
     if len > OPTION_REPLY_BYTES_MAX {
@@ -95,7 +98,15 @@ pub(super) fn start_tls(s: &mut Stream) -> io::Result<()> {
     }
     let mut body = vec![0u8; len as usize];
     s.read_exact(&mut body)?;
-    match h.reply_type.get() {
+    Ok((h.reply_type.get(), body))
+}
+
+/// NBD_OPT_STARTTLS; anything but NBD_REP_ACK is an error (proto.md: a
+/// client that only wishes to use TLS SHOULD terminate the session).
+pub(super) fn start_tls(s: &mut Stream) -> io::Result<()> {
+    send_option(s, OPT_STARTTLS, &[])?;
+    let (reply_type, body) = read_option_reply(s, OPT_STARTTLS, "NBD_OPT_STARTTLS")?;
+    match reply_type {
         REP_ACK => Ok(()),
         t if is_error_reply(t) => Err(io::Error::other(format!(
             "server refused TLS (NBD_OPT_STARTTLS): {}: {}",
@@ -289,19 +300,8 @@ pub(super) fn opt_go(s: &mut Stream, export: &str) -> io::Result<Option<ExportIn
     let mut export_info: Option<(u64, u16)> = None;
     let mut payload_bytes_max = PAYLOAD_BYTES_MAX_DEFAULT;
     loop {
-        let h: OptionReplyHeader = read_struct(s)?;
-        if h.magic.get() != OPTION_REPLY_MAGIC || h.option.get() != OPT_GO {
-            return Err(proto_err("malformed reply to NBD_OPT_GO"));
-        }
-        let len = h.length.get();
-        if len > OPTION_REPLY_BYTES_MAX {
-            return Err(proto_err(format!(
-                "option reply of {len} bytes is too long"
-            )));
-        }
-        let mut body = vec![0u8; len as usize];
-        s.read_exact(&mut body)?;
-        match h.reply_type.get() {
+        let (reply_type, body) = read_option_reply(s, OPT_GO, "NBD_OPT_GO")?;
+        match reply_type {
             REP_ACK => break,
             REP_INFO => take_info(&body, &mut export_info, &mut payload_bytes_max)?,
             REP_ERR_UNSUP => return Ok(None),
