@@ -34,17 +34,6 @@ fn info(name: &str, infos: &[u16]) -> Vec<u8> {
     d
 }
 
-fn meta(name: &str, queries: &[&str]) -> Vec<u8> {
-    let mut d = (name.len() as u32).to_be_bytes().to_vec();
-    d.extend_from_slice(name.as_bytes());
-    d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
-    for q in queries {
-        d.extend_from_slice(&(q.len() as u32).to_be_bytes());
-        d.extend_from_slice(q.as_bytes());
-    }
-    d
-}
-
 fn session(flags: u32, options: &[Vec<u8>]) -> Vec<u8> {
     let mut s = flags.to_be_bytes().to_vec();
     for o in options {
@@ -56,7 +45,7 @@ fn session(flags: u32, options: &[Vec<u8>]) -> Vec<u8> {
 /// Valid option sessions: (name, bytes after any policy byte).
 fn option_seeds() -> Vec<(&'static str, Vec<u8>)> {
     use proto::*;
-    let contexts = meta("", &["base:allocation", "tiercache:cache"]);
+    let contexts = proto::meta_context_request("", &["base:allocation", "tiercache:cache"]);
     vec![
         (
             "tls_go_contexts",
@@ -79,7 +68,10 @@ fn option_seeds() -> Vec<(&'static str, Vec<u8>)> {
                     opt(OPT_GO, &info("disk", &[])),
                     opt(OPT_STARTTLS, &[]),
                     opt(OPT_STRUCTURED_REPLY, &[]),
-                    opt(OPT_LIST_META_CONTEXT, &meta("disk", &[])),
+                    opt(
+                        OPT_LIST_META_CONTEXT,
+                        &proto::meta_context_request("disk", &[]),
+                    ),
                     opt(OPT_INFO, &info("", &[INFO_NAME, INFO_DESCRIPTION])),
                     opt(OPT_EXPORT_NAME, b""),
                 ],

@@ -465,6 +465,20 @@ pub struct MetaContextRequest {
     pub queries: Vec<String>,
 }
 
+/// What `parse_meta_context_request` reads, as a client sends it (for
+/// tests and fuzz seeds: the server only parses).
+#[cfg(any(test, feature = "testing"))]
+pub fn meta_context_request(export: &str, queries: &[&str]) -> Vec<u8> {
+    let mut d = (export.len() as u32).to_be_bytes().to_vec();
+    d.extend_from_slice(export.as_bytes());
+    d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+    for q in queries {
+        d.extend_from_slice(&(q.len() as u32).to_be_bytes());
+        d.extend_from_slice(q.as_bytes());
+    }
+    d
+}
+
 /// Parses `u32 name length, name, u32 count, count x (u32 length, query)`;
 /// the lengths must account for every byte exactly. The count is checked
 /// against the bytes present before anything is allocated for it.
@@ -722,20 +736,9 @@ mod tests {
         assert!(parse_info_request(&[0, 0, 0, 1, 0, 0, 0]).is_err());
     }
 
-    fn meta_data(name: &str, queries: &[&str]) -> Vec<u8> {
-        let mut d = (name.len() as u32).to_be_bytes().to_vec();
-        d.extend_from_slice(name.as_bytes());
-        d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
-        for q in queries {
-            d.extend_from_slice(&(q.len() as u32).to_be_bytes());
-            d.extend_from_slice(q.as_bytes());
-        }
-        d
-    }
-
     #[test]
-    fn meta_context_request() {
-        let d = meta_data("disk", &["base:allocation", "tiercache:"]);
+    fn meta_context_requests_parse() {
+        let d = meta_context_request("disk", &["base:allocation", "tiercache:"]);
         let r = parse_meta_context_request(&d).unwrap();
         assert_eq!(r.export_name, "disk");
         assert_eq!(r.queries, vec!["base:allocation", "tiercache:"]);
@@ -747,7 +750,7 @@ mod tests {
         assert!(parse_meta_context_request(&long).is_err());
         // A count far beyond the bytes present allocates nothing.
         assert!(parse_meta_context_request(&[0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff]).is_err());
-        let r = parse_meta_context_request(&meta_data("", &[])).unwrap();
+        let r = parse_meta_context_request(&meta_context_request("", &[])).unwrap();
         assert!(r.queries.is_empty());
     }
 

@@ -565,17 +565,6 @@ mod tests {
         assert_eq!(out.len(), 10 + 124);
     }
 
-    fn meta_data(name: &str, queries: &[&str]) -> Vec<u8> {
-        let mut d = (name.len() as u32).to_be_bytes().to_vec();
-        d.extend_from_slice(name.as_bytes());
-        d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
-        for q in queries {
-            d.extend_from_slice(&(q.len() as u32).to_be_bytes());
-            d.extend_from_slice(q.as_bytes());
-        }
-        d
-    }
-
     const FLAGS: proto::ClientFlags = proto::ClientFlags { no_zeroes: true };
 
     #[test]
@@ -637,7 +626,7 @@ mod tests {
         n.answer(proto::OPT_STRUCTURED_REPLY, &[], &mut out);
         n.answer(
             proto::OPT_SET_META_CONTEXT,
-            &meta_data("", &["base:allocation"]),
+            &proto::meta_context_request("", &["base:allocation"]),
             &mut out,
         );
         out.clear();
@@ -666,7 +655,7 @@ mod tests {
     fn meta_contexts() {
         let mut n = Negotiation::new(export(), FLAGS, TlsPolicy::Off);
         let mut out = Vec::new();
-        let list = meta_data("disk", &[]);
+        let list = proto::meta_context_request("disk", &[]);
         n.answer(proto::OPT_LIST_META_CONTEXT, &list, &mut out);
         assert_eq!(
             reply_types(&out),
@@ -681,25 +670,25 @@ mod tests {
         assert_eq!(reply_types(&out), vec![m, m, proto::REP_ACK]);
         assert_eq!(&out[24..39], proto::META_BASE_ALLOCATION.as_bytes());
         out.clear();
-        let q = meta_data("", &["tiercache:", "x-other:thing"]);
+        let q = proto::meta_context_request("", &["tiercache:", "x-other:thing"]);
         n.answer(proto::OPT_LIST_META_CONTEXT, &q, &mut out);
         assert_eq!(reply_types(&out), vec![m, proto::REP_ACK]);
         out.clear();
         n.answer(
             proto::OPT_SET_META_CONTEXT,
-            &meta_data("nope", &[]),
+            &proto::meta_context_request("nope", &[]),
             &mut out,
         );
         assert_eq!(reply_types(&out), vec![proto::REP_ERR_UNKNOWN]);
         out.clear();
         n.answer(
             proto::OPT_SET_META_CONTEXT,
-            &meta_data("", &["nocolon"]),
+            &proto::meta_context_request("", &["nocolon"]),
             &mut out,
         );
         assert_eq!(reply_types(&out), vec![proto::REP_ERR_INVALID]);
         out.clear();
-        let q = meta_data(
+        let q = proto::meta_context_request(
             "disk",
             &["base:", "base:allocation", "tiercache:cache", "qemu:dirty"],
         );
