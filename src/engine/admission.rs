@@ -131,6 +131,12 @@ struct Stream {
     used: u64,
 }
 
+/// The stream a request at `offset` continues (the one `decide` reads and
+/// `record` extends), if any.
+fn continued(table: &[Stream], offset: u64) -> Option<usize> {
+    table.iter().position(|s| s.next == offset && s.bytes > 0)
+}
+
 /// Device latencies the guard compares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dev {
@@ -284,10 +290,7 @@ impl Admission {
     /// belong to, itself included (the table is only read).
     fn stream_bytes(&self, offset: u64, len: u64) -> u64 {
         let g = self.streams.lock();
-        let before =
-            g.0.iter()
-                .find(|s| s.next == offset && s.bytes > 0)
-                .map_or(0, |s| s.bytes);
+        let before = continued(&g.0, offset).map_or(0, |i| g.0[i].bytes);
         before.saturating_add(len)
     }
 
@@ -300,7 +303,7 @@ impl Admission {
         let (table, clock) = &mut *g;
         *clock += 1;
         let now = *clock;
-        let i = match table.iter().position(|s| s.next == offset && s.bytes > 0) {
+        let i = match continued(table, offset) {
             Some(i) => i,
             None => {
                 let i = (0..STREAMS)
