@@ -544,7 +544,7 @@ impl Engine {
         }
         // The checkpoint commits everything first (commit_locked).
         match self.checkpoint_now(true) {
-            Err(e) if self.fail_over_after_commit_error(&e) => self.flush_origin_only(),
+            Err(e) if self.fail_over_after_commit_error(&e) => self.origin_flush(),
             Ok(()) => {
                 self.remove_crash_log();
                 Ok(())
@@ -606,10 +606,6 @@ impl Engine {
 
     pub(crate) fn now_ms(&self) -> u64 {
         self.clock.now_ms()
-    }
-
-    pub(crate) fn note_completed(&self) {
-        self.journal.note_completed();
     }
 
     /// Weak handle for the background thread.

@@ -63,7 +63,7 @@ impl Engine {
                 self.note_cache_error();
                 log::warn!("cache write error: {e}");
             });
-        self.note_completed();
+        self.journal.note_completed();
         r
     }
 
@@ -116,7 +116,7 @@ impl Engine {
             bump(&self.stats.origin_errors, 1);
             log::warn!("origin write error: {e}");
         });
-        self.note_completed();
+        self.journal.note_completed();
         Ok(r?)
     }
 

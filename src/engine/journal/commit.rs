@@ -37,7 +37,8 @@ impl Engine {
     /// Makes every completed write and every applied record durable.
     pub fn commit(&self) -> EngineResult<()> {
         if self.failed_over() {
-            return self.flush_origin_only();
+            // All data is on the origin; the cache takes no metadata.
+            return self.origin_flush();
         }
         let wanted = self.journal.completed_ops.load(Ordering::Acquire);
         let mut cs = self.journal.state.lock();
@@ -48,17 +49,12 @@ impl Engine {
             Err(e) => {
                 drop(cs);
                 if self.fail_over_after_commit_error(&e) {
-                    return self.flush_origin_only();
+                    return self.origin_flush();
                 }
                 Err(e)
             }
             ok => ok,
         }
-    }
-
-    /// A commit while the cache has failed over: all data is on the origin.
-    pub(crate) fn flush_origin_only(&self) -> EngineResult<()> {
-        self.origin_flush()
     }
 
     /// With `checkpoint = Some(clean)`, always writes a checkpoint (marking

@@ -523,13 +523,17 @@ impl CrashLog {
     }
 
     /// Waits while a trim punches the page that record `at` goes into
-    /// (the ring came round to it within one punch: rare, and short).
+    /// (the ring came round to it within one punch: rare, and short). No
+    /// trim under way, the usual case, costs one atomic load.
     fn wait_for_punch(&self, at: u64) {
-        let page = (at % self.capacity) / RECORDS_PER_PAGE;
         loop {
             let f = self.fence.load(Ordering::Acquire);
+            if f == 0 {
+                return;
+            }
             let (first, n) = (f >> 32, f & 0xffff_ffff);
-            if n == 0 || page < first || page >= first + n {
+            let page = (at % self.capacity) / RECORDS_PER_PAGE;
+            if page < first || page >= first + n {
                 return;
             }
             std::thread::yield_now();
@@ -557,9 +561,8 @@ impl CrashLog {
             self.dropped = true;
             return false;
         }
-        if self.capacity.is_multiple_of(RECORDS_PER_PAGE) {
-            self.wait_for_punch(self.tail);
-        }
+        // A trim fences pages only of logs whose capacity is whole pages.
+        self.wait_for_punch(self.tail);
         let at = HEADER_BYTES + (self.tail % self.capacity) as usize * RECORD_BYTES;
         let raw = r.to_raw();
         let bytes = zerocopy::IntoBytes::as_bytes(&raw);

@@ -70,7 +70,7 @@ impl Engine {
         }
         m.records.push(r);
         self.mirror_in_crash_log(m, &r);
-        self.note_completed();
+        self.journal.note_completed();
     }
 
     /// Copies an appended record to the crash log; a log half full wakes
