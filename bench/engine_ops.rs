@@ -20,18 +20,6 @@ const BS: u64 = 4096;
 /// Blocks written first, then read and rewritten at random.
 const BLOCKS: u64 = 32_768;
 
-fn cache_bytes_for(slots: u64) -> u64 {
-    let (mut lo, mut hi) = (1u64 << 16, 1u64 << 40);
-    while lo + BS < hi {
-        let mid = (lo + (hi - lo) / 2) / BS * BS;
-        match Layout::compute(mid, BS as u32) {
-            Ok(l) if l.slot_count >= slots => hi = mid,
-            _ => lo = mid,
-        }
-    }
-    hi
-}
-
 fn arg(args: &[String], name: &str, default: u64) -> Result<u64> {
     match args.iter().position(|a| a == name) {
         None => Ok(default),
@@ -59,7 +47,10 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let ops = arg(&args, "--ops", 1_000_000)?;
     let rounds = arg(&args, "--rounds", 5)?;
-    let cache: DeviceRef = Arc::new(RamDevice::new("cache", cache_bytes_for(2 * BLOCKS)));
+    let cache: DeviceRef = Arc::new(RamDevice::new(
+        "cache",
+        Layout::device_bytes_for(BS as u32, 2 * BLOCKS),
+    ));
     let origin: DeviceRef = Arc::new(RamDevice::new("origin", 4 * BLOCKS * BS));
     let opts = CreateOptions {
         allow_data_loss: true,

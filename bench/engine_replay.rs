@@ -55,18 +55,6 @@ fn read_trace(path: &str) -> Result<Vec<Req>> {
     Ok(out)
 }
 
-fn cache_bytes_for(slots: u64) -> u64 {
-    let (mut lo, mut hi) = (1u64 << 16, 1u64 << 40);
-    while lo + 4096 < hi {
-        let mid = (lo + (hi - lo) / 2) / 4096 * 4096;
-        match Layout::compute(mid, 4096) {
-            Ok(l) if l.slot_count >= slots => hi = mid,
-            _ => lo = mid,
-        }
-    }
-    hi
-}
-
 fn arg(args: &[String], name: &str) -> Option<String> {
     args.iter()
         .position(|a| a == name)
@@ -119,7 +107,10 @@ fn main() -> Result<()> {
         let Some(kind) = PolicyKind::parse(name) else {
             bail!("policy {name}: lru, fifo or s3fifo");
         };
-        let cache: DeviceRef = Arc::new(RamDevice::new("cache", cache_bytes_for(slots)));
+        let cache: DeviceRef = Arc::new(RamDevice::new(
+            "cache",
+            Layout::device_bytes_for(4096, slots),
+        ));
         let origin: DeviceRef = Arc::new(RamDevice::new("origin", origin_bytes));
         let mut admission = AdmissionSettings::default();
         if admit_all {

@@ -660,6 +660,14 @@ impl Layout {
         Ok(Layout::with_slots(block_bytes, lo))
     }
 
+    /// The smallest device, in whole 4 KiB pages, whose layout holds at
+    /// least `slots` blocks of `block_bytes` (`compute` of it gives them).
+    pub fn device_bytes_for(block_bytes: u32, slots: u64) -> u64 {
+        Layout::with_slots(block_bytes, slots.max(MIN_SLOTS))
+            .end_bytes()
+            .next_multiple_of(PAGE_BYTES)
+    }
+
     pub fn slot_offset(&self, slot: u32) -> u64 {
         self.data_offset + slot as u64 * self.block_bytes as u64
     }
@@ -672,6 +680,29 @@ impl Layout {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `device_bytes_for` is the smallest whole-page size `compute` gives
+    /// the slots for, as the binary search the tests and benches ran.
+    #[test]
+    fn device_bytes_for_is_the_smallest_that_holds_the_slots() {
+        for bs in [512u32, 4096, 65536] {
+            for slots in [1u64, 16, 100, 1000, 4097, 65_536, 300_000] {
+                let (mut lo, mut hi) = (1u64 << 16, 1u64 << 40);
+                while lo + 4096 < hi {
+                    let mid = (lo + (hi - lo) / 2) / 4096 * 4096;
+                    match Layout::compute(mid, bs) {
+                        Ok(l) if l.slot_count >= slots => hi = mid,
+                        _ => lo = mid,
+                    }
+                }
+                assert_eq!(
+                    Layout::device_bytes_for(bs, slots),
+                    hi,
+                    "{bs} B, {slots} slots"
+                );
+            }
+        }
+    }
 
     #[test]
     fn journal_round_trip_and_corruption() {

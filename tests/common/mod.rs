@@ -9,16 +9,7 @@ use tiercache::engine::format::Layout;
 
 /// A cache device size holding about `slots` blocks of `block_bytes`.
 pub fn cache_bytes_for(slots: u64, block_bytes: u32) -> u64 {
-    // Binary search the smallest size whose layout has >= slots.
-    let (mut lo, mut hi) = (1u64 << 16, 1u64 << 34);
-    while lo + 4096 < hi {
-        let mid = (lo + (hi - lo) / 2) / 4096 * 4096;
-        match Layout::compute(mid, block_bytes) {
-            Ok(l) if l.slot_count >= slots => hi = mid,
-            _ => lo = mid,
-        }
-    }
-    hi
+    Layout::device_bytes_for(block_bytes, slots)
 }
 
 pub fn fault_dev(name: &str, size: u64, seed: u64) -> (Arc<FaultDevice>, DeviceRef) {
