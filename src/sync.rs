@@ -29,6 +29,12 @@ pub enum Rank {
     WritebackState,
     /// Where writes wait for writeback to free a slot.
     SlotsFreed,
+    /// A cache set's rebuild fence (device/set/rebuild.rs): held across a
+    /// chunk copy and across a client write to the member being rebuilt.
+    Rebuild,
+    /// A cache set's member states and label generation (device/set/):
+    /// held while labels are written, never on the data path.
+    CacheSet,
     /// A test device's own state (device/fault.rs, recorder.rs,
     /// latency.rs): taken inside a device call, under `Blocks` or `Commit`,
     /// never under `Meta`. A set: a device that wraps another holds its

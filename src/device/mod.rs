@@ -15,6 +15,7 @@ pub mod nbd;
 pub mod ram;
 #[cfg(any(test, feature = "testing"))]
 pub mod recorder;
+pub mod set;
 
 use std::sync::Arc;
 
@@ -89,6 +90,10 @@ pub trait BlockDevice: Send + Sync {
     /// cache is never attached to the wrong origin (see docs/format.md).
     fn identity(&self) -> u64 {
         0
+    }
+    /// The cache set this device is (several cache devices as one).
+    fn as_cache_set(&self) -> Option<&set::CacheSet> {
+        None
     }
 }
 

@@ -668,6 +668,67 @@ impl Layout {
             .next_multiple_of(PAGE_BYTES)
     }
 
+    /// Where a cache set over members of `member_bytes` puts things
+    /// (device/set/): the metadata of the whole set on every member, then
+    /// `mirror_pct` percent of the smaller of members 0 and 1's slot space
+    /// as mirrored slots (a copy on each of the two), then each member's
+    /// own slots in the rest.
+    pub fn set_geometry(
+        member_bytes: &[u64],
+        block_bytes: u32,
+        mirror_pct: u32,
+    ) -> Result<crate::device::set::Geometry, String> {
+        use crate::device::set::{Geometry, LABEL_BYTES, MAX_MEMBERS};
+        let n = member_bytes.len();
+        if !(2..=MAX_MEMBERS).contains(&n) {
+            return Err(format!(
+                "a cache set has 2 to {MAX_MEMBERS} devices, not {n}"
+            ));
+        }
+        if !(1..=100).contains(&mirror_pct) {
+            return Err(format!("mirror share {mirror_pct}% is not within 1..100%"));
+        }
+        let bs = block_bytes as u64;
+        let usable: Vec<u64> = member_bytes
+            .iter()
+            .map(|b| b.saturating_sub(LABEL_BYTES))
+            .collect();
+        // Metadata sized for every slot the members could hold (an upper
+        // bound), so whatever the split, it fits.
+        let bound = usable
+            .iter()
+            .map(|u| u / bs)
+            .sum::<u64>()
+            .min(u32::MAX as u64);
+        let meta = Layout::with_slots(block_bytes, bound.max(MIN_SLOTS)).data_offset;
+        let avail: Vec<u64> = usable.iter().map(|u| u.saturating_sub(meta) / bs).collect();
+        let pair = avail[0].min(avail[1]);
+        let mirror = pair * mirror_pct as u64 / 100;
+        if mirror < MIN_SLOTS {
+            return Err(format!(
+                "cache devices too small: {} bytes for metadata and {MIN_SLOTS} mirrored blocks of {block_bytes} bytes",
+                LABEL_BYTES + meta + MIN_SLOTS * bs
+            ));
+        }
+        let stripe_slots: Vec<u64> = (0..n)
+            .map(|i| avail[i] - if i < 2 { mirror } else { 0 })
+            .collect();
+        let slots = mirror + stripe_slots.iter().sum::<u64>();
+        let g = Geometry {
+            block_bytes,
+            // The metadata of the slots there are, at most `meta`.
+            meta_bytes: Layout::with_slots(block_bytes, slots).data_offset,
+            mirror_slots: mirror,
+            stripe_slots,
+            member_bytes: member_bytes.to_vec(),
+        };
+        debug_assert_eq!(
+            Layout::compute(g.virtual_bytes(), block_bytes).map(|l| l.slot_count),
+            Ok(slots)
+        );
+        Ok(g)
+    }
+
     pub fn slot_offset(&self, slot: u32) -> u64 {
         self.data_offset + slot as u64 * self.block_bytes as u64
     }
@@ -680,6 +741,31 @@ impl Layout {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A set's virtual device is a layout with exactly the set's slots, and
+    /// every member holds its part.
+    #[test]
+    fn set_geometry_fits_its_members() {
+        for bytes in [
+            vec![64u64 << 20, 64 << 20],
+            vec![64 << 20, 100 << 20, 30 << 20],
+            vec![1 << 30, 1 << 30],
+        ] {
+            for pct in [10u32, 50, 100] {
+                let g = Layout::set_geometry(&bytes, 4096, pct).unwrap();
+                let l = Layout::compute(g.virtual_bytes(), 4096).unwrap();
+                assert_eq!(l.slot_count, g.slot_count());
+                assert_eq!(l.data_offset, g.meta_bytes);
+                for (i, &b) in bytes.iter().enumerate() {
+                    assert!(g.member_needs_bytes(i) <= b, "{bytes:?} {pct}% member {i}");
+                }
+                // Clean data gets more than one device's worth.
+                assert!(g.slot_count() * 4096 > bytes[0] * 9 / 10 || pct == 100);
+            }
+        }
+        assert!(Layout::set_geometry(&[1 << 20, 1 << 20], 4096, 50).is_err());
+        assert!(Layout::set_geometry(&[64 << 20], 4096, 50).is_err());
+    }
 
     /// `device_bytes_for` is the smallest whole-page size `compute` gives
     /// the slots for, as the binary search the tests and benches ran.

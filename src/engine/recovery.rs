@@ -137,6 +137,46 @@ fn check_create_options(
     Ok(())
 }
 
+/// Makes a cache set of `devs` (member i = `devs[i]`) for caches of
+/// `block_bytes` blocks, `mirror_pct` percent of members 0 and 1 mirrored
+/// (see `Layout::set_geometry`). Devices that hold a cache or a set
+/// member are taken only with `force`. The set is then formatted as one
+/// cache device (`Engine::create`).
+pub fn make_cache_set(
+    devs: Vec<DeviceRef>,
+    block_bytes: u32,
+    mirror_pct: u32,
+    force: bool,
+) -> EngineResult<DeviceRef> {
+    let bytes: Vec<u64> = devs.iter().map(|d| d.size_bytes()).collect();
+    let geometry =
+        Layout::set_geometry(&bytes, block_bytes, mirror_pct).map_err(EngineError::Config)?;
+    for d in &devs {
+        if force {
+            continue;
+        }
+        refuse_existing_cache(d)?;
+        if let Ok(l) = crate::device::set::CacheSet::read_label(d)? {
+            return Err(EngineError::Config(format!(
+                "{} is member {} of a cache set already (use --force to overwrite it)",
+                d.name(),
+                l.member_index
+            )));
+        }
+    }
+    let set_id = rand::random::<u64>() | 1;
+    let set = crate::device::set::CacheSet::format(devs, geometry, set_id)?;
+    Ok(std::sync::Arc::new(set))
+}
+
+/// Opens the cache set of `devs` (in any order); see `CacheSet::open`.
+pub fn open_cache_set(devs: Vec<DeviceRef>, allow_missing: bool) -> EngineResult<DeviceRef> {
+    Ok(std::sync::Arc::new(crate::device::set::CacheSet::open(
+        devs,
+        allow_missing,
+    )?))
+}
+
 /// A device that holds a cache is formatted only with `force`.
 fn refuse_existing_cache(cache: &DeviceRef) -> EngineResult<()> {
     let Ok(sb) = current_superblock(cache) else {
@@ -439,6 +479,9 @@ pub(crate) fn load(
     }
     let origin_blocks = origin_bytes / layout.block_bytes as u64;
     let mut table = read_checkpoint(cache, &sb, &layout, origin_blocks, &mut damage)?;
+    if let Some(set) = cache.as_cache_set() {
+        table.set_dirty_slots(set.mirror_slots() as u32);
+    }
     let ring = read_journal(cache, &layout)?;
     let start = sb.journal_replay_seq.get();
     let (seq, records_replayed) = replay(&ring, &layout, start, &mut table, &mut damage)?;
@@ -667,6 +710,7 @@ pub(crate) fn open(
     let journal_end_seq = loaded.journal_end_seq;
     let engine = build_engine(cache, origin, sb, loaded, opts.clock.clone());
     start_durable(&engine, clean, distrust, journal_end_seq, log)?;
+    engine.follow_cache_set();
     engine
         .stats
         .crash_log_records_recovered

@@ -30,7 +30,11 @@ impl Engine {
     }
 
     /// Counts a cache device error; at the limit, stops admitting blocks.
+    /// On a cache set, an error is a member's failure; the set serves on
+    /// without it and the error counts against the limit only if the set
+    /// could not hide it.
     pub(crate) fn note_cache_error(&self) {
+        self.follow_cache_set();
         bump(&self.stats.cache_errors, 1);
         let limit = self.io.cache_error_limit.load(Ordering::Relaxed);
         let errors = self.stats.cache_errors.load(Ordering::Relaxed);
@@ -39,6 +43,24 @@ impl Engine {
                 "{}: {errors} cache device errors (limit {limit}): no new blocks will be cached",
                 self.io.cache.name()
             );
+        }
+    }
+
+    /// Follows a cache set's member states (a no-op on a single device or
+    /// when nothing changed): the own slots of members that are not
+    /// healthy become unusable and their clean blocks are dropped (read
+    /// from the origin again); those of members healthy again are free.
+    /// Mirrored slots need nothing: the set serves them from the copy left.
+    pub(crate) fn follow_cache_set(&self) {
+        let Some(set) = self.io.cache.as_cache_set() else {
+            return;
+        };
+        let epoch = set.epoch();
+        if self.io.set_epoch.load(Ordering::Acquire) == epoch {
+            return;
+        }
+        if self.retire_slots(set.unusable_slots()) {
+            self.io.set_epoch.store(epoch, Ordering::Release);
         }
     }
 

@@ -33,6 +33,9 @@ pub(crate) struct Io {
     /// Called once when the cache fails over, before any origin write
     /// that follows (the daemon records it outside the failed device).
     failover_hook: Mutex<Option<FailoverHook>>,
+    /// A cache set's member-state epoch the table has followed
+    /// (`failure.rs`); `u64::MAX` before the first look.
+    set_epoch: AtomicU64,
 }
 
 impl Io {
@@ -44,6 +47,7 @@ impl Io {
             admission_stopped: AtomicBool::new(false),
             failed_over: AtomicBool::new(false),
             failover_hook: Mutex::new(Rank::FailoverHook, None),
+            set_epoch: AtomicU64::new(u64::MAX),
         }
     }
 

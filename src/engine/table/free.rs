@@ -11,8 +11,10 @@
 const RUN_SCAN_WORDS: usize = 1 << 12;
 
 pub struct FreeSlots {
-    /// Bit `s % 64` of word `s / 64` is set when slot `s` is free. Bits past
-    /// the last slot are never set.
+    /// The first slot this bitmap covers (a pool's slots: `pools.rs`).
+    base: u32,
+    /// Bit `i % 64` of word `i / 64` is set when slot `base + i` is free.
+    /// Bits past the last slot are never set.
     words: Vec<u64>,
     count: usize,
     /// Every word below this one is zero.
@@ -24,8 +26,14 @@ pub struct FreeSlots {
 impl FreeSlots {
     /// No slot free.
     pub fn new(slot_count: u64) -> FreeSlots {
+        FreeSlots::covering(0..slot_count as u32)
+    }
+
+    /// No slot free, covering the slots of `range`.
+    pub fn covering(range: std::ops::Range<u32>) -> FreeSlots {
         FreeSlots {
-            words: vec![0; (slot_count as usize).div_ceil(64)],
+            base: range.start,
+            words: vec![0; (range.len()).div_ceil(64)],
             count: 0,
             low_word: 0,
             next_word: 0,
@@ -44,9 +52,11 @@ impl FreeSlots {
         (self.words.capacity() * 8) as u64
     }
 
-    #[cfg(test)]
-    fn contains(&self, slot: u32) -> bool {
-        let s = slot as usize;
+    pub fn contains(&self, slot: u32) -> bool {
+        let Some(s) = slot.checked_sub(self.base) else {
+            return false;
+        };
+        let s = s as usize;
         self.words
             .get(s / 64)
             .is_some_and(|w| w & (1 << (s % 64)) != 0)
@@ -54,7 +64,7 @@ impl FreeSlots {
 
     /// Marks `slot` free. Freeing a free slot is a bug.
     pub fn insert(&mut self, slot: u32) {
-        let s = slot as usize;
+        let s = (slot - self.base) as usize;
         let w = &mut self.words[s / 64];
         assert!(*w & (1 << (s % 64)) == 0, "slot {slot} freed twice");
         *w |= 1 << (s % 64);
@@ -80,7 +90,18 @@ impl FreeSlots {
         let bit = w.trailing_zeros() as usize;
         *w &= !(1 << bit);
         self.count -= 1;
-        Some((self.low_word * 64 + bit) as u32)
+        Some(self.base + (self.low_word * 64 + bit) as u32)
+    }
+
+    /// Takes `slot` if it is free; true if it was.
+    pub fn remove(&mut self, slot: u32) -> bool {
+        if !self.contains(slot) {
+            return false;
+        }
+        let s = (slot - self.base) as usize;
+        self.words[s / 64] &= !(1 << (s % 64));
+        self.count -= 1;
+        true
     }
 
     /// Up to `n` free slots, taken, ascending: `n` adjacent slots if a run
@@ -94,7 +115,7 @@ impl FreeSlots {
                 }
                 self.count -= n;
                 self.next_word = (start + n) / 64;
-                return (start..start + n).map(|s| s as u32).collect();
+                return (start..start + n).map(|s| self.base + s as u32).collect();
             }
         }
         (0..n).map_while(|_| self.pop()).collect()

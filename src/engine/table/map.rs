@@ -34,6 +34,8 @@ pub struct Table {
     sectors: usize,
     /// Cached and dirty blocks per region of the volume (the heat map).
     pub regions: RegionCounts,
+    /// See `set_dirty_slots`.
+    dirty_slots: u32,
 }
 
 /// What `apply` did to slots other than the record's own.
@@ -87,7 +89,18 @@ impl Table {
             origin_blocks,
             sectors,
             regions: RegionCounts::new(origin_blocks),
+            dirty_slots: slot_count as u32,
         }
+    }
+
+    /// Slots below `n` may hold dirty data (on a cache set, the mirrored
+    /// ones); a dirty record for any other slot is invalid.
+    pub fn set_dirty_slots(&mut self, n: u32) {
+        self.dirty_slots = n.min(self.slot_count() as u32);
+    }
+
+    pub fn dirty_slots(&self) -> u32 {
+        self.dirty_slots
     }
 
     /// Sectors per block.
@@ -195,7 +208,11 @@ impl Table {
             });
         }
         let (valid, dirty) = self.sector_sets(slot);
-        Some(Cached::of(slot, run, &valid, &dirty))
+        let mut c = Cached::of(slot, run, &valid, &dirty);
+        // Empty sectors of a slot that may not hold dirty data are not
+        // written in place.
+        c.writable &= slot < self.dirty_slots;
+        Some(c)
     }
 
     pub fn is_dirty(&self, block: u64) -> bool {
@@ -326,6 +343,19 @@ impl Table {
                 Ok(())
             }
         };
+        let makes_dirty = matches!(
+            *r,
+            Record::Map { dirty: true, .. }
+                | Record::MapRun { dirty: true, .. }
+                | Record::AddRun { dirty: true, .. }
+        );
+        if makes_dirty && slot >= self.dirty_slots {
+            return Err(format!(
+                "record {r:?} puts dirty data in slot {slot}, which has one copy (dirty data \
+                 goes to slots below {})",
+                self.dirty_slots
+            ));
+        }
         match *r {
             Record::Map { block, .. } | Record::MapRun { block, .. }
                 if block >= self.origin_blocks =>

@@ -22,6 +22,7 @@ pub mod entries;
 pub mod free;
 pub mod index;
 pub mod map;
+pub mod pools;
 pub(crate) mod releases;
 pub mod sectors;
 pub mod slots;
@@ -38,7 +39,7 @@ pub(crate) struct Meta {
     table: Table,
     policy: Box<dyn Policy>,
     /// Slots that are free on disk: safe to overwrite.
-    free: free::FreeSlots,
+    free: pools::Pools,
     /// Removed mappings not yet durable: the slots they freed join `free`
     /// when the commit that carries their records completes.
     releases: releases::Releases,
@@ -81,7 +82,7 @@ impl Meta {
                 policy.inserted(slot, block);
             }
         }
-        let mut free = free::FreeSlots::new(table.slot_count());
+        let mut free = pools::Pools::new(table.slot_count(), table.dirty_slots());
         free.extend(table.free_slots());
         let dirty_since_s = vec![0u16; table.slot_count() as usize];
         Meta {

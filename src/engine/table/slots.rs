@@ -92,16 +92,17 @@ impl Engine {
         }
     }
 
-    /// Up to `n` slots free on disk (adjacent where the free slots allow),
-    /// evicting clean blocks (and committing their release) if none is
-    /// free. Empty if every block is dirty or busy.
-    pub(crate) fn alloc_slots(&self, n: usize) -> EngineResult<Vec<u32>> {
+    /// Up to `n` slots free on disk for data this `dirty` (adjacent where
+    /// the free slots allow; dirty data only in slots that may hold it:
+    /// `pools.rs`), evicting clean blocks (and committing their release)
+    /// if none is free. Empty if every such block is dirty or busy.
+    pub(crate) fn alloc_slots(&self, n: usize, dirty: bool) -> EngineResult<Vec<u32>> {
         for _ in 0..3 {
             {
                 let mut m = self.meta.lock();
-                if !m.free.is_empty() {
+                if m.free.has_free(dirty) {
                     let before = m.free.len();
-                    let slots = m.free.take(n);
+                    let slots = m.free.take(n, dirty);
                     // Running low: the background evicts and commits ahead.
                     let low = self.low_free_slots(&m);
                     if before > low && m.free.len() <= low {
@@ -109,27 +110,41 @@ impl Engine {
                     }
                     return Ok(slots);
                 }
-                if m.releases.waiting_slots() == 0 && self.evict(&mut m, EVICT_BATCH) == 0 {
+                let within = dirty.then(|| m.table.dirty_slots());
+                if m.releases.waiting_slots() == 0
+                    && self.evict_below(&mut m, EVICT_BATCH, within) == 0
+                {
                     return Ok(Vec::new());
                 }
             }
             self.commit()?;
         }
-        Ok(self.meta.lock().free.take(n))
+        Ok(self.meta.lock().free.take(n, dirty))
     }
 
     /// Evicts up to `want` clean, unlocked blocks; returns how many. Their
     /// slots become reusable after the next commit.
     pub(crate) fn evict(&self, m: &mut Meta, want: usize) -> usize {
+        self.evict_below(m, want, None)
+    }
+
+    /// `evict`, of blocks in slots below `limit` only (if given).
+    fn evict_below(&self, m: &mut Meta, want: usize, limit: Option<u32>) -> usize {
         let Meta { table, policy, .. } = m;
-        let victims = policy.select(want, EVICT_SCAN, &mut |slot| match table.slot_block(slot) {
-            None => Verdict::Take,
-            Some((_, true)) => Verdict::Rotate,
-            Some((block, false)) => {
-                if self.locks.try_lock(block) {
-                    Verdict::Take
-                } else {
-                    Verdict::Skip
+        let limit = limit.unwrap_or(u32::MAX);
+        let victims = policy.select(want, EVICT_SCAN, &mut |slot| {
+            if slot >= limit {
+                return Verdict::Skip;
+            }
+            match table.slot_block(slot) {
+                None => Verdict::Take,
+                Some((_, true)) => Verdict::Rotate,
+                Some((block, false)) => {
+                    if self.locks.try_lock(block) {
+                        Verdict::Take
+                    } else {
+                        Verdict::Skip
+                    }
                 }
             }
         });
@@ -144,6 +159,32 @@ impl Engine {
             }
         }
         n
+    }
+
+    /// Makes the slots of `ranges` (a cache set's members that are not
+    /// healthy) unusable, and every other slot usable: the clean blocks
+    /// they held are unmapped (the origin has them; a member's own slots
+    /// never hold dirty data). Returns false if a block was busy and kept
+    /// its mapping for now (call again).
+    pub(crate) fn retire_slots(&self, ranges: Vec<std::ops::Range<u32>>) -> bool {
+        let mut m = self.meta.lock();
+        m.free.set_unusable(ranges.clone());
+        let mut complete = true;
+        for slot in ranges.into_iter().flatten() {
+            let Some((block, dirty)) = m.table.slot_block(slot) else {
+                continue;
+            };
+            assert!(!dirty, "dirty data in slot {slot}, which has one copy");
+            if !self.locks.try_lock(block) {
+                complete = false;
+                continue;
+            }
+            m.policy.removed(slot);
+            self.append(&mut m, Record::Unmap { slot });
+            self.locks.unlock(block);
+            bump(&self.stats.demotions, 1);
+        }
+        complete
     }
 
     /// Stores consecutive whole blocks starting at `first_block` (`data` is
@@ -167,7 +208,7 @@ impl Engine {
             // full cache (write around it, skip the promotion).
             return Ok((0, Stored::NoSlot));
         }
-        let slots = self.alloc_slots(n)?;
+        let slots = self.alloc_slots(n, dirty)?;
         if slots.is_empty() {
             return Ok((0, Stored::NoSlot));
         }
@@ -222,7 +263,7 @@ impl Engine {
         if !self.admitting() {
             return Ok(Stored::NoSlot);
         }
-        let Some(&slot) = self.alloc_slots(1)?.first() else {
+        let Some(&slot) = self.alloc_slots(1, dirty)?.first() else {
             return Ok(Stored::NoSlot);
         };
         if let Err(e) = self.cache_write(slot, hull.first as u64 * SECTOR_BYTES, bytes) {

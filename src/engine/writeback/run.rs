@@ -108,6 +108,7 @@ impl Engine {
     /// and giving back the crash log's durable pages. Each is a step of its
     /// own below, so a deterministic test can schedule them one by one.
     pub fn background_tick(&self) {
+        self.follow_cache_set();
         for _ in 0..64 {
             if self.closed.load(std::sync::atomic::Ordering::Acquire) {
                 return;
@@ -279,7 +280,9 @@ impl Engine {
         pressed: bool,
         busy: bool,
     ) -> Option<(Vec<u64>, Pace)> {
-        let total = m.table().slot_count().max(1);
+        // Of the slots that may hold dirty data (on a cache set, the
+        // mirrored ones).
+        let total = m.table().dirty_slots().max(1) as u64;
         let dirty = m.table().dirty_count();
         let pct = dirty * 100 / total;
         if pct >= st.settings.high_pct as u64 && dirty > 0 {

@@ -1,0 +1,645 @@
+//! A cache set: several cache devices seen by the engine as one.
+//!
+//! The set is a [`BlockDevice`] whose address space is the engine's cache
+//! layout (superblocks, journal, checkpoints, then slots). Each member
+//! device starts with its label (`label.rs`, 8 KiB), then holds:
+//!
+//! - a copy of the metadata (every member);
+//! - a copy of the *mirrored slots* `0..mirror_slots` (members 0 and 1);
+//! - its *own slots*, one copy only (`stripe_slots[i]`, numbered after the
+//!   mirrored slots, member 0's first).
+//!
+//! The engine keeps dirty data in mirrored slots only and puts clean data
+//! anywhere (`engine/table/`), so dirty data and metadata survive the loss
+//! of either of members 0 and 1, while clean data uses every member's
+//! capacity.
+//!
+//! A member that fails a request (or returns no data) becomes *stale*: the
+//! labels of the members left say so (written and flushed before the
+//! request that failed returns), reads and writes skip it, and requests for
+//! its own slots fail (they held clean copies only: the engine drops them
+//! and reads the origin). `rebuild.rs` brings a replacement device in.
+//! What a stale member would have said is never read again: on open, the
+//! label with the highest generation among the members present names the
+//! stale ones.
+
+pub mod label;
+pub mod rebuild;
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+
+use parking_lot::RwLock;
+
+use super::{check_range, BlockDevice, DeviceError, DeviceRef, DeviceResult};
+use crate::sync::{Mutex, Rank};
+pub use label::{Geometry, Label, LABEL_BYTES, MAX_MEMBERS};
+
+/// A member's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemberState {
+    /// Holds current copies.
+    Healthy,
+    /// Holds nothing the set reads: it failed, or was missing at open.
+    Failed,
+    /// A replacement being filled: written like a healthy member, never read.
+    Rebuilding,
+}
+
+impl MemberState {
+    fn from_u8(v: u8) -> MemberState {
+        match v {
+            0 => MemberState::Healthy,
+            1 => MemberState::Failed,
+            _ => MemberState::Rebuilding,
+        }
+    }
+    fn to_u8(self) -> u8 {
+        match self {
+            MemberState::Healthy => 0,
+            MemberState::Failed => 1,
+            MemberState::Rebuilding => 2,
+        }
+    }
+}
+
+/// What `status` shows of a member.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct MemberStatus {
+    pub index: usize,
+    pub device: String,
+    pub state: MemberState,
+    pub bytes: u64,
+    /// Mirrored slots it holds a copy of, and its own slots.
+    pub mirror_slots: u64,
+    pub own_slots: u64,
+    pub errors: u64,
+    pub reads: u64,
+    pub writes: u64,
+    /// While rebuilding: bytes copied of the bytes to copy.
+    pub rebuild_done_bytes: u64,
+    pub rebuild_total_bytes: u64,
+}
+
+struct Member {
+    /// `None`: missing (not found at open).
+    dev: RwLock<Option<DeviceRef>>,
+    state: AtomicU8,
+    errors: AtomicU64,
+    reads: AtomicU64,
+    writes: AtomicU64,
+}
+
+impl Member {
+    fn new(dev: Option<DeviceRef>, state: MemberState) -> Member {
+        Member {
+            dev: RwLock::new(dev),
+            state: AtomicU8::new(state.to_u8()),
+            errors: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+        }
+    }
+    fn state(&self) -> MemberState {
+        MemberState::from_u8(self.state.load(Ordering::Acquire))
+    }
+    fn set_state(&self, s: MemberState) {
+        self.state.store(s.to_u8(), Ordering::Release)
+    }
+    fn dev(&self) -> Option<DeviceRef> {
+        self.dev.read().clone()
+    }
+}
+
+/// The set's own persistent state, under its lock (`Rank::CacheSet`):
+/// taken only to change a member's state, never on the data path.
+struct SetState {
+    generation: u64,
+    stale_mask: u32,
+}
+
+/// Where a piece of a request goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Target {
+    /// Metadata: a copy on every member.
+    Meta,
+    /// A mirrored slot: a copy on members 0 and 1.
+    Mirror,
+    /// A member's own slot.
+    Own(usize),
+}
+
+struct Piece {
+    buf: Range<usize>,
+    target: Target,
+    member_offset: u64,
+}
+
+pub struct CacheSet {
+    name: String,
+    set_id: u64,
+    geometry: Geometry,
+    members: Vec<Member>,
+    state: Mutex<SetState>,
+    /// Changes whenever a member's state does: the engine compares it to
+    /// learn of failures (`engine/io/failure.rs`).
+    epoch: AtomicU64,
+    /// Rotates reads of mirrored slots over their copies.
+    next_copy: AtomicUsize,
+    rebuild: rebuild::Fence,
+}
+
+/// Errors of opening or formatting a set.
+fn open_error(spec: &str, reason: impl Into<String>) -> DeviceError {
+    DeviceError::Open {
+        spec: spec.to_string(),
+        reason: reason.into(),
+    }
+}
+
+fn set_name(devs: &[Option<DeviceRef>]) -> String {
+    let names: Vec<String> = devs
+        .iter()
+        .map(|d| {
+            d.as_ref()
+                .map_or("(missing)".to_string(), |d| d.name().to_string())
+        })
+        .collect();
+    format!("set[{}]", names.join(","))
+}
+
+impl CacheSet {
+    /// Writes fresh labels on `devs` (member i = `devs[i]`) for `geometry`.
+    /// The caller has checked that the devices hold nothing to keep.
+    pub fn format(devs: Vec<DeviceRef>, geometry: Geometry, set_id: u64) -> DeviceResult<CacheSet> {
+        let n = devs.len();
+        let name = set_name(&devs.iter().cloned().map(Some).collect::<Vec<_>>());
+        if !(2..=MAX_MEMBERS).contains(&n) || geometry.stripe_slots.len() != n {
+            return Err(open_error(
+                &name,
+                format!("a set has 2..={MAX_MEMBERS} members"),
+            ));
+        }
+        for (i, d) in devs.iter().enumerate() {
+            if d.size_bytes() < geometry.member_needs_bytes(i) {
+                return Err(open_error(
+                    d.name(),
+                    format!(
+                        "member {i} needs {} bytes and has {}",
+                        geometry.member_needs_bytes(i),
+                        d.size_bytes()
+                    ),
+                ));
+            }
+        }
+        for (i, d) in devs.iter().enumerate() {
+            // Both copies: an older set's copy must not outrank this one.
+            for generation in [0, 1] {
+                let l = Label {
+                    member_index: i,
+                    set_id,
+                    generation,
+                    stale_mask: 0,
+                    geometry: geometry.clone(),
+                };
+                d.write_at(&l.to_page(), l.copy_offset())?;
+            }
+            d.flush()?;
+        }
+        Ok(CacheSet::assemble(
+            name,
+            set_id,
+            geometry,
+            devs.into_iter()
+                .map(|d| (Some(d), MemberState::Healthy))
+                .collect(),
+            SetState {
+                generation: 1,
+                stale_mask: 0,
+            },
+        ))
+    }
+
+    fn assemble(
+        name: String,
+        set_id: u64,
+        geometry: Geometry,
+        members: Vec<(Option<DeviceRef>, MemberState)>,
+        state: SetState,
+    ) -> CacheSet {
+        CacheSet {
+            name,
+            set_id,
+            geometry,
+            members: members
+                .into_iter()
+                .map(|(d, s)| Member::new(d, s))
+                .collect(),
+            state: Mutex::new(Rank::CacheSet, state),
+            epoch: AtomicU64::new(0),
+            next_copy: AtomicUsize::new(0),
+            rebuild: rebuild::Fence::default(),
+        }
+    }
+
+    /// Reads a device's current label.
+    pub fn read_label(dev: &DeviceRef) -> DeviceResult<Result<Label, String>> {
+        if dev.size_bytes() < LABEL_BYTES {
+            return Ok(Err("too small for a label".into()));
+        }
+        let mut pages = vec![0u8; LABEL_BYTES as usize];
+        dev.read_at(&mut pages, 0)?;
+        let (a, b) = pages.split_at(4096);
+        Ok(Label::current([a, b]))
+    }
+
+    /// Opens a set from its devices, in any order. Every member must be
+    /// present unless `allow_missing`: then those absent are marked failed
+    /// (a missing member's label might have named the present ones stale,
+    /// so only the operator can say the present ones are current).
+    pub fn open(devs: Vec<DeviceRef>, allow_missing: bool) -> DeviceResult<CacheSet> {
+        let mut labels = Vec::new();
+        for d in &devs {
+            let l = CacheSet::read_label(d)?
+                .map_err(|e| open_error(d.name(), format!("not a cache-set member: {e}")))?;
+            labels.push(l);
+        }
+        let newest = labels
+            .iter()
+            .max_by_key(|l| l.generation)
+            .ok_or_else(|| open_error("set", "no member given"))?
+            .clone();
+        let n = newest.member_count();
+        let mut slots: Vec<Option<DeviceRef>> = vec![None; n];
+        for (d, l) in devs.iter().zip(&labels) {
+            if l.set_id != newest.set_id || l.geometry != newest.geometry {
+                return Err(open_error(d.name(), "a member of another cache set"));
+            }
+            if slots[l.member_index].is_some() {
+                return Err(open_error(
+                    d.name(),
+                    format!("member {} given twice", l.member_index),
+                ));
+            }
+            slots[l.member_index] = Some(d.clone());
+        }
+        let name = set_name(&slots);
+        let mut stale = newest.stale_mask;
+        let missing: Vec<usize> = (0..n)
+            .filter(|&i| slots[i].is_none() && stale & (1 << i) == 0)
+            .collect();
+        if !missing.is_empty() && !allow_missing {
+            return Err(open_error(
+                &name,
+                format!(
+                    "member(s) {missing:?} of the set are missing; a missing member may be the \
+                     only current copy, so opening without it needs --degraded"
+                ),
+            ));
+        }
+        for &i in &missing {
+            stale |= 1 << i;
+        }
+        if (0..2).all(|i| stale & (1 << i) != 0) {
+            return Err(open_error(
+                &name,
+                "members 0 and 1 are both failed or missing: the metadata and dirty data are gone",
+            ));
+        }
+        let members = (0..n)
+            .map(|i| {
+                let state = if stale & (1 << i) != 0 {
+                    MemberState::Failed
+                } else {
+                    MemberState::Healthy
+                };
+                (slots[i].clone(), state)
+            })
+            .collect();
+        let set = CacheSet::assemble(
+            name,
+            newest.set_id,
+            newest.geometry,
+            members,
+            SetState {
+                generation: newest.generation,
+                stale_mask: newest.stale_mask,
+            },
+        );
+        for i in missing {
+            log::warn!("{}: member {i} is missing; opening degraded", set.name);
+            set.fail_member(i, "missing at open");
+        }
+        Ok(set)
+    }
+
+    pub fn geometry(&self) -> &Geometry {
+        &self.geometry
+    }
+
+    /// Slots below this may hold dirty data (they have two copies).
+    pub fn mirror_slots(&self) -> u64 {
+        self.geometry.mirror_slots
+    }
+
+    /// Changes with every change of a member's state.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// The slots the set cannot hold now: the own slots of members that
+    /// are not healthy.
+    pub fn unusable_slots(&self) -> Vec<Range<u32>> {
+        (0..self.members.len())
+            .filter(|&i| self.members[i].state() != MemberState::Healthy)
+            .map(|i| self.own_slots(i))
+            .filter(|r| !r.is_empty())
+            .collect()
+    }
+
+    /// Member `i`'s own slots.
+    pub fn own_slots(&self, i: usize) -> Range<u32> {
+        let base = self.geometry.stripe_base(i) as u32;
+        base..base + self.geometry.stripe_slots[i] as u32
+    }
+
+    /// Mirrored data has one current copy left.
+    pub fn degraded(&self) -> bool {
+        (0..2).any(|i| self.members[i].state() != MemberState::Healthy)
+    }
+
+    pub fn members(&self) -> Vec<MemberStatus> {
+        let (done, total, rebuilding) = self.rebuild.progress();
+        self.members
+            .iter()
+            .enumerate()
+            .map(|(i, m)| MemberStatus {
+                index: i,
+                device: m.dev().map_or("(missing)".into(), |d| d.name().to_string()),
+                state: m.state(),
+                bytes: self.geometry.member_bytes[i],
+                mirror_slots: self.geometry.member_mirror_slots(i),
+                own_slots: self.geometry.stripe_slots[i],
+                errors: m.errors.load(Ordering::Relaxed),
+                reads: m.reads.load(Ordering::Relaxed),
+                writes: m.writes.load(Ordering::Relaxed),
+                rebuild_done_bytes: if rebuilding == Some(i) { done } else { 0 },
+                rebuild_total_bytes: if rebuilding == Some(i) { total } else { 0 },
+            })
+            .collect()
+    }
+
+    /// Marks member `i` failed: the other members' labels say so (written
+    /// and flushed) before this returns. A member whose label write fails
+    /// is failed too.
+    pub fn fail_member(&self, i: usize, why: &str) {
+        let mut st = self.state.lock();
+        let mut todo = vec![(i, why.to_string())];
+        while let Some((i, why)) = todo.pop() {
+            if st.stale_mask & (1 << i) != 0 && self.members[i].state() == MemberState::Failed {
+                continue;
+            }
+            log::error!("{}: member {i} failed ({why}); serving degraded", self.name);
+            self.members[i].set_state(MemberState::Failed);
+            st.stale_mask |= 1 << i;
+            st.generation += 1;
+            self.epoch.fetch_add(1, Ordering::AcqRel);
+            for j in 0..self.members.len() {
+                if self.members[j].state() == MemberState::Failed {
+                    continue;
+                }
+                if let Err(e) = self.write_label(j, &st) {
+                    todo.push((j, format!("its label could not be written: {e}")));
+                }
+            }
+        }
+    }
+
+    fn write_label(&self, j: usize, st: &SetState) -> DeviceResult<()> {
+        let dev = self.members[j]
+            .dev()
+            .ok_or_else(|| open_error(&self.name, "missing member"))?;
+        let l = Label {
+            member_index: j,
+            set_id: self.set_id,
+            generation: st.generation,
+            stale_mask: st.stale_mask,
+            geometry: self.geometry.clone(),
+        };
+        dev.write_at(&l.to_page(), l.copy_offset())?;
+        dev.flush()
+    }
+
+    /// Splits a request at the boundaries of metadata, mirrored slots and
+    /// members' own slots.
+    fn pieces(&self, offset: u64, len: usize) -> Vec<Piece> {
+        let g = &self.geometry;
+        let bs = g.block_bytes as u64;
+        let mirror_end = g.meta_bytes + g.mirror_slots * bs;
+        let mut out = Vec::with_capacity(1);
+        let mut done = 0usize;
+        while done < len {
+            let at = offset + done as u64;
+            let (target, end, member_offset) = if at < g.meta_bytes {
+                (Target::Meta, g.meta_bytes, LABEL_BYTES + at)
+            } else if at < mirror_end {
+                (Target::Mirror, mirror_end, LABEL_BYTES + at)
+            } else {
+                let slot = (at - g.meta_bytes) / bs;
+                let i = (0..g.stripe_slots.len())
+                    .rfind(|&i| g.stripe_base(i) <= slot && g.stripe_slots[i] > 0)
+                    .unwrap_or(0);
+                let base = g.stripe_base(i);
+                let end = g.meta_bytes + (base + g.stripe_slots[i]) * bs;
+                let within = at - g.meta_bytes - base * bs;
+                let member_offset =
+                    LABEL_BYTES + g.meta_bytes + g.member_mirror_slots(i) * bs + within;
+                (Target::Own(i), end, member_offset)
+            };
+            let n = ((end - at) as usize).min(len - done);
+            out.push(Piece {
+                buf: done..done + n,
+                target,
+                member_offset,
+            });
+            done += n;
+        }
+        out
+    }
+
+    /// The members holding a copy of `target`.
+    fn copies(&self, target: Target) -> Range<usize> {
+        match target {
+            Target::Meta => 0..self.members.len(),
+            Target::Mirror => 0..2,
+            Target::Own(i) => i..i + 1,
+        }
+    }
+
+    fn member_error(&self, i: usize, e: &DeviceError) {
+        self.members[i].errors.fetch_add(1, Ordering::Relaxed);
+        self.fail_member(i, &e.to_string());
+    }
+
+    fn read_piece(&self, buf: &mut [u8], target: Target, at: u64) -> DeviceResult<()> {
+        let copies = self.copies(target);
+        let n = copies.len();
+        // Hits on mirrored slots alternate between the copies.
+        let first = if target == Target::Mirror {
+            self.next_copy.fetch_add(1, Ordering::Relaxed)
+        } else {
+            0
+        };
+        let mut last = None;
+        for k in 0..n {
+            let i = copies.start + (first + k) % n;
+            let m = &self.members[i];
+            if m.state() != MemberState::Healthy {
+                continue;
+            }
+            let Some(dev) = m.dev() else { continue };
+            m.reads.fetch_add(1, Ordering::Relaxed);
+            match dev.read_at(buf, at) {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    log::warn!("{}: member {i} read error: {e}", self.name);
+                    self.member_error(i, &e);
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| DeviceError::Io {
+            device: self.name.clone(),
+            what: "read",
+            source: std::io::Error::other("no healthy member holds this range"),
+        }))
+    }
+
+    fn write_piece(&self, buf: &[u8], target: Target, at: u64) -> DeviceResult<()> {
+        let mut ok = false;
+        let mut last = None;
+        for i in self.copies(target) {
+            let m = &self.members[i];
+            let state = m.state();
+            if state == MemberState::Failed {
+                continue;
+            }
+            let Some(dev) = m.dev() else { continue };
+            m.writes.fetch_add(1, Ordering::Relaxed);
+            let r = if state == MemberState::Rebuilding {
+                self.rebuild
+                    .write(at, buf.len() as u64, || dev.write_at(buf, at))
+            } else {
+                dev.write_at(buf, at)
+            };
+            match r {
+                Ok(()) => ok |= state == MemberState::Healthy,
+                Err(e) => {
+                    log::warn!("{}: member {i} write error: {e}", self.name);
+                    self.member_error(i, &e);
+                    last = Some(e);
+                }
+            }
+        }
+        if ok {
+            return Ok(());
+        }
+        Err(last.unwrap_or_else(|| DeviceError::Io {
+            device: self.name.clone(),
+            what: "write",
+            source: std::io::Error::other("no healthy member holds this range"),
+        }))
+    }
+}
+
+impl BlockDevice for CacheSet {
+    fn size_bytes(&self) -> u64 {
+        self.geometry.virtual_bytes()
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> DeviceResult<()> {
+        check_range(self, offset, buf.len() as u64)?;
+        for p in self.pieces(offset, buf.len()) {
+            self.read_piece(&mut buf[p.buf], p.target, p.member_offset)?;
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> DeviceResult<()> {
+        check_range(self, offset, buf.len() as u64)?;
+        for p in self.pieces(offset, buf.len()) {
+            self.write_piece(&buf[p.buf], p.target, p.member_offset)?;
+        }
+        Ok(())
+    }
+
+    /// Flushes every member written to; succeeds if a healthy one did (a
+    /// member that fails its flush is failed).
+    fn flush(&self) -> DeviceResult<()> {
+        let mut ok = false;
+        let mut last = None;
+        for (i, m) in self.members.iter().enumerate() {
+            let state = m.state();
+            if state == MemberState::Failed {
+                continue;
+            }
+            let Some(dev) = m.dev() else { continue };
+            match dev.flush() {
+                Ok(()) => ok |= state == MemberState::Healthy,
+                Err(e) => {
+                    log::warn!("{}: member {i} flush error: {e}", self.name);
+                    self.member_error(i, &e);
+                    last = Some(e);
+                }
+            }
+        }
+        if ok {
+            return Ok(());
+        }
+        Err(last.unwrap_or_else(|| DeviceError::Io {
+            device: self.name.clone(),
+            what: "flush",
+            source: std::io::Error::other("no healthy member"),
+        }))
+    }
+
+    /// Best effort on every copy: a discard that fails changes nothing the
+    /// set relies on.
+    fn discard(&self, offset: u64, len: u64) -> DeviceResult<()> {
+        check_range(self, offset, len)?;
+        for p in self.pieces(offset, len as usize) {
+            for i in self.copies(p.target) {
+                let m = &self.members[i];
+                if m.state() != MemberState::Healthy {
+                    continue;
+                }
+                if let Some(dev) = m.dev() {
+                    let r = dev.discard(p.member_offset, p.buf.len() as u64);
+                    if let Err(e) = r {
+                        log::warn!("{}: member {i} discard error: {e}", self.name);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn is_volatile(&self) -> bool {
+        self.members
+            .iter()
+            .any(|m| m.dev().is_some_and(|d| d.is_volatile()))
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn identity(&self) -> u64 {
+        self.set_id
+    }
+
+    fn as_cache_set(&self) -> Option<&CacheSet> {
+        Some(self)
+    }
+}

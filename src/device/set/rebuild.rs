@@ -1,0 +1,221 @@
+//! Replacing a member: a new device takes a failed (or retiring) member's
+//! place and is filled with copies of the metadata and mirrored slots from
+//! a healthy member while clients keep going.
+//!
+//! The copy runs in chunks. A chunk is read from a healthy member and
+//! written to the new one under the fence's lock, and every other write to
+//! the new member takes that lock too: a client write either lands on the
+//! new member after the chunk (newer bytes win), or before the chunk was
+//! read, and then the healthy copy the chunk reads already holds it (a
+//! write reaches the healthy members before the rebuilding one). The new
+//! member is read only once it is healthy: when the copy is complete and
+//! flushed and the labels say so.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use super::{open_error, CacheSet, Label, MemberState, LABEL_BYTES};
+use crate::device::{DeviceRef, DeviceResult};
+use crate::sync::{Mutex, Rank};
+
+/// Bytes copied per chunk.
+const CHUNK_BYTES: u64 = 1 << 20;
+const NONE: usize = usize::MAX;
+
+/// Serializes the rebuild's chunk copies with client writes to the member
+/// being rebuilt, and counts progress.
+pub(crate) struct Fence {
+    lock: Mutex<()>,
+    done_bytes: AtomicU64,
+    total_bytes: AtomicU64,
+    member: AtomicUsize,
+}
+
+impl Default for Fence {
+    fn default() -> Self {
+        Fence {
+            lock: Mutex::new(Rank::Rebuild, ()),
+            done_bytes: AtomicU64::new(0),
+            total_bytes: AtomicU64::new(0),
+            member: AtomicUsize::new(NONE),
+        }
+    }
+}
+
+impl Fence {
+    /// A client write to the rebuilding member.
+    pub(crate) fn write<T>(&self, _at: u64, _len: u64, f: impl FnOnce() -> T) -> T {
+        let _g = self.lock.lock();
+        f()
+    }
+
+    /// Bytes copied, bytes to copy, and which member (if a rebuild runs).
+    pub(crate) fn progress(&self) -> (u64, u64, Option<usize>) {
+        let m = self.member.load(Ordering::Acquire);
+        (
+            self.done_bytes.load(Ordering::Relaxed),
+            self.total_bytes.load(Ordering::Relaxed),
+            (m != NONE).then_some(m),
+        )
+    }
+}
+
+impl CacheSet {
+    /// Which member `dev_name` is (by its device name).
+    pub fn member_named(&self, dev_name: &str) -> Option<usize> {
+        self.members
+            .iter()
+            .position(|m| m.dev().is_some_and(|d| d.name() == dev_name))
+    }
+
+    /// Replaces member `i` with `new` and copies the metadata and mirrored
+    /// slots onto it; returns once it is healthy. A healthy member `i` is
+    /// failed first (a planned replacement). `progress` sees bytes copied
+    /// and bytes to copy after every chunk.
+    pub fn replace(
+        &self,
+        i: usize,
+        new: DeviceRef,
+        mut progress: impl FnMut(u64, u64),
+    ) -> DeviceResult<()> {
+        if i >= self.members.len() {
+            return Err(open_error(&self.name, format!("no member {i}")));
+        }
+        let need = self.geometry.member_needs_bytes(i);
+        if new.size_bytes() < need {
+            return Err(open_error(
+                new.name(),
+                format!(
+                    "member {i} needs {need} bytes; the device has {}",
+                    new.size_bytes()
+                ),
+            ));
+        }
+        if self.member_named(new.name()).is_some()
+            && self.members[i].dev().map(|d| d.name().to_string()) != Some(new.name().into())
+        {
+            return Err(open_error(new.name(), "already a member of this set"));
+        }
+        if self.members[i].state() == MemberState::Healthy {
+            self.fail_member(i, "replaced by the operator");
+        }
+        if self
+            .rebuild
+            .member
+            .compare_exchange(NONE, i, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return Err(open_error(&self.name, "a rebuild is already running"));
+        }
+        let r = self.rebuild_onto(i, new, &mut progress);
+        self.rebuild.member.store(NONE, Ordering::Release);
+        r
+    }
+
+    fn rebuild_onto(
+        &self,
+        i: usize,
+        new: DeviceRef,
+        progress: &mut impl FnMut(u64, u64),
+    ) -> DeviceResult<()> {
+        {
+            // The new device's label says it is stale until the copy is done.
+            let st = self.state.lock();
+            let l = Label {
+                member_index: i,
+                set_id: self.set_id,
+                generation: st.generation,
+                stale_mask: st.stale_mask,
+                geometry: self.geometry.clone(),
+            };
+            new.write_at(&vec![0u8; LABEL_BYTES as usize], 0)?;
+            new.write_at(&l.to_page(), l.copy_offset())?;
+            new.flush()?;
+            *self.members[i].dev.write() = Some(new.clone());
+            self.members[i].set_state(MemberState::Rebuilding);
+            self.epoch.fetch_add(1, Ordering::AcqRel);
+        }
+        let bs = self.geometry.block_bytes as u64;
+        let total = self.geometry.meta_bytes + self.geometry.member_mirror_slots(i) * bs;
+        self.rebuild.total_bytes.store(total, Ordering::Relaxed);
+        self.rebuild.done_bytes.store(0, Ordering::Relaxed);
+        let mut buf = crate::device::AlignedBuf::zeroed(CHUNK_BYTES as usize);
+        let mut done = 0;
+        while done < total {
+            let n = (total - done).min(CHUNK_BYTES);
+            let at = LABEL_BYTES + done;
+            let chunk = &mut buf[..n as usize];
+            let copied = {
+                let _g = self.rebuild.lock.lock();
+                self.read_from_healthy(i, chunk, at)
+                    .and_then(|()| new.write_at(chunk, at))
+            };
+            if let Err(e) = copied {
+                self.fail_member(i, &format!("rebuild failed: {e}"));
+                return Err(e);
+            }
+            done += n;
+            self.rebuild.done_bytes.store(done, Ordering::Relaxed);
+            progress(done, total);
+        }
+        if let Err(e) = new.flush() {
+            self.fail_member(i, &format!("rebuild flush failed: {e}"));
+            return Err(e);
+        }
+        self.mark_healthy(i)
+    }
+
+    /// Reads member offset `at` from a healthy member holding the same
+    /// range as member `i` (metadata: any; mirrored slots: the other of 0, 1).
+    fn read_from_healthy(&self, i: usize, buf: &mut [u8], at: u64) -> DeviceResult<()> {
+        let in_mirror = at >= LABEL_BYTES + self.geometry.meta_bytes;
+        let candidates: Vec<usize> = if in_mirror {
+            (0..2).filter(|&j| j != i).collect()
+        } else {
+            (0..self.members.len()).filter(|&j| j != i).collect()
+        };
+        let mut last = None;
+        for j in candidates {
+            let m = &self.members[j];
+            if m.state() != MemberState::Healthy {
+                continue;
+            }
+            let Some(dev) = m.dev() else { continue };
+            match dev.read_at(buf, at) {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    self.member_error(j, &e);
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| open_error(&self.name, "no healthy member to copy from")))
+    }
+
+    /// The copy is complete and durable: the labels say member `i` is current.
+    fn mark_healthy(&self, i: usize) -> DeviceResult<()> {
+        let mut st = self.state.lock();
+        st.stale_mask &= !(1 << i);
+        st.generation += 1;
+        self.members[i].set_state(MemberState::Healthy);
+        let mut failed = Vec::new();
+        for j in 0..self.members.len() {
+            if self.members[j].state() != MemberState::Healthy {
+                continue;
+            }
+            if let Err(e) = self.write_label(j, &st) {
+                failed.push((j, e));
+            }
+        }
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        drop(st);
+        let Some((_, first)) = failed.first() else {
+            log::info!("{}: member {i} rebuilt; the set is whole", self.name);
+            return Ok(());
+        };
+        let e = open_error(&self.name, format!("a label could not be written: {first}"));
+        for (j, why) in &failed {
+            self.fail_member(*j, &format!("its label could not be written: {why}"));
+        }
+        Err(e)
+    }
+}

@@ -1,0 +1,285 @@
+//! Several cache devices as one (device/set/): dirty data and metadata on
+//! two copies, clean data on every member's capacity, a member lost while
+//! serving, a replacement rebuilt online, a stale member never read.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{fault_dev, no_bg, seed, stamped, SectorModel};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tiercache::device::fault::FaultDevice;
+use tiercache::device::set::{CacheSet, MemberState};
+use tiercache::device::{BlockDevice, DeviceRef};
+use tiercache::engine::format::Layout;
+use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions, WritebackSettings};
+
+const BS: u32 = 4096;
+const ORIGIN_BYTES: u64 = 8 << 20;
+const MEMBER_BYTES: u64 = 4 << 20;
+
+struct Rig {
+    members: Vec<Arc<FaultDevice>>,
+    origin: Arc<FaultDevice>,
+}
+
+impl Rig {
+    fn new(n: usize, seed: u64) -> Rig {
+        let members = (0..n)
+            .map(|i| fault_dev(&format!("member{i}"), MEMBER_BYTES, seed + i as u64).0)
+            .collect();
+        let (origin, _) = fault_dev("origin", ORIGIN_BYTES, seed + 100);
+        origin
+            .write_at(&common::initial_origin(ORIGIN_BYTES), 0)
+            .unwrap();
+        origin.flush().unwrap();
+        Rig { members, origin }
+    }
+
+    fn refs(&self) -> Vec<DeviceRef> {
+        self.members
+            .iter()
+            .map(|m| m.clone() as DeviceRef)
+            .collect()
+    }
+
+    fn create(&self, mode: Mode) -> Arc<Engine> {
+        let bytes: Vec<u64> = self.members.iter().map(|m| m.size_bytes()).collect();
+        let g = Layout::set_geometry(&bytes, BS, 50).unwrap();
+        let set: DeviceRef = Arc::new(CacheSet::format(self.refs(), g, 0x5e7).unwrap());
+        let opts = CreateOptions {
+            mode,
+            block_bytes: BS,
+            writeback: WritebackSettings {
+                high_pct: 90,
+                low_pct: 80,
+                max_age_secs: 3600,
+                idle_secs: 0,
+            },
+            ..Default::default()
+        };
+        Engine::create_with(set, self.origin.clone(), &opts, &no_bg()).unwrap()
+    }
+
+    fn open(&self, devs: Vec<DeviceRef>, allow_missing: bool) -> Result<Arc<Engine>, String> {
+        let set = CacheSet::open(devs, allow_missing).map_err(|e| e.to_string())?;
+        Engine::open(Arc::new(set), self.origin.clone(), &no_bg()).map_err(|e| e.to_string())
+    }
+}
+
+fn set_of(engine: &Engine) -> &CacheSet {
+    engine.cache_device().as_cache_set().expect("a set")
+}
+
+/// Random stamped writes of 1..16 sectors, and reads checked against the
+/// model, `ops` of them.
+fn workload(engine: &Engine, model: &mut SectorModel, rng: &mut ChaCha8Rng, ops: usize) {
+    let sectors = ORIGIN_BYTES / 512;
+    for _ in 0..ops {
+        let n = rng.gen_range(1..=16u64);
+        let first = rng.gen_range(0..sectors - n);
+        if rng.gen_bool(0.5) {
+            let v = model.issue_write(first, n);
+            engine
+                .write(first * 512, &stamped(first, n, v), false)
+                .unwrap();
+            model.fua_done(v);
+        } else {
+            let data = engine.read(first * 512, n * 512).unwrap();
+            for k in 0..n as usize {
+                model
+                    .check_sector(first + k as u64, &data[k * 512..(k + 1) * 512])
+                    .unwrap();
+            }
+        }
+    }
+}
+
+fn verify_all(engine: &Engine, model: &SectorModel) {
+    let v = common::read_volume(engine).unwrap();
+    model.verify(&v).unwrap();
+}
+
+#[test]
+fn clean_data_uses_every_member_and_dirty_data_is_mirrored() {
+    let rig = Rig::new(2, seed());
+    let engine = rig.create(Mode::Writeback);
+    let set = set_of(&engine);
+    let single = Layout::compute(MEMBER_BYTES, BS).unwrap().slot_count;
+    let status = engine.status();
+    assert!(
+        status.cache_blocks_total > single * 14 / 10,
+        "two members hold {} blocks, one alone {single}",
+        status.cache_blocks_total
+    );
+    // Read the whole origin: every block is promoted, clean.
+    common::read_volume(&engine).unwrap();
+    let used = engine.status().cache_blocks_used;
+    assert!(
+        used > single,
+        "{used} clean blocks cached, one device holds {single}"
+    );
+    // Dirty data: on both members (mirrored slots), nowhere else.
+    let writes_before: Vec<u64> = rig.members.iter().map(|m| m.writes()).collect();
+    engine.write(0, &stamped(0, 8, 1), true).unwrap();
+    for (i, m) in rig.members.iter().enumerate() {
+        assert!(m.writes() > writes_before[i], "member {i} got no copy");
+    }
+    assert_eq!(set.members().len(), 2);
+    engine.close().unwrap();
+}
+
+/// A member fails while serving (every I/O errors): nothing acknowledged
+/// is lost, reads stay correct, clean blocks it held come from the origin,
+/// and after a restart without it the set opens degraded with the data.
+#[test]
+fn losing_either_member_loses_nothing() {
+    for lost in 0..2 {
+        let s = seed() + lost as u64;
+        let rig = Rig::new(2, s);
+        let engine = rig.create(Mode::Writeback);
+        let mut model = SectorModel::new(ORIGIN_BYTES / 512);
+        let mut rng = ChaCha8Rng::seed_from_u64(s);
+        workload(&engine, &mut model, &mut rng, 400);
+        engine.flush().unwrap();
+        model.flush_done();
+        rig.members[lost].fail_after_ops(0);
+        workload(&engine, &mut model, &mut rng, 400);
+        verify_all(&engine, &model);
+        engine.flush().unwrap();
+        model.flush_done();
+        engine.background_tick();
+        let st = &set_of(&engine).members()[lost];
+        assert_eq!(st.state, MemberState::Failed, "seed {s}: member {lost}");
+        assert!(set_of(&engine).degraded());
+        engine.close().unwrap();
+        drop(engine);
+        // Restart without the lost member: the survivor's label names it
+        // failed, so no --degraded is needed.
+        let survivor: DeviceRef = rig.members[1 - lost].clone();
+        let engine = rig.open(vec![survivor], false).unwrap();
+        assert!(set_of(&engine).degraded());
+        verify_all(&engine, &model);
+        workload(&engine, &mut model, &mut rng, 200);
+        verify_all(&engine, &model);
+        engine.close().unwrap();
+    }
+}
+
+/// A member that failed and comes back (its device readable again) is
+/// never read: the other member's label names it stale.
+#[test]
+fn a_member_that_failed_is_not_trusted_when_it_returns() {
+    let s = seed();
+    let rig = Rig::new(2, s);
+    let engine = rig.create(Mode::Writeback);
+    let mut model = SectorModel::new(ORIGIN_BYTES / 512);
+    let mut rng = ChaCha8Rng::seed_from_u64(s);
+    workload(&engine, &mut model, &mut rng, 200);
+    rig.members[1].fail_after_ops(0);
+    workload(&engine, &mut model, &mut rng, 400);
+    engine.flush().unwrap();
+    model.flush_done();
+    engine.close().unwrap();
+    drop(engine);
+    rig.members[1].clear_faults();
+    let engine = rig.open(rig.refs(), false).unwrap();
+    assert_eq!(set_of(&engine).members()[1].state, MemberState::Failed);
+    verify_all(&engine, &model);
+    // Member 0 lost now too would lose everything: the stale member must
+    // not be taken for a copy.
+    engine.close().unwrap();
+}
+
+/// `replace` rebuilds a failed member onto a new device while writes go on;
+/// then the other original member can be lost.
+#[test]
+fn a_replacement_is_rebuilt_online_and_then_carries_the_set() {
+    let s = seed();
+    let rig = Rig::new(2, s);
+    let engine = rig.create(Mode::Writeback);
+    let mut model = SectorModel::new(ORIGIN_BYTES / 512);
+    let mut rng = ChaCha8Rng::seed_from_u64(s);
+    workload(&engine, &mut model, &mut rng, 300);
+    rig.members[0].fail_after_ops(0);
+    workload(&engine, &mut model, &mut rng, 100);
+    let (fresh, fresh_ref) = fault_dev("member0-new", MEMBER_BYTES, s + 7);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (mut model, mut rng) = std::thread::scope(|sc| {
+        let e = engine.clone();
+        let stop = &stop;
+        let writer = sc.spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                workload(&e, &mut model, &mut rng, 20);
+            }
+            (model, rng)
+        });
+        let mut calls = 0;
+        set_of(&engine)
+            .replace(0, fresh_ref, |_, _| calls += 1)
+            .unwrap();
+        assert!(calls > 0);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        writer.join().unwrap()
+    });
+    engine.background_tick();
+    assert!(!set_of(&engine).degraded());
+    assert_eq!(set_of(&engine).members()[0].state, MemberState::Healthy);
+    workload(&engine, &mut model, &mut rng, 100);
+    engine.flush().unwrap();
+    model.flush_done();
+    // Now lose the original member 1: the rebuilt copy carries everything.
+    rig.members[1].fail_after_ops(0);
+    verify_all(&engine, &model);
+    workload(&engine, &mut model, &mut rng, 200);
+    verify_all(&engine, &model);
+    engine.flush().unwrap();
+    model.flush_done();
+    engine.close().unwrap();
+    drop(engine);
+    let engine = rig.open(vec![fresh.clone() as DeviceRef], true).unwrap();
+    verify_all(&engine, &model);
+    engine.close().unwrap();
+}
+
+/// A member missing at open that nothing says failed may hold the only
+/// current copy: opening without it takes the operator's word.
+#[test]
+fn a_missing_healthy_member_needs_degraded() {
+    let rig = Rig::new(2, seed());
+    let engine = rig.create(Mode::Writeback);
+    engine.write(0, &stamped(0, 8, 1), true).unwrap();
+    engine.close().unwrap();
+    drop(engine);
+    let one: DeviceRef = rig.members[0].clone();
+    let refused = rig.open(vec![one.clone()], false).err().unwrap();
+    assert!(refused.contains("--degraded"), "{refused}");
+    let engine = rig.open(vec![one], true).unwrap();
+    assert!(set_of(&engine).degraded());
+    assert_eq!(&engine.read(0, 4096).unwrap()[..], &stamped(0, 8, 1)[..]);
+    engine.close().unwrap();
+}
+
+#[test]
+fn members_of_another_set_or_given_twice_are_refused() {
+    let a = Rig::new(2, seed());
+    let b = Rig::new(2, seed() + 10);
+    drop(a.create(Mode::Writeback));
+    let bytes = vec![MEMBER_BYTES; 2];
+    let g = Layout::set_geometry(&bytes, BS, 50).unwrap();
+    CacheSet::format(b.refs(), g, 0xbbb).unwrap();
+    let mixed = vec![a.members[0].clone() as DeviceRef, b.members[1].clone()];
+    let e = CacheSet::open(mixed, false).err().unwrap().to_string();
+    assert!(e.contains("another cache set"), "{e}");
+    let twice = vec![a.members[0].clone() as DeviceRef, a.members[0].clone()];
+    let e = CacheSet::open(twice, false).err().unwrap().to_string();
+    assert!(e.contains("given twice"), "{e}");
+    let plain: DeviceRef = fault_dev("plain", MEMBER_BYTES, 1).1;
+    let e = CacheSet::open(vec![plain], false)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("not a cache-set member"), "{e}");
+    let _ = OpenOptions::default();
+}
