@@ -17,9 +17,17 @@ pub struct Args {
     /// The slow device to cache (file or block device); never written by create.
     #[arg(long)]
     origin: String,
-    /// The fast device that will hold the cache (its contents are replaced).
-    #[arg(long)]
-    cache: String,
+    /// The fast device that will hold the cache (its contents are
+    /// replaced). Give it two or more times for a cache set: metadata and
+    /// dirty data on two devices (surviving the loss of either), clean
+    /// data on all of them.
+    #[arg(long, required = true)]
+    cache: Vec<String>,
+    /// With several cache devices: the percentage of the first two
+    /// devices' space that holds mirrored (dirty-capable) blocks; the rest
+    /// of every device holds clean blocks only.
+    #[arg(long, value_name = "PCT", default_value_t = 50)]
+    mirror_share: u32,
     /// Name to register the cache under.
     #[arg(long, default_value = registry::DEFAULT_NAME)]
     name: String,
@@ -61,11 +69,11 @@ pub struct Args {
 }
 
 pub fn run(reg: &Registry, a: &Args) -> Result<()> {
-    let (opts, origin_path, cache_path) = checked_options(a)?;
+    let (opts, origin_path, cache_paths) = checked_options(a)?;
     reg.prepare()?;
     let _lock = reg.lock(&a.name)?;
-    check_registry(reg, a, &origin_path, &cache_path)?;
-    let (origin, cache, layout) = open_devices(&origin_path, &cache_path, opts.block_bytes)?;
+    check_registry(reg, a, &origin_path, &cache_paths)?;
+    let (origin, cache, layout) = open_devices(&origin_path, &cache_paths, &opts, a.mirror_share)?;
     // Format (the engine refuses a device holding a cache unless forced),
     // shut down cleanly, register.
     let engine = Engine::create(cache, origin, &opts).context("creating the cache")?;
@@ -82,7 +90,8 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     let entry = Entry {
         name: a.name.clone(),
         origin: origin_path,
-        cache: cache_path,
+        cache: cache_paths[0].clone(),
+        more_caches: cache_paths[1..].to_vec(),
         created: registry::now_rfc3339(),
         distrust_clean: false,
     };
@@ -94,8 +103,13 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     })?;
     println!(
         "created cache '{}': {} cached on {}",
-        entry.name, entry.origin, entry.cache
+        entry.name,
+        entry.origin,
+        entry.cache_paths().join(" + ")
     );
+    if let Some(set) = engine_set_summary(&status) {
+        println!("  {set}");
+    }
     println!(
         "  mode {}, policy {}, block size {}, {} cache blocks ({}), volume {}",
         opts.mode.name(),
@@ -108,9 +122,27 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     Ok(())
 }
 
-/// The arguments, checked: the cache's options and both devices' absolute
-/// paths (not RAM devices, not the same file).
-fn checked_options(a: &Args) -> Result<(CreateOptions, String, String)> {
+/// What a cache set's members hold, for the create message.
+fn engine_set_summary(status: &tiercache::engine::Status) -> Option<String> {
+    let m = &status.cache_members;
+    if m.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "cache set of {} devices: {} mirrored blocks (dirty data, two copies), {} clean-only blocks ({})",
+        m.len(),
+        m[0].mirror_slots,
+        m.iter().map(|x| x.own_slots).sum::<u64>(),
+        m.iter()
+            .map(|x| format!("{}: {}", x.device, x.own_slots))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
+}
+
+/// The arguments, checked: the cache's options and the devices' absolute
+/// paths (not RAM devices, no file twice).
+fn checked_options(a: &Args) -> Result<(CreateOptions, String, Vec<String>)> {
     registry::validate_name(&a.name)?;
     let defaults = WritebackSettings::default();
     let writeback = WritebackSettings {
@@ -130,24 +162,44 @@ fn checked_options(a: &Args) -> Result<(CreateOptions, String, String)> {
         allow_data_loss: a.allow_data_loss,
         cache_error_limit: a.cache_error_limit,
     };
-    for (role, spec) in [("cache", &a.cache), ("origin", &a.origin)] {
+    let specs = a.cache.iter().map(|c| ("cache", c));
+    for (role, spec) in specs.chain([("origin", &a.origin)]) {
         if spec.starts_with("ram:") {
             bail!(
                 "{role} device '{spec}' is volatile: a RAM device does not outlive this command; RAM devices are for `tiercache serve`"
             );
         }
     }
-    let origin_path = registry::absolute(&a.origin)?;
-    let cache_path = registry::absolute(&a.cache)?;
-    if registry::same_file(&origin_path, &cache_path) {
-        bail!("origin and cache are the same device ({origin_path})");
+    if a.cache.len() > tiercache::device::set::MAX_MEMBERS {
+        bail!(
+            "{} cache devices given; a cache set has at most {}",
+            a.cache.len(),
+            tiercache::device::set::MAX_MEMBERS
+        );
     }
-    Ok((opts, origin_path, cache_path))
+    let origin_path = registry::absolute(&a.origin)?;
+    let mut cache_paths: Vec<String> = Vec::new();
+    for c in &a.cache {
+        let p = registry::absolute(c)?;
+        if registry::same_file(&origin_path, &p) {
+            bail!("origin and cache are the same device ({origin_path})");
+        }
+        if let Some(q) = cache_paths.iter().find(|q| registry::same_file(q, &p)) {
+            bail!("cache device {p} is given twice (as {q})");
+        }
+        cache_paths.push(p);
+    }
+    Ok((opts, origin_path, cache_paths))
 }
 
 /// The name is free (or `--force` replaces it) and neither device belongs
 /// to another registered cache. The caller holds the name's lock.
-fn check_registry(reg: &Registry, a: &Args, origin_path: &str, cache_path: &str) -> Result<()> {
+fn check_registry(
+    reg: &Registry,
+    a: &Args,
+    origin_path: &str,
+    cache_paths: &[String],
+) -> Result<()> {
     if let Some(old) = reg.get(&a.name)? {
         if !a.force {
             bail!(
@@ -159,8 +211,12 @@ fn check_registry(reg: &Registry, a: &Args, origin_path: &str, cache_path: &str)
         }
     }
     for other in reg.list()?.iter().filter(|e| e.name != a.name) {
-        for (role, path) in [("origin", origin_path), ("cache", cache_path)] {
-            if registry::same_file(path, &other.origin) || registry::same_file(path, &other.cache) {
+        let caches = cache_paths.iter().map(|c| ("cache", c.as_str()));
+        for (role, path) in caches.chain([("origin", origin_path)]) {
+            let theirs = other.cache_paths();
+            if registry::same_file(path, &other.origin)
+                || theirs.iter().any(|c| registry::same_file(path, c))
+            {
                 bail!(
                     "{role} device {path} is already used by cache '{}'; detach that cache first",
                     other.name
@@ -171,20 +227,28 @@ fn check_registry(reg: &Registry, a: &Args, origin_path: &str, cache_path: &str)
     Ok(())
 }
 
-/// Both devices open, not the same, and their sizes fit a cache.
+/// The devices open, none the same as another, and their sizes fit a
+/// cache; several cache devices become a cache set (formatted here: the
+/// engine formats the set as one device next).
 fn open_devices(
     origin_path: &str,
-    cache_path: &str,
-    block_bytes: u32,
+    cache_paths: &[String],
+    opts: &CreateOptions,
+    mirror_share: u32,
 ) -> Result<(
     tiercache::device::DeviceRef,
     tiercache::device::DeviceRef,
     Layout,
 )> {
+    let block_bytes = opts.block_bytes;
     let origin = open_device(origin_path).context("origin")?;
-    let cache = open_device(cache_path).context("cache")?;
-    if origin.identity() != 0 && origin.identity() == cache.identity() {
-        bail!("origin {origin_path} and cache {cache_path} are the same device");
+    let mut caches = Vec::new();
+    for p in cache_paths {
+        let cache = open_device(p).with_context(|| format!("cache {p}"))?;
+        if origin.identity() != 0 && origin.identity() == cache.identity() {
+            bail!("origin {origin_path} and cache {p} are the same device");
+        }
+        caches.push(cache);
     }
     if origin.size_bytes() < u64::from(block_bytes) {
         bail!(
@@ -193,8 +257,14 @@ fn open_devices(
             human_bytes(block_bytes.into())
         );
     }
+    let cache = if caches.len() == 1 {
+        caches.remove(0)
+    } else {
+        tiercache::engine::recovery::make_cache_set(caches, block_bytes, mirror_share, opts.force)
+            .context("making the cache set")?
+    };
     let layout = Layout::compute(cache.size_bytes(), block_bytes)
         .map_err(anyhow::Error::msg)
-        .with_context(|| format!("cache {cache_path}"))?;
+        .with_context(|| format!("cache {}", cache.name()))?;
     Ok((origin, cache, layout))
 }

@@ -14,6 +14,7 @@ mod demo;
 mod detach;
 mod flush;
 mod progress;
+mod replace_cache;
 mod serve;
 mod set_admission;
 mod set_mode;
@@ -75,6 +76,9 @@ enum Command {
     Check(check::Args),
     /// Promote a range of the volume into the cache ahead of use.
     Warm(warm::Args),
+    /// Replace a cache set's member (failed, missing or retiring) with a new
+    /// device and rebuild its copies online.
+    ReplaceCache(replace_cache::Args),
     /// Watch a cache's counters and rates, refreshed every second (q quits).
     Top(top::Args),
     /// Export the cached volume over NBD (foreground; SIGINT/SIGTERM stop it cleanly).
@@ -121,6 +125,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Detach(a) => detach::run(&reg, &a),
         Command::Check(a) => check::run(&reg, &a),
         Command::Warm(a) => warm::run(&reg, &a),
+        Command::ReplaceCache(a) => replace_cache::run(&reg, &a),
         Command::Top(a) => top::run(&reg, &a),
         Command::Demo(a) => demo::run(&a),
         Command::Serve(a) => serve::run(&reg, &a),

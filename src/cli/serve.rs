@@ -34,6 +34,11 @@ pub struct Args {
     /// NBD Unix socket to listen on (default: <state-dir>/<name>.nbd).
     #[arg(long)]
     socket: Option<PathBuf>,
+    /// A cache set may start without members that cannot be opened. Only
+    /// when you know the missing ones hold nothing newer (a member that
+    /// failed while serving is recorded as failed and needs no flag).
+    #[arg(long)]
+    degraded: bool,
     /// Also listen on TCP: on loopback port 10809 when given alone, or at
     /// the address named (e.g. 0.0.0.0:10809 to serve the network).
     #[arg(long, num_args = 0..=1, default_missing_value = "127.0.0.1:10809")]
@@ -236,7 +241,10 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
             },
         }
     } else {
-        EngineSource::Registered(a.name.name.clone())
+        EngineSource::Registered {
+            name: a.name.name.clone(),
+            degraded: a.degraded,
+        }
     };
     let config = DaemonConfig {
         source,

@@ -103,14 +103,63 @@ fn size_curve(m: &tiercache::engine::observe::Mrc) -> String {
 /// Lines of the human-readable status: (label, value).
 type Rows = Vec<(&'static str, String)>;
 
+/// A cache set's state and members: one row each.
+fn set_rows(s: &Status) -> Rows {
+    let Some(state) = &s.cache_set_state else {
+        return Vec::new();
+    };
+    let mut rows = vec![(
+        "cache set",
+        match state.as_str() {
+            "whole" => "whole: metadata and dirty data on two devices".to_string(),
+            other => format!(
+                "{}: AT RISK: {} dirty blocks ({}) have one copy left; replace the failed device                  with `tiercache replace-cache OLD NEW`",
+                other.to_uppercase(),
+                s.dirty_at_risk,
+                human_bytes(s.dirty_at_risk * u64::from(s.block_bytes))
+            ),
+        },
+    )];
+    for m in &s.cache_members {
+        let rebuild = if m.rebuild_total_bytes > 0 {
+            format!(
+                "  rebuilt {} of {} ({})",
+                human_bytes(m.rebuild_done_bytes),
+                human_bytes(m.rebuild_total_bytes),
+                percent(m.rebuild_done_bytes, m.rebuild_total_bytes)
+            )
+        } else {
+            String::new()
+        };
+        rows.push((
+            "  member",
+            format!(
+                "{} {}: {}, {}; used {} of {} blocks, dirty {}, errors {}{rebuild}",
+                m.index,
+                m.device,
+                m.state.name(),
+                human_bytes(m.bytes),
+                m.used_blocks,
+                m.mirror_slots + m.own_slots,
+                m.dirty_blocks,
+                m.errors
+            ),
+        ));
+    }
+    rows
+}
+
 /// The devices, the mode and how full the cache is.
 fn volume_rows(s: &Status) -> Rows {
-    vec![
+    let mut rows = vec![
         (
             "origin",
             format!("{} ({})", s.origin, human_bytes(s.volume_bytes)),
         ),
         ("cache", s.cache.clone()),
+    ];
+    rows.extend(set_rows(s));
+    rows.extend([
         ("mode", s.mode.name().to_string()),
         ("policy", s.policy.clone()),
         ("block size", human_bytes(s.block_bytes.into())),
@@ -130,7 +179,8 @@ fn volume_rows(s: &Status) -> Rows {
             "partial",
             format!("{} blocks hold only some sectors", s.partial_blocks),
         ),
-    ]
+    ]);
+    rows
 }
 
 /// What the requests did.

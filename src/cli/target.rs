@@ -110,6 +110,34 @@ impl Target {
         }
     }
 
+    /// Replaces cache set member `member` with the device at `path` and
+    /// rebuilds its copies; `progress` gets (bytes copied, bytes to copy).
+    pub fn replace_cache(
+        &self,
+        member: usize,
+        path: &str,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<()> {
+        let what = || format!("replacing cache set member {member} with {path}");
+        match self {
+            Target::Offline(e) => {
+                let dev = open_device(path).with_context(what)?;
+                e.replace_cache_member(member, dev, progress)
+                    .with_context(what)
+            }
+            Target::Daemon(p) => control::call_with_progress(
+                p,
+                &Request::ReplaceCache {
+                    member,
+                    device: path.to_string(),
+                },
+                progress,
+            )
+            .map(|_| ())
+            .with_context(what),
+        }
+    }
+
     /// Writes everything back and dissolves the cache. A daemon refuses
     /// while its device is in use, unless `force`.
     pub fn detach(&self, force: bool) -> Result<()> {
@@ -154,6 +182,12 @@ pub struct Opened {
 impl Opened {
     /// Resolves `name` (or the only cache), takes its lock and opens it.
     pub fn open(reg: &Registry, name: Option<&str>) -> Result<Opened> {
+        Opened::open_with(reg, name, false)
+    }
+
+    /// `open`; `degraded`: a cache set opens without members that cannot
+    /// be found (see `CacheSet::open`).
+    pub fn open_with(reg: &Registry, name: Option<&str>, degraded: bool) -> Result<Opened> {
         let entry = reg.resolve(name)?;
         let socket = reg.socket_path(&entry.name);
         if control::daemon_listening(&socket) {
@@ -164,7 +198,8 @@ impl Opened {
             });
         }
         let lock = reg.lock(&entry.name)?;
-        let engine = open_engine(reg, &entry).with_context(|| format!("cache '{}'", entry.name))?;
+        let engine = open_engine(reg, &entry, degraded)
+            .with_context(|| format!("cache '{}'", entry.name))?;
         super::registry::record_distrust(reg, &entry, &engine)?;
         Ok(Opened {
             entry,
@@ -180,8 +215,10 @@ impl Opened {
     }
 }
 
-fn open_engine(reg: &Registry, entry: &Entry) -> Result<Arc<Engine>> {
-    let cache = open_device(&entry.cache).context("opening the cache device")?;
+fn open_engine(reg: &Registry, entry: &Entry, degraded: bool) -> Result<Arc<Engine>> {
+    let cache = entry
+        .open_cache(degraded)
+        .context("opening the cache device")?;
     let origin = open_device(&entry.origin).context("opening the origin device")?;
     // A command is short-lived: background writeback would only race the
     // command's own work. The daemon runs it.

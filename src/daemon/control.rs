@@ -83,6 +83,12 @@ pub enum Request {
         offset: u64,
         length: u64,
     },
+    /// Replace member `member` of the cache set with the device `device`
+    /// and rebuild its copies (progress lines: bytes copied, to copy).
+    ReplaceCache {
+        member: usize,
+        device: String,
+    },
 }
 
 #[derive(Serialize, Deserialize, Debug)]
@@ -249,6 +255,10 @@ fn carry_out(
         Request::Warm { offset, length } => {
             status(engine.warm(offset, length, &mut progress_lines(out)))
         }
+        Request::ReplaceCache { member, device } => match crate::device::open_device(&device) {
+            Ok(dev) => status(engine.replace_cache_member(member, dev, &mut progress_lines(out))),
+            Err(e) => Err(e.to_string()),
+        },
         Request::SetMode { mode } => done(engine.set_mode(mode)),
         Request::SetWriteback { settings } => done(engine.set_writeback(settings)),
         Request::SetAdmission { settings } => done(engine.set_admission(settings)),

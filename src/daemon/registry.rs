@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::device::DeviceRef;
 use crate::engine::Engine;
 
 /// Errors of the registry. Messages name the file and say what to do.
@@ -103,14 +104,79 @@ pub struct Entry {
     /// Absolute path of the origin device (symlinks such as
     /// /dev/disk/by-id/... are kept, not resolved).
     pub origin: String,
-    /// Absolute path of the cache device.
+    /// Absolute path of the cache device (of a cache set: its member 0
+    /// at create; the members are found by their labels, in any order).
     pub cache: String,
+    /// A cache set's other members (absolute paths); empty for one device.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub more_caches: Vec<String>,
     /// When the cache was created, RFC 3339 UTC.
     pub created: String,
     /// The cache failed over after a device failure: the next open drops
     /// its clean blocks (the origin changed under them), then clears this.
     #[serde(default)]
     pub distrust_clean: bool,
+}
+
+impl Entry {
+    /// Every cache device of the entry.
+    pub fn cache_paths(&self) -> Vec<String> {
+        std::iter::once(self.cache.clone())
+            .chain(self.more_caches.iter().cloned())
+            .collect()
+    }
+
+    /// Opens the cache device, or the cache set of several: see
+    /// [`open_cache`].
+    pub fn open_cache(&self, allow_missing: bool) -> crate::device::DeviceResult<DeviceRef> {
+        open_cache(&self.cache_paths(), allow_missing)
+    }
+
+    /// The entry with member path `old` replaced by `new`.
+    pub fn with_cache_replaced(&self, old: &str, new: &str) -> Entry {
+        let swap = |p: &String| {
+            if same_file(p, old) || p == old {
+                new.to_string()
+            } else {
+                p.clone()
+            }
+        };
+        Entry {
+            cache: swap(&self.cache),
+            more_caches: self.more_caches.iter().map(swap).collect(),
+            ..self.clone()
+        }
+    }
+}
+
+/// Opens one cache device, or the cache set of `paths` (two or more): a
+/// member that cannot be opened is left out if `allow_missing` (the set
+/// then opens degraded; see `CacheSet::open`), else it is the error.
+pub fn open_cache(paths: &[String], allow_missing: bool) -> crate::device::DeviceResult<DeviceRef> {
+    if let [one] = paths {
+        return crate::device::open_device(one);
+    }
+    let mut devs = Vec::new();
+    for p in paths {
+        match crate::device::open_device(p) {
+            Ok(d) => devs.push(d),
+            Err(e) if allow_missing => log::warn!("cache set member {p} left out: {e}"),
+            Err(e) => {
+                return Err(crate::device::DeviceError::Open {
+                    spec: p.clone(),
+                    reason: format!(
+                        "{e}; it is a member of a cache set: replace it with `tiercache \
+                         replace-cache {p} NEW`, or serve without it with --degraded if it \
+                         holds nothing newer than the other members"
+                    ),
+                })
+            }
+        }
+    }
+    Ok(std::sync::Arc::new(crate::device::set::CacheSet::open(
+        devs,
+        allow_missing,
+    )?))
 }
 
 /// The state directory.

@@ -24,8 +24,13 @@ use crate::nbd::TlsAcceptor;
 
 /// What the daemon serves.
 pub enum EngineSource {
-    /// A registered cache by name (`None`: the only one registered).
-    Registered(Option<String>),
+    /// A registered cache by name (`None`: the only one registered);
+    /// `degraded`: a cache set may open without members that cannot be
+    /// found (`CacheSet::open`).
+    Registered {
+        name: Option<String>,
+        degraded: bool,
+    },
     /// A RAM cache created for this run only over `origin` (a device spec).
     Volatile {
         /// Name of the control socket (default "ram").
@@ -174,13 +179,18 @@ fn open(reg: &Registry, source: &EngineSource) -> Result<Opened> {
                 _lock: None,
             })
         }
-        EngineSource::Registered(name) => {
+        EngineSource::Registered { name, degraded } => {
             let entry = reg.resolve(name.as_deref())?;
             if control::daemon_listening(&reg.socket_path(&entry.name)) {
                 return Err(DaemonError::AlreadyServed(entry.name));
             }
             let lock = reg.lock(&entry.name)?;
-            let cache = device("opening the cache device", &entry.cache)?;
+            let cache = entry
+                .open_cache(*degraded)
+                .map_err(|source| DaemonError::Device {
+                    what: "opening the cache device",
+                    source,
+                })?;
             let origin = device("opening the origin device", &entry.origin)?;
             let opts = OpenOptions {
                 distrust_clean: entry.distrust_clean,

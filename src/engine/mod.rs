@@ -253,6 +253,16 @@ pub struct Status {
     /// The admission guard sends new data around the cache (its device is
     /// slower than the origin).
     pub guard_engaged: bool,
+    /// A cache set's members (empty for one cache device).
+    #[serde(default)]
+    pub cache_members: Vec<crate::device::set::MemberStatus>,
+    /// A cache set's state: "whole", "degraded" or "rebuilding".
+    #[serde(default)]
+    pub cache_set_state: Option<String>,
+    /// Dirty blocks with one copy left (a degraded cache set; on one
+    /// cache device every dirty block has one copy and this stays 0).
+    #[serde(default)]
+    pub dirty_at_risk: u64,
     pub stats: StatsSnapshot,
 }
 
@@ -366,7 +376,18 @@ impl Engine {
         let stats = self.stats.snapshot();
         let errors = stats.cache_errors;
         let writeback = self.writeback.settings();
+        let set = self.io.cache().as_cache_set();
+        let mut members = set.map(|s| s.members()).unwrap_or_default();
         let mut m = self.meta.lock();
+        let dirty = m.table().dirty_count();
+        for (i, member) in members.iter_mut().enumerate() {
+            let set = set.expect("members of a set");
+            let mirror = member.mirror_slots as u32;
+            let own = m.used_in(set.own_slots(i));
+            let mirrored = if mirror > 0 { m.used_in(0..mirror) } else { 0 };
+            member.used_blocks = own + mirrored;
+            member.dirty_blocks = if mirror > 0 { dirty } else { 0 };
+        }
         let metadata_bytes =
             m.heap_bytes() + self.admission.heap_bytes() + self.observe.heap_bytes();
         Status {
@@ -415,6 +436,13 @@ impl Engine {
                 format!("admitting ({errors} of {limit} cache errors)")
             },
             cache_error_limit: limit,
+            cache_members: members,
+            cache_set_state: set.map(|s| s.state_name().to_string()),
+            dirty_at_risk: if set.is_some_and(|s| s.degraded()) {
+                dirty
+            } else {
+                0
+            },
             stats,
         }
     }

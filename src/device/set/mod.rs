@@ -48,6 +48,13 @@ pub enum MemberState {
 }
 
 impl MemberState {
+    pub fn name(self) -> &'static str {
+        match self {
+            MemberState::Healthy => "healthy",
+            MemberState::Failed => "failed",
+            MemberState::Rebuilding => "rebuilding",
+        }
+    }
     fn from_u8(v: u8) -> MemberState {
         match v {
             0 => MemberState::Healthy,
@@ -80,6 +87,12 @@ pub struct MemberStatus {
     /// While rebuilding: bytes copied of the bytes to copy.
     pub rebuild_done_bytes: u64,
     pub rebuild_total_bytes: u64,
+    /// Blocks it holds (its copies of mirrored ones and its own), and of
+    /// them dirty: filled in by the engine, which knows the mappings.
+    #[serde(default)]
+    pub used_blocks: u64,
+    #[serde(default)]
+    pub dirty_blocks: u64,
 }
 
 struct Member {
@@ -364,6 +377,17 @@ impl CacheSet {
         base..base + self.geometry.stripe_slots[i] as u32
     }
 
+    /// "whole", "degraded" (mirrored data on one copy) or "rebuilding".
+    pub fn state_name(&self) -> &'static str {
+        if self.rebuild.progress().2.is_some() {
+            "rebuilding"
+        } else if self.degraded() {
+            "degraded"
+        } else {
+            "whole"
+        }
+    }
+
     /// Mirrored data has one current copy left.
     pub fn degraded(&self) -> bool {
         (0..2).any(|i| self.members[i].state() != MemberState::Healthy)
@@ -386,6 +410,8 @@ impl CacheSet {
                 writes: m.writes.load(Ordering::Relaxed),
                 rebuild_done_bytes: if rebuilding == Some(i) { done } else { 0 },
                 rebuild_total_bytes: if rebuilding == Some(i) { total } else { 0 },
+                used_blocks: 0,
+                dirty_blocks: 0,
             })
             .collect()
     }

@@ -64,6 +64,28 @@ impl Engine {
         }
     }
 
+    /// Replaces member `member` of the cache set with `new` and rebuilds
+    /// its copies online (`CacheSet::replace`); `progress` gets bytes
+    /// copied and bytes to copy. Its own slots take clean blocks again
+    /// once it is healthy.
+    pub fn replace_cache_member(
+        &self,
+        member: usize,
+        new: crate::device::DeviceRef,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> EngineResult<()> {
+        self.check_open()?;
+        let Some(set) = self.io.cache.as_cache_set() else {
+            return Err(EngineError::Config(format!(
+                "{} is one cache device, not a cache set: there is no member to replace",
+                self.io.cache.name()
+            )));
+        };
+        let r = set.replace(member, new, progress);
+        self.follow_cache_set();
+        Ok(r?)
+    }
+
     /// A cache device error in the metadata path: counted, and tagged so a
     /// commit can tell it from an origin error.
     pub(crate) fn cache_meta_error(&self, e: DeviceError) -> EngineError {

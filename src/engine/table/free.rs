@@ -93,6 +93,28 @@ impl FreeSlots {
         Some(self.base + (self.low_word * 64 + bit) as u32)
     }
 
+    /// Free slots within `range` (which must lie in this bitmap's slots).
+    pub fn count_in(&self, range: std::ops::Range<u32>) -> u64 {
+        let (lo, hi) = (
+            (range.start - self.base) as usize,
+            (range.end - self.base) as usize,
+        );
+        let mut n = 0u64;
+        let mut i = lo;
+        while i < hi {
+            let (w, bit) = (i / 64, i % 64);
+            let take = (64 - bit).min(hi - i);
+            let mask = if take == 64 {
+                !0u64
+            } else {
+                ((1u64 << take) - 1) << bit
+            };
+            n += (self.words[w] & mask).count_ones() as u64;
+            i += take;
+        }
+        n
+    }
+
     /// Takes `slot` if it is free; true if it was.
     pub fn remove(&mut self, slot: u32) -> bool {
         if !self.contains(slot) {

@@ -143,6 +143,11 @@ impl Meta {
         self.free.len()
     }
 
+    /// Slots of `range` (within one pool) not free on disk.
+    pub(crate) fn used_in(&self, range: std::ops::Range<u32>) -> u64 {
+        self.free.used_in(range)
+    }
+
     /// Slots freed by records not yet durable (free after the next commit).
     pub(crate) fn waiting_slots(&self) -> usize {
         self.releases.waiting_slots()

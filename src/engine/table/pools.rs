@@ -112,6 +112,18 @@ impl Pools {
         self.extend(parked);
     }
 
+    /// Slots of `range` not free on disk (holding data, or waiting for a
+    /// release): `range` lies within one pool.
+    pub fn used_in(&self, range: Range<u32>) -> u64 {
+        let free = if range.start < self.dirty_slots {
+            self.mirror.count_in(range.clone())
+        } else {
+            self.own.count_in(range.clone())
+        };
+        let parked = self.parked.iter().filter(|s| range.contains(s)).count() as u64;
+        range.len() as u64 - free - parked
+    }
+
     pub fn unusable(&self) -> &[Range<u32>] {
         &self.unusable
     }
@@ -142,7 +154,10 @@ mod tests {
         p.insert(65);
         assert_eq!(p.len(), 2);
         assert_eq!(p.take(5, false), vec![80, 1]);
+        assert_eq!(p.used_in(50..70), 20 - 3);
         p.set_unusable(vec![]);
+        assert_eq!(p.used_in(50..70), 20 - 3);
+        assert_eq!(p.used_in(0..40), 40 - 0);
         assert_eq!(p.take(5, false), vec![60, 61, 65]);
     }
 }
