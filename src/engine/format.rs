@@ -420,6 +420,27 @@ pub fn parse_journal_page(page: &[u8]) -> Result<ParsedJournalPage, String> {
     })
 }
 
+/// A metadata page that is intact by its own checksum: a superblock, a
+/// journal page or a checkpoint page (which one, and whether it belongs
+/// where it was read, the reader checks). A cache set reads another
+/// member's copy of a page that is not (device/set/).
+pub fn meta_page_intact(page: &[u8]) -> bool {
+    if page.len() != PAGE_BYTES as usize {
+        return false;
+    }
+    if Superblock::parse(page).is_ok() {
+        return true;
+    }
+    let magic = u32::from_le_bytes(page[0..4].try_into().expect("4 bytes"));
+    if magic != JOURNAL_MAGIC && magic != CHECKPOINT_MAGIC {
+        return false;
+    }
+    let crc = u32::from_le_bytes(page[4..8].try_into().expect("4 bytes"));
+    let mut copy = page.to_vec();
+    copy[4..8].fill(0);
+    crc32c::crc32c(&copy) == crc
+}
+
 pub const CHECKPOINT_HEADER_BYTES: usize = 24;
 pub const CHECKPOINT_PAYLOAD_BYTES: usize = PAGE_BYTES as usize - CHECKPOINT_HEADER_BYTES;
 pub const ENTRIES_PER_CHECKPOINT_PAGE: usize = CHECKPOINT_PAYLOAD_BYTES / 8;

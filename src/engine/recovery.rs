@@ -673,7 +673,14 @@ pub(crate) fn open(
     origin: DeviceRef,
     opts: &OpenOptions,
 ) -> EngineResult<Engine> {
+    if let Some(set) = cache.as_cache_set() {
+        set.set_meta_check(super::format::meta_page_intact);
+    }
     let sb = current_superblock(&cache)?;
+    if let Some(set) = cache.as_cache_set() {
+        let journal_end = sb.journal_offset.get() + sb.journal_pages.get() * PAGE_BYTES;
+        set.scrub_meta(0..journal_end.min(set.geometry().meta_bytes));
+    }
     check_origin(&sb, &origin, opts.force)?;
     // The log is locked before anything is read: a second process opening
     // the same cache stops here.

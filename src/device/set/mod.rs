@@ -25,6 +25,7 @@
 
 pub mod label;
 pub mod rebuild;
+pub mod sums;
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
@@ -82,6 +83,10 @@ pub struct MemberStatus {
     pub mirror_slots: u64,
     pub own_slots: u64,
     pub errors: u64,
+    /// Blocks it returned damaged (caught by their checksum; served from
+    /// the other copy, or the origin, instead).
+    #[serde(default)]
+    pub bad_blocks: u64,
     pub reads: u64,
     pub writes: u64,
     /// While rebuilding: bytes copied of the bytes to copy.
@@ -102,6 +107,8 @@ struct Member {
     errors: AtomicU64,
     reads: AtomicU64,
     writes: AtomicU64,
+    /// Blocks it returned that failed their checksum.
+    bad_blocks: AtomicU64,
 }
 
 impl Member {
@@ -112,6 +119,7 @@ impl Member {
             errors: AtomicU64::new(0),
             reads: AtomicU64::new(0),
             writes: AtomicU64::new(0),
+            bad_blocks: AtomicU64::new(0),
         }
     }
     fn state(&self) -> MemberState {
@@ -161,6 +169,8 @@ pub struct CacheSet {
     /// Rotates reads of mirrored slots over their copies.
     next_copy: AtomicUsize,
     rebuild: rebuild::Fence,
+    sums: sums::Sums,
+    meta_check: std::sync::OnceLock<sums::MetaCheck>,
 }
 
 /// Errors of opening or formatting a set.
@@ -244,7 +254,6 @@ impl CacheSet {
         CacheSet {
             name,
             set_id,
-            geometry,
             members: members
                 .into_iter()
                 .map(|(d, s)| Member::new(d, s))
@@ -253,6 +262,9 @@ impl CacheSet {
             epoch: AtomicU64::new(0),
             next_copy: AtomicUsize::new(0),
             rebuild: rebuild::Fence::default(),
+            sums: sums::Sums::new(geometry.slot_count()),
+            meta_check: std::sync::OnceLock::new(),
+            geometry,
         }
     }
 
@@ -406,6 +418,7 @@ impl CacheSet {
                 mirror_slots: self.geometry.member_mirror_slots(i),
                 own_slots: self.geometry.stripe_slots[i],
                 errors: m.errors.load(Ordering::Relaxed),
+                bad_blocks: m.bad_blocks.load(Ordering::Relaxed),
                 reads: m.reads.load(Ordering::Relaxed),
                 writes: m.writes.load(Ordering::Relaxed),
                 rebuild_done_bytes: if rebuilding == Some(i) { done } else { 0 },
@@ -508,7 +521,18 @@ impl CacheSet {
         self.fail_member(i, &e.to_string());
     }
 
-    fn read_piece(&self, buf: &mut [u8], target: Target, at: u64) -> DeviceResult<()> {
+    fn read_piece(&self, buf: &mut [u8], p: &Piece, virt: u64) -> DeviceResult<()> {
+        let i = self.read_copy(buf, p.target, p.member_offset)?;
+        if p.target == Target::Meta {
+            self.verify_meta(buf, p.member_offset, i);
+            return Ok(());
+        }
+        self.verify(buf, virt, p, i)
+    }
+
+    /// Reads a copy of `target` at member offset `at`; returns the member
+    /// that answered.
+    fn read_copy(&self, buf: &mut [u8], target: Target, at: u64) -> DeviceResult<usize> {
         let copies = self.copies(target);
         let n = copies.len();
         // Hits on mirrored slots alternate between the copies.
@@ -527,7 +551,7 @@ impl CacheSet {
             let Some(dev) = m.dev() else { continue };
             m.reads.fetch_add(1, Ordering::Relaxed);
             match dev.read_at(buf, at) {
-                Ok(()) => return Ok(()),
+                Ok(()) => return Ok(i),
                 Err(e) => {
                     log::warn!("{}: member {i} read error: {e}", self.name);
                     self.member_error(i, &e);
@@ -587,13 +611,15 @@ impl BlockDevice for CacheSet {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> DeviceResult<()> {
         check_range(self, offset, buf.len() as u64)?;
         for p in self.pieces(offset, buf.len()) {
-            self.read_piece(&mut buf[p.buf], p.target, p.member_offset)?;
+            let virt = offset + p.buf.start as u64;
+            self.read_piece(&mut buf[p.buf.clone()], &p, virt)?;
         }
         Ok(())
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> DeviceResult<()> {
         check_range(self, offset, buf.len() as u64)?;
+        self.sums.note_write(&self.geometry, buf, offset);
         for p in self.pieces(offset, buf.len()) {
             self.write_piece(&buf[p.buf], p.target, p.member_offset)?;
         }
@@ -634,6 +660,7 @@ impl BlockDevice for CacheSet {
     /// set relies on.
     fn discard(&self, offset: u64, len: u64) -> DeviceResult<()> {
         check_range(self, offset, len)?;
+        self.sums.forget(&self.geometry, offset, len);
         for p in self.pieces(offset, len as usize) {
             for i in self.copies(p.target) {
                 let m = &self.members[i];
