@@ -21,7 +21,9 @@ from systems import NbdkitCache, Origin, QemuRaw, Tiercache  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ["writeback", "writethrough", "writearound", "writeonly"]
-ALL_SYSTEMS = ["origin", "qemu-nbd", "nbdkit-cache"] + [f"tc-{m}" for m in MODES]
+# tc-set: writeback on a cache set of two devices (each the size of the
+# others' one cache device): dirty data mirrored, clean data on both.
+ALL_SYSTEMS = ["origin", "qemu-nbd", "nbdkit-cache"] + [f"tc-{m}" for m in MODES] + ["tc-set"]
 # Writeback never starts (high watermark 100 %, an hour's age: runs are far
 # shorter): the "idle" reference. Newer tiercache caps the age at 32767 s.
 WRITEBACK_IDLE = (100, 100, 3600)
@@ -124,6 +126,8 @@ def make_system(key, plan, binary):
         return NbdkitCache(plan.cache_bytes)
     if key.startswith("tc-") and key[3:] in MODES:
         return Tiercache(binary, key[3:], plan.cache_bytes)
+    if key == "tc-set":
+        return Tiercache(binary, "writeback", plan.cache_bytes, key="tc-set", caches=2)
     raise BenchError(f"unknown system '{key}' (known: {', '.join(ALL_SYSTEMS)})")
 
 

@@ -14,6 +14,8 @@ Every system is an NBD export that fio reaches at `self.uri`:
 - tc-MODE       tiercache in MODE over an emulated HDD reached through
                 `nbd+unix:///?socket=HDD`; its cache device is a file on the
                 same disk, which tiercache opens with O_DIRECT.
+- tc-set        tiercache writeback on a cache set of two such files, each
+                the size of tc-MODE's one (dirty data mirrored on both).
 
 Each system gets its own HDD image, so no system sees another's data.
 """
@@ -209,7 +211,7 @@ class Tiercache(System):
     `tiercache create` options."""
 
     def __init__(self, binary, mode, cache_bytes, key=None, writeback=None, cache_written=True,
-                 extra_create=()):
+                 extra_create=(), caches=1):
         super().__init__()
         self.binary = binary
         self.mode = mode
@@ -218,8 +220,11 @@ class Tiercache(System):
         self.writeback = writeback
         self.cache_written = cache_written
         self.extra_create = list(extra_create)
+        self.caches = caches
+        what = ("cache file" if caches == 1 else
+                f"cache set of {caches} files (dirty data mirrored), each")
         self.describe = (f"tiercache {mode}, 4 KiB blocks, default policy and admission, "
-                         f"cache file of {cache_bytes >> 20} MiB on the same disk")
+                         f"{what} of {cache_bytes >> 20} MiB on the same disk")
         self.serve_proc = None
         self.hdd = None
 
@@ -231,13 +236,17 @@ class Tiercache(System):
         self.state_dir = os.path.join(work_dir, "state")
         self.name = "bench"
         self.hdd = Hdd(work_dir, volume_bytes, self.log_origin_requests)
-        cache = os.path.join(work_dir, "cache.img")
-        if self.cache_written:
-            make_written(cache, self.cache_bytes)
-        else:
-            make_sparse(cache, self.cache_bytes)
-        create = ["create", "--name", self.name, "--cache", cache, "--mode", self.mode,
-                  "--block-size", "4K", "--force"]
+        caches = [os.path.join(work_dir, "cache.img" if i == 0 else f"cache{i}.img")
+                  for i in range(self.caches)]
+        create = ["create", "--name", self.name, "--mode", self.mode, "--block-size", "4K",
+                  "--force"]
+        for cache in caches:
+            if self.cache_written:
+                make_written(cache, self.cache_bytes)
+            else:
+                make_sparse(cache, self.cache_bytes)
+            create += ["--cache", cache]
+        cache = caches[0]
         if self.writeback:
             high, low, age = self.writeback
             create += ["--writeback-high", str(high), "--writeback-low", str(low),

@@ -202,14 +202,18 @@ disk() { # NAME SIZE_MIB
 }
 # The tests use "origin" and "cache", --compare one pair per system; a
 # --run script gets both sets.
-if [ "$MODE" != compare ]; then disk origin 512; disk cache 128; fi
+if [ "$MODE" != compare ]; then
+    disk origin 512; disk cache 128
+    # A cache set: two members, and two spares that replace them.
+    for m in a b c d; do disk "set-$m" 48; done
+fi
 if [ "$MODE" = compare ] || [ "$MODE" = run ]; then
     for sys in wc bc dc tc; do disk "origin-$sys" 512; disk "cache-$sys" 128; done
     disk meta-dc 16; disk fast-nbd 128
 fi
 case "$MODE" in
-    quick) : "${TESTS:=ext4_writeback ext4_restart_writeback fio_verify_writeback}" ;;
-    full) : "${TESTS:=ext4_writeback ext4_writethrough ext4_restart_writeback ext4_restart_writethrough fio_verify_writeback fio_verify_writethrough ublk_fio_verify_writeback ublk_ext4_recover_writeback}" ;;
+    quick) : "${TESTS:=ext4_writeback ext4_restart_writeback fio_verify_writeback cache_set_member_fails}" ;;
+    full) : "${TESTS:=ext4_writeback ext4_writethrough ext4_restart_writeback ext4_restart_writethrough fio_verify_writeback fio_verify_writethrough cache_set_member_fails ublk_fio_verify_writeback ublk_ext4_recover_writeback}" ;;
     compare) TESTS=compare ;;
     run) TESTS=run ;;
 esac

@@ -47,6 +47,7 @@ for t in $TC_TESTS; do
         ext4_writeback|ext4_writethrough) run_test "$t" "test_ext4_kill ${t#ext4_}" ;;
         fio_verify_writeback|fio_verify_writethrough) run_test "$t" "test_fio_verify ${t#fio_verify_}" ;;
         ext4_restart_writeback|ext4_restart_writethrough) run_test "$t" "test_ext4_restart ${t#ext4_restart_}" ;;
+        cache_set_member_fails) run_test "$t" "test_cache_set_member_fails" ;;
         ublk_fio_verify_writeback|ublk_fio_verify_writethrough) run_test "$t" "test_ublk_fio_verify ${t#ublk_fio_verify_}" ;;
         # Ten kill -9 and recovery cycles under an ext4 writer: ~2-3 min.
         ublk_ext4_recover_writeback|ublk_ext4_recover_writethrough)

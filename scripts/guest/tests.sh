@@ -168,6 +168,101 @@ test_ext4_restart() { # MODE
     serve_stop
 }
 
+# A cache set of two members, each a device-mapper linear device over its
+# virtio disk, so that a member can be failed under the daemon: its table
+# is swapped for dm-error (every I/O fails with EIO). fio verify runs while
+# member 1 fails, then replace-cache rebuilds onto a spare while fio
+# verifies again; ext4 writes fsync'ed files while member 0 fails, and
+# replace-cache rebuilds that one too. No error may reach fio or the
+# filesystem, e2fsck must be clean, every fsync'ed file must read back,
+# and at the end the two spares alone carry the volume across a restart.
+dm_member() { # NAME DISK
+    local sectors
+    sectors=$(blockdev --getsz "$2")
+    dmsetup create "$1" --table "0 $sectors linear $2 0" || fail "dmsetup create $1"
+    dmsetup mknodes "$1" >/dev/null 2>&1 || true
+}
+
+dm_fail() { # NAME: every I/O on it fails from now on
+    local sectors
+    sectors=$(blockdev --getsz "/dev/mapper/$1")
+    dmsetup suspend --noflush "$1" || fail "dmsetup suspend $1"
+    dmsetup load "$1" --table "0 $sectors error" || fail "dmsetup load $1 error"
+    dmsetup resume "$1" || fail "dmsetup resume $1"
+    log "member /dev/mapper/$1 now fails every I/O (dm-error)"
+}
+
+set_status() { # the set's state and each member, one line
+    tc status --json | python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+ms = " ".join(f"{m["index"]}:{m["device"].split("/")[-1]}:{m["state"]}" for m in s["cache_members"])
+print(s["cache_set_state"], "at-risk", s["dirty_at_risk"], "dirty", s["cache_blocks_dirty"], ms)'
+}
+
+test_cache_set_member_fails() {
+    dm_member tca "$(disk set-a)"
+    dm_member tcb "$(disk set-b)"
+    tc create --origin "$(disk origin)" --cache /dev/mapper/tca --cache /dev/mapper/tcb \
+        --mode writeback --force >/dev/null || fail "create the cache set"
+    log "created a cache set: $(set_status)"
+    serve_start tc0
+    nbd_attach /dev/nbd0 tc0
+
+    # fio verify while member 1 fails.
+    fio --name=verify --filename=/dev/nbd0 "${FIO_VERIFY[@]}" --output=$WORK/fio.out &
+    local fio_pid=$!
+    echo $fio_pid >>$PIDS
+    sleep 4
+    dm_fail tcb
+    wait $fio_pid || { cat $WORK/fio.out; fail "fio failed across the member's failure"; }
+    grep -q 'err= 0' $WORK/fio.out || { cat $WORK/fio.out; fail "fio reported errors"; }
+    log "fio verify passed across member 1's failure: $(set_status)"
+    set_status | grep -q '^degraded' || fail "the set does not say it is degraded"
+    set_status | grep -q '1:tcb:failed' || fail "the set does not name member 1 failed"
+
+    # Rebuild onto a spare while fio verifies the same data again.
+    fio --name=verify --filename=/dev/nbd0 "${FIO_VERIFY[@]}" --verify_only --output=$WORK/fio2.out &
+    fio_pid=$!
+    echo $fio_pid >>$PIDS
+    tc replace-cache /dev/mapper/tcb "$(disk set-c)" || fail "replace-cache member 1"
+    wait $fio_pid || { cat $WORK/fio2.out; fail "fio verify failed during the rebuild"; }
+    log "member 1 rebuilt onto $(disk set-c) during fio verify: $(set_status)"
+    set_status | grep -q '^whole' || fail "the set is not whole after replace-cache"
+
+    # ext4 writes while member 0 fails.
+    mkfs.ext4 -q -E nodiscard /dev/nbd0
+    mount -o noatime /dev/nbd0 "$MNT"
+    write_files a $WORK/manifest
+    : >$WORK/manifest-b
+    ( for round in 1 2 3 4 5 6; do write_files "b$round" $WORK/manifest-b || exit 1; done ) &
+    local writer=$!
+    echo $writer >>$PIDS
+    sleep 3
+    dm_fail tca
+    wait $writer || fail "the ext4 writer saw an error across member 0's failure"
+    cat $WORK/manifest-b >>$WORK/manifest
+    verify_files $WORK/manifest "after member 0 failed"
+    log "ext4 writer finished across member 0's failure: $(set_status)"
+    set_status | grep -q '0:tca:failed' || fail "the set does not name member 0 failed"
+    tc replace-cache /dev/mapper/tca "$(disk set-d)" || fail "replace-cache member 0"
+    log "member 0 rebuilt onto $(disk set-d): $(set_status)"
+    set_status | grep -q '^whole' || fail "the set is not whole after the second replace-cache"
+    umount "$MNT"
+    fsck_clean "after both members were replaced"
+    dmesg | grep -E 'nbd0.*(I/O error|error)|EXT4-fs error' && fail "the kernel logged errors on nbd0"
+    nbd_detach /dev/nbd0
+    serve_stop
+    # The original members are gone for good: the spares alone carry it.
+    serve_start tc0
+    nbd_attach /dev/nbd0 tc0
+    mount -o noatime /dev/nbd0 "$MNT"
+    verify_files $WORK/manifest "after a restart on the two spares"
+    umount "$MNT"
+    nbd_detach /dev/nbd0
+    serve_stop
+}
+
 # --- the ublk front end (`serve --ublk`)
 
 ublk_wait() { # wait for /dev/ublkb0 to have a size

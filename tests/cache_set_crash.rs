@@ -1,0 +1,730 @@
+//! Power loss and kill with a cache set of two members (device/set/), one
+//! of them lost at a seeded step: nothing acknowledged is ever lost.
+//!
+//! Each case is a deterministic simulation (tests/common/sim.rs): one
+//! thread, the background's work (writeback, commits, checkpoints, time
+//! passing) as steps a seeded scheduler interleaves with a client's stamped
+//! writes (some FUA), flushes and reads (checked against the last version
+//! written while the machine is up). Both members and the origin are
+//! `FaultDevice`s on one `CrashSwitch`. At a seeded step one member (0 or
+//! 1, seeded) is told to fail every I/O after a seeded number of further
+//! operations, so the loss lands anywhere, a commit included; the set must
+//! hide it. The power fails (or the process is killed) at a seeded device
+//! event, or a few events behind the loss (while the set records it in the
+//! survivor's label), or after the workload.
+//!
+//! The restart takes the survivor's and the origin's crash images (power
+//! loss: `power_loss_image`; kill: what the devices completed, and the
+//! crash log as the dead process left it). The lost member is omitted,
+//! given back as it was when it failed, or given back still failing every
+//! I/O. `CacheSet::open` must then take the survivor without `--degraded`
+//! exactly when its label names the lost member failed; a refusal must say
+//! why. After recovery the whole volume is checked against `SectorModel`
+//! (power loss: every write made durable by a completed flush or FUA; kill:
+//! every acknowledged write; never data not written to a sector), read a
+//! second time (it must not change), written back, closed, reopened and
+//! detached: the origin must then hold what recovery showed.
+//!
+//! An operation counts as acknowledged only if it returned before the
+//! switch tripped: a machine without power, or a killed process, sends no
+//! reply (the set may complete a request on one member after the other
+//! failed with the power).
+//!
+//! A failure prints its seed, the command that replays it bit for bit
+//! (`a_seed_replays_bit_for_bit` proves the replay with `io_digest`) and
+//! the last steps before the crash. `TIERCACHE_LONG=1` runs more cases.
+
+mod common;
+#[path = "common/sim.rs"]
+mod sim;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use rand::seq::SliceRandom;
+use rand::Rng;
+use sim::Sim;
+use tiercache::device::fault::{CrashSwitch, FaultDevice};
+use tiercache::device::set::{CacheSet, MemberState, LABEL_BYTES};
+use tiercache::device::{BlockDevice, DeviceRef, DeviceResult};
+use tiercache::engine::format::Layout;
+use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions};
+
+use common::SectorModel;
+
+const FILE: &str = "cache_set_crash";
+const ORIGIN_BYTES: u64 = 1 << 20;
+const SECTORS: u64 = ORIGIN_BYTES / 512;
+/// Client requests and background steps per case.
+const STEPS: usize = 300;
+const SET_ID: u64 = 0x5e7_c4a5;
+
+/// How the machine stops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Crash {
+    /// Power loss: each device keeps its flushed writes and a seeded part
+    /// of the others.
+    PowerLoss,
+    /// The process dies (kill -9): the devices keep every write they
+    /// completed; the crash log keeps the records not yet journalled.
+    Kill,
+}
+
+/// When the switch trips.
+#[derive(Clone, Copy, Debug)]
+enum CrashPoint {
+    /// At the n-th device event (write, flush or discard, on any device).
+    AtEvent(u64),
+    /// n events after the lost member's first failed I/O: the set is then
+    /// recording the loss in the survivor's label (a label write and a
+    /// flush). At the end of the workload if the loss never came.
+    BehindLoss(u64),
+    /// After the workload.
+    AtEnd,
+}
+
+/// How the lost member comes to the restart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Back {
+    /// Not given to `CacheSet::open`.
+    Omitted,
+    /// Given back readable, holding what it held when it failed.
+    Stale,
+    /// Given back, still failing every I/O.
+    StillFailing,
+}
+
+/// Everything a seed decides before the workload.
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    seed: u64,
+    crash: Crash,
+    mode: Mode,
+    block_bytes: u32,
+    lost: usize,
+    /// The client step at which the member starts to count down.
+    loss_step: usize,
+    /// Operations the member still completes after that.
+    loss_after_ops: u64,
+    crash_point: CrashPoint,
+    back: Back,
+}
+
+impl Case {
+    fn draw(seed: u64, crash: Crash, sim: &mut Sim) -> Case {
+        let r = sim.rng();
+        let mode = match r.gen_range(0..10) {
+            0..=4 => Mode::Writeback,
+            5..=6 => Mode::Writeonly,
+            7..=8 => Mode::Writethrough,
+            _ => Mode::Writearound,
+        };
+        let crash_point = match r.gen_range(0..10) {
+            0..=5 => CrashPoint::AtEvent(r.gen_range(1..=600)),
+            6..=8 => CrashPoint::BehindLoss(r.gen_range(0..=6)),
+            _ => CrashPoint::AtEnd,
+        };
+        Case {
+            seed,
+            crash,
+            mode,
+            block_bytes: [4096, 8192][r.gen_range(0..2)],
+            lost: r.gen_range(0..2),
+            // A step past the workload now and then: the member is lost
+            // with the power only.
+            loss_step: r.gen_range(0..STEPS + STEPS / 8),
+            loss_after_ops: r.gen_range(0..40),
+            crash_point,
+            back: [Back::Omitted, Back::Stale, Back::StillFailing][r.gen_range(0..3)],
+        }
+    }
+
+    fn survivor(&self) -> usize {
+        1 - self.lost
+    }
+}
+
+/// Notes the lost member's first failed I/O before the power fails, and
+/// may cut the power a few device events behind it.
+struct LossWatch {
+    switch: CrashSwitch,
+    seen: AtomicBool,
+    crash_behind: Option<u64>,
+}
+
+/// A member as the set sees it: its `FaultDevice`, watched.
+struct Watched {
+    dev: Arc<FaultDevice>,
+    watch: Option<Arc<LossWatch>>,
+}
+
+impl Watched {
+    fn observe(&self, r: DeviceResult<()>) -> DeviceResult<()> {
+        if let (Err(_), Some(w)) = (&r, &self.watch) {
+            // A failure with the power on is the member's loss.
+            if !w.switch.is_tripped() && !w.seen.swap(true, Ordering::AcqRel) {
+                if let Some(n) = w.crash_behind {
+                    w.switch.arm_after_events(n);
+                }
+            }
+        }
+        r
+    }
+}
+
+impl BlockDevice for Watched {
+    fn size_bytes(&self) -> u64 {
+        self.dev.size_bytes()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> DeviceResult<()> {
+        self.observe(self.dev.read_at(buf, offset))
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> DeviceResult<()> {
+        self.observe(self.dev.write_at(buf, offset))
+    }
+    fn flush(&self) -> DeviceResult<()> {
+        self.observe(self.dev.flush())
+    }
+    fn discard(&self, offset: u64, len: u64) -> DeviceResult<()> {
+        self.observe(self.dev.discard(offset, len))
+    }
+    fn name(&self) -> &str {
+        self.dev.name()
+    }
+    fn identity(&self) -> u64 {
+        self.dev.identity()
+    }
+}
+
+fn member_name(i: usize) -> String {
+    format!("member{i}")
+}
+
+/// Bytes of each member: the set's metadata and about 40 blocks, half of
+/// them mirrored. With the 256 or 128 blocks of the origin, eviction and
+/// writeback never stop.
+fn member_bytes(block_bytes: u32) -> u64 {
+    LABEL_BYTES + common::cache_bytes_for(40, block_bytes)
+}
+
+/// The devices of one case, on one crash switch.
+struct Machine {
+    switch: CrashSwitch,
+    members: Vec<Arc<FaultDevice>>,
+    origin: Arc<FaultDevice>,
+    watch: Arc<LossWatch>,
+    log_path: PathBuf,
+    /// The crash log's bytes at the instant the switch tripped (kill).
+    saved_log: Arc<Mutex<Option<Vec<u8>>>>,
+}
+
+impl Machine {
+    fn new(case: &Case, dir: &Path) -> Machine {
+        let switch = CrashSwitch::new();
+        let bytes = member_bytes(case.block_bytes);
+        let members = (0..2)
+            .map(|i| {
+                let d = FaultDevice::new(&member_name(i), bytes, case.seed ^ (i as u64 + 1));
+                Arc::new(d.with_crash_switch(switch.clone()))
+            })
+            .collect();
+        let origin = FaultDevice::from_image(
+            "origin",
+            common::initial_origin(ORIGIN_BYTES),
+            case.seed ^ 0x55,
+        );
+        let crash_behind = match case.crash_point {
+            CrashPoint::BehindLoss(n) => Some(n),
+            _ => None,
+        };
+        Machine {
+            watch: Arc::new(LossWatch {
+                switch: switch.clone(),
+                seen: AtomicBool::new(false),
+                crash_behind,
+            }),
+            origin: Arc::new(origin.with_crash_switch(switch.clone())),
+            switch,
+            members,
+            log_path: dir.join("live.crashlog"),
+            saved_log: Arc::default(),
+        }
+    }
+
+    fn member_refs(&self, lost: usize) -> Vec<DeviceRef> {
+        (0..2)
+            .map(|i| {
+                let watch = (i == lost).then(|| self.watch.clone());
+                Arc::new(Watched {
+                    dev: self.members[i].clone(),
+                    watch,
+                }) as DeviceRef
+            })
+            .collect()
+    }
+
+    /// Formats the set, creates the cache on it and opens it as the
+    /// workload's engine (with the crash log for a kill).
+    fn start(&self, case: &Case, sim: &Sim) -> Arc<Engine> {
+        let bytes = vec![member_bytes(case.block_bytes); 2];
+        let g = Layout::set_geometry(&bytes, case.block_bytes, 50)
+            .unwrap_or_else(|e| panic!("seed {}: geometry: {e}", case.seed));
+        let set = CacheSet::format(self.member_refs(case.lost), g, SET_ID)
+            .unwrap_or_else(|e| panic!("seed {}: format: {e}", case.seed));
+        let set: DeviceRef = Arc::new(set);
+        let origin: DeviceRef = self.origin.clone();
+        let create = CreateOptions {
+            mode: case.mode,
+            block_bytes: case.block_bytes,
+            writeback: common::eager_writeback(),
+            ..Default::default()
+        };
+        let engine = Engine::create_with(set.clone(), origin.clone(), &create, &sim.open_options())
+            .unwrap_or_else(|e| panic!("seed {}: create: {e}", case.seed));
+        if case.crash == Crash::PowerLoss {
+            return engine;
+        }
+        engine.close().unwrap();
+        drop(engine);
+        let opts = OpenOptions {
+            crash_log: Some(self.log_path.clone()),
+            ..sim.open_options()
+        };
+        let engine = Engine::open(set, origin, &opts)
+            .unwrap_or_else(|e| panic!("seed {}: open: {e}", case.seed));
+        // One thread: the trip happens inside one of its device calls, and
+        // the log's file is what a process killed there leaves.
+        let (saved, path) = (self.saved_log.clone(), self.log_path.clone());
+        self.switch.on_trip(Box::new(move || {
+            *saved.lock() = Some(std::fs::read(&path).expect("the crash log file"));
+        }));
+        engine
+    }
+}
+
+/// What the workload leaves for the restart.
+struct Stopped {
+    /// Crash images of member 0, member 1 and the origin.
+    images: [Vec<u8>; 3],
+    log: Option<Vec<u8>>,
+    model: SectorModel,
+    /// The set had recorded the loss (lost member failed, survivor healthy)
+    /// while the power was on: the survivor's label must say so.
+    recorded: bool,
+    /// The lost member failed an I/O before the crash.
+    lost_before_crash: bool,
+    /// `io_digest` of member 0, member 1 and the origin.
+    digests: [u64; 3],
+}
+
+/// The client's view while the machine is up: the version each sector
+/// was last written with, `None` where a write failed (old or new).
+struct Client {
+    model: SectorModel,
+    latest: Vec<Option<u64>>,
+}
+
+impl Client {
+    fn new() -> Client {
+        Client {
+            model: SectorModel::new(SECTORS),
+            latest: vec![Some(0); SECTORS as usize],
+        }
+    }
+
+    /// A read while the machine is up sees the last write of each sector.
+    fn check_read(&self, first: u64, data: &[u8]) -> Result<(), String> {
+        for (k, got) in data.chunks(512).enumerate() {
+            let s = first + k as u64;
+            match self.latest[s as usize] {
+                Some(v) if common::decode_sector(got) != Some((s, v)) => {
+                    let seen = common::decode_sector(got)
+                        .map_or("unstamped data".into(), |(sec, v)| format!("({sec}, v{v})"));
+                    return Err(format!("read of sector {s} returned {seen}, wrote v{v}"));
+                }
+                Some(_) => {}
+                None => self.model.check_sector(s, got)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One client request or background step; `Err` is a broken rule seen
+/// while the machine was up.
+fn step(
+    sim: &mut Sim,
+    engine: &Engine,
+    m: &Machine,
+    client: &mut Client,
+    case: &Case,
+) -> Result<(), String> {
+    let r: u32 = sim.rng().gen_range(0..100);
+    let up = |m: &Machine| !m.switch.is_tripped();
+    if r < 20 {
+        let res = sim.background(engine);
+        return match res {
+            Err(e) if up(m) => Err(format!("background step failed with the power on: {e}")),
+            _ => Ok(()),
+        };
+    }
+    sim.client_time();
+    let max_sectors = 2 * case.block_bytes as u64 / 512;
+    let n = sim.rng().gen_range(1..=max_sectors);
+    let first = sim.rng().gen_range(0..=SECTORS - n);
+    let res = if r < 65 {
+        let fua = r < 28;
+        let v = client.model.issue_write(first, n);
+        let res = engine.write(first * 512, &common::stamped(first, n, v), fua);
+        let acked = res.is_ok() && up(m);
+        sim.note(format!(
+            "write v{v} sectors {first}+{n}{}: {}",
+            if fua { " FUA" } else { "" },
+            if acked { "acknowledged" } else { "not acknowledged" }
+        ));
+        let latest = res.is_ok().then_some(v);
+        client.latest[first as usize..(first + n) as usize].fill(latest);
+        if acked && (fua || case.crash == Crash::Kill) {
+            client.model.fua_done(v);
+        }
+        res.map(|_| ())
+    } else if r < 87 {
+        let res = engine.read(first * 512, n * 512);
+        sim.note(format!("read sectors {first}+{n}: ok {}", res.is_ok()));
+        if let (Ok(data), true) = (&res, up(m)) {
+            client.check_read(first, data)?;
+        }
+        res.map(|_| ())
+    } else {
+        let res = engine.flush();
+        sim.note(format!("flush: ok {}", res.is_ok() && up(m)));
+        if res.is_ok() && up(m) {
+            client.model.flush_done();
+        }
+        res
+    };
+    match res {
+        Err(e) if up(m) => Err(format!(
+            "a request failed with the power on (member {} lost: the set must hide it): {e}",
+            case.lost
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Runs the workload until the crash; `Err` is a rule broken before it.
+fn run_workload(sim: &mut Sim, case: &Case, dir: &Path) -> Result<Stopped, String> {
+    let m = Machine::new(case, dir);
+    let engine = m.start(case, sim);
+    if let CrashPoint::AtEvent(n) = case.crash_point {
+        m.switch.arm_after_events(n);
+    }
+    let mut client = Client::new();
+    let mut recorded = false;
+    for i in 0..STEPS {
+        if i == case.loss_step {
+            sim.note(format!(
+                "member {} fails after {} more operations",
+                case.lost, case.loss_after_ops
+            ));
+            m.members[case.lost].fail_after_ops(case.loss_after_ops);
+        }
+        if m.switch.is_tripped() {
+            break;
+        }
+        step(sim, &engine, &m, &mut client, case)?;
+        if !m.switch.is_tripped() {
+            let set = engine.cache_device().as_cache_set().expect("a set");
+            let states = set.members();
+            recorded |= states[case.lost].state == MemberState::Failed
+                && states[case.survivor()].state == MemberState::Healthy;
+        }
+    }
+    sim.note(format!(
+        "crash ({:?}); the loss was {}",
+        case.crash,
+        if recorded {
+            "recorded"
+        } else {
+            "not recorded"
+        }
+    ));
+    m.switch.trip();
+    engine.abandon();
+    drop(engine);
+    let image = |d: &FaultDevice| match case.crash {
+        Crash::PowerLoss => d.power_loss_image(),
+        Crash::Kill => d.snapshot_current(),
+    };
+    let log = m.saved_log.lock().take();
+    Ok(Stopped {
+        images: [
+            image(&m.members[0]),
+            image(&m.members[1]),
+            image(&m.origin),
+        ],
+        log,
+        model: client.model,
+        recorded,
+        lost_before_crash: m.watch.seen.load(Ordering::Acquire),
+        digests: [
+            m.members[0].io_digest(),
+            m.members[1].io_digest(),
+            m.origin.io_digest(),
+        ],
+    })
+}
+
+/// The restarted machine's devices.
+struct Restarted {
+    members: Vec<DeviceRef>,
+    origin: DeviceRef,
+}
+
+fn restart(case: &Case, s: &Stopped) -> Restarted {
+    let members = (0..2)
+        .map(|i| {
+            let (d, r) = common::restart_dev(&member_name(i), s.images[i].clone(), case.seed + 1);
+            if i == case.lost && case.back == Back::StillFailing {
+                d.fail_after_ops(0);
+            }
+            r
+        })
+        .collect();
+    let (_, origin) = common::restart_dev("origin", s.images[2].clone(), case.seed + 2);
+    Restarted { members, origin }
+}
+
+/// Opens the set as an operator would: the members at hand, then, if
+/// refused, without an unreadable one, then with `--degraded`. Checks each
+/// answer against what the survivor's label says. Returns the set and the
+/// members it was opened with.
+fn open_set(
+    case: &Case,
+    r: &Restarted,
+    sim: &mut Sim,
+) -> Result<(CacheSet, Vec<DeviceRef>), String> {
+    let survivor = r.members[case.survivor()].clone();
+    let label = CacheSet::read_label(&survivor)
+        .map_err(|e| format!("reading the survivor's label: {e}"))?
+        .map_err(|e| format!("the survivor has no valid label: {e}"))?;
+    let named_failed = label.stale_mask & (1 << case.lost) != 0;
+    sim.note(format!(
+        "restart: the survivor's label (generation {}) {} member {}",
+        label.generation,
+        if named_failed {
+            "names failed"
+        } else {
+            "does not name"
+        },
+        case.lost
+    ));
+    let mut devs = r.members.clone();
+    devs.shuffle(sim.rng());
+    if case.back != Back::Omitted {
+        match CacheSet::open(devs, false) {
+            Ok(set) => return Ok((set, r.members.clone())),
+            Err(e) if case.back == Back::StillFailing => {
+                let e = e.to_string();
+                sim.note(format!("open with the failing member refused: {e}"));
+                if !e.contains(&member_name(case.lost)) {
+                    return Err(format!("the refusal does not name the failing member: {e}"));
+                }
+            }
+            Err(e) => return Err(format!("open with both members refused: {e}")),
+        }
+    }
+    let alone = vec![survivor];
+    match CacheSet::open(alone.clone(), false) {
+        Ok(_) if !named_failed => Err(format!(
+            "opened without member {} although no label names it failed (it may hold the only current copies)",
+            case.lost
+        )),
+        Ok(set) => Ok((set, alone)),
+        Err(e) if named_failed => Err(format!(
+            "refused without member {} although the survivor's label names it failed: {e}",
+            case.lost
+        )),
+        Err(e) => {
+            let e = e.to_string();
+            if !(e.contains("missing") && e.contains("--degraded")) {
+                return Err(format!("the refusal does not say why: {e}"));
+            }
+            sim.note("refused without --degraded, as it must be; opening degraded");
+            let set = CacheSet::open(alone.clone(), true)
+                .map_err(|e| format!("open with --degraded refused: {e}"))?;
+            Ok((set, alone))
+        }
+    }
+}
+
+fn read_volume(engine: &Engine, model: &SectorModel, when: &str) -> Result<Vec<u8>, String> {
+    let all = common::read_volume(engine)?;
+    model.verify(&all).map_err(|e| format!("{when}: {e}"))?;
+    Ok(all)
+}
+
+/// Reads the volume again block by block: a copy the set reads now must
+/// hold what the first read showed (the two mirrored copies of a block
+/// must not differ after recovery).
+fn read_again(engine: &Engine, first: &[u8], bs: u64) -> Result<(), String> {
+    for b in 0..ORIGIN_BYTES / bs {
+        let got = engine
+            .read(b * bs, bs)
+            .map_err(|e| format!("second read of block {b}: {e}"))?;
+        let want = &first[(b * bs) as usize..((b + 1) * bs) as usize];
+        if let Some(k) = (0..(bs / 512) as usize)
+            .find(|&k| got[k * 512..(k + 1) * 512] != want[k * 512..(k + 1) * 512])
+        {
+            let s = b * bs / 512 + k as u64;
+            let show = |d: &[u8]| {
+                common::decode_sector(&d[k * 512..(k + 1) * 512])
+                    .map_or("unstamped data".into(), |(sec, v)| format!("({sec}, v{v})"))
+            };
+            return Err(format!(
+                "sector {s} read {} and then {}: the volume changed between two reads",
+                show(want),
+                show(&got)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Restarts from the crash images and checks everything; `Err` says what
+/// was wrong.
+fn recover(case: &Case, s: &Stopped, sim: &mut Sim, dir: &Path) -> Result<Vec<u8>, String> {
+    let r = restart(case, s);
+    let (set, devs) = open_set(case, &r, sim)?;
+    let label_named = set.members()[case.lost].state == MemberState::Failed;
+    if s.recorded && !label_named {
+        return Err(format!(
+            "the set had recorded member {}'s loss before the crash, yet it is not failed after the restart",
+            case.lost
+        ));
+    }
+    let log = s.log.as_ref().map(|bytes| {
+        let path = dir.join("replay.crashlog");
+        std::fs::write(&path, bytes).unwrap();
+        path
+    });
+    let opts = OpenOptions {
+        crash_log: log,
+        ..sim.open_options()
+    };
+    let engine = Engine::open(Arc::new(set), r.origin.clone(), &opts)
+        .map_err(|e| format!("recovery refused: {e}"))?;
+    let first = read_volume(&engine, &s.model, "after recovery")?;
+    read_again(&engine, &first, case.block_bytes as u64)?;
+    // What recovery shows must stay: write back, restart (the labels now
+    // name every member not present failed: no --degraded), detach.
+    engine
+        .write_back_all(&mut |_, _| {})
+        .map_err(|e| format!("write_back_all: {e}"))?;
+    engine.close().map_err(|e| format!("close: {e}"))?;
+    drop(engine);
+    let set = CacheSet::open(devs, false).map_err(|e| format!("reopen after close: {e}"))?;
+    let engine = Engine::open(Arc::new(set), r.origin.clone(), &sim.open_options())
+        .map_err(|e| format!("reopen after close: {e}"))?;
+    let second = read_volume(&engine, &s.model, "after a clean restart")?;
+    if first != second {
+        return Err("the volume changed across a clean restart".into());
+    }
+    engine.detach().map_err(|e| format!("detach: {e}"))?;
+    let mut back = vec![0u8; ORIGIN_BYTES as usize];
+    r.origin.read_at(&mut back, 0).unwrap();
+    if back != first {
+        return Err("the origin after detach differs from the recovered volume".into());
+    }
+    Ok(first)
+}
+
+/// What a case leaves to compare between two runs of one seed.
+struct Outcome {
+    trace: String,
+    digests: [u64; 3],
+    volume: Vec<u8>,
+    lost_before_crash: bool,
+    recorded: bool,
+}
+
+/// Runs one case; panics with the seed, the replay command and the last
+/// steps if a rule is broken.
+fn run_case(seed: u64, crash: Crash, test: &str) -> Outcome {
+    let mut sim = Sim::new(seed, sim::replay_command(FILE, test, seed));
+    let case = Case::draw(seed, crash, &mut sim);
+    sim.note(format!("{case:?}"));
+    let dir = tempfile::tempdir().unwrap();
+    let stopped = match run_workload(&mut sim, &case, dir.path()) {
+        Ok(s) => s,
+        Err(e) => panic!("{}before the crash: {e}", sim.report(40)),
+    };
+    match recover(&case, &stopped, &mut sim, dir.path()) {
+        Ok(volume) => Outcome {
+            trace: sim.report(usize::MAX),
+            digests: stopped.digests,
+            volume,
+            lost_before_crash: stopped.lost_before_crash,
+            recorded: stopped.recorded,
+        },
+        Err(e) => panic!("{}after the restart: {e}", sim.report(40)),
+    }
+}
+
+fn run(crash: Crash, cases: u64, salt: u64, test: &str) {
+    let seeds: Vec<u64> = match std::env::var("TIERCACHE_SEED") {
+        Ok(s) => vec![s.parse().expect("TIERCACHE_SEED must be a number")],
+        Err(_) => (0..cases).map(|i| salt * 1_000_000 + i).collect(),
+    };
+    let (mut lost, mut recorded) = (0, 0);
+    for &seed in &seeds {
+        let o = run_case(seed, crash, test);
+        lost += u64::from(o.lost_before_crash);
+        recorded += u64::from(o.recorded);
+    }
+    eprintln!(
+        "{test}: {} cases (seeds from {}), a member lost before the crash in {lost}, the loss recorded with the power on in {recorded}",
+        seeds.len(),
+        seeds[0]
+    );
+}
+
+#[test]
+fn power_loss_with_a_member_lost() {
+    let test = "power_loss_with_a_member_lost";
+    run(Crash::PowerLoss, common::scaled(300, 5000), 1, test);
+}
+
+#[test]
+fn kill_with_a_member_lost() {
+    let test = "kill_with_a_member_lost";
+    run(Crash::Kill, common::scaled(150, 2500), 2, test);
+}
+
+/// A seed replays bit for bit: the same steps, the same device events,
+/// the same volume after recovery.
+#[test]
+fn a_seed_replays_bit_for_bit() {
+    let test = "a_seed_replays_bit_for_bit";
+    for (seed, crash) in [
+        (7_000_001u64, Crash::PowerLoss),
+        (7_000_002, Crash::PowerLoss),
+        (7_000_003, Crash::Kill),
+        (7_000_004, Crash::Kill),
+    ] {
+        let a = run_case(seed, crash, test);
+        let b = run_case(seed, crash, test);
+        let rerun = sim::replay_command(FILE, test, seed);
+        assert_eq!(a.trace, b.trace, "seed {seed}: the steps differ ({rerun})");
+        assert_eq!(
+            a.digests, b.digests,
+            "seed {seed}: the device events differ ({rerun})"
+        );
+        assert!(
+            a.volume == b.volume,
+            "seed {seed}: the volumes differ ({rerun})"
+        );
+    }
+}
