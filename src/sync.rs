@@ -59,6 +59,8 @@ pub enum Rank {
     /// The hook run when the cache fails over to the origin (it writes the
     /// registry).
     FailoverHook,
+    /// Origin blocks made stale by a lost cache (engine/io/stale.rs).
+    StaleBlocks,
     /// The NBD client origin's request table (device/nbd/conn.rs): which
     /// requests wait for which reply; its condition variable waits for a
     /// free request slot.

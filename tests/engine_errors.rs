@@ -225,3 +225,59 @@ fn a_checkpoint_after_a_failed_commit_never_replays_the_failed_commit() {
     );
     engine.close().unwrap();
 }
+
+/// One cache device that dies for good holding dirty data: once it has
+/// failed past the error limit and a commit fails, the engine fails over,
+/// reports the origin ranges that are now stale, fails reads of them
+/// rather than serve the origin's old bytes, serves the rest from the
+/// origin, and a write covering a whole stale block makes it current.
+#[test]
+fn a_dead_cache_with_dirty_data_reports_stale_ranges_and_never_serves_them() {
+    let (cache_dev, origin, engine, _) = setup(Mode::Writeback);
+    let old = vec![0x11u8; ORIGIN_BYTES as usize];
+    origin.write_at(&old, 0).unwrap();
+    // Two dirty runs: blocks 2..4 and block 10.
+    engine
+        .write(2 * 4096, &pattern(5)[..2 * 4096], false)
+        .unwrap();
+    engine.write(10 * 4096, &pattern(6)[..4096], false).unwrap();
+    engine.flush().unwrap();
+    cache_dev.fail_after_ops(0);
+    // Errors reach the callers (a dirty block's read, a write into the
+    // cache) until the device has failed past the error limit; then the
+    // background's probe finds it takes no metadata either.
+    for _ in 0..100 {
+        assert!(engine.read(2 * 4096, 4096).is_err());
+        engine.background_tick();
+    }
+    assert!(
+        engine.failed_over(),
+        "the engine never gave the dead cache up"
+    );
+    engine.flush().unwrap();
+    let st = engine.status();
+    assert_eq!(st.stale_blocks, 3, "{st:?}");
+    assert_eq!(
+        st.stale_ranges,
+        vec![(2 * 4096, 2 * 4096), (10 * 4096, 4096)]
+    );
+    assert!(st.admission.contains("stale"), "{}", st.admission);
+    // Stale ranges fail; the rest is the origin's.
+    assert!(engine.read(2 * 4096, 512).is_err());
+    assert!(
+        engine.read(0, 64 * 1024).is_err(),
+        "a read spanning a stale block"
+    );
+    assert_eq!(engine.read(4 * 4096, 4096).unwrap()[..], old[..4096]);
+    assert_eq!(engine.read(11 * 4096, 8192).unwrap()[..], old[..8192]);
+    // Writes go to the origin; a whole-block write makes block 10 current.
+    engine.write(10 * 4096, &pattern(7)[..4096], true).unwrap();
+    assert_eq!(
+        engine.read(10 * 4096, 4096).unwrap()[..],
+        pattern(7)[..4096]
+    );
+    // A part-block write leaves block 2 stale.
+    engine.write(2 * 4096, &pattern(8)[..512], true).unwrap();
+    assert!(engine.read(2 * 4096, 4096).is_err());
+    assert_eq!(engine.status().stale_ranges, vec![(2 * 4096, 2 * 4096)]);
+}

@@ -193,11 +193,14 @@ dm_fail() { # NAME: every I/O on it fails from now on
 }
 
 set_status() { # the set's state and each member, one line
-    tc status --json | python3 -c '
+    tc status --json >$WORK/status.json || fail "tiercache status"
+    python3 - $WORK/status.json <<'PY'
 import json, sys
-s = json.load(sys.stdin)
-ms = " ".join(f"{m["index"]}:{m["device"].split("/")[-1]}:{m["state"]}" for m in s["cache_members"])
-print(s["cache_set_state"], "at-risk", s["dirty_at_risk"], "dirty", s["cache_blocks_dirty"], ms)'
+s = json.load(open(sys.argv[1]))
+ms = " ".join("%d:%s:%s" % (m["index"], m["device"].split("/")[-1], m["state"])
+              for m in s["cache_members"])
+print(s["cache_set_state"], "at-risk", s["dirty_at_risk"], "dirty", s["cache_blocks_dirty"], ms)
+PY
 }
 
 test_cache_set_member_fails() {

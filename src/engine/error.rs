@@ -39,6 +39,10 @@ pub enum EngineError {
     /// Writeback on a volatile (RAM) cache without accepting data loss.
     #[error("refusing {mode} mode on volatile cache device {device}: dirty data would be lost on exit; pass --allow-data-loss to accept that")]
     VolatileWriteback { device: String, mode: String },
+    /// A read of origin blocks whose current data was lost with a failed
+    /// cache device (engine/io/stale.rs).
+    #[error("stale data: {0}")]
+    StaleData(String),
     /// The engine is closed or detached.
     #[error("the cache is shut down")]
     ShutDown,

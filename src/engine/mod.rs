@@ -263,6 +263,12 @@ pub struct Status {
     /// cache device every dirty block has one copy and this stays 0).
     #[serde(default)]
     pub dirty_at_risk: u64,
+    /// Origin byte ranges (offset, bytes) whose data was lost with a
+    /// failed cache device: reads of them fail (engine/io/stale.rs).
+    #[serde(default)]
+    pub stale_ranges: Vec<(u64, u64)>,
+    #[serde(default)]
+    pub stale_blocks: u64,
     pub stats: StatsSnapshot,
 }
 
@@ -376,6 +382,7 @@ impl Engine {
         let stats = self.stats.snapshot();
         let errors = stats.cache_errors;
         let writeback = self.writeback.settings();
+        let (stale_ranges, stale_blocks) = self.stale_ranges();
         let set = self.io.cache().as_cache_set();
         let mut members = set.map(|s| s.members()).unwrap_or_default();
         let mut m = self.meta.lock();
@@ -418,7 +425,13 @@ impl Engine {
             cache_blocks_dirty: m.table().dirty_count(),
             writeback,
             admitting: !stopped,
-            admission: if self.failed_over() {
+            admission: if stale_blocks > 0 {
+                format!(
+                    "failed over: the cache device failed holding dirty data; {stale_blocks} \
+                     blocks of the origin are stale (their data was lost) and reads of them \
+                     fail; the rest of the volume is served from the origin"
+                )
+            } else if self.failed_over() {
                 format!(
                     "failed over: the cache device failed {errors} times and its metadata \
                      could not be written; all I/O goes to the origin until the cache \
@@ -437,6 +450,8 @@ impl Engine {
             },
             cache_error_limit: limit,
             cache_members: members,
+            stale_ranges,
+            stale_blocks,
             cache_set_state: set.map(|s| s.state_name().to_string()),
             dirty_at_risk: if set.is_some_and(|s| s.degraded()) {
                 dirty

@@ -34,6 +34,9 @@ impl Engine {
     ) -> EngineResult<Request> {
         self.check_open()?;
         let segs = self.segments(offset, len, write)?;
+        if !write {
+            self.refuse_stale(offset, len)?;
+        }
         Ok(Request {
             offset,
             len,
@@ -306,6 +309,7 @@ impl Engine {
 
     fn write_untimed(&self, mut req: Request, data: &[u8]) -> EngineResult<()> {
         bump(&self.stats.write_requests, 1);
+        let (offset, len) = (req.offset, req.len);
         if let Some((first, last)) = req.blocks() {
             let _guard = self.locks.lock_range(first, last);
             self.writeback.touch(first, last);
@@ -320,6 +324,7 @@ impl Engine {
                 }
                 WriteRoute::Around => self.write_around_cache(req.offset, &req.segs, data)?,
             }
+            self.heal_stale(offset, len);
         }
         if req.fua || self.journal.pressed() {
             self.commit()?;

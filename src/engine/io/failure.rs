@@ -12,7 +12,12 @@
 //!   superblock flag is written (best effort) that makes the next open drop
 //!   every clean mapping, since the origin may change under them.
 //! - With dirty data (writeback, writeonly), errors are returned to the
-//!   caller: the cache holds the only copy of that data.
+//!   caller: the cache holds the only copy of that data. Once the error
+//!   limit is reached and a commit still fails, the device is given up:
+//!   the cache fails over, and the origin blocks whose dirty data it held
+//!   are *stale* (`stale.rs`): reads of them fail, `status` lists them,
+//!   the rest of the volume is served from the origin. (A cache set gets
+//!   here only when every copy failed.)
 
 use std::sync::atomic::Ordering;
 
@@ -106,25 +111,52 @@ impl Engine {
         !self.io.admission_stopped.load(Ordering::Acquire)
     }
 
+    /// True once the cache was given up holding dirty data (see the
+    /// module comment): the table is empty and takes no records.
+    pub(crate) fn given_up(&self) -> bool {
+        self.io.given_up.load(Ordering::Acquire)
+    }
+
     /// True once the cache failed over to the origin (see the module comment).
     pub fn failed_over(&self) -> bool {
         self.io.failed_over.load(Ordering::Acquire)
     }
 
-    /// After a failed commit: fail over to the origin if that hides the failure
-    /// without losing anything, which is when no block is dirty.
+    /// After a failed commit: fail over to the origin. True if that hides
+    /// the failure without losing anything, which is when no block is
+    /// dirty. With dirty blocks, they are lost: the engine fails over all
+    /// the same, their origin blocks become stale (`stale.rs`) and this
+    /// returns false (the commit's error reaches the caller).
     pub(crate) fn fail_over_after_commit_error(&self, e: &EngineError) -> bool {
         if !matches!(e, EngineError::CacheMetadata(_)) {
             return false;
         }
-        {
+        let lost = {
             let m = self.meta.lock();
-            if self.mode().holds_dirty() || m.table().dirty_count() > 0 {
+            if m.table().dirty_count() > 0 {
+                m.table().all_dirty()
+            } else {
+                Vec::new()
+            }
+        };
+        if !lost.is_empty() || self.mode().holds_dirty() {
+            // Dirty data is given up only once the device has failed past
+            // the error limit: a passing error keeps it (and errors reach
+            // the callers) until the device answers again.
+            if !self.io.admission_stopped() {
                 return false;
             }
         }
+        if !lost.is_empty() {
+            self.lose_dirty(&lost, e);
+            // Nothing in the cache is read again: the stale list says what
+            // the origin lacks, and writes go to the origin. Requests under
+            // way append nothing from now on (`given_up`).
+            self.io.given_up.store(true, Ordering::Release);
+            self.meta.lock().forget_all();
+        }
         if self.io.failed_over.swap(true, Ordering::AcqRel) {
-            return true;
+            return lost.is_empty();
         }
         self.io.admission_stopped.store(true, Ordering::Release);
         if let Some(hook) = self.io.failover_hook.lock().as_ref() {
@@ -147,6 +179,87 @@ impl Engine {
                 self.io.cache.name()
             );
         }
-        true
+        lost.is_empty()
+    }
+
+    /// Past the error limit with dirty data held, the background asks the
+    /// cache device for a metadata write (the superblock) each round; if
+    /// even that fails, the device is given up (see the module comment).
+    pub(crate) fn probe_dead_cache(&self) {
+        if !self.io.admission_stopped() || self.failed_over() {
+            return;
+        }
+        if self.meta.lock().table().dirty_count() == 0 {
+            return;
+        }
+        if let Err(e) = self.update_superblock(|_| {}) {
+            self.fail_over_after_commit_error(&e);
+        }
+    }
+
+    /// The cache failed holding the dirty blocks `lost` (sorted): their
+    /// origin blocks are stale from now on.
+    fn lose_dirty(&self, lost: &[u64], e: &EngineError) {
+        let stale = super::stale::StaleBlocks::of_blocks(lost);
+        let bs = self.block_bytes;
+        let shown: Vec<String> = stale
+            .list()
+            .iter()
+            .take(16)
+            .map(|&(b, n)| format!("{}+{}", b * bs, n * bs))
+            .collect();
+        log::error!(
+            "{}: the cache device failed ({e}) holding {} dirty blocks: their data is lost and \
+             these origin byte ranges are stale (reads of them fail): {}{}",
+            self.io.cache.name(),
+            lost.len(),
+            shown.join(" "),
+            if stale.list().len() > 16 { " ..." } else { "" }
+        );
+        *self.io.stale.lock() = stale;
+    }
+
+    /// Fails a read that touches an origin block made stale by a lost
+    /// cache (see `stale.rs`).
+    pub(crate) fn refuse_stale(&self, offset: u64, len: u64) -> EngineResult<()> {
+        if len == 0 || !self.failed_over() {
+            return Ok(());
+        }
+        let bs = self.block_bytes;
+        let (first, last) = (offset / bs, (offset + len - 1) / bs);
+        if self.io.stale.lock().overlaps(first, last) {
+            return Err(EngineError::StaleData(format!(
+                "{offset}+{len} holds data that was lost with the cache device; the origin has \
+                 only older contents (`tiercache status` lists the stale ranges)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// A write of `offset..offset+len` reached the origin while failed
+    /// over: the whole blocks it covers are current again.
+    pub(crate) fn heal_stale(&self, offset: u64, len: u64) {
+        if len == 0 || !self.failed_over() {
+            return;
+        }
+        let bs = self.block_bytes;
+        let first = offset.div_ceil(bs);
+        let end = (offset + len) / bs;
+        if first < end {
+            let mut s = self.io.stale.lock();
+            if !s.is_empty() {
+                s.heal(first, end - 1);
+            }
+        }
+    }
+
+    /// The stale origin ranges (byte offset, bytes) and how many blocks.
+    pub(crate) fn stale_ranges(&self) -> (Vec<(u64, u64)>, u64) {
+        let s = self.io.stale.lock();
+        let bs = self.block_bytes;
+        (
+            s.list().iter().map(|&(b, n)| (b * bs, n * bs)).collect(),
+            s.blocks(),
+        )
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod data;
 pub mod failure;
+pub(crate) mod stale;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -33,6 +34,11 @@ pub(crate) struct Io {
     /// Called once when the cache fails over, before any origin write
     /// that follows (the daemon records it outside the failed device).
     failover_hook: Mutex<Option<FailoverHook>>,
+    /// Set when the cache is given up holding dirty data (failure.rs).
+    given_up: AtomicBool,
+    /// Origin blocks whose only current copy was lost with the cache
+    /// (`stale.rs`); empty unless the cache failed over holding dirty data.
+    stale: Mutex<stale::StaleBlocks>,
     /// A cache set's member-state epoch the table has followed
     /// (`failure.rs`); `u64::MAX` before the first look.
     set_epoch: AtomicU64,
@@ -48,6 +54,8 @@ impl Io {
             failed_over: AtomicBool::new(false),
             failover_hook: Mutex::new(Rank::FailoverHook, None),
             set_epoch: AtomicU64::new(u64::MAX),
+            given_up: AtomicBool::new(false),
+            stale: Mutex::new(Rank::StaleBlocks, Default::default()),
         }
     }
 

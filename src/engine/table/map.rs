@@ -93,6 +93,13 @@ impl Table {
         }
     }
 
+    /// An empty table of the same shape.
+    pub fn emptied(&self) -> Table {
+        let mut t = Table::new(self.slot_count(), self.origin_blocks, self.sectors);
+        t.dirty_slots = self.dirty_slots;
+        t
+    }
+
     /// Slots below `n` may hold dirty data (on a cache set, the mirrored
     /// ones); a dirty record for any other slot is invalid.
     pub fn set_dirty_slots(&mut self, n: u32) {

@@ -148,6 +148,16 @@ impl Meta {
         self.free.used_in(range)
     }
 
+    /// The cache was given up (io/failure.rs): nothing it holds is served
+    /// again, and no record is written any more.
+    pub(crate) fn forget_all(&mut self) {
+        self.table = self.table.emptied();
+        self.policy = self.policy.kind().build(self.table.slot_count() as u32);
+        self.free = pools::Pools::new(self.table.slot_count(), self.table.dirty_slots());
+        self.records.clear();
+        self.releases = Default::default();
+    }
+
     /// Slots freed by records not yet durable (free after the next commit).
     pub(crate) fn waiting_slots(&self) -> usize {
         self.releases.waiting_slots()

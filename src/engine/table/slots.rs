@@ -27,6 +27,11 @@ pub(crate) enum Stored {
 impl Engine {
     /// Applies a record to the in-memory state and queues it for the journal.
     pub(crate) fn append(&self, m: &mut Meta, r: Record) {
+        if self.given_up() {
+            // The cache was given up (io/failure.rs): its table is empty
+            // and nothing is journalled again.
+            return;
+        }
         // Kept in release builds (a few comparisons): a record the table
         // would reject is an engine bug, stopped before it reaches the
         // journal, where replay would refuse the cache.
