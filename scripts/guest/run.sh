@@ -28,6 +28,13 @@ run_test() {
         > >(tee "$RESULTS/$name.log") 2>&1
     rc=$?
     t1=$(date +%s.%N)
+    if [ $rc -ne 0 ]; then
+        # The daemons' own account of a failure (their logs live in the
+        # guest's /run, gone with it).
+        for f in /run/serve-*.log; do
+            [ -f "$f" ] && { echo "--- $f (last 80 lines)"; tail -80 "$f"; } >>"$RESULTS/$name.log"
+        done
+    fi
     cleanup_all >>"$RESULTS/$name.log" 2>&1
     local secs
     secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')

@@ -204,6 +204,8 @@ PY
 }
 
 test_cache_set_member_fails() {
+    # On a failure, the daemon's own account first.
+    fail() { echo "--- serve log (last 60 lines)"; tail -60 /run/serve-tc0.log; echo "FAILED: $*"; exit 1; }
     dm_member tca "$(disk set-a)"
     dm_member tcb "$(disk set-b)"
     tc create --origin "$(disk origin)" --cache /dev/mapper/tca --cache /dev/mapper/tcb \
