@@ -1,0 +1,195 @@
+//! What the cache device sees of 4 KiB random writes at queue depth 32:
+//! the cache device wrapped in a recorder of its request stream, the engine
+//! in writeback driven by 32 threads (one request in flight each) over an
+//! origin four times the cache. Reports, for the cache device's data
+//! region, in the order the writes completed:
+//!
+//! - the share of writes that start where the previous write ended;
+//! - the mean write size;
+//! - the share of writes and discards that cover a whole 1 MiB segment,
+//!   and the share of overwrites (writes to bytes written before) that do:
+//!   the proxy for the write amplification a flash device's own garbage
+//!   collection will add.
+//!
+//!     cargo run --release --example cache_stream -- [--writes N] [--cache-mib M]
+//!
+//! Issue 22 asks for these before and after random writes are laid down
+//! in segments; docs/benchmarks.md keeps the numbers.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use anyhow::{bail, Result};
+use tiercache::device::ram::RamDevice;
+use tiercache::device::{BlockDevice, DeviceRef, DeviceResult};
+use tiercache::engine::format::Layout;
+use tiercache::engine::{CreateOptions, Engine, OpenOptions};
+
+const BS: u64 = 4096;
+const SEGMENT_BYTES: u64 = 1 << 20;
+const THREADS: u64 = 32;
+
+fn arg(args: &[String], name: &str, default: u64) -> Result<u64> {
+    match args.iter().position(|a| a == name) {
+        None => Ok(default),
+        Some(i) => match args.get(i + 1).and_then(|v| v.parse().ok()) {
+            Some(v) => Ok(v),
+            None => bail!("{name} needs a number"),
+        },
+    }
+}
+
+#[derive(Default)]
+struct Stream {
+    last_end: u64,
+    writes: u64,
+    sequential: u64,
+    bytes: u64,
+    whole_segment_writes: u64,
+    overwrites: u64,
+    whole_segment_overwrites: u64,
+    discards: u64,
+    whole_segment_discards: u64,
+    /// Per 4 KiB of the device: written before.
+    written: Vec<bool>,
+}
+
+/// A device that counts its own request stream (data region only).
+struct Recorder {
+    inner: DeviceRef,
+    data_from: AtomicU64,
+    stream: Mutex<Stream>,
+}
+
+fn whole_segment(offset: u64, len: u64) -> bool {
+    let first = offset.div_ceil(SEGMENT_BYTES) * SEGMENT_BYTES;
+    first + SEGMENT_BYTES <= offset + len
+}
+
+impl BlockDevice for Recorder {
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> DeviceResult<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> DeviceResult<()> {
+        self.inner.write_at(buf, offset)?;
+        if offset >= self.data_from.load(Ordering::Relaxed) {
+            let len = buf.len() as u64;
+            let mut s = self.stream.lock().unwrap();
+            s.writes += 1;
+            s.bytes += len;
+            if offset == s.last_end {
+                s.sequential += 1;
+            }
+            s.last_end = offset + len;
+            let whole = whole_segment(offset, len);
+            s.whole_segment_writes += whole as u64;
+            let pages = (offset / BS) as usize..((offset + len).div_ceil(BS)) as usize;
+            if s.written[pages.clone()].iter().any(|&w| w) {
+                s.overwrites += 1;
+                s.whole_segment_overwrites += whole as u64;
+            }
+            s.written[pages].iter_mut().for_each(|w| *w = true);
+        }
+        Ok(())
+    }
+    fn flush(&self) -> DeviceResult<()> {
+        self.inner.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> DeviceResult<()> {
+        self.inner.discard(offset, len)?;
+        if offset >= self.data_from.load(Ordering::Relaxed) {
+            let mut s = self.stream.lock().unwrap();
+            s.discards += 1;
+            s.whole_segment_discards += whole_segment(offset, len) as u64;
+        }
+        Ok(())
+    }
+    fn name(&self) -> &str {
+        "cache"
+    }
+}
+
+fn pct(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        100.0 * a as f64 / b as f64
+    }
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let writes = arg(&args, "--writes", 200_000)?;
+    let cache_mib = arg(&args, "--cache-mib", 64)?;
+    let cache_bytes = cache_mib << 20;
+    let layout = Layout::compute(cache_bytes, BS as u32).map_err(anyhow::Error::msg)?;
+    let ram: DeviceRef = Arc::new(RamDevice::new("cache", cache_bytes));
+    let recorder = Arc::new(Recorder {
+        inner: ram,
+        data_from: AtomicU64::new(u64::MAX),
+        stream: Mutex::new(Stream {
+            written: vec![false; (cache_bytes / BS) as usize],
+            ..Default::default()
+        }),
+    });
+    let cache: DeviceRef = recorder.clone();
+    let origin_bytes = 4 * layout.slot_count * BS;
+    let origin: DeviceRef = Arc::new(RamDevice::new("origin", origin_bytes));
+    let opts = CreateOptions {
+        allow_data_loss: true,
+        ..Default::default()
+    };
+    let engine = Engine::create_with(cache, origin, &opts, &OpenOptions::default())?;
+    recorder
+        .data_from
+        .store(layout.data_offset, Ordering::Relaxed);
+    let blocks = origin_bytes / BS;
+    let per_thread = writes / THREADS;
+    let t0 = std::time::Instant::now();
+    std::thread::scope(|sc| {
+        for t in 0..THREADS {
+            let engine = &engine;
+            sc.spawn(move || {
+                let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (t + 1);
+                let buf = vec![t as u8; BS as usize];
+                for _ in 0..per_thread {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let block = x % blocks;
+                    engine.write(block * BS, &buf, false).expect("write");
+                }
+            });
+        }
+    });
+    let secs = t0.elapsed().as_secs_f64();
+    engine.close()?;
+    let s = recorder.stream.lock().unwrap();
+    println!(
+        "{} client writes of 4 KiB at random over {} MiB, {THREADS} at a time, cache {} MiB ({} slots); {:.1} s",
+        per_thread * THREADS,
+        origin_bytes >> 20,
+        cache_mib,
+        layout.slot_count,
+        secs
+    );
+    println!(
+        "cache device data writes: {}  sequential (start where the previous ended): {:.1}%  mean size: {:.1} KiB",
+        s.writes,
+        pct(s.sequential, s.writes),
+        s.bytes as f64 / s.writes.max(1) as f64 / 1024.0
+    );
+    println!(
+        "whole 1 MiB segments: {:.2}% of writes, {:.2}% of overwrites ({} overwrites, {:.1}% of writes), {:.2}% of discards ({} discards)",
+        pct(s.whole_segment_writes, s.writes),
+        pct(s.whole_segment_overwrites, s.overwrites),
+        s.overwrites,
+        pct(s.overwrites, s.writes),
+        pct(s.whole_segment_discards, s.discards),
+        s.discards
+    );
+    Ok(())
+}
