@@ -395,3 +395,68 @@ fn damaged_metadata_on_a_member_is_read_from_the_other() {
     verify_all(&engine, &model);
     engine.close().unwrap();
 }
+
+/// Threads writing and reading back their own regions (as fio verify does)
+/// while a member fails: no read or write sees an error, and every block
+/// reads back what was last written to it.
+#[test]
+fn a_member_failing_under_concurrent_writers_is_invisible() {
+    for lost in 0..2usize {
+        let s = seed() + lost as u64;
+        let rig = Rig::new(2, s);
+        let engine = rig.create(Mode::Writeback);
+        engine
+            .set_writeback(WritebackSettings {
+                high_pct: 40,
+                low_pct: 20,
+                max_age_secs: 1,
+                idle_secs: 0,
+            })
+            .unwrap();
+        let threads = 4u64;
+        let region = ORIGIN_BYTES / threads;
+        let bs = BS as u64;
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|sc| {
+            for t in 0..threads {
+                let engine = &engine;
+                let failed = &failed;
+                sc.spawn(move || {
+                    let mut rng = ChaCha8Rng::seed_from_u64(s ^ ((t + 1) * 0x9e37));
+                    let blocks = region / bs;
+                    let mut latest = vec![0u64; blocks as usize];
+                    for op in 0..3000u64 {
+                        let b = rng.gen_range(0..blocks);
+                        let at = t * region + b * bs;
+                        let first = at / 512;
+                        if rng.gen_bool(0.6) {
+                            let v = op + 1;
+                            engine
+                                .write(at, &stamped(first, bs / 512, v), false)
+                                .unwrap_or_else(|e| panic!("seed {s}: write {at}: {e}"));
+                            latest[b as usize] = v;
+                        } else {
+                            let data = engine.read(at, bs).unwrap_or_else(|e| {
+                                panic!("seed {s}: read {at}: {e} (failed: {failed:?})")
+                            });
+                            let want = stamped(first, bs / 512, latest[b as usize]);
+                            if latest[b as usize] > 0 {
+                                assert!(data[..] == want[..], "seed {s}: block at {at} is wrong");
+                            }
+                        }
+                        if op % 500 == 0 {
+                            engine.background_tick();
+                        }
+                    }
+                });
+            }
+            sc.spawn(|| {
+                std::thread::sleep(std::time::Duration::from_millis(150));
+                rig.members[lost].fail_after_ops(0);
+                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+            });
+        });
+        assert!(set_of(&engine).degraded(), "seed {s}");
+        engine.close().unwrap();
+    }
+}

@@ -382,7 +382,10 @@ impl Admission {
             }
             t => t,
         };
-        now_ms - since >= self.engage_after_ms
+        // Another thread may have stored a `since` read after this
+        // thread's `now_ms` (a panic on the subtraction's underflow in a
+        // guest test, when a failing cache-set member made writes slow).
+        now_ms.saturating_sub(since) >= self.engage_after_ms
     }
 
     /// (byte, bit shift) of `block`'s counter in `row` (0 or 1).

@@ -580,6 +580,7 @@ impl Engine {
             return Ok(());
         }
         writeback::stop_background(self);
+        self.stop_resync();
         if self.failed_over() {
             // Everything is on the origin; commit() flushes it. The cache
             // metadata cannot be written (see io/failure.rs).
@@ -639,6 +640,7 @@ impl Engine {
         }
         self.closed.store(true, Ordering::Release);
         writeback::stop_background(self);
+        self.stop_resync();
         if self.dirty_blocks() != 0 {
             return Err(EngineError::Config(
                 "dirty data appeared during detach".into(),

@@ -718,6 +718,7 @@ pub(crate) fn open(
     let engine = build_engine(cache, origin, sb, loaded, opts.clock.clone());
     start_durable(&engine, clean, distrust, journal_end_seq, log)?;
     engine.follow_cache_set();
+    engine.resync_cache_set(!clean, !opts.no_background);
     engine
         .stats
         .crash_log_records_recovered

@@ -18,6 +18,8 @@ pub const LABEL_BYTES: u64 = 8192;
 const LABEL_PAGE_BYTES: usize = 4096;
 pub const LABEL_MAGIC: [u8; 8] = *b"TCSETMBR";
 pub const LABEL_VERSION: u32 = 1;
+/// Label flag: the mirrored slots' two copies may differ.
+pub const FLAG_RESYNC: u32 = 1;
 
 /// Where the set's virtual device puts things, fixed at create.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -83,7 +85,10 @@ pub struct RawLabel {
     /// Bit i: member i does not hold current copies (it failed, or its
     /// rebuild has not finished). Reads never use it.
     pub stale_mask: U32,
-    pub reserved0: U32,
+    /// Bit 0 (`FLAG_RESYNC`): the copies of the mirrored slots may differ
+    /// (a crash cut writes between members 0 and 1); cleared once they
+    /// were made equal.
+    pub flags: U32,
     pub stripe_slots: [U64; MAX_MEMBERS],
     pub member_bytes: [U64; MAX_MEMBERS],
     pub reserved: [u8; 60],
@@ -98,6 +103,7 @@ pub struct Label {
     pub set_id: u64,
     pub generation: u64,
     pub stale_mask: u32,
+    pub flags: u32,
     pub geometry: Geometry,
 }
 
@@ -126,7 +132,7 @@ impl Label {
             meta_bytes: U64::new(g.meta_bytes),
             mirror_slots: U64::new(g.mirror_slots),
             stale_mask: U32::new(self.stale_mask),
-            reserved0: U32::new(0),
+            flags: U32::new(self.flags),
             stripe_slots: stripe,
             member_bytes: bytes,
             reserved: [0; 60],
@@ -188,6 +194,9 @@ impl Label {
         if raw.stale_mask.get() >> count != 0 {
             return Err("stale mask names members past the count".into());
         }
+        if raw.flags.get() & !FLAG_RESYNC != 0 {
+            return Err(format!("unknown label flags {:#x}", raw.flags.get()));
+        }
         let geometry = Geometry {
             block_bytes: bs,
             meta_bytes: meta,
@@ -205,6 +214,7 @@ impl Label {
             set_id: raw.set_id.get(),
             generation: raw.generation.get(),
             stale_mask: raw.stale_mask.get(),
+            flags: raw.flags.get(),
             geometry,
         })
     }
@@ -229,6 +239,7 @@ mod tests {
             set_id: 0x1234,
             generation: 7,
             stale_mask: 0b01,
+            flags: FLAG_RESYNC,
             geometry: Geometry {
                 block_bytes: 4096,
                 meta_bytes: 4096 * 300,

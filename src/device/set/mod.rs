@@ -138,6 +138,8 @@ impl Member {
 struct SetState {
     generation: u64,
     stale_mask: u32,
+    /// Label flags (`label::FLAG_RESYNC`).
+    flags: u32,
 }
 
 /// Where a piece of a request goes.
@@ -168,6 +170,10 @@ pub struct CacheSet {
     epoch: AtomicU64,
     /// Rotates reads of mirrored slots over their copies.
     next_copy: AtomicUsize,
+    /// The mirrored slots' copies may differ (`rebuild.rs`, resync): their
+    /// reads go to one copy, the lowest healthy member's.
+    resyncing: std::sync::atomic::AtomicBool,
+    resync_stop: std::sync::atomic::AtomicBool,
     rebuild: rebuild::Fence,
     sums: sums::Sums,
     meta_check: std::sync::OnceLock<sums::MetaCheck>,
@@ -224,6 +230,7 @@ impl CacheSet {
                     set_id,
                     generation,
                     stale_mask: 0,
+                    flags: 0,
                     geometry: geometry.clone(),
                 };
                 d.write_at(&l.to_page(), l.copy_offset())?;
@@ -240,6 +247,7 @@ impl CacheSet {
             SetState {
                 generation: 1,
                 stale_mask: 0,
+                flags: 0,
             },
         ))
     }
@@ -251,6 +259,7 @@ impl CacheSet {
         members: Vec<(Option<DeviceRef>, MemberState)>,
         state: SetState,
     ) -> CacheSet {
+        let resync = state.flags & label::FLAG_RESYNC != 0;
         CacheSet {
             name,
             set_id,
@@ -261,6 +270,8 @@ impl CacheSet {
             state: Mutex::new(Rank::CacheSet, state),
             epoch: AtomicU64::new(0),
             next_copy: AtomicUsize::new(0),
+            resyncing: std::sync::atomic::AtomicBool::new(resync),
+            resync_stop: std::sync::atomic::AtomicBool::new(false),
             rebuild: rebuild::Fence::default(),
             sums: sums::Sums::new(geometry.slot_count()),
             meta_check: std::sync::OnceLock::new(),
@@ -286,7 +297,17 @@ impl CacheSet {
     pub fn open(devs: Vec<DeviceRef>, allow_missing: bool) -> DeviceResult<CacheSet> {
         let mut labels = Vec::new();
         for d in &devs {
-            let l = CacheSet::read_label(d)?
+            let l = CacheSet::read_label(d)
+                .map_err(|e| {
+                    open_error(
+                        d.name(),
+                        format!(
+                            "its label cannot be read ({e}): leave this member out (the set \
+                             opens without it if another member's label names it failed, \
+                             else with --degraded) or replace it"
+                        ),
+                    )
+                })?
                 .map_err(|e| open_error(d.name(), format!("not a cache-set member: {e}")))?;
             labels.push(l);
         }
@@ -350,6 +371,7 @@ impl CacheSet {
             SetState {
                 generation: newest.generation,
                 stale_mask: newest.stale_mask,
+                flags: newest.flags,
             },
         );
         for i in missing {
@@ -464,6 +486,7 @@ impl CacheSet {
             set_id: self.set_id,
             generation: st.generation,
             stale_mask: st.stale_mask,
+            flags: st.flags,
             geometry: self.geometry.clone(),
         };
         dev.write_at(&l.to_page(), l.copy_offset())?;
@@ -535,8 +558,9 @@ impl CacheSet {
     fn read_copy(&self, buf: &mut [u8], target: Target, at: u64) -> DeviceResult<usize> {
         let copies = self.copies(target);
         let n = copies.len();
-        // Hits on mirrored slots alternate between the copies.
-        let first = if target == Target::Mirror {
+        // Hits on mirrored slots alternate between the copies, once they
+        // are known to be equal.
+        let first = if target == Target::Mirror && !self.resyncing.load(Ordering::Acquire) {
             self.next_copy.fetch_add(1, Ordering::Relaxed)
         } else {
             0
@@ -567,7 +591,7 @@ impl CacheSet {
     }
 
     fn write_piece(&self, buf: &[u8], target: Target, at: u64) -> DeviceResult<()> {
-        let mut ok = false;
+        let mut done = Vec::with_capacity(2);
         let mut last = None;
         for i in self.copies(target) {
             let m = &self.members[i];
@@ -577,14 +601,18 @@ impl CacheSet {
             }
             let Some(dev) = m.dev() else { continue };
             m.writes.fetch_add(1, Ordering::Relaxed);
-            let r = if state == MemberState::Rebuilding {
+            // A copy being filled (a rebuild, or member 1 in a resync) is
+            // written under the fence, after the copies it is filled from.
+            let fenced = state == MemberState::Rebuilding
+                || (target == Target::Mirror && i == 1 && self.resyncing.load(Ordering::Acquire));
+            let r = if fenced {
                 self.rebuild
                     .write(at, buf.len() as u64, || dev.write_at(buf, at))
             } else {
                 dev.write_at(buf, at)
             };
             match r {
-                Ok(()) => ok |= state == MemberState::Healthy,
+                Ok(()) => done.push(i),
                 Err(e) => {
                     log::warn!("{}: member {i} write error: {e}", self.name);
                     self.member_error(i, &e);
@@ -592,7 +620,9 @@ impl CacheSet {
                 }
             }
         }
-        if ok {
+        // Judged after every failure was handled: a member whose write
+        // succeeded may have failed since (its label could not be written).
+        if self.any_healthy(&done) {
             return Ok(());
         }
         Err(last.unwrap_or_else(|| DeviceError::Io {
@@ -600,6 +630,12 @@ impl CacheSet {
             what: "write",
             source: std::io::Error::other("no healthy member holds this range"),
         }))
+    }
+
+    fn any_healthy(&self, members: &[usize]) -> bool {
+        members
+            .iter()
+            .any(|&i| self.members[i].state() == MemberState::Healthy)
     }
 }
 
@@ -629,16 +665,15 @@ impl BlockDevice for CacheSet {
     /// Flushes every member written to; succeeds if a healthy one did (a
     /// member that fails its flush is failed).
     fn flush(&self) -> DeviceResult<()> {
-        let mut ok = false;
+        let mut done = Vec::with_capacity(self.members.len());
         let mut last = None;
         for (i, m) in self.members.iter().enumerate() {
-            let state = m.state();
-            if state == MemberState::Failed {
+            if m.state() == MemberState::Failed {
                 continue;
             }
             let Some(dev) = m.dev() else { continue };
             match dev.flush() {
-                Ok(()) => ok |= state == MemberState::Healthy,
+                Ok(()) => done.push(i),
                 Err(e) => {
                     log::warn!("{}: member {i} flush error: {e}", self.name);
                     self.member_error(i, &e);
@@ -646,7 +681,7 @@ impl BlockDevice for CacheSet {
                 }
             }
         }
-        if ok {
+        if self.any_healthy(&done) {
             return Ok(());
         }
         Err(last.unwrap_or_else(|| DeviceError::Io {

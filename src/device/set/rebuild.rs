@@ -125,6 +125,7 @@ impl CacheSet {
                 set_id: self.set_id,
                 generation: st.generation,
                 stale_mask: st.stale_mask,
+                flags: st.flags,
                 geometry: self.geometry.clone(),
             };
             new.write_at(&vec![0u8; LABEL_BYTES as usize], 0)?;
@@ -189,6 +190,106 @@ impl CacheSet {
             }
         }
         Err(last.unwrap_or_else(|| open_error(&self.name, "no healthy member to copy from")))
+    }
+
+    /// The mirrored slots' copies may differ (the engine opened the cache
+    /// after an unclean shutdown: a crash may have cut a write between
+    /// members 0 and 1): from now until `resync` finishes, reads of them go
+    /// to one copy only, and the labels say so (a restart before the end
+    /// resyncs again).
+    pub fn begin_resync(&self) {
+        if self.members[..2]
+            .iter()
+            .any(|m| m.state() != MemberState::Healthy)
+        {
+            return; // One copy: nothing to make equal.
+        }
+        self.resyncing.store(true, Ordering::Release);
+        self.set_flags(|f| f | super::label::FLAG_RESYNC);
+    }
+
+    /// Stops a running resync at its next chunk (the cache is closing).
+    pub fn stop_resync(&self) {
+        self.resync_stop.store(true, Ordering::Release);
+    }
+
+    /// A resync is pending (`begin_resync`, or a label that says so).
+    pub fn resync_pending(&self) -> bool {
+        self.resyncing.load(Ordering::Acquire)
+    }
+
+    /// Makes member 1's copy of the mirrored slots equal to member 0's,
+    /// chunk by chunk behind the fence while clients keep going (as a
+    /// rebuild does), then lets reads use both copies again.
+    pub fn resync(&self, mut progress: impl FnMut(u64, u64)) -> DeviceResult<()> {
+        if !self.resync_pending() {
+            return Ok(());
+        }
+        let bs = self.geometry.block_bytes as u64;
+        let start = LABEL_BYTES + self.geometry.meta_bytes;
+        let total = self.geometry.mirror_slots * bs;
+        let mut buf = crate::device::AlignedBuf::zeroed(CHUNK_BYTES as usize);
+        let mut done = 0;
+        while done < total {
+            if self.resync_stop.load(Ordering::Acquire) {
+                // The cache is closing: the labels still ask for a resync,
+                // which the next open runs.
+                return Ok(());
+            }
+            if self.members[..2]
+                .iter()
+                .any(|m| m.state() != MemberState::Healthy)
+            {
+                break; // A copy was lost meanwhile: one copy is what is read.
+            }
+            let n = (total - done).min(CHUNK_BYTES);
+            let at = start + done;
+            let chunk = &mut buf[..n as usize];
+            let (Some(from), Some(to)) = (self.members[0].dev(), self.members[1].dev()) else {
+                break;
+            };
+            let copied = {
+                let _g = self.rebuild.lock.lock();
+                match from.read_at(chunk, at) {
+                    Err(e) => Err((0, e)),
+                    Ok(()) => to.write_at(chunk, at).map_err(|e| (1, e)),
+                }
+            };
+            if let Err((i, e)) = copied {
+                self.member_error(i, &e);
+                break;
+            }
+            done += n;
+            progress(done, total);
+        }
+        if let Some(to) = self.members[1].dev() {
+            if let Err(e) = to.flush() {
+                self.member_error(1, &e);
+            }
+        }
+        self.resyncing.store(false, Ordering::Release);
+        self.set_flags(|f| f & !super::label::FLAG_RESYNC);
+        log::info!("{}: mirrored copies resynchronised", self.name);
+        Ok(())
+    }
+
+    /// Changes the label flags on every healthy member.
+    fn set_flags(&self, f: impl FnOnce(u32) -> u32) {
+        let mut st = self.state.lock();
+        st.flags = f(st.flags);
+        st.generation += 1;
+        let mut failed = Vec::new();
+        for j in 0..self.members.len() {
+            if self.members[j].state() == MemberState::Healthy {
+                if let Err(e) = self.write_label(j, &st) {
+                    failed.push((j, e));
+                }
+            }
+        }
+        drop(st);
+        for (j, e) in failed {
+            self.fail_member(j, &format!("its label could not be written: {e}"));
+        }
     }
 
     /// The copy is complete and durable: the labels say member `i` is current.

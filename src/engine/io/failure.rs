@@ -21,7 +21,7 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::device::DeviceError;
+use crate::device::{BlockDevice, DeviceError};
 use crate::engine::format::SB_FLAG_DISTRUST_CLEAN;
 use crate::engine::stats::bump;
 use crate::engine::{Engine, EngineError, EngineResult, FailoverHook};
@@ -66,6 +66,54 @@ impl Engine {
         }
         if self.retire_slots(set.unusable_slots()) {
             self.io.set_epoch.store(epoch, Ordering::Release);
+        }
+    }
+
+    /// After an unclean shutdown a cache set's mirrored copies may differ
+    /// (a crash cut a write between them): they are made equal, in a
+    /// thread of its own while clients go on (reads use one copy until
+    /// then), or at once without a background (`no_background`: tests,
+    /// short-lived commands).
+    pub(crate) fn resync_cache_set(&self, unclean: bool, background: bool) {
+        let Some(set) = self.io.cache.as_cache_set() else {
+            return;
+        };
+        if unclean {
+            set.begin_resync();
+        }
+        if !set.resync_pending() {
+            return;
+        }
+        if !background {
+            if let Err(e) = set.resync(|_, _| {}) {
+                log::warn!("{}: resync: {e}", set.name());
+            }
+            return;
+        }
+        let dev = self.io.cache.clone();
+        let spawned = std::thread::Builder::new()
+            .name("tc-resync".into())
+            .spawn(move || {
+                if let Some(set) = dev.as_cache_set() {
+                    if let Err(e) = set.resync(|_, _| {}) {
+                        log::warn!("{}: resync: {e}", set.name());
+                    }
+                }
+            });
+        match spawned {
+            Ok(h) => *self.io.resync.lock() = Some(h),
+            Err(e) => log::warn!("{}: no resync thread: {e}", set.name()),
+        }
+    }
+
+    /// Stops and joins a running resync (close).
+    pub(crate) fn stop_resync(&self) {
+        if let Some(set) = self.io.cache.as_cache_set() {
+            set.stop_resync();
+        }
+        let handle = self.io.resync.lock().take();
+        if let Some(h) = handle {
+            let _ = h.join();
         }
     }
 

@@ -34,6 +34,8 @@ pub(crate) struct Io {
     /// Called once when the cache fails over, before any origin write
     /// that follows (the daemon records it outside the failed device).
     failover_hook: Mutex<Option<FailoverHook>>,
+    /// A cache set's resync thread (`failure.rs`), joined at close.
+    resync: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Set when the cache is given up holding dirty data (failure.rs).
     given_up: AtomicBool,
     /// Origin blocks whose only current copy was lost with the cache
@@ -55,6 +57,7 @@ impl Io {
             failover_hook: Mutex::new(Rank::FailoverHook, None),
             set_epoch: AtomicU64::new(u64::MAX),
             given_up: AtomicBool::new(false),
+            resync: Mutex::new(Rank::Background, None),
             stale: Mutex::new(Rank::StaleBlocks, Default::default()),
         }
     }
