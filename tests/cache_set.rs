@@ -460,3 +460,30 @@ fn a_member_failing_under_concurrent_writers_is_invisible() {
         engine.close().unwrap();
     }
 }
+
+/// The metrics and the dashboard's snapshot show each member: state, used
+/// and dirty blocks, errors; and the dirty blocks at risk once degraded.
+#[test]
+fn metrics_and_the_snapshot_show_each_member() {
+    let rig = Rig::new(2, seed());
+    let engine = rig.create(Mode::Writeback);
+    engine.write(0, &stamped(0, 64, 1), false).unwrap();
+    rig.members[1].fail_after_ops(0);
+    engine.write(8192, &stamped(16, 8, 2), false).unwrap();
+    let monitor = tiercache::monitor::Monitor::new(&engine, "set");
+    let taken = monitor.take_now().unwrap();
+    let text = taken.metrics_text();
+    for want in [
+        "tiercache_cache_member_healthy{cache=\"set\",member=\"0\",device=\"member0\"} 1.0",
+        "tiercache_cache_member_failed{cache=\"set\",member=\"1\",device=\"member1\"} 1.0",
+        "tiercache_cache_member_dirty_blocks{cache=\"set\",member=\"0\",device=\"member0\"} 8.0",
+        "tiercache_dirty_at_risk_blocks{cache=\"set\"} 8.0",
+    ] {
+        assert!(text.contains(want), "no `{want}` in the metrics:\n{text}");
+    }
+    let json: serde_json::Value = serde_json::from_str(taken.json_text()).unwrap();
+    let members = &json["status"]["cache_members"];
+    assert_eq!(members[1]["state"], "failed", "{members}");
+    assert_eq!(json["status"]["cache_set_state"], "degraded");
+    engine.close().unwrap();
+}

@@ -283,6 +283,89 @@ fn encode_mrc(e: &mut DescriptorEncoder, t: &Taken) -> std::fmt::Result {
     Ok(())
 }
 
+/// A cache set's members, one labelled series each (`member`, `device`):
+/// state, used and dirty blocks, errors and damaged blocks; and the dirty
+/// blocks with one copy left, and the stale origin blocks of a cache given
+/// up.
+fn encode_members(e: &mut DescriptorEncoder, s: &crate::engine::Status) -> std::fmt::Result {
+    gauge(
+        e,
+        "dirty_at_risk_blocks",
+        "Dirty blocks with one copy left (a degraded cache set).",
+        s.dirty_at_risk as f64,
+    )?;
+    gauge(
+        e,
+        "stale_origin_blocks",
+        "Origin blocks whose data was lost with a failed cache device (reads of them fail).",
+        s.stale_blocks as f64,
+    )?;
+    if s.cache_members.is_empty() {
+        return Ok(());
+    }
+    let series = |f: &dyn Fn(&crate::device::set::MemberStatus) -> f64| -> Vec<(Labels, f64)> {
+        s.cache_members
+            .iter()
+            .map(|m| {
+                let labels = vec![
+                    ("member", m.index.to_string()),
+                    ("device", m.device.clone()),
+                ];
+                (labels, f(m))
+            })
+            .collect()
+    };
+    use crate::device::set::MemberState;
+    let state = |want: MemberState| {
+        move |m: &crate::device::set::MemberStatus| (m.state == want) as u8 as f64
+    };
+    for (name, help, f) in [
+        (
+            "cache_member_healthy",
+            "1 while the cache set member holds current copies.",
+            &state(MemberState::Healthy) as &dyn Fn(&_) -> f64,
+        ),
+        (
+            "cache_member_failed",
+            "1 once the member failed (or was missing at open).",
+            &state(MemberState::Failed),
+        ),
+        (
+            "cache_member_rebuilding",
+            "1 while a replacement is being filled.",
+            &state(MemberState::Rebuilding),
+        ),
+        (
+            "cache_member_used_blocks",
+            "Blocks the member holds (its copies of mirrored ones and its own).",
+            &|m: &crate::device::set::MemberStatus| m.used_blocks as f64,
+        ),
+        (
+            "cache_member_dirty_blocks",
+            "Dirty blocks the member holds a copy of.",
+            &|m: &crate::device::set::MemberStatus| m.dirty_blocks as f64,
+        ),
+        (
+            "cache_member_errors",
+            "I/O errors of the member.",
+            &|m: &crate::device::set::MemberStatus| m.errors as f64,
+        ),
+        (
+            "cache_member_damaged_blocks",
+            "Blocks the member returned damaged (caught by checksums).",
+            &|m: &crate::device::set::MemberStatus| m.bad_blocks as f64,
+        ),
+        (
+            "cache_member_rebuild_done_bytes",
+            "Bytes a rebuild has copied onto the member.",
+            &|m: &crate::device::set::MemberStatus| m.rebuild_done_bytes as f64,
+        ),
+    ] {
+        gauges(e, name, help, &series(f))?;
+    }
+    Ok(())
+}
+
 impl Collector for Exposition {
     fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
         let t = &self.0;
@@ -304,6 +387,7 @@ impl Collector for Exposition {
         }
         encode_latency(e, t)?;
         encode_mrc(e, t)?;
+        encode_members(e, s)?;
         gauge(
             e,
             "monitor_uptime_seconds",

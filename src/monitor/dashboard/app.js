@@ -214,6 +214,23 @@ function fillTables(snap) {
   $("t-counters").innerHTML = Object.keys(st).map((k) => `<tr><td>${k}</td><td>${st[k]}</td></tr>`).join("");
 }
 
+// A cache set's members (status.cache_members), or nothing for one device.
+function fillDevices(snap) {
+  const s = snap.status, ms = s.cache_members || [];
+  $("s-devices").hidden = ms.length === 0;
+  if (ms.length === 0) return;
+  const risk = s.dirty_at_risk ? ` · ${fmtNum(s.dirty_at_risk)} dirty blocks on one copy` : "";
+  $("set-state").textContent = `(${s.cache_set_state}${risk})`;
+  const rows = ms.map((m) => {
+    const rebuild = m.rebuild_total_bytes ? ` ${fmtRatio(m.rebuild_done_bytes / m.rebuild_total_bytes)} rebuilt` : "";
+    return `<tr class="${m.state}"><td>${m.index}</td><td>${m.device}</td><td>${m.state}${rebuild}</td>` +
+      `<td>${fmtNum(m.used_blocks)} / ${fmtNum(m.mirror_slots + m.own_slots)}</td><td>${fmtNum(m.dirty_blocks)}</td>` +
+      `<td>${m.errors}</td><td>${m.bad_blocks || 0}</td></tr>`;
+  });
+  $("t-devices").innerHTML = "<tr><th>#</th><th>device</th><th>state</th><th>used blocks</th><th>dirty</th>" +
+    "<th>errors</th><th>damaged</th></tr>" + rows.join("");
+}
+
 function fillCards(snap) {
   const s = snap.status, last = snap.history[snap.history.length - 1] || {};
   const st = s.stats;
@@ -231,6 +248,7 @@ function fillCards(snap) {
 
 function draw(snap) {
   fillCards(snap);
+  fillDevices(snap);
   drawCharts(snap);
   drawHeat(snap);
   drawMrc(snap);
