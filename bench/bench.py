@@ -21,8 +21,8 @@ from systems import NbdkitCache, Origin, QemuRaw, Tiercache  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ["writeback", "writethrough", "writearound", "writeonly"]
-# tc-set: writeback on a cache set of two devices (each the size of the
-# others' one cache device): dirty data mirrored, clean data on both.
+# tc-set: writeback on a cache set of two devices, each the size of the
+# others' one cache device, every slot mirrored (--mirror-share 100).
 ALL_SYSTEMS = ["origin", "qemu-nbd", "nbdkit-cache"] + [f"tc-{m}" for m in MODES] + ["tc-set"]
 # Writeback never starts (high watermark 100 %, an hour's age: runs are far
 # shorter): the "idle" reference. Newer tiercache caps the age at 32767 s.
@@ -127,7 +127,11 @@ def make_system(key, plan, binary):
     if key.startswith("tc-") and key[3:] in MODES:
         return Tiercache(binary, key[3:], plan.cache_bytes)
     if key == "tc-set":
-        return Tiercache(binary, "writeback", plan.cache_bytes, key="tc-set", caches=2)
+        # Every slot mirrored: the same dirty capacity and watermarks as
+        # tc-writeback's one device, so the comparison measures the second
+        # copy and where hits are read from, not a smaller dirty space.
+        return Tiercache(binary, "writeback", plan.cache_bytes, key="tc-set", caches=2,
+                         extra_create=["--mirror-share", "100"])
     raise BenchError(f"unknown system '{key}' (known: {', '.join(ALL_SYSTEMS)})")
 
 
@@ -217,15 +221,18 @@ def bench_system(system, plan, work_dir, skip, results):
 PAIRED_WORKLOADS = ("rr4k_hit", "rw4k")
 
 
-def bench_paired(plan, binary, work_dir, rounds):
+def bench_paired(plan, binary, work_dir, rounds, with_set=False):
     """The two jobs whose targets compare tiercache with qemu-nbd, run head to
     head: both servers up at once, each warmed as in the main jobs, then
     `rounds` rounds in which the two take turns (the order alternates from
     round to round). Systems measured minutes apart in the main table see
     different host load; on this VM the raw device's own 4K IOPS varied by
     ±30% from one run to the next, which the median of interleaved runs
-    cancels."""
+    cancels. `with_set`: tc-set (two mirrored cache files) takes turns too,
+    for the targets of two devices against one."""
     pair = [make_system("qemu-nbd", plan, binary), make_system("tc-writeback", plan, binary)]
+    if with_set:
+        pair.append(make_system("tc-set", plan, binary))
     titles = {w.key: w for w in wl.WORKLOADS}
     out = {"rounds": rounds, "iops": {w: {s.key: [] for s in pair} for w in PAIRED_WORKLOADS}}
     log(f"head to head: {' and '.join(s.key for s in pair)}, {rounds} rounds")
@@ -237,7 +244,9 @@ def bench_paired(plan, binary, work_dir, rounds):
             s.start(d, plan.volume_bytes)
             wl.warm(s, plan)
         for r in range(rounds):
-            order = pair if r % 2 == 0 else pair[::-1]
+            order = pair[r % len(pair):] + pair[:r % len(pair)]
+            if r % 2 == 1:
+                order = order[::-1]
             for wkey in PAIRED_WORKLOADS:
                 w = titles[wkey]
                 off, size = wl.region(plan, w.region)
@@ -370,7 +379,8 @@ def main():
             bench_system(make_system(key, plan, binary), plan, work_dir, skip, results)
         if "paired" not in skip and {"qemu-nbd", "tc-writeback"} <= set(systems):
             results["paired"] = bench_paired(plan, binary, work_dir,
-                                             rounds=3 if plan.name == "full" else 1)
+                                             rounds=3 if plan.name == "full" else 1,
+                                             with_set="tc-set" in systems)
         if "sustained" not in skip:
             bench_sustained(plan, binary, work_dir, systems, results)
         if "ram" not in skip and "tc-writeback" in systems:

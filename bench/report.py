@@ -54,12 +54,13 @@ def median(v):
     return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
 
 
-def paired_ratio(results, workload):
-    """tc-writeback / qemu-nbd, medians of the head-to-head rounds."""
+def paired_ratio(results, workload, a="tc-writeback", b="qemu-nbd"):
+    """a / b (default tc-writeback / qemu-nbd), medians of the head-to-head
+    rounds."""
     runs = results.get("paired", {}).get("iops", {}).get(workload)
-    if not runs:
+    if not runs or not runs.get(a) or not runs.get(b):
         return None
-    return ratio(median(runs.get("tc-writeback", [])), median(runs.get("qemu-nbd", [])))
+    return ratio(median(runs.get(a, [])), median(runs.get(b, [])))
 
 
 def vs_qemu(results, workload):
@@ -91,6 +92,11 @@ def targets(results):
                  ratio(busy.get("min_iops"), idle.get("mean_iops")), 0.8))
     ram = results.get("ram", {}).get("bytes_per_block")
     rows.append(("RAM per cache block ≤ 24 B", ram, -24.0))
+    if paired_ratio(results, "rw4k", "tc-set", "tc-writeback") is not None:
+        rows.append(("cache set of two: 4K randwrite ≥ 0.85× one device (head to head)",
+                     paired_ratio(results, "rw4k", "tc-set", "tc-writeback"), 0.85))
+        rows.append(("cache set of two: 4K read hits ≥ 1.0× one device (head to head)",
+                     paired_ratio(results, "rr4k_hit", "tc-set", "tc-writeback"), 1.0))
     return rows
 
 
@@ -188,20 +194,28 @@ def render(results, plots):
 
     paired = results.get("paired")
     if paired and paired.get("iops"):
-        L.append(f"### Head to head: qemu-nbd and tc-writeback, {paired['rounds']} rounds")
+        who = "qemu-nbd, tc-writeback and tc-set" if any(
+            r.get("tc-set") for r in paired["iops"].values()) else "qemu-nbd and tc-writeback"
+        L.append(f"### Head to head: {who}, {paired['rounds']} rounds")
         L.append("")
         L.append("Both servers up at once, each warmed like the main jobs; in each round the "
                  "two run the job in turn, the order alternating from round to round, so both "
                  "see the same host load. The targets against qemu-nbd use the medians.")
         L.append("")
+        has_set = any(runs.get("tc-set") for runs in paired["iops"].values())
         L.append("| workload | qemu-nbd IOPS, per round | tc-writeback IOPS, per round "
-                 "| median ratio |")
-        L.append("|---|--:|--:|--:|")
+                 "| median ratio |" + (" tc-set IOPS, per round | tc-set / tc-writeback |"
+                                      if has_set else ""))
+        L.append("|---|--:|--:|--:|" + ("--:|--:|" if has_set else ""))
         for wkey, runs in paired["iops"].items():
             q, t = runs.get("qemu-nbd", []), runs.get("tc-writeback", [])
-            L.append(f"| {titles.get(wkey, wkey)} | {', '.join(fmt_num(x) for x in q)} | "
-                     f"{', '.join(fmt_num(x) for x in t)} | "
-                     f"{fmt_ratio(paired_ratio(results, wkey))} |")
+            row = (f"| {titles.get(wkey, wkey)} | {', '.join(fmt_num(x) for x in q)} | "
+                   f"{', '.join(fmt_num(x) for x in t)} | "
+                   f"{fmt_ratio(paired_ratio(results, wkey))} |")
+            if has_set:
+                row += (f" {', '.join(fmt_num(x) for x in runs.get('tc-set', []))} | "
+                        f"{fmt_ratio(paired_ratio(results, wkey, 'tc-set', 'tc-writeback'))} |")
+            L.append(row)
         L.append("")
 
     # Sustained.

@@ -15,7 +15,8 @@ Every system is an NBD export that fio reaches at `self.uri`:
                 `nbd+unix:///?socket=HDD`; its cache device is a file on the
                 same disk, which tiercache opens with O_DIRECT.
 - tc-set        tiercache writeback on a cache set of two such files, each
-                the size of tc-MODE's one (dirty data mirrored on both).
+                the size of tc-MODE's one, every slot mirrored
+                (--mirror-share 100: the same dirty space as tc-writeback).
 
 Each system gets its own HDD image, so no system sees another's data.
 """

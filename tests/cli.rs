@@ -521,3 +521,57 @@ fn demo_runs() {
     let out = ok(&s.tc(&["demo", "--dir", &dir, "--http", "off"]));
     assert!(!out.contains("dashboard on"), "{out}");
 }
+
+/// A cache set from the CLI: create with two cache devices, status names
+/// both members, bad arguments are refused with a message and change no
+/// byte, a missing member needs `--degraded` (serve) or `replace-cache`,
+/// which rebuilds onto a new device and updates the registry.
+#[test]
+fn cache_set_create_status_replace_and_bad_arguments() {
+    let s = Setup::new();
+    let origin = s.filled("origin.img", ORIGIN_BYTES);
+    let a = s.sparse("a.img", CACHE_BYTES);
+    let b = s.sparse("b.img", CACHE_BYTES);
+    let c = s.sparse("c.img", CACHE_BYTES);
+    let tiny = s.filled("tiny.img", 1 << 20);
+    let files = [&origin, &a, &b, &c, &tiny];
+    let hashes = || files.iter().map(|f| hash(f)).collect::<Vec<_>>();
+    let before = hashes();
+    for (args, what) in [
+        (vec!["--cache", &a, "--cache", &a], "given twice"),
+        (vec!["--cache", &a, "--cache", &tiny], "too small"),
+        (
+            vec!["--cache", &a, "--cache", &b, "--mirror-share", "0"],
+            "mirror share",
+        ),
+        (
+            vec!["--cache", &a, "--cache", &b, "--mirror-share", "101"],
+            "mirror share",
+        ),
+        (vec!["--cache", &a, "--cache", &origin], "same device"),
+    ] {
+        let mut full = vec!["create", "--origin", &origin];
+        full.extend(args);
+        fails(&s.tc(&full), 1, what);
+    }
+    assert_eq!(hashes(), before, "a refused create changed a device");
+
+    ok(&s.tc(&["create", "--origin", &origin, "--cache", &a, "--cache", &b]));
+    let st = status_json(&s);
+    assert_eq!(st["cache_set_state"], "whole");
+    assert_eq!(st["cache_members"][0]["device"], a.as_str());
+    assert_eq!(st["cache_members"][1]["device"], b.as_str());
+    let text = ok(&s.tc(&["status"]));
+    assert!(text.contains("cache set") && text.contains(&b), "{text}");
+
+    // Replacing: not a member, or a cache that is not a set.
+    fails(&s.tc(&["replace-cache", &c, &tiny]), 1, "not a member");
+    // b disappears: opening needs --degraded or a replacement.
+    std::fs::remove_file(&b).unwrap();
+    fails(&s.tc(&["status"]), 1, "replace-cache");
+    ok(&s.tc(&["replace-cache", &b, &c]));
+    let st = status_json(&s);
+    assert_eq!(st["cache_set_state"], "whole", "{st}");
+    assert_eq!(st["cache_members"][1]["device"], c.as_str());
+    ok(&s.tc(&["detach"]));
+}

@@ -179,6 +179,19 @@ pub struct CacheSet {
     meta_check: std::sync::OnceLock<sums::MetaCheck>,
 }
 
+/// Threads that write the two copies of a mirrored write at once (they
+/// block in the devices' writes, so more than the cores).
+fn mirror_pool() -> &'static rayon::ThreadPool {
+    static POOL: std::sync::OnceLock<rayon::ThreadPool> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(32)
+            .thread_name(|i| format!("tc-mirror-{i}"))
+            .build()
+            .expect("a thread pool")
+    })
+}
+
 /// Errors of opening or formatting a set.
 fn open_error(spec: &str, reason: impl Into<String>) -> DeviceError {
     DeviceError::Open {
@@ -591,31 +604,51 @@ impl CacheSet {
     }
 
     fn write_piece(&self, buf: &[u8], target: Target, at: u64) -> DeviceResult<()> {
-        let mut done = Vec::with_capacity(2);
-        let mut last = None;
-        for i in self.copies(target) {
-            let m = &self.members[i];
-            let state = m.state();
-            if state == MemberState::Failed {
-                continue;
-            }
-            let Some(dev) = m.dev() else { continue };
-            m.writes.fetch_add(1, Ordering::Relaxed);
-            // A copy being filled (a rebuild, or member 1 in a resync) is
-            // written under the fence, after the copies it is filled from.
-            let fenced = state == MemberState::Rebuilding
-                || (target == Target::Mirror && i == 1 && self.resyncing.load(Ordering::Acquire));
-            let r = if fenced {
+        let copies: Vec<(usize, DeviceRef, bool)> = self
+            .copies(target)
+            .filter_map(|i| {
+                let m = &self.members[i];
+                let state = m.state();
+                if state == MemberState::Failed {
+                    return None;
+                }
+                // A copy being filled (a rebuild, or member 1 in a resync)
+                // is written under the fence, after the copies it is filled
+                // from.
+                let fenced = state == MemberState::Rebuilding
+                    || (target == Target::Mirror
+                        && i == 1
+                        && self.resyncing.load(Ordering::Acquire));
+                m.dev().map(|d| (i, d, fenced))
+            })
+            .collect();
+        let write = |(i, dev, fenced): &(usize, DeviceRef, bool)| -> Result<usize, DeviceError> {
+            self.members[*i].writes.fetch_add(1, Ordering::Relaxed);
+            let r = if *fenced {
                 self.rebuild
                     .write(at, buf.len() as u64, || dev.write_at(buf, at))
             } else {
                 dev.write_at(buf, at)
             };
+            r.map(|()| *i)
+        };
+        // Two unfenced copies are written at once: a mirrored write then
+        // costs about one device write's time, not two.
+        let results: Vec<Result<usize, DeviceError>> = match copies.as_slice() {
+            [a, b] if !a.2 && !b.2 => {
+                let (ra, rb) = mirror_pool().join(|| write(a), || write(b));
+                vec![ra, rb]
+            }
+            _ => copies.iter().map(write).collect(),
+        };
+        let mut done = Vec::with_capacity(2);
+        let mut last = None;
+        for (r, (i, _, _)) in results.into_iter().zip(&copies) {
             match r {
-                Ok(()) => done.push(i),
+                Ok(i) => done.push(i),
                 Err(e) => {
                     log::warn!("{}: member {i} write error: {e}", self.name);
-                    self.member_error(i, &e);
+                    self.member_error(*i, &e);
                     last = Some(e);
                 }
             }
