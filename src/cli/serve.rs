@@ -270,8 +270,27 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         // Services beside the front end (engine + shutdown signal) go here.
         services: Vec::new(),
     };
+    abort_on_panic();
     tiercache::daemon::run(reg, config)?;
     Ok(())
+}
+
+/// A panic is a bug. In a daemon, a thread that dies holding a client's
+/// request leaves that client waiting (the kernel's NBD client for its
+/// 30 s timeout, then EIO and a stuck filesystem): the guest test met this.
+/// The whole process stops instead, at once; its clients see the
+/// connection close, and the next start recovers every acknowledged write
+/// from the journal and the crash log.
+fn abort_on_panic() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        eprintln!(
+            "tiercache: a thread panicked (a bug): stopping the daemon; the next start \
+             recovers from the journal and the crash log"
+        );
+        std::process::abort();
+    }));
 }
 
 #[cfg(test)]

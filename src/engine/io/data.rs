@@ -19,11 +19,15 @@ impl Engine {
     /// 4 KiB one say nothing about each other's device.
     fn timed_device<T>(&self, dev: Dev, bytes: usize, f: impl FnOnce() -> T) -> T {
         crate::sync::assert_unheld(crate::sync::Rank::Meta, "device I/O");
+        let set_epoch = self.cache_set_epoch();
         let t = self.clock.now_ns();
         let r = f();
         let ns = self.clock.since_ns(t);
         self.observe.latency.device(dev as usize, ns);
-        if bytes <= 64 << 10 {
+        // A request during which a cache-set member failed also wrote the
+        // labels of the others: its time says nothing of the device's
+        // speed (it engaged the admission guard in a guest test).
+        if bytes <= 64 << 10 && self.cache_set_epoch() == set_epoch {
             self.admission.latencies.record(dev, ns);
         }
         ORIGIN_REQUESTS.with(|c| {
@@ -32,6 +36,11 @@ impl Engine {
             }
         });
         r
+    }
+
+    /// The cache set's member-state epoch (0 for one cache device).
+    fn cache_set_epoch(&self) -> u64 {
+        self.io.cache().as_cache_set().map_or(0, |s| s.epoch())
     }
 
     pub(crate) fn cache_read(
