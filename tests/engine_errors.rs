@@ -226,11 +226,12 @@ fn a_checkpoint_after_a_failed_commit_never_replays_the_failed_commit() {
     engine.close().unwrap();
 }
 
-/// One cache device that dies for good holding dirty data: once it has
-/// failed past the error limit and a commit fails, the engine fails over,
-/// reports the origin ranges that are now stale, fails reads of them
-/// rather than serve the origin's old bytes, serves the rest from the
-/// origin, and a write covering a whole stale block makes it current.
+/// One cache device that dies for good holding dirty data. While it fails,
+/// errors reach the callers, nothing is given up, and `status` lists the
+/// origin ranges its dirty blocks make stale. Given up (the operator's word
+/// that it is gone), the engine fails over, fails reads that touch those
+/// ranges rather than serve the origin's old bytes, serves the rest from
+/// the origin, and a write covering a whole stale block makes it current.
 #[test]
 fn a_dead_cache_with_dirty_data_reports_stale_ranges_and_never_serves_them() {
     let (cache_dev, origin, engine, _) = setup(Mode::Writeback);
@@ -243,17 +244,22 @@ fn a_dead_cache_with_dirty_data_reports_stale_ranges_and_never_serves_them() {
     engine.write(10 * 4096, &pattern(6)[..4096], false).unwrap();
     engine.flush().unwrap();
     cache_dev.fail_after_ops(0);
-    // Errors reach the callers (a dirty block's read, a write into the
-    // cache) until the device has failed past the error limit; then the
-    // background's probe finds it takes no metadata either.
     for _ in 0..100 {
         assert!(engine.read(2 * 4096, 4096).is_err());
         engine.background_tick();
     }
     assert!(
-        engine.failed_over(),
-        "the engine never gave the dead cache up"
+        !engine.failed_over(),
+        "a failing device is not given up by itself"
     );
+    let st = engine.status();
+    assert_eq!(
+        st.stale_ranges,
+        vec![(2 * 4096, 2 * 4096), (10 * 4096, 4096)]
+    );
+    assert!(st.admission.contains("stale"), "{}", st.admission);
+    assert_eq!(engine.give_up_cache().unwrap(), 3);
+    assert!(engine.failed_over());
     engine.flush().unwrap();
     let st = engine.status();
     assert_eq!(st.stale_blocks, 3, "{st:?}");

@@ -425,11 +425,17 @@ impl Engine {
             cache_blocks_dirty: m.table().dirty_count(),
             writeback,
             admitting: !stopped,
-            admission: if stale_blocks > 0 {
+            admission: if stale_blocks > 0 && self.failed_over() {
                 format!(
-                    "failed over: the cache device failed holding dirty data; {stale_blocks} \
-                     blocks of the origin are stale (their data was lost) and reads of them \
-                     fail; the rest of the volume is served from the origin"
+                    "failed over: the cache device was given up holding dirty data; \
+                     {stale_blocks} blocks of the origin are stale (their data was lost) and \
+                     reads of them fail; the rest of the volume is served from the origin"
+                )
+            } else if stale_blocks > 0 {
+                format!(
+                    "stopped: the cache device failed {errors} times (limit {limit}) and holds \
+                     the only copy of {stale_blocks} dirty blocks: those origin ranges are stale \
+                     (status lists them) until it answers again and they are written back"
                 )
             } else if self.failed_over() {
                 format!(

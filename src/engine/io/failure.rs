@@ -12,10 +12,11 @@
 //!   superblock flag is written (best effort) that makes the next open drop
 //!   every clean mapping, since the origin may change under them.
 //! - With dirty data (writeback, writeonly), errors are returned to the
-//!   caller: the cache holds the only copy of that data. Once the error
-//!   limit is reached and a commit still fails, the device is given up:
-//!   the cache fails over, and the origin blocks whose dirty data it held
-//!   are *stale* (`stale.rs`): reads of them fail, `status` lists them,
+//!   caller: the cache holds the only copy of that data, and a device that
+//!   answers again loses nothing. Past the error limit, `status` lists the
+//!   origin ranges those dirty blocks make stale. If the operator says the
+//!   device is gone (`give_up_cache`), the cache fails over, those ranges
+//!   stay *stale* (`stale.rs`): reads of them fail, `status` lists them,
 //!   the rest of the volume is served from the origin. (A cache set gets
 //!   here only when every copy failed.)
 
@@ -170,41 +171,54 @@ impl Engine {
         self.io.failed_over.load(Ordering::Acquire)
     }
 
-    /// After a failed commit: fail over to the origin. True if that hides
-    /// the failure without losing anything, which is when no block is
-    /// dirty. With dirty blocks, they are lost: the engine fails over all
-    /// the same, their origin blocks become stale (`stale.rs`) and this
-    /// returns false (the commit's error reaches the caller).
+    /// After a failed commit: fail over to the origin if that hides the
+    /// failure without losing anything, which is when no block is dirty.
+    /// With dirty blocks the error reaches the caller and the cache keeps
+    /// them: a device that answers again loses nothing. Meanwhile `status`
+    /// lists the origin ranges they make stale; `give_up_cache` is the
+    /// operator's word that the device is gone.
     pub(crate) fn fail_over_after_commit_error(&self, e: &EngineError) -> bool {
         if !matches!(e, EngineError::CacheMetadata(_)) {
             return false;
         }
-        let lost = {
+        {
             let m = self.meta.lock();
-            if m.table().dirty_count() > 0 {
-                m.table().all_dirty()
-            } else {
-                Vec::new()
-            }
-        };
-        if !lost.is_empty() || self.mode().holds_dirty() {
-            // Dirty data is given up only once the device has failed past
-            // the error limit: a passing error keeps it (and errors reach
-            // the callers) until the device answers again.
-            if !self.io.admission_stopped() {
+            if self.mode().holds_dirty() || m.table().dirty_count() > 0 {
                 return false;
             }
         }
-        if !lost.is_empty() {
-            self.lose_dirty(&lost, e);
-            // Nothing in the cache is read again: the stale list says what
-            // the origin lacks, and writes go to the origin. Requests under
-            // way append nothing from now on (`given_up`).
-            self.io.given_up.store(true, Ordering::Release);
-            self.meta.lock().forget_all();
+        self.fail_over(&e.to_string());
+        true
+    }
+
+    /// The operator's word that the cache device is gone for good: its
+    /// dirty blocks are lost. The cache fails over to the origin, their
+    /// origin ranges become stale (reads of them fail, `status` lists
+    /// them; a write of a whole block makes it current again), and the
+    /// table is emptied. Returns how many blocks were lost.
+    pub fn give_up_cache(&self) -> EngineResult<u64> {
+        self.check_open()?;
+        if self.given_up() {
+            return Ok(0);
         }
+        let lost = self.meta.lock().table().all_dirty();
+        if !lost.is_empty() {
+            self.lose_dirty(&lost, "the cache device was given up");
+        }
+        // Nothing in the cache is read again: the stale list says what the
+        // origin lacks, and writes go to the origin. Requests under way
+        // append nothing from now on (`given_up`).
+        self.io.given_up.store(true, Ordering::Release);
+        self.fail_over("the cache device was given up");
+        self.meta.lock().forget_all();
+        Ok(lost.len() as u64)
+    }
+
+    /// Every request goes to the origin from now on (see the module
+    /// comment); the next open drops every clean block.
+    fn fail_over(&self, why: &str) {
         if self.io.failed_over.swap(true, Ordering::AcqRel) {
-            return lost.is_empty();
+            return;
         }
         self.io.admission_stopped.store(true, Ordering::Release);
         if let Some(hook) = self.io.failover_hook.lock().as_ref() {
@@ -214,7 +228,7 @@ impl Engine {
         // origin; the mode recorded on the device is unchanged.
         self.swap_mode(crate::engine::Mode::Passthrough);
         log::error!(
-            "{}: cache metadata cannot be written ({e}); failing over to the origin until the cache is reopened",
+            "{}: failing over to the origin until the cache is reopened: {why}",
             self.io.cache.name()
         );
         // Best effort: if this write fails too, the device is unusable and
@@ -227,27 +241,11 @@ impl Engine {
                 self.io.cache.name()
             );
         }
-        lost.is_empty()
-    }
-
-    /// Past the error limit with dirty data held, the background asks the
-    /// cache device for a metadata write (the superblock) each round; if
-    /// even that fails, the device is given up (see the module comment).
-    pub(crate) fn probe_dead_cache(&self) {
-        if !self.io.admission_stopped() || self.failed_over() {
-            return;
-        }
-        if self.meta.lock().table().dirty_count() == 0 {
-            return;
-        }
-        if let Err(e) = self.update_superblock(|_| {}) {
-            self.fail_over_after_commit_error(&e);
-        }
     }
 
     /// The cache failed holding the dirty blocks `lost` (sorted): their
     /// origin blocks are stale from now on.
-    fn lose_dirty(&self, lost: &[u64], e: &EngineError) {
+    fn lose_dirty(&self, lost: &[u64], e: &str) {
         let stale = super::stale::StaleBlocks::of_blocks(lost);
         let bs = self.block_bytes;
         let shown: Vec<String> = stale
@@ -257,8 +255,8 @@ impl Engine {
             .map(|&(b, n)| format!("{}+{}", b * bs, n * bs))
             .collect();
         log::error!(
-            "{}: the cache device failed ({e}) holding {} dirty blocks: their data is lost and \
-             these origin byte ranges are stale (reads of them fail): {}{}",
+            "{}: {e}, holding {} dirty blocks: their data is lost and these origin byte \
+             ranges are stale (reads of them fail): {}{}",
             self.io.cache.name(),
             lost.len(),
             shown.join(" "),
@@ -301,13 +299,22 @@ impl Engine {
         }
     }
 
-    /// The stale origin ranges (byte offset, bytes) and how many blocks.
+    /// The stale origin ranges (byte offset, bytes) and how many blocks:
+    /// those of a cache given up; or, while the cache device is failing
+    /// (past the error limit) with dirty blocks, theirs: the origin has
+    /// older data there, and the only current copy is on a failing device.
     pub(crate) fn stale_ranges(&self) -> (Vec<(u64, u64)>, u64) {
-        let s = self.io.stale.lock();
         let bs = self.block_bytes;
-        (
-            s.list().iter().map(|&(b, n)| (b * bs, n * bs)).collect(),
-            s.blocks(),
-        )
+        let shown = |s: &super::stale::StaleBlocks| {
+            (
+                s.list().iter().map(|&(b, n)| (b * bs, n * bs)).collect(),
+                s.blocks(),
+            )
+        };
+        if self.given_up() || !self.io.admission_stopped() {
+            return shown(&self.io.stale.lock());
+        }
+        let dirty = self.meta.lock().table().all_dirty();
+        shown(&super::stale::StaleBlocks::of_blocks(&dirty))
     }
 }

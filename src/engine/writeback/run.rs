@@ -109,7 +109,6 @@ impl Engine {
     /// own below, so a deterministic test can schedule them one by one.
     pub fn background_tick(&self) {
         self.follow_cache_set();
-        self.probe_dead_cache();
         for _ in 0..64 {
             if self.closed.load(std::sync::atomic::Ordering::Acquire) {
                 return;
