@@ -445,3 +445,97 @@ fn status_shows_frontends_and_detach_waits_for_clients() {
     let origin = std::fs::read(s.path("origin.img")).unwrap();
     assert!(origin[..4096] == [7u8; 4096] && origin[4096..8192] == [8u8; 4096]);
 }
+
+/// A cache device that dies holding dirty data, under the daemon: it is an
+/// nbdkit export whose error filter fails every request once a trigger
+/// file exists. Reads of the dirty blocks fail (never the origin's old
+/// bytes), status lists the stale origin range once the device is past the
+/// error limit, and `give-up-cache --lose-dirty-data` serves on from the
+/// origin: the stale range still fails, the rest reads, and a whole-block
+/// write makes a stale block current again.
+#[test]
+fn a_dead_cache_is_given_up_and_its_stale_ranges_are_never_served() {
+    need("nbdkit", "nbdkit");
+    let s = Setup {
+        dir: tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap(),
+    };
+    let (origin, cache) = (s.path("origin.img"), s.path("cache.img"));
+    std::fs::File::create(&origin)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    std::fs::File::create(&cache)
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
+    let (sock, trigger) = (s.path("cache.sock"), s.path("cache-dies"));
+    let mut nbdkit = daemon::KillOnDrop(
+        Command::new("nbdkit")
+            .args([
+                "-f",
+                "--exit-with-parent",
+                "-U",
+                sock.to_str().unwrap(),
+                "--filter=error",
+            ])
+            .arg("file")
+            .arg(&cache)
+            .args([
+                "error-rate=100%",
+                &format!("error-file={}", trigger.display()),
+            ])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+        assert!(Instant::now() < deadline, "nbdkit did not start");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let cache_uri = format!("nbd+unix:///?socket={}", sock.display());
+    s.cli(&[
+        "create",
+        "--origin",
+        origin.to_str().unwrap(),
+        "--cache",
+        &cache_uri,
+    ]);
+    let mut server = s.serve();
+    let dev = NbdDevice::connect(&s.uri(), 1).unwrap();
+    let data: Vec<u8> = (0..32768u32).map(|i| (i % 253) as u8 | 1).collect();
+    dev.write_at(&data, 0).unwrap();
+    dev.flush().unwrap();
+    std::fs::write(&trigger, b"").unwrap();
+    let mut buf = vec![0u8; 4096];
+    for _ in 0..80 {
+        assert!(
+            dev.read_at(&mut buf, 0).is_err(),
+            "a dirty block read from a dead cache"
+        );
+    }
+    let st = s.status();
+    assert_eq!(st["stale_ranges"], serde_json::json!([[0, 32768]]), "{st}");
+    let refused = s.cli_output(&["give-up-cache"]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--lose-dirty-data"));
+    let out = s.cli(&["give-up-cache", "--lose-dirty-data"]);
+    assert!(out.contains("0+32768"), "{out}");
+    assert!(
+        dev.read_at(&mut buf, 4096).is_err(),
+        "a stale block was served"
+    );
+    let mut other = vec![1u8; 4096];
+    dev.read_at(&mut other, 1 << 20).unwrap();
+    assert!(
+        other.iter().all(|&b| b == 0),
+        "the origin's bytes elsewhere"
+    );
+    dev.write_at(&data[..4096], 4096).unwrap();
+    dev.read_at(&mut buf, 4096).unwrap();
+    assert_eq!(buf[..], data[..4096]);
+    assert!(dev.read_at(&mut buf, 0).is_err(), "block 0 is still stale");
+    drop(dev);
+    sigterm(&mut server);
+    let _ = nbdkit.kill();
+}

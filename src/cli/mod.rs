@@ -13,6 +13,7 @@ mod create;
 mod demo;
 mod detach;
 mod flush;
+mod give_up;
 mod progress;
 mod replace_cache;
 mod serve;
@@ -79,6 +80,9 @@ enum Command {
     /// Replace a cache set's member (failed, missing or retiring) with a new
     /// device and rebuild its copies online.
     ReplaceCache(replace_cache::Args),
+    /// Give up a cache device that is gone for good (its dirty data is lost):
+    /// serve on from the origin, failing reads of the stale ranges.
+    GiveUpCache(give_up::Args),
     /// Watch a cache's counters and rates, refreshed every second (q quits).
     Top(top::Args),
     /// Export the cached volume over NBD (foreground; SIGINT/SIGTERM stop it cleanly).
@@ -126,6 +130,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Check(a) => check::run(&reg, &a),
         Command::Warm(a) => warm::run(&reg, &a),
         Command::ReplaceCache(a) => replace_cache::run(&reg, &a),
+        Command::GiveUpCache(a) => give_up::run(&reg, &a),
         Command::Top(a) => top::run(&reg, &a),
         Command::Demo(a) => demo::run(&a),
         Command::Serve(a) => serve::run(&reg, &a),

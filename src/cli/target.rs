@@ -138,6 +138,17 @@ impl Target {
         }
     }
 
+    /// The cache device is gone for good: its dirty data is lost (see
+    /// `Engine::give_up_cache`).
+    pub fn give_up_cache(&self) -> Result<()> {
+        match self {
+            Target::Offline(e) => e.give_up_cache().map(|_| ()).context("giving the cache up"),
+            Target::Daemon(p) => control::call(p, &Request::GiveUpCache)
+                .map(|_| ())
+                .context("giving the cache up"),
+        }
+    }
+
     /// Writes everything back and dissolves the cache. A daemon refuses
     /// while its device is in use, unless `force`.
     pub fn detach(&self, force: bool) -> Result<()> {

@@ -83,6 +83,9 @@ pub enum Request {
         offset: u64,
         length: u64,
     },
+    /// The cache device is gone for good: its dirty blocks are lost, their
+    /// origin ranges stale (`Engine::give_up_cache`).
+    GiveUpCache,
     /// Replace member `member` of the cache set with the device `device`
     /// and rebuild its copies (progress lines: bytes copied, to copy).
     ReplaceCache {
@@ -259,6 +262,7 @@ fn carry_out(
             Ok(dev) => status(engine.replace_cache_member(member, dev, &mut progress_lines(out))),
             Err(e) => Err(e.to_string()),
         },
+        Request::GiveUpCache => status(engine.give_up_cache().map(|_| ())),
         Request::SetMode { mode } => done(engine.set_mode(mode)),
         Request::SetWriteback { settings } => done(engine.set_writeback(settings)),
         Request::SetAdmission { settings } => done(engine.set_admission(settings)),
