@@ -113,7 +113,8 @@ fn set_rows(s: &Status) -> Rows {
         match state.as_str() {
             "whole" => "whole: metadata and dirty data on two devices".to_string(),
             other => format!(
-                "{}: AT RISK: {} dirty blocks ({}) have one copy left; replace the failed device                  with `tiercache replace-cache OLD NEW`",
+                "{}: AT RISK: {} dirty blocks ({}) have one copy left; replace the failed device \
+                 with `tiercache replace-cache OLD NEW`",
                 other.to_uppercase(),
                 s.dirty_at_risk,
                 human_bytes(s.dirty_at_risk * u64::from(s.block_bytes))
