@@ -131,6 +131,12 @@ impl Member {
     fn dev(&self) -> Option<DeviceRef> {
         self.dev.read().clone()
     }
+    /// The device, if the member holds current copies.
+    fn healthy_dev(&self) -> Option<DeviceRef> {
+        (self.state() == MemberState::Healthy)
+            .then(|| self.dev())
+            .flatten()
+    }
 }
 
 /// The set's own persistent state, under its lock (`Rank::CacheSet`):
@@ -552,9 +558,49 @@ impl CacheSet {
         }
     }
 
-    fn member_error(&self, i: usize, e: &DeviceError) {
+    /// Member `i` failed a request (`what`): counted, logged, the member
+    /// failed. Returns the error.
+    fn member_error(&self, i: usize, what: &str, e: DeviceError) -> DeviceError {
+        log::warn!("{}: member {i} {what} error: {e}", self.name);
         self.members[i].errors.fetch_add(1, Ordering::Relaxed);
         self.fail_member(i, &e.to_string());
+        e
+    }
+
+    /// The error of a request no healthy member could take.
+    fn no_healthy(&self, what: &'static str) -> DeviceError {
+        DeviceError::Io {
+            device: self.name.clone(),
+            what,
+            source: std::io::Error::other("no healthy member holds this range"),
+        }
+    }
+
+    /// The outcome of a request made of one request per member (`results`:
+    /// member, result): each failure fails its member; it succeeded if a
+    /// member that took it is still healthy once every failure was handled
+    /// (a member whose request succeeded may have failed since: its label
+    /// could not be written).
+    fn settle(
+        &self,
+        what: &'static str,
+        results: impl IntoIterator<Item = (usize, DeviceResult<()>)>,
+    ) -> DeviceResult<()> {
+        let mut done = Vec::with_capacity(self.members.len());
+        let mut last = None;
+        for (i, r) in results {
+            match r {
+                Ok(()) => done.push(i),
+                Err(e) => last = Some(self.member_error(i, what, e)),
+            }
+        }
+        if done
+            .iter()
+            .any(|&i| self.members[i].state() == MemberState::Healthy)
+        {
+            return Ok(());
+        }
+        Err(last.unwrap_or_else(|| self.no_healthy(what)))
     }
 
     fn read_piece(&self, buf: &mut [u8], p: &Piece, virt: u64) -> DeviceResult<()> {
@@ -582,25 +628,14 @@ impl CacheSet {
         for k in 0..n {
             let i = copies.start + (first + k) % n;
             let m = &self.members[i];
-            if m.state() != MemberState::Healthy {
-                continue;
-            }
-            let Some(dev) = m.dev() else { continue };
+            let Some(dev) = m.healthy_dev() else { continue };
             m.reads.fetch_add(1, Ordering::Relaxed);
             match dev.read_at(buf, at) {
                 Ok(()) => return Ok(i),
-                Err(e) => {
-                    log::warn!("{}: member {i} read error: {e}", self.name);
-                    self.member_error(i, &e);
-                    last = Some(e);
-                }
+                Err(e) => last = Some(self.member_error(i, "read", e)),
             }
         }
-        Err(last.unwrap_or_else(|| DeviceError::Io {
-            device: self.name.clone(),
-            what: "read",
-            source: std::io::Error::other("no healthy member holds this range"),
-        }))
+        Err(last.unwrap_or_else(|| self.no_healthy("read")))
     }
 
     fn write_piece(&self, buf: &[u8], target: Target, at: u64) -> DeviceResult<()> {
@@ -622,7 +657,7 @@ impl CacheSet {
                 m.dev().map(|d| (i, d, fenced))
             })
             .collect();
-        let write = |(i, dev, fenced): &(usize, DeviceRef, bool)| -> Result<usize, DeviceError> {
+        let write = |(i, dev, fenced): &(usize, DeviceRef, bool)| {
             self.members[*i].writes.fetch_add(1, Ordering::Relaxed);
             let r = if *fenced {
                 self.rebuild
@@ -630,45 +665,18 @@ impl CacheSet {
             } else {
                 dev.write_at(buf, at)
             };
-            r.map(|()| *i)
+            (*i, r)
         };
         // Two unfenced copies are written at once: a mirrored write then
         // costs about one device write's time, not two.
-        let results: Vec<Result<usize, DeviceError>> = match copies.as_slice() {
+        let results: Vec<(usize, DeviceResult<()>)> = match copies.as_slice() {
             [a, b] if !a.2 && !b.2 => {
                 let (ra, rb) = mirror_pool().join(|| write(a), || write(b));
                 vec![ra, rb]
             }
             _ => copies.iter().map(write).collect(),
         };
-        let mut done = Vec::with_capacity(2);
-        let mut last = None;
-        for (r, (i, _, _)) in results.into_iter().zip(&copies) {
-            match r {
-                Ok(i) => done.push(i),
-                Err(e) => {
-                    log::warn!("{}: member {i} write error: {e}", self.name);
-                    self.member_error(*i, &e);
-                    last = Some(e);
-                }
-            }
-        }
-        // Judged after every failure was handled: a member whose write
-        // succeeded may have failed since (its label could not be written).
-        if self.any_healthy(&done) {
-            return Ok(());
-        }
-        Err(last.unwrap_or_else(|| DeviceError::Io {
-            device: self.name.clone(),
-            what: "write",
-            source: std::io::Error::other("no healthy member holds this range"),
-        }))
-    }
-
-    fn any_healthy(&self, members: &[usize]) -> bool {
-        members
-            .iter()
-            .any(|&i| self.members[i].state() == MemberState::Healthy)
+        self.settle("write", results)
     }
 }
 
@@ -698,30 +706,11 @@ impl BlockDevice for CacheSet {
     /// Flushes every member written to; succeeds if a healthy one did (a
     /// member that fails its flush is failed).
     fn flush(&self) -> DeviceResult<()> {
-        let mut done = Vec::with_capacity(self.members.len());
-        let mut last = None;
-        for (i, m) in self.members.iter().enumerate() {
-            if m.state() == MemberState::Failed {
-                continue;
-            }
-            let Some(dev) = m.dev() else { continue };
-            match dev.flush() {
-                Ok(()) => done.push(i),
-                Err(e) => {
-                    log::warn!("{}: member {i} flush error: {e}", self.name);
-                    self.member_error(i, &e);
-                    last = Some(e);
-                }
-            }
-        }
-        if self.any_healthy(&done) {
-            return Ok(());
-        }
-        Err(last.unwrap_or_else(|| DeviceError::Io {
-            device: self.name.clone(),
-            what: "flush",
-            source: std::io::Error::other("no healthy member"),
-        }))
+        let results: Vec<(usize, DeviceResult<()>)> = (0..self.members.len())
+            .filter(|&i| self.members[i].state() != MemberState::Failed)
+            .filter_map(|i| self.members[i].dev().map(|d| (i, d.flush())))
+            .collect();
+        self.settle("flush", results)
     }
 
     /// Best effort on every copy: a discard that fails changes nothing the
@@ -731,11 +720,7 @@ impl BlockDevice for CacheSet {
         self.sums.forget(&self.geometry, offset, len);
         for p in self.pieces(offset, len as usize) {
             for i in self.copies(p.target) {
-                let m = &self.members[i];
-                if m.state() != MemberState::Healthy {
-                    continue;
-                }
-                if let Some(dev) = m.dev() {
+                if let Some(dev) = self.members[i].healthy_dev() {
                     let r = dev.discard(p.member_offset, p.buf.len() as u64);
                     if let Err(e) = r {
                         log::warn!("{}: member {i} discard error: {e}", self.name);

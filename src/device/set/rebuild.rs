@@ -142,13 +142,24 @@ impl CacheSet {
         let mut buf = crate::device::AlignedBuf::zeroed(CHUNK_BYTES as usize);
         let mut done = 0;
         while done < total {
-            let n = (total - done).min(CHUNK_BYTES);
+            // A chunk stays within the metadata or the mirrored slots,
+            // which have different copies to read from.
+            let meta = self.geometry.meta_bytes;
+            let region_end = if done < meta { meta } else { total };
+            let n = (region_end - done).min(CHUNK_BYTES);
             let at = LABEL_BYTES + done;
             let chunk = &mut buf[..n as usize];
             let copied = {
                 let _g = self.rebuild.lock.lock();
-                self.read_from_healthy(i, chunk, at)
-                    .and_then(|()| new.write_at(chunk, at))
+                // Member `i` is rebuilding, so never read: a healthy copy
+                // of the same range answers.
+                let target = if at >= LABEL_BYTES + self.geometry.meta_bytes {
+                    super::Target::Mirror
+                } else {
+                    super::Target::Meta
+                };
+                self.read_copy(chunk, target, at)
+                    .and_then(|_| new.write_at(chunk, at))
             };
             if let Err(e) = copied {
                 self.fail_member(i, &format!("rebuild failed: {e}"));
@@ -163,33 +174,6 @@ impl CacheSet {
             return Err(e);
         }
         self.mark_healthy(i)
-    }
-
-    /// Reads member offset `at` from a healthy member holding the same
-    /// range as member `i` (metadata: any; mirrored slots: the other of 0, 1).
-    fn read_from_healthy(&self, i: usize, buf: &mut [u8], at: u64) -> DeviceResult<()> {
-        let in_mirror = at >= LABEL_BYTES + self.geometry.meta_bytes;
-        let candidates: Vec<usize> = if in_mirror {
-            (0..2).filter(|&j| j != i).collect()
-        } else {
-            (0..self.members.len()).filter(|&j| j != i).collect()
-        };
-        let mut last = None;
-        for j in candidates {
-            let m = &self.members[j];
-            if m.state() != MemberState::Healthy {
-                continue;
-            }
-            let Some(dev) = m.dev() else { continue };
-            match dev.read_at(buf, at) {
-                Ok(()) => return Ok(()),
-                Err(e) => {
-                    self.member_error(j, &e);
-                    last = Some(e);
-                }
-            }
-        }
-        Err(last.unwrap_or_else(|| open_error(&self.name, "no healthy member to copy from")))
     }
 
     /// The mirrored slots' copies may differ (the engine opened the cache
@@ -256,7 +240,7 @@ impl CacheSet {
                 }
             };
             if let Err((i, e)) = copied {
-                self.member_error(i, &e);
+                self.member_error(i, "resync", e);
                 break;
             }
             done += n;
@@ -264,7 +248,7 @@ impl CacheSet {
         }
         if let Some(to) = self.members[1].dev() {
             if let Err(e) = to.flush() {
-                self.member_error(1, &e);
+                self.member_error(1, "resync flush", e);
             }
         }
         self.resyncing.store(false, Ordering::Release);

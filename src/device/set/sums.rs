@@ -14,7 +14,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use super::{CacheSet, Geometry, MemberState, Piece, Target};
+use super::{CacheSet, Geometry, Piece, Target};
 use crate::device::{DeviceError, DeviceResult};
 
 pub(crate) struct Sums {
@@ -107,26 +107,18 @@ impl CacheSet {
             let member_at = super::LABEL_BYTES + at;
             let mut ok = vec![false; self.members.len()];
             for (j, m) in self.members.iter().enumerate() {
-                if m.state() != MemberState::Healthy {
-                    continue;
-                }
-                if let Some(dev) = m.dev() {
+                if let Some(dev) = m.healthy_dev() {
                     ok[j] = dev.read_at(&mut pages[j], member_at).is_ok() && check(&pages[j]);
                 }
             }
             if let Some(good) = ok.iter().position(|&o| o) {
+                let copy = pages[good].to_vec();
                 for j in (0..self.members.len()).filter(|&j| !ok[j]) {
-                    let m = &self.members[j];
-                    if m.state() != MemberState::Healthy {
+                    if self.members[j].healthy_dev().is_none() {
                         continue;
                     }
-                    let Some(dev) = m.dev() else { continue };
-                    m.bad_blocks.fetch_add(1, Ordering::Relaxed);
-                    let copy = pages[good].to_vec();
-                    match dev.write_at(&copy, member_at) {
-                        Ok(()) => repaired += 1,
-                        Err(e) => self.member_error(j, &e),
-                    }
+                    self.members[j].bad_blocks.fetch_add(1, Ordering::Relaxed);
+                    repaired += self.overwrite(j, &copy, member_at) as u64;
                 }
             }
             at += PAGE as u64;
@@ -151,18 +143,9 @@ impl CacheSet {
                 continue;
             }
             let page_at = at + (k * PAGE) as u64;
-            let mut tmp = crate::device::AlignedBuf::zeroed(PAGE);
-            for j in (0..self.members.len()).filter(|&j| j != from) {
-                let m = &self.members[j];
-                if m.state() != MemberState::Healthy {
-                    continue;
-                }
-                let Some(dev) = m.dev() else { continue };
-                if dev.read_at(&mut tmp, page_at).is_err() || !check(&tmp) {
-                    continue;
-                }
-                // Another member's copy is intact where this one is not (a
-                // page never written is not intact anywhere: it stays).
+            // A page never written is not intact anywhere: it stays.
+            let others = (0..self.members.len()).filter(|&j| j != from);
+            if let Some(j) = self.intact_copy(page, others, page_at, check, |_| {}) {
                 self.members[from]
                     .bad_blocks
                     .fetch_add(1, Ordering::Relaxed);
@@ -170,13 +153,7 @@ impl CacheSet {
                     "{}: member {from}'s metadata page at {page_at} is damaged; using member {j}'s",
                     self.name
                 );
-                page.copy_from_slice(&tmp);
-                if let Some(bad) = self.members[from].dev() {
-                    if let Err(e) = bad.write_at(&tmp, page_at) {
-                        self.member_error(from, &e);
-                    }
-                }
-                break;
+                self.overwrite(from, page, page_at);
             }
         }
     }
@@ -224,35 +201,67 @@ impl CacheSet {
         want: u32,
         slot: usize,
     ) -> DeviceResult<()> {
-        let mut tmp = crate::device::AlignedBuf::zeroed(block.len());
-        for j in self.copies(target).filter(|&j| j != bad) {
-            let m = &self.members[j];
-            if m.state() != MemberState::Healthy {
-                continue;
-            }
-            let Some(dev) = m.dev() else { continue };
-            if dev.read_at(&mut tmp, at).is_err() || crc32c::crc32c(&tmp) != want {
-                m.bad_blocks.fetch_add(1, Ordering::Relaxed);
-                continue;
-            }
-            block.copy_from_slice(&tmp);
-            if let Some(bad_dev) = self.members[bad].dev() {
-                match bad_dev.write_at(&tmp, at) {
-                    Ok(()) => log::warn!(
-                        "{}: slot {slot} repaired on member {bad} from member {j}",
-                        self.name
-                    ),
-                    Err(e) => self.member_error(bad, &e),
-                }
-            }
-            return Ok(());
+        let others = self.copies(target).filter(|&j| j != bad);
+        let matches = |b: &[u8]| crc32c::crc32c(b) == want;
+        let count_bad = |j: usize| {
+            self.members[j].bad_blocks.fetch_add(1, Ordering::Relaxed);
+        };
+        let Some(j) = self.intact_copy(block, others, at, &matches, count_bad) else {
+            return Err(DeviceError::Io {
+                device: self.name.clone(),
+                what: "read",
+                source: std::io::Error::other(format!(
+                    "slot {slot}: no copy matches its checksum (damaged data on the cache device)"
+                )),
+            });
+        };
+        if self.overwrite(bad, block, at) {
+            log::warn!(
+                "{}: slot {slot} repaired on member {bad} from member {j}",
+                self.name
+            );
         }
-        Err(DeviceError::Io {
-            device: self.name.clone(),
-            what: "read",
-            source: std::io::Error::other(format!(
-                "slot {slot}: no copy matches its checksum (damaged data on the cache device)"
-            )),
-        })
+        Ok(())
+    }
+
+    /// Reads the copies at member offset `at` of the healthy members
+    /// among `members` until one passes `check`, and puts it in `into`;
+    /// returns that member. `failed` hears of each copy that did not pass
+    /// (or could not be read).
+    fn intact_copy(
+        &self,
+        into: &mut [u8],
+        members: impl Iterator<Item = usize>,
+        at: u64,
+        check: &dyn Fn(&[u8]) -> bool,
+        failed: impl Fn(usize),
+    ) -> Option<usize> {
+        let mut tmp = crate::device::AlignedBuf::zeroed(into.len());
+        for j in members {
+            let Some(dev) = self.members[j].healthy_dev() else {
+                continue;
+            };
+            if dev.read_at(&mut tmp, at).is_ok() && check(&tmp) {
+                into.copy_from_slice(&tmp);
+                return Some(j);
+            }
+            failed(j);
+        }
+        None
+    }
+
+    /// Writes a good copy over member `j`'s damaged one (best effort: a
+    /// member that fails the write is failed). True if it was written.
+    fn overwrite(&self, j: usize, good: &[u8], at: u64) -> bool {
+        let Some(dev) = self.members[j].dev() else {
+            return false;
+        };
+        match dev.write_at(good, at) {
+            Ok(()) => true,
+            Err(e) => {
+                self.member_error(j, "repair write", e);
+                false
+            }
+        }
     }
 }
