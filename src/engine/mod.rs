@@ -387,13 +387,16 @@ impl Engine {
         let mut members = set.map(|s| s.members()).unwrap_or_default();
         let mut m = self.meta.lock();
         let dirty = m.table().dirty_count();
-        for (i, member) in members.iter_mut().enumerate() {
-            let set = set.expect("members of a set");
-            let mirror = member.mirror_slots as u32;
-            let own = m.used_in(set.own_slots(i));
-            let mirrored = if mirror > 0 { m.used_in(0..mirror) } else { 0 };
-            member.used_blocks = own + mirrored;
-            member.dirty_blocks = if mirror > 0 { dirty } else { 0 };
+        if let Some(set) = set {
+            // Members 0 and 1 hold every mirrored slot, hence every dirty
+            // block; the others only their own slots.
+            let mirrored = m.used_in(0..set.mirror_slots() as u32);
+            for (i, member) in members.iter_mut().enumerate() {
+                let copies = member.mirror_slots > 0;
+                member.used_blocks =
+                    m.used_in(set.own_slots(i)) + if copies { mirrored } else { 0 };
+                member.dirty_blocks = if copies { dirty } else { 0 };
+            }
         }
         let metadata_bytes =
             m.heap_bytes() + self.admission.heap_bytes() + self.observe.heap_bytes();

@@ -169,14 +169,6 @@ pub fn make_cache_set(
     Ok(std::sync::Arc::new(set))
 }
 
-/// Opens the cache set of `devs` (in any order); see `CacheSet::open`.
-pub fn open_cache_set(devs: Vec<DeviceRef>, allow_missing: bool) -> EngineResult<DeviceRef> {
-    Ok(std::sync::Arc::new(crate::device::set::CacheSet::open(
-        devs,
-        allow_missing,
-    )?))
-}
-
 /// A device that holds a cache is formatted only with `force`.
 fn refuse_existing_cache(cache: &DeviceRef) -> EngineResult<()> {
     let Ok(sb) = current_superblock(cache) else {

@@ -85,22 +85,19 @@ impl Engine {
         if !set.resync_pending() {
             return;
         }
-        if !background {
+        let resync = |set: &crate::device::set::CacheSet| {
             if let Err(e) = set.resync(|_, _| {}) {
                 log::warn!("{}: resync: {e}", set.name());
             }
+        };
+        if !background {
+            resync(set);
             return;
         }
         let dev = self.io.cache.clone();
         let spawned = std::thread::Builder::new()
             .name("tc-resync".into())
-            .spawn(move || {
-                if let Some(set) = dev.as_cache_set() {
-                    if let Err(e) = set.resync(|_, _| {}) {
-                        log::warn!("{}: resync: {e}", set.name());
-                    }
-                }
-            });
+            .spawn(move || resync(dev.as_cache_set().expect("a cache set")));
         match spawned {
             Ok(h) => *self.io.resync.lock() = Some(h),
             Err(e) => log::warn!("{}: no resync thread: {e}", set.name()),
@@ -247,12 +244,11 @@ impl Engine {
     /// origin blocks are stale from now on.
     fn lose_dirty(&self, lost: &[u64], e: &str) {
         let stale = super::stale::StaleBlocks::of_blocks(lost);
-        let bs = self.block_bytes;
-        let shown: Vec<String> = stale
-            .list()
+        let ranges = stale.byte_ranges(self.block_bytes);
+        let shown: Vec<String> = ranges
             .iter()
             .take(16)
-            .map(|&(b, n)| format!("{}+{}", b * bs, n * bs))
+            .map(|(offset, len)| format!("{offset}+{len}"))
             .collect();
         log::error!(
             "{}: {e}, holding {} dirty blocks: their data is lost and these origin byte \
@@ -260,7 +256,7 @@ impl Engine {
             self.io.cache.name(),
             lost.len(),
             shown.join(" "),
-            if stale.list().len() > 16 { " ..." } else { "" }
+            if ranges.len() > 16 { " ..." } else { "" }
         );
         *self.io.stale.lock() = stale;
     }
@@ -292,10 +288,7 @@ impl Engine {
         let first = offset.div_ceil(bs);
         let end = (offset + len) / bs;
         if first < end {
-            let mut s = self.io.stale.lock();
-            if !s.is_empty() {
-                s.heal(first, end - 1);
-            }
+            self.io.stale.lock().heal(first, end - 1);
         }
     }
 
@@ -304,13 +297,7 @@ impl Engine {
     /// (past the error limit) with dirty blocks, theirs: the origin has
     /// older data there, and the only current copy is on a failing device.
     pub(crate) fn stale_ranges(&self) -> (Vec<(u64, u64)>, u64) {
-        let bs = self.block_bytes;
-        let shown = |s: &super::stale::StaleBlocks| {
-            (
-                s.list().iter().map(|&(b, n)| (b * bs, n * bs)).collect(),
-                s.blocks(),
-            )
-        };
+        let shown = |s: &super::stale::StaleBlocks| (s.byte_ranges(self.block_bytes), s.blocks());
         if self.given_up() || !self.io.admission_stopped() {
             return shown(&self.io.stale.lock());
         }

@@ -32,10 +32,6 @@ impl StaleBlocks {
         s
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
-        self.ranges.is_empty()
-    }
-
     pub(crate) fn blocks(&self) -> u64 {
         self.ranges.iter().map(|(s, e)| e - s).sum()
     }
@@ -72,6 +68,11 @@ impl StaleBlocks {
     pub(crate) fn list(&self) -> Vec<(u64, u64)> {
         self.ranges.iter().map(|(&s, &e)| (s, e - s)).collect()
     }
+
+    /// (byte offset, bytes) of each range, ascending, for blocks of `bs`.
+    pub(crate) fn byte_ranges(&self, bs: u64) -> Vec<(u64, u64)> {
+        self.list().iter().map(|&(b, n)| (b * bs, n * bs)).collect()
+    }
 }
 
 #[cfg(test)]
@@ -87,6 +88,6 @@ mod tests {
         s.heal(4, 9);
         assert_eq!(s.list(), vec![(3, 1), (20, 2)]);
         s.heal(0, 100);
-        assert!(s.is_empty());
+        assert!(s.list().is_empty());
     }
 }

@@ -25,6 +25,7 @@ pub struct FreeSlots {
 
 impl FreeSlots {
     /// No slot free.
+    #[cfg(test)]
     pub fn new(slot_count: u64) -> FreeSlots {
         FreeSlots::covering(0..slot_count as u32)
     }

@@ -184,7 +184,7 @@ impl Engine {
                 complete = false;
                 continue;
             }
-            m.policy.removed(slot);
+            // (The unmap tells the policy.)
             self.append(&mut m, Record::Unmap { slot });
             self.locks.unlock(block);
             bump(&self.stats.demotions, 1);
