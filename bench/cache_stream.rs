@@ -16,10 +16,14 @@
 //! Issue 22 asks for these before and after random writes are laid down
 //! in segments; docs/benchmarks.md keeps the numbers.
 
+#[path = "example_args.rs"]
+mod example_args;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use anyhow::{bail, Result};
+use anyhow::Result;
+use example_args::{arg, next};
 use tiercache::device::ram::RamDevice;
 use tiercache::device::{BlockDevice, DeviceRef, DeviceResult};
 use tiercache::engine::format::Layout;
@@ -28,16 +32,6 @@ use tiercache::engine::{CreateOptions, Engine, OpenOptions};
 const BS: u64 = 4096;
 const SEGMENT_BYTES: u64 = 1 << 20;
 const THREADS: u64 = 32;
-
-fn arg(args: &[String], name: &str, default: u64) -> Result<u64> {
-    match args.iter().position(|a| a == name) {
-        None => Ok(default),
-        Some(i) => match args.get(i + 1).and_then(|v| v.parse().ok()) {
-            Some(v) => Ok(v),
-            None => bail!("{name} needs a number"),
-        },
-    }
-}
 
 #[derive(Default)]
 struct Stream {
@@ -156,10 +150,7 @@ fn main() -> Result<()> {
                 let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (t + 1);
                 let buf = vec![t as u8; BS as usize];
                 for _ in 0..per_thread {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    let block = x % blocks;
+                    let block = next(&mut x) % blocks;
                     engine.write(block * BS, &buf, false).expect("write");
                 }
             });

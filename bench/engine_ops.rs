@@ -7,10 +7,14 @@
 //!
 //! Prints nanoseconds per request for each round and the median.
 
+#[path = "example_args.rs"]
+mod example_args;
+
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
+use example_args::{arg, next};
 use tiercache::device::ram::RamDevice;
 use tiercache::device::DeviceRef;
 use tiercache::engine::format::Layout;
@@ -19,24 +23,6 @@ use tiercache::engine::{CreateOptions, Engine, Fast, OpenOptions};
 const BS: u64 = 4096;
 /// Blocks written first, then read and rewritten at random.
 const BLOCKS: u64 = 32_768;
-
-fn arg(args: &[String], name: &str, default: u64) -> Result<u64> {
-    match args.iter().position(|a| a == name) {
-        None => Ok(default),
-        Some(i) => match args.get(i + 1).and_then(|v| v.parse().ok()) {
-            Some(v) => Ok(v),
-            None => bail!("{name} needs a number"),
-        },
-    }
-}
-
-/// xorshift64: the same block sequence in every build.
-fn next(x: &mut u64) -> u64 {
-    *x ^= *x << 13;
-    *x ^= *x >> 7;
-    *x ^= *x << 17;
-    *x
-}
 
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));

@@ -303,7 +303,8 @@ fn encode_members(e: &mut DescriptorEncoder, s: &crate::engine::Status) -> std::
     if s.cache_members.is_empty() {
         return Ok(());
     }
-    let series = |f: &dyn Fn(&crate::device::set::MemberStatus) -> f64| -> Vec<(Labels, f64)> {
+    use crate::device::set::{MemberState, MemberStatus as M};
+    let series = |f: fn(&M) -> f64| -> Vec<(Labels, f64)> {
         s.cache_members
             .iter()
             .map(|m| {
@@ -315,52 +316,49 @@ fn encode_members(e: &mut DescriptorEncoder, s: &crate::engine::Status) -> std::
             })
             .collect()
     };
-    use crate::device::set::MemberState;
-    let state = |want: MemberState| {
-        move |m: &crate::device::set::MemberStatus| (m.state == want) as u8 as f64
-    };
-    for (name, help, f) in [
+    /// (name, help, the value of a member).
+    type MemberGauge = (&'static str, &'static str, fn(&M) -> f64);
+    let rows: [MemberGauge; 8] = [
         (
             "cache_member_healthy",
             "1 while the cache set member holds current copies.",
-            &state(MemberState::Healthy) as &dyn Fn(&_) -> f64,
+            |m| (m.state == MemberState::Healthy) as u8 as f64,
         ),
         (
             "cache_member_failed",
             "1 once the member failed (or was missing at open).",
-            &state(MemberState::Failed),
+            |m| (m.state == MemberState::Failed) as u8 as f64,
         ),
         (
             "cache_member_rebuilding",
             "1 while a replacement is being filled.",
-            &state(MemberState::Rebuilding),
+            |m| (m.state == MemberState::Rebuilding) as u8 as f64,
         ),
         (
             "cache_member_used_blocks",
             "Blocks the member holds (its copies of mirrored ones and its own).",
-            &|m: &crate::device::set::MemberStatus| m.used_blocks as f64,
+            |m| m.used_blocks as f64,
         ),
         (
             "cache_member_dirty_blocks",
             "Dirty blocks the member holds a copy of.",
-            &|m: &crate::device::set::MemberStatus| m.dirty_blocks as f64,
+            |m| m.dirty_blocks as f64,
         ),
-        (
-            "cache_member_errors",
-            "I/O errors of the member.",
-            &|m: &crate::device::set::MemberStatus| m.errors as f64,
-        ),
+        ("cache_member_errors", "I/O errors of the member.", |m| {
+            m.errors as f64
+        }),
         (
             "cache_member_damaged_blocks",
             "Blocks the member returned damaged (caught by checksums).",
-            &|m: &crate::device::set::MemberStatus| m.bad_blocks as f64,
+            |m| m.bad_blocks as f64,
         ),
         (
             "cache_member_rebuild_done_bytes",
             "Bytes a rebuild has copied onto the member.",
-            &|m: &crate::device::set::MemberStatus| m.rebuild_done_bytes as f64,
+            |m| m.rebuild_done_bytes as f64,
         ),
-    ] {
+    ];
+    for (name, help, f) in rows {
         gauges(e, name, help, &series(f))?;
     }
     Ok(())
