@@ -51,6 +51,7 @@ pub use uri::{NbdAddress, NbdUri};
 use std::collections::HashMap;
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::ops::Range;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -196,41 +197,57 @@ impl NbdDevice {
         Ok(())
     }
 
-    /// Reads without the bounds check: the server judges the range.
-    fn read_raw(&self, buf: &mut [u8], offset: u64) -> DeviceResult<()> {
+    /// Sends `cmd` for `len` bytes at `offset` in pieces (a trim of up to
+    /// `TRIM_BYTES_MAX`, else of up to the server's payload size) on one
+    /// connection, every piece submitted before any reply is awaited (a
+    /// large request is pipelined). `payload` gives a piece's data (range
+    /// relative to `offset`); `reply` takes each reply, in order.
+    fn in_pieces<'a>(
+        &self,
+        cmd: u16,
+        offset: u64,
+        len: u64,
+        payload: impl Fn(Range<u64>) -> &'a [u8],
+        mut reply: impl FnMut(Range<u64>, Vec<u8>),
+    ) -> DeviceResult<()> {
+        let (what, piece_bytes) = match cmd {
+            CMD_READ => ("read", self.payload_bytes_max as u64),
+            CMD_WRITE => ("write", self.payload_bytes_max as u64),
+            _ => ("discard", TRIM_BYTES_MAX),
+        };
         let conn = self.conn();
-        let piece_bytes = self.payload_bytes_max as usize;
-        // Submit every piece before waiting, so a large read is pipelined.
-        let mut tickets = Vec::with_capacity(buf.len().div_ceil(piece_bytes));
-        for (i, piece) in buf.chunks(piece_bytes).enumerate() {
-            let at = offset + (i * piece_bytes) as u64;
+        let mut tickets = Vec::with_capacity(len.div_ceil(piece_bytes) as usize);
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(piece_bytes);
+            let piece = done..done + n;
             let t = conn
-                .submit(CMD_READ, at, piece.len() as u32, &[])
-                .map_err(|e| self.io_err("read", e))?;
-            tickets.push(t);
+                .submit(cmd, offset + done, n as u32, payload(piece.clone()))
+                .map_err(|e| self.io_err(what, e))?;
+            tickets.push((piece, t));
+            done += n;
         }
-        for (piece, t) in buf.chunks_mut(piece_bytes).zip(tickets) {
-            let data = conn.wait(t).map_err(|e| self.io_err("read", e))?;
-            piece.copy_from_slice(&data);
+        for (piece, t) in tickets {
+            reply(piece, conn.wait(t).map_err(|e| self.io_err(what, e))?);
         }
         Ok(())
     }
 
+    /// Reads without the bounds check: the server judges the range.
+    fn read_raw(&self, buf: &mut [u8], offset: u64) -> DeviceResult<()> {
+        let len = buf.len() as u64;
+        self.in_pieces(
+            CMD_READ,
+            offset,
+            len,
+            |_| &[],
+            |p, data| buf[p.start as usize..p.end as usize].copy_from_slice(&data),
+        )
+    }
+
     fn write_raw(&self, buf: &[u8], offset: u64) -> DeviceResult<()> {
-        let conn = self.conn();
-        let piece_bytes = self.payload_bytes_max as usize;
-        let mut tickets = Vec::with_capacity(buf.len().div_ceil(piece_bytes));
-        for (i, piece) in buf.chunks(piece_bytes).enumerate() {
-            let at = offset + (i * piece_bytes) as u64;
-            let t = conn
-                .submit(CMD_WRITE, at, piece.len() as u32, piece)
-                .map_err(|e| self.io_err("write", e))?;
-            tickets.push(t);
-        }
-        for t in tickets {
-            conn.wait(t).map_err(|e| self.io_err("write", e))?;
-        }
-        Ok(())
+        let payload = |p: Range<u64>| &buf[p.start as usize..p.end as usize];
+        self.in_pieces(CMD_WRITE, offset, buf.len() as u64, payload, |_, _| {})
     }
 }
 
@@ -271,21 +288,7 @@ impl BlockDevice for NbdDevice {
             return Ok(()); // discard is advisory
         }
         self.refuse_if_read_only("discard")?;
-        let conn = self.conn();
-        let mut tickets = Vec::new();
-        let mut at = offset;
-        while at < offset + len {
-            let n = (offset + len - at).min(TRIM_BYTES_MAX);
-            let t = conn
-                .submit(CMD_TRIM, at, n as u32, &[])
-                .map_err(|e| self.io_err("discard", e))?;
-            tickets.push(t);
-            at += n;
-        }
-        for t in tickets {
-            conn.wait(t).map_err(|e| self.io_err("discard", e))?;
-        }
-        Ok(())
+        self.in_pieces(CMD_TRIM, offset, len, |_| &[], |_, _| {})
     }
 
     fn name(&self) -> &str {
