@@ -395,15 +395,12 @@ fn step(
         let v = client.model.issue_write(first, n);
         let res = engine.write(first * 512, &common::stamped(first, n, v), fua);
         let acked = res.is_ok() && up(m);
-        sim.note(format!(
-            "write v{v} sectors {first}+{n}{}: {}",
-            if fua { " FUA" } else { "" },
-            if acked {
-                "acknowledged"
-            } else {
-                "not acknowledged"
-            }
-        ));
+        let outcome = if acked {
+            "acknowledged"
+        } else {
+            "not acknowledged"
+        };
+        sim.note_write(v, first, n, fua, outcome);
         let latest = res.is_ok().then_some(v);
         client.latest[first as usize..(first + n) as usize].fill(latest);
         if acked && (fua || case.crash == Crash::Kill) {

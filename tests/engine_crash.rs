@@ -80,11 +80,7 @@ fn crash_case(seed: u64, mode: Mode, block_bytes: u32, power_loss: bool, test: &
             let fua = r < 28;
             let v = model.issue_write(first, n);
             let res = engine.write(first * 512, &common::stamped(first, n, v), fua);
-            sim.note(format!(
-                "write v{v} sectors {first}+{n}{}: {}",
-                if fua { " FUA" } else { "" },
-                res.is_ok()
-            ));
+            sim.note_write(v, first, n, fua, &res.is_ok().to_string());
             if res.is_ok() && fua {
                 model.fua_done(v);
             }

@@ -185,15 +185,12 @@ fn run_sim(seed: u64, dir: &Path, test: &str) -> (Killed, Sim) {
             let res = engine.write(first * 512, &common::stamped(first, n, v), fua);
             // Acknowledged only if it returned before the kill.
             let acked = res.is_ok() && !m.switch.is_tripped();
-            sim.note(format!(
-                "write v{v} sectors {first}+{n}{}: {}",
-                if fua { " FUA" } else { "" },
-                if acked {
-                    "acknowledged"
-                } else {
-                    "under way at the kill"
-                }
-            ));
+            let outcome = if acked {
+                "acknowledged"
+            } else {
+                "under way at the kill"
+            };
+            sim.note_write(v, first, n, fua, outcome);
             if acked {
                 model.fua_done(v);
                 acknowledged += 1;

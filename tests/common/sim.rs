@@ -82,6 +82,12 @@ impl Sim {
         self.trace.push(what.into());
     }
 
+    /// Notes a client's stamped write of version `v` and how it ended.
+    pub fn note_write(&mut self, v: u64, first: u64, n: u64, fua: bool, outcome: &str) {
+        let fua = if fua { " FUA" } else { "" };
+        self.note(format!("write v{v} sectors {first}+{n}{fua}: {outcome}"));
+    }
+
     /// A client request takes a little simulated time.
     pub fn client_time(&mut self) {
         let us = self.rng.gen_range(0..2000);
