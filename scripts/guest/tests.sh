@@ -30,6 +30,20 @@ verify_files() { # MANIFEST WHAT
     log "$2: $(wc -l <"$1") files verified"
 }
 
+# ext4 on /dev/nbd0, mounted on $MNT, files "a" written ($WORK/manifest lists
+# them); then a writer in the background fsync'ing six more rounds of
+# files into manifest-b, which stops with an error at its first failure.
+# WRITER is its PID.
+ext4_with_writer() {
+    mkfs.ext4 -q -E nodiscard /dev/nbd0
+    mount -o noatime /dev/nbd0 "$MNT"
+    write_files a $WORK/manifest
+    : >$WORK/manifest-b
+    ( for round in 1 2 3 4 5 6; do write_files "b$round" $WORK/manifest-b || exit 1; done ) &
+    WRITER=$!
+    echo $WRITER >>$PIDS
+}
+
 fsck_clean() { # WHAT
     e2fsck -f -n /dev/nbd0 >$WORK/fsck.log 2>&1 || { cat $WORK/fsck.log; fail "$1: e2fsck -f -n found problems"; }
     log "$1: e2fsck -f clean"
@@ -143,13 +157,7 @@ test_ext4_restart() { # MODE
     new_cache "$mode"
     serve_start tc0
     $nl connect "$TIERCACHE_STATE_DIR/tc0.nbd" 0 60 || fail "netlink connect"
-    mkfs.ext4 -q -E nodiscard /dev/nbd0
-    mount -o noatime /dev/nbd0 "$MNT"
-    write_files a $WORK/manifest
-    : >$WORK/manifest-b
-    ( for round in 1 2 3 4 5 6; do write_files "b$round" $WORK/manifest-b || exit 1; done ) &
-    local writer=$!
-    echo $writer >>$PIDS
+    ext4_with_writer
     sleep 3
     log "kill -9 tiercache serve (pid $SERVE_PID) with $(wc -l <$WORK/manifest-b) more files fsync'ed"
     kill -9 "$SERVE_PID"
@@ -157,7 +165,7 @@ test_ext4_restart() { # MODE
     serve_start tc0
     $nl reconfigure "$TIERCACHE_STATE_DIR/tc0.nbd" 0 || fail "netlink reconfigure"
     log "restarted and reconnected"
-    wait "$writer" || fail "the writer saw an error across the restart"
+    wait "$WRITER" || fail "the writer saw an error across the restart"
     log "the writer finished: $(wc -l <$WORK/manifest-b) files fsync'ed in all"
     cat $WORK/manifest-b >>$WORK/manifest
     verify_files $WORK/manifest "across kill -9 and restart"
@@ -236,16 +244,10 @@ test_cache_set_member_fails() {
     set_status | grep -q '^whole' || fail "the set is not whole after replace-cache"
 
     # ext4 writes while member 0 fails.
-    mkfs.ext4 -q -E nodiscard /dev/nbd0
-    mount -o noatime /dev/nbd0 "$MNT"
-    write_files a $WORK/manifest
-    : >$WORK/manifest-b
-    ( for round in 1 2 3 4 5 6; do write_files "b$round" $WORK/manifest-b || exit 1; done ) &
-    local writer=$!
-    echo $writer >>$PIDS
+    ext4_with_writer
     sleep 3
     dm_fail tca
-    wait $writer || fail "the ext4 writer saw an error across member 0's failure"
+    wait $WRITER || fail "the ext4 writer saw an error across member 0's failure"
     cat $WORK/manifest-b >>$WORK/manifest
     verify_files $WORK/manifest "after member 0 failed"
     log "ext4 writer finished across member 0's failure: $(set_status)"
