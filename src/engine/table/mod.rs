@@ -138,9 +138,11 @@ impl Meta {
         self.policy = p;
     }
 
-    /// Slots free on disk now.
+    /// Slots free on disk now that may take dirty data: writes wait for
+    /// them and the background keeps a reserve of them (on a cache set,
+    /// the mirrored slots; clean data also takes the others).
     pub(crate) fn free_slots(&self) -> usize {
-        self.free.len()
+        self.free.dirty_capable()
     }
 
     /// Slots of `range` (within one pool) not free on disk.

@@ -36,12 +36,9 @@ impl Pools {
         }
     }
 
-    pub fn len(&self) -> usize {
-        self.mirror.len() + self.own.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+    /// Free slots that may take dirty data (on one cache device, all).
+    pub fn dirty_capable(&self) -> usize {
+        self.mirror.len()
     }
 
     /// A slot for data this dirty is free.
@@ -150,9 +147,9 @@ mod tests {
         let mut p = Pools::new(100, 40);
         p.extend([1, 60, 61, 80]);
         p.set_unusable(vec![50..70, 95..97]);
-        assert_eq!(p.len(), 2);
+        assert_eq!(p.dirty_capable() + p.own.len(), 2);
         p.insert(65);
-        assert_eq!(p.len(), 2);
+        assert_eq!(p.dirty_capable() + p.own.len(), 2);
         assert_eq!(p.take(5, false), vec![80, 1]);
         assert_eq!(p.used_in(50..70), 20 - 3);
         p.set_unusable(vec![]);

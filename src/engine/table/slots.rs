@@ -106,11 +106,11 @@ impl Engine {
             {
                 let mut m = self.meta.lock();
                 if m.free.has_free(dirty) {
-                    let before = m.free.len();
+                    let before = m.free_slots();
                     let slots = m.free.take(n, dirty);
                     // Running low: the background evicts and commits ahead.
                     let low = self.low_free_slots(&m);
-                    if before > low && m.free.len() <= low {
+                    if before > low && m.free_slots() <= low {
                         self.writeback.wake();
                     }
                     return Ok(slots);
@@ -127,10 +127,12 @@ impl Engine {
         Ok(self.meta.lock().free.take(n, dirty))
     }
 
-    /// Evicts up to `want` clean, unlocked blocks; returns how many. Their
-    /// slots become reusable after the next commit.
+    /// Evicts up to `want` clean, unlocked blocks from slots that may take
+    /// dirty data (the background's reserve: `Meta::free_slots`); returns
+    /// how many. Their slots become reusable after the next commit.
     pub(crate) fn evict(&self, m: &mut Meta, want: usize) -> usize {
-        self.evict_below(m, want, None)
+        let dirty_capable = m.table.dirty_slots();
+        self.evict_below(m, want, Some(dirty_capable))
     }
 
     /// `evict`, of blocks in slots below `limit` only (if given).

@@ -176,7 +176,7 @@ impl Engine {
 
     /// Free slots the background keeps ahead of need.
     pub(crate) fn reserve_slots(&self, m: &Meta) -> usize {
-        (m.table().slot_count() / 50).max(8) as usize
+        (m.table().dirty_slots() as usize / 50).max(8)
     }
 
     /// Free slots below which the free list runs low: the background then
