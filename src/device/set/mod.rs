@@ -660,8 +660,7 @@ impl CacheSet {
         let write = |(i, dev, fenced): &(usize, DeviceRef, bool)| {
             self.members[*i].writes.fetch_add(1, Ordering::Relaxed);
             let r = if *fenced {
-                self.rebuild
-                    .write(at, buf.len() as u64, || dev.write_at(buf, at))
+                self.rebuild.write(|| dev.write_at(buf, at))
             } else {
                 dev.write_at(buf, at)
             };

@@ -43,7 +43,7 @@ impl Default for Fence {
 
 impl Fence {
     /// A client write to the rebuilding member.
-    pub(crate) fn write<T>(&self, _at: u64, _len: u64, f: impl FnOnce() -> T) -> T {
+    pub(crate) fn write<T>(&self, f: impl FnOnce() -> T) -> T {
         let _g = self.lock.lock();
         f()
     }
