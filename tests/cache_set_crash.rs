@@ -55,7 +55,7 @@ use tiercache::device::fault::{CrashSwitch, FaultDevice};
 use tiercache::device::set::{CacheSet, MemberState, LABEL_BYTES};
 use tiercache::device::{BlockDevice, DeviceRef, DeviceResult};
 use tiercache::engine::format::Layout;
-use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions};
+use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions, Placement};
 
 use common::SectorModel;
 
@@ -117,6 +117,7 @@ struct Case {
     loss_after_ops: u64,
     crash_point: CrashPoint,
     back: Back,
+    placement: Placement,
 }
 
 impl Case {
@@ -145,6 +146,7 @@ impl Case {
             loss_after_ops: r.gen_range(0..40),
             crash_point,
             back: [Back::Omitted, Back::Stale, Back::StillFailing][r.gen_range(0..3)],
+            placement: [Placement::InPlace, Placement::Log][r.gen_range(0..2)],
         }
     }
 
@@ -286,6 +288,7 @@ impl Machine {
             mode: case.mode,
             block_bytes: case.block_bytes,
             writeback: common::eager_writeback(),
+            placement: case.placement,
             ..Default::default()
         };
         let engine = Engine::create_with(set.clone(), origin.clone(), &create, &sim.open_options())

@@ -21,7 +21,7 @@ use rand::Rng;
 use sim::Sim;
 use tiercache::device::fault::{CrashSwitch, FaultDevice};
 use tiercache::device::DeviceRef;
-use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions};
+use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions, Placement};
 
 const ORIGIN_BYTES: u64 = 1 << 20;
 const SECTORS: usize = (ORIGIN_BYTES / 512) as usize;
@@ -50,10 +50,17 @@ fn crash_case(seed: u64, mode: Mode, block_bytes: u32, power_loss: bool, test: &
     );
     let cache: DeviceRef = cache_dev.clone();
     let origin: DeviceRef = origin_dev.clone();
+    let placement = if (seed / 3) % 2 == 1 {
+        Placement::Log
+    } else {
+        Placement::InPlace
+    };
+    sim.note(format!("placement {}", placement.name()));
     let opts = CreateOptions {
         mode,
         block_bytes,
         writeback: common::eager_writeback(),
+        placement,
         ..Default::default()
     };
     let engine = Engine::create_with(cache, origin, &opts, &sim.open_options())

@@ -31,7 +31,7 @@ use sim::Sim;
 use tiercache::device::fault::FaultDevice;
 use tiercache::device::recorder::{Event, EventLog, Replay, Survival};
 use tiercache::engine::recovery::check;
-use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions};
+use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions, Placement};
 
 use common::SectorModel;
 
@@ -67,6 +67,8 @@ struct Workload {
     /// a seeded scheduler picks on a simulated clock (tests/common/sim.rs:
     /// a seed replays bit for bit), its twin.
     background_thread: bool,
+    /// Where new data goes on the cache device.
+    placement: Placement,
     ops: usize,
 }
 
@@ -93,6 +95,7 @@ fn record(w: &Workload) -> Recorded {
         mode: w.mode,
         block_bytes: w.block_bytes,
         writeback: common::eager_writeback(),
+        placement: w.placement,
         ..Default::default()
     };
     Engine::create_with(cache0_ref, origin0.clone(), &opts, &open_opts)
@@ -366,6 +369,11 @@ fn run(mode: Mode, salt: u64, workloads: u64, ops: usize) {
             mode,
             block_bytes: if seed % 4 == 2 { 65536 } else { 4096 },
             background_thread: seed % 4 == 3,
+            placement: if (seed / 4) % 2 == 1 {
+                Placement::Log
+            } else {
+                Placement::InPlace
+            },
             ops,
         };
         verify_workload(&w, random_variants, &counts);

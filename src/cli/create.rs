@@ -10,7 +10,9 @@ use tiercache::engine::format::Layout;
 use tiercache::engine::{CreateOptions, Engine, WritebackSettings};
 
 use super::registry::{self, Entry, Registry};
-use super::units::{check_writeback, human_bytes, parse_block_size, parse_mode, parse_policy};
+use super::units::{
+    check_writeback, human_bytes, parse_block_size, parse_mode, parse_placement, parse_policy,
+};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -40,6 +42,11 @@ pub struct Args {
     /// Replacement policy: s3fifo (scan resistant), lru or fifo.
     #[arg(long, default_value = "s3fifo")]
     policy: String,
+    /// Where new data goes on the cache device: log (in order through
+    /// 1 MiB segments, reclaimed and discarded whole, whatever the
+    /// client's offsets) or in-place (any free slot; overwrites in place).
+    #[arg(long, value_name = "PLACEMENT", default_value = "in-place")]
+    placement: String,
     /// Start background writeback above this percentage of dirty blocks [default: 50].
     #[arg(long, value_name = "PCT")]
     writeback_high: Option<u32>,
@@ -111,9 +118,10 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         println!("  {set}");
     }
     println!(
-        "  mode {}, policy {}, block size {}, {} cache blocks ({}), volume {}",
+        "  mode {}, policy {}, placement {}, block size {}, {} cache blocks ({}), volume {}",
         opts.mode.name(),
         opts.policy.name(),
+        opts.placement.name(),
         human_bytes(opts.block_bytes.into()),
         layout.slot_count,
         human_bytes(layout.slot_count * u64::from(opts.block_bytes)),
@@ -156,6 +164,7 @@ fn checked_options(a: &Args) -> Result<(CreateOptions, String, Vec<String>)> {
         mode: parse_mode(&a.mode)?,
         block_bytes: parse_block_size(&a.block_size)?,
         policy: parse_policy(&a.policy)?,
+        placement: parse_placement(&a.placement)?,
         writeback,
         admission: a.admission.apply(Default::default())?,
         force: a.force,

@@ -150,6 +150,17 @@ fn set_rows(s: &Status) -> Rows {
     rows
 }
 
+/// Where new data goes; with the log placement, the free segments.
+fn placement(s: &Status) -> String {
+    match s.placement {
+        tiercache::engine::Placement::Log => format!(
+            "log ({} free segments ahead of the write cursor)",
+            s.free_segments
+        ),
+        p => p.name().to_string(),
+    }
+}
+
 /// The devices, the mode and how full the cache is.
 fn volume_rows(s: &Status) -> Rows {
     let mut rows = vec![
@@ -163,6 +174,7 @@ fn volume_rows(s: &Status) -> Rows {
     rows.extend([
         ("mode", s.mode.name().to_string()),
         ("policy", s.policy.clone()),
+        ("placement", placement(s)),
         ("block size", human_bytes(s.block_bytes.into())),
         ("volume size", human_bytes(s.volume_bytes)),
         (

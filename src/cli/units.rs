@@ -5,7 +5,7 @@ use anyhow::{anyhow, bail, Result};
 use tiercache::device::parse_size;
 use tiercache::engine::format::{block_bytes_valid, MAX_BLOCK_BYTES, MIN_BLOCK_BYTES};
 use tiercache::engine::policy::PolicyKind;
-use tiercache::engine::{Mode, WritebackSettings};
+use tiercache::engine::{Mode, Placement, WritebackSettings};
 
 /// A cache block size: `4096`, `4K`, `64KiB`, `1M`; a power of two from
 /// 4 KiB to 1 MiB (the engine's limits).
@@ -42,6 +42,16 @@ pub fn parse_policy(s: &str) -> Result<PolicyKind> {
         let names: Vec<&str> = PolicyKind::ALL.iter().map(|p| p.name()).collect();
         anyhow!(
             "unknown replacement policy '{s}' (expected one of: {})",
+            names.join(", ")
+        )
+    })
+}
+
+pub fn parse_placement(s: &str) -> Result<Placement> {
+    Placement::parse(s).ok_or_else(|| {
+        let names: Vec<&str> = Placement::ALL.iter().map(|p| p.name()).collect();
+        anyhow!(
+            "unknown placement '{s}' (expected one of: {})",
             names.join(", ")
         )
     })

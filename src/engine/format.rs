@@ -110,6 +110,11 @@ pub const SB_FLAG_ALLOW_VOLATILE_WRITEBACK: u32 = 1;
 /// Superblock flag: the cache failed over after a metadata write failed, so
 /// the origin may have changed under clean mappings; open drops them.
 pub const SB_FLAG_DISTRUST_CLEAN: u32 = 2;
+/// Superblock flag: the log placement (`Placement::Log`): new data is laid
+/// down in order through 1 MiB segments of the data region.
+pub const SB_FLAG_LOG_PLACEMENT: u32 = 4;
+/// The log placement's segment size.
+pub const SEGMENT_BYTES: u64 = 1 << 20;
 /// Admission flag: the guard is off.
 pub const ADMISSION_FLAG_NO_GUARD: u32 = 1;
 

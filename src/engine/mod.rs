@@ -93,6 +93,36 @@ pub struct CreateOptions {
     /// Cache device errors after which no new blocks are admitted (0: never).
     pub cache_error_limit: u64,
     pub admission: AdmissionSettings,
+    /// Where new data goes on the cache device.
+    pub placement: Placement,
+}
+
+/// Where new data goes on the cache device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Placement {
+    /// Into any free slot; a write to a block cached dirty overwrites its
+    /// slot.
+    #[default]
+    InPlace,
+    /// In order through 1 MiB segments (table/segments.rs), whatever the
+    /// client's offsets; whole blocks are never overwritten in place, and
+    /// segments are reclaimed and discarded whole (writeback/clean.rs).
+    Log,
+}
+
+impl Placement {
+    pub const ALL: [Placement; 2] = [Placement::InPlace, Placement::Log];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Placement::InPlace => "in-place",
+            Placement::Log => "log",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Placement> {
+        Placement::ALL.into_iter().find(|p| p.name() == s)
+    }
 }
 
 /// Default for `CreateOptions::cache_error_limit`.
@@ -109,6 +139,7 @@ impl Default for CreateOptions {
             allow_data_loss: false,
             cache_error_limit: DEFAULT_CACHE_ERROR_LIMIT,
             admission: AdmissionSettings::default(),
+            placement: Placement::default(),
         }
     }
 }
@@ -220,6 +251,13 @@ pub struct Status {
     pub state: String,
     pub mode: Mode,
     pub policy: String,
+    /// Where new data goes on the cache device.
+    #[serde(default)]
+    pub placement: Placement,
+    /// Log placement: whole free segments (1 MiB each) ready for the
+    /// cursor, in every pool.
+    #[serde(default)]
+    pub free_segments: u64,
     pub block_bytes: u32,
     pub volume_bytes: u64,
     pub origin: String,
@@ -304,6 +342,8 @@ pub struct Engine {
     /// Time for every decision taken by time (clock.rs).
     clock: clock::Clock,
     closed: AtomicBool,
+    /// Where new data goes on the cache device (fixed at create).
+    placement: Placement,
 }
 
 impl Engine {
@@ -419,6 +459,8 @@ impl Engine {
             .into(),
             mode: self.mode(),
             policy: m.policy_kind().name().into(),
+            placement: self.placement,
+            free_segments: m.pools().all_segments().map(|s| s.whole() as u64).sum(),
             block_bytes: self.block_bytes as u32,
             volume_bytes: self.volume_bytes,
             origin: self.io.origin().name().into(),

@@ -370,7 +370,9 @@ impl Engine {
             return None;
         }
         let cached = self.lookup(req, |_| true);
-        let in_place = adjacent_slots(&cached, |h| h.writable) == req.segs.len();
+        let whole = req.segs.iter().filter(|s| self.full_block(s)).count();
+        let in_place = adjacent_slots(&cached, |h| h.writable) == req.segs.len()
+            && self.overwrites_in_place(whole, plan.admits());
         if !(in_place || (plan.admits() && self.fits_new_slots(&req.segs, &cached))) {
             return None;
         }

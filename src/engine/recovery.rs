@@ -14,14 +14,15 @@ use super::format::{
     parse_journal_page, sectors_per_block, whole_sets, CheckpointData, CheckpointHeader, Layout,
     ParsedJournalPage, Superblock, ENTRIES_PER_CHECKPOINT_PAGE, FORMAT_VERSION, MAX_BLOCK_BYTES,
     MIN_BLOCK_BYTES, PAGE_BYTES, SB_FLAG_ALLOW_VOLATILE_WRITEBACK, SB_FLAG_DISTRUST_CLEAN,
-    SUPERBLOCK_MAGIC,
+    SB_FLAG_LOG_PLACEMENT, SEGMENT_BYTES, SUPERBLOCK_MAGIC,
 };
 use super::locks::BlockLocks;
 use super::policy::PolicyKind;
 use super::sectors::SectorSet;
 use super::stats::Stats;
 use super::table::map::Table;
-use super::{CreateOptions, Engine, EngineError, EngineResult, Meta, Mode, OpenOptions};
+use super::table::segments::Geometry;
+use super::{CreateOptions, Engine, EngineError, EngineResult, Meta, Mode, OpenOptions, Placement};
 use crate::device::{AlignedBuf, DeviceRef};
 
 /// Bytes of journal read per request during replay and checks.
@@ -256,11 +257,14 @@ fn new_superblock(
     sb.writeback_idle_secs = U32::new(w.idle_secs);
     sb.cache_error_limit = U64::new(opts.cache_error_limit);
     sb.set_admission(&opts.admission);
-    sb.flags = U32::new(if opts.allow_data_loss {
-        SB_FLAG_ALLOW_VOLATILE_WRITEBACK
-    } else {
-        0
-    });
+    let mut flags = 0;
+    if opts.allow_data_loss {
+        flags |= SB_FLAG_ALLOW_VOLATILE_WRITEBACK;
+    }
+    if opts.placement == Placement::Log {
+        flags |= SB_FLAG_LOG_PLACEMENT;
+    }
+    sb.flags = U32::new(flags);
     sb
 }
 
@@ -812,13 +816,16 @@ fn build_engine(
         block_bytes,
         origin_blocks: origin.size_bytes() / block_bytes,
         volume_bytes: origin.size_bytes(),
-        meta: Mutex::new(
-            Rank::Meta,
+        meta: Mutex::new(Rank::Meta, {
+            let pool_slots = loaded.table.dirty_slots() as u64;
+            let log = (sb.flags.get() & SB_FLAG_LOG_PLACEMENT != 0)
+                .then(|| Geometry::new(SEGMENT_BYTES, block_bytes, layout.data_offset, pool_slots));
             Meta::new(
                 loaded.table,
                 PolicyKind::from_u32(sb.policy.get()).expect("validated"),
-            ),
-        ),
+                log,
+            )
+        }),
         journal: super::journal::Journal::new(sb, loaded.journal_end_seq),
         locks: BlockLocks::new(),
         stats: Stats::default(),
@@ -827,6 +834,11 @@ fn build_engine(
         writeback: super::writeback::Writeback::new(sb.writeback()),
         observe: super::observe::Observe::new(layout.slot_count, origin.size_bytes() / block_bytes),
         mode: AtomicU32::new(mode.to_u32()),
+        placement: if sb.flags.get() & SB_FLAG_LOG_PLACEMENT != 0 {
+            Placement::Log
+        } else {
+            Placement::InPlace
+        },
         clock,
         closed: AtomicBool::new(false),
         io: super::io::Io::new(cache, origin, sb.cache_error_limit.get()),

@@ -90,6 +90,13 @@ counters! {
     flush_requests,
     /// Trim requests served.
     trim_requests,
+    /// Log placement: segments the cleaner chose to empty.
+    segments_cleaned,
+    /// Log placement: blocks the cleaner moved to the cursor (dirty, or
+    /// used since they were stored).
+    blocks_moved,
+    /// Log placement: free segments discarded on the cache device.
+    segments_discarded,
 }
 
 pub fn bump(c: &AtomicU64, n: u64) {

@@ -102,6 +102,7 @@ fn encode_info(e: &mut DescriptorEncoder, s: &crate::engine::Status) -> std::fmt
     let info: Labels = vec![
         ("mode", s.mode.name().to_string()),
         ("policy", s.policy.clone()),
+        ("placement", s.placement.name().to_string()),
         ("origin", s.origin.clone()),
         ("cache_device", s.cache.clone()),
     ];
@@ -155,6 +156,11 @@ fn occupancy_gauges(t: &Taken) -> Vec<(&'static str, &'static str, f64)> {
             "partial_blocks",
             "Cached blocks holding only some of their sectors.",
             s.partial_blocks as f64,
+        ),
+        (
+            "free_segments",
+            "Log placement: whole free segments ahead of the write cursor.",
+            s.free_segments as f64,
         ),
         (
             "metadata_memory_bytes",

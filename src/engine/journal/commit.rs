@@ -36,6 +36,14 @@ const CHECKPOINT_PAGES_PER_WRITE: usize = 256;
 impl Engine {
     /// Makes every completed write and every applied record durable.
     pub fn commit(&self) -> EngineResult<()> {
+        let r = self.commit_journal();
+        // Segments this commit freed are discarded before they are used
+        // again (log placement: writeback/clean.rs).
+        self.discard_freed_segments();
+        r
+    }
+
+    fn commit_journal(&self) -> EngineResult<()> {
         if self.failed_over() {
             // All data is on the origin; the cache takes no metadata.
             return self.origin_flush();

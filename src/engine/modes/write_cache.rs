@@ -80,7 +80,7 @@ impl Engine {
             // superseded like a clean one; it is freed only once the new
             // mapping is durable).
             let run = adjacent_slots(cached, |h| h.writable);
-            if run >= whole {
+            if run >= whole && self.overwrites_in_place(whole, admit) {
                 let end = segs[run - 1].buf.end;
                 self.cache_write(hit.slot, seg.in_block, &data[seg.buf.start..end])?;
                 self.record_in_place(&segs[..run], &cached[..run]);
@@ -119,6 +119,16 @@ impl Engine {
                 Ok(1)
             }
         }
+    }
+
+    /// A write into cached dirty or empty sectors may overwrite its slots:
+    /// not with the log placement when it covers whole blocks (`whole`)
+    /// and admission lets it take new slots; those go to the cursor like
+    /// new data (the old slots are freed once the new mapping is durable).
+    /// Parts of blocks stay in place: a new slot would cost a read of the
+    /// old one.
+    pub(crate) fn overwrites_in_place(&self, whole: usize, admit: bool) -> bool {
+        self.placement != super::super::Placement::Log || whole == 0 || !admit
     }
 
     /// Records the sectors that writes in place made dirty, where the slot

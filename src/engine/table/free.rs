@@ -4,15 +4,25 @@
 //! block. Single slots come from the lowest free slot (filling holes);
 //! runs come next-fit from where the last run ended, so holes do not push
 //! long runs apart.
+//!
+//! With the log placement (`segments.rs`), slots come from a cursor
+//! through whole segments instead, in order; the bitmap search is the
+//! fallback when no segment is whole.
 
 /// Words scanned per run search before giving up on adjacency (2^18 slots):
 /// a bound on the time a store spends under the metadata lock (a fully
 /// fragmented bitmap costs up to 64 steps per word, ~0.3 ms in all).
 const RUN_SCAN_WORDS: usize = 1 << 12;
 
+use std::ops::Range;
+
+use super::segments::{Freed, Geometry, Segments};
+
 pub struct FreeSlots {
     /// The first slot this bitmap covers (a pool's slots: `pools.rs`).
     base: u32,
+    /// How many slots it covers.
+    slots: u32,
     /// Bit `i % 64` of word `i / 64` is set when slot `base + i` is free.
     /// Bits past the last slot are never set.
     words: Vec<u64>,
@@ -21,6 +31,8 @@ pub struct FreeSlots {
     low_word: usize,
     /// Where the next run search starts.
     next_word: usize,
+    /// The log placement's segments, if on.
+    log: Option<Segments>,
 }
 
 impl FreeSlots {
@@ -34,11 +46,23 @@ impl FreeSlots {
     pub fn covering(range: std::ops::Range<u32>) -> FreeSlots {
         FreeSlots {
             base: range.start,
+            slots: range.len() as u32,
             words: vec![0; (range.len()).div_ceil(64)],
             count: 0,
             low_word: 0,
             next_word: 0,
+            log: None,
         }
+    }
+
+    /// Turns the log placement on (after the free slots are in).
+    pub fn enable_log(&mut self, g: Geometry) {
+        let segs = Segments::new(g, self.base..self.base + self.slots, |r| self.count_in(r));
+        self.log = Some(segs);
+    }
+
+    pub fn log(&self) -> Option<&Segments> {
+        self.log.as_ref()
     }
 
     pub fn len(&self) -> usize {
@@ -63,7 +87,9 @@ impl FreeSlots {
             .is_some_and(|w| w & (1 << (s % 64)) != 0)
     }
 
-    /// Marks `slot` free. Freeing a free slot is a bug.
+    /// Marks `slot` free. Freeing a free slot is a bug. With the log
+    /// placement, a segment this makes whole may leave the bitmap for its
+    /// discard (`take_trims`).
     pub fn insert(&mut self, slot: u32) {
         let s = (slot - self.base) as usize;
         let w = &mut self.words[s / 64];
@@ -71,6 +97,78 @@ impl FreeSlots {
         *w |= 1 << (s % 64);
         self.count += 1;
         self.low_word = self.low_word.min(s / 64);
+        let Some(log) = self.log.as_ref() else {
+            return;
+        };
+        let seg = log.range(log.index(slot));
+        let all_free = self.count_in(seg.clone()) == seg.len() as u64;
+        let log = self.log.as_mut().expect("on");
+        match log.freed(slot, all_free) {
+            Freed::Nothing => {}
+            Freed::Hold => self.clear(s),
+            Freed::Trim(r) => {
+                for t in r {
+                    self.clear((t - self.base) as usize);
+                }
+            }
+        }
+    }
+
+    /// Starts emptying segment `segment` (log placement): its free slots
+    /// leave the bitmap and are held until the whole segment is free.
+    pub fn begin_cleaning(&mut self, segment: Range<u32>) {
+        let i = self
+            .log
+            .as_ref()
+            .expect("log placement")
+            .index(segment.start);
+        let free: Vec<u32> = segment.filter(|&t| self.contains(t)).collect();
+        for &t in &free {
+            self.clear((t - self.base) as usize);
+        }
+        self.log.as_mut().expect("on").begin_cleaning(i, free);
+    }
+
+    /// Gives up emptying the segment being emptied: its held slots, for
+    /// the caller to insert again.
+    pub fn end_cleaning(&mut self) -> Vec<u32> {
+        self.log
+            .as_mut()
+            .map(|l| l.end_cleaning())
+            .unwrap_or_default()
+    }
+
+    /// Clears the bit of free slot `base + s`.
+    fn clear(&mut self, s: usize) {
+        self.words[s / 64] &= !(1 << (s % 64));
+        self.count -= 1;
+    }
+
+    /// A slot left the bitmap to hold data.
+    fn handed_out(&mut self, slot: u32) {
+        if let Some(log) = self.log.as_mut() {
+            log.taken(slot);
+        }
+    }
+
+    /// Segments waiting for their discard (their slots are out of the
+    /// bitmap until `trim_done`).
+    pub fn take_trims(&mut self) -> Vec<Range<u32>> {
+        self.log
+            .as_mut()
+            .map(|l| l.take_trims())
+            .unwrap_or_default()
+    }
+
+    /// The discard of the segment starting at `slot` is done: its slots,
+    /// for the caller to insert again.
+    pub fn trim_done(&mut self, slot: u32) -> Range<u32> {
+        self.log.as_mut().expect("log placement").trim_done(slot)
+    }
+
+    /// Slots of `range` out of the bitmap for a discard.
+    pub fn trimming_in(&self, range: Range<u32>) -> u64 {
+        self.log.as_ref().map_or(0, |l| l.trimming_in(range))
     }
 
     pub fn extend(&mut self, slots: impl IntoIterator<Item = u32>) {
@@ -87,11 +185,11 @@ impl FreeSlots {
         while self.words[self.low_word] == 0 {
             self.low_word += 1;
         }
-        let w = &mut self.words[self.low_word];
-        let bit = w.trailing_zeros() as usize;
-        *w &= !(1 << bit);
-        self.count -= 1;
-        Some(self.base + (self.low_word * 64 + bit) as u32)
+        let s = self.low_word * 64 + self.words[self.low_word].trailing_zeros() as usize;
+        self.clear(s);
+        let slot = self.base + s as u32;
+        self.handed_out(slot);
+        Some(slot)
     }
 
     /// Free slots within `range` (which must lie in this bitmap's slots).
@@ -121,27 +219,51 @@ impl FreeSlots {
         if !self.contains(slot) {
             return false;
         }
-        let s = (slot - self.base) as usize;
-        self.words[s / 64] &= !(1 << (s % 64));
-        self.count -= 1;
+        self.clear((slot - self.base) as usize);
+        self.handed_out(slot);
         true
     }
 
-    /// Up to `n` free slots, taken, ascending: `n` adjacent slots if a run
-    /// that long is found within the scan bound, else the lowest ones.
+    /// Up to `n` free slots, taken. With the log placement, from the
+    /// cursor through whole segments, in order; otherwise (and when no
+    /// segment is whole), ascending: `n` adjacent slots if a run that long
+    /// is found within the scan bound, else the lowest ones.
     pub fn take(&mut self, n: usize) -> Vec<u32> {
         let n = n.min(self.count);
+        let mut v = Vec::with_capacity(n);
+        if self.log.is_some() {
+            while v.len() < n {
+                let Some(slot) = self.log.as_mut().and_then(|l| l.cursor()) else {
+                    break;
+                };
+                let s = (slot - self.base) as usize;
+                if self.words[s / 64] & (1 << (s % 64)) != 0 {
+                    self.clear(s);
+                    self.handed_out(slot);
+                    v.push(slot);
+                }
+            }
+            if v.len() == n {
+                return v;
+            }
+            if let Some(log) = self.log.as_mut() {
+                log.scattered += (n - v.len()) as u64;
+            }
+        }
+        let n = n - v.len();
         if n > 1 {
             if let Some(start) = self.find_run(n) {
                 for s in start..start + n {
-                    self.words[s / 64] &= !(1 << (s % 64));
+                    self.clear(s);
+                    self.handed_out(self.base + s as u32);
                 }
-                self.count -= n;
                 self.next_word = (start + n) / 64;
-                return (start..start + n).map(|s| self.base + s as u32).collect();
+                v.extend((start..start + n).map(|s| self.base + s as u32));
+                return v;
             }
         }
-        (0..n).map_while(|_| self.pop()).collect()
+        v.extend((0..n).map_while(|_| self.pop()));
+        v
     }
 
     /// The first slot of `n` adjacent free slots, searching from
@@ -276,5 +398,32 @@ mod tests {
     fn double_free_is_a_bug() {
         let mut f = with(10, [4]);
         f.insert(4);
+    }
+}
+
+#[cfg(test)]
+mod log_tests {
+    use super::*;
+
+    #[test]
+    fn the_cursor_fills_whole_segments_in_order_and_freed_ones_are_trimmed() {
+        let mut f = FreeSlots::new(16);
+        f.extend(0..16);
+        f.enable_log(Geometry { slots: 4, phase: 0 });
+        assert_eq!(f.take(3), vec![0, 1, 2]);
+        assert_eq!(f.take(3), vec![3, 4, 5]);
+        // Slots 0..4 come back: segment 0 is discarded before reuse.
+        f.extend([1, 0, 3]);
+        assert!(f.take_trims().is_empty());
+        f.insert(2);
+        assert_eq!(f.take_trims(), vec![0..4]);
+        assert_eq!(f.len(), 16 - 2 - 4);
+        assert_eq!(f.trimming_in(0..16), 4);
+        // The cursor goes on in order, around to segment 0 once trimmed.
+        assert_eq!(f.take(10), vec![6, 7, 8, 9, 10, 11, 12, 13, 14, 15]);
+        assert_eq!(f.trim_done(0), 0..4);
+        f.extend(0..4);
+        assert!(f.take_trims().is_empty(), "trimmed once");
+        assert_eq!(f.take(2), vec![0, 1]);
     }
 }

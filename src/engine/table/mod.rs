@@ -13,6 +13,8 @@
 //! - `index.rs`: origin block -> slot.
 //! - `sectors.rs`: which sectors of a block hold data, and which are dirty.
 //! - `free.rs`: the free slots, as a bitmap that finds adjacent runs.
+//! - `pools.rs`: the free slots of a cache set's mirrored and own slots.
+//! - `segments.rs`: the log placement's segments, filled in order.
 //! - `releases.rs`: removed mappings not yet durable (freed slots, released
 //!   blocks).
 //! - `slots.rs`: appending records, allocating and evicting slots, storing
@@ -25,6 +27,7 @@ pub mod map;
 pub mod pools;
 pub(crate) mod releases;
 pub mod sectors;
+pub mod segments;
 pub mod slots;
 
 use std::ops::RangeInclusive;
@@ -52,6 +55,11 @@ pub(crate) struct Meta {
     /// does not lose them (the journal part's; kept here because it
     /// changes with `records`).
     crash_log: Option<CrashLog>,
+    /// The log placement's segments, if on.
+    log: Option<segments::Geometry>,
+    /// Per slot, 1 bit: a request used the block since it was stored
+    /// there (the log placement's cleaner keeps such blocks: clean.rs).
+    touched: Vec<u64>,
 }
 
 /// Records a commit takes to the journal, and the releases they carry.
@@ -75,16 +83,16 @@ impl Batch {
 impl Meta {
     /// The state of an opened cache: the loaded table, the policy ordered
     /// from it (slot order), its free slots.
-    pub(crate) fn new(table: Table, policy: PolicyKind) -> Meta {
+    pub(crate) fn new(table: Table, policy: PolicyKind, log: Option<segments::Geometry>) -> Meta {
         let mut policy = policy.build(table.slot_count() as u32);
         for slot in 0..table.slot_count() as u32 {
             if let Some((block, _)) = table.slot_block(slot) {
                 policy.inserted(slot, block);
             }
         }
-        let mut free = pools::Pools::new(table.slot_count(), table.dirty_slots());
-        free.extend(table.free_slots());
+        let free = new_pools(&table, log);
         let dirty_since_s = vec![0u16; table.slot_count() as usize];
+        let touched = vec![0u64; (table.slot_count() as usize).div_ceil(64)];
         Meta {
             table,
             policy,
@@ -93,7 +101,53 @@ impl Meta {
             records: Vec::new(),
             dirty_since_s,
             crash_log: None,
+            log,
+            touched,
         }
+    }
+
+    /// The log placement's segment geometry, if on.
+    pub(crate) fn log(&self) -> Option<segments::Geometry> {
+        self.log
+    }
+
+    /// A request used `slot`'s block since it was stored there.
+    pub(crate) fn touched(&self, slot: u32) -> bool {
+        self.touched[slot as usize / 64] & (1 << (slot % 64)) != 0
+    }
+
+    pub(super) fn set_touched(&mut self, slot: u32, on: bool) {
+        let w = &mut self.touched[slot as usize / 64];
+        if on {
+            *w |= 1 << (slot % 64);
+        } else {
+            *w &= !(1 << (slot % 64));
+        }
+    }
+
+    /// The free slots (pools, segments).
+    pub(crate) fn pools(&self) -> &pools::Pools {
+        &self.free
+    }
+
+    /// Starts emptying `segment` of the pool for data this dirty (clean.rs).
+    pub(crate) fn begin_cleaning(&mut self, dirty: bool, segment: std::ops::Range<u32>) {
+        self.free.begin_cleaning(dirty, segment)
+    }
+
+    /// Gives up emptying the pool's segment being emptied.
+    pub(crate) fn end_cleaning(&mut self, dirty: bool) {
+        self.free.end_cleaning(dirty)
+    }
+
+    /// Segments waiting for their discard (clean.rs).
+    pub(crate) fn take_trims(&mut self) -> Vec<std::ops::Range<u32>> {
+        self.free.take_trims()
+    }
+
+    /// A segment's discard is done: its slots are free again.
+    pub(crate) fn trim_done(&mut self, segment: std::ops::Range<u32>) {
+        self.free.trim_done(segment)
     }
 
     /// The mappings, to read.
@@ -112,10 +166,12 @@ impl Meta {
             + self.releases.heap_bytes()
             + cap(&self.records)
             + cap(&self.dirty_since_s)
+            + cap(&self.touched)
     }
 
     /// A request reached a cached slot: the policy learns it.
     pub(crate) fn accessed(&mut self, slot: u32) {
+        self.set_touched(slot, true);
         self.policy.accessed(slot);
     }
 
@@ -155,7 +211,7 @@ impl Meta {
     pub(crate) fn forget_all(&mut self) {
         self.table = self.table.emptied();
         self.policy = self.policy.kind().build(self.table.slot_count() as u32);
-        self.free = pools::Pools::new(self.table.slot_count(), self.table.dirty_slots());
+        self.free = new_pools(&self.table, self.log);
         self.records.clear();
         self.releases = Default::default();
     }
@@ -244,4 +300,14 @@ impl Meta {
         }
         (v, None)
     }
+}
+
+/// The free slots of `table`, with the log placement's segments if on.
+fn new_pools(table: &Table, log: Option<segments::Geometry>) -> pools::Pools {
+    let mut free = pools::Pools::new(table.slot_count(), table.dirty_slots());
+    free.extend(table.free_slots());
+    if let Some(g) = log {
+        free.enable_log(g);
+    }
+    free
 }

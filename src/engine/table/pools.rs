@@ -12,6 +12,7 @@
 use std::ops::Range;
 
 use super::free::FreeSlots;
+use super::segments::{Geometry, Segments};
 
 pub struct Pools {
     /// Slots `0..dirty_slots`.
@@ -19,6 +20,7 @@ pub struct Pools {
     /// Slots `dirty_slots..slot_count`.
     own: FreeSlots,
     dirty_slots: u32,
+    own_slots: u32,
     unusable: Vec<Range<u32>>,
     /// Free slots in unusable ranges.
     parked: Vec<u32>,
@@ -31,9 +33,74 @@ impl Pools {
             mirror: FreeSlots::covering(0..dirty_slots),
             own: FreeSlots::covering(dirty_slots..slot_count as u32),
             dirty_slots,
+            own_slots: slot_count as u32 - dirty_slots,
             unusable: Vec::new(),
             parked: Vec::new(),
         }
+    }
+
+    /// Turns the log placement on in both pools (after the free slots
+    /// are in).
+    pub fn enable_log(&mut self, g: Geometry) {
+        self.mirror.enable_log(g);
+        self.own.enable_log(g);
+    }
+
+    /// The segments of the pool for data this dirty (the mirrored pool for
+    /// dirty data; the own pool for clean data, unless it has no slot),
+    /// with the log placement.
+    pub fn segments(&self, dirty: bool) -> Option<&Segments> {
+        self.pool_for(dirty).log()
+    }
+
+    /// Both pools' segments, mirrored first (with the log placement).
+    pub fn all_segments(&self) -> impl Iterator<Item = &Segments> {
+        [self.mirror.log(), self.own.log()].into_iter().flatten()
+    }
+
+    fn pool_for(&self, dirty: bool) -> &FreeSlots {
+        if dirty || self.own_slots == 0 {
+            &self.mirror
+        } else {
+            &self.own
+        }
+    }
+
+    /// Starts emptying `segment` of the pool for data this dirty: its free
+    /// slots are held out of the pool until all of it is free.
+    pub fn begin_cleaning(&mut self, dirty: bool, segment: Range<u32>) {
+        self.pool_for_mut(dirty).begin_cleaning(segment)
+    }
+
+    /// Gives up emptying the pool's segment being emptied: its free slots
+    /// return to the pool.
+    pub fn end_cleaning(&mut self, dirty: bool) {
+        let held = self.pool_for_mut(dirty).end_cleaning();
+        self.extend(held);
+    }
+
+    fn pool_for_mut(&mut self, dirty: bool) -> &mut FreeSlots {
+        if dirty || self.own_slots == 0 {
+            &mut self.mirror
+        } else {
+            &mut self.own
+        }
+    }
+
+    /// Segments waiting for their discard, from both pools: their slots
+    /// are out of the pools until `trim_done`.
+    pub fn take_trims(&mut self) -> Vec<Range<u32>> {
+        let mut v = self.mirror.take_trims();
+        v.extend(self.own.take_trims());
+        v
+    }
+
+    /// The discard of a segment from `take_trims` is done: its slots are
+    /// free again.
+    pub fn trim_done(&mut self, segment: Range<u32>) {
+        let slots = self.pool(segment.start).trim_done(segment.start);
+        debug_assert_eq!(slots, segment);
+        self.extend(slots);
     }
 
     /// Free slots that may take dirty data (on one cache device, all).
@@ -112,11 +179,12 @@ impl Pools {
     /// Slots of `range` not free on disk (holding data, or waiting for a
     /// release): `range` lies within one pool.
     pub fn used_in(&self, range: Range<u32>) -> u64 {
-        let free = if range.start < self.dirty_slots {
-            self.mirror.count_in(range.clone())
+        let pool = if range.start < self.dirty_slots {
+            &self.mirror
         } else {
-            self.own.count_in(range.clone())
+            &self.own
         };
+        let free = pool.count_in(range.clone()) + pool.trimming_in(range.clone());
         let parked = self.parked.iter().filter(|s| range.contains(s)).count() as u64;
         range.len() as u64 - free - parked
     }

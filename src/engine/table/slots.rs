@@ -47,6 +47,7 @@ impl Engine {
         let released = m.table.apply(&r).released;
         match r {
             Record::Map { slot, block, .. } | Record::MapRun { slot, block, .. } => {
+                m.set_touched(slot, false);
                 match released {
                     Some(old) => m.policy.moved(old, slot, block),
                     None => m.policy.inserted(slot, block),
@@ -110,7 +111,10 @@ impl Engine {
                     let slots = m.free.take(n, dirty);
                     // Running low: the background evicts and commits ahead.
                     let low = self.low_free_slots(&m);
-                    if before > low && m.free_slots() <= low {
+                    if before > low && m.free_slots() <= low
+                        || self.placement == crate::engine::Placement::Log
+                            && self.short_pool(&m).is_some()
+                    {
                         self.writeback.wake();
                     }
                     return Ok(slots);

@@ -8,7 +8,10 @@
 //! - `run.rs`: the background's rounds and steps, `write_back_all`, and
 //!   writing a run of dirty blocks back (`impl Engine`).
 //! - `flights.rs`: writebacks whose origin write runs without block locks.
+//! - `clean.rs`: the log placement's cleaner, freeing and discarding whole
+//!   segments ahead of the cursor.
 
+pub mod clean;
 pub mod flights;
 pub mod run;
 

@@ -191,6 +191,10 @@ impl Engine {
     /// runs low, so that writes to clean blocks (which need new slots) find
     /// one without evicting and committing themselves.
     fn keep_reserve(&self) {
+        // The log placement frees whole segments instead of single slots.
+        if self.clean_segments() > 0 {
+            return;
+        }
         let commit_now = {
             let mut m = self.meta.lock();
             let reserve = self.reserve_slots(&m);
@@ -312,6 +316,14 @@ impl Engine {
         };
         if idle {
             bump(&self.stats.idle_drains, 1);
+        }
+        if pressed {
+            // Log placement: the oldest segments first, so the cleaner can
+            // empty them (clean.rs).
+            if let Some(mut v) = self.dirty_in_log_order(m, want) {
+                v.sort_unstable();
+                return Some((self.extend_runs(m, v), pace));
+            }
         }
         let mut v = m.table().dirty_from(st.cursor, want);
         v.sort_unstable();

@@ -1,0 +1,256 @@
+//! The log placement's cleaner: keeps whole segments free ahead of the
+//! cursor (table/segments.rs), so new data keeps going down in order, and
+//! discards the segments it frees.
+//!
+//! A segment is freed whole: of the segments the cursor will reach next
+//! (a few, oldest first), the one that costs least to empty is chosen.
+//! Its clean blocks no request used since they were stored are evicted;
+//! the others (dirty blocks, and clean blocks used since: a second chance,
+//! as in CLOCK or S3-FIFO's reinsertion) are copied to the cursor, so a
+//! hot block survives and dirty data never waits for the origin. A block
+//! whose lock is held stays; its segment is freed on a later pass.
+//!
+//! A moved block is mapped to its new slot by the same records a write
+//! uses, so the old slot is freed only once the new mapping is durable;
+//! the segment becomes whole at the commit that follows, leaves the free
+//! bitmap, is discarded on the cache device, and returns to the bitmap.
+//! Nothing is ever discarded under a mapping.
+
+use super::super::format::Record;
+use super::super::sectors::SECTOR_BYTES;
+use super::super::stats::bump;
+use super::super::table::slots::Stored;
+use super::super::table::Meta;
+use super::super::{Engine, Placement};
+use crate::device::AlignedBuf;
+
+/// Segments compared per choice, oldest first.
+const CANDIDATES: usize = 8;
+/// Segments freed per background pass at most (each ends in a commit).
+const SEGMENTS_PER_PASS: usize = 4;
+
+/// A pass over the segment being emptied.
+struct Plan {
+    /// Its pool (for dirty data, or the own pool).
+    dirty: bool,
+    /// Blocks to move, locked.
+    moves: Vec<(u32, u64)>,
+    evicted: usize,
+    /// Blocks whose lock was held: they stay for now.
+    busy: usize,
+}
+
+impl Engine {
+    /// Whole segments the background keeps free in a pool: the free-slot
+    /// reserve's worth, at least two.
+    fn segment_reserve(&self, m: &Meta, slots_per_segment: u32) -> usize {
+        (self.reserve_slots(m) / slots_per_segment as usize).max(2)
+    }
+
+    /// A pool (for dirty data, or the own pool for clean data) that has
+    /// fewer whole segments than the reserve.
+    pub(crate) fn short_pool(&self, m: &Meta) -> Option<bool> {
+        let g = m.log()?;
+        let reserve = self.segment_reserve(m, g.slots);
+        let mirror = m.pools().segments(true)?;
+        if mirror.whole() < reserve {
+            return Some(true);
+        }
+        let own = m.pools().segments(false)?;
+        (!std::ptr::eq(own, mirror) && own.whole() < reserve).then_some(false)
+    }
+
+    /// Frees segments until each pool has its reserve of whole ones (or
+    /// `SEGMENTS_PER_PASS` were tried); returns how many were emptied.
+    /// Nothing to do without the log placement.
+    pub(crate) fn clean_segments(&self) -> usize {
+        if self.placement != Placement::Log || !self.admitting() {
+            return 0;
+        }
+        self.discard_freed_segments();
+        let mut emptied = 0;
+        for _ in 0..SEGMENTS_PER_PASS {
+            let Some(plan) = self.plan_cleaning() else {
+                break;
+            };
+            let mut moved = 0;
+            let tried = plan.moves.len();
+            for (slot, block) in plan.moves {
+                moved += self.move_block(slot, block) as usize;
+                self.locks.unlock(block);
+            }
+            if moved + plan.evicted == 0 && (tried > 0 || plan.busy > 0) {
+                // No progress (no slot to move to, or every block busy):
+                // give its free slots back to writers and try later.
+                self.meta.lock().end_cleaning(plan.dirty);
+                break;
+            }
+            emptied += 1;
+            // The evictions and moves become durable; the emptied segment
+            // turns whole and is discarded (`commit` calls
+            // `discard_freed_segments`).
+            if let Err(e) = self.commit() {
+                log::warn!("segment cleaning: commit: {e}");
+                break;
+            }
+        }
+        emptied
+    }
+
+    /// Chooses the segment to empty in a pool short of whole ones (or goes
+    /// on with the one being emptied), evicts what it can of it and locks
+    /// the blocks to move. `None`: nothing worth doing now.
+    fn plan_cleaning(&self) -> Option<Plan> {
+        let mut m = self.meta.lock();
+        let dirty = self.short_pool(&m)?;
+        let segs = m.pools().segments(dirty)?;
+        let seg = match segs.cleaning() {
+            Some(seg) => seg,
+            None => {
+                let candidates = segs.candidates(CANDIDATES);
+                // The most slots won, the oldest of equals.
+                let (moves, seg) = candidates
+                    .into_iter()
+                    .map(|r| (self.moves_needed(&m, r.clone()), r))
+                    .min_by_key(|(moves, r)| std::cmp::Reverse(r.len() - moves))?;
+                // Worth it only if a quarter of the segment is won: moving
+                // more would write the cache device more than clients do.
+                if (seg.len() - moves) * 4 < seg.len() {
+                    return None;
+                }
+                m.begin_cleaning(dirty, seg.clone());
+                bump(&self.stats.segments_cleaned, 1);
+                seg
+            }
+        };
+        let mut plan = Plan {
+            dirty,
+            moves: Vec::new(),
+            evicted: 0,
+            busy: 0,
+        };
+        for slot in seg {
+            let Some((block, dirty)) = m.table().slot_block(slot) else {
+                continue;
+            };
+            if !self.locks.try_lock(block) {
+                plan.busy += 1;
+                continue;
+            }
+            if dirty || m.touched(slot) {
+                plan.moves.push((slot, block));
+                continue;
+            }
+            self.evict_slot(&mut m, slot, block);
+            self.locks.unlock(block);
+            plan.evicted += 1;
+        }
+        Some(plan)
+    }
+
+    /// Log placement: up to `want` dirty blocks of the segments the cursor
+    /// reaches next, oldest first. Writes that wait for a slot have writeback
+    /// take these instead of the next ones in origin order: once clean,
+    /// their segments can be emptied without moving them.
+    pub(crate) fn dirty_in_log_order(&self, m: &Meta, want: usize) -> Option<Vec<u64>> {
+        if self.placement != Placement::Log {
+            return None;
+        }
+        let segs = m.pools().segments(true)?;
+        let mut v = Vec::new();
+        // Segments to look through: enough to find `want` dirty blocks in
+        // a cache mostly dirty.
+        let order = segs.cleaning().into_iter().chain(segs.candidates(want));
+        for slot in order.flatten() {
+            if let Some((block, true)) = m.table().slot_block(slot) {
+                v.push(block);
+                if v.len() == want {
+                    break;
+                }
+            }
+        }
+        (!v.is_empty()).then_some(v)
+    }
+
+    /// Blocks of `seg` the cleaner would move (dirty, or used since they
+    /// were stored).
+    fn moves_needed(&self, m: &Meta, seg: std::ops::Range<u32>) -> usize {
+        seg.filter(|&s| {
+            m.table()
+                .slot_block(s)
+                .is_some_and(|(_, d)| d || m.touched(s))
+        })
+        .count()
+    }
+
+    /// Evicts the clean block `block` from `slot` (its lock held). The
+    /// unmap takes it out of the replacement policy, which does not choose
+    /// victims here.
+    fn evict_slot(&self, m: &mut Meta, slot: u32, _block: u64) {
+        self.append(m, Record::Unmap { slot });
+        bump(&self.stats.demotions, 1);
+    }
+
+    /// Copies `block` (locked by the caller) from `slot` to a new slot at
+    /// the cursor, dirty if it was. A clean block that cannot be moved (no
+    /// slot, an unreadable slot) is evicted instead; a dirty one stays.
+    /// True if the slot was freed (moved, evicted or superseded).
+    fn move_block(&self, slot: u32, block: u64) -> bool {
+        let (valid, dirty) = {
+            let m = self.meta.lock();
+            match m.table().lookup(block) {
+                Some((s, dirty)) if s == slot => (m.table().sector_sets(slot).0, dirty),
+                // Superseded or dropped meanwhile: nothing to move.
+                _ => return true,
+            }
+        };
+        let Some(hull) = valid.hull() else {
+            return false;
+        };
+        let from = hull.first as u64 * SECTOR_BYTES;
+        let mut buf = AlignedBuf::zeroed(hull.count as usize * SECTOR_BYTES as usize);
+        let stored = match self.cache_read(slot, from, &mut buf) {
+            Ok(()) if valid.is_full() => self
+                .store_in_new_slots(block, &buf, dirty)
+                .map(|(_, why)| why),
+            Ok(()) => self.store_sectors(block, &valid, &buf, dirty),
+            Err(e) => Ok(Stored::CacheError(e)),
+        };
+        match stored {
+            Ok(Stored::Yes) => {
+                bump(&self.stats.blocks_moved, 1);
+                true
+            }
+            _ if dirty => false,
+            _ => {
+                let mut m = self.meta.lock();
+                if m.table().lookup(block) == Some((slot, false)) {
+                    self.evict_slot(&mut m, slot, block);
+                }
+                true
+            }
+        }
+    }
+
+    /// Discards the segments that became whole since the last call, then
+    /// gives their slots back to the free bitmap.
+    pub(crate) fn discard_freed_segments(&self) {
+        if self.placement != Placement::Log {
+            return;
+        }
+        let trims = self.meta.lock().take_trims();
+        if trims.is_empty() {
+            return;
+        }
+        for r in trims {
+            let at = self.layout.slot_offset(r.start);
+            let len = r.len() as u64 * self.block_bytes;
+            match self.io.cache().discard(at, len) {
+                Ok(()) => bump(&self.stats.segments_discarded, 1),
+                Err(e) => log::debug!("cache discard of a free segment: {e}"),
+            }
+            self.meta.lock().trim_done(r);
+        }
+        self.writeback.slots_freed();
+    }
+}
