@@ -21,9 +21,14 @@ from systems import NbdkitCache, Origin, QemuRaw, Tiercache  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ["writeback", "writethrough", "writearound", "writeonly"]
+# tc-log: writeback with the log placement (create --placement log): new
+# data goes down in order through 1 MiB segments.
 # tc-set: writeback on a cache set of two devices, each the size of the
 # others' one cache device, every slot mirrored (--mirror-share 100).
-ALL_SYSTEMS = ["origin", "qemu-nbd", "nbdkit-cache"] + [f"tc-{m}" for m in MODES] + ["tc-set"]
+ALL_SYSTEMS = (["origin", "qemu-nbd", "nbdkit-cache"] + [f"tc-{m}" for m in MODES]
+               + ["tc-set", "tc-log"])
+# Systems that take turns in the head-to-head rounds when asked for.
+PAIRED_EXTRAS = ["tc-set", "tc-log"]
 # Writeback never starts (high watermark 100 %, an hour's age: runs are far
 # shorter): the "idle" reference. Newer tiercache caps the age at 32767 s.
 WRITEBACK_IDLE = (100, 100, 3600)
@@ -132,6 +137,9 @@ def make_system(key, plan, binary):
         # copy and where hits are read from, not a smaller dirty space.
         return Tiercache(binary, "writeback", plan.cache_bytes, key="tc-set", caches=2,
                          extra_create=["--mirror-share", "100"])
+    if key == "tc-log":
+        return Tiercache(binary, "writeback", plan.cache_bytes, key="tc-log",
+                         extra_create=["--placement", "log"])
     raise BenchError(f"unknown system '{key}' (known: {', '.join(ALL_SYSTEMS)})")
 
 
@@ -221,18 +229,18 @@ def bench_system(system, plan, work_dir, skip, results):
 PAIRED_WORKLOADS = ("rr4k_hit", "rw4k")
 
 
-def bench_paired(plan, binary, work_dir, rounds, with_set=False):
+def bench_paired(plan, binary, work_dir, rounds, extras=()):
     """The two jobs whose targets compare tiercache with qemu-nbd, run head to
     head: both servers up at once, each warmed as in the main jobs, then
     `rounds` rounds in which the two take turns (the order alternates from
     round to round). Systems measured minutes apart in the main table see
     different host load; on this VM the raw device's own 4K IOPS varied by
     ±30% from one run to the next, which the median of interleaved runs
-    cancels. `with_set`: tc-set (two mirrored cache files) takes turns too,
-    for the targets of two devices against one."""
+    cancels. `extras`: more systems that take turns too: tc-set (two
+    mirrored cache files), for the targets of two devices against one;
+    tc-log (the log placement), against the in-place default."""
     pair = [make_system("qemu-nbd", plan, binary), make_system("tc-writeback", plan, binary)]
-    if with_set:
-        pair.append(make_system("tc-set", plan, binary))
+    pair += [make_system(key, plan, binary) for key in extras]
     titles = {w.key: w for w in wl.WORKLOADS}
     out = {"rounds": rounds, "iops": {w: {s.key: [] for s in pair} for w in PAIRED_WORKLOADS}}
     log(f"head to head: {' and '.join(s.key for s in pair)}, {rounds} rounds")
@@ -380,7 +388,7 @@ def main():
         if "paired" not in skip and {"qemu-nbd", "tc-writeback"} <= set(systems):
             results["paired"] = bench_paired(plan, binary, work_dir,
                                              rounds=3 if plan.name == "full" else 1,
-                                             with_set="tc-set" in systems)
+                                             extras=[k for k in PAIRED_EXTRAS if k in systems])
         if "sustained" not in skip:
             bench_sustained(plan, binary, work_dir, systems, results)
         if "ram" not in skip and "tc-writeback" in systems:

@@ -98,6 +98,9 @@ impl BlockDevice for Recorder {
     fn flush(&self) -> DeviceResult<()> {
         self.inner.flush()
     }
+    fn discard_helps(&self) -> bool {
+        self.inner.discard_helps()
+    }
     fn discard(&self, offset: u64, len: u64) -> DeviceResult<()> {
         self.inner.discard(offset, len)?;
         if offset >= self.data_from.load(Ordering::Relaxed) {
@@ -180,7 +183,8 @@ fn main() -> Result<()> {
         }
     });
     let secs = t0.elapsed().as_secs_f64();
-    let st = engine.status().stats;
+    let status = engine.status();
+    let st = status.stats;
     engine.close()?;
     let s = recorder.stream.lock().unwrap();
     println!(
@@ -208,8 +212,12 @@ fn main() -> Result<()> {
         s.discards
     );
     println!(
-        "engine: {} segments cleaned, {} blocks moved, {} segments discarded, {} blocks written back",
-        st.segments_cleaned, st.blocks_moved, st.segments_discarded, st.blocks_written_back
+        "engine: {} segments cleaned, {} blocks moved, {} segments discarded, {} slots outside the cursor, {} blocks written back",
+        st.segments_cleaned,
+        st.blocks_moved,
+        st.segments_discarded,
+        status.scattered_slots,
+        st.blocks_written_back
     );
     Ok(())
 }

@@ -14,7 +14,9 @@
 //! as the largest request end. `--cache F` sizes the cache at F times the
 //! footprint (distinct 4 KiB blocks touched). Background writeback runs
 //! between requests as the background thread would (`background_tick` every
-//! `--tick` requests).
+//! `--tick` requests). `--placements in-place,log` runs every policy with
+//! each placement (table/segments.rs): the log placement's cleaner evicts in
+//! log order, so its origin reads show what that costs in hits.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -24,7 +26,7 @@ use tiercache::device::ram::RamDevice;
 use tiercache::device::DeviceRef;
 use tiercache::engine::format::Layout;
 use tiercache::engine::policy::PolicyKind;
-use tiercache::engine::{AdmissionSettings, CreateOptions, Engine, Mode, OpenOptions};
+use tiercache::engine::{AdmissionSettings, CreateOptions, Engine, Mode, OpenOptions, Placement};
 
 struct Req {
     write: bool,
@@ -64,7 +66,7 @@ fn arg(args: &[String], name: &str) -> Option<String> {
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(path) = args.first().filter(|a| !a.starts_with("--")) else {
-        bail!("usage: engine_replay TRACE.csv [--cache 0.25] [--policies s3fifo,lru] [--admit-all] [--mode writeback] [--tick 32]");
+        bail!("usage: engine_replay TRACE.csv [--cache 0.25] [--policies s3fifo,lru] [--admit-all] [--mode writeback] [--tick 32] [--placements in-place,log]");
     };
     let reqs = read_trace(path)?;
     let ratio: f64 = arg(&args, "--cache").map_or(Ok(0.25), |v| v.parse())?;
@@ -77,6 +79,7 @@ fn main() -> Result<()> {
         Some(m) => bail!("mode {m}"),
     };
     let policies = arg(&args, "--policies").unwrap_or_else(|| "s3fifo,lru".into());
+    let placements = arg(&args, "--placements").unwrap_or_else(|| "in-place".into());
     let end = reqs.iter().map(|r| r.offset + r.len).max().unwrap_or(0);
     let origin_bytes = end.div_ceil(1 << 20) << 20;
     let blocks: HashSet<u64> = reqs
@@ -103,9 +106,16 @@ fn main() -> Result<()> {
     println!("| policy | origin reads | origin writes (after the run) | origin writes incl. flush | read hits | read misses | x LRU reads |");
     println!("|---|--:|--:|--:|--:|--:|--:|");
     let mut lru_reads = None;
-    for name in policies.split(',') {
+    let runs: Vec<(&str, &str)> = placements
+        .split(',')
+        .flat_map(|p| policies.split(',').map(move |name| (p, name)))
+        .collect();
+    for (placement_name, name) in runs {
         let Some(kind) = PolicyKind::parse(name) else {
             bail!("policy {name}: lru, fifo or s3fifo");
+        };
+        let Some(placement) = Placement::parse(placement_name) else {
+            bail!("placement {placement_name}: in-place or log");
         };
         let cache: DeviceRef = Arc::new(RamDevice::new(
             "cache",
@@ -121,6 +131,7 @@ fn main() -> Result<()> {
         let opts = CreateOptions {
             mode,
             policy: kind,
+            placement,
             admission,
             allow_data_loss: true,
             ..Default::default()
@@ -153,11 +164,11 @@ fn main() -> Result<()> {
             Some(l) => format!("{:.3}", during.origin_reads as f64 / l as f64),
             None => "-".into(),
         };
-        if kind == PolicyKind::Lru {
+        if kind == PolicyKind::Lru && placement == Placement::InPlace {
             lru_reads = Some(during.origin_reads);
         }
         println!(
-            "| {name} | {} | {} | {} | {} | {} | {x} |",
+            "| {name}, {placement_name} | {} | {} | {} | {} | {} | {x} |",
             during.origin_reads,
             during.origin_writes,
             after.origin_writes,

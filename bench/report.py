@@ -97,6 +97,11 @@ def targets(results):
                      paired_ratio(results, "rw4k", "tc-set", "tc-writeback"), 0.85))
         rows.append(("cache set of two: 4K read hits ≥ 1.0× one device (head to head)",
                      paired_ratio(results, "rr4k_hit", "tc-set", "tc-writeback"), 1.0))
+    if paired_ratio(results, "rw4k", "tc-log", "tc-writeback") is not None:
+        rows.append(("log placement: 4K randwrite ≥ 0.95× in place (head to head)",
+                     paired_ratio(results, "rw4k", "tc-log", "tc-writeback"), 0.95))
+        rows.append(("log placement: 4K read hits ≥ 0.95× in place (head to head)",
+                     paired_ratio(results, "rr4k_hit", "tc-log", "tc-writeback"), 0.95))
     return rows
 
 
@@ -194,27 +199,27 @@ def render(results, plots):
 
     paired = results.get("paired")
     if paired and paired.get("iops"):
-        who = "qemu-nbd, tc-writeback and tc-set" if any(
-            r.get("tc-set") for r in paired["iops"].values()) else "qemu-nbd and tc-writeback"
+        extras = [k for k in ("tc-set", "tc-log")
+                  if any(runs.get(k) for runs in paired["iops"].values())]
+        who = ", ".join(["qemu-nbd", "tc-writeback"] + extras)
         L.append(f"### Head to head: {who}, {paired['rounds']} rounds")
         L.append("")
-        L.append("Both servers up at once, each warmed like the main jobs; in each round the "
-                 "two run the job in turn, the order alternating from round to round, so both "
+        L.append("All servers up at once, each warmed like the main jobs; in each round they "
+                 "run the job in turn, the order alternating from round to round, so all "
                  "see the same host load. The targets against qemu-nbd use the medians.")
         L.append("")
-        has_set = any(runs.get("tc-set") for runs in paired["iops"].values())
         L.append("| workload | qemu-nbd IOPS, per round | tc-writeback IOPS, per round "
-                 "| median ratio |" + (" tc-set IOPS, per round | tc-set / tc-writeback |"
-                                      if has_set else ""))
-        L.append("|---|--:|--:|--:|" + ("--:|--:|" if has_set else ""))
+                 "| median ratio |" + "".join(f" {k} IOPS, per round | {k} / tc-writeback |"
+                                              for k in extras))
+        L.append("|---|--:|--:|--:|" + "--:|--:|" * len(extras))
         for wkey, runs in paired["iops"].items():
             q, t = runs.get("qemu-nbd", []), runs.get("tc-writeback", [])
             row = (f"| {titles.get(wkey, wkey)} | {', '.join(fmt_num(x) for x in q)} | "
                    f"{', '.join(fmt_num(x) for x in t)} | "
                    f"{fmt_ratio(paired_ratio(results, wkey))} |")
-            if has_set:
-                row += (f" {', '.join(fmt_num(x) for x in runs.get('tc-set', []))} | "
-                        f"{fmt_ratio(paired_ratio(results, wkey, 'tc-set', 'tc-writeback'))} |")
+            for k in extras:
+                row += (f" {', '.join(fmt_num(x) for x in runs.get(k, []))} | "
+                        f"{fmt_ratio(paired_ratio(results, wkey, k, 'tc-writeback'))} |")
             L.append(row)
         L.append("")
 

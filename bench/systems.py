@@ -17,6 +17,8 @@ Every system is an NBD export that fio reaches at `self.uri`:
 - tc-set        tiercache writeback on a cache set of two such files, each
                 the size of tc-MODE's one, every slot mirrored
                 (--mirror-share 100: the same dirty space as tc-writeback).
+- tc-log        tiercache writeback with the log placement (--placement log):
+                new data goes down in order through 1 MiB segments.
 
 Each system gets its own HDD image, so no system sees another's data.
 """

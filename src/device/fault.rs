@@ -493,6 +493,10 @@ impl BlockDevice for FaultDevice {
         Ok(())
     }
 
+    /// Stands for a flash device in the tests.
+    fn discard_helps(&self) -> bool {
+        true
+    }
     fn discard(&self, offset: u64, len: u64) -> DeviceResult<()> {
         check_range(self, offset, len)?;
         let mut st = self.state.lock();

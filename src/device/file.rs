@@ -414,6 +414,12 @@ impl BlockDevice for FileDevice {
         self.file.sync_data().map_err(|e| self.io_err("flush", e))
     }
 
+    /// A block device (BLKDISCARD reaches the flash); a regular file's
+    /// punched hole would make the next write there allocate again.
+    fn discard_helps(&self) -> bool {
+        self.is_block_device()
+    }
+
     /// A hint: succeeds without effect where the filesystem or device cannot
     /// discard.
     fn discard(&self, offset: u64, len: u64) -> DeviceResult<()> {

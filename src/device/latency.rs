@@ -52,6 +52,9 @@ impl BlockDevice for LatencyDevice {
         let _g = self.wait();
         self.inner.flush()
     }
+    fn discard_helps(&self) -> bool {
+        self.inner.discard_helps()
+    }
     fn discard(&self, offset: u64, len: u64) -> DeviceResult<()> {
         let _g = self.wait();
         self.inner.discard(offset, len)

@@ -80,6 +80,14 @@ pub trait BlockDevice: Send + Sync {
     fn discard(&self, _offset: u64, _len: u64) -> DeviceResult<()> {
         Ok(())
     }
+    /// True if discarding a range helps the device (flash TRIM, a thin
+    /// export, memory given back) without making the next write there
+    /// costlier. The log placement discards freed segments only then: on a
+    /// regular file a discard punches a hole, and the next write into it
+    /// must allocate blocks again.
+    fn discard_helps(&self) -> bool {
+        false
+    }
     /// True if the contents do not survive a process exit (RAM).
     fn is_volatile(&self) -> bool {
         false

@@ -80,6 +80,10 @@ impl BlockDevice for RamDevice {
         Ok(())
     }
 
+    /// Gives the memory's contents up (zeroes).
+    fn discard_helps(&self) -> bool {
+        true
+    }
     fn discard(&self, offset: u64, len: u64) -> DeviceResult<()> {
         check_range(self, offset, len)?;
         self.for_each_piece(offset, len as usize, |c, at, r| {

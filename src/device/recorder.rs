@@ -156,6 +156,9 @@ impl BlockDevice for RecordingDevice {
         Ok(())
     }
 
+    fn discard_helps(&self) -> bool {
+        self.inner.discard_helps()
+    }
     fn discard(&self, offset: u64, len: u64) -> DeviceResult<()> {
         let mut st = self.log.state.lock();
         self.inner.discard(offset, len)?;

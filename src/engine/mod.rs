@@ -258,6 +258,10 @@ pub struct Status {
     /// cursor, in every pool.
     #[serde(default)]
     pub free_segments: u64,
+    /// Log placement: slots handed out outside the cursor since open (no
+    /// segment was whole: the data went wherever a slot was free).
+    #[serde(default)]
+    pub scattered_slots: u64,
     pub block_bytes: u32,
     pub volume_bytes: u64,
     pub origin: String,
@@ -461,6 +465,7 @@ impl Engine {
             policy: m.policy_kind().name().into(),
             placement: self.placement,
             free_segments: m.pools().all_segments().map(|s| s.whole() as u64).sum(),
+            scattered_slots: m.pools().all_segments().map(|s| s.scattered).sum(),
             block_bytes: self.block_bytes as u32,
             volume_bytes: self.volume_bytes,
             origin: self.io.origin().name().into(),

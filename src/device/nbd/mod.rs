@@ -282,6 +282,10 @@ impl BlockDevice for NbdDevice {
         Ok(())
     }
 
+    /// The export is thin or flash behind a server: a trim may free space.
+    fn discard_helps(&self) -> bool {
+        true
+    }
     fn discard(&self, offset: u64, len: u64) -> DeviceResult<()> {
         check_range(self, offset, len)?;
         if self.transmission_flags & FLAG_SEND_TRIM == 0 {

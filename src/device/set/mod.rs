@@ -712,6 +712,12 @@ impl BlockDevice for CacheSet {
         self.settle("flush", results)
     }
 
+    fn discard_helps(&self) -> bool {
+        self.members
+            .iter()
+            .any(|m| m.dev().is_some_and(|d| d.discard_helps()))
+    }
+
     /// Best effort on every copy: a discard that fails changes nothing the
     /// set relies on.
     fn discard(&self, offset: u64, len: u64) -> DeviceResult<()> {

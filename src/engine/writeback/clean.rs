@@ -27,7 +27,7 @@ use crate::device::AlignedBuf;
 /// Segments compared per choice, oldest first.
 const CANDIDATES: usize = 8;
 /// Segments freed per background pass at most (each ends in a commit).
-const SEGMENTS_PER_PASS: usize = 4;
+const SEGMENTS_PER_PASS: usize = 16;
 
 /// A pass over the segment being emptied.
 struct Plan {
@@ -41,10 +41,14 @@ struct Plan {
 }
 
 impl Engine {
-    /// Whole segments the background keeps free in a pool: the free-slot
-    /// reserve's worth, at least two.
+    /// Whole segments the background keeps free in a pool: an eighth of
+    /// them (at least the free-slot reserve's worth, and two), so a burst
+    /// of writes finds whole segments while the cleaner catches up.
     fn segment_reserve(&self, m: &Meta, slots_per_segment: u32) -> usize {
-        (self.reserve_slots(m) / slots_per_segment as usize).max(2)
+        let segments = m.table().dirty_slots() as usize / slots_per_segment as usize;
+        (self.reserve_slots(m) / slots_per_segment as usize)
+            .max(segments / 8)
+            .max(2)
     }
 
     /// A pool (for dirty data, or the own pool for clean data) that has
@@ -242,12 +246,15 @@ impl Engine {
         if trims.is_empty() {
             return;
         }
+        let helps = self.io.cache().discard_helps();
         for r in trims {
             let at = self.layout.slot_offset(r.start);
             let len = r.len() as u64 * self.block_bytes;
-            match self.io.cache().discard(at, len) {
-                Ok(()) => bump(&self.stats.segments_discarded, 1),
-                Err(e) => log::debug!("cache discard of a free segment: {e}"),
+            if helps {
+                match self.io.cache().discard(at, len) {
+                    Ok(()) => bump(&self.stats.segments_discarded, 1),
+                    Err(e) => log::debug!("cache discard of a free segment: {e}"),
+                }
             }
             self.meta.lock().trim_done(r);
         }
