@@ -145,7 +145,24 @@ fn main() -> Result<()> {
             .ok_or_else(|| anyhow::anyhow!("--placement needs log or in-place"))?,
     };
     let layout = Layout::compute(cache_bytes, BS as u32).map_err(anyhow::Error::msg)?;
-    let ram: DeviceRef = Arc::new(RamDevice::new("cache", cache_bytes));
+    // `--cache-file PATH`: a file of the cache's size, opened as tiercache
+    // opens cache files (O_DIRECT), instead of RAM.
+    let ram: DeviceRef = match args.iter().position(|a| a == "--cache-file") {
+        None => Arc::new(RamDevice::new("cache", cache_bytes)),
+        Some(i) => {
+            let path = args
+                .get(i + 1)
+                .ok_or_else(|| anyhow::anyhow!("--cache-file needs a path"))?;
+            let f = std::fs::File::create(path)?;
+            // Written through, as bench/run writes its cache files.
+            let chunk = vec![0u8; 1 << 20];
+            for _ in 0..cache_bytes >> 20 {
+                std::io::Write::write_all(&mut &f, &chunk)?;
+            }
+            f.sync_all()?;
+            Arc::new(tiercache::device::file::FileDevice::open(path)?)
+        }
+    };
     let recorder = Arc::new(Recorder {
         inner: ram,
         data_from: AtomicU64::new(u64::MAX),

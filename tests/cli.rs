@@ -320,6 +320,10 @@ fn bad_arguments_write_nothing() {
         (vec!["--block-size", "lots"], "not a size"),
         (vec!["--mode", "fast"], "unknown cache mode 'fast'"),
         (vec!["--policy", "random"], "unknown replacement policy"),
+        (
+            vec!["--placement", "sideways"],
+            "unknown placement 'sideways'",
+        ),
         (vec!["--writeback-high", "101"], "above 100"),
         (vec!["--writeback-low", "60"], "above the high"),
         (vec!["--name", "a/b"], "invalid cache name"),
@@ -574,4 +578,32 @@ fn cache_set_create_status_replace_and_bad_arguments() {
     assert_eq!(st["cache_set_state"], "whole", "{st}");
     assert_eq!(st["cache_members"][1]["device"], c.as_str());
     ok(&s.tc(&["detach"]));
+}
+
+/// `create --placement log`: the placement is kept, shown by `status` (text
+/// and JSON) and survives a restart through the registry.
+#[test]
+fn the_log_placement_is_created_and_shown() {
+    let s = Setup::new();
+    let origin = s.filled("origin.img", ORIGIN_BYTES);
+    let cache = s.sparse("cache.img", CACHE_BYTES);
+    let out = ok(&s.tc(&[
+        "create",
+        "--origin",
+        &origin,
+        "--cache",
+        &cache,
+        "--placement",
+        "log",
+    ]));
+    assert!(out.contains("placement log"), "{out}");
+    let text = ok(&s.tc(&["status"]));
+    assert!(
+        text.lines()
+            .any(|l| l.contains("placement") && l.contains("log (") && l.contains("free segments")),
+        "{text}"
+    );
+    let json = status_json(&s);
+    assert_eq!(json["placement"], "log", "{json}");
+    assert!(json["free_segments"].as_u64().unwrap() > 0, "{json}");
 }

@@ -99,6 +99,7 @@ pub struct CreateOptions {
 
 /// Where new data goes on the cache device.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Placement {
     /// Into any free slot; a write to a block cached dirty overwrites its
     /// slot.
