@@ -106,7 +106,17 @@ impl Engine {
     /// the blocks to move. `None`: nothing worth doing now.
     fn plan_cleaning(&self) -> Option<Plan> {
         let mut m = self.meta.lock();
-        let dirty = self.short_pool(&m)?;
+        // A segment being emptied is finished first, short or not: its
+        // held slots are no use to writers meanwhile.
+        let in_progress = [true, false].into_iter().find(|&d| {
+            m.pools()
+                .segments(d)
+                .is_some_and(|s| s.cleaning().is_some())
+        });
+        let dirty = match in_progress {
+            Some(d) => d,
+            None => self.short_pool(&m)?,
+        };
         let segs = m.pools().segments(dirty)?;
         let seg = match segs.cleaning() {
             Some(seg) => seg,
