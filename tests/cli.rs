@@ -580,8 +580,8 @@ fn cache_set_create_status_replace_and_bad_arguments() {
     ok(&s.tc(&["detach"]));
 }
 
-/// `create --placement log`: the placement is kept, shown by `status` (text
-/// and JSON) and survives a restart through the registry.
+/// `create --placement log`: the placement is kept in the superblock, and
+/// `status` (text and JSON, each opening the cache again) shows it.
 #[test]
 fn the_log_placement_is_created_and_shown() {
     let s = Setup::new();

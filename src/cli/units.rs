@@ -28,30 +28,37 @@ pub fn parse_block_size(s: &str) -> Result<u32> {
 }
 
 pub fn parse_mode(s: &str) -> Result<Mode> {
-    Mode::parse(s).ok_or_else(|| {
-        let all: Vec<&str> = Mode::ALL.iter().map(|m| m.name()).collect();
-        anyhow!(
-            "unknown cache mode '{s}' (expected one of: {})",
-            all.join(", ")
-        )
-    })
+    one_of(s, "cache mode", Mode::parse(s), Mode::ALL.map(|m| m.name()))
 }
 
 pub fn parse_policy(s: &str) -> Result<PolicyKind> {
-    PolicyKind::parse(s).ok_or_else(|| {
-        let names: Vec<&str> = PolicyKind::ALL.iter().map(|p| p.name()).collect();
-        anyhow!(
-            "unknown replacement policy '{s}' (expected one of: {})",
-            names.join(", ")
-        )
-    })
+    one_of(
+        s,
+        "replacement policy",
+        PolicyKind::parse(s),
+        PolicyKind::ALL.map(|p| p.name()),
+    )
 }
 
 pub fn parse_placement(s: &str) -> Result<Placement> {
-    Placement::parse(s).ok_or_else(|| {
-        let names: Vec<&str> = Placement::ALL.iter().map(|p| p.name()).collect();
+    one_of(
+        s,
+        "placement",
+        Placement::parse(s),
+        Placement::ALL.map(|p| p.name()),
+    )
+}
+
+/// `parsed`, or an error naming `s` and the `names` expected.
+fn one_of<T, const N: usize>(
+    s: &str,
+    what: &str,
+    parsed: Option<T>,
+    names: [&str; N],
+) -> Result<T> {
+    parsed.ok_or_else(|| {
         anyhow!(
-            "unknown placement '{s}' (expected one of: {})",
+            "unknown {what} '{s}' (expected one of: {})",
             names.join(", ")
         )
     })

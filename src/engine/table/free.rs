@@ -61,6 +61,11 @@ impl FreeSlots {
         self.log = Some(segs);
     }
 
+    /// How many slots this bitmap covers (free or not).
+    pub fn slot_count(&self) -> u32 {
+        self.slots
+    }
+
     pub fn log(&self) -> Option<&Segments> {
         self.log.as_ref()
     }

@@ -59,6 +59,7 @@ pub(crate) struct Meta {
     log: Option<segments::Geometry>,
     /// Per slot, 1 bit: a request used the block since it was stored
     /// there (the log placement's cleaner keeps such blocks: clean.rs).
+    /// Empty without the log placement, which alone reads it.
     touched: Vec<u64>,
 }
 
@@ -92,7 +93,10 @@ impl Meta {
         }
         let free = new_pools(&table, log);
         let dirty_since_s = vec![0u16; table.slot_count() as usize];
-        let touched = vec![0u64; (table.slot_count() as usize).div_ceil(64)];
+        let touched = match log {
+            Some(_) => vec![0u64; (table.slot_count() as usize).div_ceil(64)],
+            None => Vec::new(),
+        };
         Meta {
             table,
             policy,
@@ -113,11 +117,16 @@ impl Meta {
 
     /// A request used `slot`'s block since it was stored there.
     pub(crate) fn touched(&self, slot: u32) -> bool {
-        self.touched[slot as usize / 64] & (1 << (slot % 64)) != 0
+        self.touched
+            .get(slot as usize / 64)
+            .is_some_and(|w| w & (1 << (slot % 64)) != 0)
     }
 
+    /// (Nothing to keep without the log placement.)
     pub(super) fn set_touched(&mut self, slot: u32, on: bool) {
-        let w = &mut self.touched[slot as usize / 64];
+        let Some(w) = self.touched.get_mut(slot as usize / 64) else {
+            return;
+        };
         if on {
             *w |= 1 << (slot % 64);
         } else {

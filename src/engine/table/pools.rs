@@ -20,7 +20,6 @@ pub struct Pools {
     /// Slots `dirty_slots..slot_count`.
     own: FreeSlots,
     dirty_slots: u32,
-    own_slots: u32,
     unusable: Vec<Range<u32>>,
     /// Free slots in unusable ranges.
     parked: Vec<u32>,
@@ -33,7 +32,6 @@ impl Pools {
             mirror: FreeSlots::covering(0..dirty_slots),
             own: FreeSlots::covering(dirty_slots..slot_count as u32),
             dirty_slots,
-            own_slots: slot_count as u32 - dirty_slots,
             unusable: Vec::new(),
             parked: Vec::new(),
         }
@@ -58,8 +56,14 @@ impl Pools {
         [self.mirror.log(), self.own.log()].into_iter().flatten()
     }
 
+    /// Data this dirty goes to the mirrored pool (all of it on one cache
+    /// device, which has no own slots).
+    fn mirror_takes(&self, dirty: bool) -> bool {
+        dirty || self.own.slot_count() == 0
+    }
+
     fn pool_for(&self, dirty: bool) -> &FreeSlots {
-        if dirty || self.own_slots == 0 {
+        if self.mirror_takes(dirty) {
             &self.mirror
         } else {
             &self.own
@@ -80,7 +84,7 @@ impl Pools {
     }
 
     fn pool_for_mut(&mut self, dirty: bool) -> &mut FreeSlots {
-        if dirty || self.own_slots == 0 {
+        if self.mirror_takes(dirty) {
             &mut self.mirror
         } else {
             &mut self.own

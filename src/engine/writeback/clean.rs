@@ -71,7 +71,6 @@ impl Engine {
         if self.placement != Placement::Log || !self.admitting() {
             return 0;
         }
-        self.discard_freed_segments();
         let mut emptied = 0;
         for _ in 0..SEGMENTS_PER_PASS {
             let Some(plan) = self.plan_cleaning() else {
@@ -151,11 +150,11 @@ impl Engine {
                 plan.busy += 1;
                 continue;
             }
-            if dirty || m.touched(slot) {
+            if must_move(&m, slot, dirty) {
                 plan.moves.push((slot, block));
                 continue;
             }
-            self.evict_slot(&mut m, slot, block);
+            self.evict_slot(&mut m, slot);
             self.locks.unlock(block);
             plan.evicted += 1;
         }
@@ -192,15 +191,14 @@ impl Engine {
         seg.filter(|&s| {
             m.table()
                 .slot_block(s)
-                .is_some_and(|(_, d)| d || m.touched(s))
+                .is_some_and(|(_, d)| must_move(m, s, d))
         })
         .count()
     }
 
-    /// Evicts the clean block `block` from `slot` (its lock held). The
-    /// unmap takes it out of the replacement policy, which does not choose
-    /// victims here.
-    fn evict_slot(&self, m: &mut Meta, slot: u32, _block: u64) {
+    /// Evicts the clean block in `slot` (its lock held). The unmap takes it
+    /// out of the replacement policy, which does not choose victims here.
+    fn evict_slot(&self, m: &mut Meta, slot: u32) {
         self.append(m, Record::Unmap { slot });
         bump(&self.stats.demotions, 1);
     }
@@ -239,7 +237,7 @@ impl Engine {
             _ => {
                 let mut m = self.meta.lock();
                 if m.table().lookup(block) == Some((slot, false)) {
-                    self.evict_slot(&mut m, slot, block);
+                    self.evict_slot(&mut m, slot);
                 }
                 true
             }
@@ -270,4 +268,10 @@ impl Engine {
         }
         self.writeback.slots_freed();
     }
+}
+
+/// The cleaner keeps the block in `slot` (moves it) rather than evict it:
+/// dirty, or used since it was stored there.
+fn must_move(m: &Meta, slot: u32, dirty: bool) -> bool {
+    dirty || m.touched(slot)
 }
