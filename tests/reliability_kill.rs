@@ -61,6 +61,9 @@ const CACHE_BYTES: u64 = 8 * MIB;
 /// fio: jobs of FIO_JOB_BYTES each, one after the other from offset 0.
 const FIO_JOBS: u64 = 4;
 const FIO_JOB_BYTES: u64 = 8 * MIB;
+/// Completion-log entries fio allocates up front per job: more than a job's
+/// writes (FIO_JOB_BYTES / 4 KiB) and flushes (one per 32 writes).
+const FIO_LOG_ENTRIES: u64 = 2 * FIO_JOB_BYTES / 4096;
 
 /// Own writers: WRITERS threads.
 const WRITERS: usize = 4;
@@ -511,6 +514,15 @@ fn run(cycles: u64, seed: u64) {
                 .arg("--verify_state_save=1")
                 .arg("--write_lat_log=lat")
                 .arg("--log_offset=1")
+                // Room for every completion of a job in the log's first
+                // chunk. A full chunk makes fio drain its queue before
+                // growing the log (io_u_quiesce), and that drain loops
+                // forever once the NBD connection is dead: fio's nbd
+                // engine returns an error from every poll of a dead handle
+                // and the loop only ends when no I/O is in flight (fio
+                // 3.33, engines/nbd.c and io_u.c). That was the "fio did
+                // not exit within 60 s" failure.
+                .arg(format!("--log_entries={FIO_LOG_ENTRIES}"))
                 .current_dir(&fio_dir)
                 .stdout(Stdio::null())
                 .stderr(std::fs::File::create(fio_dir.join("load.err")).unwrap())
