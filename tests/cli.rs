@@ -56,6 +56,13 @@ impl Setup {
         self.tc_in(&self.state, args)
     }
 
+    /// `tiercache create --origin ORIGIN --cache CACHE EXTRA...`.
+    fn create(&self, origin: &str, cache: &str, extra: &[&str]) -> Output {
+        let mut args = vec!["create", "--origin", origin, "--cache", cache];
+        args.extend_from_slice(extra);
+        self.tc(&args)
+    }
+
     fn tc_in(&self, state: &std::path::Path, args: &[&str]) -> Output {
         daemon::cli_in(state, args)
     }
@@ -151,19 +158,18 @@ fn round_trip_create_status_flush_set_mode_detach() {
     let origin = s.sparse("origin.img", ORIGIN_BYTES);
     let cache = s.sparse("cache.img", CACHE_BYTES);
 
-    let out = ok(&s.tc(&[
-        "create",
-        "--origin",
+    let out = ok(&s.create(
         &origin,
-        "--cache",
         &cache,
-        "--block-size",
-        "64KiB",
-        "--policy",
-        "fifo",
-        "--writeback-high",
-        "80",
-    ]));
+        &[
+            "--block-size",
+            "64KiB",
+            "--policy",
+            "fifo",
+            "--writeback-high",
+            "80",
+        ],
+    ));
     assert!(out.contains("created cache 'tc0'"), "{out}");
     let reg: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(s.state.join("caches/tc0.json")).unwrap())
@@ -329,9 +335,7 @@ fn bad_arguments_write_nothing() {
         (vec!["--name", "a/b"], "invalid cache name"),
     ];
     for (extra, what) in cases {
-        let mut args = vec!["create", "--origin", &origin, "--cache", &cache];
-        args.extend(extra);
-        fails(&s.tc(&args), 1, what);
+        fails(&s.create(&origin, &cache, &extra), 1, what);
     }
     let device_cases: Vec<([&str; 4], &str)> = vec![
         (["--origin", &missing, "--cache", &cache], "No such file"),
@@ -346,15 +350,7 @@ fn bad_arguments_write_nothing() {
         fails(&s.tc(&args), 1, what);
     }
     fails(
-        &s.tc(&[
-            "create",
-            "--origin",
-            &tiny_origin,
-            "--cache",
-            &cache,
-            "--block-size",
-            "64K",
-        ]),
+        &s.create(&tiny_origin, &cache, &["--block-size", "64K"]),
         1,
         "smaller than one cache block",
     );
@@ -362,17 +358,11 @@ fn bad_arguments_write_nothing() {
     fails(&s.tc(&["status"]), 1, "no cache; run tiercache create");
 
     // Over an existing cache.
-    ok(&s.tc(&["create", "--origin", &origin, "--cache", &cache]));
+    ok(&s.create(&origin, &cache, &[]));
     let created = hashes();
+    fails(&s.create(&origin, &cache, &[]), 1, "already registered");
     fails(
-        &s.tc(&["create", "--origin", &origin, "--cache", &cache]),
-        1,
-        "already registered",
-    );
-    fails(
-        &s.tc(&[
-            "create", "--name", "tc1", "--origin", &origin, "--cache", &cache,
-        ]),
+        &s.create(&origin, &cache, &["--name", "tc1"]),
         1,
         "already used by cache 'tc0'",
     );
@@ -404,16 +394,7 @@ fn bad_arguments_write_nothing() {
     assert_eq!(hashes(), created, "a refused command wrote a device");
 
     // --force replaces both the registration and the cache.
-    let out = ok(&s.tc(&[
-        "create",
-        "--force",
-        "--mode",
-        "writethrough",
-        "--origin",
-        &origin,
-        "--cache",
-        &cache,
-    ]));
+    let out = ok(&s.create(&origin, &cache, &["--force", "--mode", "writethrough"]));
     assert!(out.contains("writethrough"), "{out}");
     assert_eq!(status_json(&s)["mode"], "writethrough");
     assert_eq!(hashes()[0], before[0], "create wrote the origin");
@@ -426,9 +407,7 @@ fn default_name_needs_exactly_one_cache() {
     for n in ["a", "b"] {
         let origin = s.sparse(&format!("{n}-origin.img"), ORIGIN_BYTES);
         let cache = s.sparse(&format!("{n}-cache.img"), CACHE_BYTES);
-        ok(&s.tc(&[
-            "create", "--name", n, "--origin", &origin, "--cache", &cache,
-        ]));
+        ok(&s.create(&origin, &cache, &["--name", n]));
     }
     fails(
         &s.tc(&["status"]),
@@ -447,7 +426,7 @@ fn check_reports_corrupted_checkpoint() {
     let s = Setup::new();
     let origin = s.sparse("origin.img", ORIGIN_BYTES);
     let cache = s.sparse("cache.img", CACHE_BYTES);
-    ok(&s.tc(&["create", "--origin", &origin, "--cache", &cache]));
+    ok(&s.create(&origin, &cache, &[]));
     write_through_engine(&origin, &cache, &[(0, 1 << 20, 5)]);
     let out = ok(&s.tc(&["check", "--json"]));
     let report: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -560,7 +539,7 @@ fn cache_set_create_status_replace_and_bad_arguments() {
     }
     assert_eq!(hashes(), before, "a refused create changed a device");
 
-    ok(&s.tc(&["create", "--origin", &origin, "--cache", &a, "--cache", &b]));
+    ok(&s.create(&origin, &a, &["--cache", &b]));
     let st = status_json(&s);
     assert_eq!(st["cache_set_state"], "whole");
     assert_eq!(st["cache_members"][0]["device"], a.as_str());
@@ -587,15 +566,7 @@ fn the_log_placement_is_created_and_shown() {
     let s = Setup::new();
     let origin = s.filled("origin.img", ORIGIN_BYTES);
     let cache = s.sparse("cache.img", CACHE_BYTES);
-    let out = ok(&s.tc(&[
-        "create",
-        "--origin",
-        &origin,
-        "--cache",
-        &cache,
-        "--placement",
-        "log",
-    ]));
+    let out = ok(&s.create(&origin, &cache, &["--placement", "log"]));
     assert!(out.contains("placement log"), "{out}");
     let text = ok(&s.tc(&["status"]));
     assert!(
