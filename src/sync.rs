@@ -23,6 +23,10 @@ use std::time::Duration;
 pub enum Rank {
     /// The per-block locks (engine/locks.rs): held across a request.
     Blocks,
+    /// Writeback in flush order's turn (engine/writeback/order.rs): one
+    /// thread writes a group back at a time; under it block locks are only
+    /// try-locked.
+    WritebackOrder,
     /// The commit lock: the journal position and the superblock.
     Commit,
     /// Background writeback's settings and cursors (engine/writeback/).

@@ -12,6 +12,7 @@ use tiercache::engine::{CreateOptions, Engine, WritebackSettings};
 use super::registry::{self, Entry, Registry};
 use super::units::{
     check_writeback, human_bytes, parse_block_size, parse_mode, parse_placement, parse_policy,
+    parse_writeback_order,
 };
 
 #[derive(clap::Args, Debug)]
@@ -47,6 +48,12 @@ pub struct Args {
     /// client's offsets) or in-place (any free slot; overwrites in place).
     #[arg(long, value_name = "PLACEMENT", default_value = "in-place")]
     placement: String,
+    /// The order dirty data reaches the origin in: flush (the writes
+    /// between two client flushes go as one group, group after group, so a
+    /// lost cache leaves the origin as a crash of a real disk could) or
+    /// address (cheapest order).
+    #[arg(long, value_name = "ORDER", default_value = "address")]
+    writeback_order: String,
     /// Start background writeback above this percentage of dirty blocks [default: 50].
     #[arg(long, value_name = "PCT")]
     writeback_high: Option<u32>,
@@ -118,10 +125,11 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         println!("  {set}");
     }
     println!(
-        "  mode {}, policy {}, placement {}, block size {}, {} cache blocks ({}), volume {}",
+        "  mode {}, policy {}, placement {}, writeback order {}, block size {}, {} cache blocks ({}), volume {}",
         opts.mode.name(),
         opts.policy.name(),
         opts.placement.name(),
+        opts.writeback_order.name(),
         human_bytes(opts.block_bytes.into()),
         layout.slot_count,
         human_bytes(layout.slot_count * u64::from(opts.block_bytes)),
@@ -165,6 +173,7 @@ fn checked_options(a: &Args) -> Result<(CreateOptions, String, Vec<String>)> {
         block_bytes: parse_block_size(&a.block_size)?,
         policy: parse_policy(&a.policy)?,
         placement: parse_placement(&a.placement)?,
+        writeback_order: parse_writeback_order(&a.writeback_order)?,
         writeback,
         admission: a.admission.apply(Default::default())?,
         force: a.force,

@@ -161,6 +161,18 @@ fn placement(s: &Status) -> String {
     }
 }
 
+/// The order of writeback; in flush order, its groups and what the order
+/// costs in cache blocks.
+fn writeback_order(s: &Status) -> String {
+    match s.flush_groups {
+        Some(g) => format!(
+            "flush (group {} open, groups below {} on the origin, {} closed pending; {} older versions kept, peak {})",
+            g.open, g.done, g.closed_pending, g.shadows, g.shadow_peak
+        ),
+        None => s.writeback_order.name().to_string(),
+    }
+}
+
 /// The devices, the mode and how full the cache is.
 fn volume_rows(s: &Status) -> Rows {
     let mut rows = vec![
@@ -175,6 +187,7 @@ fn volume_rows(s: &Status) -> Rows {
         ("mode", s.mode.name().to_string()),
         ("policy", s.policy.clone()),
         ("placement", placement(s)),
+        ("writeback order", writeback_order(s)),
         ("block size", human_bytes(s.block_bytes.into())),
         ("volume size", human_bytes(s.volume_bytes)),
         (

@@ -5,7 +5,7 @@ use anyhow::{anyhow, bail, Result};
 use tiercache::device::parse_size;
 use tiercache::engine::format::{block_bytes_valid, MAX_BLOCK_BYTES, MIN_BLOCK_BYTES};
 use tiercache::engine::policy::PolicyKind;
-use tiercache::engine::{Mode, Placement, WritebackSettings};
+use tiercache::engine::{Mode, Placement, WritebackOrder, WritebackSettings};
 
 /// A cache block size: `4096`, `4K`, `64KiB`, `1M`; a power of two from
 /// 4 KiB to 1 MiB (the engine's limits).
@@ -46,6 +46,15 @@ pub fn parse_placement(s: &str) -> Result<Placement> {
         "placement",
         Placement::parse(s),
         Placement::ALL.map(|p| p.name()),
+    )
+}
+
+pub fn parse_writeback_order(s: &str) -> Result<WritebackOrder> {
+    one_of(
+        s,
+        "writeback order",
+        WritebackOrder::parse(s),
+        WritebackOrder::ALL.map(|o| o.name()),
     )
 }
 

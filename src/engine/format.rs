@@ -113,6 +113,8 @@ pub const SB_FLAG_DISTRUST_CLEAN: u32 = 2;
 /// Superblock flag: the log placement (`Placement::Log`): new data is laid
 /// down in order through 1 MiB segments of the data region.
 pub const SB_FLAG_LOG_PLACEMENT: u32 = 4;
+/// Superblock flag: writeback in flush order (`WritebackOrder::Flush`).
+pub const SB_FLAG_FLUSH_ORDER: u32 = 8;
 /// The log placement's segment size.
 pub const SEGMENT_BYTES: u64 = 1 << 20;
 /// Admission flag: the guard is off.

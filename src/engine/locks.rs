@@ -5,14 +5,18 @@
 //! `Rank::Blocks` (crate::sync): taken before any other engine lock, in
 //! ascending block order.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
+use std::thread::ThreadId;
 
 use crate::sync::{self, Condvar, Mutex, Rank};
 
 const SHARDS: usize = 64;
 
+/// Per shard, the locked blocks and the thread holding each.
+type Shard = (Mutex<HashMap<u64, ThreadId>>, Condvar);
+
 pub struct BlockLocks {
-    shards: Vec<(Mutex<HashSet<u64>>, Condvar)>,
+    shards: Vec<Shard>,
 }
 
 impl Default for BlockLocks {
@@ -25,12 +29,12 @@ impl BlockLocks {
     pub fn new() -> Self {
         BlockLocks {
             shards: (0..SHARDS)
-                .map(|_| (Mutex::new(Rank::BlockShard, HashSet::new()), Condvar::new()))
+                .map(|_| (Mutex::new(Rank::BlockShard, HashMap::new()), Condvar::new()))
                 .collect(),
         }
     }
 
-    fn shard(&self, block: u64) -> &(Mutex<HashSet<u64>>, Condvar) {
+    fn shard(&self, block: u64) -> &Shard {
         &self.shards[(block.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % SHARDS]
     }
 
@@ -38,15 +42,21 @@ impl BlockLocks {
         sync::acquired(Rank::Blocks, false);
         let (m, cv) = self.shard(block);
         let mut held = m.lock();
-        while held.contains(&block) {
+        while held.contains_key(&block) {
             cv.wait(&mut held);
         }
-        held.insert(block);
+        held.insert(block, std::thread::current().id());
     }
 
     pub fn try_lock(&self, block: u64) -> bool {
         let (m, _) = self.shard(block);
-        let taken = m.lock().insert(block);
+        let taken = match m.lock().entry(block) {
+            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(std::thread::current().id());
+                true
+            }
+        };
         if taken {
             sync::acquired(Rank::Blocks, true);
         }
@@ -55,10 +65,16 @@ impl BlockLocks {
 
     pub fn unlock(&self, block: u64) {
         let (m, cv) = self.shard(block);
-        let removed = m.lock().remove(&block);
+        let removed = m.lock().remove(&block).is_some();
         assert!(removed, "unlock of block {block} that is not locked");
         cv.notify_all();
         sync::released(Rank::Blocks);
+    }
+
+    /// True if this thread holds `block`'s lock.
+    pub fn held_here(&self, block: u64) -> bool {
+        let (m, _) = self.shard(block);
+        m.lock().get(&block) == Some(&std::thread::current().id())
     }
 
     /// Locks blocks `first..=last` if none is held, without waiting.

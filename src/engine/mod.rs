@@ -95,6 +95,39 @@ pub struct CreateOptions {
     pub admission: AdmissionSettings,
     /// Where new data goes on the cache device.
     pub placement: Placement,
+    /// The order dirty data reaches the origin in.
+    pub writeback_order: WritebackOrder,
+}
+
+/// The order background writeback sends dirty data to the origin in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WritebackOrder {
+    /// Whatever order is cheapest (ascending addresses, oldest first, ...):
+    /// a cache lost mid-writeback leaves the origin with a mix of old and
+    /// new blocks no moment ever held.
+    #[default]
+    Address,
+    /// Group by group: the writes between two client flushes reach the
+    /// origin only after every earlier group is written and the origin
+    /// flushed, so the origin alone always holds a state a crash of a real
+    /// disk could have left (table/groups.rs, writeback/order.rs).
+    Flush,
+}
+
+impl WritebackOrder {
+    pub const ALL: [WritebackOrder; 2] = [WritebackOrder::Address, WritebackOrder::Flush];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            WritebackOrder::Address => "address",
+            WritebackOrder::Flush => "flush",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<WritebackOrder> {
+        WritebackOrder::ALL.into_iter().find(|o| o.name() == s)
+    }
 }
 
 /// Where new data goes on the cache device.
@@ -141,6 +174,7 @@ impl Default for CreateOptions {
             cache_error_limit: DEFAULT_CACHE_ERROR_LIMIT,
             admission: AdmissionSettings::default(),
             placement: Placement::default(),
+            writeback_order: WritebackOrder::default(),
         }
     }
 }
@@ -255,6 +289,12 @@ pub struct Status {
     /// Where new data goes on the cache device.
     #[serde(default)]
     pub placement: Placement,
+    /// The order dirty data reaches the origin in.
+    #[serde(default)]
+    pub writeback_order: WritebackOrder,
+    /// Writeback in flush order: its groups and the older versions kept.
+    #[serde(default)]
+    pub flush_groups: Option<table::groups::GroupCounts>,
     /// Log placement: whole free segments (1 MiB each) ready for the
     /// cursor, in every pool.
     #[serde(default)]
@@ -349,6 +389,8 @@ pub struct Engine {
     closed: AtomicBool,
     /// Where new data goes on the cache device (fixed at create).
     placement: Placement,
+    /// The order dirty data reaches the origin in (fixed at create).
+    writeback_order: WritebackOrder,
 }
 
 impl Engine {
@@ -465,6 +507,8 @@ impl Engine {
             mode: self.mode(),
             policy: m.policy_kind().name().into(),
             placement: self.placement,
+            writeback_order: self.writeback_order,
+            flush_groups: m.groups().map(|g| g.counts()),
             free_segments: m.pools().all_segments().map(|s| s.whole() as u64).sum(),
             scattered_slots: m.pools().all_segments().map(|s| s.scattered).sum(),
             block_bytes: self.block_bytes as u32,

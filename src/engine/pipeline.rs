@@ -115,10 +115,7 @@ impl Engine {
             .segs
             .iter()
             .map(|seg| {
-                let c = m
-                    .table()
-                    .cached(seg.block, seg.run())
-                    .filter(|c| keep(c.dirty))?;
+                let c = m.cached(seg.block, seg.run()).filter(|c| keep(c.dirty))?;
                 if tell {
                     m.accessed(c.slot);
                     told += 1;

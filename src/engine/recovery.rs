@@ -14,7 +14,7 @@ use super::format::{
     parse_journal_page, sectors_per_block, whole_sets, CheckpointData, CheckpointHeader, Layout,
     ParsedJournalPage, Superblock, ENTRIES_PER_CHECKPOINT_PAGE, FORMAT_VERSION, MAX_BLOCK_BYTES,
     MIN_BLOCK_BYTES, PAGE_BYTES, SB_FLAG_ALLOW_VOLATILE_WRITEBACK, SB_FLAG_DISTRUST_CLEAN,
-    SB_FLAG_LOG_PLACEMENT, SEGMENT_BYTES, SUPERBLOCK_MAGIC,
+    SB_FLAG_FLUSH_ORDER, SB_FLAG_LOG_PLACEMENT, SEGMENT_BYTES, SUPERBLOCK_MAGIC,
 };
 use super::locks::BlockLocks;
 use super::policy::PolicyKind;
@@ -22,7 +22,10 @@ use super::sectors::SectorSet;
 use super::stats::Stats;
 use super::table::map::Table;
 use super::table::segments::Geometry;
-use super::{CreateOptions, Engine, EngineError, EngineResult, Meta, Mode, OpenOptions, Placement};
+use super::{
+    CreateOptions, Engine, EngineError, EngineResult, Meta, Mode, OpenOptions, Placement,
+    WritebackOrder,
+};
 use crate::device::{AlignedBuf, DeviceRef};
 
 /// Bytes of journal read per request during replay and checks.
@@ -127,6 +130,21 @@ fn check_create_options(
     }
     opts.writeback.validate().map_err(EngineError::Config)?;
     opts.admission.validate().map_err(EngineError::Config)?;
+    if opts.writeback_order == WritebackOrder::Flush {
+        // Both move dirty blocks between slots without a write (the
+        // cleaner; a member's rebuild), which the flush groups do not
+        // follow yet.
+        if opts.placement == Placement::Log {
+            return Err(EngineError::Config(
+                "writeback in flush order does not work with the log placement yet".into(),
+            ));
+        }
+        if cache.as_cache_set().is_some() {
+            return Err(EngineError::Config(
+                "writeback in flush order does not work with several cache devices yet".into(),
+            ));
+        }
+    }
     if origin.size_bytes() < opts.block_bytes as u64 {
         return Err(EngineError::Config(format!(
             "origin {} ({} bytes) is smaller than one cache block ({} bytes)",
@@ -263,6 +281,9 @@ fn new_superblock(
     }
     if opts.placement == Placement::Log {
         flags |= SB_FLAG_LOG_PLACEMENT;
+    }
+    if opts.writeback_order == WritebackOrder::Flush {
+        flags |= SB_FLAG_FLUSH_ORDER;
     }
     sb.flags = U32::new(flags);
     sb
@@ -820,11 +841,15 @@ fn build_engine(
             let pool_slots = loaded.table.dirty_slots() as u64;
             let log = (sb.flags.get() & SB_FLAG_LOG_PLACEMENT != 0)
                 .then(|| Geometry::new(SEGMENT_BYTES, block_bytes, layout.data_offset, pool_slots));
-            Meta::new(
+            let mut m = Meta::new(
                 loaded.table,
                 PolicyKind::from_u32(sb.policy.get()).expect("validated"),
                 log,
-            )
+            );
+            if sb.flags.get() & SB_FLAG_FLUSH_ORDER != 0 {
+                m.keep_groups();
+            }
+            m
         }),
         journal: super::journal::Journal::new(sb, loaded.journal_end_seq),
         locks: BlockLocks::new(),
@@ -834,6 +859,11 @@ fn build_engine(
         writeback: super::writeback::Writeback::new(sb.writeback()),
         observe: super::observe::Observe::new(layout.slot_count, origin.size_bytes() / block_bytes),
         mode: AtomicU32::new(mode.to_u32()),
+        writeback_order: if sb.flags.get() & SB_FLAG_FLUSH_ORDER != 0 {
+            WritebackOrder::Flush
+        } else {
+            WritebackOrder::Address
+        },
         placement: if sb.flags.get() & SB_FLAG_LOG_PLACEMENT != 0 {
             Placement::Log
         } else {

@@ -97,6 +97,15 @@ counters! {
     blocks_moved,
     /// Log placement: free segments discarded on the cache device.
     segments_discarded,
+    /// Writeback in flush order: groups (the writes between two client
+    /// flushes) written to the origin and flushed there, oldest first.
+    groups_written_back,
+    /// Writeback in flush order: older versions of blocks, kept because a
+    /// later group overwrote them, written back with their group.
+    shadows_written_back,
+    /// Writeback in flush order: origin discards not sent because an older
+    /// group was not on the origin yet (a discard is a hint).
+    discards_held_back,
 }
 
 pub fn bump(c: &AtomicU64, n: u64) {

@@ -66,6 +66,12 @@ impl Engine {
                 }
             }
             self.writeback.wait_origin(first.block, last);
+            if self.older_groups_pending() {
+                // A discard is a write of the open group: it may not reach
+                // the origin before older groups (and a discard is a hint).
+                bump(&self.stats.discards_held_back, discard.len() as u64);
+                discard.clear();
+            }
             for (off, l) in discard {
                 if let Err(e) = self.io.origin().discard(off, l) {
                     log::debug!("origin discard failed (ignored, discard is a hint): {e}");
@@ -83,6 +89,9 @@ impl Engine {
     pub fn flush(&self) -> EngineResult<()> {
         self.check_open()?;
         bump(&self.stats.flush_requests, 1);
+        // Writeback in flush order: the writes acknowledged so far form a
+        // group of their own.
+        self.meta.lock().close_group();
         self.timed_request(Op::Flush, || self.commit())
     }
 
@@ -90,6 +99,9 @@ impl Engine {
     /// only after a failed writeback), then drops every cached copy in them;
     /// `origin_write` makes the drops durable before the origin changes.
     pub(crate) fn invalidate_before_origin_write(&self, segs: &[Segment]) -> EngineResult<()> {
+        // In flush order, dirty blocks of closed groups go with their
+        // groups, not here.
+        self.order_foreground_write()?;
         for seg in segs {
             let cached = self.meta.lock().table().lookup(seg.block);
             let Some((slot, dirty)) = cached else {

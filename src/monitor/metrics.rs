@@ -103,6 +103,7 @@ fn encode_info(e: &mut DescriptorEncoder, s: &crate::engine::Status) -> std::fmt
         ("mode", s.mode.name().to_string()),
         ("policy", s.policy.clone()),
         ("placement", s.placement.name().to_string()),
+        ("writeback_order", s.writeback_order.name().to_string()),
         ("origin", s.origin.clone()),
         ("cache_device", s.cache.clone()),
     ];
@@ -161,6 +162,16 @@ fn occupancy_gauges(t: &Taken) -> Vec<(&'static str, &'static str, f64)> {
             "free_segments",
             "Log placement: whole free segments ahead of the write cursor.",
             s.free_segments as f64,
+        ),
+        (
+            "flush_groups_pending",
+            "Writeback in flush order: closed groups not yet all on the origin.",
+            s.flush_groups.map_or(0, |g| g.closed_pending) as f64,
+        ),
+        (
+            "flush_group_shadow_bytes",
+            "Writeback in flush order: cache bytes holding older versions kept for their groups.",
+            (s.flush_groups.map_or(0, |g| g.shadows) * bs) as f64,
         ),
         (
             "metadata_memory_bytes",

@@ -101,9 +101,12 @@ impl Engine {
     /// copy over the new origin bytes.
     /// Waits first for background writebacks still writing these blocks to
     /// the origin (flights.rs), so the origin sees writes in order.
+    /// With writeback in flush order, a foreground write is one of the
+    /// open group: every closed group reaches the origin first.
     pub(crate) fn origin_write(&self, buf: &[u8], offset: u64) -> EngineResult<()> {
         if !buf.is_empty() {
             let bs = self.block_bytes;
+            self.order_foreground_write()?;
             self.writeback
                 .wait_origin(offset / bs, (offset + buf.len() as u64 - 1) / bs);
         }

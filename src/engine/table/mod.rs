@@ -13,6 +13,8 @@
 //! - `index.rs`: origin block -> slot.
 //! - `sectors.rs`: which sectors of a block hold data, and which are dirty.
 //! - `free.rs`: the free slots, as a bitmap that finds adjacent runs.
+//! - `groups.rs`: flush groups and the older versions kept for writeback
+//!   in flush order.
 //! - `pools.rs`: the free slots of a cache set's mirrored and own slots.
 //! - `segments.rs`: the log placement's segments, filled in order.
 //! - `releases.rs`: removed mappings not yet durable (freed slots, released
@@ -22,6 +24,7 @@
 
 pub mod entries;
 pub mod free;
+pub mod groups;
 pub mod index;
 pub mod map;
 pub mod pools;
@@ -61,6 +64,9 @@ pub(crate) struct Meta {
     /// there (the log placement's cleaner keeps such blocks: clean.rs).
     /// Empty without the log placement, which alone reads it.
     touched: Vec<u64>,
+    /// Writeback in flush order: each dirty slot's group, and the older
+    /// versions kept for their groups (groups.rs). `None` otherwise.
+    groups: Option<groups::Groups>,
 }
 
 /// Records a commit takes to the journal, and the releases they carry.
@@ -107,6 +113,66 @@ impl Meta {
             crash_log: None,
             log,
             touched,
+            groups: None,
+        }
+    }
+
+    /// Writeback in flush order from now on: the dirty slots found at
+    /// open form the first group.
+    pub(crate) fn keep_groups(&mut self) {
+        let slots = self.table.slot_count();
+        let dirty = (0..slots as u32).filter_map(|s| match self.table.slot_block(s) {
+            Some((b, true)) => Some((s, b)),
+            _ => None,
+        });
+        self.groups = Some(groups::Groups::new(slots, dirty));
+    }
+
+    /// The flush groups, with writeback in flush order.
+    pub(crate) fn groups(&self) -> Option<&groups::Groups> {
+        self.groups.as_ref()
+    }
+
+    /// A client flush closes the open group.
+    pub(crate) fn close_group(&mut self) {
+        if let Some(g) = self.groups.as_mut() {
+            g.close();
+        }
+    }
+
+    /// True unless `slot` holds dirty data of a closed group, which must
+    /// reach the origin as it is: a write then goes to a new slot and the
+    /// old one stays as a shadow (groups.rs).
+    pub(crate) fn may_overwrite(&self, slot: u32) -> bool {
+        let Some(g) = self.groups.as_ref() else {
+            return true;
+        };
+        !matches!(self.table.slot_block(slot), Some((_, true))) || g.group_of(slot) >= g.open()
+    }
+
+    /// What the cache has of `block`'s sectors `run` (`Table::cached`), not
+    /// writable in place where the slot's data must stay as it is for its
+    /// flush group.
+    pub(crate) fn cached(&self, block: u64, run: sectors::SectorRun) -> Option<map::Cached> {
+        let mut c = self.table.cached(block, run)?;
+        c.writable &= self.may_overwrite(c.slot);
+        Some(c)
+    }
+
+    /// The shadow of `block` in group `g` is on the origin: its slot is
+    /// freed (once the next commit is durable, like any freed slot; the
+    /// journalled table already has it free).
+    pub(crate) fn drop_shadow(&mut self, g: u64, block: u64) {
+        let shadow = self.groups.as_mut().and_then(|gr| gr.drop_shadow(g, block));
+        if let Some(s) = shadow {
+            self.releases.free_slot(s.slot);
+        }
+    }
+
+    /// Every group below `g` is on the origin, flushed.
+    pub(crate) fn groups_done_below(&mut self, g: u64) {
+        if let Some(gr) = self.groups.as_mut() {
+            gr.done_below(g);
         }
     }
 
@@ -176,6 +242,7 @@ impl Meta {
             + cap(&self.records)
             + cap(&self.dirty_since_s)
             + cap(&self.touched)
+            + self.groups.as_ref().map_or(0, |g| g.heap_bytes())
     }
 
     /// A request reached a cached slot: the policy learns it.

@@ -8,11 +8,13 @@
 //! - `run.rs`: the background's rounds and steps, `write_back_all`, and
 //!   writing a run of dirty blocks back (`impl Engine`).
 //! - `flights.rs`: writebacks whose origin write runs without block locks.
+//! - `order.rs`: writeback in flush order, group after group.
 //! - `clean.rs`: the log placement's cleaner, freeing and discarding whole
 //!   segments ahead of the cursor.
 
 pub mod clean;
 pub mod flights;
+pub mod order;
 pub mod run;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -30,6 +32,9 @@ pub(crate) struct Writeback {
     /// metadata lock).
     state: Mutex<State>,
     flights: flights::Flights,
+    /// Writeback in flush order: one thread writes back at a time (rank
+    /// `WritebackOrder`: after block locks, which it only try-locks).
+    order_turn: Mutex<()>,
     /// Writes waiting for writeback to free a slot, and where they wait.
     slot_waiters: AtomicU32,
     slots_freed: (Mutex<()>, Condvar),
@@ -74,6 +79,7 @@ impl Writeback {
                 },
             ),
             flights: Default::default(),
+            order_turn: Mutex::new(Rank::WritebackOrder, ()),
             slot_waiters: AtomicU32::new(0),
             slots_freed: (Mutex::new(Rank::SlotsFreed, ()), Condvar::new()),
             wake: (Mutex::new(Rank::Background, false), Condvar::new()),

@@ -142,6 +142,10 @@ impl Engine {
         if cands.is_empty() {
             return Ok(0);
         }
+        if self.ordered() {
+            // Writeback is due; what goes is the oldest group's.
+            return self.ordered_step(pace);
+        }
         self.writeback_blocks(&cands, pace)
     }
 
@@ -392,6 +396,22 @@ impl Engine {
     /// `pace` between runs (see `Pace`). Returns how many were written
     /// back, or the first error (other runs are still tried).
     pub(crate) fn writeback_blocks(&self, blocks: &[u64], pace: Pace) -> EngineResult<usize> {
+        self.writeback_blocks_in(blocks, pace, None)
+    }
+
+    /// `writeback_blocks`, of the blocks whose dirty data is in flush
+    /// group `group` only, if given (writeback in flush order: a block
+    /// rewritten in a later group since it was chosen is left alone).
+    /// In flush order, blocks whose locks this thread already holds (a
+    /// foreground write waiting for older groups: order.rs) are written
+    /// too, their locks neither taken nor released here.
+    pub(crate) fn writeback_blocks_in(
+        &self,
+        blocks: &[u64],
+        pace: Pace,
+        group: Option<u64>,
+    ) -> EngineResult<usize> {
+        let mut held_here = std::collections::HashSet::new();
         let bs = self.block_bytes;
         let max_run = (MAX_RUN_BYTES / bs).max(1) as usize;
         let mut written = 0;
@@ -408,18 +428,34 @@ impl Engine {
                     }
                 }
                 if !self.locks.try_lock(b) {
-                    i += 1;
-                    break;
+                    if self.ordered() && self.locks.held_here(b) {
+                        held_here.insert(b);
+                    } else {
+                        i += 1;
+                        break;
+                    }
                 }
-                let dirty = match self.meta.lock().table().lookup(b) {
-                    Some((slot, true)) => Some(slot),
-                    _ => None,
+                let mine = |b: u64| held_here.contains(&b);
+                let dirty = {
+                    let m = self.meta.lock();
+                    match m.table().lookup(b) {
+                        Some((slot, true))
+                            if group.is_none_or(|g| {
+                                m.groups().is_some_and(|gr| gr.group_of(slot) == g)
+                            }) =>
+                        {
+                            Some(slot)
+                        }
+                        _ => None,
+                    }
                 };
                 match dirty {
                     // Not already being written back by another thread.
                     Some(slot) if !self.writeback.flights.contains(b) => run.push((b, slot)),
                     _ => {
-                        self.locks.unlock(b);
+                        if !mine(b) {
+                            self.locks.unlock(b);
+                        }
                         i += 1;
                         break;
                     }
@@ -430,7 +466,7 @@ impl Engine {
                 continue;
             }
             let started_ns = self.clock.now_ns();
-            match self.write_back_in_flight(&run) {
+            match self.write_back_in_flight(&run, &|b| held_here.contains(&b)) {
                 Ok(n) => written += n,
                 Err(e) => {
                     first_err.get_or_insert(e);
@@ -464,23 +500,51 @@ impl Engine {
     /// them: reads them from the cache, releases their locks for the origin
     /// writes (flights.rs), then locks them again to mark clean the ones no
     /// write or trim touched meanwhile. Returns how many it marked clean.
-    fn write_back_in_flight(&self, run: &[(u64, u32)]) -> EngineResult<usize> {
+    fn write_back_in_flight(
+        &self,
+        run: &[(u64, u32)],
+        mine: &dyn Fn(u64) -> bool,
+    ) -> EngineResult<usize> {
         let blocks = || run.iter().map(|&(b, _)| b);
+        let unlock = || {
+            blocks()
+                .filter(|&b| !mine(b))
+                .for_each(|b| self.locks.unlock(b))
+        };
         let extents = self.dirty_extents(run);
         let buf = match self.read_run(run) {
             Ok(buf) => buf,
             Err(e) => {
-                blocks().for_each(|b| self.locks.unlock(b));
+                unlock();
                 return Err(e.into());
             }
         };
         self.writeback.flights.start(blocks());
-        blocks().for_each(|b| self.locks.unlock(b));
+        unlock();
         let base = run[0].0 * self.block_bytes;
         let written = extents
             .iter()
             .try_for_each(|e| self.origin_write_now(&buf[e.clone()], base + e.start as u64));
         self.writeback.flights.origin_written(blocks());
+        if self.ordered() {
+            // The order turn is held: no waiting for block locks under it
+            // (a write holding one may wait for the turn). A block whose
+            // lock is taken stays dirty and goes again.
+            let locked: Vec<bool> = blocks()
+                .map(|b| mine(b) || self.locks.try_lock(b))
+                .collect();
+            let mut skip = self.writeback.flights.finish(blocks());
+            for (s, &l) in skip.iter_mut().zip(&locked) {
+                *s |= !l;
+            }
+            let n = written.map(|()| self.mark_clean(run, &skip));
+            for (b, l) in blocks().zip(locked) {
+                if l && !mine(b) {
+                    self.locks.unlock(b);
+                }
+            }
+            return n;
+        }
         let _guard = self.locks.lock_range(run[0].0, run[run.len() - 1].0);
         let touched = self.writeback.flights.finish(blocks());
         written?;
@@ -590,6 +654,13 @@ impl Engine {
     /// FLUSH command, `Engine::flush`, only makes completed writes durable.)
     pub fn write_back_all(&self, progress: &mut dyn FnMut(u64, u64)) -> EngineResult<()> {
         for _pass in 0..16 {
+            if self.ordered() {
+                self.write_back_groups(progress)?;
+                if self.mode().holds_dirty() || self.dirty_blocks() == 0 {
+                    break;
+                }
+                continue;
+            }
             let snapshot: Vec<u64> = self.meta.lock().table().all_dirty();
             let total = snapshot.len() as u64;
             progress(0, total);

@@ -1,0 +1,163 @@
+//! Writeback in flush order (`WritebackOrder::Flush`): the groups of
+//! table/groups.rs reach the origin oldest first, each followed by an
+//! origin flush before the next one starts.
+//!
+//! At every moment the origin then holds every group below some k, and
+//! some of group k's writes: a state a crash of a real disk could have
+//! left (writes acknowledged before a flush are there, none acknowledged
+//! after the next flush is, and any subset of those in between). Within a
+//! group blocks go in ascending order, coalesced, as in address order;
+//! the open group's data may go too (any part of the open group is such a
+//! subset). One thread writes back at a time (the order turn).
+//!
+//! Foreground origin writes (a write around a full cache, a block beyond
+//! the cached ones) are writes of the open group: they wait until every
+//! closed group is on the origin (`order_foreground_write`).
+
+use std::time::{Duration, Instant};
+
+use super::run::Pace;
+use crate::engine::sectors::SECTOR_BYTES;
+use crate::engine::stats::bump;
+use crate::engine::{Engine, EngineError, EngineResult, WritebackOrder};
+
+/// Shadows or blocks one step writes back at most.
+const STEP_ITEMS: usize = 256;
+/// Longest a foreground origin write waits for the closed groups.
+const DRAIN_LIMIT: Duration = Duration::from_secs(60);
+
+impl Engine {
+    /// Writeback goes group by group.
+    pub(crate) fn ordered(&self) -> bool {
+        self.writeback_order == WritebackOrder::Flush
+    }
+
+    /// Writeback in flush order has a closed group not yet on the origin.
+    pub(crate) fn older_groups_pending(&self) -> bool {
+        self.ordered()
+            && self
+                .meta
+                .lock()
+                .groups()
+                .and_then(|g| g.closed_pending())
+                .is_some()
+    }
+
+    /// One step of writeback in flush order: part of the oldest group not
+    /// on the origin (its older versions first, then its mapped blocks),
+    /// and, once that group is all written and it is closed, an origin
+    /// flush that finishes it. Returns the blocks written back.
+    pub(crate) fn ordered_step(&self, pace: Pace) -> EngineResult<usize> {
+        let _turn = self.writeback.order_turn.lock();
+        let (g, open) = {
+            let m = self.meta.lock();
+            let groups = m.groups().expect("flush order keeps groups");
+            (groups.oldest_pending(), groups.open())
+        };
+        let Some(g) = g else {
+            return Ok(0);
+        };
+        let mut written = self.write_back_shadows(g)?;
+        let blocks = self
+            .meta
+            .lock()
+            .groups()
+            .map(|gr| gr.blocks_of(g, STEP_ITEMS))
+            .unwrap_or_default();
+        if !blocks.is_empty() {
+            written += self.writeback_blocks_in(&blocks, pace, Some(g))?;
+        }
+        if g < open && self.meta.lock().groups().and_then(|gr| gr.oldest_pending()) != Some(g) {
+            // Group g is all written: flushed, it is done, and the next
+            // group may start.
+            self.origin_flush()?;
+            self.meta.lock().groups_done_below(g + 1);
+            bump(&self.stats.groups_written_back, 1);
+        }
+        Ok(written)
+    }
+
+    /// Writes group `g`'s older versions back (up to a step's worth) and
+    /// frees their slots. Nothing locks them: nothing else uses them.
+    fn write_back_shadows(&self, g: u64) -> EngineResult<usize> {
+        let shadows = match self.meta.lock().groups() {
+            Some(gr) => gr.shadows_of(g, STEP_ITEMS),
+            None => return Ok(0),
+        };
+        let sb = SECTOR_BYTES as usize;
+        for &(block, shadow) in &shadows {
+            for run in shadow.dirty.runs() {
+                let mut buf = crate::device::AlignedBuf::zeroed(run.count as usize * sb);
+                let at = run.first as u64 * SECTOR_BYTES;
+                self.cache_read(shadow.slot, at, &mut buf)?;
+                self.origin_write_now(&buf, block * self.block_bytes + at)?;
+            }
+            self.meta.lock().drop_shadow(g, block);
+        }
+        bump(&self.stats.shadows_written_back, shadows.len() as u64);
+        Ok(shadows.len())
+    }
+
+    /// `write_back_all` in flush order: closes the open group (a group may
+    /// always be split in two), then writes back group after group until
+    /// every group up to it is on the origin. Writes that arrive meanwhile
+    /// join later groups and are left for later, so it ends.
+    pub(crate) fn write_back_groups(&self, progress: &mut dyn FnMut(u64, u64)) -> EngineResult<()> {
+        let target = {
+            let mut m = self.meta.lock();
+            m.close_group();
+            m.groups().map_or(0, |g| g.open())
+        };
+        let left = |e: &Engine| {
+            let m = e.meta.lock();
+            let counts = m.groups().map(|g| g.counts()).unwrap_or_default();
+            m.table().dirty_count() + counts.shadows
+        };
+        let total = left(self);
+        progress(0, total);
+        let mut stalled = 0;
+        loop {
+            let pending = self.meta.lock().groups().and_then(|g| g.oldest_pending());
+            match pending {
+                Some(g) if g < target => {}
+                _ => break,
+            }
+            if self.ordered_step(Pace::Full)? == 0 {
+                // Busy blocks (foreground I/O holds them); wait a little.
+                stalled += 1;
+                if stalled > 10_000 {
+                    return Err(EngineError::Config(
+                        "flush made no progress: blocks stayed busy".into(),
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            } else {
+                stalled = 0;
+            }
+            progress(total.saturating_sub(left(self)), total);
+        }
+        Ok(())
+    }
+
+    /// Before a foreground write to the origin, with its blocks' locks
+    /// held: every closed group must be on the origin first. This thread
+    /// writes groups back itself meanwhile (step by step, so that two such
+    /// writers each write the blocks they hold), the blocks it holds with
+    /// them (`writeback_blocks_in`). Fails after `DRAIN_LIMIT` (the origin is too slow
+    /// or gone); the write is then not made.
+    pub(crate) fn order_foreground_write(&self) -> EngineResult<()> {
+        let deadline = Instant::now() + DRAIN_LIMIT;
+        while self.older_groups_pending() {
+            if Instant::now() >= deadline {
+                return Err(EngineError::Config(format!(
+                    "a write to the origin waited {} s for older flush groups to reach it",
+                    DRAIN_LIMIT.as_secs()
+                )));
+            }
+            if self.ordered_step(Pace::Full)? == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        Ok(())
+    }
+}
