@@ -117,6 +117,11 @@ pub(super) struct Link {
     /// Wakes the reconnect thread: a connection lost, or the device closing.
     wake: Condvar,
     next_conn: AtomicUsize,
+    /// Write commands (write, trim) that ended, replied to or failed
+    /// (`NbdDevice::flush` says why).
+    pub(super) writes_ended: AtomicU64,
+    /// `writes_ended` as read before the last successful flush was sent.
+    pub(super) flushed_through: AtomicU64,
 }
 
 impl Link {
@@ -140,6 +145,8 @@ impl Link {
             ),
             wake: Condvar::new(),
             next_conn: AtomicUsize::new(0),
+            writes_ended: AtomicU64::new(0),
+            flushed_through: AtomicU64::new(0),
         }
     }
 
@@ -205,9 +212,23 @@ impl Link {
                 since_wall: SystemTime::now(),
                 since: now,
             });
+            // A server that went away may have lost its volatile cache
+            // (its host crashed), and with it writes it acknowledged but no
+            // flush covered; the flush after a reconnect cannot tell.
+            let unflushed = self
+                .writes_ended
+                .load(Ordering::Acquire)
+                .saturating_sub(self.flushed_through.load(Ordering::Acquire));
+            let at_risk = match unflushed {
+                0 => String::new(),
+                n => format!(
+                    "; {n} write commands it acknowledged were not flushed yet: \
+                     if the server lost its cache, they are lost"
+                ),
+            };
             log::warn!(
                 "{}: the NBD server is unreachable ({reason}); requests fail until it is back; \
-                 reconnecting every {:?} to {:?}",
+                 reconnecting every {:?} to {:?}{at_risk}",
                 self.name,
                 Backoff::FIRST,
                 Backoff::MAX

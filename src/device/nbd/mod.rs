@@ -117,11 +117,6 @@ pub struct NbdDevice {
     payload_bytes_max: u32,
     link: Arc<Link>,
     reconnector: Option<JoinHandle<()>>,
-    /// Write commands (write, trim) that ended, replied to or failed; see
-    /// `flush`.
-    writes_ended: AtomicU64,
-    /// `writes_ended` as read before the last successful flush was sent.
-    flushed_through: AtomicU64,
 }
 
 impl NbdDevice {
@@ -184,8 +179,6 @@ impl NbdDevice {
             payload_bytes_max: info.payload_bytes_max,
             link,
             reconnector: Some(reconnector),
-            writes_ended: AtomicU64::new(0),
-            flushed_through: AtomicU64::new(0),
         })
     }
 
@@ -268,7 +261,7 @@ impl NbdDevice {
         // Counted once the command has ended, whatever its outcome: a
         // failed write may still have reached the server (see `flush`).
         if cmd != CMD_READ && any_sent {
-            self.writes_ended.fetch_add(1, Ordering::AcqRel);
+            self.link.writes_ended.fetch_add(1, Ordering::AcqRel);
         }
         replied
     }
@@ -323,8 +316,8 @@ impl BlockDevice for NbdDevice {
         // origin first) working while the server is unreachable, as long
         // as no writeback reached it since its last flush. A write that
         // failed counts too: it may have reached the server's cache.
-        let ended = self.writes_ended.load(Ordering::Acquire);
-        if ended == self.flushed_through.load(Ordering::Acquire) {
+        let ended = self.link.writes_ended.load(Ordering::Acquire);
+        if ended == self.link.flushed_through.load(Ordering::Acquire) {
             return Ok(());
         }
         // One connection suffices: with several, CAN_MULTI_CONN was granted,
@@ -335,7 +328,7 @@ impl BlockDevice for NbdDevice {
             .submit(CMD_FLUSH, 0, 0, &[])
             .map_err(|e| self.io_err("flush", e))?;
         conn.wait(t).map_err(|e| self.io_err("flush", e))?;
-        self.flushed_through.fetch_max(ended, Ordering::AcqRel);
+        self.link.flushed_through.fetch_max(ended, Ordering::AcqRel);
         Ok(())
     }
 
