@@ -65,6 +65,10 @@ pub enum Rank {
     FailoverHook,
     /// Origin blocks made stale by a lost cache (engine/io/stale.rs).
     StaleBlocks,
+    /// The NBD client origin's connections and reachability
+    /// (device/nbd/link.rs): which connection a request takes, since when
+    /// none is up, when the next reconnect attempt is due.
+    NbdLink,
     /// The NBD client origin's request table (device/nbd/conn.rs): which
     /// requests wait for which reply; its condition variable waits for a
     /// free request slot.

@@ -3,11 +3,12 @@
 use anyhow::{Context, Result};
 use serde::Serialize;
 use tiercache::daemon::Frontends;
+use tiercache::device::DeviceHealth;
 use tiercache::engine::Status;
 
 use super::registry::Registry;
 use super::target::Opened;
-use super::units::{human_bytes, percent};
+use super::units::{human_bytes, human_duration, percent};
 use super::NameArg;
 
 #[derive(clap::Args, Debug)]
@@ -173,15 +174,53 @@ fn writeback_order(s: &Status) -> String {
     }
 }
 
+/// Whether an origin behind connections (an NBD export) can be reached:
+/// since when not, why, and the reconnects.
+fn origin_connection(h: &DeviceHealth) -> String {
+    let mut parts = Vec::new();
+    match (h.reachable, h.unreachable_since_unix_s) {
+        (false, since) => parts.push(format!(
+            "UNREACHABLE{}{}",
+            since.map_or(String::new(), |t| format!(
+                " since {}",
+                tiercache::daemon::registry::rfc3339(t)
+                    .replace('T', " ")
+                    .replace('Z', " UTC")
+            )),
+            h.unreachable_s
+                .map_or(String::new(), |d| format!(" ({})", human_duration(d)))
+        )),
+        (true, _) => parts.push(format!(
+            "up ({} of {} connections)",
+            h.connections_up, h.connections
+        )),
+    }
+    let troubled = !h.reachable || h.reconnect_attempts > 0;
+    if let Some(e) = h.last_error.as_deref().filter(|_| troubled) {
+        parts.push(format!("last error: {e}"));
+    }
+    if troubled {
+        let next = h
+            .next_attempt_s
+            .map_or(String::new(), |s| format!(", next in {s:.1}s"));
+        parts.push(format!(
+            "reconnect attempts {} ({} succeeded){next}",
+            h.reconnect_attempts, h.reconnects
+        ));
+    }
+    parts.join("; ")
+}
+
 /// The devices, the mode and how full the cache is.
 fn volume_rows(s: &Status) -> Rows {
-    let mut rows = vec![
-        (
-            "origin",
-            format!("{} ({})", s.origin, human_bytes(s.volume_bytes)),
-        ),
-        ("cache", s.cache.clone()),
-    ];
+    let mut rows = vec![(
+        "origin",
+        format!("{} ({})", s.origin, human_bytes(s.volume_bytes)),
+    )];
+    if let Some(h) = &s.origin_health {
+        rows.push(("  connection", origin_connection(h)));
+    }
+    rows.push(("cache", s.cache.clone()));
     rows.extend(set_rows(s));
     rows.extend([
         ("mode", s.mode.name().to_string()),
@@ -317,4 +356,47 @@ pub fn table(name: &str, s: &Status) -> String {
         out.push_str(&format!("  {k:<13} {v}\n"));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_origin_connection_says_since_when_and_why() {
+        let down = DeviceHealth {
+            reachable: false,
+            unreachable_since_unix_s: Some(1_795_642_803), // 2026-11-25 21:40:03 UTC
+            unreachable_s: Some(130.4),
+            last_error: Some("connection lost: server closed the connection".into()),
+            connections_up: 0,
+            connections: 1,
+            reconnect_attempts: 7,
+            reconnects: 0,
+            next_attempt_s: Some(1.62),
+        };
+        assert_eq!(
+            origin_connection(&down),
+            "UNREACHABLE since 2026-11-25 21:40:03 UTC (2m 10s); \
+             last error: connection lost: server closed the connection; \
+             reconnect attempts 7 (0 succeeded), next in 1.6s"
+        );
+        let fine = DeviceHealth {
+            reachable: true,
+            connections_up: 2,
+            connections: 2,
+            ..DeviceHealth::default()
+        };
+        assert_eq!(origin_connection(&fine), "up (2 of 2 connections)");
+        let back = DeviceHealth {
+            reconnect_attempts: 3,
+            reconnects: 1,
+            last_error: Some("connection lost: x".into()),
+            ..fine
+        };
+        assert_eq!(
+            origin_connection(&back),
+            "up (2 of 2 connections); last error: connection lost: x; reconnect attempts 3 (1 succeeded)"
+        );
+    }
 }

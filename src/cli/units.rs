@@ -104,9 +104,32 @@ pub fn percent(part: u64, total: u64) -> String {
     }
 }
 
+/// A duration for people: `12.3s`, `2m 10s`, `3h 5m`, `2d 4h`.
+pub fn human_duration(secs: f64) -> String {
+    if secs.is_nan() || secs < 60.0 {
+        return format!("{:.1}s", secs.max(0.0));
+    }
+    let s = secs as u64;
+    match s {
+        0..3600 => format!("{}m {}s", s / 60, s % 60),
+        3600..86_400 => format!("{}h {}m", s / 3600, s / 60 % 60),
+        _ => format!("{}d {}h", s / 86_400, s / 3600 % 24),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(human_duration(0.04), "0.0s");
+        assert_eq!(human_duration(12.34), "12.3s");
+        assert_eq!(human_duration(130.0), "2m 10s");
+        assert_eq!(human_duration(3600.0 + 300.0), "1h 5m");
+        assert_eq!(human_duration(2.0 * 86_400.0 + 4.0 * 3600.0), "2d 4h");
+        assert_eq!(human_duration(f64::NAN), "0.0s");
+    }
 
     #[test]
     fn block_sizes() {

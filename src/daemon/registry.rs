@@ -449,7 +449,8 @@ pub fn now_rfc3339() -> String {
     rfc3339(secs)
 }
 
-fn rfc3339(unix_secs: u64) -> String {
+/// `unix_secs` as RFC 3339 UTC.
+pub fn rfc3339(unix_secs: u64) -> String {
     let days = (unix_secs / 86_400) as i64;
     let rem = unix_secs % 86_400;
     // Howard Hinnant's days_from_civil inverse ("civil_from_days").

@@ -68,6 +68,9 @@ impl BlockDevice for LatencyDevice {
     fn identity(&self) -> u64 {
         self.inner.identity()
     }
+    fn health(&self) -> Option<super::DeviceHealth> {
+        self.inner.health()
+    }
 }
 
 #[cfg(test)]

@@ -19,6 +19,8 @@ pub mod set;
 
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
+
 pub use buf::AlignedBuf;
 
 /// Errors of the device layer.
@@ -103,6 +105,39 @@ pub trait BlockDevice: Send + Sync {
     fn as_cache_set(&self) -> Option<&set::CacheSet> {
         None
     }
+    /// Whether a device behind a connection (an NBD export) can be reached
+    /// now, as of this call. `None` for a device that has no connection to
+    /// lose (a file, RAM): it is always there.
+    fn health(&self) -> Option<DeviceHealth> {
+        None
+    }
+}
+
+/// The reachability of a device behind connections ([`BlockDevice::health`]):
+/// what `status` shows of the origin. Times are taken when it is built.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DeviceHealth {
+    /// False while no connection to the server is up: every request fails
+    /// at once with [`DeviceError::Io`] until a reconnect succeeds.
+    pub reachable: bool,
+    /// While unreachable: since when, in Unix seconds (the wall clock, for
+    /// people; the duration below is measured on the monotonic clock).
+    pub unreachable_since_unix_s: Option<u64>,
+    /// While unreachable: for how long, in seconds.
+    pub unreachable_s: Option<f64>,
+    /// Why the last connection was lost or the last reconnect attempt
+    /// failed (kept after a reconnect, for the record).
+    pub last_error: Option<String>,
+    /// Connections up, of `connections`.
+    pub connections_up: u32,
+    pub connections: u32,
+    /// Reconnect attempts since the device was opened, and how many of them
+    /// brought every connection back.
+    pub reconnect_attempts: u64,
+    pub reconnects: u64,
+    /// While a connection is down: seconds until the next reconnect attempt.
+    pub next_attempt_s: Option<f64>,
 }
 
 pub type DeviceRef = Arc<dyn BlockDevice>;

@@ -181,6 +181,9 @@ impl BlockDevice for RecordingDevice {
     fn identity(&self) -> u64 {
         self.inner.identity()
     }
+    fn health(&self) -> Option<super::DeviceHealth> {
+        self.inner.health()
+    }
 }
 
 /// Which of a device's unflushed writes survive a power loss.

@@ -306,6 +306,10 @@ pub struct Status {
     pub block_bytes: u32,
     pub volume_bytes: u64,
     pub origin: String,
+    /// Whether the origin can be reached, for an origin behind connections
+    /// (an NBD export: `BlockDevice::health`); `None` for a local one.
+    #[serde(default)]
+    pub origin_health: Option<crate::device::DeviceHealth>,
     pub cache: String,
     pub cache_blocks_total: u64,
     pub cache_blocks_used: u64,
@@ -464,6 +468,7 @@ impl Engine {
     }
 
     pub fn status(&self) -> Status {
+        let origin_health = self.io.origin().health();
         let stopped = self.io.admission_stopped();
         let limit = self.io.cache_error_limit();
         let stats = self.stats.snapshot();
@@ -514,6 +519,7 @@ impl Engine {
             block_bytes: self.block_bytes as u32,
             volume_bytes: self.volume_bytes,
             origin: self.io.origin().name().into(),
+            origin_health,
             cache: self.io.cache().name().into(),
             cache_blocks_total: m.table().slot_count(),
             cache_blocks_used: m.table().used(),

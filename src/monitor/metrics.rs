@@ -381,6 +381,42 @@ fn encode_members(e: &mut DescriptorEncoder, s: &crate::engine::Status) -> std::
     Ok(())
 }
 
+/// Whether the origin can be reached (an origin without connections, a
+/// local device, always can) and its reconnects.
+fn encode_origin(e: &mut DescriptorEncoder, s: &crate::engine::Status) -> std::fmt::Result {
+    let h = s
+        .origin_health
+        .clone()
+        .unwrap_or(crate::device::DeviceHealth {
+            reachable: true,
+            ..Default::default()
+        });
+    gauge(
+        e,
+        "origin_reachable",
+        "1 while the origin can be reached (an NBD origin: a connection is up), 0 during an outage.",
+        f64::from(u8::from(h.reachable)),
+    )?;
+    gauge(
+        e,
+        "origin_unreachable_seconds",
+        "How long the origin has been unreachable (0 while it is reachable).",
+        h.unreachable_s.unwrap_or(0.0),
+    )?;
+    counter(
+        e,
+        "origin_reconnect_attempts",
+        "Attempts to reconnect to an NBD origin since the cache opened.",
+        h.reconnect_attempts,
+    )?;
+    counter(
+        e,
+        "origin_reconnects",
+        "Reconnect attempts that brought every lost connection to the origin back.",
+        h.reconnects,
+    )
+}
+
 impl Collector for Exposition {
     fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
         let t = &self.0;
@@ -403,6 +439,7 @@ impl Collector for Exposition {
         encode_latency(e, t)?;
         encode_mrc(e, t)?;
         encode_members(e, s)?;
+        encode_origin(e, s)?;
         gauge(
             e,
             "monitor_uptime_seconds",

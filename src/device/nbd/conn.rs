@@ -22,11 +22,17 @@ pub(super) struct State {
     pub(super) closing: bool,
 }
 
+/// Told once why a connection was lost (not when it is closed on purpose):
+/// the device's link (link.rs) records the outage and schedules a
+/// reconnect. Called with no lock of the connection held.
+pub(super) type LostHook = Box<dyn Fn(&str) + Send + Sync>;
+
 /// State shared between callers and the reader thread of one connection.
 pub(super) struct Shared {
     pub(super) state: Mutex<State>,
     /// Signalled when a pending slot frees up or the connection dies.
     pub(super) slot_free: Condvar,
+    pub(super) on_lost: LostHook,
 }
 
 impl Shared {
@@ -34,15 +40,28 @@ impl Shared {
     /// the senders wakes their receivers with an error).
     pub(super) fn kill(&self, reason: String) {
         let mut st = self.state.lock();
+        let lost = st.dead.is_none() && !st.closing;
         if st.dead.is_none() {
-            if !st.closing {
+            if lost {
                 log::warn!("NBD connection lost: {reason}");
             }
-            st.dead = Some(reason);
+            st.dead = Some(reason.clone());
         }
-        st.pending.clear();
+        // Taken out here, dropped after the lock: every waiting caller
+        // wakes with an error.
+        let pending = std::mem::take(&mut st.pending);
         drop(st);
+        drop(pending);
         self.slot_free.notify_all();
+        if lost {
+            (self.on_lost)(&reason);
+        }
+    }
+
+    /// True once the connection failed or is being closed.
+    pub(super) fn is_dead(&self) -> bool {
+        let st = self.state.lock();
+        st.dead.is_some() || st.closing
     }
 }
 
@@ -62,13 +81,20 @@ pub(super) struct Ticket {
 }
 
 impl Conn {
-    pub(super) fn open(uri: &NbdUri, tls: Option<&TlsConnector>) -> io::Result<(Conn, ExportInfo)> {
-        let mut s = Stream::connect(&uri.address)?;
-        s.set_timeouts(Some(HANDSHAKE_TIMEOUT))?;
+    /// Connects and runs the handshake, each step bounded by `timeout`;
+    /// `on_lost` is told if the connection is lost later.
+    pub(super) fn open(
+        uri: &NbdUri,
+        tls: Option<&TlsConnector>,
+        timeout: Duration,
+        on_lost: LostHook,
+    ) -> io::Result<(Conn, ExportInfo)> {
+        let mut s = Stream::connect(&uri.address, timeout)?;
+        s.set_timeouts(Some(timeout))?;
         let timed_out = |e: io::Error| match e.kind() {
             io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
                 io::ErrorKind::TimedOut,
-                format!("handshake not finished within {HANDSHAKE_TIMEOUT:?}"),
+                format!("handshake not finished within {timeout:?}"),
             ),
             _ => e,
         };
@@ -86,9 +112,9 @@ impl Conn {
                     NbdAddress::Tcp { host, .. } => host.clone(),
                     NbdAddress::Unix { .. } => "localhost".to_string(),
                 };
-                let (relayed, relay_error) = tls_relay(s, connector, &name)?;
+                let (relayed, relay_error) = tls_relay(s, connector, &name, timeout)?;
                 s = relayed;
-                s.set_timeouts(Some(HANDSHAKE_TIMEOUT))?;
+                s.set_timeouts(Some(timeout))?;
                 choose_export(&mut s, &uri.export, true, no_zeroes).map_err(|e| {
                     match relay_error.lock().take() {
                         // The server ended TLS, e.g. refusing our certificate.
@@ -102,6 +128,7 @@ impl Conn {
         let shared = Arc::new(Shared {
             state: Mutex::new(Rank::NbdClient, State::default()),
             slot_free: Condvar::new(),
+            on_lost,
         });
         let control = s.try_clone()?;
         let read_half = s.try_clone()?;
@@ -166,6 +193,10 @@ impl Conn {
             return Err(e);
         }
         Ok(Ticket { rx })
+    }
+
+    pub(super) fn is_dead(&self) -> bool {
+        self.shared.is_dead()
     }
 
     pub(super) fn wait(&self, ticket: Ticket) -> io::Result<Vec<u8>> {

@@ -164,6 +164,7 @@ pub(super) fn tls_relay(
     s: Stream,
     connector: &TlsConnector,
     server_name: &str,
+    timeout: Duration,
 ) -> io::Result<(Stream, RelayError)> {
     let relay_error: RelayError = Arc::new(Mutex::new(Rank::NbdRelay, None));
     let relay_error_thread = relay_error.clone();
@@ -211,7 +212,7 @@ pub(super) fn tls_relay(
             })
             .ok();
         })?;
-    match done_rx.recv_timeout(HANDSHAKE_TIMEOUT) {
+    match done_rx.recv_timeout(timeout) {
         Ok(Ok(())) => Ok((Stream::Unix(local), relay_error)),
         Ok(Err(e)) => Err(e),
         Err(_) => {

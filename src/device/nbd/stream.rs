@@ -9,13 +9,15 @@ pub(super) enum Stream {
 }
 
 impl Stream {
-    pub(super) fn connect(address: &NbdAddress) -> io::Result<Stream> {
+    /// Connects; a TCP connect waits at most `timeout` per address, a Unix
+    /// socket's never waits (see `connect_unix`).
+    pub(super) fn connect(address: &NbdAddress, timeout: Duration) -> io::Result<Stream> {
         match address {
-            NbdAddress::Unix { socket } => Ok(Stream::Unix(UnixStream::connect(socket)?)),
+            NbdAddress::Unix { socket } => Ok(Stream::Unix(connect_unix(socket)?)),
             NbdAddress::Tcp { host, port } => {
                 let mut last_err = None;
                 for addr in (host.as_str(), *port).to_socket_addrs()? {
-                    match TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT) {
+                    match TcpStream::connect_timeout(&addr, timeout) {
                         Ok(s) => {
                             // Requests are small and latency-bound.
                             s.set_nodelay(true)?;
@@ -85,6 +87,65 @@ impl Write for Stream {
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
+}
+
+/// Connects to a Unix socket without waiting. A blocking connect waits
+/// for as long as the listener's backlog is full, which it stays with a
+/// server that is frozen (stopped, wedged) and no longer accepts; a
+/// non-blocking one fails at once then (Linux af_unix: EAGAIN), which
+/// bounds a reconnect attempt. A Unix connect is otherwise immediate.
+fn connect_unix(path: &std::path::Path) -> io::Result<UnixStream> {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = path.as_os_str().as_bytes();
+    // SAFETY: sockaddr_un is plain data, valid all zero.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the socket path is too long or holds a NUL byte",
+        ));
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (to, &from) in addr.sun_path.iter_mut().zip(bytes) {
+        *to = from as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1;
+    // SAFETY: a plain syscall; no memory is passed.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a socket just made and owned by nothing else; the
+    // stream closes it.
+    let stream = unsafe { UnixStream::from_raw_fd(fd) };
+    // SAFETY: `addr` is a sockaddr_un that outlives the call, and `len`
+    // (the family, the path and its NUL) is within it.
+    let r = unsafe {
+        libc::connect(
+            fd,
+            (&raw const addr).cast::<libc::sockaddr>(),
+            len as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EAGAIN) {
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                "the server accepts no connections (its listen backlog is full)",
+            ));
+        }
+        return Err(e);
+    }
+    stream.set_nonblocking(false)?;
+    Ok(stream)
 }
 
 /// Writes all of `bufs` (header and payload) with as few syscalls as possible.

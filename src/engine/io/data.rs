@@ -16,18 +16,28 @@ thread_local! {
 impl Engine {
     /// Times a device request of `bytes` for the admission guard, which
     /// compares small requests only (up to 64 KiB): a 1 MiB write and a
-    /// 4 KiB one say nothing about each other's device.
-    fn timed_device<T>(&self, dev: Dev, bytes: usize, f: impl FnOnce() -> T) -> T {
+    /// 4 KiB one say nothing about each other's device. A failed request
+    /// is not timed: an unreachable origin fails at once, and its
+    /// microseconds would make the cache device look slower than the origin
+    /// and engage the guard, sending writes around the cache to fail too.
+    fn timed_device<T, E>(
+        &self,
+        dev: Dev,
+        bytes: usize,
+        f: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E> {
         crate::sync::assert_unheld(crate::sync::Rank::Meta, "device I/O");
         let set_epoch = self.cache_set_epoch();
         let t = self.clock.now_ns();
         let r = f();
         let ns = self.clock.since_ns(t);
-        self.observe.latency.device(dev as usize, ns);
+        if r.is_ok() {
+            self.observe.latency.device(dev as usize, ns);
+        }
         // A request during which a cache-set member failed also wrote the
         // labels of the others: its time says nothing of the device's
         // speed (it engaged the admission guard in a guest test).
-        if bytes <= 64 << 10 && self.cache_set_epoch() == set_epoch {
+        if r.is_ok() && bytes <= 64 << 10 && self.cache_set_epoch() == set_epoch {
             self.admission.latencies.record(dev, ns);
         }
         ORIGIN_REQUESTS.with(|c| {

@@ -10,6 +10,7 @@
 pub mod data;
 pub mod failure;
 pub(crate) mod stale;
+pub(crate) mod warnings;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -95,6 +96,13 @@ impl Engine {
     pub(crate) fn cache_flush(&self) -> EngineResult<()> {
         crate::sync::assert_unheld(Rank::Meta, "a cache flush");
         self.io.cache.flush().map_err(|e| self.cache_meta_error(e))
+    }
+
+    /// True while the origin says it cannot be reached (an NBD server
+    /// down: its device fails requests at once and reconnects by itself,
+    /// device/nbd/link.rs). Background writeback waits meanwhile.
+    pub(crate) fn origin_unreachable(&self) -> bool {
+        self.io.origin.health().is_some_and(|h| !h.reachable)
     }
 
     /// Flushes the origin (errors counted).

@@ -28,6 +28,7 @@ use super::State;
 use crate::device::{AlignedBuf, DeviceError};
 use crate::engine::admission::Dev;
 use crate::engine::format::Record;
+use crate::engine::io::warnings::{BACKGROUND_COMMIT, BACKGROUND_WRITEBACK};
 use crate::engine::sectors::SECTOR_BYTES;
 use crate::engine::stats::bump;
 use crate::engine::{Engine, EngineError, EngineResult, Meta, MAX_AGE_SECS};
@@ -117,7 +118,8 @@ impl Engine {
                 Ok(0) => break,
                 Ok(_) => {}
                 Err(e) => {
-                    log::warn!("background writeback: {e}");
+                    BACKGROUND_WRITEBACK
+                        .warn(self.now_ms(), format_args!("background writeback: {e}"));
                     break;
                 }
             }
@@ -125,7 +127,7 @@ impl Engine {
         self.keep_reserve();
         if self.commit_due() {
             if let Err(e) = self.commit() {
-                log::warn!("background commit: {e}");
+                BACKGROUND_COMMIT.warn(self.now_ms(), format_args!("background commit: {e}"));
             }
         }
         self.trim_crash_log();
@@ -138,6 +140,9 @@ impl Engine {
         // Between batches too: a round of writeback can take seconds
         // against a slow origin.
         self.keep_reserve();
+        if self.origin_unreachable() {
+            return Ok(0); // every origin write would fail at once
+        }
         let (cands, pace) = self.writeback_candidates();
         if cands.is_empty() {
             return Ok(0);
@@ -210,7 +215,7 @@ impl Engine {
         };
         if commit_now {
             if let Err(e) = self.commit() {
-                log::warn!("background commit: {e}");
+                BACKGROUND_COMMIT.warn(self.now_ms(), format_args!("background commit: {e}"));
             }
         }
     }
@@ -633,9 +638,9 @@ impl Engine {
         if !self.mode().holds_dirty() || self.meta.lock().table().dirty_count() == 0 {
             return false;
         }
-        if !self.writeback.has_thread() {
-            // Opened without background work (a command, a test): nobody
-            // would write back while we wait.
+        if !self.writeback.has_thread() || self.origin_unreachable() {
+            // Opened without background work (a command, a test), or the
+            // origin is unreachable: nobody would write back while we wait.
             return false;
         }
         bump(&self.stats.slot_waits, 1);
