@@ -17,6 +17,11 @@
 //! `--tick` requests). `--placements in-place,log` runs every policy with
 //! each placement (table/segments.rs): the log placement's cleaner evicts in
 //! log order, so its origin reads show what that costs in hits.
+//! `--orders address,flush` runs each with each writeback order, and
+//! `--flush-every N` sends a client flush after every N writes (as a file
+//! system's journal commits do; traces carry no flushes): what writeback in
+//! flush order (writeback/order.rs) costs in origin writes and flushes,
+//! and the most cache blocks its older versions took.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -26,7 +31,9 @@ use tiercache::device::ram::RamDevice;
 use tiercache::device::DeviceRef;
 use tiercache::engine::format::Layout;
 use tiercache::engine::policy::PolicyKind;
-use tiercache::engine::{AdmissionSettings, CreateOptions, Engine, Mode, OpenOptions, Placement};
+use tiercache::engine::{
+    AdmissionSettings, CreateOptions, Engine, Mode, OpenOptions, Placement, WritebackOrder,
+};
 
 struct Req {
     write: bool,
@@ -66,7 +73,7 @@ fn arg(args: &[String], name: &str) -> Option<String> {
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(path) = args.first().filter(|a| !a.starts_with("--")) else {
-        bail!("usage: engine_replay TRACE.csv [--cache 0.25] [--policies s3fifo,lru] [--admit-all] [--mode writeback] [--tick 32] [--placements in-place,log]");
+        bail!("usage: engine_replay TRACE.csv [--cache 0.25] [--policies s3fifo,lru] [--admit-all] [--mode writeback] [--tick 32] [--placements in-place,log] [--orders address,flush] [--flush-every 0]");
     };
     let reqs = read_trace(path)?;
     let ratio: f64 = arg(&args, "--cache").map_or(Ok(0.25), |v| v.parse())?;
@@ -80,6 +87,8 @@ fn main() -> Result<()> {
     };
     let policies = arg(&args, "--policies").unwrap_or_else(|| "s3fifo,lru".into());
     let placements = arg(&args, "--placements").unwrap_or_else(|| "in-place".into());
+    let orders = arg(&args, "--orders").unwrap_or_else(|| "address".into());
+    let flush_every: usize = arg(&args, "--flush-every").map_or(Ok(0), |v| v.parse())?;
     let end = reqs.iter().map(|r| r.offset + r.len).max().unwrap_or(0);
     let origin_bytes = end.div_ceil(1 << 20) << 20;
     let blocks: HashSet<u64> = reqs
@@ -103,14 +112,19 @@ fn main() -> Result<()> {
         blocks.len(),
         if admit_all { "admits everything" } else { "default" }
     );
-    println!("| policy | origin reads | origin writes (after the run) | origin writes incl. flush | read hits | read misses | x LRU reads |");
-    println!("|---|--:|--:|--:|--:|--:|--:|");
+    println!("| policy | origin reads | origin writes (after the run) | origin writes incl. flush | origin writes per 1000 writes | read hits | read misses | x LRU reads | groups written back | older versions kept (peak) |");
+    println!("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+    let client_writes = reqs.iter().filter(|r| r.write).count().max(1) as f64;
     let mut lru_reads = None;
-    let runs: Vec<(&str, &str)> = placements
+    let runs: Vec<(&str, &str, &str)> = orders
         .split(',')
-        .flat_map(|p| policies.split(',').map(move |name| (p, name)))
+        .flat_map(|o| placements.split(',').map(move |p| (o, p)))
+        .flat_map(|(o, p)| policies.split(',').map(move |name| (o, p, name)))
         .collect();
-    for (placement_name, name) in runs {
+    for (order_name, placement_name, name) in runs {
+        let Some(writeback_order) = WritebackOrder::parse(order_name) else {
+            bail!("writeback order {order_name}: address or flush");
+        };
         let Some(kind) = PolicyKind::parse(name) else {
             bail!("policy {name}: lru, fifo or s3fifo");
         };
@@ -132,6 +146,7 @@ fn main() -> Result<()> {
             mode,
             policy: kind,
             placement,
+            writeback_order,
             admission,
             allow_data_loss: true,
             ..Default::default()
@@ -146,9 +161,14 @@ fn main() -> Result<()> {
                 ..Default::default()
             },
         )?;
+        let mut writes = 0;
         for (i, r) in reqs.iter().enumerate() {
             if r.write {
                 engine.write(r.offset, &vec![0xa5u8; r.len as usize], false)?;
+                writes += 1;
+                if flush_every > 0 && writes % flush_every == 0 {
+                    engine.flush()?;
+                }
             } else {
                 engine.read(r.offset, r.len)?;
             }
@@ -156,7 +176,9 @@ fn main() -> Result<()> {
                 engine.background_tick();
             }
         }
-        let during = engine.status().stats;
+        let status = engine.status();
+        let during = status.stats;
+        let peak = status.flush_groups.map_or(0, |g| g.shadow_peak);
         engine.write_back_all(&mut |_, _| {})?;
         let after = engine.status().stats;
         engine.close()?;
@@ -164,16 +186,21 @@ fn main() -> Result<()> {
             Some(l) => format!("{:.3}", during.origin_reads as f64 / l as f64),
             None => "-".into(),
         };
-        if kind == PolicyKind::Lru && placement == Placement::InPlace {
+        if kind == PolicyKind::Lru
+            && placement == Placement::InPlace
+            && writeback_order == WritebackOrder::Address
+        {
             lru_reads = Some(during.origin_reads);
         }
         println!(
-            "| {name}, {placement_name} | {} | {} | {} | {} | {} | {x} |",
+            "| {name}, {placement_name}, {order_name} order | {} | {} | {} | {:.0} | {} | {} | {x} | {} | {peak} |",
             during.origin_reads,
             during.origin_writes,
             after.origin_writes,
+            during.origin_writes as f64 * 1000.0 / client_writes,
             during.read_hits,
-            during.read_misses
+            during.read_misses,
+            during.groups_written_back,
         );
     }
     Ok(())

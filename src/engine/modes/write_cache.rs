@@ -36,6 +36,9 @@ impl Engine {
         cached: &[Option<Cached>],
         admit: bool,
     ) -> EngineResult<()> {
+        // In flush order a write around the cache must first write every
+        // closed group back (writeback/order.rs): caching it costs less.
+        let admit = admit || self.older_groups_pending();
         let hits = cached.iter().filter(|c| c.is_some()).count() as u64;
         bump(&self.stats.write_hits, hits);
         bump(&self.stats.write_misses, segs.len() as u64 - hits);
