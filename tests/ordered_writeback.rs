@@ -112,14 +112,108 @@ struct Seen {
     crash_mid_group: bool,
 }
 
+/// The workload's state across the engine's lives.
+struct Workload {
+    groups: Groups,
+    model: common::SectorModel,
+    max_sectors: u64,
+}
+
+fn fail(sim: &Sim, what: String) -> ! {
+    panic!("{}{what}", sim.report(40))
+}
+
+/// Runs up to `ops` client requests and background steps, until one fails
+/// (the power is gone); checks the rule on the origin as it stands every 25.
+fn drive(sim: &mut Sim, engine: &Engine, origin: &FaultDevice, w: &mut Workload, ops: u32) {
+    for op in 0..ops {
+        let r: u32 = sim.rng().gen_range(0..100);
+        let ok = if r < 35 {
+            sim.background(engine).is_ok()
+        } else if r < 80 {
+            sim.client_time();
+            let n = sim.rng().gen_range(1..=w.max_sectors);
+            let first = sim.rng().gen_range(0..=SECTORS - n);
+            let fua = r < 40;
+            let v = w.model.issue_write(first, n);
+            let res = engine.write(first * 512, &common::stamped(first, n, v), fua);
+            sim.note_write(v, first, n, fua, &res.is_ok().to_string());
+            // A write that failed may still be in part anywhere: it is one
+            // of its group's, like any other.
+            w.groups.writes.last_mut().unwrap().push((first, n, v));
+            if res.is_ok() && fua {
+                w.model.fua_done(v);
+            }
+            res.is_ok()
+        } else if r < 90 {
+            let n = sim.rng().gen_range(1..=w.max_sectors);
+            let first = sim.rng().gen_range(0..=SECTORS - n);
+            let ok = engine.read(first * 512, n * 512).is_ok();
+            sim.note(format!("read sectors {first}+{n}: {ok}"));
+            ok
+        } else if r < 99 {
+            let res = engine.flush();
+            sim.note(format!("flush: {}", res.is_ok()));
+            if res.is_ok() {
+                w.model.flush_done();
+                w.groups.writes.push(Vec::new());
+                let open = engine.status().flush_groups.expect("flush order").open;
+                w.groups.engine_group.push(open);
+            }
+            res.is_ok()
+        } else {
+            let res = engine.write_back_all(&mut |_, _| {});
+            sim.note(format!("write back all: {res:?}"));
+            res.is_ok()
+        };
+        if !ok {
+            return;
+        }
+        if op % 25 == 0 {
+            // The rule holds at every moment, not only after a crash.
+            let now = origin.snapshot_current();
+            if let Err(e) = w.groups.check(&now, groups_done(engine)) {
+                fail(sim, format!("origin as it stands at step {op}: {e}"));
+            }
+        }
+    }
+}
+
+/// Cuts the power (the switch), then returns the images the devices keep
+/// (`power_loss`: unflushed writes lost, kept, torn or reordered) and the
+/// groups the engine had on the origin.
+fn crash(
+    sim: &mut Sim,
+    engine: Arc<Engine>,
+    devs: (&FaultDevice, &FaultDevice),
+    switch: &CrashSwitch,
+    power_loss: bool,
+) -> (Vec<u8>, Vec<u8>, u64) {
+    let done = groups_done(&engine);
+    sim.note(format!("crash: engine groups below {done} on the origin"));
+    switch.trip();
+    engine.abandon();
+    drop(engine);
+    let (cache, origin) = devs;
+    if power_loss {
+        (cache.power_loss_image(), origin.power_loss_image(), done)
+    } else {
+        (cache.snapshot_current(), origin.snapshot_current(), done)
+    }
+}
+
 /// One case; returns the trace (for the replay test) and what it did.
+/// Some cases restart on the crash images (the journal's groups replayed)
+/// and crash a second time before the cache is thrown away.
 fn case(seed: u64, test: &str) -> (String, Seen) {
     let mut sim = Sim::new(seed, sim::replay_command("ordered_writeback", test, seed));
     let block_bytes = [4096u32, 8192][(seed % 2) as usize];
     let slots = [24u64, 64, 200][(seed / 2 % 3) as usize];
     let power_loss = !seed.is_multiple_of(4);
+    let second_life = !seed.is_multiple_of(3);
     sim.note(format!(
-        "{block_bytes}-byte blocks, {slots} cache blocks, power loss {power_loss}"
+        "{block_bytes}-byte blocks, {slots} cache blocks, power loss {power_loss}, \
+         second life {second_life}"
     ));
     let switch = CrashSwitch::new();
     let cache_dev = Arc::new(
@@ -141,100 +235,87 @@ fn case(seed: u64, test: &str) -> (String, Seen) {
     };
     let engine = Engine::create_with(cache, origin, &opts, &sim.open_options())
         .unwrap_or_else(|e| panic!("seed {seed}: create: {e}"));
-    let mut groups = Groups {
-        writes: vec![Vec::new()],
-        engine_group: vec![0],
+    let mut w = Workload {
+        groups: Groups {
+            writes: vec![Vec::new()],
+            engine_group: vec![0],
+        },
+        model: common::SectorModel::new(SECTORS),
+        max_sectors: (3 * block_bytes / 512) as u64,
     };
-    let mut model = common::SectorModel::new(SECTORS);
     let crash_at = sim.rng().gen_range(1..=600);
     sim.note(format!("power fails at device event {crash_at}"));
     switch.arm_after_events(crash_at);
-    let max_sectors = (3 * block_bytes / 512) as u64;
-    let fail = |sim: &Sim, what: String| -> ! { panic!("{}{what}", sim.report(40)) };
-    for op in 0..500 {
-        let r: u32 = sim.rng().gen_range(0..100);
-        let ok = if r < 35 {
-            sim.background(&engine).is_ok()
-        } else if r < 80 {
-            sim.client_time();
-            let n = sim.rng().gen_range(1..=max_sectors);
-            let first = sim.rng().gen_range(0..=SECTORS - n);
-            let fua = r < 40;
-            let v = model.issue_write(first, n);
-            let res = engine.write(first * 512, &common::stamped(first, n, v), fua);
-            sim.note_write(v, first, n, fua, &res.is_ok().to_string());
-            // A write that failed may still be in part anywhere: it is one
-            // of its group's, like any other.
-            groups.writes.last_mut().unwrap().push((first, n, v));
-            if res.is_ok() && fua {
-                model.fua_done(v);
-            }
-            res.is_ok()
-        } else if r < 90 {
-            let n = sim.rng().gen_range(1..=max_sectors);
-            let first = sim.rng().gen_range(0..=SECTORS - n);
-            let ok = engine.read(first * 512, n * 512).is_ok();
-            sim.note(format!("read sectors {first}+{n}: {ok}"));
-            ok
-        } else if r < 99 {
-            let res = engine.flush();
-            sim.note(format!("flush: {}", res.is_ok()));
-            if res.is_ok() {
-                model.flush_done();
-                groups.writes.push(Vec::new());
-                let open = engine.status().flush_groups.expect("flush order").open;
-                groups.engine_group.push(open);
-            }
-            res.is_ok()
-        } else {
-            let res = engine.write_back_all(&mut |_, _| {});
-            sim.note(format!("write back all: {res:?}"));
-            res.is_ok()
-        };
-        if !ok {
-            break;
-        }
-        if op % 25 == 0 {
-            // The rule holds at every moment, not only after a crash.
-            let now = origin_dev.snapshot_current();
-            if let Err(e) = groups.check(&now, groups_done(&engine)) {
-                fail(&sim, format!("origin as it stands at step {op}: {e}"));
-            }
-        }
-    }
-    let done = groups_done(&engine);
-    sim.note(format!("engine groups below {done} on the origin"));
+    drive(&mut sim, &engine, &origin_dev, &mut w, 500);
     let status = engine.status();
-    let seen = Seen {
+    let mut seen = Seen {
         groups_written_back: status.stats.groups_written_back,
         shadows_written_back: status.stats.shadows_written_back,
         crash_mid_group: status.flush_groups.is_some_and(|g| g.closed_pending > 0)
             && status.stats.blocks_written_back > 0,
     };
-    switch.trip();
-    engine.abandon();
-    drop(engine);
-    let (cache_img, origin_img) = if power_loss {
-        (cache_dev.power_loss_image(), origin_dev.power_loss_image())
-    } else {
-        (cache_dev.snapshot_current(), origin_dev.snapshot_current())
-    };
+    let devs = (&*cache_dev, &*origin_dev);
+    let (cache_img, origin_img, done) = crash(&mut sim, engine, devs, &switch, power_loss);
     // The cache device is gone: the origin alone.
-    if let Err(e) = groups.check(&origin_img, done) {
+    if let Err(e) = w.groups.check(&origin_img, done) {
         fail(&sim, format!("origin without its cache: {e}"));
     }
     // The cache kept: every acknowledged, flushed write is there.
-    let cache: DeviceRef = Arc::new(FaultDevice::from_image("cache", cache_img, seed + 1));
-    let origin: DeviceRef = Arc::new(FaultDevice::from_image("origin", origin_img, seed + 2));
+    let switch = CrashSwitch::new();
+    let cache_dev = Arc::new(
+        FaultDevice::from_image("cache", cache_img, seed + 1).with_crash_switch(switch.clone()),
+    );
+    let origin_dev = Arc::new(
+        FaultDevice::from_image("origin", origin_img, seed + 2).with_crash_switch(switch.clone()),
+    );
+    let (cache, origin): (DeviceRef, DeviceRef) = (cache_dev.clone(), origin_dev.clone());
     let engine = Engine::open(cache, origin, &sim.open_options())
         .unwrap_or_else(|e| fail(&sim, format!("recovery refused: {e}")));
     let all = engine
         .read(0, ORIGIN_BYTES)
         .unwrap_or_else(|e| fail(&sim, format!("read after recovery: {e}")));
-    if let Err(e) = model.verify(&all) {
+    if let Err(e) = w.model.verify(&all) {
         fail(&sim, format!("after recovery with the cache: {e}"));
     }
-    engine.detach().unwrap();
+    if !second_life {
+        engine.detach().unwrap();
+        return (sim.report(usize::MAX), seen);
+    }
+    // A second life: the groups the journal kept go on; the writes go on
+    // in the group that was open (no flush came between).
+    // The crash settled the writes of the group that was open: those the
+    // recovered volume does not show are gone for good (never flushed).
+    let recovered: Vec<u64> = all
+        .chunks(512)
+        .map(|c| common::decode_sector(c).map_or(u64::MAX, |(_, v)| v))
+        .collect();
+    let open = w.groups.writes.last_mut().unwrap();
+    *open = open
+        .iter()
+        .flat_map(|&(first, n, v)| (first..first + n).map(move |s| (s, 1, v)))
+        .filter(|&(s, _, v)| v <= recovered[s as usize])
+        .collect();
+    let now = origin_dev.snapshot_current();
+    if let Err(e) = w.groups.check(&now, groups_done(&engine)) {
+        fail(&sim, format!("origin after recovery: {e}"));
+    }
+    let crash_at = sim.rng().gen_range(1..=600);
+    sim.note(format!(
+        "second life: power fails at device event {crash_at}"
+    ));
+    switch.arm_after_events(crash_at);
+    drive(&mut sim, &engine, &origin_dev, &mut w, 300);
+    let status = engine.status();
+    seen.groups_written_back += status.stats.groups_written_back;
+    seen.shadows_written_back += status.stats.shadows_written_back;
+    let devs = (&*cache_dev, &*origin_dev);
+    let (_, origin_img, done) = crash(&mut sim, engine, devs, &switch, power_loss);
+    if let Err(e) = w.groups.check(&origin_img, done) {
+        fail(
+            &sim,
+            format!("origin without its cache, after the second life: {e}"),
+        );
+    }
     (sim.report(usize::MAX), seen)
 }
 

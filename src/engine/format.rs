@@ -100,7 +100,10 @@ pub struct Superblock {
     pub admission_flags: U32,
     /// Write back everything after this many seconds of an idle origin.
     pub writeback_idle_secs: U32,
-    pub reserved: [u8; 60],
+    /// Writeback in flush order: the open group when the current
+    /// checkpoint was taken (every dirty slot in it belongs to that group).
+    pub checkpoint_open_group: U64,
+    pub reserved: [u8; 52],
     pub crc: U32,
 }
 const _: () = assert!(std::mem::size_of::<Superblock>() == 256);
@@ -250,6 +253,12 @@ pub enum Record {
     Clean { slot: u32 },
     /// `slot` is free.
     Unmap { slot: u32 },
+    /// Writeback in flush order: a client flush closed the open group;
+    /// `group` is the new open one (table/groups.rs).
+    Close { group: u64 },
+    /// Writeback in flush order: `group` is on the origin and flushed;
+    /// the older versions kept for it are freed.
+    Done { group: u64 },
 }
 
 const KIND_MAP_CLEAN: u32 = 1;
@@ -260,6 +269,8 @@ const KIND_MAP_RUN_CLEAN: u32 = 5;
 const KIND_MAP_RUN_DIRTY: u32 = 6;
 const KIND_ADD_RUN_CLEAN: u32 = 7;
 const KIND_ADD_RUN_DIRTY: u32 = 8;
+const KIND_GROUP_CLOSE: u32 = 9;
+const KIND_GROUP_DONE: u32 = 10;
 
 /// Run records carry the run in the kind word: bits 8..20 the first
 /// sector, bits 20..32 the sector count minus one.
@@ -275,7 +286,13 @@ impl Record {
             | Record::AddRun { slot, .. }
             | Record::Clean { slot }
             | Record::Unmap { slot } => slot,
+            Record::Close { .. } | Record::Done { .. } => 0,
         }
+    }
+
+    /// A flush group's record (names no slot).
+    pub fn is_group(&self) -> bool {
+        matches!(self, Record::Close { .. } | Record::Done { .. })
     }
 
     pub fn to_raw(self) -> RawRecord {
@@ -312,6 +329,8 @@ impl Record {
             ),
             Record::Clean { slot } => (slot, KIND_CLEAN, 0),
             Record::Unmap { slot } => (slot, KIND_UNMAP, 0),
+            Record::Close { group } => (0, KIND_GROUP_CLOSE, group),
+            Record::Done { group } => (0, KIND_GROUP_DONE, group),
         };
         RawRecord {
             slot: U32::new(slot),
@@ -357,6 +376,11 @@ impl Record {
                 run,
                 dirty: word & 0xff == KIND_ADD_RUN_DIRTY,
             }),
+            KIND_GROUP_CLOSE | KIND_GROUP_DONE if slot != 0 => {
+                Err(format!("group record names slot {slot}"))
+            }
+            KIND_GROUP_CLOSE => plain(Record::Close { group: block }),
+            KIND_GROUP_DONE => plain(Record::Done { group: block }),
             k => Err(format!("unknown record kind {k}")),
         }
     }
@@ -487,6 +511,9 @@ pub type PartialEntry = (u32, SectorSet, SectorSet);
 pub struct CheckpointData {
     pub entries: Vec<u64>,
     pub partial: Vec<PartialEntry>,
+    /// Writeback in flush order: the open group (superblock
+    /// `checkpoint_open_group`); 0 otherwise.
+    pub open_group: u64,
 }
 
 /// The (valid, dirty) sectors an entry means for a whole slot.
@@ -898,7 +925,11 @@ mod tests {
                     (s, v, d)
                 })
                 .collect();
-            let data = CheckpointData { entries, partial };
+            let data = CheckpointData {
+                entries,
+                partial,
+                open_group: 0,
+            };
             let mut entries_back = Vec::new();
             let mut maps_back = Vec::new();
             for k in 0..layout.checkpoint_pages {

@@ -693,6 +693,14 @@ impl Engine {
             // metadata cannot be written (see io/failure.rs).
             return self.commit();
         }
+        if self.ordered() {
+            // A checkpoint keeps no closed group (commit.rs): write them
+            // back first. If the origin cannot take them, the checkpoint
+            // waits and the journal keeps their order for the next open.
+            if let Err(e) = self.write_back_closed_groups() {
+                log::warn!("closing: the closed flush groups could not be written back: {e}");
+            }
+        }
         // The checkpoint commits everything first (commit_locked).
         match self.checkpoint_now(true) {
             Err(e) if self.fail_over_after_commit_error(&e) => self.origin_flush(),

@@ -20,6 +20,7 @@ use super::locks::BlockLocks;
 use super::policy::PolicyKind;
 use super::sectors::SectorSet;
 use super::stats::Stats;
+use super::table::groups::Groups;
 use super::table::map::Table;
 use super::table::segments::Geometry;
 use super::{
@@ -227,6 +228,7 @@ fn write_empty_metadata(cache: &DeviceRef, layout: &Layout) -> EngineResult<()> 
     let empty = CheckpointData {
         entries: vec![0u64; layout.slot_count as usize],
         partial: Vec::new(),
+        open_group: 0,
     };
     for page_index in 0..layout.checkpoint_pages {
         let page = checkpoint_page(layout, 1, page_index, &empty);
@@ -294,6 +296,9 @@ pub(crate) struct Loaded {
     pub sb: Superblock,
     pub layout: Layout,
     pub table: Table,
+    /// Writeback in flush order: the groups, as the checkpoint and the
+    /// replayed records leave them (table/groups.rs).
+    pub groups: Option<Groups>,
     /// Sequence number after the last replayed journal page.
     pub journal_end_seq: u64,
     pub pages_replayed: u64,
@@ -499,14 +504,18 @@ pub(crate) fn load(
     if let Some(set) = cache.as_cache_set() {
         table.set_dirty_slots(set.mirror_slots() as u32);
     }
+    let mut groups = (sb.flags.get() & SB_FLAG_FLUSH_ORDER != 0)
+        .then(|| Groups::new(sb.checkpoint_open_group.get(), &table));
     let ring = read_journal(cache, &layout)?;
     let start = sb.journal_replay_seq.get();
-    let (seq, records_replayed) = replay(&ring, &layout, start, &mut table, &mut damage)?;
+    let (seq, records_replayed) =
+        replay(&ring, &layout, start, &mut table, &mut groups, &mut damage)?;
     let tail_note = check_journal_end(&ring, &layout, start, seq, &mut damage)?;
     Ok(Loaded {
         sb,
         layout,
         table,
+        groups,
         journal_end_seq: seq,
         pages_replayed: seq - start,
         records_replayed,
@@ -573,7 +582,11 @@ fn read_checkpoint(
         idx += n;
     }
     entries.truncate(slots);
-    let checkpoint = CheckpointData { entries, partial };
+    let checkpoint = CheckpointData {
+        entries,
+        partial,
+        open_group: sb.checkpoint_open_group.get(),
+    };
     match Table::from_checkpoint(checkpoint, origin_blocks, sectors) {
         Ok(t) => Ok(t),
         Err(e) => {
@@ -614,6 +627,7 @@ fn replay(
     layout: &Layout,
     start: u64,
     table: &mut Table,
+    groups: &mut Option<Groups>,
     damage: &mut Damage,
 ) -> EngineResult<(u64, u64)> {
     let page_at = |seq: u64| ring_page(ring, layout, seq);
@@ -624,6 +638,9 @@ fn replay(
             if let Err(e) = table.validate(r) {
                 damage.found(format!("journal page {seq}: {e}"))?;
                 return Ok((seq, records));
+            }
+            if let Some(g) = groups.as_mut() {
+                g.note(table, r);
             }
             table.apply(r);
             records += 1;
@@ -733,6 +750,17 @@ pub(crate) fn open(
     note_recovery(cache.name(), &loaded, clean);
     let journal_end_seq = loaded.journal_end_seq;
     let engine = build_engine(cache, origin, sb, loaded, opts.clock.clone());
+    if engine.older_groups_pending() {
+        // The restart's checkpoint keeps no closed flush group: write them
+        // back first (usually seconds of writes).
+        if let Err(e) = engine.write_back_closed_groups() {
+            log::warn!(
+                "{}: the flush groups closed before the crash could not be written back ({e}); \
+                 their order is kept only until the next crash",
+                engine.cache_device().name()
+            );
+        }
+    }
     start_durable(&engine, clean, distrust, journal_end_seq, log)?;
     engine.follow_cache_set();
     engine.resync_cache_set(!clean, !opts.no_background);
@@ -846,8 +874,8 @@ fn build_engine(
                 PolicyKind::from_u32(sb.policy.get()).expect("validated"),
                 log,
             );
-            if sb.flags.get() & SB_FLAG_FLUSH_ORDER != 0 {
-                m.keep_groups();
+            if let Some(g) = loaded.groups {
+                m.keep_groups(g);
             }
             m
         }),
@@ -920,6 +948,9 @@ fn apply_crash_log(
                 records.len()
             );
             return Ok(None);
+        }
+        if let Some(g) = loaded.groups.as_mut() {
+            g.note(&loaded.table, r);
         }
         loaded.table.apply(r);
     }

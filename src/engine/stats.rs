@@ -103,6 +103,10 @@ counters! {
     /// Writeback in flush order: older versions of blocks, kept because a
     /// later group overwrote them, written back with their group.
     shadows_written_back,
+    /// Writeback in flush order: checkpoints taken while a closed group was
+    /// not on the origin (the journal was nearly full): until that group
+    /// is, a crash loses its order (not its data).
+    group_orders_lost,
     /// Writeback in flush order: origin discards not sent because an older
     /// group was not on the origin yet (a discard is a hint).
     discards_held_back,

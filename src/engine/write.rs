@@ -91,7 +91,7 @@ impl Engine {
         bump(&self.stats.flush_requests, 1);
         // Writeback in flush order: the writes acknowledged so far form a
         // group of their own.
-        self.meta.lock().close_group();
+        self.close_group();
         self.timed_request(Op::Flush, || self.commit())
     }
 

@@ -81,9 +81,29 @@ impl Engine {
             let pages = batch.records.len().div_ceil(RECORDS_PER_PAGE) as u64;
             // Checkpoint instead of journalling when the journal would pass
             // half full; the snapshot is taken together with the records so
-            // it equals the state those records lead to.
-            let snapshot = (checkpoint.is_some() || in_use + pages > journal_pages / 2)
-                .then(|| m.table().snapshot());
+            // it equals the state those records lead to. A checkpoint keeps
+            // no closed flush group (table/groups.rs): while one is pending
+            // it waits (the background writes them back meanwhile), until
+            // the journal would pass seven eighths.
+            let wanted = checkpoint.is_some() || in_use + pages > journal_pages / 2;
+            let groups_pending = m.groups().and_then(|g| g.closed_pending()).is_some();
+            let snapshot = if wanted && groups_pending && in_use + pages <= journal_pages / 8 * 7 {
+                self.journal.want_checkpoint(true);
+                None
+            } else if wanted {
+                if groups_pending {
+                    bump(&self.stats.group_orders_lost, 1);
+                    log::warn!(
+                        "the journal is nearly full while flush groups wait for writeback: \
+                         checkpointing without them (their order is kept only until the next \
+                         crash)"
+                    );
+                }
+                self.journal.want_checkpoint(false);
+                Some(m.snapshot())
+            } else {
+                None
+            };
             let target = self.commit_target(cs, snapshot.is_some(), pages);
             if let Some(log) = m.crash_log() {
                 log.begin_commit(target, batch.records.len());
@@ -238,6 +258,7 @@ impl Engine {
             sb.checkpoint_generation.set(generation);
             sb.journal_replay_seq.set(replay_seq);
             sb.clean_shutdown.set(clean as u32);
+            sb.checkpoint_open_group.set(data.open_group);
         })?;
         cs.next_page_seq = replay_seq;
         cs.journal_written_end = replay_seq;
@@ -321,7 +342,7 @@ impl Engine {
             // Pages after the replayed ones may hold valid pages of an
             // interrupted commit; start the new journal a full ring later so
             // none of them can ever be taken for a new page.
-            let data = self.meta.lock().table().snapshot();
+            let data = self.meta.lock().snapshot();
             let restart = journal_end_seq + self.layout.journal_pages;
             self.write_checkpoint(&mut cs, &data, restart, false)?;
             if distrust {

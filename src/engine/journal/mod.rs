@@ -29,6 +29,9 @@ pub(crate) struct Journal {
     /// The crash log is three quarters full: writers commit before they
     /// return (set by an append, cleared by a commit that empties it).
     pressed: AtomicBool,
+    /// A checkpoint is due but waits for closed flush groups to reach the
+    /// origin (commit.rs): the background writes them back now.
+    checkpoint_waits: AtomicBool,
 }
 
 /// State under the commit lock: the journal position and the superblock.
@@ -66,6 +69,7 @@ impl Journal {
             ),
             completed_ops: AtomicU64::new(0),
             pressed: AtomicBool::new(false),
+            checkpoint_waits: AtomicBool::new(false),
         }
     }
 
@@ -78,6 +82,16 @@ impl Journal {
     /// Writers commit before they return (the crash log is nearly full).
     pub(crate) fn pressed(&self) -> bool {
         self.pressed.load(Ordering::Relaxed)
+    }
+
+    /// A checkpoint waits for the closed flush groups (or no longer).
+    pub(crate) fn want_checkpoint(&self, waits: bool) {
+        self.checkpoint_waits.store(waits, Ordering::Relaxed);
+    }
+
+    /// A checkpoint waits for the closed flush groups.
+    pub(crate) fn checkpoint_waits(&self) -> bool {
+        self.checkpoint_waits.load(Ordering::Relaxed)
     }
 
     pub(crate) fn press(&self) {

@@ -11,14 +11,20 @@
 //! goes to a new slot (the engine never overwrites such a slot in place:
 //! `Meta::may_overwrite`).
 //!
-//! Kept in memory under the metadata lock, changed with the records that
-//! change the table (`Engine::append`). Not persisted yet: a restart puts
-//! every dirty block in one group and frees the shadows (their slots are
-//! already free in the journalled table).
+//! Kept under the metadata lock and changed only by records (`note`),
+//! the same at run time (`Engine::append`) and in recovery's replay: the
+//! table's records say which slot holds what, two more say when a group
+//! closes (`Close`, at a client flush) and when one is on the origin
+//! (`Done`, after the origin flush that ends its writeback, which frees its
+//! shadows). A checkpoint holds no groups: it is taken while no closed group
+//! is pending (journal/commit.rs), so every dirty slot in it is in the open
+//! group, whose number the superblock keeps.
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::map::Table;
 use super::sectors::SectorSet;
+use crate::engine::format::Record;
 
 /// An older version of a block, kept for its group's writeback.
 #[derive(Clone, Copy, Debug)]
@@ -26,6 +32,9 @@ pub(crate) struct Shadow {
     pub slot: u32,
     /// The sectors that are dirty in it (written back; the others are not).
     pub dirty: SectorSet,
+    /// On the origin (not yet flushed there): it stays until its group's
+    /// `Done` frees it.
+    pub written: bool,
 }
 
 /// The groups of the dirty data.
@@ -64,23 +73,90 @@ pub struct GroupCounts {
 }
 
 impl Groups {
-    /// Dirty slots found at open all join group 0 (`dirty`: their slots
-    /// and blocks).
-    pub fn new(slot_count: u64, dirty: impl Iterator<Item = (u32, u64)>) -> Groups {
+    /// The groups of a table loaded from a checkpoint: every dirty slot
+    /// is in the open group `open`, and every group below it is done.
+    pub fn new(open: u64, table: &Table) -> Groups {
+        let slots = table.slot_count();
         let mut g = Groups {
-            open: 0,
+            open,
             open_used: false,
-            done: 0,
-            slot_group: vec![0; slot_count as usize],
+            done: open,
+            slot_group: vec![open; slots as usize],
             blocks: BTreeMap::new(),
             shadows: BTreeMap::new(),
             shadow_peak: 0,
         };
-        for (_, block) in dirty {
-            g.blocks.entry(0).or_default().insert(block);
-            g.open_used = true;
+        for slot in 0..slots as u32 {
+            if let Some((block, true)) = table.slot_block(slot) {
+                g.blocks.entry(open).or_default().insert(block);
+                g.open_used = true;
+            }
         }
         g
+    }
+
+    /// What `r` (valid, about to be applied to `table`) changes in the
+    /// groups. Returns the slot it frees that stays as a shadow instead, if
+    /// any, and the slots a `Done` frees.
+    pub fn note(&mut self, table: &Table, r: &Record) -> (Option<u32>, Vec<u32>) {
+        let dirty_block = |slot: u32| match table.slot_block(slot) {
+            Some((b, true)) => Some(b),
+            _ => None,
+        };
+        let kept = match *r {
+            Record::Map { slot, block, dirty }
+            | Record::MapRun {
+                slot, block, dirty, ..
+            } => {
+                let mut kept = None;
+                if let Some((old, true)) = table.lookup(block).filter(|&(old, _)| old != slot) {
+                    let (_, d) = table.sector_sets(old);
+                    if self.removed(old, block, d) {
+                        kept = Some(old);
+                    }
+                }
+                let was_dirty = dirty_block(slot) == Some(block);
+                if dirty {
+                    self.dirtied(slot, block, was_dirty);
+                } else if was_dirty {
+                    self.cleaned(slot, block);
+                }
+                kept
+            }
+            Record::AddRun {
+                slot,
+                block,
+                dirty: true,
+                ..
+            } => {
+                self.dirtied(slot, block, dirty_block(slot).is_some());
+                None
+            }
+            Record::AddRun { .. } => None,
+            Record::Clean { slot } => {
+                if let Some(b) = dirty_block(slot) {
+                    self.cleaned(slot, b);
+                }
+                None
+            }
+            Record::Unmap { slot } => dirty_block(slot).and_then(|b| {
+                let (_, d) = table.sector_sets(slot);
+                self.removed(slot, b, d).then_some(slot)
+            }),
+            Record::Close { group } => {
+                self.open = self.open.max(group);
+                self.open_used = false;
+                None
+            }
+            Record::Done { group } => return (None, self.finish(group)),
+        };
+        (kept, Vec::new())
+    }
+
+    /// The group a client flush would open now, if the open one took a
+    /// write (an empty group is not closed).
+    pub fn next_close(&self) -> Option<u64> {
+        self.open_used.then_some(self.open + 1)
     }
 
     pub fn open(&self) -> u64 {
@@ -92,20 +168,12 @@ impl Groups {
         self.slot_group[slot as usize]
     }
 
-    /// A client flush: the open group closes (if it took any write).
-    pub fn close(&mut self) {
-        if self.open_used {
-            self.open += 1;
-            self.open_used = false;
-        }
-    }
-
     /// `slot` (holding `block`) gets dirty data: it joins the open group.
     /// A slot already dirty stays in its group: the engine writes a slot
     /// of a closed group in place only when the write looked it up before
     /// a flush closed the group (`Meta::may_overwrite`), and a write
     /// concurrent with a flush may be in the group before it.
-    pub fn dirtied(&mut self, slot: u32, block: u64, was_dirty: bool) {
+    fn dirtied(&mut self, slot: u32, block: u64, was_dirty: bool) {
         if was_dirty {
             return;
         }
@@ -115,21 +183,33 @@ impl Groups {
     }
 
     /// Dirty `slot` (holding `block`) was written back.
-    pub fn cleaned(&mut self, slot: u32, block: u64) {
+    fn cleaned(&mut self, slot: u32, block: u64) {
         self.forget(self.slot_group[slot as usize], block);
     }
 
     /// Dirty `slot` (holding `block`, dirty sectors `dirty`) leaves the
     /// mapping (superseded or unmapped). Returns true if it stays as a
     /// shadow: its group is closed and not yet on the origin.
-    pub fn removed(&mut self, slot: u32, block: u64, dirty: SectorSet) -> bool {
+    fn removed(&mut self, slot: u32, block: u64, dirty: SectorSet) -> bool {
         let g = self.slot_group[slot as usize];
         self.forget(g, block);
         if g >= self.open {
             return false;
         }
-        let old = self.shadows.insert((g, block), Shadow { slot, dirty });
-        assert!(old.is_none(), "two shadows of block {block} in group {g}");
+        if self.shadows.contains_key(&(g, block)) {
+            // Not made by the engine (a group's one version of a block);
+            // a damaged journal could say so: the first stays.
+            debug_assert!(false, "two shadows of block {block} in group {g}");
+            return false;
+        }
+        self.shadows.insert(
+            (g, block),
+            Shadow {
+                slot,
+                dirty,
+                written: false,
+            },
+        );
         self.shadow_peak = self.shadow_peak.max(self.shadows.len() as u64);
         true
     }
@@ -143,19 +223,30 @@ impl Groups {
         }
     }
 
-    /// The oldest group with data not yet on the origin.
+    /// The oldest group with data not yet on the origin (shadows written
+    /// but not yet `Done` are on it).
     pub fn oldest_pending(&self) -> Option<u64> {
         let b = self.blocks.keys().next().copied();
-        let s = self.shadows.keys().next().map(|&(g, _)| g);
+        let s = self
+            .shadows
+            .iter()
+            .find(|(_, s)| !s.written)
+            .map(|(&(g, _), _)| g);
         match (b, s) {
             (Some(b), Some(s)) => Some(b.min(s)),
             (b, s) => b.or(s),
         }
     }
 
-    /// The oldest closed group with data not yet on the origin.
+    /// The oldest closed group not yet done (written back and flushed).
     pub fn closed_pending(&self) -> Option<u64> {
-        self.oldest_pending().filter(|&g| g < self.open)
+        let b = self.blocks.keys().next().copied();
+        let s = self.shadows.keys().next().map(|&(g, _)| g);
+        let oldest = match (b, s) {
+            (Some(b), Some(s)) => Some(b.min(s)),
+            (b, s) => b.or(s),
+        };
+        oldest.filter(|&g| g < self.open)
     }
 
     /// Up to `max` mapped blocks of group `g`, ascending.
@@ -166,25 +257,41 @@ impl Groups {
             .unwrap_or_default()
     }
 
-    /// Up to `max` shadows of group `g`, by block.
+    /// Up to `max` shadows of group `g` not yet written, by block.
     pub fn shadows_of(&self, g: u64, max: usize) -> Vec<(u64, Shadow)> {
         self.shadows
             .range((g, 0)..=(g, u64::MAX))
+            .filter(|(_, s)| !s.written)
             .take(max)
             .map(|(&(_, b), &s)| (b, s))
             .collect()
     }
 
-    /// The shadow of `block` in group `g` is on the origin: it goes (the
-    /// caller frees its slot).
-    pub fn drop_shadow(&mut self, g: u64, block: u64) -> Option<Shadow> {
-        self.shadows.remove(&(g, block))
+    /// The shadow of `block` in group `g` was written to the origin.
+    pub fn shadow_written(&mut self, g: u64, block: u64) {
+        if let Some(s) = self.shadows.get_mut(&(g, block)) {
+            s.written = true;
+        }
     }
 
-    /// The origin was flushed after every group below `g` was written:
-    /// they are done.
-    pub fn done_below(&mut self, g: u64) {
-        self.done = self.done.max(g);
+    /// Group `g` (and every group below it) is on the origin, flushed:
+    /// returns the slots of its shadows, free now.
+    fn finish(&mut self, g: u64) -> Vec<u32> {
+        self.done = self.done.max(g + 1);
+        let keep = self.shadows.split_off(&(g + 1, 0));
+        let gone = std::mem::replace(&mut self.shadows, keep);
+        gone.values().map(|s| s.slot).collect()
+    }
+
+    /// Every group below this one is done.
+    #[cfg(test)]
+    pub fn done(&self) -> u64 {
+        self.done
+    }
+
+    /// The slots shadows hold (not free, whatever the table says).
+    pub fn shadow_slots(&self) -> impl Iterator<Item = u32> + '_ {
+        self.shadows.values().map(|s| s.slot)
     }
 
     pub fn counts(&self) -> GroupCounts {
@@ -217,48 +324,73 @@ impl Groups {
 mod tests {
     use super::*;
 
-    fn full() -> SectorSet {
-        SectorSet::full(8)
+    fn table() -> Table {
+        Table::new(8, 64, 8)
+    }
+
+    /// Applies `r` to the table and the groups, as `Engine::append` does.
+    fn apply(t: &mut Table, g: &mut Groups, r: Record) -> (Option<u32>, Vec<u32>) {
+        let out = g.note(t, &r);
+        t.apply(&r);
+        out
+    }
+
+    fn map(slot: u32, block: u64) -> Record {
+        Record::Map {
+            slot,
+            block,
+            dirty: true,
+        }
     }
 
     #[test]
     fn an_overwrite_after_a_flush_keeps_the_older_version() {
-        let mut g = Groups::new(8, std::iter::empty());
-        g.dirtied(0, 10, false);
-        g.close();
+        let (mut t, mut g) = (table(), Groups::new(0, &table()));
+        apply(&mut t, &mut g, map(0, 10));
+        let n = g.next_close().unwrap();
+        apply(&mut t, &mut g, Record::Close { group: n });
         assert_eq!(g.closed_pending(), Some(0));
         // Block 10 moves to slot 1 in group 1: slot 0 stays as group 0's.
-        assert!(g.removed(0, 10, full()));
-        g.dirtied(1, 10, false);
+        assert_eq!(apply(&mut t, &mut g, map(1, 10)).0, Some(0));
         assert_eq!(g.shadows_of(0, 8).len(), 1);
         assert_eq!(g.blocks_of(0, 8), Vec::<u64>::new());
         assert_eq!(g.blocks_of(1, 8), vec![10]);
-        assert_eq!(g.drop_shadow(0, 10).map(|s| s.slot), Some(0));
-        assert_eq!(g.closed_pending(), None);
+        g.shadow_written(0, 10);
         assert_eq!(g.oldest_pending(), Some(1));
+        // Written is not done: the group is pending until its Done.
+        assert_eq!(g.closed_pending(), Some(0));
+        assert_eq!(apply(&mut t, &mut g, Record::Done { group: 0 }).1, vec![0]);
+        assert_eq!(g.closed_pending(), None);
+        assert_eq!(g.done(), 1);
     }
 
     #[test]
     fn within_the_open_group_nothing_is_kept() {
-        let mut g = Groups::new(8, std::iter::empty());
-        g.dirtied(0, 10, false);
-        assert!(!g.removed(0, 10, full()));
-        g.dirtied(1, 10, false);
-        g.dirtied(1, 10, true);
+        let (mut t, mut g) = (table(), Groups::new(0, &table()));
+        apply(&mut t, &mut g, map(0, 10));
+        assert_eq!(apply(&mut t, &mut g, map(1, 10)).0, None);
         assert_eq!(g.counts().shadows, 0);
-        g.cleaned(1, 10);
+        apply(&mut t, &mut g, Record::Clean { slot: 1 });
         assert_eq!(g.oldest_pending(), None);
     }
 
     #[test]
     fn an_empty_group_is_not_closed() {
-        let mut g = Groups::new(8, std::iter::empty());
-        g.close();
-        assert_eq!(g.open(), 0);
-        g.dirtied(2, 5, false);
-        g.close();
-        g.close();
-        assert_eq!(g.open(), 1);
+        let (mut t, mut g) = (table(), Groups::new(0, &table()));
+        assert_eq!(g.next_close(), None);
+        apply(&mut t, &mut g, map(2, 5));
+        assert_eq!(g.next_close(), Some(1));
+        apply(&mut t, &mut g, Record::Close { group: 1 });
+        assert_eq!(g.next_close(), None);
         assert_eq!(g.counts().closed_pending, 1);
+    }
+
+    #[test]
+    fn a_loaded_table_is_one_open_group() {
+        let mut t = table();
+        t.apply(&map(3, 7));
+        let g = Groups::new(5, &t);
+        assert_eq!((g.open(), g.done(), g.blocks_of(5, 8)), (5, 5, vec![7]));
+        assert_eq!(g.closed_pending(), None);
     }
 }

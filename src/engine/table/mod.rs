@@ -117,15 +117,13 @@ impl Meta {
         }
     }
 
-    /// Writeback in flush order from now on: the dirty slots found at
-    /// open form the first group.
-    pub(crate) fn keep_groups(&mut self) {
-        let slots = self.table.slot_count();
-        let dirty = (0..slots as u32).filter_map(|s| match self.table.slot_block(s) {
-            Some((b, true)) => Some((s, b)),
-            _ => None,
-        });
-        self.groups = Some(groups::Groups::new(slots, dirty));
+    /// Writeback in flush order: the groups as loaded (recovery.rs). The
+    /// slots their shadows hold leave the free slots.
+    pub(crate) fn keep_groups(&mut self, groups: groups::Groups) {
+        for slot in groups.shadow_slots() {
+            self.free.remove(slot);
+        }
+        self.groups = Some(groups);
     }
 
     /// The flush groups, with writeback in flush order.
@@ -133,10 +131,10 @@ impl Meta {
         self.groups.as_ref()
     }
 
-    /// A client flush closes the open group.
-    pub(crate) fn close_group(&mut self) {
-        if let Some(g) = self.groups.as_mut() {
-            g.close();
+    /// The shadow of `block` in group `g` was written to the origin.
+    pub(crate) fn shadow_written(&mut self, g: u64, block: u64) {
+        if let Some(gr) = self.groups.as_mut() {
+            gr.shadow_written(g, block);
         }
     }
 
@@ -150,6 +148,14 @@ impl Meta {
         !matches!(self.table.slot_block(slot), Some((_, true))) || g.group_of(slot) >= g.open()
     }
 
+    /// The checkpoint of the table as it is now (with the open flush
+    /// group: commit.rs takes one only while no closed group is pending).
+    pub(crate) fn snapshot(&self) -> crate::engine::format::CheckpointData {
+        let mut data = self.table.snapshot();
+        data.open_group = self.groups.as_ref().map_or(0, |g| g.open());
+        data
+    }
+
     /// What the cache has of `block`'s sectors `run` (`Table::cached`), not
     /// writable in place where the slot's data must stay as it is for its
     /// flush group.
@@ -157,23 +163,6 @@ impl Meta {
         let mut c = self.table.cached(block, run)?;
         c.writable &= self.may_overwrite(c.slot);
         Some(c)
-    }
-
-    /// The shadow of `block` in group `g` is on the origin: its slot is
-    /// freed (once the next commit is durable, like any freed slot; the
-    /// journalled table already has it free).
-    pub(crate) fn drop_shadow(&mut self, g: u64, block: u64) {
-        let shadow = self.groups.as_mut().and_then(|gr| gr.drop_shadow(g, block));
-        if let Some(s) = shadow {
-            self.releases.free_slot(s.slot);
-        }
-    }
-
-    /// Every group below `g` is on the origin, flushed.
-    pub(crate) fn groups_done_below(&mut self, g: u64) {
-        if let Some(gr) = self.groups.as_mut() {
-            gr.done_below(g);
-        }
     }
 
     /// The log placement's segment geometry, if on.

@@ -143,6 +143,12 @@ impl Pools {
         self.pool(slot).insert(slot)
     }
 
+    /// Takes `slot` out of the free slots (a slot in use that the table
+    /// shows free: a flush group's shadow, table/groups.rs).
+    pub fn remove(&mut self, slot: u32) {
+        self.pool(slot).remove(slot);
+    }
+
     pub fn extend(&mut self, slots: impl IntoIterator<Item = u32>) {
         for s in slots {
             self.insert(s);

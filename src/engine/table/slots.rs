@@ -45,8 +45,15 @@ impl Engine {
             _ => None,
         };
         // Writeback in flush order keeps a slot a record frees as a shadow
-        // while its group is not on the origin (groups.rs).
-        let shadow = note_groups(m, &r);
+        // while its group is not on the origin (groups.rs); a group's
+        // `Done` frees its shadows.
+        let (shadow, done) = match m.groups.as_mut() {
+            Some(g) => g.note(&m.table, &r),
+            None => (None, Vec::new()),
+        };
+        for slot in done {
+            m.releases.free_slot(slot);
+        }
         let released = m.table.apply(&r).released;
         match r {
             Record::Map { slot, block, .. } | Record::MapRun { slot, block, .. } => {
@@ -62,7 +69,10 @@ impl Engine {
                     m.releases.free_slot(slot);
                 }
             }
-            Record::AddRun { .. } | Record::Clean { .. } => {}
+            Record::AddRun { .. }
+            | Record::Clean { .. }
+            | Record::Close { .. }
+            | Record::Done { .. } => {}
         }
         if let Some(t) = dirty_since {
             m.dirty_since_s[r.slot() as usize] = t;
@@ -310,59 +320,6 @@ impl Engine {
             );
         }
         Ok(Stored::Yes)
-    }
-}
-
-/// Tells the flush groups (if kept) what `r` is about to change; returns
-/// the slot it frees that stays as a shadow instead.
-fn note_groups(m: &mut Meta, r: &Record) -> Option<u32> {
-    let Meta { table, groups, .. } = m;
-    let g = groups.as_mut()?;
-    let dirty_block = |slot: u32| match table.slot_block(slot) {
-        Some((b, true)) => Some(b),
-        _ => None,
-    };
-    match *r {
-        Record::Map { slot, block, dirty }
-        | Record::MapRun {
-            slot, block, dirty, ..
-        } => {
-            let mut kept = None;
-            if let Some((old, true)) = table.lookup(block).filter(|&(old, _)| old != slot) {
-                let (_, d) = table.sector_sets(old);
-                if g.removed(old, block, d) {
-                    kept = Some(old);
-                }
-            }
-            let was_dirty = dirty_block(slot) == Some(block);
-            if dirty {
-                g.dirtied(slot, block, was_dirty);
-            } else if was_dirty {
-                g.cleaned(slot, block);
-            }
-            kept
-        }
-        Record::AddRun {
-            slot,
-            block,
-            dirty: true,
-            ..
-        } => {
-            g.dirtied(slot, block, dirty_block(slot).is_some());
-            None
-        }
-        Record::AddRun { .. } => None,
-        Record::Clean { slot } => {
-            if let Some(b) = dirty_block(slot) {
-                g.cleaned(slot, b);
-            }
-            None
-        }
-        Record::Unmap { slot } => {
-            let b = dirty_block(slot)?;
-            let (_, d) = table.sector_sets(slot);
-            g.removed(slot, b, d).then_some(slot)
-        }
     }
 }
 

@@ -17,6 +17,7 @@
 use std::time::{Duration, Instant};
 
 use super::run::Pace;
+use crate::engine::format::Record;
 use crate::engine::sectors::SECTOR_BYTES;
 use crate::engine::stats::bump;
 use crate::engine::{Engine, EngineError, EngineResult, WritebackOrder};
@@ -43,16 +44,29 @@ impl Engine {
                 .is_some()
     }
 
+    /// A client flush (or `write_back_all`) closes the open group, if it
+    /// took a write: a `Close` record, journalled with the flush's commit.
+    pub(crate) fn close_group(&self) {
+        let mut m = self.meta.lock();
+        if let Some(group) = m.groups().and_then(|g| g.next_close()) {
+            self.append(&mut m, Record::Close { group });
+        }
+    }
+
     /// One step of writeback in flush order: part of the oldest group not
-    /// on the origin (its older versions first, then its mapped blocks),
-    /// and, once that group is all written and it is closed, an origin
-    /// flush that finishes it. Returns the blocks written back.
+    /// done (its older versions first, then its mapped blocks), and, once a
+    /// closed group is all written, an origin flush and its `Done` record,
+    /// after which the next group may start. Returns the blocks written
+    /// back.
     pub(crate) fn ordered_step(&self, pace: Pace) -> EngineResult<usize> {
         let _turn = self.writeback.order_turn.lock();
         let (g, open) = {
             let m = self.meta.lock();
             let groups = m.groups().expect("flush order keeps groups");
-            (groups.oldest_pending(), groups.open())
+            (
+                groups.closed_pending().or(groups.oldest_pending()),
+                groups.open(),
+            )
         };
         let Some(g) = g else {
             return Ok(0);
@@ -67,18 +81,24 @@ impl Engine {
         if !blocks.is_empty() {
             written += self.writeback_blocks_in(&blocks, pace, Some(g))?;
         }
-        if g < open && self.meta.lock().groups().and_then(|gr| gr.oldest_pending()) != Some(g) {
-            // Group g is all written: flushed, it is done, and the next
-            // group may start.
+        let all_written = {
+            let m = self.meta.lock();
+            let gr = m.groups().expect("flush order keeps groups");
+            gr.blocks_of(g, 1).is_empty() && gr.shadows_of(g, 1).is_empty()
+        };
+        if g < open && all_written {
+            // Flushed, group g is done, and the next group may start.
             self.origin_flush()?;
-            self.meta.lock().groups_done_below(g + 1);
+            let mut m = self.meta.lock();
+            self.append(&mut m, Record::Done { group: g });
             bump(&self.stats.groups_written_back, 1);
         }
         Ok(written)
     }
 
-    /// Writes group `g`'s older versions back (up to a step's worth) and
-    /// frees their slots. Nothing locks them: nothing else uses them.
+    /// Writes group `g`'s older versions back (up to a step's worth). They
+    /// stay, written, until the group's `Done`. Nothing locks them: nothing
+    /// else uses them.
     fn write_back_shadows(&self, g: u64) -> EngineResult<usize> {
         let shadows = match self.meta.lock().groups() {
             Some(gr) => gr.shadows_of(g, STEP_ITEMS),
@@ -92,7 +112,7 @@ impl Engine {
                 self.cache_read(shadow.slot, at, &mut buf)?;
                 self.origin_write_now(&buf, block * self.block_bytes + at)?;
             }
-            self.meta.lock().drop_shadow(g, block);
+            self.meta.lock().shadow_written(g, block);
         }
         bump(&self.stats.shadows_written_back, shadows.len() as u64);
         Ok(shadows.len())
@@ -103,11 +123,24 @@ impl Engine {
     /// every group up to it is on the origin. Writes that arrive meanwhile
     /// join later groups and are left for later, so it ends.
     pub(crate) fn write_back_groups(&self, progress: &mut dyn FnMut(u64, u64)) -> EngineResult<()> {
-        let target = {
-            let mut m = self.meta.lock();
-            m.close_group();
-            m.groups().map_or(0, |g| g.open())
-        };
+        self.close_group();
+        let target = self.meta.lock().groups().map_or(0, |g| g.open());
+        self.write_back_groups_below(target, progress)
+    }
+
+    /// Writes back every closed group, leaving the open one: before a
+    /// checkpoint that would otherwise lose their order (at open after a
+    /// crash, at close; see journal/commit.rs).
+    pub(crate) fn write_back_closed_groups(&self) -> EngineResult<()> {
+        let open = self.meta.lock().groups().map_or(0, |g| g.open());
+        self.write_back_groups_below(open, &mut |_, _| {})
+    }
+
+    fn write_back_groups_below(
+        &self,
+        target: u64,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> EngineResult<()> {
         let left = |e: &Engine| {
             let m = e.meta.lock();
             let counts = m.groups().map(|g| g.counts()).unwrap_or_default();
@@ -117,7 +150,7 @@ impl Engine {
         progress(0, total);
         let mut stalled = 0;
         loop {
-            let pending = self.meta.lock().groups().and_then(|g| g.oldest_pending());
+            let pending = self.meta.lock().groups().and_then(|g| g.closed_pending());
             match pending {
                 Some(g) if g < target => {}
                 _ => break,

@@ -143,6 +143,10 @@ impl Engine {
         if self.origin_unreachable() {
             return Ok(0); // every origin write would fail at once
         }
+        if self.ordered() && self.journal.checkpoint_waits() && self.older_groups_pending() {
+            // A checkpoint waits for the closed groups.
+            return self.ordered_step(Pace::Full);
+        }
         let (cands, pace) = self.writeback_candidates();
         if cands.is_empty() {
             return Ok(0);
