@@ -330,6 +330,14 @@ fn bad_arguments_write_nothing() {
             vec!["--placement", "sideways"],
             "unknown placement 'sideways'",
         ),
+        (
+            vec!["--writeback-order", "random"],
+            "unknown writeback order 'random'",
+        ),
+        (
+            vec!["--writeback-order", "flush", "--placement", "log"],
+            "does not work with the log placement yet",
+        ),
         (vec!["--writeback-high", "101"], "above 100"),
         (vec!["--writeback-low", "60"], "above the high"),
         (vec!["--name", "a/b"], "invalid cache name"),
@@ -577,4 +585,31 @@ fn the_log_placement_is_created_and_shown() {
     let json = status_json(&s);
     assert_eq!(json["placement"], "log", "{json}");
     assert!(json["free_segments"].as_u64().unwrap() > 0, "{json}");
+}
+
+/// `create --writeback-order flush`: kept in the superblock; `status` (text
+/// and JSON, each opening the cache again) shows it with its groups; a
+/// clean close writes the closed groups back (a checkpoint keeps none).
+#[test]
+fn flush_order_is_created_and_shown() {
+    let s = Setup::new();
+    let origin = s.filled("origin.img", ORIGIN_BYTES);
+    let cache = s.sparse("cache.img", CACHE_BYTES);
+    let out = ok(&s.create(&origin, &cache, &["--writeback-order", "flush"]));
+    assert!(out.contains("writeback order flush"), "{out}");
+    write_through_engine(&origin, &cache, &[(0, 8192, 1), (1 << 20, 4096, 2)]);
+    let text = ok(&s.tc(&["status"]));
+    assert!(
+        text.lines()
+            .any(|l| l.contains("writeback order") && l.contains("flush (group")),
+        "{text}"
+    );
+    let json = status_json(&s);
+    assert_eq!(json["writeback_order"], "flush", "{json}");
+    assert!(json["flush_groups"]["open"].is_u64(), "{json}");
+    // The engine's flush closed the group, its close wrote it back.
+    assert!(origin_holds(&origin, 0, 8192, 1));
+    assert!(origin_holds(&origin, 1 << 20, 4096, 2));
+    assert_eq!(json["cache_blocks_dirty"], 0, "{json}");
+    assert_eq!(json["flush_groups"]["closed_pending"], 0, "{json}");
 }
