@@ -12,6 +12,15 @@ use crate::sync::{self, Condvar, Mutex, Rank};
 
 const SHARDS: usize = 64;
 
+thread_local! {
+    /// This thread's id, looked up once (`thread::current` clones a handle).
+    static ME: ThreadId = std::thread::current().id();
+}
+
+fn me() -> ThreadId {
+    ME.with(|id| *id)
+}
+
 /// Per shard, the locked blocks and the thread holding each.
 type Shard = (Mutex<HashMap<u64, ThreadId>>, Condvar);
 
@@ -45,7 +54,7 @@ impl BlockLocks {
         while held.contains_key(&block) {
             cv.wait(&mut held);
         }
-        held.insert(block, std::thread::current().id());
+        held.insert(block, me());
     }
 
     pub fn try_lock(&self, block: u64) -> bool {
@@ -53,7 +62,7 @@ impl BlockLocks {
         let taken = match m.lock().entry(block) {
             std::collections::hash_map::Entry::Occupied(_) => false,
             std::collections::hash_map::Entry::Vacant(v) => {
-                v.insert(std::thread::current().id());
+                v.insert(me());
                 true
             }
         };
@@ -74,7 +83,7 @@ impl BlockLocks {
     /// True if this thread holds `block`'s lock.
     pub fn held_here(&self, block: u64) -> bool {
         let (m, _) = self.shard(block);
-        m.lock().get(&block) == Some(&std::thread::current().id())
+        m.lock().get(&block) == Some(&me())
     }
 
     /// Locks blocks `first..=last` if none is held, without waiting.
@@ -126,6 +135,16 @@ impl Drop for BlockRangeGuard<'_> {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    #[test]
+    fn a_lock_knows_its_holder() {
+        let l = Arc::new(BlockLocks::new());
+        let _g = l.lock_range(3, 4);
+        assert!(l.held_here(3) && l.held_here(4) && !l.held_here(5));
+        let l2 = l.clone();
+        let other = std::thread::spawn(move || l2.held_here(3)).join().unwrap();
+        assert!(!other, "another thread does not hold it");
+    }
 
     #[test]
     fn exclusion() {
