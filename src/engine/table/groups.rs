@@ -249,12 +249,18 @@ impl Groups {
         oldest.filter(|&g| g < self.open)
     }
 
-    /// Up to `max` mapped blocks of group `g`, ascending.
-    pub fn blocks_of(&self, g: u64, max: usize) -> Vec<u64> {
-        self.blocks
-            .get(&g)
-            .map(|s| s.iter().take(max).copied().collect())
-            .unwrap_or_default()
+    /// Up to `max` mapped blocks of group `g`, ascending from `from`, then
+    /// from the start (a sweep: a region written back after its writes
+    /// gathered goes in long runs).
+    pub fn blocks_of(&self, g: u64, from: u64, max: usize) -> Vec<u64> {
+        let Some(set) = self.blocks.get(&g) else {
+            return Vec::new();
+        };
+        let mut v: Vec<u64> = set.range(from..).take(max).copied().collect();
+        if v.len() < max {
+            v.extend(set.range(..from).take(max - v.len()));
+        }
+        v
     }
 
     /// Up to `max` shadows of group `g` not yet written, by block.
@@ -353,8 +359,8 @@ mod tests {
         // Block 10 moves to slot 1 in group 1: slot 0 stays as group 0's.
         assert_eq!(apply(&mut t, &mut g, map(1, 10)).0, Some(0));
         assert_eq!(g.shadows_of(0, 8).len(), 1);
-        assert_eq!(g.blocks_of(0, 8), Vec::<u64>::new());
-        assert_eq!(g.blocks_of(1, 8), vec![10]);
+        assert_eq!(g.blocks_of(0, 0, 8), Vec::<u64>::new());
+        assert_eq!(g.blocks_of(1, 0, 8), vec![10]);
         g.shadow_written(0, 10);
         assert_eq!(g.oldest_pending(), Some(1));
         // Written is not done: the group is pending until its Done.
@@ -390,7 +396,7 @@ mod tests {
         let mut t = table();
         t.apply(&map(3, 7));
         let g = Groups::new(5, &t);
-        assert_eq!((g.open(), g.done(), g.blocks_of(5, 8)), (5, 5, vec![7]));
+        assert_eq!((g.open(), g.done(), g.blocks_of(5, 0, 8)), (5, 5, vec![7]));
         assert_eq!(g.closed_pending(), None);
     }
 }

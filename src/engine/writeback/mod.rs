@@ -33,8 +33,9 @@ pub(crate) struct Writeback {
     state: Mutex<State>,
     flights: flights::Flights,
     /// Writeback in flush order: one thread writes back at a time (rank
-    /// `WritebackOrder`: after block locks, which it only try-locks).
-    order_turn: Mutex<()>,
+    /// `WritebackOrder`: after block locks, which it only try-locks); it
+    /// holds where the sweep through a group's blocks goes on.
+    order_turn: Mutex<u64>,
     /// Writes waiting for writeback to free a slot, and where they wait.
     slot_waiters: AtomicU32,
     slots_freed: (Mutex<()>, Condvar),
@@ -79,7 +80,7 @@ impl Writeback {
                 },
             ),
             flights: Default::default(),
-            order_turn: Mutex::new(Rank::WritebackOrder, ()),
+            order_turn: Mutex::new(Rank::WritebackOrder, 0),
             slot_waiters: AtomicU32::new(0),
             slots_freed: (Mutex::new(Rank::SlotsFreed, ()), Condvar::new()),
             wake: (Mutex::new(Rank::Background, false), Condvar::new()),

@@ -23,7 +23,7 @@ use crate::engine::stats::bump;
 use crate::engine::{Engine, EngineError, EngineResult, WritebackOrder};
 
 /// Shadows or blocks one step writes back at most.
-const STEP_ITEMS: usize = 256;
+const STEP_ITEMS: usize = 1024;
 /// Longest a foreground origin write waits for the closed groups.
 const DRAIN_LIMIT: Duration = Duration::from_secs(60);
 
@@ -59,7 +59,7 @@ impl Engine {
     /// after which the next group may start. Returns the blocks written
     /// back.
     pub(crate) fn ordered_step(&self, pace: Pace) -> EngineResult<usize> {
-        let _turn = self.writeback.order_turn.lock();
+        let mut cursor = self.writeback.order_turn.lock();
         let (g, open) = {
             let m = self.meta.lock();
             let groups = m.groups().expect("flush order keeps groups");
@@ -72,19 +72,28 @@ impl Engine {
             return Ok(0);
         };
         let mut written = self.write_back_shadows(g)?;
-        let blocks = self
+        let mut blocks = self
             .meta
             .lock()
             .groups()
-            .map(|gr| gr.blocks_of(g, STEP_ITEMS))
+            .map(|gr| gr.blocks_of(g, *cursor, STEP_ITEMS))
             .unwrap_or_default();
+        blocks.sort_unstable();
+        if let Some(&b) = blocks
+            .iter()
+            .rev()
+            .find(|&&b| b >= *cursor)
+            .or(blocks.last())
+        {
+            *cursor = b + 1;
+        }
         if !blocks.is_empty() {
             written += self.writeback_blocks_in(&blocks, pace, Some(g))?;
         }
         let all_written = {
             let m = self.meta.lock();
             let gr = m.groups().expect("flush order keeps groups");
-            gr.blocks_of(g, 1).is_empty() && gr.shadows_of(g, 1).is_empty()
+            gr.blocks_of(g, 0, 1).is_empty() && gr.shadows_of(g, 1).is_empty()
         };
         if g < open && all_written {
             // Flushed, group g is done, and the next group may start.
