@@ -1,25 +1,27 @@
 //! A real Ceph cluster as tiercache's origin (issue 23, docs/ceph.md).
 //!
 //! `scripts/ceph-up.sh` starts a single-node cluster (mon, mgr, one OSD on
-//! a file-backed BlueStore) in a temporary directory; an RBD image filled
-//! with a known pattern is served by qemu-nbd's rbd driver, with librbd's
-//! cache in writeback holding dirty data for up to a minute, so that only
-//! a flush makes written data visible to other Ceph clients (the image has
-//! no exclusive-lock feature: with it, another client opening the image
-//! makes the lock holder write its cache out, flush or not). tiercache
-//! caches it in writeback mode on a cache file smaller than the data
-//! written. Real clients write through tiercache's NBD
-//! export: nbdcopy (sequential), libnbd from Python (unaligned and
-//! sector-sized writes, the last sector), fio (4K random writes, verified).
-//! Then Ceph itself is read, not through tiercache:
+//! a file-backed BlueStore) in a temporary directory. An RBD image holding
+//! a known pattern becomes tiercache's origin two ways: served by
+//! qemu-nbd's rbd driver (`nbd+unix://`), and opened by librbd in tiercache
+//! (`rbd://`). Either way librbd's cache is made a writeback cache holding
+//! dirty data for up to a minute, and the image has no exclusive-lock
+//! feature (with it, another client opening the image makes the lock
+//! holder write its cache out, flush or not): only a flush makes written
+//! data visible to other Ceph clients. tiercache caches the image in
+//! writeback mode on a cache file smaller than the data written. Real
+//! clients write through tiercache's NBD export: nbdcopy (sequential),
+//! libnbd from Python (sector-sized writes, the last sector), fio (4K
+//! random writes, verified). Then Ceph itself is read, not through
+//! tiercache:
 //!
-//! - after `tiercache flush`, with qemu-nbd still up: `rbd export` equals
-//!   what tiercache served, and fio's rbd engine verifies its region
-//!   (`--verify_only`) through librbd;
+//! - after `tiercache flush`, with the origin's librbd still open: `rbd
+//!   export` equals what tiercache served, and fio's rbd engine verifies
+//!   its region (`--verify_only`);
 //! - after one more write and `tiercache detach`: `rbd export` again.
 //!
 //! Runs in CI (scripts/test.sh): the cluster is up in ~11 s on the 2-core
-//! machines, the whole test takes ~26 s (~5 s of it the teardown). The
+//! machines, the whole test takes ~35 s (~5 s of it the teardown). The
 //! tools are required; a missing one fails the test with the Debian
 //! package to install.
 
@@ -32,7 +34,6 @@ use std::time::{Duration, Instant};
 
 use daemon::{cli_ok_in, need, wait_for_socket, KillOnDrop, BIN};
 
-const IMAGE: &str = "tc-test";
 const IMAGE_BYTES: u64 = 256 << 20;
 const CACHE_BYTES: u64 = 64 << 20;
 /// nbdcopy writes this many bytes of tag 2 at offset 0.
@@ -87,11 +88,11 @@ impl Cluster {
     }
 
     /// The whole image as Ceph holds it, read by librbd in `rbd export`.
-    fn export(&self, to: &Path) -> Vec<u8> {
+    fn export(&self, image: &str, to: &Path) -> Vec<u8> {
         self.rbd(&[
             "export",
             "--no-progress",
-            &format!("tc/{IMAGE}"),
+            &format!("tc/{image}"),
             to.to_str().unwrap(),
         ]);
         let data = std::fs::read(to).unwrap();
@@ -243,6 +244,16 @@ fn wait_exit(child: &mut Child, what: &str, limit: Duration) {
     }
 }
 
+/// librbd's cache as a writeback cache from the start that holds data
+/// until a flush (or a minute, or 24 MiB dirty), so that what another
+/// client reads from Ceph is what was flushed: Ceph options, as `:`-joined
+/// `key=value` for qemu's rbd driver and `--key=value` for CEPH_ARGS.
+const HOLDING_CACHE: [(&str, &str); 3] = [
+    ("rbd_cache_policy", "writeback"),
+    ("rbd_cache_writethrough_until_flush", "false"),
+    ("rbd_cache_max_dirty_age", "60"),
+];
+
 #[test]
 fn data_written_through_tiercache_reaches_the_rbd_image() {
     for (tool, package) in [
@@ -260,43 +271,30 @@ fn data_written_through_tiercache_reaches_the_rbd_image() {
     let t0 = Instant::now();
     let cluster = Cluster::up();
     let cluster_s = t0.elapsed().as_secs_f64();
-    let work = tempfile::Builder::new()
-        .prefix("ceph-rbd-")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .unwrap();
-    let path = |name: &str| work.path().join(name);
 
-    // The origin's initial content: pattern 1, imported with librbd.
-    let mut model = pattern(0, IMAGE_BYTES, 1);
-    std::fs::write(path("origin.bin"), &model).unwrap();
-    cluster.rbd(&[
-        "import",
-        "--no-progress",
-        "--image-feature",
-        "layering",
-        path("origin.bin").to_str().unwrap(),
-        &format!("tc/{IMAGE}"),
-    ]);
-    std::fs::remove_file(path("origin.bin")).unwrap();
-
-    // qemu-nbd's rbd driver; qemu's default cache mode (writeback) turns
-    // librbd's cache on, and the options make it a writeback cache from
-    // the start that holds data until a flush (or a minute, or 24 MiB
-    // dirty): what is in Ceph below was flushed by tiercache.
-    let qemu_sock = path("rbd.sock");
-    let qemu_log = std::fs::File::create(path("qemu-nbd.log")).unwrap();
+    // The origin through qemu-nbd's rbd driver, as nbd+unix://.
+    let t1 = Instant::now();
+    let work = workdir("ceph-qemu-");
+    let image = "via-qemu-nbd";
+    import_pattern(&cluster, image, work.path());
+    let qemu_sock = work.path().join("rbd.sock");
+    let qemu_log = work.path().join("qemu-nbd.log");
+    let cache_opts: String = HOLDING_CACHE
+        .iter()
+        .map(|(k, v)| format!(":{k}={v}"))
+        .collect();
     let mut qemu = KillOnDrop(
         Command::new("qemu-nbd")
             .args(["-t", "--shared=8", "-f", "raw", "-k"])
             .arg(&qemu_sock)
+            // qemu's default cache mode (writeback) turns librbd's cache on.
             .arg(format!(
-                "rbd:tc/{IMAGE}:conf={}:id=admin:rbd_cache_policy=writeback\
-                 :rbd_cache_writethrough_until_flush=false:rbd_cache_max_dirty_age=60",
+                "rbd:tc/{image}:conf={}:id=admin{cache_opts}",
                 cluster.conf.display()
             ))
             .stdin(Stdio::null())
-            .stdout(qemu_log.try_clone().unwrap())
-            .stderr(qemu_log)
+            .stdout(std::fs::File::create(&qemu_log).unwrap())
+            .stderr(std::fs::File::create(work.path().join("qemu-nbd.err")).unwrap())
             .spawn()
             .expect("run qemu-nbd (qemu-utils)"),
     );
@@ -305,7 +303,7 @@ fn data_written_through_tiercache_reaches_the_rbd_image() {
         if let Some(st) = qemu.try_wait().unwrap() {
             panic!(
                 "qemu-nbd exited with {st} (is qemu-block-extra, the rbd driver, installed?): {}",
-                std::fs::read_to_string(path("qemu-nbd.log")).unwrap_or_default()
+                std::fs::read_to_string(work.path().join("qemu-nbd.err")).unwrap_or_default()
             );
         }
         assert!(
@@ -314,9 +312,86 @@ fn data_written_through_tiercache_reaches_the_rbd_image() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let origin_uri = format!("nbd+unix:///?socket={}", qemu_sock.display());
+    let origin = format!("nbd+unix:///?socket={}", qemu_sock.display());
+    cache_round_trip(&cluster, image, &origin, &[], work.path());
+    daemon::sigterm(&mut qemu);
+    let qemu_s = t1.elapsed().as_secs_f64();
 
-    // tiercache in writeback over it, on a cache smaller than what is written.
+    // The origin through librbd in tiercache itself, as rbd://; the same
+    // cache settings through CEPH_ARGS.
+    let t2 = Instant::now();
+    let work = workdir("ceph-native-");
+    let image = "native";
+    import_pattern(&cluster, image, work.path());
+    let ceph_args: Vec<String> = HOLDING_CACHE
+        .iter()
+        .map(|(k, v)| format!("--{k}={v}"))
+        .collect();
+    let origin = format!("rbd://tc/{image}?conf={}", cluster.conf.display());
+    // A wrong image or pool is refused at create, saying which.
+    for (wrong, says) in [
+        ("tc/missing", "opening image 'missing' in pool 'tc'"),
+        ("nopool/native", "opening pool 'nopool'"),
+    ] {
+        let uri = format!("rbd://{wrong}?conf={}", cluster.conf.display());
+        let out = daemon::cli_in(
+            &work.path().join("state"),
+            &["create", "--origin", &uri, "--cache", "/dev/null"],
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{uri}: {err}");
+    }
+    cache_round_trip(
+        &cluster,
+        image,
+        &origin,
+        &[("CEPH_ARGS", &ceph_args.join(" "))],
+        work.path(),
+    );
+    eprintln!(
+        "ceph_rbd: cluster up in {cluster_s:.1} s; via qemu-nbd {qemu_s:.1} s; \
+         native rbd:// {:.1} s",
+        t2.elapsed().as_secs_f64()
+    );
+}
+
+fn workdir(prefix: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap()
+}
+
+/// Creates `tc/IMAGE` holding pattern 1, imported with librbd. No
+/// exclusive-lock feature: with it, another client opening the image (rbd
+/// export, fio) makes the lock holder write its cache out, flush or not.
+fn import_pattern(cluster: &Cluster, image: &str, dir: &Path) {
+    let file = dir.join("origin.bin");
+    std::fs::write(&file, pattern(0, IMAGE_BYTES, 1)).unwrap();
+    cluster.rbd(&[
+        "import",
+        "--no-progress",
+        "--image-feature",
+        "layering",
+        file.to_str().unwrap(),
+        &format!("tc/{image}"),
+    ]);
+    std::fs::remove_file(&file).unwrap();
+}
+
+/// tiercache writeback over `origin` (the image `tc/IMAGE` holding pattern
+/// 1), on a cache smaller than what is written; `serve_env` is added to the
+/// daemon's environment. Real clients write, then Ceph is read directly
+/// after `flush` and after `detach`.
+fn cache_round_trip(
+    cluster: &Cluster,
+    image: &str,
+    origin: &str,
+    serve_env: &[(&str, &str)],
+    dir: &Path,
+) {
+    let path = |name: &str| dir.join(name);
+    let mut model = pattern(0, IMAGE_BYTES, 1);
     let state = path("state");
     let cache = path("cache.img");
     std::fs::File::create(&cache)
@@ -327,7 +402,7 @@ fn data_written_through_tiercache_reaches_the_rbd_image() {
     tc(&[
         "create",
         "--origin",
-        &origin_uri,
+        origin,
         "--cache",
         cache.to_str().unwrap(),
         "--mode",
@@ -337,6 +412,7 @@ fn data_written_through_tiercache_reaches_the_rbd_image() {
         Command::new(BIN)
             .arg("serve")
             .env("TIERCACHE_STATE_DIR", &state)
+            .envs(serve_env.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(path("serve.log")).unwrap())
             .spawn()
@@ -360,8 +436,8 @@ fn data_written_through_tiercache_reaches_the_rbd_image() {
     );
     model[..COPY_BYTES as usize].copy_from_slice(&copy);
 
-    // libnbd from Python: small writes, some unaligned.
-    nbd_python_writes(&uri, work.path(), &SMALL_WRITES);
+    // libnbd from Python: sector-sized writes.
+    nbd_python_writes(&uri, dir, &SMALL_WRITES);
     for &(offset, len, tag) in &SMALL_WRITES {
         model[offset as usize..(offset + len) as usize].copy_from_slice(&pattern(offset, len, tag));
     }
@@ -371,17 +447,14 @@ fn data_written_through_tiercache_reaches_the_rbd_image() {
     let uri_arg = format!("--uri={uri}");
     let args = fio_args(&["--ioengine=nbd", &uri_arg], false);
     let out = ok(
-        Command::new("fio")
-            .args(&args)
-            .current_dir(work.path())
-            .output(),
+        Command::new("fio").args(&args).current_dir(dir).output(),
         "fio",
         &[],
     );
-    fio_verified(&out, "through tiercache");
+    fio_verified(&out, &format!("through tiercache ({origin})"));
 
     // Everything tiercache serves, read with nbdcopy: the model outside
-    // the fio region (misses come from Ceph through qemu-nbd).
+    // the fio region (misses come from Ceph).
     ok(
         Command::new("nbdcopy")
             .arg(&uri)
@@ -392,21 +465,25 @@ fn data_written_through_tiercache_reaches_the_rbd_image() {
     );
     let served = std::fs::read(path("served.bin")).unwrap();
     std::fs::remove_file(path("served.bin")).unwrap();
-    assert_same_outside_fio(&served, &model, "what tiercache serves");
+    assert_same_outside_fio(
+        &served,
+        &model,
+        &format!("what tiercache serves ({origin})"),
+    );
     let st: serde_json::Value = serde_json::from_str(&tc(&["status", "--json"])).unwrap();
     assert!(
         st["stats"]["blocks_written_back"].as_u64().unwrap() > 0,
         "the cache (smaller than the data) wrote nothing back before the flush: {st}"
     );
 
-    // `tiercache flush`: Ceph itself holds everything, with qemu-nbd (and
-    // librbd's cache in it) still up.
+    // `tiercache flush`: Ceph itself holds everything, with the origin's
+    // librbd (and its cache) still open.
     let out = tc(&["flush"]);
     assert!(out.contains("; 0 dirty"), "{out}");
-    let exported = cluster.export(&path("export.bin"));
+    let exported = cluster.export(image, &path("export.bin"));
     assert!(
         exported == served,
-        "after tiercache flush, rbd export differs from what tiercache served"
+        "after tiercache flush, rbd export of {image} differs from what tiercache served ({origin})"
     );
     let out = ok(
         cluster
@@ -416,20 +493,20 @@ fn data_written_through_tiercache_reaches_the_rbd_image() {
                     "--ioengine=rbd",
                     "--clientname=admin",
                     "--pool=tc",
-                    &format!("--rbdname={IMAGE}"),
+                    &format!("--rbdname={image}"),
                 ],
                 true,
             ))
-            .current_dir(work.path())
+            .current_dir(dir)
             .output(),
         "fio (rbd engine, verify_only)",
         &[],
     );
-    fio_verified(&out, "from the RBD image with librbd");
+    fio_verified(&out, &format!("from the RBD image {image} with librbd"));
 
     // One more write, left dirty; `detach` writes it back and ends serve.
     let last = [((40 << 20) + 4096, 8192, 7)];
-    nbd_python_writes(&uri, work.path(), &last);
+    nbd_python_writes(&uri, dir, &last);
     let mut after = served;
     for &(offset, len, tag) in &last {
         after[offset as usize..(offset + len) as usize].copy_from_slice(&pattern(offset, len, tag));
@@ -442,14 +519,9 @@ fn data_written_through_tiercache_reaches_the_rbd_image() {
         "serve failed after detach: {}",
         std::fs::read_to_string(path("serve.log")).unwrap_or_default()
     );
-    let exported = cluster.export(&path("export.bin"));
+    let exported = cluster.export(image, &path("export.bin"));
     assert!(
         exported == after,
-        "after tiercache detach, rbd export differs from what was written"
-    );
-    daemon::sigterm(&mut qemu);
-    eprintln!(
-        "ceph_rbd: cluster up in {cluster_s:.1} s, test body {:.1} s",
-        t0.elapsed().as_secs_f64() - cluster_s
+        "after tiercache detach, rbd export of {image} differs from what was written ({origin})"
     );
 }

@@ -45,6 +45,7 @@ mod uri;
 use conn::*;
 use handshake::*;
 use stream::*;
+pub(in crate::device) use uri::percent_decode;
 use uri::*;
 pub use uri::{NbdAddress, NbdUri};
 
