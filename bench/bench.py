@@ -17,8 +17,8 @@ import replay  # noqa: E402  (bench/trace/replay.py)
 import report  # noqa: E402
 import workloads as wl  # noqa: E402
 from procs import BenchError, run, stop_all  # noqa: E402
-from systems import (CephCluster, NbdkitCache, Origin, QemuRaw, RbdFio, RbdNbd,  # noqa: E402
-                     RbdQemu, Tiercache)
+from systems import (CephCluster, NbdkitCache, Origin, QemuRaw, RbdDirect, RbdFio,  # noqa: E402
+                     RbdNbd, RbdQemu, Tiercache)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ["writeback", "writethrough", "writearound", "writeonly"]
@@ -30,8 +30,9 @@ DEFAULT_SYSTEMS = (["origin", "qemu-nbd", "nbdkit-cache"] + [f"tc-{m}" for m in 
                    + ["tc-set", "tc-log"])
 # On a single-node Ceph cluster (docs/ceph.md), only when asked for with
 # --systems: the RBD image alone (fio's rbd engine; qemu-nbd's rbd driver)
-# and tiercache writeback in front of it.
-CEPH_SYSTEMS = ["rbd-fio", "rbd", "tc-rbd"]
+# and tiercache writeback in front of it (through qemu-nbd; through its own
+# librbd client).
+CEPH_SYSTEMS = ["rbd-fio", "rbd", "tc-rbd", "tc-rbd-native"]
 ALL_SYSTEMS = DEFAULT_SYSTEMS + CEPH_SYSTEMS
 # Systems that take turns in the head-to-head rounds when asked for.
 PAIRED_EXTRAS = ["tc-set", "tc-log"]
@@ -142,6 +143,10 @@ def make_system(key, plan, binary, ceph=None):
         return Tiercache(binary, "writeback", plan.cache_bytes, key="tc-rbd",
                          origin=lambda d, size: RbdNbd(ceph, "tc-rbd", d, size),
                          origin_describe="the RBD image through qemu-nbd's rbd driver (as `rbd`)")
+    if key == "tc-rbd-native":
+        return Tiercache(binary, "writeback", plan.cache_bytes, key="tc-rbd-native",
+                         origin=lambda d, size: RbdDirect(ceph, "tc-rbd-native", size),
+                         origin_describe="the RBD image through librbd in tiercache (rbd://)")
     if key == "origin":
         return Origin()
     if key == "qemu-nbd":

@@ -12,7 +12,9 @@ TC = ["tc-writeback", "tc-writethrough", "tc-writearound", "tc-writeonly"]
 # On the Ceph cluster (docs/ceph.md): the RBD image alone, two ways, and
 # tiercache in front of it.
 RBD_PEERS = ["rbd-fio", "rbd"]
-RBD_TC = ["tc-rbd"]
+RBD_TC = ["tc-rbd", "tc-rbd-native"]
+RBD_RATIOS = [("tc-rbd", "rbd"), ("tc-rbd-native", "rbd"), ("tc-rbd-native", "tc-rbd"),
+              ("tc-rbd", "rbd-fio"), ("tc-rbd-native", "rbd-fio"), ("rbd", "rbd-fio")]
 
 
 def fmt_num(v, digits=0):
@@ -189,9 +191,7 @@ def render(results, plots):
         L.append("")
 
     # The RBD image alone and tiercache in front of it.
-    rbd_pairs = [(a, b) for a in RBD_TC + RBD_PEERS for b in RBD_PEERS
-                 if a != b and a in systems and b in systems
-                 and not (a in RBD_PEERS and RBD_PEERS.index(a) <= RBD_PEERS.index(b))]
+    rbd_pairs = [(a, b) for a, b in RBD_RATIOS if a in systems and b in systems]
     if rbd_pairs:
         L.append("### On Ceph: ratios of IOPS")
         L.append("")

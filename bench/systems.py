@@ -32,6 +32,8 @@ RBD image in pool `tc`:
                 (librbd in qemu-nbd).
 - tc-rbd        tiercache writeback over `rbd` (`nbd+unix://` origin), its
                 cache file on the same disk as the OSD's BlueStore file.
+- tc-rbd-native tiercache writeback over the image through librbd in
+                tiercache itself (`rbd://` origin, src/device/rbd/).
 """
 
 import json
@@ -187,6 +189,18 @@ class RbdNbd:
             self.proc.stop()
         finally:
             self.cluster.remove_image(self.spec)
+
+
+class RbdDirect:
+    """An RBD image for tiercache's own librbd client: `rbd://POOL/IMAGE`."""
+
+    def __init__(self, cluster, name, volume_bytes):
+        self.cluster = cluster
+        self.spec = cluster.create_image(name, volume_bytes)
+        self.uri = f"rbd://{self.spec}?conf={cluster.conf}"
+
+    def stop(self):
+        self.cluster.remove_image(self.spec)
 
 
 class System:

@@ -348,6 +348,17 @@ fn data_written_through_tiercache_reaches_the_rbd_image() {
         &[("CEPH_ARGS", &ceph_args.join(" "))],
         work.path(),
     );
+    // The daemon closed the image as it ended: no watch is left behind
+    // (a process that exits without rbd_close leaves it for 30 s).
+    let status = ok(
+        cluster
+            .command("rbd")
+            .args(["status", &format!("tc/{image}")])
+            .output(),
+        "rbd",
+        &["status"],
+    );
+    assert!(status.contains("Watchers: none"), "{status}");
     eprintln!(
         "ceph_rbd: cluster up in {cluster_s:.1} s; via qemu-nbd {qemu_s:.1} s; \
          native rbd:// {:.1} s",

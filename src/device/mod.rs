@@ -90,6 +90,13 @@ pub trait BlockDevice: Send + Sync {
     fn discard_helps(&self) -> bool {
         false
     }
+    /// Releases what the device holds outside this process once no more
+    /// requests will come (an RBD image's watch on the OSDs); requests
+    /// after it fail. The engine closes its origin when it is closed or
+    /// detached, as the process may end without dropping it.
+    fn close(&self) -> DeviceResult<()> {
+        Ok(())
+    }
     /// True if the contents do not survive a process exit (RAM).
     fn is_volatile(&self) -> bool {
         false

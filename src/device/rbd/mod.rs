@@ -9,8 +9,16 @@
 //!
 //! Concurrency: librbd's image calls may be made from many threads at
 //! once; each synchronous read, write, discard or flush is an asynchronous
-//! request and a wait inside librbd (librbd/api/Io.cc). Opening and
-//! closing happen only in `open` and `Drop`, when no other call can run.
+//! request and a wait inside librbd (librbd/api/Io.cc). Opening happens
+//! before the device exists; closing (`close`, or drop) takes the handles'
+//! lock exclusively, so it waits for the requests under way, and requests
+//! after it fail instead of using a closed image.
+//!
+//! Closing matters beyond the process: an open image holds a watch on the
+//! OSD, which a process that exits without `rbd_close` leaves behind for
+//! 30 s (osd_client_watch_timeout), and until then `rbd rm` fails and
+//! another client waits for the image's exclusive lock. The engine closes
+//! its origin when it is closed or detached.
 //!
 //! Durability: librbd's cache follows the Ceph config (by default on, in
 //! writearound: writes go to the OSDs at once, and may be acknowledged
@@ -32,6 +40,8 @@ pub use uri::RbdUri;
 use std::ffi::{c_char, CString};
 use std::io;
 
+use parking_lot::RwLock;
+
 use super::{check_range, fnv1a64, BlockDevice, DeviceError, DeviceResult, SECTOR_BYTES};
 use librbd::{api, Api, ImageT, IoctxT, RadosT};
 
@@ -47,6 +57,14 @@ pub struct RbdDevice {
     name: String,
     identity: u64,
     size_bytes: u64,
+    /// `None` once closed. Requests hold it shared for their call into
+    /// librbd; closing holds it exclusively (module comment).
+    handles: RwLock<Option<Handles>>,
+}
+
+/// The cluster connection, pool context and image; any may be null while
+/// opening. Released in reverse order when dropped.
+struct Handles {
     api: &'static Api,
     cluster: RadosT,
     ioctx: IoctxT,
@@ -54,28 +72,25 @@ pub struct RbdDevice {
 }
 
 // SAFETY: the handles are only used through librbd/librados calls that are
-// thread-safe for I/O (module comment); open and close run with exclusive
-// access (`open` before the value exists, `Drop` with `&mut self`).
-unsafe impl Send for RbdDevice {}
+// thread-safe for I/O (module comment); they are released only by Drop,
+// which has exclusive access.
+unsafe impl Send for Handles {}
 // SAFETY: as for Send.
-unsafe impl Sync for RbdDevice {}
+unsafe impl Sync for Handles {}
 
-/// The handles made so far while opening, released in reverse order if a
-/// later step fails.
-struct Opening {
-    api: &'static Api,
-    cluster: RadosT,
-    ioctx: IoctxT,
-    image: ImageT,
-}
-
-impl Drop for Opening {
+impl Drop for Handles {
     fn drop(&mut self) {
         // SAFETY: each handle is either null or a live handle made by the
         // matching create/open call, released once here.
         unsafe {
             if !self.image.is_null() {
-                (self.api.rbd_close)(self.image);
+                // Writes out librbd's cache and removes the watch; an
+                // error has no caller to go to (callers that need
+                // durability flush first).
+                let ret = (self.api.rbd_close)(self.image);
+                if ret < 0 {
+                    log::warn!("rbd_close: {}", errno_error(ret.into()));
+                }
             }
             if !self.ioctx.is_null() {
                 (self.api.rados_ioctx_destroy)(self.ioctx);
@@ -118,7 +133,7 @@ impl RbdDevice {
             .as_deref()
             .map(|c| cstring("config path", c))
             .transpose()?;
-        let mut h = Opening {
+        let mut h = Handles {
             api,
             cluster: std::ptr::null_mut(),
             ioctx: std::ptr::null_mut(),
@@ -185,20 +200,12 @@ impl RbdDevice {
             // The cluster, pool and image ids survive renames of the pool
             // and the image, and a changed config path or client name.
             let identity = fnv1a64(format!("rbd:{fsid}:{pool_id}:{image_id}").as_bytes());
-            let dev = RbdDevice {
+            Ok(RbdDevice {
                 name: uri.to_string(),
                 identity,
                 size_bytes,
-                api,
-                cluster: h.cluster,
-                ioctx: h.ioctx,
-                image: h.image,
-            };
-            // The device owns the handles now.
-            h.cluster = std::ptr::null_mut();
-            h.ioctx = std::ptr::null_mut();
-            h.image = std::ptr::null_mut();
-            Ok(dev)
+                handles: RwLock::new(Some(h)),
+            })
         }
     }
 
@@ -207,6 +214,21 @@ impl RbdDevice {
             device: self.name.clone(),
             what,
             source,
+        }
+    }
+
+    /// Runs `f` with the open handles, or fails if the device was closed.
+    fn with_image<T>(
+        &self,
+        what: &'static str,
+        f: impl FnOnce(&Handles) -> DeviceResult<T>,
+    ) -> DeviceResult<T> {
+        match self.handles.read().as_ref() {
+            Some(h) => f(h),
+            None => Err(self.io_err(
+                what,
+                io::Error::new(io::ErrorKind::NotConnected, "the image was closed"),
+            )),
         }
     }
 }
@@ -260,19 +282,6 @@ fn read_string(mut f: impl FnMut(*mut c_char, usize) -> i32) -> io::Result<Strin
     }
 }
 
-impl Drop for RbdDevice {
-    fn drop(&mut self) {
-        // rbd_close writes out librbd's cache first; an error there has no
-        // caller to go to (callers that need durability flush first).
-        drop(Opening {
-            api: self.api,
-            cluster: self.cluster,
-            ioctx: self.ioctx,
-            image: self.image,
-        });
-    }
-}
-
 impl BlockDevice for RbdDevice {
     fn size_bytes(&self) -> u64 {
         self.size_bytes
@@ -280,58 +289,51 @@ impl BlockDevice for RbdDevice {
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> DeviceResult<()> {
         check_range(self, offset, buf.len() as u64)?;
-        // SAFETY: a live image handle; librbd writes at most buf.len()
-        // bytes into buf, which stays borrowed for the call.
-        let ret =
-            unsafe { (self.api.rbd_read)(self.image, offset, buf.len(), buf.as_mut_ptr().cast()) };
-        match usize::try_from(ret) {
-            Ok(n) if n == buf.len() => Ok(()),
-            Ok(n) => Err(self.io_err(
-                "short read",
-                io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    format!("rbd_read returned {n} of {} bytes", buf.len()),
-                ),
-            )),
-            Err(_) => Err(self.io_err("read", errno_error(ret as i64))),
-        }
+        let len = buf.len();
+        let ret = self.with_image("read", |h| {
+            // SAFETY: a live image handle; librbd writes at most len bytes
+            // into buf, which stays borrowed for the call.
+            Ok(unsafe { (h.api.rbd_read)(h.image, offset, len, buf.as_mut_ptr().cast()) })
+        })?;
+        self.transferred("read", ret, len)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> DeviceResult<()> {
         check_range(self, offset, buf.len() as u64)?;
-        // SAFETY: a live image handle; librbd only reads buf.len() bytes of
-        // buf, which stays borrowed for the call.
-        let ret =
-            unsafe { (self.api.rbd_write)(self.image, offset, buf.len(), buf.as_ptr().cast()) };
-        match usize::try_from(ret) {
-            Ok(n) if n == buf.len() => Ok(()),
-            Ok(n) => Err(self.io_err(
-                "short write",
-                io::Error::new(
-                    io::ErrorKind::WriteZero,
-                    format!("rbd_write returned {n} of {} bytes", buf.len()),
-                ),
-            )),
-            Err(_) => Err(self.io_err("write", errno_error(ret as i64))),
-        }
+        let ret = self.with_image("write", |h| {
+            // SAFETY: a live image handle; librbd only reads buf.len() bytes
+            // of buf, which stays borrowed for the call.
+            Ok(unsafe { (h.api.rbd_write)(h.image, offset, buf.len(), buf.as_ptr().cast()) })
+        })?;
+        self.transferred("write", ret, buf.len())
     }
 
     fn flush(&self) -> DeviceResult<()> {
-        // SAFETY: a live image handle.
-        let ret = unsafe { (self.api.rbd_flush)(self.image) };
-        if ret < 0 {
-            return Err(self.io_err("flush", errno_error(ret.into())));
-        }
-        Ok(())
+        self.with_image("flush", |h| {
+            // SAFETY: a live image handle.
+            let ret = unsafe { (h.api.rbd_flush)(h.image) };
+            if ret < 0 {
+                return Err(self.io_err("flush", errno_error(ret.into())));
+            }
+            Ok(())
+        })
     }
 
     fn discard(&self, offset: u64, len: u64) -> DeviceResult<()> {
         check_range(self, offset, len)?;
-        // SAFETY: a live image handle.
-        let ret = unsafe { (self.api.rbd_discard)(self.image, offset, len) };
-        if ret < 0 {
-            return Err(self.io_err("discard", errno_error(ret.into())));
-        }
+        self.with_image("discard", |h| {
+            // SAFETY: a live image handle.
+            let ret = unsafe { (h.api.rbd_discard)(h.image, offset, len) };
+            if ret < 0 {
+                return Err(self.io_err("discard", errno_error(ret.into())));
+            }
+            Ok(())
+        })
+    }
+
+    fn close(&self) -> DeviceResult<()> {
+        // Waits for the requests under way; rbd_close in Handles::drop.
+        drop(self.handles.write().take());
         Ok(())
     }
 
@@ -341,5 +343,22 @@ impl BlockDevice for RbdDevice {
 
     fn identity(&self) -> u64 {
         self.identity
+    }
+}
+
+impl RbdDevice {
+    /// The result of rbd_read/rbd_write: all `len` bytes, or an error.
+    fn transferred(&self, what: &'static str, ret: isize, len: usize) -> DeviceResult<()> {
+        match usize::try_from(ret) {
+            Ok(n) if n == len => Ok(()),
+            Ok(n) => Err(self.io_err(
+                what,
+                io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("rbd_{what} returned {n} of {len} bytes"),
+                ),
+            )),
+            Err(_) => Err(self.io_err(what, errno_error(ret as i64))),
+        }
     }
 }
