@@ -31,8 +31,9 @@ DEFAULT_SYSTEMS = (["origin", "qemu-nbd", "nbdkit-cache"] + [f"tc-{m}" for m in 
 # On a single-node Ceph cluster (docs/ceph.md), only when asked for with
 # --systems: the RBD image alone (fio's rbd engine; qemu-nbd's rbd driver)
 # and tiercache writeback in front of it (through qemu-nbd; through its own
-# librbd client).
-CEPH_SYSTEMS = ["rbd-fio", "rbd", "tc-rbd", "tc-rbd-native"]
+# librbd client); the -pt ones in passthrough, every request to the image
+# through tiercache's origin device: the two ways of reaching it compared.
+CEPH_SYSTEMS = ["rbd-fio", "rbd", "tc-rbd", "tc-rbd-native", "tc-rbd-pt", "tc-rbd-native-pt"]
 ALL_SYSTEMS = DEFAULT_SYSTEMS + CEPH_SYSTEMS
 # Systems that take turns in the head-to-head rounds when asked for.
 PAIRED_EXTRAS = ["tc-set", "tc-log"]
@@ -139,13 +140,15 @@ def make_system(key, plan, binary, ceph=None):
         return RbdFio(ceph)
     if key == "rbd":
         return RbdQemu(ceph)
-    if key == "tc-rbd":
-        return Tiercache(binary, "writeback", plan.cache_bytes, key="tc-rbd",
-                         origin=lambda d, size: RbdNbd(ceph, "tc-rbd", d, size),
+    if key in ("tc-rbd", "tc-rbd-pt"):
+        return Tiercache(binary, "passthrough" if key.endswith("-pt") else "writeback",
+                         plan.cache_bytes, key=key,
+                         origin=lambda d, size: RbdNbd(ceph, key, d, size),
                          origin_describe="the RBD image through qemu-nbd's rbd driver (as `rbd`)")
-    if key == "tc-rbd-native":
-        return Tiercache(binary, "writeback", plan.cache_bytes, key="tc-rbd-native",
-                         origin=lambda d, size: RbdDirect(ceph, "tc-rbd-native", size),
+    if key in ("tc-rbd-native", "tc-rbd-native-pt"):
+        return Tiercache(binary, "passthrough" if key.endswith("-pt") else "writeback",
+                         plan.cache_bytes, key=key,
+                         origin=lambda d, size: RbdDirect(ceph, key, size),
                          origin_describe="the RBD image through librbd in tiercache (rbd://)")
     if key == "origin":
         return Origin()

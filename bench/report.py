@@ -12,9 +12,11 @@ TC = ["tc-writeback", "tc-writethrough", "tc-writearound", "tc-writeonly"]
 # On the Ceph cluster (docs/ceph.md): the RBD image alone, two ways, and
 # tiercache in front of it.
 RBD_PEERS = ["rbd-fio", "rbd"]
-RBD_TC = ["tc-rbd", "tc-rbd-native"]
+RBD_TC = ["tc-rbd", "tc-rbd-native", "tc-rbd-pt", "tc-rbd-native-pt"]
 RBD_RATIOS = [("tc-rbd", "rbd"), ("tc-rbd-native", "rbd"), ("tc-rbd-native", "tc-rbd"),
-              ("tc-rbd", "rbd-fio"), ("tc-rbd-native", "rbd-fio"), ("rbd", "rbd-fio")]
+              ("tc-rbd", "rbd-fio"), ("tc-rbd-native", "rbd-fio"), ("rbd", "rbd-fio"),
+              ("tc-rbd-native-pt", "tc-rbd-pt"), ("tc-rbd-pt", "rbd"),
+              ("tc-rbd-native-pt", "rbd-fio")]
 
 
 def fmt_num(v, digits=0):

@@ -34,6 +34,8 @@ RBD image in pool `tc`:
                 cache file on the same disk as the OSD's BlueStore file.
 - tc-rbd-native tiercache writeback over the image through librbd in
                 tiercache itself (`rbd://` origin, src/device/rbd/).
+- tc-rbd-pt, tc-rbd-native-pt   the same in passthrough: every request goes
+                to the image, so these compare the two ways of reaching it.
 """
 
 import json
