@@ -17,7 +17,8 @@ import replay  # noqa: E402  (bench/trace/replay.py)
 import report  # noqa: E402
 import workloads as wl  # noqa: E402
 from procs import BenchError, run, stop_all  # noqa: E402
-from systems import NbdkitCache, Origin, QemuRaw, Tiercache  # noqa: E402
+from systems import (CephCluster, NbdkitCache, Origin, QemuRaw, RbdDirect, RbdFio,  # noqa: E402
+                     RbdNbd, RbdQemu, Tiercache)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ["writeback", "writethrough", "writearound", "writeonly"]
@@ -25,8 +26,15 @@ MODES = ["writeback", "writethrough", "writearound", "writeonly"]
 # data goes down in order through 1 MiB segments.
 # tc-set: writeback on a cache set of two devices, each the size of the
 # others' one cache device, every slot mirrored (--mirror-share 100).
-ALL_SYSTEMS = (["origin", "qemu-nbd", "nbdkit-cache"] + [f"tc-{m}" for m in MODES]
-               + ["tc-set", "tc-log"])
+DEFAULT_SYSTEMS = (["origin", "qemu-nbd", "nbdkit-cache"] + [f"tc-{m}" for m in MODES]
+                   + ["tc-set", "tc-log"])
+# On a single-node Ceph cluster (docs/ceph.md), only when asked for with
+# --systems: the RBD image alone (fio's rbd engine; qemu-nbd's rbd driver)
+# and tiercache writeback in front of it (through qemu-nbd; through its own
+# librbd client); the -pt ones in passthrough, every request to the image
+# through tiercache's origin device: the two ways of reaching it compared.
+CEPH_SYSTEMS = ["rbd-fio", "rbd", "tc-rbd", "tc-rbd-native", "tc-rbd-pt", "tc-rbd-native-pt"]
+ALL_SYSTEMS = DEFAULT_SYSTEMS + CEPH_SYSTEMS
 # Systems that take turns in the head-to-head rounds when asked for.
 PAIRED_EXTRAS = ["tc-set", "tc-log"]
 # Writeback never starts (high watermark 100 %, an hour's age: runs are far
@@ -52,7 +60,11 @@ def parse_args():
     p.add_argument("--work-dir", help="scratch directory on the disk under test "
                    "(default target/bench-work); removed afterwards")
     p.add_argument("--keep-work", action="store_true", help="keep the scratch directory")
-    p.add_argument("--systems", help=f"comma-separated subset of: {','.join(ALL_SYSTEMS)}")
+    p.add_argument("--systems", help=f"comma-separated subset of: {','.join(ALL_SYSTEMS)} "
+                   f"(default: all but {','.join(CEPH_SYSTEMS)})")
+    p.add_argument("--workloads", help="comma-separated jobs, in the default order (default: "
+                   + ",".join(w.key for w in wl.WORKLOADS) + "; also: "
+                   + ",".join(w.key for w in wl.EXTRA_WORKLOADS) + ")")
     p.add_argument("--skip", default="", help="comma-separated parts to skip: "
                    "workloads,reread,paired,sustained,ram")
     p.add_argument("--tiercache", default=os.path.join(REPO, "target/release/tiercache"),
@@ -117,12 +129,27 @@ def machine_info(work_dir, fs):
         "fio": first(["fio", "--version"]),
         "nbdkit": first(["nbdkit", "--version"]),
         "qemu_nbd": first(["qemu-nbd", "--version"]).splitlines()[0],
+        "ceph": first(["sh", "-c", "ceph --version 2>/dev/null || echo none"]),
         "tiercache_commit": first(["git", "-C", REPO, "rev-parse", "--short", "HEAD"]),
         "loadavg_start": open("/proc/loadavg").read().split()[:3],
     }
 
 
-def make_system(key, plan, binary):
+def make_system(key, plan, binary, ceph=None):
+    if key == "rbd-fio":
+        return RbdFio(ceph)
+    if key == "rbd":
+        return RbdQemu(ceph)
+    if key in ("tc-rbd", "tc-rbd-pt"):
+        return Tiercache(binary, "passthrough" if key.endswith("-pt") else "writeback",
+                         plan.cache_bytes, key=key,
+                         origin=lambda d, size: RbdNbd(ceph, key, d, size),
+                         origin_describe="the RBD image through qemu-nbd's rbd driver (as `rbd`)")
+    if key in ("tc-rbd-native", "tc-rbd-native-pt"):
+        return Tiercache(binary, "passthrough" if key.endswith("-pt") else "writeback",
+                         plan.cache_bytes, key=key,
+                         origin=lambda d, size: RbdDirect(ceph, key, size),
+                         origin_describe="the RBD image through librbd in tiercache (rbd://)")
     if key == "origin":
         return Origin()
     if key == "qemu-nbd":
@@ -190,7 +217,7 @@ def settle(max_wait_s=60):
     return dropped
 
 
-def bench_system(system, plan, work_dir, skip, results):
+def bench_system(system, plan, work_dir, skip, results, workloads):
     d = os.path.join(work_dir, system.key)
     os.makedirs(d)
     log(f"{system.key}: {system.describe}")
@@ -206,7 +233,7 @@ def bench_system(system, plan, work_dir, skip, results):
         if "workloads" not in skip:
             wl.warm(system, plan)
             phase("warm")
-            entry["workloads"] = wl.run_workloads(system, plan, log)
+            entry["workloads"] = wl.run_workloads(system, plan, log, workloads)
             phase("jobs")
             if system.key != "origin":
                 for wkey, r in entry["workloads"].items():
@@ -346,7 +373,19 @@ def main():
     args = parse_args()
     plan = wl.PLANS["smoke" if args.smoke else "quick" if args.quick else "full"]
     skip = set(filter(None, args.skip.split(",")))
-    systems = args.systems.split(",") if args.systems else ALL_SYSTEMS
+    systems = args.systems.split(",") if args.systems else DEFAULT_SYSTEMS
+    workloads = wl.WORKLOADS
+    if args.workloads:
+        keys = args.workloads.split(",")
+        # Each extra job right after the default one it varies.
+        known = []
+        for w in wl.WORKLOADS:
+            known += [w] + [x for x in wl.EXTRA_WORKLOADS if x.key.startswith(w.key + "_")]
+        unknown = [k for k in keys if k not in {w.key for w in known}]
+        if unknown:
+            raise BenchError(f"unknown workload(s) {', '.join(unknown)} (known: "
+                             f"{', '.join(w.key for w in known)})")
+        workloads = [w for w in known if w.key in keys]
     if args.trace and not args.systems:
         systems = replay.DEFAULT_SYSTEMS
     for s in systems:
@@ -360,6 +399,9 @@ def main():
     out_dir = os.path.abspath(args.out or os.path.join(REPO, "target/bench", f"{plan.name}-{stamp}"))
     work_dir = os.path.abspath(args.work_dir or os.path.join(REPO, "target/bench-work"))
     os.makedirs(out_dir, exist_ok=True)
+    if os.path.exists(os.path.join(work_dir, "ceph")):
+        # A cluster left by a killed run: its daemons go by their PID files.
+        CephCluster(os.path.join(work_dir, "ceph")).stop(force=True)
     if os.path.exists(work_dir):
         shutil.rmtree(work_dir)
     os.makedirs(work_dir)
@@ -376,15 +418,23 @@ def main():
         "machine": machine_info(work_dir, fs),
         "out_dir": out_dir,
         "systems": {},
-        "workload_titles": {w.key: w.title for w in wl.WORKLOADS},
+        "workload_titles": {w.key: w.title for w in workloads},
     }
     log(f"bench: {plan.name} run, results in {out_dir}, scratch in {work_dir} ({fs})")
+    # One cluster for every Ceph system, its BlueStore file on the disk under test.
+    ceph = CephCluster(os.path.join(work_dir, "ceph"))
     try:
+        if any(s in CEPH_SYSTEMS for s in systems):
+            log("ceph: starting a single-node cluster (scripts/ceph-up.sh)")
+            ceph.start()
+            log(f"  (up in {ceph.start_s:.0f} s)")
+            results["ceph_up_s"] = ceph.start_s
         if args.trace:
             results["trace"] = bench_trace(args, plan, binary, work_dir, out_dir, systems)
             systems = []
         for key in systems:
-            bench_system(make_system(key, plan, binary), plan, work_dir, skip, results)
+            bench_system(make_system(key, plan, binary, ceph), plan, work_dir, skip, results,
+                         workloads)
         if "paired" not in skip and {"qemu-nbd", "tc-writeback"} <= set(systems):
             results["paired"] = bench_paired(plan, binary, work_dir,
                                              rounds=3 if plan.name == "full" else 1,
@@ -404,6 +454,10 @@ def main():
             log(f"  ({time.monotonic() - t_ram:.0f} s)")
     finally:
         stop_all()
+        try:
+            ceph.stop()
+        except BenchError as e:
+            log(f"ceph: {e}")
         if not args.keep_work:
             shutil.rmtree(work_dir, ignore_errors=True)
     results["elapsed_s"] = time.monotonic() - t0

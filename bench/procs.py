@@ -111,6 +111,20 @@ class Proc:
         return None
 
 
+class Observed:
+    """A process the harness did not start as a Proc (a Ceph daemon, started
+    and stopped by scripts/ceph-up.sh and ceph-down.sh): measured, never
+    signalled."""
+
+    def __init__(self, name, pid):
+        self.name = name
+        self.pid = pid
+
+    cpu_s = Proc.cpu_s
+    rss_bytes = Proc.rss_bytes
+    opened_with_o_direct = Proc.opened_with_o_direct
+
+
 def stop_all():
     """Stops whatever is still running, newest first (cache before origin)."""
     for p in reversed(list(_started)):

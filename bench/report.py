@@ -9,6 +9,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 PEERS = ["origin", "qemu-nbd", "nbdkit-cache"]
 TC = ["tc-writeback", "tc-writethrough", "tc-writearound", "tc-writeonly"]
+# On the Ceph cluster (docs/ceph.md): the RBD image alone, two ways, and
+# tiercache in front of it.
+RBD_PEERS = ["rbd-fio", "rbd"]
+RBD_TC = ["tc-rbd", "tc-rbd-native", "tc-rbd-pt", "tc-rbd-native-pt"]
+RBD_RATIOS = [("tc-rbd", "rbd"), ("tc-rbd-native", "rbd"), ("tc-rbd-native", "tc-rbd"),
+              ("tc-rbd", "rbd-fio"), ("tc-rbd-native", "rbd-fio"), ("rbd", "rbd-fio"),
+              ("tc-rbd-native-pt", "tc-rbd-pt"), ("tc-rbd-pt", "rbd"),
+              ("tc-rbd-native-pt", "rbd-fio")]
 
 
 def fmt_num(v, digits=0):
@@ -131,7 +139,12 @@ def render(results, plots):
              f"cold region {plan['cold_bytes'] >> 20} MiB, cache {plan['cache_bytes'] >> 20} MiB "
              f"(tiercache cache file; nbdkit cache-max-size), {plan['runtime_s']} s per job "
              f"({plan['origin_runtime_s']} s on the origin alone)")
-    L.append("- client: fio ioengine=nbd, one job, over a Unix socket, for every system. "
+    if "ceph" in m and any(k in systems for k in RBD_PEERS + RBD_TC):
+        L.append(f"- Ceph: {m['ceph']}, single node (scripts/ceph-up.sh: mon, mgr, one OSD on a "
+                 f"file-backed BlueStore on the same disk, pool size 1), up in "
+                 f"{results.get('ceph_up_s', 0):.0f} s")
+    L.append("- client: fio ioengine=nbd, one job, over a Unix socket, for every system "
+             "(rbd-fio: fio's rbd engine instead). "
              "Latencies are fio completion latencies. CPU/IO is the server process's "
              "utime+stime (/proc/PID/stat) over the job divided by I/Os completed; "
              "the origin's nbdkit is not counted for the caches.")
@@ -177,6 +190,20 @@ def render(results, plots):
         for wkey, title in titles.items():
             cells = [fmt_ratio(ratio(iops(results, t, wkey), iops(results, peer, wkey))) for t in tcs]
             L.append(f"| {title} | " + " | ".join(cells) + " |")
+        L.append("")
+
+    # The RBD image alone and tiercache in front of it.
+    rbd_pairs = [(a, b) for a, b in RBD_RATIOS if a in systems and b in systems]
+    if rbd_pairs:
+        L.append("### On Ceph: ratios of IOPS")
+        L.append("")
+        L.append("| workload | " + " | ".join(f"{a} / {b}" for a, b in rbd_pairs) + " |")
+        L.append("|---|" + "--:|" * len(rbd_pairs))
+        for wkey, title in titles.items():
+            cells = [fmt_ratio(ratio(iops(results, a, wkey), iops(results, b, wkey)))
+                     for a, b in rbd_pairs]
+            if any(c != "n/a" for c in cells):
+                L.append(f"| {title} | " + " | ".join(cells) + " |")
         L.append("")
 
     # Re-read.

@@ -21,13 +21,31 @@ Every system is an NBD export that fio reaches at `self.uri`:
                 new data goes down in order through 1 MiB segments.
 
 Each system gets its own HDD image, so no system sees another's data.
+
+On a single-node Ceph cluster (scripts/ceph-up.sh, docs/ceph.md), started
+once for the run when one of these is asked for; each system gets its own
+RBD image in pool `tc`:
+
+- rbd-fio       the RBD image alone, reached by fio's own rbd engine
+                (librbd in the fio process, no NBD).
+- rbd           the RBD image alone, exported by qemu-nbd's rbd driver
+                (librbd in qemu-nbd).
+- tc-rbd        tiercache writeback over `rbd` (`nbd+unix://` origin), its
+                cache file on the same disk as the OSD's BlueStore file.
+- tc-rbd-native tiercache writeback over the image through librbd in
+                tiercache itself (`rbd://` origin, src/device/rbd/).
+- tc-rbd-pt, tc-rbd-native-pt   the same in passthrough: every request goes
+                to the image, so these compare the two ways of reaching it.
 """
 
 import json
 import os
 import time
 
-from procs import BenchError, Proc, run, wait_for_socket
+from procs import BenchError, Observed, Proc, run, wait_for_socket
+from workloads import FioTarget
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 BLOCK_BYTES = 4096
 _CHUNK_BYTES = 8 << 20
@@ -92,6 +110,99 @@ class Hdd:
 
     def stop(self):
         self.proc.stop()
+
+
+class CephCluster:
+    """The single-node cluster of scripts/ceph-up.sh in `dir_path`, started
+    on first use and stopped (scripts/ceph-down.sh) by `stop`."""
+
+    POOL = "tc"
+
+    def __init__(self, dir_path):
+        self.dir = dir_path
+        self.conf = os.path.join(dir_path, "ceph.conf")
+        self.up = False
+
+    def start(self):
+        if self.up:
+            return
+        t0 = time.monotonic()
+        # ceph-up.sh says what failed, with the daemons' log tails.
+        run([os.path.join(REPO, "scripts/ceph-up.sh"), self.dir], timeout_s=600)
+        self.up = True
+        self.start_s = time.monotonic() - t0
+
+    def env(self):
+        return dict(os.environ, CEPH_CONF=self.conf)
+
+    def create_image(self, name, size_bytes):
+        """A new image of `size_bytes`, written in full (an earlier one of
+        that name is removed first). Written, because librbd answers reads
+        of objects that were never written with zeros and no OSD request
+        (the object map), which would make the cold reads of the RBD image
+        alone free; as make_written does for files."""
+        self.start()
+        spec = f"{self.POOL}/{name}"
+        run(["rbd", "rm", "--no-progress", spec], check=False, env=self.env())
+        run(["rbd", "create", "--size", f"{size_bytes // (1 << 20)}M", spec], env=self.env())
+        run(["fio", "--name=fill", "--ioengine=rbd", "--clientname=admin",
+             f"--pool={self.POOL}", f"--rbdname={name}", "--rw=write", "--bs=4m",
+             "--iodepth=8", f"--size={size_bytes}", "--output-format=terse"],
+            timeout_s=1800, env=self.env())
+        return spec
+
+    def remove_image(self, spec):
+        run(["rbd", "rm", "--no-progress", spec], check=False, env=self.env())
+
+    def osd(self):
+        """osd.0, for CPU time (the server side of fio's rbd engine)."""
+        with open(os.path.join(self.dir, "run", "osd.0.pid")) as f:
+            return Observed("ceph-osd", int(f.read()))
+
+    def stop(self, force=False):
+        """Stops the daemons (by their PID files) and removes the directory;
+        `force`: also a cluster this object did not start."""
+        if self.up or force:
+            run([os.path.join(REPO, "scripts/ceph-down.sh"), self.dir], timeout_s=120)
+            self.up = False
+
+
+class RbdNbd:
+    """An RBD image exported by qemu-nbd's rbd driver on a Unix socket.
+    qemu-nbd's default cache mode (writeback) leaves librbd's defaults:
+    rbd_cache on, rbd_cache_policy writearound (writes go to the OSD at
+    once), as in fio's rbd engine."""
+
+    def __init__(self, cluster, name, dir_path, volume_bytes):
+        self.cluster = cluster
+        self.spec = cluster.create_image(name, volume_bytes)
+        self.sock = os.path.join(dir_path, "rbd.sock")
+        self.proc = Proc(
+            "qemu-nbd rbd",
+            ["qemu-nbd", "-t", "--shared=8", "-f", "raw", "-k", self.sock,
+             f"rbd:{self.spec}:conf={cluster.conf}:id=admin"],
+            os.path.join(dir_path, "qemu-nbd-rbd.log"),
+        )
+        wait_for_socket(self.sock, self.proc)
+        self.uri = unix_uri(self.sock)
+
+    def stop(self):
+        try:
+            self.proc.stop()
+        finally:
+            self.cluster.remove_image(self.spec)
+
+
+class RbdDirect:
+    """An RBD image for tiercache's own librbd client: `rbd://POOL/IMAGE`."""
+
+    def __init__(self, cluster, name, volume_bytes):
+        self.cluster = cluster
+        self.spec = cluster.create_image(name, volume_bytes)
+        self.uri = f"rbd://{self.spec}?conf={cluster.conf}"
+
+    def stop(self):
+        self.cluster.remove_image(self.spec)
 
 
 class System:
@@ -214,7 +325,7 @@ class Tiercache(System):
     `tiercache create` options."""
 
     def __init__(self, binary, mode, cache_bytes, key=None, writeback=None, cache_written=True,
-                 extra_create=(), caches=1):
+                 extra_create=(), caches=1, origin=None, origin_describe="an emulated HDD"):
         super().__init__()
         self.binary = binary
         self.mode = mode
@@ -226,10 +337,13 @@ class Tiercache(System):
         self.caches = caches
         what = ("cache file" if caches == 1 else
                 f"cache set of {caches} files (dirty data mirrored), each")
-        self.describe = (f"tiercache {mode}, 4 KiB blocks, default policy and admission, "
-                         f"{what} of {cache_bytes >> 20} MiB on the same disk")
+        self.describe = (f"tiercache {mode} over {origin_describe}, 4 KiB blocks, default "
+                         f"policy and admission, {what} of {cache_bytes >> 20} MiB on the same disk")
         self.serve_proc = None
         self.hdd = None
+        # (work_dir, volume_bytes) -> an origin with `uri` and `stop()`;
+        # None: the emulated HDD.
+        self.origin = origin
 
     def _tc(self, *args):
         return [self.binary, "--state-dir", self.state_dir, *args]
@@ -238,7 +352,10 @@ class Tiercache(System):
         self.dir = work_dir
         self.state_dir = os.path.join(work_dir, "state")
         self.name = "bench"
-        self.hdd = Hdd(work_dir, volume_bytes, self.log_origin_requests)
+        if self.origin is None:
+            self.hdd = Hdd(work_dir, volume_bytes, self.log_origin_requests)
+        else:
+            self.hdd = self.origin(work_dir, volume_bytes)
         caches = [os.path.join(work_dir, "cache.img" if i == 0 else f"cache{i}.img")
                   for i in range(self.caches)]
         create = ["create", "--name", self.name, "--mode", self.mode, "--block-size", "4K",
@@ -257,7 +374,8 @@ class Tiercache(System):
             if high >= 100:
                 create += ["--writeback-idle", "0"]
         create += self.extra_create
-        # The emulated HDD is tiercache's NBD origin (its NBD client backend).
+        # The emulated HDD (or the origin given) is tiercache's NBD origin
+        # (its NBD client backend).
         run(self._tc(*create, "--origin", self.hdd.uri))
         sock = os.path.join(work_dir, "tc.nbd")
         self.serve_proc = Proc(
@@ -294,3 +412,45 @@ class Tiercache(System):
         finally:
             if self.hdd is not None:
                 self.hdd.stop()
+
+
+class RbdFio(System):
+    key = "rbd-fio"
+    describe = ("RBD image alone through fio's rbd engine (librbd in fio, no NBD; librbd "
+                "defaults: rbd_cache on, policy writearound); CPU is ceph-osd's")
+
+    def __init__(self, cluster):
+        super().__init__()
+        self.cluster = cluster
+
+    def start(self, work_dir, volume_bytes):
+        self.dir = work_dir
+        self.spec = self.cluster.create_image(self.key, volume_bytes)
+        pool, image = self.spec.split("/")
+        self.uri = FioTarget(("--ioengine=rbd", "--clientname=admin", f"--pool={pool}",
+                              f"--rbdname={image}"), (("CEPH_CONF", self.cluster.conf),))
+        self.server = self.cluster.osd()
+
+    def stop(self):
+        self.cluster.remove_image(self.spec)
+
+
+class RbdQemu(System):
+    key = "rbd"
+    describe = ("RBD image alone through qemu-nbd's rbd driver (qemu-block-extra; librbd "
+                "defaults: rbd_cache on, policy writearound); CPU is qemu-nbd's")
+
+    def __init__(self, cluster):
+        super().__init__()
+        self.cluster = cluster
+        self.rbd = None
+
+    def start(self, work_dir, volume_bytes):
+        self.dir = work_dir
+        self.rbd = RbdNbd(self.cluster, self.key, work_dir, volume_bytes)
+        self.uri = self.rbd.uri
+        self.server = self.rbd.proc
+
+    def stop(self):
+        if self.rbd is not None:
+            self.rbd.stop()

@@ -83,6 +83,14 @@ WORKLOADS = [
 ]
 
 
+# Run only when named with --workloads: the queue depth of TOOLS.md's Ceph
+# numbers.
+EXTRA_WORKLOADS = [
+    Workload("rr4k_hit_qd16", "4K randread QD16, warm (hits)", "randread", "4k", 16, "ws"),
+    Workload("rw4k_qd16", "4K randwrite QD16", "randwrite", "4k", 16, "ws"),
+]
+
+
 def region(plan, name):
     if name == "ws":
         return 0, plan.ws_bytes
@@ -97,14 +105,33 @@ def region(plan, name):
 # fio
 
 
+@dataclass(frozen=True)
+class FioTarget:
+    """A system fio reaches with another engine than nbd: its engine
+    options and environment (e.g. the rbd engine, which reads the Ceph
+    config named by CEPH_CONF)."""
+    engine_args: tuple
+    env: tuple = ()
+
+    def __str__(self):
+        return " ".join(self.engine_args)
+
+
 def fio(uri, rw, bs, iodepth, offset, size, runtime_s=None, iops_log=None,
         log_avg_ms=1000, timeout_s=900, passes=1):
     """One fio job (or `passes` identical jobs run one after the other by
     one fio process, saving its start-up); returns, per job, IOPS, MiB/s,
     p50/p99/max completion latency (us), I/Os completed and the job's
-    runtime in seconds. A single job's result is returned as is."""
+    runtime in seconds. A single job's result is returned as is. `uri`:
+    an NBD URI (ioengine=nbd) or a FioTarget."""
+    env = None
+    if isinstance(uri, FioTarget):
+        target = list(uri.engine_args)
+        env = dict(os.environ, **dict(uri.env))
+    else:
+        target = ["--ioengine=nbd", f"--uri={uri}"]
     argv = [
-        "fio", "--ioengine=nbd", f"--uri={uri}", f"--rw={rw}",
+        "fio", *target, f"--rw={rw}",
         f"--bs={bs}", f"--iodepth={iodepth}", f"--offset={offset}", f"--size={size}",
         "--numjobs=1", "--output-format=json",
     ]
@@ -118,7 +145,7 @@ def fio(uri, rw, bs, iodepth, offset, size, runtime_s=None, iops_log=None,
     # job wait for the one before.
     for i in range(passes):
         argv += [f"--name=pass{i + 1}"] + (["--stonewall"] if i else [])
-    _, out, _ = run(argv, timeout_s=timeout_s * passes)
+    _, out, _ = run(argv, timeout_s=timeout_s * passes, env=env)
     # The nbd engine prints "fio: connected to NBD server" before the JSON.
     start = out.find("\n{")
     text = out if out.startswith("{") else out[start + 1:] if start >= 0 else ""
@@ -194,16 +221,16 @@ def warm(system, plan):
     fio(system.uri, "read", "1m", 8, off, size)
 
 
-def run_workloads(system, plan, log):
+def run_workloads(system, plan, log, workloads=WORKLOADS):
     results = {}
     runtime_s = plan.origin_runtime_s if system.key == "origin" else plan.runtime_s
-    for w in WORKLOADS:
+    for w in workloads:
         off, size = region(plan, w.region)
         with Probe(system) as p:
             r = fio(system.uri, w.rw, w.bs, w.iodepth, off, size, runtime_s=runtime_s)
         results[w.key] = p.annotate(r)
         hit = r.get("read_hit_pct")
-        log(f"  {w.key:<10} {r['iops']:>10.0f} IOPS {r['mib_s']:>8.1f} MiB/s  "
+        log(f"  {w.key:<13} {r['iops']:>10.0f} IOPS {r['mib_s']:>8.1f} MiB/s  "
             f"p50 {r['p50_us']:>9.0f} us  p99 {r['p99_us']:>9.0f} us"
             + (f"  hits {hit:.0f}%" if hit is not None else ""))
     return results

@@ -17,6 +17,8 @@
 #                                      # without qemu); exit 1 if either does
 #                                      # not resolve to one version
 #   scripts/qemu-install.sh --release  # print the release it would use
+#   scripts/qemu-install.sh --ensure-backports  # add bookworm-backports to
+#                                      # the apt sources if missing
 set -euo pipefail
 
 SUDO=""
@@ -82,6 +84,7 @@ check_release() {
 
 case "${1:-}" in
     --release) qemu_release ;;
+    --ensure-backports) ensure_backports ;;
     --check)
         ensure_backports
         rc=0
@@ -96,5 +99,5 @@ case "${1:-}" in
         DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
             -o DPkg::Lock::Timeout=600 $(install_args "$r") >/dev/null
         ;;
-    *) echo "qemu-install: unknown option $1 (--check, --release)" >&2; exit 2 ;;
+    *) echo "qemu-install: unknown option $1 (--check, --release, --ensure-backports)" >&2; exit 2 ;;
 esac

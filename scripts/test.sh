@@ -25,6 +25,10 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $(printf '%s\n' "${missing[@]}" | sort -u) >/dev/null
 fi
 
+# The single-node Ceph cluster of tests/ceph_rbd.rs (scripts/ceph-up.sh) and
+# qemu-nbd's rbd driver, from the release of the installed qemu-utils.
+./scripts/ceph-install.sh
+
 # Headless Chromium for the dashboard test (tests/dashboard_browser.rs). If
 # it truly cannot be installed, that test is skipped with a message saying so.
 if ! command -v chromium >/dev/null 2>&1; then
@@ -42,6 +46,7 @@ cargo test --quiet
 # The guest's qemu install resolves for machines with qemu-utils from
 # bookworm and from bookworm-backports (apt-get install -s, both).
 ./scripts/qemu-install.sh --check
+./scripts/ceph-install.sh --check
 # tiercache under a real kernel (qemu, TCG): ext4 (kill -9, restart) and fio
 # verify over the kernel NBD client; installs qemu and the kernel (docs/guest.md).
 ./scripts/guest-test.sh --quick --debug

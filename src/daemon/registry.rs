@@ -421,10 +421,14 @@ pub fn validate_name(name: &str) -> Result<()> {
 }
 
 /// `path` made absolute against the current directory, symlinks kept. NBD
-/// URIs (`nbd://`, `nbd+unix://`, ...) are device specs, not paths, and are
-/// kept as given.
+/// URIs (`nbd://`, `nbd+unix://`, ...) and RBD URIs (`rbd://`) are device
+/// specs, not paths, and are kept as given.
 pub fn absolute(path: &str) -> Result<String> {
-    if path.starts_with("nbd://") || path.starts_with("nbd+") || path.starts_with("nbds") {
+    if path.starts_with("nbd://")
+        || path.starts_with("nbd+")
+        || path.starts_with("nbds")
+        || path.starts_with("rbd://")
+    {
         return Ok(path.to_string());
     }
     let abs = std::path::absolute(path).map_err(io_err("resolving path", Path::new(path)))?;

@@ -1,7 +1,8 @@
 //! The device layer: every byte the engine reads or writes goes through
 //! [`BlockDevice`]. Backends: a file or block device (`file.rs`), volatile RAM
 //! (`ram.rs`), a wrapper that delays every request (`latency.rs`, the
-//! demo's slow origin), and, with the `testing` feature (the tests and fuzz
+//! demo's slow origin), an NBD export (`nbd/`), a Ceph RBD image through
+//! librbd (`rbd/`), and, with the `testing` feature (the tests and fuzz
 //! targets turn it on), a fault-injecting device (`fault.rs`) and a
 //! recording wrapper whose log rebuilds crash images (`recorder.rs`).
 
@@ -13,6 +14,7 @@ pub mod file;
 pub mod latency;
 pub mod nbd;
 pub mod ram;
+pub mod rbd;
 #[cfg(any(test, feature = "testing"))]
 pub mod recorder;
 pub mod set;
@@ -89,6 +91,13 @@ pub trait BlockDevice: Send + Sync {
     /// must allocate blocks again.
     fn discard_helps(&self) -> bool {
         false
+    }
+    /// Releases what the device holds outside this process once no more
+    /// requests will come (an RBD image's watch on the OSDs); requests
+    /// after it fail. The engine closes its origin when it is closed or
+    /// detached, as the process may end without dropping it.
+    fn close(&self) -> DeviceResult<()> {
+        Ok(())
     }
     /// True if the contents do not survive a process exit (RAM).
     fn is_volatile(&self) -> bool {
@@ -195,8 +204,9 @@ pub fn parse_size(s: &str) -> Option<u64> {
 }
 
 /// Opens a device from a user specification: `ram:SIZE`, an NBD URI
-/// (`nbd://host[:port]/EXPORT`, `nbd+unix:///EXPORT?socket=PATH`), or a path
-/// to a file or block device.
+/// (`nbd://host[:port]/EXPORT`, `nbd+unix:///EXPORT?socket=PATH`), an RBD
+/// image (`rbd://POOL/IMAGE[?conf=PATH&id=NAME]`), or a path to a file or
+/// block device.
 pub fn open_device(spec: &str) -> DeviceResult<DeviceRef> {
     // TLS and vsock schemes are routed too, so they get a clear refusal
     // instead of "no such file".
@@ -209,6 +219,9 @@ pub fn open_device(spec: &str) -> DeviceResult<DeviceRef> {
     ];
     if NBD_SCHEMES.iter().any(|s| spec.starts_with(s)) {
         return Ok(Arc::new(nbd::NbdDevice::connect(spec, 1)?));
+    }
+    if spec.starts_with("rbd://") {
+        return Ok(Arc::new(rbd::RbdDevice::open(spec)?));
     }
     if let Some(size) = spec.strip_prefix("ram:") {
         let bytes = parse_size(size).ok_or_else(|| DeviceError::Open {

@@ -681,11 +681,18 @@ impl Engine {
     }
 
     /// Clean shutdown: stops background work, commits, writes a checkpoint
-    /// and marks the cache clean, so it opens warm without replay.
+    /// and marks the cache clean, so it opens warm without replay; then
+    /// closes the origin (`BlockDevice::close`).
     pub fn close(&self) -> EngineResult<()> {
         if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
+        let result = self.close_cache();
+        self.close_origin();
+        result
+    }
+
+    fn close_cache(&self) -> EngineResult<()> {
         writeback::stop_background(self);
         self.stop_resync();
         if self.failed_over() {
@@ -709,6 +716,13 @@ impl Engine {
                 Ok(())
             }
             r => r,
+        }
+    }
+
+    /// Nothing more goes to the origin (the engine is closed or detached).
+    fn close_origin(&self) {
+        if let Err(e) = self.io.origin().close() {
+            log::warn!("closing the origin: {e}");
         }
     }
 
@@ -761,7 +775,9 @@ impl Engine {
                 "dirty data appeared during detach".into(),
             ));
         }
-        recovery::wipe(self)
+        let result = recovery::wipe(self);
+        self.close_origin();
+        result
     }
 
     pub(crate) fn now_ms(&self) -> u64 {

@@ -57,6 +57,7 @@ use conn::*;
 use handshake::*;
 use link::*;
 use stream::*;
+pub(in crate::device) use uri::percent_decode;
 use uri::*;
 pub use uri::{NbdAddress, NbdUri};
 

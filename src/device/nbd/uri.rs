@@ -205,7 +205,7 @@ pub(super) fn tls_credentials(q: Query, user: Option<String>) -> Result<ClientCr
     }
 }
 
-pub(super) fn percent_decode(s: &str) -> Result<String, String> {
+pub(in crate::device) fn percent_decode(s: &str) -> Result<String, String> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
