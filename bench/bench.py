@@ -78,6 +78,10 @@ def parse_args():
     p.add_argument("--tiercache", default=os.path.join(REPO, "target/release/tiercache"),
                    help="tiercache binary")
     p.add_argument("--no-build", action="store_true", help="(bench/run) do not cargo build")
+    p.add_argument("--tc-writeback", metavar="HIGH,LOW,AGE",
+                   help="background writeback of every tiercache system in the jobs: high and "
+                   "low watermarks (%%) and age (s), e.g. 25,10,1 to have it under way during "
+                   "10 s jobs (default: tiercache's)")
     t = p.add_argument_group("trace replay (instead of the workloads; docs/trace.md)")
     t.add_argument("--trace", metavar="SPEC", help="replay a block trace: FILE (MSR CSV or "
                    "blkparse text), gen (generated, like the issue's VM trace) or gen-scans; "
@@ -414,6 +418,15 @@ def main():
         workloads = [w for w in known if w.key in keys]
     if args.trace and not args.systems:
         systems = replay.DEFAULT_SYSTEMS
+    tc_writeback = None
+    if args.tc_writeback:
+        try:
+            tc_writeback = tuple(int(x) for x in args.tc_writeback.split(","))
+        except ValueError:
+            tc_writeback = ()
+        if len(tc_writeback) != 3:
+            raise BenchError(f"--tc-writeback wants HIGH,LOW,AGE (three integers), not "
+                             f"'{args.tc_writeback}'")
     for s in systems:
         if s not in ALL_SYSTEMS:
             raise BenchError(f"unknown system '{s}' (known: {', '.join(ALL_SYSTEMS)})")
@@ -459,8 +472,11 @@ def main():
             results["trace"] = bench_trace(args, plan, binary, work_dir, out_dir, systems)
             systems = []
         for key in systems:
-            bench_system(make_system(key, plan, binary, ceph), plan, work_dir, skip, results,
-                         workloads)
+            system = make_system(key, plan, binary, ceph)
+            if tc_writeback and isinstance(system, Tiercache):
+                system.writeback = tc_writeback
+                system.describe += ", writeback high/low/age " + args.tc_writeback
+            bench_system(system, plan, work_dir, skip, results, workloads)
         if "paired" not in skip and {"qemu-nbd", "tc-writeback"} <= set(systems):
             results["paired"] = bench_paired(plan, binary, work_dir,
                                              rounds=3 if plan.name == "full" else 1,
