@@ -19,8 +19,9 @@
 //! group there) or a writeback cache that holds data until a flush
 //! (`HOLDING_CACHE`: only what tiercache flushed is in Ceph).
 //!
-//! CI form: 2 cases (~10 s beside the cluster's ~16 s up and down); long
-//! form (`TIERCACHE_LONG=1`): 12. A failure prints its seed;
+//! CI form: 2 cases (4-7 s beside the cluster's ~16 s up and down: 20-24 s
+//! in all on the 2-core machines); long form (`TIERCACHE_LONG=1`): 12
+//! (~45 s). A failure prints its seed;
 //! `TIERCACHE_SEED=N cargo test --test ceph_ordered` runs that case alone
 //! with the same workload, cache settings and kill plan (the moment of the
 //! kill against the writer is timing, not replayed bit for bit).
