@@ -33,8 +33,16 @@ DEFAULT_SYSTEMS = (["origin", "qemu-nbd", "nbdkit-cache"] + [f"tc-{m}" for m in 
 # and tiercache writeback in front of it (through qemu-nbd; through its own
 # librbd client); the -pt ones in passthrough, every request to the image
 # through tiercache's origin device: the two ways of reaching it compared.
-CEPH_SYSTEMS = ["rbd-fio", "rbd", "tc-rbd", "tc-rbd-native", "tc-rbd-pt", "tc-rbd-native-pt"]
-ALL_SYSTEMS = DEFAULT_SYSTEMS + CEPH_SYSTEMS
+# tc-rbd-ordered: tc-rbd-native with writeback in flush order.
+CEPH_SYSTEMS = ["rbd-fio", "rbd", "tc-rbd", "tc-rbd-native", "tc-rbd-pt", "tc-rbd-native-pt",
+                "tc-rbd-ordered"]
+# Only when asked for with --systems: tc-ordered, tc-writeback with
+# writeback in flush order (create --writeback-order flush), its cost.
+EXTRA_SYSTEMS = ["tc-ordered"]
+ALL_SYSTEMS = DEFAULT_SYSTEMS + EXTRA_SYSTEMS + CEPH_SYSTEMS
+# Writeback in flush order (systems.Tiercache creates the others with
+# address order).
+FLUSH_ORDER = ["--writeback-order", "flush"]
 # Systems that take turns in the head-to-head rounds when asked for.
 PAIRED_EXTRAS = ["tc-set", "tc-log"]
 # Writeback never starts (high watermark 100 %, an hour's age: runs are far
@@ -61,7 +69,7 @@ def parse_args():
                    "(default target/bench-work); removed afterwards")
     p.add_argument("--keep-work", action="store_true", help="keep the scratch directory")
     p.add_argument("--systems", help=f"comma-separated subset of: {','.join(ALL_SYSTEMS)} "
-                   f"(default: all but {','.join(CEPH_SYSTEMS)})")
+                   f"(default: all but {','.join(EXTRA_SYSTEMS + CEPH_SYSTEMS)})")
     p.add_argument("--workloads", help="comma-separated jobs, in the default order (default: "
                    + ",".join(w.key for w in wl.WORKLOADS) + "; also: "
                    + ",".join(w.key for w in wl.EXTRA_WORKLOADS) + ")")
@@ -70,6 +78,10 @@ def parse_args():
     p.add_argument("--tiercache", default=os.path.join(REPO, "target/release/tiercache"),
                    help="tiercache binary")
     p.add_argument("--no-build", action="store_true", help="(bench/run) do not cargo build")
+    p.add_argument("--tc-writeback", metavar="HIGH,LOW,AGE",
+                   help="background writeback of every tiercache system in the jobs: high and "
+                   "low watermarks (%%) and age (s), e.g. 25,10,1 to have it under way during "
+                   "10 s jobs (default: tiercache's)")
     t = p.add_argument_group("trace replay (instead of the workloads; docs/trace.md)")
     t.add_argument("--trace", metavar="SPEC", help="replay a block trace: FILE (MSR CSV or "
                    "blkparse text), gen (generated, like the issue's VM trace) or gen-scans; "
@@ -78,6 +90,9 @@ def parse_args():
                    help="cache sizes as multiples of the footprint (default %(default)s)")
     t.add_argument("--trace-iodepth", type=int, default=16, metavar="N")
     t.add_argument("--trace-timing", action="store_true", help="keep the trace's timing")
+    t.add_argument("--trace-flush-every", type=int, default=0, metavar="N",
+                   help="send a flush (NBD FLUSH) after every N writes (traces carry none; "
+                   "default 0: never)")
     t.add_argument("--trace-limit", type=int, metavar="N", help="first N requests of a file")
     t.add_argument("--trace-no-sim", action="store_true", help="skip the policy simulation")
     t.add_argument("--trace-policies", metavar="P,P", help="replay tiercache once per replacement "
@@ -145,17 +160,22 @@ def make_system(key, plan, binary, ceph=None):
                          plan.cache_bytes, key=key,
                          origin=lambda d, size: RbdNbd(ceph, key, d, size),
                          origin_describe="the RBD image through qemu-nbd's rbd driver (as `rbd`)")
-    if key in ("tc-rbd-native", "tc-rbd-native-pt"):
+    if key in ("tc-rbd-native", "tc-rbd-native-pt", "tc-rbd-ordered"):
+        ordered = key == "tc-rbd-ordered"
         return Tiercache(binary, "passthrough" if key.endswith("-pt") else "writeback",
                          plan.cache_bytes, key=key,
                          origin=lambda d, size: RbdDirect(ceph, key, size),
-                         origin_describe="the RBD image through librbd in tiercache (rbd://)")
+                         origin_describe="the RBD image through librbd in tiercache (rbd://)"
+                         + (", writeback in flush order" if ordered else ""),
+                         extra_create=FLUSH_ORDER if ordered else ())
     if key == "origin":
         return Origin()
     if key == "qemu-nbd":
         return QemuRaw()
     if key == "nbdkit-cache":
         return NbdkitCache(plan.cache_bytes)
+    if key == "tc-ordered":
+        return ordered_system(binary, plan.cache_bytes)
     if key.startswith("tc-") and key[3:] in MODES:
         return Tiercache(binary, key[3:], plan.cache_bytes)
     if key == "tc-set":
@@ -168,6 +188,14 @@ def make_system(key, plan, binary, ceph=None):
         return Tiercache(binary, "writeback", plan.cache_bytes, key="tc-log",
                          extra_create=["--placement", "log"])
     raise BenchError(f"unknown system '{key}' (known: {', '.join(ALL_SYSTEMS)})")
+
+
+def ordered_system(binary, cache_bytes):
+    """tc-ordered: tiercache writeback over the emulated HDD, writeback in
+    flush order."""
+    t = Tiercache(binary, "writeback", cache_bytes, key="tc-ordered", extra_create=FLUSH_ORDER)
+    t.describe += ", writeback in flush order (--writeback-order flush)"
+    return t
 
 
 class Phases:
@@ -343,6 +371,8 @@ def bench_trace(args, plan, binary, work_dir, out_dir, systems):
     def make(key, cache_bytes):
         if key == "nbdkit-cache":
             return NbdkitCache(cache_bytes)
+        if key == "tc-ordered":
+            return ordered_system(binary, cache_bytes)
         if key.startswith("tc-"):
             return Tiercache(binary, key[3:], cache_bytes)
         return make_system(key, plan, binary)
@@ -388,6 +418,15 @@ def main():
         workloads = [w for w in known if w.key in keys]
     if args.trace and not args.systems:
         systems = replay.DEFAULT_SYSTEMS
+    tc_writeback = None
+    if args.tc_writeback:
+        try:
+            tc_writeback = tuple(int(x) for x in args.tc_writeback.split(","))
+        except ValueError:
+            tc_writeback = ()
+        if len(tc_writeback) != 3:
+            raise BenchError(f"--tc-writeback wants HIGH,LOW,AGE (three integers), not "
+                             f"'{args.tc_writeback}'")
     for s in systems:
         if s not in ALL_SYSTEMS:
             raise BenchError(f"unknown system '{s}' (known: {', '.join(ALL_SYSTEMS)})")
@@ -433,8 +472,11 @@ def main():
             results["trace"] = bench_trace(args, plan, binary, work_dir, out_dir, systems)
             systems = []
         for key in systems:
-            bench_system(make_system(key, plan, binary, ceph), plan, work_dir, skip, results,
-                         workloads)
+            system = make_system(key, plan, binary, ceph)
+            if tc_writeback and isinstance(system, Tiercache):
+                system.writeback = tc_writeback
+                system.describe += ", writeback high/low/age " + args.tc_writeback
+            bench_system(system, plan, work_dir, skip, results, workloads)
         if "paired" not in skip and {"qemu-nbd", "tc-writeback"} <= set(systems):
             results["paired"] = bench_paired(plan, binary, work_dir,
                                              rounds=3 if plan.name == "full" else 1,

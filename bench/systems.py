@@ -19,6 +19,9 @@ Every system is an NBD export that fio reaches at `self.uri`:
                 (--mirror-share 100: the same dirty space as tc-writeback).
 - tc-log        tiercache writeback with the log placement (--placement log):
                 new data goes down in order through 1 MiB segments.
+- tc-ordered    tiercache writeback with writeback in flush order
+                (--writeback-order flush); every other tiercache system is
+                created with --writeback-order address.
 
 Each system gets its own HDD image, so no system sees another's data.
 
@@ -36,6 +39,7 @@ RBD image in pool `tc`:
                 tiercache itself (`rbd://` origin, src/device/rbd/).
 - tc-rbd-pt, tc-rbd-native-pt   the same in passthrough: every request goes
                 to the image, so these compare the two ways of reaching it.
+- tc-rbd-ordered  tc-rbd-native with writeback in flush order.
 """
 
 import json
@@ -374,6 +378,10 @@ class Tiercache(System):
             if high >= 100:
                 create += ["--writeback-idle", "0"]
         create += self.extra_create
+        if "--writeback-order" not in create:
+            # Address order unless the system asks for another, whatever
+            # create's default for this origin.
+            create += ["--writeback-order", "address"]
         # The emulated HDD (or the origin given) is tiercache's NBD origin
         # (its NBD client backend).
         run(self._tc(*create, "--origin", self.hdd.uri))

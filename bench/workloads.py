@@ -66,6 +66,8 @@ class Workload:
     bs: str
     iodepth: int
     region: str  # "ws" or "cold"
+    # A flush (NBD FLUSH) after every this many writes (fio --fsync); 0: none.
+    flush_every: int = 0
 
 
 # Order matters: reads of the warmed set come before the writes (in
@@ -88,6 +90,10 @@ WORKLOADS = [
 EXTRA_WORKLOADS = [
     Workload("rr4k_hit_qd16", "4K randread QD16, warm (hits)", "randread", "4k", 16, "ws"),
     Workload("rw4k_qd16", "4K randwrite QD16", "randwrite", "4k", 16, "ws"),
+    # What writeback in flush order (tc-ordered, tc-rbd-ordered) is about:
+    # a client that flushes, as a file system's journal commits do.
+    Workload("rw4k_flush16", "4K randwrite QD32, a flush every 16 writes", "randwrite", "4k", 32,
+             "ws", flush_every=16),
 ]
 
 
@@ -118,7 +124,7 @@ class FioTarget:
 
 
 def fio(uri, rw, bs, iodepth, offset, size, runtime_s=None, iops_log=None,
-        log_avg_ms=1000, timeout_s=900, passes=1):
+        log_avg_ms=1000, timeout_s=900, passes=1, flush_every=0):
     """One fio job (or `passes` identical jobs run one after the other by
     one fio process, saving its start-up); returns, per job, IOPS, MiB/s,
     p50/p99/max completion latency (us), I/Os completed and the job's
@@ -141,6 +147,8 @@ def fio(uri, rw, bs, iodepth, offset, size, runtime_s=None, iops_log=None,
         argv += ["--rwmixread=50", "--unified_rw_reporting=mixed"]
     if iops_log is not None:
         argv += [f"--write_iops_log={iops_log}", f"--log_avg_msec={log_avg_ms}"]
+    if flush_every:
+        argv += [f"--fsync={flush_every}"]
     # Options before the first --name are global; --stonewall makes each
     # job wait for the one before.
     for i in range(passes):
@@ -210,6 +218,8 @@ class Probe:
             result["errors"] = (s1["cache_errors"] + s1["origin_errors"]
                                 - s0["cache_errors"] - s0["origin_errors"])
             result["checkpoints"] = s1.get("checkpoints", 0) - s0.get("checkpoints", 0)
+            for k in ("origin_writes", "flush_requests", "groups_written_back"):
+                result[k] = s1.get(k, 0) - s0.get(k, 0)
         return result
 
 
@@ -227,12 +237,14 @@ def run_workloads(system, plan, log, workloads=WORKLOADS):
     for w in workloads:
         off, size = region(plan, w.region)
         with Probe(system) as p:
-            r = fio(system.uri, w.rw, w.bs, w.iodepth, off, size, runtime_s=runtime_s)
+            r = fio(system.uri, w.rw, w.bs, w.iodepth, off, size, runtime_s=runtime_s,
+                    flush_every=w.flush_every)
         results[w.key] = p.annotate(r)
         hit = r.get("read_hit_pct")
         log(f"  {w.key:<13} {r['iops']:>10.0f} IOPS {r['mib_s']:>8.1f} MiB/s  "
             f"p50 {r['p50_us']:>9.0f} us  p99 {r['p99_us']:>9.0f} us"
-            + (f"  hits {hit:.0f}%" if hit is not None else ""))
+            + (f"  hits {hit:.0f}%" if hit is not None else "")
+            + (f"  origin writes {r['origin_writes']:,}" if "origin_writes" in r else ""))
     return results
 
 

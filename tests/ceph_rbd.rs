@@ -25,13 +25,16 @@
 //! tools are required; a missing one fails the test with the Debian
 //! package to install.
 
+#[path = "common/ceph.rs"]
+mod ceph;
 #[path = "common/daemon.rs"]
 mod daemon;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use ceph::{ok, workdir, Cluster, HOLDING_CACHE};
 use daemon::{cli_ok_in, need, wait_for_socket, KillOnDrop, BIN};
 
 const IMAGE_BYTES: u64 = 256 << 20;
@@ -41,101 +44,6 @@ const COPY_BYTES: u64 = 32 << 20;
 /// fio's 4K random writes (and its verify) cover this region.
 const FIO_OFFSET: u64 = 64 << 20;
 const FIO_BYTES: u64 = 64 << 20;
-
-/// The cluster of `scripts/ceph-up.sh DIR`, stopped with
-/// `scripts/ceph-down.sh DIR` when dropped, on panic too.
-struct Cluster {
-    dir: PathBuf,
-    conf: PathBuf,
-    _tmp: tempfile::TempDir,
-}
-
-impl Cluster {
-    fn up() -> Cluster {
-        let tmp = tempfile::Builder::new()
-            .prefix("ceph-")
-            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-            .unwrap();
-        let dir = tmp.path().join("cluster");
-        let cluster = Cluster {
-            conf: dir.join("ceph.conf"),
-            dir,
-            _tmp: tmp,
-        };
-        let out = Command::new(script("ceph-up.sh"))
-            .arg(&cluster.dir)
-            .stdin(Stdio::null())
-            .output()
-            .expect("run scripts/ceph-up.sh");
-        assert!(
-            out.status.success(),
-            "scripts/ceph-up.sh failed:\n{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        cluster
-    }
-
-    /// `program` with this cluster's CEPH_CONF (ceph, rbd, fio's rbd engine).
-    fn command(&self, program: &str) -> Command {
-        let mut c = Command::new(program);
-        c.env("CEPH_CONF", &self.conf).stdin(Stdio::null());
-        c
-    }
-
-    fn rbd(&self, args: &[&str]) {
-        ok(self.command("rbd").args(args).output(), "rbd", args);
-    }
-
-    /// The whole image as Ceph holds it, read by librbd in `rbd export`.
-    fn export(&self, image: &str, to: &Path) -> Vec<u8> {
-        self.rbd(&[
-            "export",
-            "--no-progress",
-            &format!("tc/{image}"),
-            to.to_str().unwrap(),
-        ]);
-        let data = std::fs::read(to).unwrap();
-        std::fs::remove_file(to).unwrap();
-        data
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        match Command::new(script("ceph-down.sh"))
-            .arg(&self.dir)
-            .stdin(Stdio::null())
-            .output()
-        {
-            Ok(out) if out.status.success() => {}
-            Ok(out) => eprintln!(
-                "scripts/ceph-down.sh failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            ),
-            Err(e) => eprintln!("cannot run scripts/ceph-down.sh: {e}"),
-        }
-    }
-}
-
-fn script(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("scripts")
-        .join(name)
-}
-
-/// Asserts that a command ran and succeeded; returns its stdout.
-fn ok(out: std::io::Result<Output>, program: &str, args: &[&str]) -> String {
-    let out = out.unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
-    assert!(
-        out.status.success(),
-        "{program} {args:?} failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 /// Bytes `[offset, offset + len)` of the pattern `tag`: every aligned
 /// 8-byte word differs by position and tag.
@@ -244,24 +152,10 @@ fn wait_exit(child: &mut Child, what: &str, limit: Duration) {
     }
 }
 
-/// librbd's cache as a writeback cache from the start that holds data
-/// until a flush (or a minute, or 24 MiB dirty), so that what another
-/// client reads from Ceph is what was flushed: Ceph options, as `:`-joined
-/// `key=value` for qemu's rbd driver and `--key=value` for CEPH_ARGS.
-const HOLDING_CACHE: [(&str, &str); 3] = [
-    ("rbd_cache_policy", "writeback"),
-    ("rbd_cache_writethrough_until_flush", "false"),
-    ("rbd_cache_max_dirty_age", "60"),
-];
-
 #[test]
 fn data_written_through_tiercache_reaches_the_rbd_image() {
+    ceph::need_ceph();
     for (tool, package) in [
-        ("ceph", "ceph-common"),
-        ("rbd", "ceph-common"),
-        ("ceph-mon", "ceph-mon"),
-        ("ceph-osd", "ceph-osd"),
-        ("ceph-mgr", "ceph-mgr"),
         ("qemu-nbd", "qemu-utils"),
         ("nbdcopy", "libnbd-bin"),
         ("fio", "fio"),
@@ -323,11 +217,7 @@ fn data_written_through_tiercache_reaches_the_rbd_image() {
     let work = workdir("ceph-native-");
     let image = "native";
     import_pattern(&cluster, image, work.path());
-    let ceph_args: Vec<String> = HOLDING_CACHE
-        .iter()
-        .map(|(k, v)| format!("--{k}={v}"))
-        .collect();
-    let origin = format!("rbd://tc/{image}?conf={}", cluster.conf.display());
+    let origin = cluster.uri(image);
     // A wrong image or pool is refused at create, saying which.
     for (wrong, says) in [
         ("tc/missing", "opening image 'missing' in pool 'tc'"),
@@ -345,7 +235,7 @@ fn data_written_through_tiercache_reaches_the_rbd_image() {
         &cluster,
         image,
         &origin,
-        &[("CEPH_ARGS", &ceph_args.join(" "))],
+        &[("CEPH_ARGS", &ceph::holding_cache_args())],
         work.path(),
     );
     // The daemon closed the image as it ended: no watch is left behind
@@ -366,28 +256,9 @@ fn data_written_through_tiercache_reaches_the_rbd_image() {
     );
 }
 
-fn workdir(prefix: &str) -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix(prefix)
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .unwrap()
-}
-
-/// Creates `tc/IMAGE` holding pattern 1, imported with librbd. No
-/// exclusive-lock feature: with it, another client opening the image (rbd
-/// export, fio) makes the lock holder write its cache out, flush or not.
+/// Creates `tc/IMAGE` holding pattern 1.
 fn import_pattern(cluster: &Cluster, image: &str, dir: &Path) {
-    let file = dir.join("origin.bin");
-    std::fs::write(&file, pattern(0, IMAGE_BYTES, 1)).unwrap();
-    cluster.rbd(&[
-        "import",
-        "--no-progress",
-        "--image-feature",
-        "layering",
-        file.to_str().unwrap(),
-        &format!("tc/{image}"),
-    ]);
-    std::fs::remove_file(&file).unwrap();
+    cluster.import(image, &pattern(0, IMAGE_BYTES, 1), dir);
 }
 
 /// tiercache writeback over `origin` (the image `tc/IMAGE` holding pattern

@@ -18,11 +18,14 @@
 //! command that replays it.
 
 mod common;
+#[path = "common/cut.rs"]
+mod cut;
 #[path = "common/sim.rs"]
 mod sim;
 
 use std::sync::Arc;
 
+use cut::FlushGroups;
 use rand::Rng;
 use sim::Sim;
 use tiercache::device::fault::{CrashSwitch, FaultDevice};
@@ -31,73 +34,6 @@ use tiercache::engine::{CreateOptions, Engine, Mode, WritebackOrder};
 
 const ORIGIN_BYTES: u64 = 1 << 20;
 const SECTORS: u64 = ORIGIN_BYTES / 512;
-
-/// The writes of each group, in order: (first sector, sectors, version).
-struct Groups {
-    writes: Vec<Vec<(u64, u64, u64)>>,
-    /// Per group, the engine's open group when it started.
-    engine_group: Vec<u64>,
-}
-
-impl Groups {
-    /// The groups a state "cut at c" allows per sector: the last version
-    /// of the groups before c, or any version group c wrote.
-    fn check_cut(&self, origin: &[u8], c: usize) -> Result<(), String> {
-        let mut last = vec![0u64; SECTORS as usize];
-        for g in &self.writes[..c] {
-            for &(first, n, v) in g {
-                for s in first..first + n {
-                    last[s as usize] = v;
-                }
-            }
-        }
-        let mut in_c: Vec<Vec<u64>> = vec![Vec::new(); SECTORS as usize];
-        for &(first, n, v) in &self.writes[c] {
-            for s in first..first + n {
-                in_c[s as usize].push(v);
-            }
-        }
-        for s in 0..SECTORS as usize {
-            let data = &origin[s * 512..(s + 1) * 512];
-            let Some((sector, v)) = common::decode_sector(data) else {
-                return Err(format!("sector {s} holds bytes no write put there"));
-            };
-            if sector != s as u64 {
-                return Err(format!("sector {s} holds sector {sector}'s data"));
-            }
-            if v != last[s] && !in_c[s].contains(&v) {
-                return Err(format!(
-                    "sector {s} holds v{v}; a cut at group {c} allows v{} or {:?}",
-                    last[s], in_c[s]
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// Finds a group c, from the first not known on the origin (`done`:
-    /// the engine's groups below it are), whose cut the origin matches.
-    fn check(&self, origin: &[u8], done: u64) -> Result<usize, String> {
-        // Group k is on the origin once the engine's groups below the
-        // one group k+1 started in are (`write_back_all` may split a
-        // group: it is on the origin once all its parts are).
-        let from = (1..self.writes.len())
-            .take_while(|&k| self.engine_group[k] <= done)
-            .count();
-        let mut why = Vec::new();
-        for c in from..self.writes.len() {
-            match self.check_cut(origin, c) {
-                Ok(()) => return Ok(c),
-                Err(e) => why.push(format!("cut at group {c}: {e}")),
-            }
-        }
-        Err(format!(
-            "no cut from group {from} (engine groups below {done} were on the origin) matches \
-             the origin:\n  {}",
-            why.join("\n  ")
-        ))
-    }
-}
 
 fn groups_done(engine: &Engine) -> u64 {
     engine.status().flush_groups.expect("flush order").done
@@ -114,7 +50,7 @@ struct Seen {
 
 /// The workload's state across the engine's lives.
 struct Workload {
-    groups: Groups,
+    groups: FlushGroups,
     model: common::SectorModel,
     max_sectors: u64,
 }
@@ -140,7 +76,7 @@ fn drive(sim: &mut Sim, engine: &Engine, origin: &FaultDevice, w: &mut Workload,
             sim.note_write(v, first, n, fua, &res.is_ok().to_string());
             // A write that failed may still be in part anywhere: it is one
             // of its group's, like any other.
-            w.groups.writes.last_mut().unwrap().push((first, n, v));
+            w.groups.write(first, n, v);
             if res.is_ok() && fua {
                 w.model.fua_done(v);
             }
@@ -156,9 +92,8 @@ fn drive(sim: &mut Sim, engine: &Engine, origin: &FaultDevice, w: &mut Workload,
             sim.note(format!("flush: {}", res.is_ok()));
             if res.is_ok() {
                 w.model.flush_done();
-                w.groups.writes.push(Vec::new());
                 let open = engine.status().flush_groups.expect("flush order").open;
-                w.groups.engine_group.push(open);
+                w.groups.flushed(open);
             }
             res.is_ok()
         } else {
@@ -236,10 +171,7 @@ fn case(seed: u64, test: &str) -> (String, Seen) {
     let engine = Engine::create_with(cache, origin, &opts, &sim.open_options())
         .unwrap_or_else(|e| panic!("seed {seed}: create: {e}"));
     let mut w = Workload {
-        groups: Groups {
-            writes: vec![Vec::new()],
-            engine_group: vec![0],
-        },
+        groups: FlushGroups::new(SECTORS),
         model: common::SectorModel::new(SECTORS),
         max_sectors: (3 * block_bytes / 512) as u64,
     };
@@ -392,10 +324,7 @@ fn address_order_case(seed: u64) -> bool {
         ..Default::default()
     };
     let engine = Engine::create_with(cache, origin, &opts, &sim.open_options()).unwrap();
-    let mut groups = Groups {
-        writes: vec![Vec::new()],
-        engine_group: vec![0],
-    };
+    let mut groups = FlushGroups::new(SECTORS);
     let mut version = 0;
     for _ in 0..400 {
         let r: u32 = sim.rng().gen_range(0..100);
@@ -414,11 +343,10 @@ fn address_order_case(seed: u64) -> bool {
             engine
                 .write(first * 512, &common::stamped(first, n, version), false)
                 .unwrap();
-            groups.writes.last_mut().unwrap().push((first, n, version));
+            groups.write(first, n, version);
         } else {
             engine.flush().unwrap();
-            groups.writes.push(Vec::new());
-            groups.engine_group.push(0);
+            groups.flushed(0);
         }
     }
     true

@@ -101,22 +101,28 @@ def split_large(requests, max_bytes=MAX_REQUEST_BYTES):
     return out, split
 
 
-def write_iolog(requests, path, timing=False):
+def write_iolog(requests, path, timing=False, flush_every=0):
     """Writes a version 2 iolog (no timing) or a version 3 one (timing kept:
-    microsecond timestamps, starting at 1). Returns the number of I/O
-    entries, which is what `--number_ios` must be."""
+    microsecond timestamps, starting at 1); with `flush_every` N > 0, a
+    `sync` entry (fio's nbd engine sends NBD FLUSH) after every N writes.
+    Returns the number of read and write entries, which is what
+    `--number_ios` must be (fio does not count syncs there)."""
+    if flush_every < 0:
+        raise ValueError(f"flush_every must be 0 (never) or more, not {flush_every}")
+    writes = 0
     with open(path, "w") as f:
         if timing:
             f.write("fio version 3 iolog\n")
             f.write(f"1 {IOLOG_FILE} add\n1 {IOLOG_FILE} open\n")
-            for r in requests:
-                f.write(f"{int(r.t_us) + 1} {IOLOG_FILE} {'write' if r.write else 'read'} "
-                        f"{r.offset} {r.length}\n")
         else:
             f.write("fio version 2 iolog\n")
             f.write(f"{IOLOG_FILE} add\n{IOLOG_FILE} open\n")
-            for r in requests:
-                f.write(f"{IOLOG_FILE} {'write' if r.write else 'read'} {r.offset} {r.length}\n")
+        for r in requests:
+            t = f"{int(r.t_us) + 1} " if timing else ""
+            f.write(f"{t}{IOLOG_FILE} {'write' if r.write else 'read'} {r.offset} {r.length}\n")
+            writes += r.write
+            if r.write and flush_every and writes % flush_every == 0:
+                f.write(f"{t}{IOLOG_FILE} sync 0 0\n")
         # No trailing "close": see quirk 2 above.
     return len(requests)
 
@@ -143,6 +149,12 @@ def read_iolog_counts(path):
     return reads, writes, rbytes, wbytes
 
 
+def read_iolog_syncs(path):
+    """The `sync` entries (flushes) of an iolog."""
+    with open(path) as f:
+        return sum(1 for line in f if line.split()[-3:-2] == ["sync"])
+
+
 def fio_args(iolog_path, n_requests, iodepth=16, timing=False):
     """fio options (after --ioengine=nbd --uri=...) that replay the iolog
     to its end and wait for every request (quirk 1)."""
@@ -153,9 +165,9 @@ def fio_args(iolog_path, n_requests, iodepth=16, timing=False):
     return args
 
 
-def check_replay(job, counts):
+def check_replay(job, counts, syncs=0):
     """Raises ValueError unless fio's job result (its JSON `jobs[0]`) did
-    every request of the iolog with every byte."""
+    every request of the iolog with every byte, and its `syncs` flushes."""
     reads, writes, rbytes, wbytes = counts
     got = (job["read"]["total_ios"], job["write"]["total_ios"],
            job["read"]["io_bytes"], job["write"]["io_bytes"])
@@ -166,3 +178,6 @@ def check_replay(job, counts):
         raise ValueError(f"replay incomplete: fio did reads/writes {got[0]}/{got[1]} with "
                          f"{got[2]}/{got[3]} bytes, the iolog has {want[0]}/{want[1]} with "
                          f"{want[2]}/{want[3]} bytes")
+    done_syncs = job.get("sync", {}).get("total_ios", 0)
+    if done_syncs != syncs:
+        raise ValueError(f"replay incomplete: fio sent {done_syncs} flushes, the iolog has {syncs}")

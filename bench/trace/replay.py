@@ -22,8 +22,9 @@ from procs import run as run_cmd
 
 MiB = 1 << 20
 DEFAULT_SIZES = "1.5x,0.25x"
-CACHE_KINDS = ["nbdkit-cache", "tc-writeback", "tc-writethrough", "tc-writearound", "tc-writeonly"]
-DEFAULT_SYSTEMS = ["origin"] + CACHE_KINDS
+CACHE_KINDS = ["nbdkit-cache", "tc-writeback", "tc-writethrough", "tc-writearound", "tc-writeonly",
+               "tc-ordered"]
+DEFAULT_SYSTEMS = ["origin"] + CACHE_KINDS[:-1]
 # Scaled-down generated traces for --quick and --smoke (bench/run's modes).
 SCALE = {"quick": 0.25, "smoke": 0.025}
 
@@ -109,7 +110,7 @@ def cache_bytes_for(p, fraction):
 
 
 def replay_one(system, p, iolog_path, n_requests, counts, iodepth, timing, work_dir, settle, log,
-               policy=None, admission=None):
+               policy=None, admission=None, syncs=0):
     d = os.path.join(work_dir, system.key.replace("/", "_"))
     os.makedirs(d)
     system.log_origin_requests = True
@@ -139,7 +140,7 @@ def replay_one(system, p, iolog_path, n_requests, counts, iodepth, timing, work_
         row["read_p99_ms"] = job["read"]["clat_ns"].get("percentile", {}).get("99.000000", 0) / 1e6
         row["write_p99_ms"] = job["write"]["clat_ns"].get("percentile", {}).get("99.000000", 0) / 1e6
         try:
-            iolog.check_replay(job, counts)
+            iolog.check_replay(job, counts, syncs)
             row["complete"] = True
         except ValueError as e:
             row["complete"] = False
@@ -151,6 +152,8 @@ def replay_one(system, p, iolog_path, n_requests, counts, iodepth, timing, work_
             st = system.status()
             row["stats_after"] = st["stats"]
             row["dirty_blocks_end"] = st.get("cache_blocks_dirty")
+            if st.get("flush_groups"):
+                row["shadow_peak"] = st["flush_groups"]["shadow_peak"]
     finally:
         system.stop()
         row["notes"] = list(system.notes)
@@ -170,20 +173,25 @@ def run(args, mode, make_system, systems, work_dir, out_dir, settle, log):
     except (readers.TraceError, tracetool.ToolError, ValueError, OSError) as e:
         raise BenchError(f"trace: {e}") from None
     iolog_path = os.path.join(out_dir, "trace.iolog")
-    n = iolog.write_iolog(p["requests"], iolog_path, timing=args.trace_timing)
+    flush_every = getattr(args, "trace_flush_every", 0) or 0
+    n = iolog.write_iolog(p["requests"], iolog_path, timing=args.trace_timing,
+                          flush_every=flush_every)
     counts = iolog.read_iolog_counts(iolog_path)
+    syncs = iolog.read_iolog_syncs(iolog_path)
     st = p["stats"]
     result = {
         "spec": args.trace, "description": p["description"], "notes": p["notes"],
         "volume_bytes": p["volume_bytes"], "iodepth": args.trace_iodepth,
         "timing": args.trace_timing, "iolog": iolog_path,
+        "flush_every": flush_every, "flushes": syncs, "writes": counts[1],
         "stats": st, "fractions": list(p["fractions"]), "replays": [],
     }
     if not args.trace_no_sim:
         log("policy simulation (offline, 4 KiB blocks):")
         result["simulation"] = simulate(p, log)
     log(f"replay: {n:,} requests at QD{args.trace_iodepth}, "
-        f"{'trace timing' if args.trace_timing else 'as fast as possible'}")
+        f"{'trace timing' if args.trace_timing else 'as fast as possible'}"
+        + (f", a flush after every {flush_every} writes ({syncs:,})" if flush_every else ""))
     # (system, cache fraction, tiercache policy): the peers without a
     # cache first, then each cache size.
     order = [(k, None, None) for k in ("origin", "qemu-nbd") if k in systems]
@@ -200,7 +208,7 @@ def run(args, mode, make_system, systems, work_dir, out_dir, settle, log):
             system.key = f"{key}@{f:g}x" + (f"/{pol}" if pol else "")
         adm = args.trace_admission.split() if args.trace_admission and key.startswith("tc-") else None
         row = replay_one(system, p, iolog_path, n, counts, args.trace_iodepth, args.trace_timing,
-                         work_dir, settle, log, policy=pol, admission=adm)
+                         work_dir, settle, log, policy=pol, admission=adm, syncs=syncs)
         row["admission"] = " ".join(adm) if adm else None
         row["kind"], row["fraction"], row["cache_bytes"] = key, f, cache_bytes
         result["replays"].append(row)
@@ -244,8 +252,10 @@ def markdown(tr):
         f"- origin busy: origin requests × the origin's time per request when alone, over the "
         f"replay time (about 100% means the origin was the bottleneck throughout)",
         f"- replay: fio read_iolog, ioengine=nbd, QD{tr['iodepth']}, "
-        f"{'trace timing' if tr['timing'] else 'replay_no_stall (as fast as possible)'}; each system "
-        f"starts empty on a fresh emulated HDD (5 ms per request, one at a time)",
+        f"{'trace timing' if tr['timing'] else 'replay_no_stall (as fast as possible)'}"
+        + (f", a flush (NBD FLUSH) after every {tr['flush_every']} writes ({tr['flushes']:,})"
+           if tr.get("flush_every") else "")
+        + "; each system starts empty on a fresh emulated HDD (5 ms per request, one at a time)",
         "",
         "| system | cache | replay | × origin alone | × bound | origin requests (reads + writes) | "
         "origin busy | read p99 | notes |",
@@ -274,6 +284,14 @@ def markdown(tr):
             notes.append(f"engine: origin reads {d.get('origin_reads', 0):,}, writes "
                          f"{d.get('origin_writes', 0):,}; read hits "
                          f"{100 * hits / max(1, hits + miss):.0f}% of {hits + miss:,} blocks")
+        if r.get("origin_other"):
+            notes.append(f"origin flushes and trims {r['origin_other']:,}")
+        if tr.get("writes") and "origin_writes" in r:
+            notes.append(f"origin writes per 1000 writes {1000 * r['origin_writes'] / tr['writes']:.0f}")
+        if r.get("stats_after", {}).get("groups_written_back"):
+            notes.append(f"groups written back {r['stats_after']['groups_written_back']:,}")
+        if r.get("shadow_peak") is not None:
+            notes.append(f"older versions kept (peak) {r['shadow_peak']:,}")
         if r.get("complete") is False:
             notes.insert(0, "INCOMPLETE")
         if r.get("policy"):

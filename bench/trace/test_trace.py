@@ -210,6 +210,19 @@ class IologTest(TempDir):
             self.assertEqual(iolog.read_iolog_counts(path), (1, 1, 4096, 3584))
         self.assertEqual(lines[-1], "1001 nbd read 0 4096")
 
+    def test_flush_every(self):
+        t = reqs(("w", 0, 4096), ("r", 0, 4096), ("w", 4096, 4096), ("w", 8192, 4096))
+        for timing in (False, True):
+            path = os.path.join(self.dir, "f.iolog")
+            self.assertEqual(iolog.write_iolog(t, path, timing=timing, flush_every=2), 4)
+            with open(path) as f:
+                acts = [x.split()[-3] for x in f.read().splitlines()[3:]]
+            self.assertEqual(acts, ["write", "read", "write", "sync", "write"])
+            self.assertEqual(iolog.read_iolog_syncs(path), 1)
+            self.assertEqual(iolog.read_iolog_counts(path), (1, 3, 4096, 12288))
+        with self.assertRaises(ValueError):
+            iolog.write_iolog(t, path, flush_every=-1)
+
     def test_check_replay_catches_lost_requests(self):
         job = {"error": 0, "read": {"total_ios": 2, "io_bytes": 0},
                "write": {"total_ios": 0, "io_bytes": 0}}
@@ -227,6 +240,11 @@ class IologTest(TempDir):
         iolog.write_iolog(t, path)
         job = tracetool.check_iolog(path, 8 << 20, iodepth=16)
         self.assertEqual(job["read"]["total_ios"] + job["write"]["total_ios"], 600)
+        # With flushes (fio's sync entries, NBD FLUSH): every one is sent.
+        iolog.write_iolog(t, path, flush_every=16)
+        job = tracetool.check_iolog(path, 8 << 20, iodepth=16)
+        self.assertEqual(job["sync"]["total_ios"], iolog.read_iolog_syncs(path))
+        self.assertGreater(job["sync"]["total_ios"], 10)
 
 
 # ---------------------------------------------------------------------------

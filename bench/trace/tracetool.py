@@ -121,7 +121,7 @@ def check_iolog(path, volume_bytes=None, iodepth=16, timing=False):
                 "--output-format=json", *iolog.fio_args(path, n, iodepth, timing)]
         _, out, _ = run(argv, timeout_s=600)
         job = parse_fio_json(out)["jobs"][0]
-        iolog.check_replay(job, counts)
+        iolog.check_replay(job, counts, iolog.read_iolog_syncs(path))
         return job
     finally:
         server.stop()
@@ -174,7 +174,9 @@ def cmd_info(a):
 def cmd_iolog(a):
     reqs, desc = load(a.trace, a.format, a.device, a.event, a.limit, a.seed, a.set)
     reqs, vol, notes = prepare(reqs, parse_size(a.volume) if a.volume else None)
-    n = iolog.write_iolog(reqs, a.out, timing=a.timing)
+    if a.flush_every < 0:
+        raise ToolError(f"--flush-every must be 0 or more, not {a.flush_every}")
+    n = iolog.write_iolog(reqs, a.out, timing=a.timing, flush_every=a.flush_every)
     print(f"{a.out}: {n:,} requests from {desc}; volume {vol:,} bytes ({vol / 2**20:.0f} MiB)")
     for note in notes:
         print(f"  {note}")
@@ -226,6 +228,8 @@ def main(argv=None):
                    help="keep the trace's timing (iolog v3); default: as fast as possible")
     p.add_argument("--volume", help="volume size to fold into (default: the packed trace)")
     p.add_argument("--iodepth", type=int, default=16)
+    p.add_argument("--flush-every", type=int, default=0, metavar="N",
+                   help="a flush after every N writes (default 0: none; traces carry none)")
     p.set_defaults(fn=cmd_iolog)
 
     p = sub.add_parser("check", help="replay an iolog against nbdkit memory and verify it completes")
