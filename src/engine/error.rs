@@ -46,6 +46,12 @@ pub enum EngineError {
     /// The engine is closed or detached.
     #[error("the cache is shut down")]
     ShutDown,
+    /// Writeback in flush order: the write must go to the origin, and
+    /// older flush groups must get there first. Never reaches a client:
+    /// the request releases its block locks, the closed groups are written
+    /// back, and the request starts again (pipeline.rs).
+    #[error("older flush groups must reach the origin first")]
+    DrainFirst,
     /// The crash log could not be opened (or another process holds it).
     #[error(transparent)]
     CrashLog(#[from] super::crash_log::CrashLogError),

@@ -308,18 +308,31 @@ impl Engine {
         bump(&self.stats.write_requests, 1);
         let (offset, len) = (req.offset, req.len);
         if let Some((first, last)) = req.blocks() {
-            let _guard = self.locks.lock_range(first, last);
-            self.writeback.touch(first, last);
-            let plan = self.resolve(&mut req);
-            match plan.route {
-                WriteRoute::Cache => {
-                    let cached = self.lookup(&mut req, |_| true);
-                    self.write_cached_dirty_with(&req.segs, data, &cached, plan.admits())?
+            loop {
+                let r = {
+                    let _guard = self.locks.lock_range(first, last);
+                    self.writeback.touch(first, last);
+                    let plan = self.resolve(&mut req);
+                    match plan.route {
+                        WriteRoute::Cache => {
+                            let cached = self.lookup(&mut req, |_| true);
+                            self.write_cached_dirty_with(&req.segs, data, &cached, plan.admits())
+                        }
+                        WriteRoute::Through => {
+                            self.write_writethrough(req.offset, &req.segs, data, plan.admits())
+                        }
+                        WriteRoute::Around => self.write_around_cache(req.offset, &req.segs, data),
+                    }
+                };
+                match r {
+                    // Writeback in flush order: with no block lock held (a
+                    // writer waiting for the groups while holding blocks of
+                    // theirs could stop them for good), the closed groups
+                    // go to the origin; then the write again (rewriting
+                    // what it already stored is harmless).
+                    Err(EngineError::DrainFirst) => self.write_back_closed_groups()?,
+                    r => break r?,
                 }
-                WriteRoute::Through => {
-                    self.write_writethrough(req.offset, &req.segs, data, plan.admits())?
-                }
-                WriteRoute::Around => self.write_around_cache(req.offset, &req.segs, data)?,
             }
             self.heal_stale(offset, len);
         }
@@ -344,8 +357,10 @@ impl Engine {
             Ok(req) => req,
             Err(e) => return Fast::Done(Err(e)),
         };
-        let Some(r) = self.try_write_cached_locked(&mut req, data) else {
-            return Fast::Pending(req);
+        let r = match self.try_write_cached_locked(&mut req, data) {
+            // The slow path writes the closed groups back without locks.
+            None | Some(Err(EngineError::DrainFirst)) => return Fast::Pending(req),
+            Some(r) => r,
         };
         self.observe
             .latency

@@ -64,6 +64,7 @@ impl Engine {
     ) -> EngineResult<usize> {
         let seg = &segs[0];
         if !self.cacheable(seg.block) {
+            self.drain_first()?;
             bump(&self.stats.bypassed_ios, 1);
             self.origin_write(
                 &data[seg.buf.clone()],
@@ -208,6 +209,7 @@ impl Engine {
     /// block stayed dirty or busy while it waited) and hurries writeback
     /// along.
     fn write_around(&self, seg: &Segment, data: &[u8]) -> EngineResult<()> {
+        self.drain_first()?;
         bump(&self.stats.bypassed_ios, 1);
         self.write_origin_invalidating(
             std::slice::from_ref(seg),

@@ -24,8 +24,11 @@ use crate::engine::{Engine, EngineError, EngineResult, WritebackOrder};
 
 /// Shadows or blocks one step writes back at most.
 const STEP_ITEMS: usize = 1024;
-/// Longest a foreground origin write waits for the closed groups.
-const DRAIN_LIMIT: Duration = Duration::from_secs(60);
+/// Longest a foreground origin write waits for the closed groups while
+/// none of them makes progress (a slow origin that keeps taking writes
+/// only slows it down: a full writeback cache stalls writes, it does not
+/// fail them).
+const STALL_LIMIT: Duration = Duration::from_secs(60);
 
 impl Engine {
     /// Writeback goes group by group.
@@ -181,24 +184,45 @@ impl Engine {
         Ok(())
     }
 
+    /// A write of the cache route that must go to the origin while an
+    /// older flush group is not there yet gives up its block locks first:
+    /// `DrainFirst` (pipeline.rs writes the closed groups back, then the
+    /// request again).
+    pub(crate) fn drain_first(&self) -> EngineResult<()> {
+        if self.older_groups_pending() {
+            return Err(EngineError::DrainFirst);
+        }
+        Ok(())
+    }
+
     /// Before a foreground write to the origin, with its blocks' locks
     /// held: every closed group must be on the origin first. This thread
     /// writes groups back itself meanwhile (step by step, so that two such
     /// writers each write the blocks they hold), the blocks it holds with
-    /// them (`writeback_blocks_in`). Fails after `DRAIN_LIMIT` (the origin is too slow
-    /// or gone); the write is then not made.
+    /// them (`writeback_blocks_in`). Fails once the groups made no progress
+    /// for `STALL_LIMIT` (the origin is gone); the write is then not made.
     pub(crate) fn order_foreground_write(&self) -> EngineResult<()> {
-        let deadline = Instant::now() + DRAIN_LIMIT;
-        while self.older_groups_pending() {
-            if Instant::now() >= deadline {
+        let closed = || self.meta.lock().groups().and_then(|g| g.closed_pending());
+        if !self.ordered() {
+            return Ok(());
+        }
+        let mut pending = closed();
+        let mut progress_at = Instant::now();
+        while let Some(g) = pending {
+            let written = self.ordered_step(Pace::Full)?;
+            let now = closed();
+            if written > 0 || now != Some(g) {
+                progress_at = Instant::now();
+            } else if progress_at.elapsed() >= STALL_LIMIT {
                 return Err(EngineError::Config(format!(
-                    "a write to the origin waited {} s for older flush groups to reach it",
-                    DRAIN_LIMIT.as_secs()
+                    "a write to the origin waited for older flush groups to reach it, and \
+                     group {g} made no progress for {} s",
+                    STALL_LIMIT.as_secs()
                 )));
-            }
-            if self.ordered_step(Pace::Full)? == 0 {
+            } else {
                 std::thread::sleep(Duration::from_millis(1));
             }
+            pending = now;
         }
         Ok(())
     }
