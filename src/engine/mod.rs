@@ -471,13 +471,17 @@ impl Engine {
         let origin_health = self.io.origin().health();
         let stopped = self.io.admission_stopped();
         let limit = self.io.cache_error_limit();
-        let stats = self.stats.snapshot();
-        let errors = stats.cache_errors;
         let writeback = self.writeback.settings();
         let (stale_ranges, stale_blocks) = self.stale_ranges();
         let set = self.io.cache().as_cache_set();
         let mut members = set.map(|s| s.members()).unwrap_or_default();
         let mut m = self.meta.lock();
+        // Under the metadata lock, as the counts below: an eviction counts
+        // its demotion under it, so used blocks and demotions agree (a
+        // snapshot taken before the lock raced the background's evictions
+        // after a restart: engine_model's warm-restart check failed once).
+        let stats = self.stats.snapshot();
+        let errors = stats.cache_errors;
         let dirty = m.table().dirty_count();
         if let Some(set) = set {
             // Members 0 and 1 hold every mirrored slot, hence every dirty
