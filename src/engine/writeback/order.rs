@@ -16,7 +16,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::run::Pace;
+use super::run::{wait_if_stalled, Pace};
 use crate::engine::format::Record;
 use crate::engine::sectors::SECTOR_BYTES;
 use crate::engine::stats::bump;
@@ -167,18 +167,8 @@ impl Engine {
                 Some(g) if g < target => {}
                 _ => break,
             }
-            if self.ordered_step(Pace::Full)? == 0 {
-                // Busy blocks (foreground I/O holds them); wait a little.
-                stalled += 1;
-                if stalled > 10_000 {
-                    return Err(EngineError::Config(
-                        "flush made no progress: blocks stayed busy".into(),
-                    ));
-                }
-                std::thread::sleep(Duration::from_millis(1));
-            } else {
-                stalled = 0;
-            }
+            let written = self.ordered_step(Pace::Full)?;
+            wait_if_stalled(&mut stalled, written > 0)?;
             progress(total.saturating_sub(left(self)), total);
         }
         Ok(())

@@ -685,18 +685,7 @@ impl Engine {
                     let untried = remaining.len().saturating_sub((k + 1) * BATCH_BLOCKS);
                     progress(total - (untried + next.len()) as u64, total);
                 }
-                if next.len() == remaining.len() {
-                    // Busy blocks (foreground I/O holds them); wait a little.
-                    stalled += 1;
-                    if stalled > 10_000 {
-                        return Err(EngineError::Config(
-                            "flush made no progress: blocks stayed busy".into(),
-                        ));
-                    }
-                    std::thread::sleep(Duration::from_millis(1));
-                } else {
-                    stalled = 0;
-                }
+                wait_if_stalled(&mut stalled, next.len() < remaining.len())?;
                 remaining = next;
             }
             if self.mode().holds_dirty() || self.dirty_blocks() == 0 {
@@ -705,4 +694,22 @@ impl Engine {
         }
         self.commit()
     }
+}
+
+/// A pass of `write_back_all` that wrote nothing back met busy blocks
+/// (foreground I/O holds them): it waits a little, and gives up after
+/// 10,000 such passes in a row. `progressed` resets the count.
+pub(super) fn wait_if_stalled(stalled: &mut u32, progressed: bool) -> EngineResult<()> {
+    if progressed {
+        *stalled = 0;
+        return Ok(());
+    }
+    *stalled += 1;
+    if *stalled > 10_000 {
+        return Err(EngineError::Config(
+            "flush made no progress: blocks stayed busy".into(),
+        ));
+    }
+    std::thread::sleep(Duration::from_millis(1));
+    Ok(())
 }
