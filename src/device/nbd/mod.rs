@@ -422,6 +422,16 @@ mod tests {
         format!("nbd+unix:///?socket={}", sock.display())
     }
 
+    /// A device on `connections` connections to `nbdkit memory 1M` on a
+    /// socket in a directory of its own (kept alive by the returned guard).
+    fn served(connections: usize) -> (tempfile::TempDir, std::path::PathBuf, Nbdkit, NbdDevice) {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("s.sock");
+        let server = Nbdkit::start(&sock, &["memory", "1M"]);
+        let dev = NbdDevice::connect(&uri(&sock), connections).unwrap();
+        (dir, sock, server, dev)
+    }
+
     /// Polls the device's health until `done` holds (10 s at most).
     fn wait_health(
         dev: &NbdDevice,
@@ -460,10 +470,7 @@ mod tests {
     /// server sees them; skip it to see a real server's refusal.
     #[test]
     fn server_side_out_of_range_is_a_clean_error() {
-        let dir = tempfile::tempdir().unwrap();
-        let sock = dir.path().join("s.sock");
-        let server = Nbdkit::start(&sock, &["memory", "1M"]);
-        let dev = NbdDevice::connect(&uri(&sock), 1).unwrap();
+        let (_dir, _, server, dev) = served(1);
         let mut buf = vec![0u8; 4096];
         let err = dev.read_raw(&mut buf, 1 << 20).unwrap_err();
         let msg = err.to_string();
@@ -482,10 +489,7 @@ mod tests {
     /// and I/O works.
     #[test]
     fn a_lost_server_fails_fast_and_is_reconnected() {
-        let dir = tempfile::tempdir().unwrap();
-        let sock = dir.path().join("s.sock");
-        let server = Nbdkit::start(&sock, &["memory", "1M"]);
-        let dev = NbdDevice::connect(&uri(&sock), 2).unwrap();
+        let (_dir, sock, server, dev) = served(2);
         assert_eq!(dev.connection_count(), 2);
         dev.write_at(&[0xab; 4096], 0).unwrap();
         dev.flush().unwrap();
@@ -548,10 +552,7 @@ mod tests {
     /// server is back, a flush is sent again.
     #[test]
     fn an_unflushed_write_makes_the_flush_fail_while_unreachable() {
-        let dir = tempfile::tempdir().unwrap();
-        let sock = dir.path().join("s.sock");
-        let server = Nbdkit::start(&sock, &["memory", "1M"]);
-        let dev = NbdDevice::connect(&uri(&sock), 1).unwrap();
+        let (_dir, sock, server, dev) = served(1);
         dev.write_at(&[1; 512], 0).unwrap();
         server.kill();
         wait_health(&dev, "the loss", |h| !h.reachable);
@@ -575,10 +576,7 @@ mod tests {
     /// reconnects once the right export is back.
     #[test]
     fn a_resized_export_is_refused_on_reconnect() {
-        let dir = tempfile::tempdir().unwrap();
-        let sock = dir.path().join("s.sock");
-        let server = Nbdkit::start(&sock, &["memory", "1M"]);
-        let dev = NbdDevice::connect(&uri(&sock), 1).unwrap();
+        let (_dir, sock, server, dev) = served(1);
         server.kill();
         wait_health(&dev, "the loss", |h| !h.reachable);
         let wrong = Nbdkit::start(&sock, &["memory", "2M"]);
@@ -609,10 +607,7 @@ mod tests {
     /// backoff.
     #[test]
     fn a_device_closes_promptly_while_unreachable() {
-        let dir = tempfile::tempdir().unwrap();
-        let sock = dir.path().join("s.sock");
-        let server = Nbdkit::start(&sock, &["memory", "1M"]);
-        let dev = NbdDevice::connect(&uri(&sock), 1).unwrap();
+        let (_dir, _, server, dev) = served(1);
         server.kill();
         wait_health(&dev, "the loss", |h| !h.reachable);
         let t = Instant::now();
