@@ -226,27 +226,24 @@ impl Groups {
     /// The oldest group with data not yet on the origin (shadows written
     /// but not yet `Done` are on it).
     pub fn oldest_pending(&self) -> Option<u64> {
-        let b = self.blocks.keys().next().copied();
-        let s = self
-            .shadows
-            .iter()
-            .find(|(_, s)| !s.written)
-            .map(|(&(g, _), _)| g);
-        match (b, s) {
-            (Some(b), Some(s)) => Some(b.min(s)),
-            (b, s) => b.or(s),
-        }
+        self.oldest(false)
     }
 
     /// The oldest closed group not yet done (written back and flushed).
     pub fn closed_pending(&self) -> Option<u64> {
-        let b = self.blocks.keys().next().copied();
-        let s = self.shadows.keys().next().map(|&(g, _)| g);
-        let oldest = match (b, s) {
-            (Some(b), Some(s)) => Some(b.min(s)),
-            (b, s) => b.or(s),
-        };
-        oldest.filter(|&g| g < self.open)
+        self.oldest(true).filter(|&g| g < self.open)
+    }
+
+    /// The oldest group of a mapped dirty block or of a shadow (of one not
+    /// yet written, unless `written_too`).
+    fn oldest(&self, written_too: bool) -> Option<u64> {
+        let block = self.blocks.keys().next().copied();
+        let shadow = self
+            .shadows
+            .iter()
+            .find(|(_, s)| written_too || !s.written)
+            .map(|(&(g, _), _)| g);
+        block.into_iter().chain(shadow).min()
     }
 
     /// Up to `max` mapped blocks of group `g`, ascending from `from`, then
