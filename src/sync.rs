@@ -33,6 +33,10 @@ pub enum Rank {
     WritebackState,
     /// Where writes wait for writeback to free a slot.
     SlotsFreed,
+    /// The cache-write gatherer's lanes (engine/io/gather.rs): which 1 MiB
+    /// lanes of the cache device have a write under way and what queues
+    /// behind it; never held across device I/O.
+    Gather,
     /// A cache set's rebuild fence (device/set/rebuild.rs): held across a
     /// chunk copy and across a client write to the member being rebuilt.
     Rebuild,

@@ -899,7 +899,12 @@ fn build_engine(
         },
         clock,
         closed: AtomicBool::new(false),
-        io: super::io::Io::new(cache, origin, sb.cache_error_limit.get()),
+        io: super::io::Io::new(
+            cache,
+            origin,
+            sb.cache_error_limit.get(),
+            sb.flags.get() & SB_FLAG_LOG_PLACEMENT != 0,
+        ),
     }
 }
 

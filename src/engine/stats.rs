@@ -97,6 +97,12 @@ counters! {
     blocks_moved,
     /// Log placement: free segments discarded on the cache device.
     segments_discarded,
+    /// Log placement: cache writes that queued behind another in their
+    /// 1 MiB lane and went to the device in a batch (engine/io/gather.rs).
+    gathered_writes,
+    /// Log placement: device writes those batches took (adjacent writes
+    /// of a batch are one device write).
+    gathered_device_writes,
     /// Writeback in flush order: groups (the writes between two client
     /// flushes) written to the origin and flushed there, oldest first.
     groups_written_back,

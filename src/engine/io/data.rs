@@ -75,8 +75,9 @@ impl Engine {
     ) -> Result<(), DeviceError> {
         let at = self.layout.slot_offset(slot) + in_block;
         let r = self
-            .timed_device(Dev::CacheWrite, buf.len(), || {
-                self.io.cache.write_at(buf, at)
+            .timed_device(Dev::CacheWrite, buf.len(), || match &self.io.gather {
+                Some(g) => g.write(&*self.io.cache, &self.stats, buf, at),
+                None => self.io.cache.write_at(buf, at),
             })
             .inspect_err(|e| {
                 self.note_cache_error();

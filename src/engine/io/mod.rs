@@ -9,6 +9,7 @@
 
 pub mod data;
 pub mod failure;
+pub(crate) mod gather;
 pub(crate) mod stale;
 pub(crate) mod warnings;
 
@@ -23,6 +24,9 @@ use crate::sync::{Mutex, Rank};
 pub(crate) struct Io {
     cache: DeviceRef,
     origin: DeviceRef,
+    /// With the log placement, data writes to the cache are gathered into
+    /// runs (`gather.rs`).
+    gather: Option<gather::Gather>,
     /// See `CreateOptions::cache_error_limit`.
     cache_error_limit: AtomicU64,
     /// Set once the cache device has failed `cache_error_limit` times: the
@@ -48,10 +52,16 @@ pub(crate) struct Io {
 }
 
 impl Io {
-    pub(crate) fn new(cache: DeviceRef, origin: DeviceRef, cache_error_limit: u64) -> Io {
+    pub(crate) fn new(
+        cache: DeviceRef,
+        origin: DeviceRef,
+        cache_error_limit: u64,
+        gather: bool,
+    ) -> Io {
         Io {
             cache,
             origin,
+            gather: gather.then(gather::Gather::new),
             cache_error_limit: AtomicU64::new(cache_error_limit),
             admission_stopped: AtomicBool::new(false),
             failed_over: AtomicBool::new(false),
