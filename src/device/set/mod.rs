@@ -23,6 +23,7 @@
 //! label with the highest generation among the members present names the
 //! stale ones.
 
+mod helpers;
 pub mod label;
 pub mod rebuild;
 pub mod sums;
@@ -183,19 +184,6 @@ pub struct CacheSet {
     rebuild: rebuild::Fence,
     sums: sums::Sums,
     meta_check: std::sync::OnceLock<sums::MetaCheck>,
-}
-
-/// Threads that write the two copies of a mirrored write at once (they
-/// block in the devices' writes, so more than the cores).
-fn mirror_pool() -> &'static rayon::ThreadPool {
-    static POOL: std::sync::OnceLock<rayon::ThreadPool> = std::sync::OnceLock::new();
-    POOL.get_or_init(|| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(32)
-            .thread_name(|i| format!("tc-mirror-{i}"))
-            .build()
-            .expect("a thread pool")
-    })
 }
 
 /// Errors of opening or formatting a set.
@@ -670,8 +658,9 @@ impl CacheSet {
         // costs about one device write's time, not two.
         let results: Vec<(usize, DeviceResult<()>)> = match copies.as_slice() {
             [a, b] if !a.2 && !b.2 => {
-                let (ra, rb) = mirror_pool().join(|| write(a), || write(b));
-                vec![ra, rb]
+                self.members[b.0].writes.fetch_add(1, Ordering::Relaxed);
+                let (ra, rb) = helpers::write_beside(|| write(a).1, &b.1, buf, at);
+                vec![(a.0, ra), (b.0, rb)]
             }
             _ => copies.iter().map(write).collect(),
         };

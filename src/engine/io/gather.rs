@@ -2,13 +2,14 @@
 //! placement's "large, in-order runs"). The cursor hands concurrent writers
 //! adjacent slots; without gathering each is still its own 4 KiB device
 //! write. Here, writes into the same 1 MiB lane of the cache device take
-//! turns: a write that finds the lane idle is written at once, alone (no
-//! added latency at queue depth 1); writes that arrive while the lane is
-//! busy queue, and when it is their turn one of them (the *leader*) writes
-//! the whole queue, sorted, each run of adjacent writes as one device
-//! write. So every writer waits for at most the write before its own and
-//! its own batch, and under load one device write carries many client
-//! writes, much as the block layer's plugging merges bcache's bucket writes.
+//! turns: a write that finds fewer than `IN_FLIGHT` device writes under
+//! way in its lane is written at once, alone (no added latency at low
+//! queue depths); writes that arrive while the lane is busy queue, and
+//! when a device write ends, one of them (the *leader*) writes the whole
+//! queue, sorted, each run of adjacent writes as one device write. So
+//! every writer waits for at most a write under way and its own batch, and
+//! under load one device write carries many client writes, much as the
+//! block layer's plugging merges bcache's bucket writes.
 //!
 //! A batch write that fails is retried write by write, so each write gets
 //! its own result and one bad range does not fail its neighbours.
@@ -27,6 +28,16 @@ use crate::sync::{Mutex, Rank};
 /// Lanes are this long, aligned on the device (the log placement's
 /// segments lie inside them).
 pub(crate) const LANE_BYTES: u64 = 1 << 20;
+
+/// A write this large is a large run already: it goes straight down, in
+/// parallel with the lane's writes (queueing it would only copy it twice
+/// and hold up the writes behind it).
+const LARGE_BYTES: usize = 64 << 10;
+
+/// Device writes a lane has under way at once: more than one keeps a
+/// device with several queues (or a mirror's two members) busy while a
+/// batch is gathered behind them.
+const IN_FLIGHT: usize = 2;
 
 const WAITING: u8 = 0;
 const DONE: u8 = 1;
@@ -53,6 +64,10 @@ impl Waiter {
 
 #[derive(Default)]
 struct Lane {
+    /// Device writes under way (at most `IN_FLIGHT`).
+    in_flight: usize,
+    /// Writes waiting for one of them to end (only while `IN_FLIGHT` are
+    /// under way).
     queue: Vec<Arc<Waiter>>,
 }
 
@@ -78,15 +93,19 @@ impl Gather {
         buf: &[u8],
         at: u64,
     ) -> DeviceResult<()> {
+        if buf.len() >= LARGE_BYTES {
+            return dev.write_at(buf, at);
+        }
         let key = at / LANE_BYTES;
         let waiter = {
             let mut lanes = self.lanes.lock();
-            match lanes.get_mut(&key) {
-                None => {
-                    lanes.insert(key, Lane::default());
+            let lane = lanes.entry(key).or_default();
+            match lane.in_flight < IN_FLIGHT {
+                true => {
+                    lane.in_flight += 1;
                     None
                 }
-                Some(lane) => {
+                false => {
                     let w = Arc::new(Waiter {
                         at,
                         data: AlignedBuf::from_slice(buf),
@@ -121,13 +140,17 @@ impl Gather {
         r.expect("the leader's own write is in its batch")
     }
 
-    /// The lane's turn passes to the first write queued, with the whole
-    /// queue as its batch; with none queued the lane goes idle.
+    /// A device write of the lane has ended: its turn passes to the first
+    /// write queued, with the whole queue as its batch; with none queued
+    /// the lane has one write fewer under way (and is dropped when idle).
     fn hand_on(&self, key: u64) {
         let mut lanes = self.lanes.lock();
         let lane = lanes.get_mut(&key).expect("a busy lane");
         if lane.queue.is_empty() {
-            lanes.remove(&key);
+            lane.in_flight -= 1;
+            if lane.in_flight == 0 {
+                lanes.remove(&key);
+            }
             return;
         }
         let batch = std::mem::take(&mut lane.queue);
