@@ -900,10 +900,12 @@ fn build_engine(
         clock,
         closed: AtomicBool::new(false),
         io: super::io::Io::new(
-            cache,
+            cache.clone(),
             origin,
             sb.cache_error_limit.get(),
-            sb.flags.get() & SB_FLAG_LOG_PLACEMENT != 0,
+            // A RAM cache takes a write at memory speed: nothing to gather
+            // (the hand-over between threads would only cost).
+            sb.flags.get() & SB_FLAG_LOG_PLACEMENT != 0 && !cache.is_volatile(),
         ),
     }
 }
