@@ -171,7 +171,7 @@ impl Engine {
         }
         let d = self.admission.decide(req.offset, req.len, req.write, || {
             let m = self.meta.lock();
-            m.table().used() * 100 / m.table().slot_count().max(1)
+            m.table().used() * 100 / self.usable_slots(&m).max(1)
         });
         self.admission.record(req.offset, req.len);
         d

@@ -90,6 +90,17 @@ pub trait Policy: Send {
         self.removed(old);
         self.inserted(new, block);
     }
+    /// The log placement's cleaner frees segments in log order, not the
+    /// policy's: whether the clean block in `slot` of a segment being freed
+    /// is worth keeping (copied to the cursor) rather than evicted. `None`:
+    /// no opinion, the cleaner keeps blocks used since they were stored
+    /// (a second chance, as CLOCK). A pure query: `log_pass` applies it.
+    fn keep_in_log(&self, _slot: u32) -> Option<bool> {
+        None
+    }
+    /// The cleaner kept (`keep`) or is evicting the block in `slot`: the
+    /// policy's state moves as its own eviction pass would move it.
+    fn log_pass(&mut self, _slot: u32, _block: u64, _keep: bool) {}
     /// Up to `want` victims, examining at most `scan_max` candidates;
     /// `verdict` decides for each. Victims are out of the policy's lists.
     fn select(

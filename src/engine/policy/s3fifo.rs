@@ -94,17 +94,37 @@ impl Policy for S3Fifo {
     }
 
     fn moved(&mut self, old: u32, new: u32, _block: u64) {
-        // The block keeps its queue and its count, plus this access: a hot
-        // block rewritten must not start over in the small queue.
+        // The block keeps its queue and its count: a hot block rewritten
+        // must not start over in the small queue. (The write that moved
+        // it counted its access already; so does a move by the log
+        // placement's cleaner, which is no access at all.)
         let state = self.state[old as usize];
         self.removed(old);
         self.unlink(new);
-        let freq = (state & FREQ_MASK).saturating_add(1).min(FREQ_MASK);
-        self.state[new as usize] = (state & IN_MAIN) | freq;
+        self.state[new as usize] = state;
         if state & IN_MAIN != 0 {
             self.links.push_hot(&mut self.main, new);
         } else {
             self.links.push_hot(&mut self.small, new);
+        }
+    }
+
+    /// In log order a block is kept while its access count lasts: each
+    /// pass of the cleaner spends one, as a pass over the main queue does,
+    /// and a block accessed while small joins the main queue. So a block
+    /// used often outlives a few turns of the log without another access,
+    /// and one a scan brought in and nobody used again goes at the first.
+    fn keep_in_log(&self, slot: u32) -> Option<bool> {
+        Some(self.freq(slot) > 0)
+    }
+
+    fn log_pass(&mut self, slot: u32, block: u64, keep: bool) {
+        match (keep, self.in_main(slot)) {
+            (true, false) => self.move_to_main(slot, self.freq(slot)),
+            (true, true) => self.state[slot as usize] -= 1,
+            // Leaving through the small queue: remembered, as `evicted`.
+            (false, false) => self.ghost.insert(block),
+            (false, true) => {}
         }
     }
 
@@ -233,9 +253,38 @@ mod tests {
         }
         let v = p.select(1, 100, &mut |_| Verdict::Take);
         assert!(p.in_main(0) && !v.contains(&0));
+        // The write that rewrites it counts its access, then moves it.
+        p.accessed(0);
         p.moved(0, v[0], 7);
         assert!(p.in_main(v[0]), "the rewritten block left the main queue");
         assert_eq!(p.freq(v[0]), 2);
+    }
+
+    #[test]
+    fn in_log_order_an_access_count_lasts_a_pass_each() {
+        let mut p = S3Fifo::new(20);
+        p.inserted(0, 7);
+        p.inserted(1, 8);
+        p.accessed(0);
+        p.accessed(0);
+        // A scan's block, never used again: let go, and remembered.
+        assert_eq!(p.keep_in_log(1), Some(false));
+        p.log_pass(1, 8, false);
+        p.removed(1);
+        p.inserted(1, 8);
+        assert!(p.in_main(1), "the ghost did not remember it");
+        // Used twice while small: joins the main queue with its count, then
+        // each pass spends one.
+        assert_eq!(p.keep_in_log(0), Some(true));
+        p.log_pass(0, 7, true);
+        assert!(p.in_main(0) && p.freq(0) == 2);
+        p.moved(0, 5, 7);
+        for left in [1, 0] {
+            assert_eq!(p.keep_in_log(5), Some(true));
+            p.log_pass(5, 7, true);
+            assert_eq!(p.freq(5), left);
+        }
+        assert_eq!(p.keep_in_log(5), Some(false));
     }
 
     #[test]

@@ -177,6 +177,19 @@ impl Meta {
             .is_some_and(|w| w & (1 << (slot % 64)) != 0)
     }
 
+    /// The log placement's cleaner: whether the clean block in `slot` is
+    /// worth keeping: the policy's word, or else used since it was stored.
+    pub(crate) fn keep_in_log(&self, slot: u32) -> bool {
+        self.policy
+            .keep_in_log(slot)
+            .unwrap_or_else(|| self.touched(slot))
+    }
+
+    /// The cleaner kept or is evicting `slot`'s block: the policy learns it.
+    pub(crate) fn log_pass(&mut self, slot: u32, block: u64, keep: bool) {
+        self.policy.log_pass(slot, block, keep);
+    }
+
     /// (Nothing to keep without the log placement.)
     pub(super) fn set_touched(&mut self, slot: u32, on: bool) {
         let Some(w) = self.touched.get_mut(slot as usize / 64) else {

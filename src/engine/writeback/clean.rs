@@ -51,6 +51,19 @@ impl Engine {
             .max(2)
     }
 
+    /// The slots the cache fills before it counts as full: all of them,
+    /// less (with the log placement) the whole segments the cleaner keeps
+    /// free, which are never used for long. Admission's occupancy is of
+    /// these: counted against every slot, a log cache never looked more
+    /// than about 85% full, and admission stayed open to scans.
+    pub(crate) fn usable_slots(&self, m: &Meta) -> u64 {
+        let all = m.table().slot_count();
+        match m.log() {
+            Some(g) => all.saturating_sub(self.segment_reserve(m, g.slots) as u64 * g.slots as u64),
+            None => all,
+        }
+    }
+
     /// A pool (for dirty data, or the own pool for clean data) that has
     /// fewer whole segments than the reserve.
     pub(crate) fn short_pool(&self, m: &Meta) -> Option<bool> {
@@ -150,7 +163,11 @@ impl Engine {
                 plan.busy += 1;
                 continue;
             }
-            if must_move(&m, slot, dirty) {
+            let keep = must_move(&m, slot, dirty);
+            if !dirty {
+                m.log_pass(slot, block, keep);
+            }
+            if keep {
                 plan.moves.push((slot, block));
                 continue;
             }
@@ -271,7 +288,8 @@ impl Engine {
 }
 
 /// The cleaner keeps the block in `slot` (moves it) rather than evict it:
-/// dirty, or used since it was stored there.
+/// dirty, or worth keeping in the replacement policy's judgement (S3-FIFO:
+/// its access count lasts; the others: used since it was stored there).
 fn must_move(m: &Meta, slot: u32, dirty: bool) -> bool {
-    dirty || m.touched(slot)
+    dirty || m.keep_in_log(slot)
 }
