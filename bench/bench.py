@@ -22,12 +22,14 @@ from systems import (CephCluster, NbdkitCache, Origin, QemuRaw, RbdDirect, RbdFi
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ["writeback", "writethrough", "writearound", "writeonly"]
-# tc-log: writeback with the log placement (create --placement log): new
-# data goes down in order through 1 MiB segments.
+# tc-inplace: writeback with the in-place placement (create --placement
+# in-place), the default before 2026-11-26; the tc-MODE systems take
+# create's default, the log placement (new data down in order through 1 MiB
+# segments).
 # tc-set: writeback on a cache set of two devices, each the size of the
 # others' one cache device, every slot mirrored (--mirror-share 100).
 DEFAULT_SYSTEMS = (["origin", "qemu-nbd", "nbdkit-cache"] + [f"tc-{m}" for m in MODES]
-                   + ["tc-set", "tc-log"])
+                   + ["tc-set", "tc-inplace"])
 # On a single-node Ceph cluster (docs/ceph.md), only when asked for with
 # --systems: the RBD image alone (fio's rbd engine; qemu-nbd's rbd driver)
 # and tiercache writeback in front of it (through qemu-nbd; through its own
@@ -44,7 +46,7 @@ ALL_SYSTEMS = DEFAULT_SYSTEMS + EXTRA_SYSTEMS + CEPH_SYSTEMS
 # address order).
 FLUSH_ORDER = ["--writeback-order", "flush"]
 # Systems that take turns in the head-to-head rounds when asked for.
-PAIRED_EXTRAS = ["tc-set", "tc-log"]
+PAIRED_EXTRAS = ["tc-set", "tc-inplace"]
 # Writeback never starts (high watermark 100 %, an hour's age: runs are far
 # shorter): the "idle" reference. Newer tiercache caps the age at 32767 s.
 WRITEBACK_IDLE = (100, 100, 3600)
@@ -184,9 +186,9 @@ def make_system(key, plan, binary, ceph=None):
         # copy and where hits are read from, not a smaller dirty space.
         return Tiercache(binary, "writeback", plan.cache_bytes, key="tc-set", caches=2,
                          extra_create=["--mirror-share", "100"])
-    if key == "tc-log":
-        return Tiercache(binary, "writeback", plan.cache_bytes, key="tc-log",
-                         extra_create=["--placement", "log"])
+    if key == "tc-inplace":
+        return Tiercache(binary, "writeback", plan.cache_bytes, key="tc-inplace",
+                         extra_create=["--placement", "in-place"])
     raise BenchError(f"unknown system '{key}' (known: {', '.join(ALL_SYSTEMS)})")
 
 
@@ -293,7 +295,7 @@ def bench_paired(plan, binary, work_dir, rounds, extras=()):
     ±30% from one run to the next, which the median of interleaved runs
     cancels. `extras`: more systems that take turns too: tc-set (two
     mirrored cache files), for the targets of two devices against one;
-    tc-log (the log placement), against the in-place default."""
+    tc-inplace (the in-place placement), against the log default."""
     pair = [make_system("qemu-nbd", plan, binary), make_system("tc-writeback", plan, binary)]
     pair += [make_system(key, plan, binary) for key in extras]
     titles = {w.key: w for w in wl.WORKLOADS}

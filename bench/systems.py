@@ -17,8 +17,10 @@ Every system is an NBD export that fio reaches at `self.uri`:
 - tc-set        tiercache writeback on a cache set of two such files, each
                 the size of tc-MODE's one, every slot mirrored
                 (--mirror-share 100: the same dirty space as tc-writeback).
-- tc-log        tiercache writeback with the log placement (--placement log):
-                new data goes down in order through 1 MiB segments.
+- tc-inplace    tiercache writeback with the in-place placement
+                (--placement in-place: any free slot, overwrites in place);
+                the tc-MODE systems take create's default, the log
+                placement (new data down in order through 1 MiB segments).
 - tc-ordered    tiercache writeback with writeback in flush order
                 (--writeback-order flush); every other tiercache system is
                 created with --writeback-order address.

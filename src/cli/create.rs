@@ -7,7 +7,7 @@
 use anyhow::{bail, Context, Result};
 use tiercache::device::open_device;
 use tiercache::engine::format::Layout;
-use tiercache::engine::{CreateOptions, Engine, WritebackSettings};
+use tiercache::engine::{CreateOptions, Engine, Placement, WritebackOrder, WritebackSettings};
 
 use super::registry::{self, Entry, Registry};
 use super::units::{
@@ -45,9 +45,12 @@ pub struct Args {
     policy: String,
     /// Where new data goes on the cache device: log (in order through
     /// 1 MiB segments, reclaimed and discarded whole, whatever the
-    /// client's offsets) or in-place (any free slot; overwrites in place).
-    #[arg(long, value_name = "PLACEMENT", default_value = "in-place")]
-    placement: String,
+    /// client's offsets; writes that queue together go down as one) or
+    /// in-place (any free slot; overwrites in place) [default: log;
+    /// in-place with --writeback-order flush, which does not take the log
+    /// placement yet].
+    #[arg(long, value_name = "PLACEMENT")]
+    placement: Option<String>,
     /// The order dirty data reaches the origin in: flush (the writes
     /// between two client flushes go as one group, group after group, so a
     /// lost cache leaves the origin as a crash of a real disk could) or
@@ -175,7 +178,11 @@ fn checked_options(a: &Args) -> Result<(CreateOptions, String, Vec<String>)> {
         mode: parse_mode(&a.mode)?,
         block_bytes: parse_block_size(&a.block_size)?,
         policy: parse_policy(&a.policy)?,
-        placement: parse_placement(&a.placement)?,
+        placement: match &a.placement {
+            Some(p) => parse_placement(p)?,
+            None if a.writeback_order == WritebackOrder::Flush.name() => Placement::InPlace,
+            None => Placement::Log,
+        },
         writeback_order: parse_writeback_order(&a.writeback_order)?,
         writeback,
         admission: a.admission.apply(Default::default())?,

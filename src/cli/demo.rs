@@ -21,7 +21,7 @@ use tiercache::device::file::create_file;
 use tiercache::device::latency::LatencyDevice;
 use tiercache::device::{open_device, AlignedBuf, DeviceRef};
 use tiercache::engine::recovery;
-use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions};
+use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions, Placement};
 use tiercache::monitor::{spawn_endpoints, EndpointConfig};
 
 use super::status;
@@ -78,6 +78,8 @@ pub fn run(a: &Args) -> Result<()> {
         slow_origin.clone(),
         &CreateOptions {
             mode: Mode::Writeback,
+            // As `tiercache create` makes a cache by default.
+            placement: Placement::Log,
             ..CreateOptions::default()
         },
     )
