@@ -187,9 +187,16 @@ def make_system(key, plan, binary, ceph=None):
         return Tiercache(binary, "writeback", plan.cache_bytes, key="tc-set", caches=2,
                          extra_create=["--mirror-share", "100"])
     if key == "tc-inplace":
-        return Tiercache(binary, "writeback", plan.cache_bytes, key="tc-inplace",
-                         extra_create=["--placement", "in-place"])
+        return inplace_system(binary, plan.cache_bytes)
     raise BenchError(f"unknown system '{key}' (known: {', '.join(ALL_SYSTEMS)})")
+
+
+def inplace_system(binary, cache_bytes):
+    """tc-inplace: tiercache writeback with the in-place placement."""
+    t = Tiercache(binary, "writeback", cache_bytes, key="tc-inplace",
+                  extra_create=["--placement", "in-place"])
+    t.describe += ", in-place placement (--placement in-place)"
+    return t
 
 
 def ordered_system(binary, cache_bytes):
@@ -375,6 +382,8 @@ def bench_trace(args, plan, binary, work_dir, out_dir, systems):
             return NbdkitCache(cache_bytes)
         if key == "tc-ordered":
             return ordered_system(binary, cache_bytes)
+        if key == "tc-inplace":
+            return inplace_system(binary, cache_bytes)
         if key.startswith("tc-"):
             return Tiercache(binary, key[3:], cache_bytes)
         return make_system(key, plan, binary)

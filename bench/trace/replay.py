@@ -23,8 +23,8 @@ from procs import run as run_cmd
 MiB = 1 << 20
 DEFAULT_SIZES = "1.5x,0.25x"
 CACHE_KINDS = ["nbdkit-cache", "tc-writeback", "tc-writethrough", "tc-writearound", "tc-writeonly",
-               "tc-ordered"]
-DEFAULT_SYSTEMS = ["origin"] + CACHE_KINDS[:-1]
+               "tc-ordered", "tc-inplace"]
+DEFAULT_SYSTEMS = ["origin"] + CACHE_KINDS[:-2]
 # Scaled-down generated traces for --quick and --smoke (bench/run's modes).
 SCALE = {"quick": 0.25, "smoke": 0.025}
 

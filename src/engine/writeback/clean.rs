@@ -178,30 +178,6 @@ impl Engine {
         Some(plan)
     }
 
-    /// Log placement: up to `want` dirty blocks of the segments the cursor
-    /// reaches next, oldest first. Writes that wait for a slot have writeback
-    /// take these instead of the next ones in origin order: once clean,
-    /// their segments can be emptied without moving them.
-    pub(crate) fn dirty_in_log_order(&self, m: &Meta, want: usize) -> Option<Vec<u64>> {
-        if self.placement != Placement::Log {
-            return None;
-        }
-        let segs = m.pools().segments(true)?;
-        let mut v = Vec::new();
-        // Segments to look through: enough to find `want` dirty blocks in
-        // a cache mostly dirty.
-        let order = segs.cleaning().into_iter().chain(segs.candidates(want));
-        for slot in order.flatten() {
-            if let Some((block, true)) = m.table().slot_block(slot) {
-                v.push(block);
-                if v.len() == want {
-                    break;
-                }
-            }
-        }
-        (!v.is_empty()).then_some(v)
-    }
-
     /// Blocks of `seg` the cleaner would move (dirty, or used since they
     /// were stored).
     fn moves_needed(&self, m: &Meta, seg: std::ops::Range<u32>) -> usize {
