@@ -174,16 +174,17 @@ fn checked_options(a: &Args) -> Result<(CreateOptions, String, Vec<String>)> {
         idle_secs: a.writeback_idle.unwrap_or(defaults.idle_secs),
     };
     check_writeback(&writeback)?;
+    let writeback_order = parse_writeback_order(&a.writeback_order)?;
     let opts = CreateOptions {
         mode: parse_mode(&a.mode)?,
         block_bytes: parse_block_size(&a.block_size)?,
         policy: parse_policy(&a.policy)?,
         placement: match &a.placement {
             Some(p) => parse_placement(p)?,
-            None if a.writeback_order == WritebackOrder::Flush.name() => Placement::InPlace,
+            None if writeback_order == WritebackOrder::Flush => Placement::InPlace,
             None => Placement::Log,
         },
-        writeback_order: parse_writeback_order(&a.writeback_order)?,
+        writeback_order,
         writeback,
         admission: a.admission.apply(Default::default())?,
         force: a.force,

@@ -78,17 +78,39 @@ pub(super) fn write_beside(
         at,
         done: done.clone(),
     };
-    let sent = pool().lock().expect("not poisoned").send(job);
-    let ra = a();
-    if sent.is_err() {
+    if pool().lock().expect("not poisoned").send(job).is_err() {
         // No helper (cannot happen while the process lives): write it here.
-        return (ra, b.write_at(buf, at));
+        return (a(), b.write_at(buf, at));
     }
-    // The job holds `buf` until its result is set: wait for it whatever
-    // happened here.
-    let mut r = done.result.lock().expect("not poisoned");
-    while r.is_none() {
-        r = done.cv.wait(r).expect("not poisoned");
+    // The helper reads `buf` until it sets the result: wait for it even if
+    // `a` unwinds (the guard's drop waits).
+    let wait = Wait(&done);
+    let ra = a();
+    (ra, wait.result())
+}
+
+/// Waits for a helper's result; dropped without `result`, it still waits.
+struct Wait<'a>(&'a Done);
+
+impl Wait<'_> {
+    fn wait(&self) -> std::sync::MutexGuard<'_, Option<DeviceResult<()>>> {
+        let mut r = self.0.result.lock().expect("not poisoned");
+        while r.is_none() {
+            r = self.0.cv.wait(r).expect("not poisoned");
+        }
+        r
     }
-    (ra, r.take().expect("set"))
+
+    fn result(self) -> DeviceResult<()> {
+        let r = self.wait().take().expect("set");
+        // Taken: nothing left for the drop to wait for.
+        std::mem::forget(self);
+        r
+    }
+}
+
+impl Drop for Wait<'_> {
+    fn drop(&mut self) {
+        drop(self.wait());
+    }
 }

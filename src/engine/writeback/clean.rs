@@ -4,10 +4,11 @@
 //!
 //! A segment is freed whole: of the segments the cursor will reach next
 //! (a few, oldest first), the one that costs least to empty is chosen.
-//! Its clean blocks no request used since they were stored are evicted;
-//! the others (dirty blocks, and clean blocks used since: a second chance,
-//! as in CLOCK or S3-FIFO's reinsertion) are copied to the cursor, so a
-//! hot block survives and dirty data never waits for the origin. A block
+//! Dirty blocks, and the clean blocks the replacement policy would keep
+//! (`Policy::keep_in_log`: S3-FIFO while a block's access count lasts;
+//! the others, a block used since it was stored: a second chance, as in
+//! CLOCK), are copied to the cursor, so a hot block survives and dirty
+//! data never waits for the origin; the other clean blocks are evicted. A block
 //! whose lock is held stays; its segment is freed on a later pass.
 //!
 //! A moved block is mapped to its new slot by the same records a write
@@ -178,8 +179,7 @@ impl Engine {
         Some(plan)
     }
 
-    /// Blocks of `seg` the cleaner would move (dirty, or used since they
-    /// were stored).
+    /// Blocks of `seg` the cleaner would move (`must_move`).
     fn moves_needed(&self, m: &Meta, seg: std::ops::Range<u32>) -> usize {
         seg.filter(|&s| {
             m.table()
