@@ -120,6 +120,12 @@ pub trait BlockDevice: Send + Sync {
     fn health(&self) -> Option<DeviceHealth> {
         None
     }
+    /// `health()`'s `reachable` alone, for the data path's checks: a
+    /// device behind connections answers it without building the whole
+    /// report (which clones the last error).
+    fn is_reachable(&self) -> bool {
+        self.health().is_none_or(|h| h.reachable)
+    }
 }
 
 /// The reachability of a device behind connections ([`BlockDevice::health`]):

@@ -106,6 +106,13 @@ struct LinkState {
     stopping: bool,
 }
 
+impl LinkState {
+    /// Connections up.
+    fn up(&self) -> usize {
+        self.conns.iter().filter(|c| !c.is_dead()).count()
+    }
+}
+
 pub(super) struct Link {
     /// The device's name, for messages.
     name: String,
@@ -305,7 +312,7 @@ impl Link {
         for (i, c) in opened {
             replaced.push(std::mem::replace(&mut st.conns[i], c));
         }
-        let up = st.conns.iter().filter(|c| !c.is_dead()).count();
+        let up = st.up();
         if up > 0 {
             if let Some(o) = st.outage.take() {
                 log::warn!(
@@ -341,11 +348,16 @@ impl Link {
         replaced
     }
 
+    /// Connections up now.
+    pub(super) fn connections_up(&self) -> usize {
+        self.state.lock().up()
+    }
+
     /// The health `status` shows, as of now.
     pub(super) fn health(&self) -> DeviceHealth {
         let st = self.state.lock();
         let now = Instant::now();
-        let up = st.conns.iter().filter(|c| !c.is_dead()).count();
+        let up = st.up();
         DeviceHealth {
             reachable: up > 0,
             unreachable_since_unix_s: st.outage.map(|o| {

@@ -357,6 +357,9 @@ impl BlockDevice for NbdDevice {
     fn health(&self) -> Option<super::DeviceHealth> {
         Some(self.link.health())
     }
+    fn is_reachable(&self) -> bool {
+        self.link.connections_up() > 0
+    }
 }
 
 impl Drop for NbdDevice {

@@ -112,7 +112,7 @@ impl Engine {
     /// down: its device fails requests at once and reconnects by itself,
     /// device/nbd/link.rs). Background writeback waits meanwhile.
     pub(crate) fn origin_unreachable(&self) -> bool {
-        self.io.origin.health().is_some_and(|h| !h.reachable)
+        !self.io.origin.is_reachable()
     }
 
     /// Flushes the origin (errors counted).
