@@ -860,6 +860,9 @@ fn build_engine(
     let mode = Mode::from_u32(sb.mode.get()).expect("validated");
     let layout = loaded.layout;
     let block_bytes = layout.block_bytes as u64;
+    // A RAM cache takes a write at memory speed: nothing to gather (the
+    // hand-over between threads would only cost).
+    let gather = sb.flags.get() & SB_FLAG_LOG_PLACEMENT != 0 && !cache.is_volatile();
     Engine {
         layout,
         block_bytes,
@@ -899,14 +902,7 @@ fn build_engine(
         },
         clock,
         closed: AtomicBool::new(false),
-        io: super::io::Io::new(
-            cache.clone(),
-            origin,
-            sb.cache_error_limit.get(),
-            // A RAM cache takes a write at memory speed: nothing to gather
-            // (the hand-over between threads would only cost).
-            sb.flags.get() & SB_FLAG_LOG_PLACEMENT != 0 && !cache.is_volatile(),
-        ),
+        io: super::io::Io::new(cache, origin, sb.cache_error_limit.get(), gather),
     }
 }
 
