@@ -334,10 +334,6 @@ fn bad_arguments_write_nothing() {
             vec!["--writeback-order", "random"],
             "unknown writeback order 'random'",
         ),
-        (
-            vec!["--writeback-order", "flush", "--placement", "log"],
-            "does not work with the log placement yet",
-        ),
         (vec!["--writeback-high", "101"], "above 100"),
         (vec!["--writeback-low", "60"], "above the high"),
         (vec!["--name", "a/b"], "invalid cache name"),

@@ -29,8 +29,10 @@ use cut::FlushGroups;
 use rand::Rng;
 use sim::Sim;
 use tiercache::device::fault::{CrashSwitch, FaultDevice};
-use tiercache::device::DeviceRef;
-use tiercache::engine::{CreateOptions, Engine, Mode, WritebackOrder};
+use tiercache::device::set::{CacheSet, LABEL_BYTES};
+use tiercache::device::{BlockDevice, DeviceRef};
+use tiercache::engine::format::Layout;
+use tiercache::engine::{CreateOptions, Engine, Mode, Placement, WritebackOrder};
 
 const ORIGIN_BYTES: u64 = 1 << 20;
 const SECTORS: u64 = ORIGIN_BYTES / 512;
@@ -46,6 +48,90 @@ struct Seen {
     shadows_written_back: u64,
     /// The crash came while a closed group was partly written back.
     crash_mid_group: bool,
+    /// Blocks the log placement's cleaner moved.
+    moved: u64,
+}
+
+/// The cache: one device, or a cache set of two (dirty data and metadata
+/// mirrored on both). Thrown away whole when the rule is checked on the
+/// origin alone.
+struct Cache {
+    devs: Vec<Arc<FaultDevice>>,
+}
+
+const SET_ID: u64 = 0x0_5e7_0de5;
+
+impl Cache {
+    /// Fresh devices of `slots` cache blocks (each, for a set's members).
+    fn new(members: usize, slots: u64, block_bytes: u32, seed: u64, switch: &CrashSwitch) -> Cache {
+        // A set mirrors half its members' slots, and at least 16.
+        let bytes = if members > 1 {
+            LABEL_BYTES + common::cache_bytes_for(slots.max(40), block_bytes)
+        } else {
+            common::cache_bytes_for(slots, block_bytes)
+        };
+        let devs = (0..members)
+            .map(|i| {
+                Arc::new(
+                    FaultDevice::new(&format!("cache{i}"), bytes, seed + i as u64 * 77)
+                        .with_crash_switch(switch.clone()),
+                )
+            })
+            .collect();
+        Cache { devs }
+    }
+
+    /// Devices restarted on crash images.
+    fn from_images(images: Vec<Vec<u8>>, seed: u64, switch: &CrashSwitch) -> Cache {
+        let devs = images
+            .into_iter()
+            .enumerate()
+            .map(|(i, img)| {
+                Arc::new(
+                    FaultDevice::from_image(&format!("cache{i}"), img, seed + i as u64 * 77)
+                        .with_crash_switch(switch.clone()),
+                )
+            })
+            .collect();
+        Cache { devs }
+    }
+
+    fn refs(&self) -> Vec<DeviceRef> {
+        self.devs.iter().map(|d| d.clone() as DeviceRef).collect()
+    }
+
+    /// The cache device for a new cache (a set is formatted first).
+    fn format(&self, block_bytes: u32) -> DeviceRef {
+        if self.devs.len() == 1 {
+            return self.devs[0].clone();
+        }
+        let bytes: Vec<u64> = self.devs.iter().map(|d| d.size_bytes()).collect();
+        let g = Layout::set_geometry(&bytes, block_bytes, 50).expect("a set geometry");
+        Arc::new(CacheSet::format(self.refs(), g, SET_ID).expect("a set formats"))
+    }
+
+    /// The cache device as a restart finds it.
+    fn open(&self) -> Result<DeviceRef, String> {
+        if self.devs.len() == 1 {
+            return Ok(self.devs[0].clone());
+        }
+        CacheSet::open(self.refs(), false)
+            .map(|s| Arc::new(s) as DeviceRef)
+            .map_err(|e| format!("the set does not open: {e}"))
+    }
+
+    fn images(&self, power_loss: bool) -> Vec<Vec<u8>> {
+        self.devs
+            .iter()
+            .map(|d| {
+                if power_loss {
+                    d.power_loss_image()
+                } else {
+                    d.snapshot_current()
+                }
+            })
+            .collect()
+    }
 }
 
 /// The workload's state across the engine's lives.
@@ -115,26 +201,27 @@ fn drive(sim: &mut Sim, engine: &Engine, origin: &FaultDevice, w: &mut Workload,
 }
 
 /// Cuts the power (the switch), then returns the images the devices keep
-/// (`power_loss`: unflushed writes lost, kept, torn or reordered) and the
-/// groups the engine had on the origin.
+/// (`power_loss`: unflushed writes lost, kept, torn or reordered): the
+/// cache's, the origin's, and the groups the engine had on the origin.
 fn crash(
     sim: &mut Sim,
     engine: Arc<Engine>,
-    devs: (&FaultDevice, &FaultDevice),
+    devs: (&Cache, &FaultDevice),
     switch: &CrashSwitch,
     power_loss: bool,
-) -> (Vec<u8>, Vec<u8>, u64) {
+) -> (Vec<Vec<u8>>, Vec<u8>, u64) {
     let done = groups_done(&engine);
     sim.note(format!("crash: engine groups below {done} on the origin"));
     switch.trip();
     engine.abandon();
     drop(engine);
     let (cache, origin) = devs;
-    if power_loss {
-        (cache.power_loss_image(), origin.power_loss_image(), done)
+    let origin = if power_loss {
+        origin.power_loss_image()
     } else {
-        (cache.snapshot_current(), origin.snapshot_current(), done)
-    }
+        origin.snapshot_current()
+    };
+    (cache.images(power_loss), origin, done)
 }
 
 /// One case; returns the trace (for the replay test) and what it did.
@@ -150,22 +237,32 @@ fn case(seed: u64, test: &str) -> (String, Seen) {
         "{block_bytes}-byte blocks, {slots} cache blocks, power loss {power_loss}, \
          second life {second_life}"
     ));
+    // The cache: one device in place or with the log placement (whose
+    // cleaner moves dirty blocks), or a set of two.
+    let members = 1 + (seed / 6 % 3 == 2) as usize;
+    let placement = match seed / 6 % 3 {
+        0 => Placement::InPlace,
+        1 => Placement::Log,
+        _ => [Placement::InPlace, Placement::Log][(seed / 18 % 2) as usize],
+    };
+    sim.note(format!(
+        "{members} cache device(s), placement {}",
+        placement.name()
+    ));
     let switch = CrashSwitch::new();
-    let cache_dev = Arc::new(
-        FaultDevice::new("cache", common::cache_bytes_for(slots, block_bytes), seed)
-            .with_crash_switch(switch.clone()),
-    );
+    let cache_devs = Cache::new(members, slots, block_bytes, seed, &switch);
     let origin_dev = Arc::new(
         FaultDevice::from_image("origin", common::initial_origin(ORIGIN_BYTES), seed ^ 0x55)
             .with_crash_switch(switch.clone()),
     );
-    let cache: DeviceRef = cache_dev.clone();
+    let cache = cache_devs.format(block_bytes);
     let origin: DeviceRef = origin_dev.clone();
     let opts = CreateOptions {
         mode: Mode::Writeback,
         block_bytes,
         writeback: common::eager_writeback(),
         writeback_order: WritebackOrder::Flush,
+        placement,
         ..Default::default()
     };
     let engine = Engine::create_with(cache, origin, &opts, &sim.open_options())
@@ -185,8 +282,9 @@ fn case(seed: u64, test: &str) -> (String, Seen) {
         shadows_written_back: status.stats.shadows_written_back,
         crash_mid_group: status.flush_groups.is_some_and(|g| g.closed_pending > 0)
             && status.stats.blocks_written_back > 0,
+        moved: status.stats.blocks_moved,
     };
-    let devs = (&*cache_dev, &*origin_dev);
+    let devs = (&cache_devs, &*origin_dev);
     let (cache_img, origin_img, done) = crash(&mut sim, engine, devs, &switch, power_loss);
     // The cache device is gone: the origin alone.
     if let Err(e) = w.groups.check(&origin_img, done) {
@@ -194,13 +292,12 @@ fn case(seed: u64, test: &str) -> (String, Seen) {
     }
     // The cache kept: every acknowledged, flushed write is there.
     let switch = CrashSwitch::new();
-    let cache_dev = Arc::new(
-        FaultDevice::from_image("cache", cache_img, seed + 1).with_crash_switch(switch.clone()),
-    );
+    let cache_devs = Cache::from_images(cache_img, seed + 1, &switch);
     let origin_dev = Arc::new(
         FaultDevice::from_image("origin", origin_img, seed + 2).with_crash_switch(switch.clone()),
     );
-    let (cache, origin): (DeviceRef, DeviceRef) = (cache_dev.clone(), origin_dev.clone());
+    let cache = cache_devs.open().unwrap_or_else(|e| fail(&sim, e));
+    let origin: DeviceRef = origin_dev.clone();
     let engine = Engine::open(cache, origin, &sim.open_options())
         .unwrap_or_else(|e| fail(&sim, format!("recovery refused: {e}")));
     let all = engine
@@ -240,7 +337,8 @@ fn case(seed: u64, test: &str) -> (String, Seen) {
     let status = engine.status();
     seen.groups_written_back += status.stats.groups_written_back;
     seen.shadows_written_back += status.stats.shadows_written_back;
-    let devs = (&*cache_dev, &*origin_dev);
+    seen.moved += status.stats.blocks_moved;
+    let devs = (&cache_devs, &*origin_dev);
     let (_, origin_img, done) = crash(&mut sim, engine, devs, &switch, power_loss);
     if let Err(e) = w.groups.check(&origin_img, done) {
         fail(
@@ -261,22 +359,23 @@ fn lost_cache_leaves_a_consistent_origin() {
             .map(|i| 1_000_000 + i)
             .collect(),
     };
-    let (mut groups, mut shadows, mut mid) = (0, 0, 0);
+    let (mut groups, mut shadows, mut mid, mut moved) = (0, 0, 0, 0);
     for seed in seeds {
         let (_, seen) = case(seed, test);
         groups += seen.groups_written_back;
         shadows += seen.shadows_written_back;
         mid += seen.crash_mid_group as u64;
+        moved += seen.moved;
     }
     eprintln!(
         "{groups} groups and {shadows} older versions written back; {mid} crashes with a \
-         closed group partly on the origin"
+         closed group partly on the origin; {moved} blocks moved by the log's cleaner"
     );
     if replay.is_none() {
         // The cases reach what the rule is about.
         assert!(
-            groups > 100 && shadows > 100 && mid > 10,
-            "{groups} {shadows} {mid}"
+            groups > 100 && shadows > 100 && mid > 10 && moved > 100,
+            "{groups} {shadows} {mid} {moved}"
         );
     }
 }

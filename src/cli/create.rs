@@ -7,7 +7,7 @@
 use anyhow::{bail, Context, Result};
 use tiercache::device::open_device;
 use tiercache::engine::format::Layout;
-use tiercache::engine::{CreateOptions, Engine, Placement, WritebackOrder, WritebackSettings};
+use tiercache::engine::{CreateOptions, Engine, Placement, WritebackSettings};
 
 use super::registry::{self, Entry, Registry};
 use super::units::{
@@ -46,9 +46,7 @@ pub struct Args {
     /// Where new data goes on the cache device: log (in order through
     /// 1 MiB segments, reclaimed and discarded whole, whatever the
     /// client's offsets; writes that queue together go down as one) or
-    /// in-place (any free slot; overwrites in place) [default: log;
-    /// in-place with --writeback-order flush, which does not take the log
-    /// placement yet].
+    /// in-place (any free slot; overwrites in place) [default: log].
     #[arg(long, value_name = "PLACEMENT")]
     placement: Option<String>,
     /// The order dirty data reaches the origin in: flush (the writes
@@ -181,7 +179,6 @@ fn checked_options(a: &Args) -> Result<(CreateOptions, String, Vec<String>)> {
         policy: parse_policy(&a.policy)?,
         placement: match &a.placement {
             Some(p) => parse_placement(p)?,
-            None if writeback_order == WritebackOrder::Flush => Placement::InPlace,
             None => Placement::Log,
         },
         writeback_order,

@@ -131,21 +131,6 @@ fn check_create_options(
     }
     opts.writeback.validate().map_err(EngineError::Config)?;
     opts.admission.validate().map_err(EngineError::Config)?;
-    if opts.writeback_order == WritebackOrder::Flush {
-        // Both move dirty blocks between slots without a write (the
-        // cleaner; a member's rebuild), which the flush groups do not
-        // follow yet.
-        if opts.placement == Placement::Log {
-            return Err(EngineError::Config(
-                "writeback in flush order does not work with the log placement yet".into(),
-            ));
-        }
-        if cache.as_cache_set().is_some() {
-            return Err(EngineError::Config(
-                "writeback in flush order does not work with several cache devices yet".into(),
-            ));
-        }
-    }
     if origin.size_bytes() < opts.block_bytes as u64 {
         return Err(EngineError::Config(format!(
             "origin {} ({} bytes) is smaller than one cache block ({} bytes)",

@@ -20,7 +20,7 @@
 //! is pending (journal/commit.rs), so every dirty slot in it is in the open
 //! group, whose number the superblock keeps.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use super::map::Table;
 use super::sectors::SectorSet;
@@ -52,6 +52,8 @@ pub(crate) struct Groups {
     blocks: BTreeMap<u64, BTreeSet<u64>>,
     /// Per (group, block), the older version kept for that group.
     shadows: BTreeMap<(u64, u64), Shadow>,
+    /// The slots of `shadows`, to answer `is_shadow` at once.
+    shadow_at: HashSet<u32>,
     /// Most shadows held at once since open.
     shadow_peak: u64,
 }
@@ -84,6 +86,7 @@ impl Groups {
             slot_group: vec![open; slots as usize],
             blocks: BTreeMap::new(),
             shadows: BTreeMap::new(),
+            shadow_at: HashSet::new(),
             shadow_peak: 0,
         };
         for slot in 0..slots as u32 {
@@ -210,6 +213,7 @@ impl Groups {
                 written: false,
             },
         );
+        self.shadow_at.insert(slot);
         self.shadow_peak = self.shadow_peak.max(self.shadows.len() as u64);
         true
     }
@@ -283,7 +287,16 @@ impl Groups {
         self.done = self.done.max(g + 1);
         let keep = self.shadows.split_off(&(g + 1, 0));
         let gone = std::mem::replace(&mut self.shadows, keep);
-        gone.values().map(|s| s.slot).collect()
+        let slots: Vec<u32> = gone.values().map(|s| s.slot).collect();
+        for s in &slots {
+            self.shadow_at.remove(s);
+        }
+        slots
+    }
+
+    /// `slot` holds an older version kept for its group.
+    pub fn is_shadow(&self, slot: u32) -> bool {
+        self.shadow_at.contains(&slot)
     }
 
     /// Every group below this one is done.
@@ -320,6 +333,7 @@ impl Groups {
         (self.slot_group.capacity() * 8) as u64
             + self.blocks.values().map(|s| s.len() as u64).sum::<u64>() * per_block
             + self.shadows.len() as u64 * per_shadow
+            + self.shadow_at.capacity() as u64 * 8
     }
 }
 

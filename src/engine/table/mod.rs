@@ -148,6 +148,17 @@ impl Meta {
         !matches!(self.table.slot_block(slot), Some((_, true))) || g.group_of(slot) >= g.open()
     }
 
+    /// Writeback in flush order: `slot` must stay where it is until its
+    /// group is on the origin: it holds dirty data of a closed group, or
+    /// an older version kept for one (a shadow). The log placement's
+    /// cleaner neither moves nor evicts such a slot, and does not choose
+    /// a segment holding one (writeback/clean.rs).
+    pub(crate) fn pinned(&self, slot: u32) -> bool {
+        self.groups
+            .as_ref()
+            .is_some_and(|g| g.is_shadow(slot) || !self.may_overwrite(slot))
+    }
+
     /// The checkpoint of the table as it is now (with the open flush
     /// group: commit.rs takes one only while no closed group is pending).
     pub(crate) fn snapshot(&self) -> crate::engine::format::CheckpointData {

@@ -16,6 +16,16 @@
 //! the segment becomes whole at the commit that follows, leaves the free
 //! bitmap, is discarded on the cache device, and returns to the bitmap.
 //! Nothing is ever discarded under a mapping.
+//!
+//! With writeback in flush order (table/groups.rs), a moved dirty block
+//! joins the open group, which is right only for a block of the open
+//! group: dirty data of a closed group, and the older versions kept for
+//! one (shadows), are *pinned* (`Meta::pinned`). A segment holding a
+//! pinned slot is not chosen, and one chosen before a flush pinned a slot
+//! of it is given back once nothing else in it can move; its group's
+//! writeback unpins it. (A flush between choosing a block and moving it
+//! leaves its old slot as the closed group's shadow: the same bytes twice,
+//! in order, the segment freed a little later.)
 
 use super::super::format::Record;
 use super::super::sectors::SECTOR_BYTES;
@@ -134,11 +144,19 @@ impl Engine {
         let seg = match segs.cleaning() {
             Some(seg) => seg,
             None => {
-                let candidates = segs.candidates(CANDIDATES);
+                // In flush order a segment holding data its group pins is
+                // passed over, so look further for ones that are not.
+                let look = if m.groups().is_some() {
+                    CANDIDATES * 4
+                } else {
+                    CANDIDATES
+                };
                 // The most slots won, the oldest of equals.
-                let (moves, seg) = candidates
+                let (moves, seg) = segs
+                    .candidates(look)
                     .into_iter()
-                    .map(|r| (self.moves_needed(&m, r.clone()), r))
+                    .filter_map(|r| Some((self.moves_needed(&m, r.clone())?, r)))
+                    .take(CANDIDATES)
                     .min_by_key(|(moves, r)| std::cmp::Reverse(r.len() - moves))?;
                 // Worth it only if a quarter of the segment is won: moving
                 // more would write the cache device more than clients do.
@@ -157,6 +175,11 @@ impl Engine {
             busy: 0,
         };
         for slot in seg {
+            if m.pinned(slot) {
+                // A flush closed its group since the segment was chosen.
+                plan.busy += 1;
+                continue;
+            }
             let Some((block, dirty)) = m.table().slot_block(slot) else {
                 continue;
             };
@@ -179,14 +202,21 @@ impl Engine {
         Some(plan)
     }
 
-    /// Blocks of `seg` the cleaner would move (`must_move`).
-    fn moves_needed(&self, m: &Meta, seg: std::ops::Range<u32>) -> usize {
-        seg.filter(|&s| {
-            m.table()
+    /// Blocks of `seg` the cleaner would move (`must_move`); `None` if a
+    /// slot of it is pinned (`Meta::pinned`): the segment cannot be
+    /// emptied before its flush group is on the origin.
+    fn moves_needed(&self, m: &Meta, seg: std::ops::Range<u32>) -> Option<usize> {
+        let mut moves = 0;
+        for s in seg {
+            if m.pinned(s) {
+                return None;
+            }
+            moves += m
+                .table()
                 .slot_block(s)
-                .is_some_and(|(_, d)| must_move(m, s, d))
-        })
-        .count()
+                .is_some_and(|(_, d)| must_move(m, s, d)) as usize;
+        }
+        Some(moves)
     }
 
     /// Evicts the clean block in `slot` (its lock held). The unmap takes it
