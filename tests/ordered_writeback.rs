@@ -59,7 +59,7 @@ struct Cache {
     devs: Vec<Arc<FaultDevice>>,
 }
 
-const SET_ID: u64 = 0x0_5e7_0de5;
+const SET_ID: u64 = 0x05e7_0de5;
 
 impl Cache {
     /// Fresh devices of `slots` cache blocks (each, for a set's members).
