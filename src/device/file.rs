@@ -132,6 +132,41 @@ impl FileDevice {
         self.kind == Kind::BlockDevice
     }
 
+    /// Writes `buf` at `offset` on this device and on `other` at once, in
+    /// one submission (`uring.rs`); each write's result, or `None` if that
+    /// cannot be done (no io_uring; a buffer O_DIRECT cannot take; a range
+    /// past either end, which the caller's own path then reports): then
+    /// nothing was written.
+    pub(crate) fn write_pair(
+        &self,
+        other: &FileDevice,
+        buf: &[u8],
+        offset: u64,
+    ) -> Option<(DeviceResult<()>, DeviceResult<()>)> {
+        let aligned = is_aligned_ptr(buf.as_ptr());
+        let len = buf.len() as u64;
+        if buf.is_empty()
+            || (self.direct || other.direct) && !aligned
+            || check_range(self, offset, len).is_err()
+            || check_range(other, offset, len).is_err()
+        {
+            return None;
+        }
+        let [ra, rb] =
+            super::uring::write_pair([self.file.as_raw_fd(), other.file.as_raw_fd()], buf, offset)?;
+        // A short write (the kernel may stop early) is finished here.
+        let finish = |dev: &FileDevice, r: io::Result<usize>| {
+            let n = r.map_err(|e| dev.io_err("write", e))?;
+            if n < buf.len() {
+                dev.file
+                    .write_all_at(&buf[n..], offset + n as u64)
+                    .map_err(|e| dev.io_err("write", e))?;
+            }
+            Ok(())
+        };
+        Some((finish(self, ra), finish(other, rb)))
+    }
+
     fn io_err(&self, what: &'static str, source: io::Error) -> DeviceError {
         DeviceError::Io {
             device: self.name.clone(),
@@ -357,6 +392,10 @@ fn is_discard_unsupported(e: &io::Error) -> bool {
 impl BlockDevice for FileDevice {
     fn size_bytes(&self) -> u64 {
         self.size_bytes
+    }
+
+    fn as_file(&self) -> Option<&FileDevice> {
+        Some(self)
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> DeviceResult<()> {

@@ -18,6 +18,7 @@ pub mod rbd;
 #[cfg(any(test, feature = "testing"))]
 pub mod recorder;
 pub mod set;
+mod uring;
 
 use std::sync::Arc;
 
@@ -112,6 +113,11 @@ pub trait BlockDevice: Send + Sync {
     }
     /// The cache set this device is (several cache devices as one).
     fn as_cache_set(&self) -> Option<&set::CacheSet> {
+        None
+    }
+    /// The file or block device this is, unwrapped (a cache set writes two
+    /// such members' copies in one submission: `FileDevice::write_pair`).
+    fn as_file(&self) -> Option<&file::FileDevice> {
         None
     }
     /// Whether a device behind a connection (an NBD export) can be reached
