@@ -13,8 +13,11 @@
 #   on the host's CPUs, the same ones fio and the daemon use: on a small
 #   machine this measures CPU, not mirroring. Needs root (losetup).
 # - delay: an nbdkit memory export behind the delay filter (DELAY_MS a
-#   request, 1 by default; 64 requests at once). A device whose time is
-#   its own, as an SSD's is: what a second copy costs in time, not in CPU.
+#   request, 1 by default; DELAY_THREADS requests at once, 64 by default).
+#   A device whose time is its own, as an SSD's is: what a second copy
+#   costs in time, not in CPU. With few threads a device's rate is
+#   bounded (DELAY_THREADS / DELAY_MS a millisecond), as an SSD's is under
+#   load: then a second device adds reads it can serve.
 # Usage: bench/mirror-cost.sh [ROUNDS] [SECONDS] [loop|delay]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +25,7 @@ ROUNDS=${1:-3}
 SECS=${2:-8}
 DEVICES=${3:-loop}
 DELAY_MS=${DELAY_MS:-1}
+DELAY_THREADS=${DELAY_THREADS:-64}
 BIN=${TIERCACHE_BIN:-target/release/tiercache}
 [ -x "$BIN" ] || cargo build --release --quiet
 case $DEVICES in
@@ -46,7 +50,7 @@ cleanup() {
 trap cleanup EXIT
 for i in 0 1 2; do
     if [ "$DEVICES" = delay ]; then
-        nbdkit -U "$W/c$i.sock" --exit-with-parent --threads 64 --filter=delay memory 1G \
+        nbdkit -U "$W/c$i.sock" --exit-with-parent --threads "$DELAY_THREADS" --filter=delay memory 1G \
             delay-read="${DELAY_MS}ms" delay-write="${DELAY_MS}ms" &
         KITS+=($!)
         DEVS+=("nbd+unix:///?socket=$W/c$i.sock")
