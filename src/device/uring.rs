@@ -112,12 +112,15 @@ fn submit_pair(ring: &mut IoUring, fds: [RawFd; 2], buf: &[u8], at: u64) -> Opti
     }
     let mut out: [Option<Written>; 2] = [None, None];
     let mut done = 0;
+    let mut warned = false;
     while done < 2 {
         if let Err(e) = ring.submit_and_wait(2 - done) {
             if !transient(&e) {
                 // The completions still arrive in the shared ring; look
                 // for them without the system call.
-                log::warn!("io_uring wait: {e}");
+                if !std::mem::replace(&mut warned, true) {
+                    log::warn!("io_uring wait: {e}; polling for the completions");
+                }
                 std::thread::sleep(std::time::Duration::from_micros(200));
             }
         }
