@@ -470,23 +470,6 @@ impl Engine {
             if run.is_empty() {
                 continue;
             }
-            if group.is_some() {
-                // Flush order: the records that put these blocks' data in
-                // their slots are made durable before the data reaches the
-                // origin. Otherwise a crash could drop a write whose data
-                // the origin has, the recovered cache show an older version
-                // of the block, and the origin, once the cache is lost, the
-                // write that the volume had lost (a no-op when nothing was
-                // appended since the last commit; the blocks are locked, so
-                // no write to them is half done).
-                if let Err(e) = self.commit() {
-                    run.iter()
-                        .filter(|&&(b, _)| !held_here.contains(&b))
-                        .for_each(|&(b, _)| self.locks.unlock(b));
-                    first_err.get_or_insert(e);
-                    break;
-                }
-            }
             let started_ns = self.clock.now_ns();
             match self.write_back_in_flight(&run, &|b| held_here.contains(&b)) {
                 Ok(n) => written += n,
@@ -519,7 +502,8 @@ impl Engine {
     }
 
     /// Writes back a run of locked, dirty, adjacent blocks, and unlocks
-    /// them: reads them from the cache, releases their locks for the origin
+    /// them: in flush order commits the journal first, reads them from the
+    /// cache, releases their locks for the origin
     /// writes (flights.rs), then locks them again to mark clean the ones no
     /// write or trim touched meanwhile. Returns how many it marked clean.
     fn write_back_in_flight(
@@ -533,6 +517,20 @@ impl Engine {
                 .filter(|&b| !mine(b))
                 .for_each(|b| self.locks.unlock(b))
         };
+        if self.ordered() {
+            // Flush order: the records that put these blocks' data in
+            // their slots are made durable before the data reaches the
+            // origin. Otherwise a crash could drop a write whose data the
+            // origin has, the recovered cache show an older version of the
+            // block, and the origin, once the cache is lost, the write that
+            // the volume had lost (a no-op when nothing was appended since
+            // the last commit; the blocks are locked, so no write to them
+            // is half done).
+            if let Err(e) = self.commit() {
+                unlock();
+                return Err(e);
+            }
+        }
         let extents = self.dirty_extents(run);
         let buf = match self.read_run(run) {
             Ok(buf) => buf,
