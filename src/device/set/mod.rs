@@ -660,18 +660,16 @@ impl CacheSet {
         // second on a helper thread.
         let results: Vec<(usize, DeviceResult<()>)> = match copies.as_slice() {
             [a, b] if !a.2 && !b.2 => {
+                for (i, _, _) in [a, b] {
+                    self.members[*i].writes.fetch_add(1, Ordering::Relaxed);
+                }
                 let pair = match (a.1.as_file(), b.1.as_file()) {
                     (Some(fa), Some(fb)) => fa.write_pair(fb, buf, at),
                     _ => None,
                 };
-                let (ra, rb) = match pair {
-                    Some(both) => {
-                        self.members[a.0].writes.fetch_add(1, Ordering::Relaxed);
-                        both
-                    }
-                    None => helpers::write_beside(|| write(a).1, &b.1, buf, at),
-                };
-                self.members[b.0].writes.fetch_add(1, Ordering::Relaxed);
+                let (ra, rb) = pair.unwrap_or_else(|| {
+                    helpers::write_beside(|| a.1.write_at(buf, at), &b.1, buf, at)
+                });
                 vec![(a.0, ra), (b.0, rb)]
             }
             _ => copies.iter().map(write).collect(),

@@ -8,8 +8,8 @@
 //! (`Policy::keep_in_log`: S3-FIFO while a block's access count lasts;
 //! the others, a block used since it was stored: a second chance, as in
 //! CLOCK), are copied to the cursor, so a hot block survives and dirty
-//! data never waits for the origin; the other clean blocks are evicted. A block
-//! whose lock is held stays; its segment is freed on a later pass.
+//! data never waits for the origin; the other clean blocks are evicted. A
+//! block whose lock is held stays; its segment is freed on a later pass.
 //!
 //! A moved block is mapped to its new slot by the same records a write
 //! uses, so the old slot is freed only once the new mapping is durable;
