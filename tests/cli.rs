@@ -168,6 +168,8 @@ fn round_trip_create_status_flush_set_mode_detach() {
             "fifo",
             "--writeback-high",
             "80",
+            "--max-dirty-age",
+            "9",
         ],
     ));
     assert!(out.contains("created cache 'tc0'"), "{out}");
@@ -190,6 +192,7 @@ fn round_trip_create_status_flush_set_mode_detach() {
     assert_eq!(st["block_bytes"], 65536);
     assert_eq!(st["volume_bytes"], ORIGIN_BYTES);
     assert_eq!(st["writeback"]["high_pct"], 80);
+    assert_eq!(st["writeback"]["max_age_secs"], 9);
     assert_eq!(st["cache_blocks_dirty"], 0);
 
     // Settings persist across commands.
@@ -198,6 +201,10 @@ fn round_trip_create_status_flush_set_mode_detach() {
     assert_eq!(st["writeback"]["high_pct"], 60);
     assert_eq!(st["writeback"]["low_pct"], 10);
     assert_eq!(st["writeback"]["max_age_secs"], 5);
+    // The same bound by the name of what it bounds: how long a lost cache
+    // device can leave the origin stale.
+    ok(&s.tc(&["set-writeback", "--max-dirty-age", "4"]));
+    assert_eq!(status_json(&s)["writeback"]["max_age_secs"], 4);
     fails(
         &s.tc(&["set-writeback", "--low", "90"]),
         1,

@@ -226,6 +226,37 @@ fn a_checkpoint_after_a_failed_commit_never_replays_the_failed_commit() {
     engine.close().unwrap();
 }
 
+/// `--max-dirty-age` (the writeback age) bounds what a dead single cache
+/// device can leave stale: a block dirty for longer has been written back,
+/// so only the blocks written within the age are stale after the loss.
+#[test]
+fn the_maximum_dirty_age_bounds_what_a_lost_cache_leaves_stale() {
+    let (cache_dev, origin, engine, _) = setup(Mode::Writeback);
+    let mut w = engine.status().writeback;
+    w.max_age_secs = 1;
+    engine.set_writeback(w).unwrap();
+    origin
+        .write_at(&vec![0x11u8; ORIGIN_BYTES as usize], 0)
+        .unwrap();
+    engine.write(2 * 4096, &pattern(5)[..4096], false).unwrap();
+    engine.flush().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    engine.background_tick();
+    assert_eq!(
+        engine.dirty_blocks(),
+        0,
+        "the aged block was not written back"
+    );
+    // Written within the age: still dirty when the device dies.
+    engine.write(7 * 4096, &pattern(6)[..4096], false).unwrap();
+    engine.flush().unwrap();
+    cache_dev.fail_after_ops(0);
+    assert_eq!(engine.give_up_cache().unwrap(), 1);
+    assert_eq!(engine.status().stale_ranges, vec![(7 * 4096, 4096)]);
+    assert_eq!(engine.read(2 * 4096, 4096).unwrap()[..], pattern(5)[..4096]);
+    assert!(engine.read(7 * 4096, 4096).is_err());
+}
+
 /// One cache device that dies for good holding dirty data. While it fails,
 /// errors reach the callers, nothing is given up, and `status` lists the
 /// origin ranges its dirty blocks make stale. Given up (the operator's word

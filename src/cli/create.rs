@@ -64,8 +64,10 @@ pub struct Args {
     /// Stop background writeback at this percentage [default: 25].
     #[arg(long, value_name = "PCT")]
     writeback_low: Option<u32>,
-    /// Write back any block dirty for longer than this [default: 30].
-    #[arg(long, value_name = "SECS")]
+    /// Write back any block dirty for longer than this [default: 30]. Also
+    /// --max-dirty-age: it bounds how stale the origin can be left if a
+    /// single cache device is lost with its dirty data.
+    #[arg(long, value_name = "SECS", visible_alias = "max-dirty-age")]
     writeback_age: Option<u32>,
     /// Write back everything once the origin has been idle this long
     /// (0: never) [default: 2].

@@ -16,8 +16,10 @@ pub struct Args {
     /// Stop writing back at this percentage.
     #[arg(long, value_name = "PCT")]
     low: Option<u32>,
-    /// Write back any block dirty for longer than this many seconds.
-    #[arg(long, value_name = "SECS")]
+    /// Write back any block dirty for longer than this many seconds (also
+    /// --max-dirty-age: the most a lost single cache device can leave the
+    /// origin behind).
+    #[arg(long, value_name = "SECS", visible_alias = "max-dirty-age")]
     age: Option<u32>,
     /// Write back everything once the origin has been idle this many
     /// seconds (0: never).
