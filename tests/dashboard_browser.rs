@@ -2,7 +2,9 @@
 //! which scripts/test.sh installs) loads `serve --http`'s page while fio
 //! writes and reads the volume; the charts and the heat map change, the
 //! written regions show as dirty and then, after `tiercache flush`, as
-//! clean cached ones, and the page logs no error.
+//! clean cached ones, and the page logs no error. With a cache set of two
+//! devices the page lists each device: state, used and dirty blocks,
+//! errors.
 
 #[path = "common/daemon.rs"]
 mod daemon;
@@ -144,6 +146,92 @@ fn the_dashboard_shows_writes_dirty_then_clean_in_chromium() {
         &regions_drawn("cached", 2),
         15,
         "the written regions clean after flush",
+    );
+    assert_eq!(
+        b.eval("document.getElementById('s-devices').hidden"),
+        json!(true),
+        "one cache device: no table of devices"
+    );
+    assert_eq!(b.eval("tc.failures"), json!(0), "failed polls");
+    let errors = b.errors();
+    assert!(errors.is_empty(), "the page logged errors: {errors:#?}");
+    drop(b);
+    sigterm(&mut serve);
+}
+
+/// A cache set of two devices: the page lists both, healthy, each holding
+/// the dirty blocks written (mirrored), and the set whole; a single device
+/// (the test above) shows no such table.
+#[test]
+fn the_dashboard_lists_each_device_of_a_cache_set() {
+    need("fio", "fio");
+    if let Ok(why) = std::env::var("TIERCACHE_SKIP_BROWSER") {
+        eprintln!("SKIPPED: the dashboard browser test: {why}");
+        return;
+    }
+    assert!(
+        web::have_chromium(),
+        "chromium is missing (scripts/test.sh installs it)"
+    );
+    let extra = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let second = extra.path().join("cache2.img");
+    std::fs::File::create(&second)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    let s = Setup::with_sizes(
+        64 << 20,
+        16 << 20,
+        &[
+            "--mode",
+            "writeback",
+            "--cache",
+            second.to_str().unwrap(),
+            "--writeback-idle",
+            "0",
+            "--writeback-age",
+            "3600",
+        ],
+    );
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut serve = s.serve_with(&["--http", &addr]);
+    wait_http(&addr, "/api/snapshot");
+    let mut b = Browser::start();
+    b.call("Runtime.enable", json!({}));
+    b.call("Log.enable", json!({}));
+    b.call("Page.enable", json!({}));
+    b.call("Page.navigate", json!({"url": format!("http://{addr}/")}));
+    b.wait_for(
+        "typeof tc === 'object' && tc.snapshots >= 2",
+        20,
+        "two snapshots",
+    );
+    fio(&s, &["--rw=write", "--bs=64k", "--size=1M"]);
+    // Rows: a header, then one per device; column 5 is its dirty blocks.
+    b.wait_for(
+        "(() => { if (document.getElementById('s-devices').hidden) return false;
+           const rows = [...document.querySelectorAll('#t-devices tr.healthy')];
+           return rows.length === 2 && rows.every(r => r.cells[4].textContent !== '0'); })()",
+        15,
+        "both devices listed, healthy, with dirty blocks",
+    );
+    let names: Value = b.eval(
+        "[...document.querySelectorAll('#t-devices tr.healthy')].map(r => r.cells[1].textContent)",
+    );
+    let names: Vec<&str> = names
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    assert!(
+        names.iter().any(|n| n.ends_with("cache.img"))
+            && names.iter().any(|n| n.ends_with("cache2.img")),
+        "{names:?}"
+    );
+    assert_eq!(
+        b.eval("document.getElementById('set-state').textContent.startsWith('(whole')"),
+        json!(true)
     );
     assert_eq!(b.eval("tc.failures"), json!(0), "failed polls");
     let errors = b.errors();
