@@ -3,6 +3,8 @@
 //! serving, a replacement rebuilt online, a stale member never read.
 
 mod common;
+#[path = "common/servers.rs"]
+mod servers;
 
 use std::sync::Arc;
 
@@ -574,4 +576,58 @@ fn file_members_get_both_copies_of_every_mirrored_write() {
         );
         engine.abandon();
     }
+}
+
+/// A member that disappears while serving: its NBD server (nbdkit) is
+/// killed, so its connections drop and every request to it fails at once.
+/// Nothing acknowledged is lost, reads stay correct, the set names the
+/// member failed, and the survivor alone reopens with every write.
+#[test]
+fn a_member_that_disappears_while_serving_loses_nothing() {
+    let s = seed();
+    let mut servers: Vec<servers::Server> = (0..2)
+        .map(|_| servers::nbdkit_unix(&["memory", &MEMBER_BYTES.to_string()]))
+        .collect();
+    let members: Vec<DeviceRef> = servers
+        .iter()
+        .map(|srv| tiercache::device::open_device(&srv.uri).unwrap())
+        .collect();
+    let rig = Rig::new(0, s);
+    let bytes = vec![MEMBER_BYTES; 2];
+    let g = Layout::set_geometry(&bytes, BS, 50).unwrap();
+    let set: DeviceRef = Arc::new(CacheSet::format(members.clone(), g, 0xd15a).unwrap());
+    let opts = CreateOptions {
+        mode: Mode::Writeback,
+        block_bytes: BS,
+        writeback: WritebackSettings {
+            high_pct: 90,
+            low_pct: 80,
+            max_age_secs: 3600,
+            idle_secs: 0,
+        },
+        ..Default::default()
+    };
+    let engine = Engine::create_with(set, rig.origin.clone(), &opts, &no_bg()).unwrap();
+    let mut model = SectorModel::new(ORIGIN_BYTES / 512);
+    let mut rng = ChaCha8Rng::seed_from_u64(s);
+    workload(&engine, &mut model, &mut rng, 300);
+    engine.flush().unwrap();
+    model.flush_done();
+    // Member 1's server goes away.
+    servers[1].kill();
+    workload(&engine, &mut model, &mut rng, 300);
+    verify_all(&engine, &model);
+    engine.flush().unwrap();
+    model.flush_done();
+    let st = &set_of(&engine).members()[1];
+    assert_eq!(st.state, MemberState::Failed, "seed {s}: {st:?}");
+    assert!(st.errors > 0, "seed {s}: {st:?}");
+    assert_eq!(set_of(&engine).state_name(), "degraded");
+    engine.close().unwrap();
+    drop(engine);
+    // The survivor alone: its label names member 1 failed.
+    let survivor = tiercache::device::open_device(&servers[0].uri).unwrap();
+    let engine = rig.open(vec![survivor], false).unwrap();
+    verify_all(&engine, &model);
+    engine.close().unwrap();
 }

@@ -4,86 +4,19 @@
 
 #[path = "common/daemon.rs"]
 mod daemon;
+#[path = "common/servers.rs"]
+mod servers;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
 use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use servers::{listening, nbdkit_unix, spawn, unix_uri, wait_ready, Server};
 use tiercache::device::nbd::NbdDevice;
 use tiercache::device::{open_device, BlockDevice, DeviceError};
-
-const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// A server child process, killed (by PID) on drop.
-struct Server {
-    child: Child,
-    uri: String,
-    _dir: Option<tempfile::TempDir>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Server {
-    fn kill(&mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-}
-
-fn spawn(program: &str, package: &str, args: &[&str]) -> Child {
-    Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!("cannot run {program} ({e}): install the Debian package '{package}'")
-        })
-}
-
-/// Waits for `ready`, failing early if the server exits.
-fn wait_ready(child: &mut Child, what: &str, mut ready: impl FnMut() -> bool) {
-    let deadline = Instant::now() + STARTUP_TIMEOUT;
-    while !ready() {
-        if let Some(status) = child.try_wait().unwrap() {
-            panic!("{what} exited during startup: {status}");
-        }
-        assert!(Instant::now() < deadline, "{what} did not start in time");
-        thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// The socket file appears at bind(), before listen(): probe with a connect.
-fn listening(sock: &Path) -> bool {
-    std::os::unix::net::UnixStream::connect(sock).is_ok()
-}
-
-fn unix_uri(sock: &Path, export: &str) -> String {
-    format!("nbd+unix:///{export}?socket={}", sock.display())
-}
-
-/// `nbdkit -U SOCK --exit-with-parent [extra...]` in foreground.
-fn nbdkit_unix(extra: &[&str]) -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let sock = dir.path().join("nbdkit.sock");
-    let mut args = vec!["-f", "--exit-with-parent", "-U", sock.to_str().unwrap()];
-    args.extend_from_slice(extra);
-    let mut child = spawn("nbdkit", "nbdkit", &args);
-    wait_ready(&mut child, "nbdkit", || listening(&sock));
-    Server {
-        child,
-        uri: unix_uri(&sock, ""),
-        _dir: Some(dir),
-    }
-}
 
 /// `qemu-nbd -t -f raw -k SOCK FILE`, with a 16 MiB image.
 fn qemu_nbd(extra: &[&str]) -> (Server, PathBuf) {
@@ -102,7 +35,7 @@ fn qemu_nbd(extra: &[&str]) -> (Server, PathBuf) {
     let server = Server {
         child,
         uri: unix_uri(&sock, ""),
-        _dir: Some(dir),
+        dir: Some(dir),
     };
     (server, img)
 }
@@ -384,7 +317,7 @@ fn tcp_with_multiple_connections() {
     let server = Server {
         child,
         uri: format!("nbd://127.0.0.1:{port}/"),
-        _dir: None,
+        dir: None,
     };
     // nbdkit's memory plugin advertises NBD_FLAG_CAN_MULTI_CONN.
     let dev = NbdDevice::connect(&server.uri, 4).unwrap();
