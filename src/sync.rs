@@ -29,6 +29,9 @@ pub enum Rank {
     WritebackOrder,
     /// The commit lock: the journal position and the superblock.
     Commit,
+    /// The foreground origin flush's turn (engine/io/origin_sync.rs):
+    /// held across the origin flush a commit makes for foreground writes.
+    OriginFlush,
     /// Background writeback's settings and cursors (engine/writeback/).
     WritebackState,
     /// Where writes wait for writeback to free a slot.
@@ -69,6 +72,9 @@ pub enum Rank {
     FailoverHook,
     /// Origin blocks made stale by a lost cache (engine/io/stale.rs).
     StaleBlocks,
+    /// Foreground origin writes not yet flushed, and those a failed flush
+    /// may have lost (engine/io/origin_sync.rs).
+    OriginWrites,
     /// The NBD client origin's connections and reachability
     /// (device/nbd/link.rs): which connection a request takes, since when
     /// none is up, when the next reconnect attempt is due.

@@ -229,6 +229,9 @@ struct State {
     injected_errors: u64,
     /// A hash of every completed operation in order (see `io_digest`).
     digest: u64,
+    /// `BlockDevice::loss_epoch`: moved by `lose_unflushed` and by failed
+    /// flushes.
+    loss_epoch: u64,
 }
 
 /// An in-memory [`BlockDevice`] that injects errors, crashes and power loss;
@@ -359,6 +362,22 @@ impl FaultDevice {
         self.state.lock().injected_errors
     }
 
+    /// The device's server restarts and its volatile cache is gone: every
+    /// write completed since the last flush is dropped (reads see the
+    /// durable image), and `loss_epoch` moves, as an NBD origin's does when
+    /// its connection is lost. Returns how many writes were dropped.
+    pub fn lose_unflushed(&self) -> usize {
+        let mut st = self.state.lock();
+        let n = st.unflushed.len();
+        st.unflushed.clear();
+        let State {
+            durable, current, ..
+        } = &mut *st;
+        current.copy_from_slice(durable);
+        st.loss_epoch += 1;
+        n
+    }
+
     /// Writes and discards completed since the last flush.
     pub fn unflushed_writes(&self) -> usize {
         self.state.lock().unflushed.len()
@@ -483,7 +502,10 @@ impl BlockDevice for FaultDevice {
 
     fn flush(&self) -> DeviceResult<()> {
         let mut st = self.state.lock();
-        self.admit(&mut st, Op::Flush, 0, 0)?;
+        if let Err(e) = self.admit(&mut st, Op::Flush, 0, 0) {
+            st.loss_epoch += 1;
+            return Err(e);
+        }
         st.unflushed.clear();
         let State {
             durable, current, ..
@@ -515,6 +537,10 @@ impl BlockDevice for FaultDevice {
 
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn loss_epoch(&self) -> u64 {
+        self.state.lock().loss_epoch
     }
 
     /// Derived from the name, so the device rebuilt with `from_image` after a

@@ -48,6 +48,10 @@ pub struct FileDevice {
     size_bytes: u64,
     direct: bool,
     identity: u64,
+    /// Failed flushes (`BlockDevice::loss_epoch`): after one, the kernel
+    /// may have dropped the dirty pages it could not write, and the next
+    /// fdatasync succeeds without them.
+    failed_flushes: std::sync::atomic::AtomicU64,
 }
 
 impl FileDevice {
@@ -119,6 +123,7 @@ impl FileDevice {
             size_bytes,
             direct,
             identity,
+            failed_flushes: Default::default(),
         })
     }
 
@@ -450,7 +455,16 @@ impl BlockDevice for FileDevice {
     fn flush(&self) -> DeviceResult<()> {
         // fdatasync also issues the cache flush to the device (REQ_PREFLUSH)
         // that O_DIRECT writes still need.
-        self.file.sync_data().map_err(|e| self.io_err("flush", e))
+        self.file.sync_data().map_err(|e| {
+            self.failed_flushes
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            self.io_err("flush", e)
+        })
+    }
+
+    fn loss_epoch(&self) -> u64 {
+        self.failed_flushes
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// A block device (BLKDISCARD reaches the flash); a regular file's

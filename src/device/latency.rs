@@ -71,6 +71,9 @@ impl BlockDevice for LatencyDevice {
     fn health(&self) -> Option<super::DeviceHealth> {
         self.inner.health()
     }
+    fn loss_epoch(&self) -> u64 {
+        self.inner.loss_epoch()
+    }
 }
 
 #[cfg(test)]

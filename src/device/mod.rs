@@ -93,6 +93,17 @@ pub trait BlockDevice: Send + Sync {
     fn discard_helps(&self) -> bool {
         false
     }
+    /// A count that moves whenever writes this device acknowledged may
+    /// have been lost without an error for them: a reconnect to a server
+    /// (its volatile cache may have gone with it), a flush that failed (the
+    /// pages it could not write may be dropped, and a later flush succeed
+    /// without them: "fsyncgate"). A successful flush covers a write only
+    /// if the count is the same after it as before the write; callers
+    /// compare (engine/io/origin_sync.rs). 0 for a device that cannot lose
+    /// acknowledged writes that way.
+    fn loss_epoch(&self) -> u64 {
+        0
+    }
     /// Releases what the device holds outside this process once no more
     /// requests will come (an RBD image's watch on the OSDs); requests
     /// after it fail. The engine closes its origin when it is closed or

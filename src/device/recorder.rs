@@ -184,6 +184,9 @@ impl BlockDevice for RecordingDevice {
     fn health(&self) -> Option<super::DeviceHealth> {
         self.inner.health()
     }
+    fn loss_epoch(&self) -> u64 {
+        self.inner.loss_epoch()
+    }
 }
 
 /// Which of a device's unflushed writes survive a power loss.

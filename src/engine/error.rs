@@ -52,6 +52,11 @@ pub enum EngineError {
     /// back, and the request starts again (pipeline.rs).
     #[error("older flush groups must reach the origin first")]
     DrainFirst,
+    /// The origin may have lost foreground writes it acknowledged: a flush
+    /// covering them failed, or the origin was reconnected (or failed a
+    /// flush) after they were sent (engine/io/origin_sync.rs).
+    #[error("{0}")]
+    OriginWritesLost(String),
     /// The crash log could not be opened (or another process holds it).
     #[error(transparent)]
     CrashLog(#[from] super::crash_log::CrashLogError),

@@ -714,7 +714,7 @@ impl Engine {
         }
         // The checkpoint commits everything first (commit_locked).
         match self.checkpoint_now(true) {
-            Err(e) if self.fail_over_after_commit_error(&e) => self.origin_flush(),
+            Err(e) if self.fail_over_after_commit_error(&e) => self.origin_flush_foreground(),
             Ok(()) => {
                 self.remove_crash_log();
                 Ok(())

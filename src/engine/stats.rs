@@ -116,6 +116,15 @@ counters! {
     /// Writeback in flush order: origin discards not sent because an older
     /// group was not on the origin yet (a discard is a hint).
     discards_held_back,
+    /// Flushes sent to the origin: after each writeback batch (its blocks
+    /// are marked clean only then), and by commits that followed foreground
+    /// origin writes.
+    origin_flushes,
+    /// Origin flushes that failed, or after which the origin had been
+    /// reconnected: what they covered may be lost. Written-back blocks stay
+    /// dirty and go again; a client's flush fails until foreground writes
+    /// they covered are written again.
+    origin_flush_losses,
 }
 
 pub fn bump(c: &AtomicU64, n: u64) {

@@ -92,7 +92,12 @@ impl Engine {
         // Writeback in flush order: the writes acknowledged so far form a
         // group of their own.
         self.close_group();
-        self.timed_request(Op::Flush, || self.commit())
+        self.timed_request(Op::Flush, || {
+            self.commit()?;
+            // A flush covers every write acknowledged before it: not so
+            // while the origin may have lost some (origin_sync.rs).
+            self.origin_writes_lost()
+        })
     }
 
     /// Writes back dirty blocks among `segs` (rare outside writeback modes:

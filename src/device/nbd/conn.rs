@@ -73,6 +73,8 @@ pub(super) struct Conn {
     pub(super) control: Stream,
     pub(super) next_cookie: AtomicU64,
     pub(super) reader: Option<JoinHandle<()>>,
+    /// How long a request waits for its reply (`REQUEST_TIMEOUT_DEFAULT`).
+    pub(super) request_timeout: Duration,
 }
 
 /// A submitted request whose reply has not been collected yet.
@@ -124,7 +126,10 @@ impl Conn {
                 })?
             }
         };
+        let request_timeout = request_timeout();
         s.set_timeouts(None)?;
+        s.set_write_timeout(Some(request_timeout))?;
+        s.keep_alive()?;
         let shared = Arc::new(Shared {
             state: Mutex::new(Rank::NbdClient, State::default()),
             slot_free: Condvar::new(),
@@ -142,6 +147,7 @@ impl Conn {
             control,
             next_cookie: AtomicU64::new(1),
             reader: Some(reader),
+            request_timeout,
         };
         Ok((conn, info))
     }
@@ -199,11 +205,24 @@ impl Conn {
         self.shared.is_dead()
     }
 
+    /// Waits for a request's reply, at most the request timeout: a server
+    /// that has not answered by then is taken to have stopped (frozen, or
+    /// a partition without a reset), and the connection is dropped, which
+    /// fails its other requests too and starts reconnecting.
     pub(super) fn wait(&self, ticket: Ticket) -> io::Result<Vec<u8>> {
-        match ticket.rx.recv() {
+        match ticket.rx.recv_timeout(self.request_timeout) {
             Ok((0, data)) => Ok(data),
             Ok((errno, _)) => Err(server_error(errno)),
-            Err(mpsc::RecvError) => {
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let why = format!(
+                    "no reply within {:?}: the server stopped answering",
+                    self.request_timeout
+                );
+                self.control.shutdown();
+                self.shared.kill(why.clone());
+                Err(io::Error::new(io::ErrorKind::TimedOut, why))
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
                 let st = self.shared.state.lock();
                 Err(lost(st.dead.as_deref().unwrap_or("connection closed")))
             }

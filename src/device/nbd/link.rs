@@ -129,6 +129,9 @@ pub(super) struct Link {
     pub(super) writes_ended: AtomicU64,
     /// `writes_ended` as read before the last successful flush was sent.
     pub(super) flushed_through: AtomicU64,
+    /// `BlockDevice::loss_epoch`: bumped at every connection lost (not
+    /// closed on purpose) and every failed flush.
+    pub(super) loss_epoch: AtomicU64,
 }
 
 impl Link {
@@ -154,6 +157,7 @@ impl Link {
             next_conn: AtomicUsize::new(0),
             writes_ended: AtomicU64::new(0),
             flushed_through: AtomicU64::new(0),
+            loss_epoch: AtomicU64::new(0),
         }
     }
 
@@ -206,6 +210,9 @@ impl Link {
         if st.stopping {
             return;
         }
+        // Before anything can be sent on a new connection: a flush there
+        // must not pass for covering writes this one carried.
+        self.loss_epoch.fetch_add(1, Ordering::AcqRel);
         let now = Instant::now();
         st.last_error = Some(format!("connection lost: {reason}"));
         if st.retry.is_none() {

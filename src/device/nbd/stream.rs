@@ -53,6 +53,50 @@ impl Stream {
         }
     }
 
+    /// Bounds a write to the socket only (the reader thread's clone
+    /// shares the socket's options, and waits for replies as long as it
+    /// must): a server that stops reading stops a request's bytes here.
+    pub(super) fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_write_timeout(t),
+            Stream::Unix(s) => s.set_write_timeout(t),
+        }
+    }
+
+    /// TCP keepalive, so a peer that vanished (host down, a partition)
+    /// is noticed while no request is under way: first probe after 10 s
+    /// idle, then every 5 s, dead after 3 unanswered. A Unix peer's death
+    /// closes the socket.
+    pub(super) fn keep_alive(&self) -> io::Result<()> {
+        let Stream::Tcp(s) = self else {
+            return Ok(());
+        };
+        let fd = std::os::fd::AsRawFd::as_raw_fd(s);
+        for (level, name, value) in [
+            (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
+            (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 10),
+            (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 5),
+            (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3),
+        ] {
+            let v: libc::c_int = value;
+            // SAFETY: `fd` is this stream's open socket; `v` is a c_int
+            // that outlives the call and its size is passed.
+            let r = unsafe {
+                libc::setsockopt(
+                    fd,
+                    level,
+                    name,
+                    (&raw const v).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            if r != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+
     pub(super) fn shutdown(&self) {
         // Errors mean the socket is already gone, which is the goal.
         let _ = match self {

@@ -121,7 +121,10 @@ impl Engine {
             self.writeback
                 .wait_origin(offset / bs, (offset + buf.len() as u64 - 1) / bs);
         }
-        self.foreground(|| self.origin_write_now(buf, offset))
+        let epoch = self.origin_loss_epoch();
+        self.foreground(|| self.origin_write_now(buf, offset))?;
+        self.origin_wrote(offset..offset + buf.len() as u64, epoch);
+        Ok(())
     }
 
     /// `origin_write` without the wait: for a writeback's own flight.

@@ -10,13 +10,14 @@
 pub mod data;
 pub mod failure;
 pub(crate) mod gather;
+pub(crate) mod origin_sync;
 pub(crate) mod stale;
 pub(crate) mod warnings;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::stats::bump;
-use super::{Engine, EngineResult, FailoverHook};
+use super::{Engine, EngineError, EngineResult, FailoverHook};
 use crate::device::DeviceRef;
 use crate::sync::{Mutex, Rank};
 
@@ -49,6 +50,9 @@ pub(crate) struct Io {
     /// A cache set's member-state epoch the table has followed
     /// (`failure.rs`); `u64::MAX` before the first look.
     set_epoch: AtomicU64,
+    /// Foreground origin writes the next commit's origin flush covers, and
+    /// those a failed one may have lost (`origin_sync.rs`).
+    origin_sync: origin_sync::OriginSync,
 }
 
 impl Io {
@@ -70,6 +74,7 @@ impl Io {
             given_up: AtomicBool::new(false),
             resync: Mutex::new(Rank::Background, None),
             stale: Mutex::new(Rank::StaleBlocks, Default::default()),
+            origin_sync: Default::default(),
         }
     }
 
@@ -118,10 +123,59 @@ impl Engine {
     /// Flushes the origin (errors counted).
     pub(crate) fn origin_flush(&self) -> EngineResult<()> {
         crate::sync::assert_unheld(Rank::Meta, "an origin flush");
-        self.io
-            .origin
-            .flush()
-            .inspect_err(|_| bump(&self.stats.origin_errors, 1))?;
+        bump(&self.stats.origin_flushes, 1);
+        self.io.origin.flush().inspect_err(|_| {
+            bump(&self.stats.origin_errors, 1);
+            bump(&self.stats.origin_flush_losses, 1);
+        })?;
         Ok(())
+    }
+
+    /// The origin's loss epoch (`BlockDevice::loss_epoch`).
+    pub(crate) fn origin_loss_epoch(&self) -> u64 {
+        self.io.origin.loss_epoch()
+    }
+
+    /// Makes writeback's origin writes sent since `epoch` was read durable:
+    /// an origin flush, which fails if the origin may have lost them
+    /// meanwhile (a reconnect, a failed flush). Their blocks are marked
+    /// clean only after this succeeds.
+    pub(crate) fn origin_flush_since(&self, epoch: u64) -> EngineResult<()> {
+        self.origin_flush()?;
+        if self.origin_loss_epoch() != epoch {
+            bump(&self.stats.origin_flush_losses, 1);
+            return Err(EngineError::OriginWritesLost(
+                "the origin was reconnected or failed a flush while writeback wrote to it: \
+                 the blocks stay dirty and are written again"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A foreground origin write of `range` succeeded; `epoch` was read
+    /// before it was sent (`origin_sync.rs`).
+    pub(crate) fn origin_wrote(&self, range: std::ops::Range<u64>, epoch: u64) {
+        self.io.origin_sync.wrote(range, epoch);
+    }
+
+    /// Makes the foreground origin writes that ended so far durable (a
+    /// commit's first step): an origin flush only if there are some, so a
+    /// commit in writeback needs the origin only when clients wrote to it.
+    pub(crate) fn origin_flush_foreground(&self) -> EngineResult<()> {
+        self.io
+            .origin_sync
+            .flush_pending(|| self.origin_flush(), || self.origin_loss_epoch())
+            .inspect_err(|e| {
+                if matches!(e, EngineError::OriginWritesLost(_)) {
+                    bump(&self.stats.origin_flush_losses, 1);
+                }
+            })
+    }
+
+    /// Fails while foreground origin writes a failed flush covered are not
+    /// written again (a client's FLUSH and FUA report it).
+    pub(crate) fn origin_writes_lost(&self) -> EngineResult<()> {
+        self.io.origin_sync.check_lost()
     }
 }

@@ -2,8 +2,10 @@
 //!
 //! A commit makes durable every data write and every record that completed
 //! before it started:
-//! 1. flush the origin (written-back data reaches the disk before the
-//!    records that call it clean);
+//! 1. flush the origin if foreground writes reached it since its last
+//!    flush (writethrough's data reaches the disk before the records that
+//!    cache it clean; writeback flushes its own writes before it marks
+//!    blocks clean, so a commit in writeback waits for no origin);
 //! 2. flush the cache device (cache data reaches the disk before the
 //!    records that map it);
 //! 3. write the buffered records as new journal pages, never overwriting a
@@ -46,7 +48,7 @@ impl Engine {
     fn commit_journal(&self) -> EngineResult<()> {
         if self.failed_over() {
             // All data is on the origin; the cache takes no metadata.
-            return self.origin_flush();
+            return self.origin_flush_foreground();
         }
         let wanted = self.journal.completed_ops.load(Ordering::Acquire);
         let mut cs = self.journal.state.lock();
@@ -57,7 +59,7 @@ impl Engine {
             Err(e) => {
                 drop(cs);
                 if self.fail_over_after_commit_error(&e) {
-                    return self.origin_flush();
+                    return self.origin_flush_foreground();
                 }
                 Err(e)
             }
@@ -190,7 +192,10 @@ impl Engine {
         snapshot: Option<CheckpointData>,
         clean: bool,
     ) -> EngineResult<()> {
-        self.origin_flush()?;
+        // Only foreground origin writes need the origin here: writeback
+        // flushed its own before marking blocks clean (writeback/run.rs),
+        // so in writeback a frozen origin holds no commit back.
+        self.origin_flush_foreground()?;
         self.cache_flush()?;
         if let Some(data) = snapshot {
             let next = self.checkpoint_replay_seq(cs);

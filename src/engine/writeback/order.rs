@@ -117,6 +117,7 @@ impl Engine {
             None => return Ok(0),
         };
         let sb = SECTOR_BYTES as usize;
+        let epoch = self.origin_loss_epoch();
         for &(block, shadow) in &shadows {
             for run in shadow.dirty.runs() {
                 let mut buf = crate::device::AlignedBuf::zeroed(run.count as usize * sb);
@@ -124,8 +125,18 @@ impl Engine {
                 self.cache_read(shadow.slot, at, &mut buf)?;
                 self.origin_write_now(&buf, block * self.block_bytes + at)?;
             }
-            self.meta.lock().shadow_written(g, block);
         }
+        if shadows.is_empty() {
+            return Ok(0);
+        }
+        // Written only once the origin has them for good, as blocks are
+        // marked clean (run.rs): the group's `Done` drops them.
+        self.origin_flush_since(epoch)?;
+        let mut m = self.meta.lock();
+        for &(block, _) in &shadows {
+            m.shadow_written(g, block);
+        }
+        drop(m);
         bump(&self.stats.shadows_written_back, shadows.len() as u64);
         Ok(shadows.len())
     }

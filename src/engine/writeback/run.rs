@@ -405,11 +405,16 @@ impl Engine {
     }
 
     /// `writeback_blocks`, of the blocks whose dirty data is in flush
-    /// group `group` only, if given (writeback in flush order: a block
+    /// group `g` only, if given (writeback in flush order: a block
     /// rewritten in a later group since it was chosen is left alone).
     /// In flush order, blocks whose locks this thread already holds (a
     /// foreground write waiting for older groups: order.rs) are written
     /// too, their locks neither taken nor released here.
+    ///
+    /// The runs' blocks are marked clean only after one origin flush at
+    /// the end has made every run's write durable, and only if the origin
+    /// lost nothing meanwhile (`origin_flush_since`); until then their
+    /// flights stay open, so a write to one keeps it dirty.
     pub(crate) fn writeback_blocks_in(
         &self,
         blocks: &[u64],
@@ -417,62 +422,18 @@ impl Engine {
         group: Option<u64>,
     ) -> EngineResult<usize> {
         let mut held_here = std::collections::HashSet::new();
-        let bs = self.block_bytes;
-        let max_run = (MAX_RUN_BYTES / bs).max(1) as usize;
-        let mut written = 0;
+        let epoch = self.origin_loss_epoch();
+        let mut sent: Vec<Vec<(u64, u32)>> = Vec::new();
         let mut first_err: Option<EngineError> = None;
         let mut i = 0;
         while i < blocks.len() {
-            // Lock a run of adjacent blocks that are dirty.
-            let mut run: Vec<(u64, u32)> = Vec::new();
-            while i < blocks.len() && run.len() < max_run {
-                let b = blocks[i];
-                if let Some(&(last, _)) = run.last() {
-                    if b != last + 1 {
-                        break;
-                    }
-                }
-                if !self.locks.try_lock(b) {
-                    if self.ordered() && self.locks.held_here(b) {
-                        held_here.insert(b);
-                    } else {
-                        i += 1;
-                        break;
-                    }
-                }
-                let mine = |b: u64| held_here.contains(&b);
-                let dirty = {
-                    let m = self.meta.lock();
-                    match m.table().lookup(b) {
-                        Some((slot, true))
-                            if group.is_none_or(|g| {
-                                m.groups().is_some_and(|gr| gr.group_of(slot) == g)
-                            }) =>
-                        {
-                            Some(slot)
-                        }
-                        _ => None,
-                    }
-                };
-                match dirty {
-                    // Not already being written back by another thread.
-                    Some(slot) if !self.writeback.flights.contains(b) => run.push((b, slot)),
-                    _ => {
-                        if !mine(b) {
-                            self.locks.unlock(b);
-                        }
-                        i += 1;
-                        break;
-                    }
-                }
-                i += 1;
-            }
+            let run = self.lock_run(blocks, &mut i, group, &mut held_here);
             if run.is_empty() {
                 continue;
             }
             let started_ns = self.clock.now_ns();
-            match self.write_back_in_flight(&run, &|b| held_here.contains(&b)) {
-                Ok(n) => written += n,
+            match self.send_run(&run, &|b| held_here.contains(&b)) {
+                Ok(()) => sent.push(run),
                 Err(e) => {
                     first_err.get_or_insert(e);
                 }
@@ -491,6 +452,7 @@ impl Engine {
                 _ => {}
             }
         }
+        let written = self.finish_sent(&sent, epoch, &|b| held_here.contains(&b), &mut first_err);
         match first_err {
             Some(e) if written == 0 => Err(e),
             Some(e) => {
@@ -501,16 +463,65 @@ impl Engine {
         }
     }
 
-    /// Writes back a run of locked, dirty, adjacent blocks, and unlocks
-    /// them: in flush order commits the journal first, reads them from the
-    /// cache, releases their locks for the origin
-    /// writes (flights.rs), then locks them again to mark clean the ones no
-    /// write or trim touched meanwhile. Returns how many it marked clean.
-    fn write_back_in_flight(
+    /// Locks the next run of adjacent dirty blocks of `blocks` from `*i`
+    /// on (advancing `*i`), at most a full origin write; empty if the
+    /// block at `*i` is busy, clean, in flight or of another group.
+    fn lock_run(
         &self,
-        run: &[(u64, u32)],
-        mine: &dyn Fn(u64) -> bool,
-    ) -> EngineResult<usize> {
+        blocks: &[u64],
+        i: &mut usize,
+        group: Option<u64>,
+        held_here: &mut std::collections::HashSet<u64>,
+    ) -> Vec<(u64, u32)> {
+        let max_run = (MAX_RUN_BYTES / self.block_bytes).max(1) as usize;
+        let mut run: Vec<(u64, u32)> = Vec::new();
+        while *i < blocks.len() && run.len() < max_run {
+            let b = blocks[*i];
+            if run.last().is_some_and(|&(last, _)| b != last + 1) {
+                break;
+            }
+            if !self.locks.try_lock(b) {
+                if self.ordered() && self.locks.held_here(b) {
+                    held_here.insert(b);
+                } else {
+                    *i += 1;
+                    break;
+                }
+            }
+            let dirty = {
+                let m = self.meta.lock();
+                match m.table().lookup(b) {
+                    Some((slot, true))
+                        if group.is_none_or(|g| {
+                            m.groups().is_some_and(|gr| gr.group_of(slot) == g)
+                        }) =>
+                    {
+                        Some(slot)
+                    }
+                    _ => None,
+                }
+            };
+            *i += 1;
+            match dirty {
+                // Not already being written back by another thread.
+                Some(slot) if !self.writeback.flights.contains(b) => run.push((b, slot)),
+                _ => {
+                    if !held_here.contains(&b) {
+                        self.locks.unlock(b);
+                    }
+                    break;
+                }
+            }
+        }
+        run
+    }
+
+    /// Sends a run of locked, dirty, adjacent blocks to the origin, and
+    /// unlocks them: in flush order commits the journal first, reads them
+    /// from the cache, and releases their locks for the origin writes
+    /// (flights.rs). Their flights stay open for `finish_run`; a run whose
+    /// origin write failed is finished here, its blocks left dirty.
+    fn send_run(&self, run: &[(u64, u32)], mine: &dyn Fn(u64) -> bool) -> EngineResult<()> {
         let blocks = || run.iter().map(|&(b, _)| b);
         let unlock = || {
             blocks()
@@ -546,6 +557,42 @@ impl Engine {
             .iter()
             .try_for_each(|e| self.origin_write_now(&buf[e.clone()], base + e.start as u64));
         self.writeback.flights.origin_written(blocks());
+        if let Err(e) = written {
+            self.finish_run(run, mine, false);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Makes the runs `send_run` sent durable on the origin (one flush for
+    /// all, `epoch` read before the first was sent), then finishes them:
+    /// marked clean if it succeeded, left dirty otherwise (the error goes
+    /// to `first_err`). Returns how many blocks were marked clean.
+    fn finish_sent(
+        &self,
+        sent: &[Vec<(u64, u32)>],
+        epoch: u64,
+        mine: &dyn Fn(u64) -> bool,
+        first_err: &mut Option<EngineError>,
+    ) -> usize {
+        if sent.is_empty() {
+            return 0;
+        }
+        let durable = self.origin_flush_since(epoch);
+        let clean = durable.is_ok();
+        if let Err(e) = durable {
+            first_err.get_or_insert(e);
+        }
+        sent.iter()
+            .map(|run| self.finish_run(run, mine, clean))
+            .sum()
+    }
+
+    /// Ends a sent run's flights, locking its blocks again: with `clean`,
+    /// marks clean the ones no write or trim touched meanwhile. Returns how
+    /// many it marked clean.
+    fn finish_run(&self, run: &[(u64, u32)], mine: &dyn Fn(u64) -> bool, clean: bool) -> usize {
+        let blocks = || run.iter().map(|&(b, _)| b);
         if self.ordered() {
             // The order turn is held: no waiting for block locks under it
             // (a write holding one may wait for the turn). A block whose
@@ -557,7 +604,11 @@ impl Engine {
             for (s, &l) in skip.iter_mut().zip(&locked) {
                 *s |= !l;
             }
-            let n = written.map(|()| self.mark_clean(run, &skip));
+            let n = if clean {
+                self.mark_clean(run, &skip)
+            } else {
+                0
+            };
             for (b, l) in blocks().zip(locked) {
                 if l && !mine(b) {
                     self.locks.unlock(b);
@@ -567,8 +618,11 @@ impl Engine {
         }
         let _guard = self.locks.lock_range(run[0].0, run[run.len() - 1].0);
         let touched = self.writeback.flights.finish(blocks());
-        written?;
-        Ok(self.mark_clean(run, &touched))
+        if clean {
+            self.mark_clean(run, &touched)
+        } else {
+            0
+        }
     }
 
     /// The byte ranges of a locked run's buffer that writeback sends to the
@@ -631,13 +685,16 @@ impl Engine {
     }
 
     /// Writes one dirty block back while the caller holds its lock (the
-    /// origin write waits for a flight of the same block, see flights.rs).
+    /// origin write waits for a flight of the same block, see flights.rs),
+    /// and flushes the origin before marking it clean.
     pub(crate) fn write_back_one(&self, block: u64, slot: u32) -> EngineResult<()> {
         let extents = self.dirty_extents(&[(block, slot)]);
         let buf = self.read_run(&[(block, slot)])?;
+        let epoch = self.origin_loss_epoch();
         for e in extents {
             self.origin_write(&buf[e.clone()], block * self.block_bytes + e.start as u64)?;
         }
+        self.origin_flush_since(epoch)?;
         self.mark_clean(&[(block, slot)], &[]);
         Ok(())
     }
