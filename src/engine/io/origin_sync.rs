@@ -219,7 +219,11 @@ mod tests {
     fn nothing_written_flushes_nothing() {
         let s = OriginSync::default();
         let called = Cell::new(false);
-        s.flush_foreground(|| Ok(called.set(true)), || 0).unwrap();
+        let flush = || {
+            called.set(true);
+            Ok(())
+        };
+        s.flush_foreground(flush, || 0).unwrap();
         assert!(!called.get());
         assert!(s.clean());
     }
