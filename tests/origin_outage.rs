@@ -416,3 +416,337 @@ fn background_writeback_waits_for_an_unreachable_origin() {
     drop(origin);
     kill(server);
 }
+
+// ---------------------------------------------------------------------------
+// A frozen origin (issue 32): nbdkit stopped with SIGSTOP, as a hung NFS
+// server, a partition without a reset or a wedged OSD look. Its socket
+// stays open and takes connections; nothing answers.
+// ---------------------------------------------------------------------------
+
+/// `nbdkit -U SOCK -f [FILTER ARGS] file FILE [PARAMS]`.
+fn start_origin_with(sock: &Path, file: &Path, filters: &[&str], params: &[&str]) -> KillOnDrop {
+    let _ = std::fs::remove_file(sock);
+    let child = Command::new("nbdkit")
+        .arg("-U")
+        .arg(sock)
+        .args(["-f", "--exit-with-parent"])
+        .args(filters)
+        .arg("file")
+        .arg(file)
+        .args(params)
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("nbdkit: install the Debian package nbdkit");
+    let child = KillOnDrop(child);
+    wait_for_socket(sock);
+    child
+}
+
+/// A volume over an nbdkit origin (`filters`, `params`), created with
+/// `create_args`, served with `serve_args`.
+fn frozen_setup(
+    filters: &[&str],
+    params: &[&str],
+    create_args: &[&str],
+) -> (Volume, KillOnDrop, PathBuf) {
+    need("fio", "fio");
+    need("nbdkit", "nbdkit");
+    let v = Volume {
+        dir: tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap(),
+    };
+    let origin_file = v.path("origin.img");
+    std::fs::File::create(&origin_file)
+        .unwrap()
+        .set_len(ORIGIN_BYTES)
+        .unwrap();
+    std::fs::File::create(v.path("cache.img"))
+        .unwrap()
+        .set_len(CACHE_BYTES)
+        .unwrap();
+    let sock = v.path("origin.sock");
+    let origin = start_origin_with(&sock, &origin_file, filters, params);
+    let origin_uri = format!("nbd+unix:///?socket={}", sock.display());
+    let cache = v.path("cache.img");
+    let mut args = vec![
+        "create",
+        "--origin",
+        &origin_uri,
+        "--cache",
+        cache.to_str().unwrap(),
+    ];
+    args.extend_from_slice(create_args);
+    v.cli(&args);
+    (v, origin, origin_file)
+}
+
+/// `serve` with extra flags, its log in `serve.log`.
+fn serve_args(v: &Volume, args: &[&str]) -> KillOnDrop {
+    let log = std::fs::File::create(v.path("serve.log")).unwrap();
+    let child = Command::new(BIN)
+        .arg("serve")
+        .args(args)
+        .env("TIERCACHE_STATE_DIR", v.state())
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let child = KillOnDrop(child);
+    wait_for_socket(&v.state().join("tc0.nbd"));
+    wait_for_socket(&v.state().join("tc0.sock"));
+    child
+}
+
+/// fio over the volume: `args` after the common ones; its JSON, or the
+/// whole output if it failed.
+fn fio(uri: &str, name: &str, args: &[&str]) -> Result<Value, String> {
+    let out = Command::new("fio")
+        .arg(format!("--name={name}"))
+        .args(["--ioengine=nbd", "--output-format=json"])
+        .arg(format!("--uri={uri}"))
+        .args(args)
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return Err(format!(
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let json = fio_json(&out.stdout);
+    for job in json["jobs"].as_array().unwrap() {
+        if job["error"] != 0 {
+            return Err(format!("fio job error: {job}"));
+        }
+    }
+    Ok(json)
+}
+
+/// Polls the stats until `name` reaches `at_least`.
+fn wait_stat(v: &Volume, name: &str, at_least: u64) {
+    let t = Instant::now();
+    while v.status()["stats"][name].as_u64().unwrap_or(0) < at_least {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "{name} stayed below {at_least}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The whole volume through a real client (nbdcopy) against the origin
+/// file, once everything is written back.
+fn assert_origin_equals_volume(v: &Volume, origin_file: &Path) {
+    need("nbdcopy", "libnbd-bin");
+    v.cli(&["flush"]);
+    let s = v.status();
+    assert_eq!(s["cache_blocks_dirty"], 0, "{s}");
+    let copy = v.path("volume.img");
+    let out = Command::new("nbdcopy")
+        .arg(v.uri())
+        .arg(&copy)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "nbdcopy: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (volume, origin) = (
+        std::fs::read(&copy).unwrap(),
+        std::fs::read(origin_file).unwrap(),
+    );
+    assert_eq!(volume.len(), origin.len());
+    if let Some(at) = (0..origin.len()).find(|&i| origin[i] != volume[i]) {
+        panic!("the origin file differs from the volume at byte {at}");
+    }
+}
+
+/// Writeback: with the origin stopped in the middle of a writeback, a
+/// client's writes and flushes complete at the cache's speed (fio verify,
+/// a flush every 16 writes; no flush takes even a second, where the
+/// origin's requests time out after 4 s), status says the origin stopped
+/// answering; once it runs again everything reaches it.
+#[test]
+fn a_stopped_origin_hangs_no_flush_in_writeback() {
+    let (v, mut origin, origin_file) = frozen_setup(
+        &["--filter=delay"],
+        &["delay-write=10ms"],
+        &["--mode", "writeback", "--writeback-age", "1"],
+    );
+    let mut daemon = serve_args(&v, &["--origin-timeout", "4"]);
+    // 512 scattered dirty blocks, written back at ~100 a second.
+    fio(
+        &v.uri(),
+        "fill",
+        &[
+            "--rw=randwrite",
+            "--bs=4k",
+            "--size=32M",
+            "--io_size=2M",
+            "--iodepth=16",
+        ],
+    )
+    .unwrap();
+    wait_stat(&v, "origin_writes", 20);
+    daemon::signal(origin.id(), libc::SIGSTOP);
+    let t = Instant::now();
+    let json = fio(
+        &v.uri(),
+        "during",
+        &[
+            "--rw=randwrite",
+            "--offset=32M",
+            "--bs=4k",
+            "--size=16M",
+            "--io_size=4M",
+            "--iodepth=8",
+            "--fsync=16",
+            "--verify=crc32c",
+            "--verify_fatal=1",
+        ],
+    )
+    .unwrap_or_else(|e| panic!("fio failed while the origin was stopped: {e}"));
+    let took = t.elapsed();
+    let job = &json["jobs"][0];
+    let sync_max_ms = job["sync"]["lat_ns"]["max"].as_u64().unwrap_or(0) / 1_000_000;
+    eprintln!("during the stop: fio took {took:?}, slowest flush {sync_max_ms} ms");
+    assert!(
+        job["sync"]["total_ios"].as_u64().unwrap_or(0) >= 60,
+        "{job}"
+    );
+    assert!(
+        sync_max_ms < 1000,
+        "a flush waited {sync_max_ms} ms for the stopped origin"
+    );
+    // The writeback's request timed out: the origin is unreachable.
+    let h = v.wait_health("the stop", |h| h["reachable"] == false);
+    let why = h["last_error"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("stopped answering") || why.contains("handshake"),
+        "{h}"
+    );
+    let dirty = v.status()["cache_blocks_dirty"].as_u64().unwrap();
+    assert!(dirty > 0, "writeback was under way");
+
+    daemon::signal(origin.id(), libc::SIGCONT);
+    v.wait_health("the origin back", |h| h["reachable"] == true);
+    assert_origin_equals_volume(&v, &origin_file);
+    sigterm(&mut daemon);
+    origin.kill().unwrap();
+}
+
+/// Writethrough: every write needs the origin, so with it stopped a write
+/// fails, after the origin timeout (2 s here), not never; once it runs
+/// again, writes and flushes work and the origin holds the volume.
+#[test]
+fn a_stopped_origin_fails_writethrough_writes_in_bounded_time() {
+    let (v, mut origin, origin_file) = frozen_setup(&[], &[], &["--mode", "writethrough"]);
+    let mut daemon = serve_args(&v, &["--origin-timeout", "2"]);
+    fio(
+        &v.uri(),
+        "before",
+        &["--rw=randwrite", "--bs=4k", "--size=4M", "--fsync=8"],
+    )
+    .unwrap();
+    daemon::signal(origin.id(), libc::SIGSTOP);
+    let t = Instant::now();
+    let err = fio(
+        &v.uri(),
+        "during",
+        &[
+            "--rw=write",
+            "--offset=8M",
+            "--bs=4k",
+            "--size=64k",
+            "--fsync=1",
+        ],
+    )
+    .expect_err("a writethrough write succeeded with the origin stopped");
+    let took = t.elapsed();
+    eprintln!("fio failed after {took:?}: {:.300}", err);
+    assert!(took < Duration::from_secs(20), "bounded: {took:?}");
+    let h = v.wait_health("the stop", |h| h["reachable"] == false);
+    assert!(h["last_error"].is_string(), "{h}");
+    daemon::signal(origin.id(), libc::SIGCONT);
+    v.wait_health("the origin back", |h| h["reachable"] == true);
+    fio(
+        &v.uri(),
+        "after",
+        &[
+            "--rw=randwrite",
+            "--bs=4k",
+            "--size=4M",
+            "--fsync=8",
+            "--verify=crc32c",
+            "--verify_fatal=1",
+        ],
+    )
+    .unwrap();
+    // The region the failed job wrote is written again before the flush
+    // in assert_origin_equals_volume: a flush after a lost write fails
+    // until it is.
+    fio(
+        &v.uri(),
+        "rewrite",
+        &[
+            "--rw=write",
+            "--offset=8M",
+            "--bs=4k",
+            "--size=64k",
+            "--fsync=1",
+        ],
+    )
+    .unwrap();
+    assert_origin_equals_volume(&v, &origin_file);
+    sigterm(&mut daemon);
+    origin.kill().unwrap();
+}
+
+/// An origin with a volatile write cache (nbdkit's cache filter in
+/// writeback) is killed in the middle of a writeback and started again:
+/// the writes it had taken but not flushed are gone. The blocks whose
+/// writeback they were stay dirty and go again: after `tiercache flush`
+/// the origin file holds the volume.
+#[test]
+fn an_origin_that_loses_its_cache_mid_writeback_gets_the_blocks_again() {
+    let filters = ["--filter=delay", "--filter=cache"];
+    let params = [
+        "cache=writeback",
+        "cache-min-block-size=4096",
+        "delay-write=5ms",
+    ];
+    let (v, origin, origin_file) = frozen_setup(
+        &filters,
+        &params,
+        &["--mode", "writeback", "--writeback-age", "1"],
+    );
+    let mut daemon = serve_args(&v, &["--origin-timeout", "4"]);
+    fio(
+        &v.uri(),
+        "fill",
+        &[
+            "--rw=randwrite",
+            "--bs=4k",
+            "--size=32M",
+            "--io_size=8M",
+            "--iodepth=16",
+        ],
+    )
+    .unwrap();
+    wait_stat(&v, "origin_writes", 100);
+    kill(origin);
+    v.wait_health("the loss", |h| h["reachable"] == false);
+    let sock = v.path("origin.sock");
+    let origin = start_origin_with(&sock, &origin_file, &filters, &params);
+    v.wait_health("the origin back", |h| h["reachable"] == true);
+    assert_origin_equals_volume(&v, &origin_file);
+    let s = v.status();
+    assert!(
+        s["stats"]["origin_flush_losses"].as_u64().unwrap() >= 1,
+        "{s}"
+    );
+    sigterm(&mut daemon);
+    kill(origin);
+}

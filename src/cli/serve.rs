@@ -131,6 +131,14 @@ pub struct Args {
     /// the connection is closed (clients that stop reading).
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     stall_timeout: u64,
+    /// Seconds an NBD origin's request may wait for its reply before the
+    /// origin is taken to have stopped answering: the connection is
+    /// dropped (its requests fail), the origin is unreachable until a
+    /// reconnect succeeds, writeback waits, and cached I/O goes on. In
+    /// writeback and writeonly a client's FLUSH does not wait for the
+    /// origin at all; in writethrough it fails after this long.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    origin_timeout: u64,
     /// Serve Prometheus metrics at http://ADDR/metrics (loopback port 9617
     /// when given alone).
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:9617")]
@@ -226,6 +234,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     // Before anything is opened: a refused configuration changes nothing.
     let tls = tls_setup(a)?;
     let limits = server_limits(a)?;
+    tiercache::device::set_origin_timeout(Duration::from_secs(a.origin_timeout));
     let source = if let (Some(origin), Some(size)) = (&a.origin, &a.ram_cache) {
         let mode = Mode::parse(&a.mode).with_context(|| format!("unknown mode '{}'", a.mode))?;
         EngineSource::Volatile {

@@ -65,6 +65,27 @@ pub type DeviceResult<T> = Result<T, DeviceError>;
 /// Sector size every request must be aligned to.
 pub const SECTOR_BYTES: u64 = 512;
 
+/// Longest a request to a device behind a network (an NBD export, an RBD
+/// image) waits for its answer by default: then the server is taken to
+/// have stopped answering (frozen, a partition without a reset, a wedged
+/// OSD), the request fails and the device says it is unreachable. The
+/// kernel's NBD client and block layer also wait 30 s.
+pub const ORIGIN_TIMEOUT_DEFAULT: std::time::Duration = std::time::Duration::from_secs(30);
+static ORIGIN_TIMEOUT_MS: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(ORIGIN_TIMEOUT_DEFAULT.as_millis() as u64);
+
+/// Sets the request timeout of network devices opened from now on (`serve
+/// --origin-timeout`; at least 1 ms).
+pub fn set_origin_timeout(t: std::time::Duration) {
+    let ms = (t.as_millis() as u64).max(1);
+    ORIGIN_TIMEOUT_MS.store(ms, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The request timeout of network devices (`set_origin_timeout`).
+pub fn origin_timeout() -> std::time::Duration {
+    std::time::Duration::from_millis(ORIGIN_TIMEOUT_MS.load(std::sync::atomic::Ordering::Relaxed))
+}
+
 /// One block device. All methods are blocking and may be called from many
 /// threads at once; requests for disjoint ranges never wait on each other.
 ///

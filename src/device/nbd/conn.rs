@@ -73,7 +73,7 @@ pub(super) struct Conn {
     pub(super) control: Stream,
     pub(super) next_cookie: AtomicU64,
     pub(super) reader: Option<JoinHandle<()>>,
-    /// How long a request waits for its reply (`REQUEST_TIMEOUT_DEFAULT`).
+    /// How long a request waits for its reply (`device::origin_timeout`).
     pub(super) request_timeout: Duration,
 }
 
@@ -126,7 +126,7 @@ impl Conn {
                 })?
             }
         };
-        let request_timeout = request_timeout();
+        let request_timeout = crate::device::origin_timeout();
         s.set_timeouts(None)?;
         s.set_write_timeout(Some(request_timeout))?;
         s.keep_alive()?;
@@ -218,8 +218,10 @@ impl Conn {
                     "no reply within {:?}: the server stopped answering",
                     self.request_timeout
                 );
-                self.control.shutdown();
+                // The reason first: the shutdown makes the reader see
+                // an EOF, which must not pass for the server closing.
                 self.shared.kill(why.clone());
+                self.control.shutdown();
                 Err(io::Error::new(io::ErrorKind::TimedOut, why))
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {

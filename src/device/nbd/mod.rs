@@ -100,26 +100,6 @@ const TRIM_BYTES_MAX: u64 = 1 << 30;
 /// At open: bound on the connect and on each step of the handshake
 /// (reconnects have a shorter one: link.rs).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Longest a request waits for its reply (and a request's bytes for the
-/// socket) by default: then the server is taken to have stopped answering
-/// (frozen, or a network partition without a reset) and the connection is
-/// dropped, failing its requests and making the server unreachable until
-/// a reconnect succeeds. The kernel's NBD client and block layer also wait
-/// 30 s. `serve --origin-timeout` sets it (`set_request_timeout`).
-pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
-/// The request timeout in milliseconds, read when a connection opens.
-static REQUEST_TIMEOUT_MS: AtomicU64 = AtomicU64::new(REQUEST_TIMEOUT_DEFAULT.as_millis() as u64);
-
-/// Sets how long requests of connections opened from now on wait for a
-/// reply (at least 1 ms).
-pub fn set_request_timeout(t: Duration) {
-    REQUEST_TIMEOUT_MS.store((t.as_millis() as u64).max(1), Ordering::Relaxed);
-}
-
-pub(super) fn request_timeout() -> Duration {
-    Duration::from_millis(REQUEST_TIMEOUT_MS.load(Ordering::Relaxed))
-}
-
 /// Longest option reply we accept during the handshake (proto.md: strings are
 /// at most 4096 bytes; INFO payloads are tiny).
 const OPTION_REPLY_BYTES_MAX: u32 = 64 << 10;

@@ -28,10 +28,12 @@
 //!
 //! Bounds: connecting gives up after `client_mount_timeout` (set to 30 s
 //! unless the config sets it); an OSD request that gets no answer fails
-//! with ETIMEDOUT after `rados_osd_op_timeout` (set to 120 s unless the
-//! config sets it), so an origin that stops answering becomes an origin
-//! error instead of a hang.
+//! with ETIMEDOUT after `rados_osd_op_timeout` (set to `serve
+//! --origin-timeout`, 30 s by default, unless the config sets it), so an
+//! origin that stops answering becomes an origin error instead of a hang,
+//! and the image is unreachable until a request succeeds (health.rs).
 
+mod health;
 mod librbd;
 mod uri;
 
@@ -47,10 +49,9 @@ use librbd::{api, Api, ImageT, IoctxT, RadosT};
 
 /// Config values set when the config leaves them at Ceph's default (see the
 /// module comment): (option, Ceph's default, ours).
-const BOUNDS: [(&str, f64, &str); 2] = [
-    ("client_mount_timeout", 300.0, "30"),
-    ("rados_osd_op_timeout", 0.0, "120"),
-];
+/// `rados_osd_op_timeout` is `device::origin_timeout` (`serve
+/// --origin-timeout`) unless the config sets it.
+const BOUNDS: [(&str, f64, &str); 1] = [("client_mount_timeout", 300.0, "30")];
 
 /// An RBD image behind [`BlockDevice`].
 pub struct RbdDevice {
@@ -60,6 +61,10 @@ pub struct RbdDevice {
     /// `None` once closed. Requests hold it shared for their call into
     /// librbd; closing holds it exclusively (module comment).
     handles: RwLock<Option<Handles>>,
+    /// Whether the cluster answers (health.rs).
+    health: health::Health,
+    /// Failed flushes (`BlockDevice::loss_epoch`).
+    failed_flushes: std::sync::atomic::AtomicU64,
 }
 
 /// The cluster connection, pool context and image; any may be null while
@@ -170,6 +175,8 @@ impl RbdDevice {
             for (option, ceph_default, ours) in BOUNDS {
                 set_if_default(api, h.cluster, option, ceph_default, ours)?;
             }
+            let op_timeout = crate::device::origin_timeout().as_secs().max(1).to_string();
+            set_if_default(api, h.cluster, "rados_osd_op_timeout", 0.0, &op_timeout)?;
             check(
                 (api.rados_connect)(h.cluster).into(),
                 format!("connecting to the cluster as client.{}", u.id),
@@ -205,6 +212,8 @@ impl RbdDevice {
                 identity,
                 size_bytes,
                 handles: RwLock::new(Some(h)),
+                health: Default::default(),
+                failed_flushes: Default::default(),
             })
         }
     }
@@ -230,6 +239,20 @@ impl RbdDevice {
                 io::Error::new(io::ErrorKind::NotConnected, "the image was closed"),
             )),
         }
+    }
+
+    /// Tells the health tracker how a request ended.
+    fn noted<T>(&self, r: DeviceResult<T>) -> DeviceResult<T> {
+        match &r {
+            Ok(_) => self.health.succeeded(),
+            Err(e @ DeviceError::Io { source, .. }) => {
+                if let Some(errno) = source.raw_os_error() {
+                    self.health.failed(errno, &e.to_string());
+                }
+            }
+            Err(_) => {}
+        }
+        r
     }
 }
 
@@ -295,7 +318,7 @@ impl BlockDevice for RbdDevice {
             // into buf, which stays borrowed for the call.
             Ok(unsafe { (h.api.rbd_read)(h.image, offset, len, buf.as_mut_ptr().cast()) })
         })?;
-        self.transferred("read", ret, len)
+        self.noted(self.transferred("read", ret, len))
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> DeviceResult<()> {
@@ -305,30 +328,49 @@ impl BlockDevice for RbdDevice {
             // of buf, which stays borrowed for the call.
             Ok(unsafe { (h.api.rbd_write)(h.image, offset, buf.len(), buf.as_ptr().cast()) })
         })?;
-        self.transferred("write", ret, buf.len())
+        self.noted(self.transferred("write", ret, buf.len()))
     }
 
     fn flush(&self) -> DeviceResult<()> {
-        self.with_image("flush", |h| {
+        let r = self.with_image("flush", |h| {
             // SAFETY: a live image handle.
             let ret = unsafe { (h.api.rbd_flush)(h.image) };
             if ret < 0 {
                 return Err(self.io_err("flush", errno_error(ret.into())));
             }
             Ok(())
-        })
+        });
+        if r.is_err() {
+            self.failed_flushes
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
+        self.noted(r)
+    }
+
+    fn loss_epoch(&self) -> u64 {
+        self.failed_flushes
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn health(&self) -> Option<super::DeviceHealth> {
+        Some(self.health.report())
+    }
+
+    fn is_reachable(&self) -> bool {
+        self.health.is_reachable()
     }
 
     fn discard(&self, offset: u64, len: u64) -> DeviceResult<()> {
         check_range(self, offset, len)?;
-        self.with_image("discard", |h| {
+        let r = self.with_image("discard", |h| {
             // SAFETY: a live image handle.
             let ret = unsafe { (h.api.rbd_discard)(h.image, offset, len) };
             if ret < 0 {
                 return Err(self.io_err("discard", errno_error(ret.into())));
             }
             Ok(())
-        })
+        });
+        self.noted(r)
     }
 
     fn close(&self) -> DeviceResult<()> {
