@@ -54,6 +54,16 @@ impl Cluster {
         cluster
     }
 
+    /// The PID of one of the cluster's daemons (`osd.0`, `mon.a`, ...).
+    pub fn pid(&self, daemon: &str) -> u32 {
+        let f = self.dir.join("run").join(format!("{daemon}.pid"));
+        std::fs::read_to_string(&f)
+            .unwrap_or_else(|e| panic!("{}: {e}", f.display()))
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
     /// `program` with this cluster's CEPH_CONF (ceph, rbd, fio's rbd engine).
     pub fn command(&self, program: &str) -> Command {
         let mut c = Command::new(program);

@@ -241,10 +241,13 @@ impl RbdDevice {
         }
     }
 
-    /// Tells the health tracker how a request ended.
-    fn noted<T>(&self, r: DeviceResult<T>) -> DeviceResult<T> {
+    /// Tells the health tracker how a request ended. Only a read or a
+    /// flush that succeeded (`answered`) says the cluster answers:
+    /// librbd's cache may acknowledge a write or a discard without it.
+    fn noted<T>(&self, r: DeviceResult<T>, answered: bool) -> DeviceResult<T> {
         match &r {
-            Ok(_) => self.health.succeeded(),
+            Ok(_) if answered => self.health.succeeded(),
+            Ok(_) => {}
             Err(e @ DeviceError::Io { source, .. }) => {
                 if let Some(errno) = source.raw_os_error() {
                     self.health.failed(errno, &e.to_string());
@@ -318,7 +321,7 @@ impl BlockDevice for RbdDevice {
             // into buf, which stays borrowed for the call.
             Ok(unsafe { (h.api.rbd_read)(h.image, offset, len, buf.as_mut_ptr().cast()) })
         })?;
-        self.noted(self.transferred("read", ret, len))
+        self.noted(self.transferred("read", ret, len), true)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> DeviceResult<()> {
@@ -328,7 +331,7 @@ impl BlockDevice for RbdDevice {
             // of buf, which stays borrowed for the call.
             Ok(unsafe { (h.api.rbd_write)(h.image, offset, buf.len(), buf.as_ptr().cast()) })
         })?;
-        self.noted(self.transferred("write", ret, buf.len()))
+        self.noted(self.transferred("write", ret, buf.len()), false)
     }
 
     fn flush(&self) -> DeviceResult<()> {
@@ -344,7 +347,7 @@ impl BlockDevice for RbdDevice {
             self.failed_flushes
                 .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         }
-        self.noted(r)
+        self.noted(r, true)
     }
 
     fn loss_epoch(&self) -> u64 {
@@ -370,7 +373,7 @@ impl BlockDevice for RbdDevice {
             }
             Ok(())
         });
-        self.noted(r)
+        self.noted(r, false)
     }
 
     fn close(&self) -> DeviceResult<()> {
