@@ -9,6 +9,7 @@
 //! one line, `tiercache: error: ...`, and exits with 1 (2 for usage errors).
 
 mod check;
+mod claims;
 mod create;
 mod demo;
 mod detach;
@@ -110,7 +111,11 @@ pub fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("tiercache: error: {}", error_line(&e));
+            eprintln!(
+                "tiercache: error: {}{}",
+                error_line(&e),
+                claims::holder_note(&e)
+            );
             ExitCode::FAILURE
         }
     }
