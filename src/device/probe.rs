@@ -112,7 +112,8 @@ pub fn probe(head: &[u8], tail: &[u8], size_bytes: u64) -> Vec<Signature> {
             offset,
         })
         .collect();
-    let probers: [fn(&View) -> Option<Signature>; 6] = [ext, swap, lvm2, md, vfat, partitions];
+    let probers: [fn(&View) -> Option<Signature>; 7] =
+        [ext, swap, lvm2, md, vfat, partitions, gpt_backup];
     found.extend(probers.iter().filter_map(|p| p(&v)));
     // One tiercache cache shows at both superblock copies: once is enough.
     found.dedup_by(|a, b| a.what == b.what);
@@ -230,17 +231,26 @@ fn vfat(v: &View) -> Option<Signature> {
     })
 }
 
-/// A partition table: GPT ("EFI PART" in its header at LBA 1, or in the
-/// backup header in the last LBA, for 512 and 4096-byte sectors), else an
-/// MBR (0x55AA at 510 and a used entry with a valid boot flag).
+/// A GPT's backup header, in the last LBA (512 or 4096-byte sectors):
+/// found even when the primary is gone, as tools that repair a GPT do.
+fn gpt_backup(v: &View) -> Option<Signature> {
+    [512u64, 4096].iter().find_map(|&lba| {
+        let at = v.size_bytes.checked_sub(lba)?;
+        v.has(at, b"EFI PART").then(|| Signature {
+            what: "a GPT partition table (backup header)".into(),
+            offset: at,
+        })
+    })
+}
+
+/// A partition table: GPT ("EFI PART" in its header at LBA 1, for 512 and
+/// 4096-byte sectors), else an MBR (0x55AA at 510 and a used entry with a
+/// valid boot flag).
 fn partitions(v: &View) -> Option<Signature> {
-    let backups = [512u64, 4096].map(|lba| v.size_bytes.checked_sub(lba));
-    let gpt = [Some(512u64), Some(4096)]
+    if let Some(at) = [512u64, 4096]
         .into_iter()
-        .chain(backups)
-        .flatten()
-        .find(|&at| v.has(at, b"EFI PART"));
-    if let Some(at) = gpt {
+        .find(|&at| v.has(at, b"EFI PART"))
+    {
         return Some(Signature {
             what: "a GPT partition table".into(),
             offset: at,
@@ -336,7 +346,10 @@ mod tests {
             ),
             (with(0, b"LUKS\xba\xbe\0\x02"), "a LUKS encrypted volume"),
             (with(512, b"EFI PART"), "a GPT partition table"),
-            (with(SIZE - 512, b"EFI PART"), "a GPT partition table"),
+            (
+                with(SIZE - 512, b"EFI PART"),
+                "a GPT partition table (backup header)",
+            ),
             (mbr, "an MBR partition table"),
             (with(4096 + 24, &BCACHE_MAGIC), "a bcache device"),
             (with(4096, b"TIERCACH"), "a tiercache cache"),
