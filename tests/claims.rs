@@ -559,4 +559,6 @@ fn read_only_commands_write_no_byte_with_a_crash_log() {
         "{json}"
     );
     assert!(json["cache_blocks_dirty"].as_u64() > Some(0), "{json}");
+    // The log lives in shared memory, outside the test's directory.
+    let _ = std::fs::remove_file(&devices[2]);
 }

@@ -404,19 +404,12 @@ fn bad_arguments_write_nothing() {
     fails(&s.tc(&["set-mode", "fast"]), 1, "unknown cache mode");
     assert_eq!(hashes(), created, "a refused command wrote a device");
 
-    // --force replaces the registration; formatting the device that holds
-    // the old cache takes --wipe too (one flag, one consent).
-    fails(
-        &s.create(&origin, &cache, &["--force", "--mode", "writethrough"]),
-        1,
-        "pass --wipe",
-    );
+    // --force replaces the registration; the device holding the old cache
+    // also takes --wipe (one flag, one consent).
+    let writethrough = ["--force", "--mode", "writethrough"];
+    fails(&s.create(&origin, &cache, &writethrough), 1, "pass --wipe");
     assert_eq!(hashes(), created, "a refused create wrote a device");
-    let out = ok(&s.create(
-        &origin,
-        &cache,
-        &["--force", "--wipe", "--mode", "writethrough"],
-    ));
+    let out = ok(&s.create(&origin, &cache, &[&writethrough[..], &["--wipe"]].concat()));
     assert!(out.contains("writethrough"), "{out}");
     assert_eq!(status_json(&s)["mode"], "writethrough");
     assert_eq!(hashes()[0], before[0], "create wrote the origin");

@@ -230,6 +230,14 @@ pub fn parse_size(s: &str) -> Option<u64> {
 /// (`nbd://host[:port]/EXPORT`, `nbd+unix:///EXPORT?socket=PATH`), an RBD
 /// image (`rbd://POOL/IMAGE[?conf=PATH&id=NAME]`), or a path to a file or
 /// block device.
+///
+/// A file or block device is claimed for this open alone (`claim.rs`):
+/// another open of it is refused with [`DeviceError::InUse`] while this one
+/// lives. The others cannot be claimed from here: a RAM device is private
+/// to this process anyway; an NBD export's server decides who may connect
+/// (qemu-nbd takes one client unless `--shared`, nbdkit any number); an RBD
+/// image's exclusive-lock feature passes the lock between writers instead
+/// of refusing one. Two daemons writing one export or image are not caught.
 pub fn open_device(spec: &str) -> DeviceResult<DeviceRef> {
     // TLS and vsock schemes are routed too, so they get a clear refusal
     // instead of "no such file".

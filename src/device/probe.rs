@@ -322,7 +322,7 @@ mod tests {
             d
         };
         let md_end = ((SIZE / 512 - 16) & !7) * 512;
-        let md_090 = ((SIZE / 512 & !127) - 128) * 512;
+        let md_090 = (((SIZE / 512) & !127) - 128) * 512;
         let cases: Vec<(Vec<u8>, &str)> = vec![
             (ext4, "an ext4 filesystem"),
             (ext3, "an ext3 filesystem"),
