@@ -7,12 +7,14 @@ cd "$(dirname "$0")/.."
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
-# Real NBD clients and servers the tests drive, and systemd-analyze for the
-# unit file: tool -> Debian package.
+# Real NBD clients and servers the tests drive, systemd-analyze for the
+# unit file, and what tests/claims.rs puts on devices (mkfs.ext4, sfdisk,
+# mkswap), reads back (blkid) and attaches (losetup): tool -> Debian package.
 missing=()
 for pair in fio:fio nbdkit:nbdkit nbdinfo:libnbd-bin nbdcopy:libnbd-bin nbdsh:libnbd-bin \
             qemu-img:qemu-utils qemu-nbd:qemu-utils openssl:openssl pkg-config:pkg-config \
-            systemd-analyze:systemd; do
+            systemd-analyze:systemd mkfs.ext4:e2fsprogs sfdisk:fdisk mkswap:util-linux \
+            blkid:util-linux losetup:mount; do
     tool=${pair%%:*}; pkg=${pair##*:}
     command -v "$tool" >/dev/null 2>&1 || missing+=("$pkg")
 done

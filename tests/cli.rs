@@ -404,8 +404,12 @@ fn bad_arguments_write_nothing() {
     fails(&s.tc(&["set-mode", "fast"]), 1, "unknown cache mode");
     assert_eq!(hashes(), created, "a refused command wrote a device");
 
-    // --force replaces both the registration and the cache.
-    let out = ok(&s.create(&origin, &cache, &["--force", "--mode", "writethrough"]));
+    // --force replaces the registration; the device holding the old cache
+    // also takes --wipe (one flag, one consent).
+    let writethrough = ["--force", "--mode", "writethrough"];
+    fails(&s.create(&origin, &cache, &writethrough), 1, "pass --wipe");
+    assert_eq!(hashes(), created, "a refused create wrote a device");
+    let out = ok(&s.create(&origin, &cache, &[&writethrough[..], &["--wipe"]].concat()));
     assert!(out.contains("writethrough"), "{out}");
     assert_eq!(status_json(&s)["mode"], "writethrough");
     assert_eq!(hashes()[0], before[0], "create wrote the origin");

@@ -1,11 +1,14 @@
-//! `tiercache check`: verify a cache device's metadata offline. Reads only.
+//! `tiercache check`: verify a cache device's metadata offline. Reads only:
+//! every device is opened read-only under a shared lock (a cache a daemon
+//! serves is refused, naming it), and nothing is written.
 //! Exit code 0 when the metadata is intact, 1 when damage was found.
 
 use anyhow::{bail, Context, Result};
-use tiercache::device::open_device;
+use tiercache::device::open_device_read_only;
 use tiercache::engine::recovery::{self, CheckReport, CrashLogs};
 
 use super::registry::{Lock, Registry};
+use super::target::open_cache_read_only;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -21,9 +24,9 @@ pub struct Args {
 }
 
 pub fn run(reg: &Registry, a: &Args) -> Result<()> {
-    let (label, cache_path, origin_path, crash_logs, _lock): (
+    let (label, cache_paths, origin_path, crash_logs, _lock): (
         String,
-        String,
+        Vec<String>,
         Option<String>,
         CrashLogs,
         Option<Lock>,
@@ -32,7 +35,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         // to this cache device (by the identity in its header).
         Some(path) => (
             path.clone(),
-            path.clone(),
+            vec![path.clone()],
             None,
             CrashLogs::Search(reg.crash_log_files()),
             None,
@@ -43,18 +46,18 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
             let lock = reg.lock(&entry.name)?;
             (
                 format!("cache '{}' ({})", entry.name, entry.cache),
-                entry.cache,
+                entry.cache_paths(),
                 Some(entry.origin),
                 CrashLogs::Known(reg.crash_log_path(&entry.name)),
                 Some(lock),
             )
         }
     };
-    let cache = open_device(&cache_path).context("cache")?;
+    let cache = open_cache_read_only(&cache_paths).context("cache")?;
     // The origin's size lets the check compare it with the recorded one; a
     // missing origin does not stop a metadata check.
     let origin_bytes = match &origin_path {
-        Some(p) => match open_device(p) {
+        Some(p) => match open_device_read_only(p) {
             Ok(dev) => Some(dev.size_bytes()),
             Err(e) => {
                 log::warn!("origin: {e}; checking against the recorded origin size");

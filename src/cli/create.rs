@@ -2,10 +2,18 @@
 //!
 //! Everything that can be checked is checked before the first byte is
 //! written: a refused create leaves both devices and the registry as they
-//! were.
+//! were. Each device is claimed for this process before it is looked at
+//! (device/claim.rs), so no daemon can be serving it while it is formatted.
+//!
+//! Three flags, three consents: `--force` replaces a registered cache of
+//! the same name; `--wipe` formats cache devices that hold something (a
+//! filesystem, a partition table, another cache: device/probe.rs);
+//! `--lose-dirty-data` accepts losing the dirty blocks of the cache being
+//! replaced or wiped, which would leave its origin stale.
 
 use anyhow::{bail, Context, Result};
-use tiercache::device::open_device;
+use tiercache::device::probe::{erase, probe_device, Signature, TIERCACHE_CACHE};
+use tiercache::device::{open_device, DeviceRef};
 use tiercache::engine::format::Layout;
 use tiercache::engine::{CreateOptions, Engine, Placement, WritebackSettings};
 
@@ -77,10 +85,23 @@ pub struct Args {
     /// (0: never); cached blocks are still served and written back.
     #[arg(long, value_name = "N", default_value_t = tiercache::engine::DEFAULT_CACHE_ERROR_LIMIT)]
     cache_error_limit: u64,
-    /// Overwrite a cache device that already holds a cache, and replace a
-    /// registered cache of the same name.
+    /// Replace a registered cache of the same name. Its devices are
+    /// formatted only if given again (then with --wipe), and a cache that
+    /// holds dirty data is replaced only with --lose-dirty-data.
     #[arg(long)]
     force: bool,
+    /// Format cache devices that hold something: a filesystem (ext2/3/4,
+    /// XFS, btrfs, FAT, NTFS), swap, a partition table (MBR, GPT), LVM, md
+    /// RAID, LUKS, bcache, or a tiercache cache or cache-set member.
+    /// Without it, create says what it found and changes nothing.
+    #[arg(long)]
+    wipe: bool,
+    /// Replace (--force) or wipe (--wipe) a cache that holds dirty data:
+    /// blocks not yet written back, which are lost, leaving its origin
+    /// stale. To keep them, run `tiercache flush` or `tiercache detach`
+    /// on that cache first.
+    #[arg(long)]
+    lose_dirty_data: bool,
     /// Accept losing dirty data on a volatile cache device.
     #[arg(long)]
     allow_data_loss: bool,
@@ -92,10 +113,12 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     let (opts, origin_path, cache_paths) = checked_options(a)?;
     reg.prepare()?;
     let _lock = reg.lock(&a.name)?;
-    check_registry(reg, a, &origin_path, &cache_paths)?;
-    let (origin, cache, layout) = open_devices(&origin_path, &cache_paths, &opts, a.mirror_share)?;
-    // Format (the engine refuses a device holding a cache unless forced),
-    // shut down cleanly, register.
+    if let Some(old) = check_registry(reg, a, &origin_path, &cache_paths)? {
+        refuse_losing_dirty_data(reg, a, &old)?;
+    }
+    let (origin, cache, layout) = open_devices(&origin_path, &cache_paths, a, &opts)?;
+    // Format (the engine refuses a device holding a cache unless told to
+    // wipe it), shut down cleanly, register.
     let engine = Engine::create(cache, origin, &opts).context("creating the cache")?;
     // A crash log left by an earlier cache of this name (a daemon killed,
     // then the cache recreated with --force) must never meet the new one.
@@ -186,7 +209,9 @@ fn checked_options(a: &Args) -> Result<(CreateOptions, String, Vec<String>)> {
         writeback_order,
         writeback,
         admission: a.admission.apply(Default::default())?,
-        force: a.force,
+        // The devices were probed (`refuse_signatures`): what the engine
+        // would refuse, a device holding a cache, is known to be wanted.
+        force: a.wipe,
         allow_data_loss: a.allow_data_loss,
         cache_error_limit: a.cache_error_limit,
     };
@@ -221,14 +246,16 @@ fn checked_options(a: &Args) -> Result<(CreateOptions, String, Vec<String>)> {
 }
 
 /// The name is free (or `--force` replaces it) and neither device belongs
-/// to another registered cache. The caller holds the name's lock.
+/// to another registered cache. The caller holds the name's lock. Returns
+/// the registered cache `--force` replaces.
 fn check_registry(
     reg: &Registry,
     a: &Args,
     origin_path: &str,
     cache_paths: &[String],
-) -> Result<()> {
-    if let Some(old) = reg.get(&a.name)? {
+) -> Result<Option<Entry>> {
+    let old = reg.get(&a.name)?;
+    if let Some(old) = &old {
         if !a.force {
             bail!(
                 "a cache named '{}' is already registered (origin {}, cache {}); choose another --name, or pass --force to replace it",
@@ -252,17 +279,58 @@ fn check_registry(
             }
         }
     }
-    Ok(())
+    Ok(old)
 }
 
-/// The devices open, none the same as another, and their sizes fit a
+/// `--force` replaces the registered cache `old`: refused if it holds
+/// dirty data, unless `--lose-dirty-data`. Its dirty blocks are counted
+/// as the next open would find them (journal and crash log applied), by
+/// a read-only open that writes nothing and lets go of the devices before
+/// they are claimed to be formatted.
+fn refuse_losing_dirty_data(reg: &Registry, a: &Args, old: &Entry) -> Result<()> {
+    if a.lose_dirty_data {
+        return Ok(());
+    }
+    let dirty = match super::target::open_engine_read_only(reg, old) {
+        Ok(engine) => engine.status(),
+        // Served or changed by another process: no flag makes that right.
+        Err(e) if super::claims::in_use(&e) => {
+            return Err(e.context(format!(
+                "cache '{}' cannot be replaced while it is in use",
+                old.name
+            )))
+        }
+        Err(e) => {
+            return Err(e.context(format!(
+                "cannot tell whether cache '{}' holds dirty data; pass --lose-dirty-data to \
+                 replace it anyway",
+                old.name
+            )))
+        }
+    };
+    if dirty.cache_blocks_dirty == 0 {
+        return Ok(());
+    }
+    bail!(
+        "cache '{}' holds {} dirty blocks ({}) not yet written back to its origin {}:          replacing it would lose them and leave the origin stale; run `tiercache flush --name {}`          (or `tiercache detach --name {}`) first, or pass --lose-dirty-data to accept the loss",
+        old.name,
+        dirty.cache_blocks_dirty,
+        human_bytes(dirty.cache_blocks_dirty * u64::from(dirty.block_bytes)),
+        old.origin,
+        old.name,
+        old.name
+    )
+}
+
+/// The devices open and claimed, none the same as another, the cache
+/// devices holding nothing that is not to be wiped, and their sizes fit a
 /// cache; several cache devices become a cache set (formatted here: the
 /// engine formats the set as one device next).
 fn open_devices(
     origin_path: &str,
     cache_paths: &[String],
+    a: &Args,
     opts: &CreateOptions,
-    mirror_share: u32,
 ) -> Result<(
     tiercache::device::DeviceRef,
     tiercache::device::DeviceRef,
@@ -270,13 +338,14 @@ fn open_devices(
 )> {
     let block_bytes = opts.block_bytes;
     let origin = open_device(origin_path).context("origin")?;
-    let mut caches = Vec::new();
+    let mut caches = Vec::with_capacity(cache_paths.len());
     for p in cache_paths {
         let cache = open_device(p).with_context(|| format!("cache {p}"))?;
         if origin.identity() != 0 && origin.identity() == cache.identity() {
             bail!("origin {origin_path} and cache {p} are the same device");
         }
-        caches.push(cache);
+        let found = refuse_signatures(&cache, a)?;
+        caches.push((cache, found));
     }
     if origin.size_bytes() < u64::from(block_bytes) {
         bail!(
@@ -285,14 +354,87 @@ fn open_devices(
             human_bytes(block_bytes.into())
         );
     }
+    // The sizes fit a cache, before anything is erased.
+    let bytes: Vec<u64> = caches.iter().map(|(c, _)| c.size_bytes()).collect();
+    match bytes.as_slice() {
+        [one] => Layout::compute(*one, block_bytes).map(|_| ()),
+        more => Layout::set_geometry(more, block_bytes, a.mirror_share).map(|_| ()),
+    }
+    .map_err(anyhow::Error::msg)
+    .context("cache")?;
+    let mut caches = erase_signatures(caches)?;
     let cache = if caches.len() == 1 {
         caches.remove(0)
     } else {
-        tiercache::engine::recovery::make_cache_set(caches, block_bytes, mirror_share, opts.force)
+        tiercache::engine::recovery::make_cache_set(caches, block_bytes, a.mirror_share, a.wipe)
             .context("making the cache set")?
     };
     let layout = Layout::compute(cache.size_bytes(), block_bytes)
         .map_err(anyhow::Error::msg)
         .with_context(|| format!("cache {}", cache.name()))?;
     Ok((origin, cache, layout))
+}
+
+/// Everything is checked: what `--wipe` was given for goes, all of it.
+fn erase_signatures(caches: Vec<(DeviceRef, Vec<Signature>)>) -> Result<Vec<DeviceRef>> {
+    caches
+        .into_iter()
+        .map(|(cache, found)| {
+            if !found.is_empty() {
+                let names: Vec<&str> = found.iter().map(|s| s.what.as_str()).collect();
+                log::warn!("{}: wiping {}", cache.name(), names.join(", "));
+                erase(cache.as_ref(), &found)
+                    .with_context(|| format!("wiping {}", cache.name()))?;
+            }
+            Ok(cache)
+        })
+        .collect()
+}
+
+/// A cache device that holds something (device/probe.rs) is formatted only
+/// with `--wipe`; a tiercache cache with dirty blocks also needs
+/// `--lose-dirty-data`. Returns what is to be erased.
+fn refuse_signatures(cache: &DeviceRef, a: &Args) -> Result<Vec<Signature>> {
+    let found =
+        probe_device(cache.as_ref()).with_context(|| format!("reading {}", cache.name()))?;
+    if found.is_empty() {
+        return Ok(found);
+    }
+    // What `check` finds of a tiercache cache: its mode and dirty blocks.
+    let ours = found
+        .iter()
+        .any(|s| s.what == TIERCACHE_CACHE)
+        .then(|| tiercache::engine::recovery::check(cache, None))
+        .filter(|r| r.mode.is_some());
+    let what: Vec<String> = found
+        .iter()
+        .map(|s| match &ours {
+            Some(r) if s.what == TIERCACHE_CACHE => format!(
+                "{} (mode {}, {} dirty blocks; signature at byte {})",
+                s.what,
+                r.mode.as_deref().unwrap_or("?"),
+                r.cache_blocks_dirty,
+                s.offset
+            ),
+            _ => s.to_string(),
+        })
+        .collect();
+    if !a.wipe {
+        bail!(
+            "cache device {} already holds {}; create would destroy it: pass --wipe to format \
+             it anyway",
+            cache.name(),
+            what.join(" and ")
+        );
+    }
+    let dirty = ours.map_or(0, |r| r.cache_blocks_dirty);
+    if dirty > 0 && !a.lose_dirty_data {
+        bail!(
+            "cache device {} holds a tiercache cache with {dirty} dirty blocks not yet written \
+             back to its origin: wiping it would lose them; flush or detach that cache first, or \
+             pass --lose-dirty-data to accept the loss",
+            cache.name()
+        );
+    }
+    Ok(found)
 }

@@ -19,7 +19,7 @@ use anyhow::{bail, Context, Result};
 use rand::{Rng, SeedableRng};
 use tiercache::device::file::create_file;
 use tiercache::device::latency::LatencyDevice;
-use tiercache::device::{open_device, AlignedBuf, DeviceRef};
+use tiercache::device::{open_device, open_device_read_only, AlignedBuf, DeviceRef};
 use tiercache::engine::recovery;
 use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions, Placement};
 use tiercache::monitor::{spawn_endpoints, EndpointConfig};
@@ -99,7 +99,10 @@ pub fn run(a: &Args) -> Result<()> {
     // Clean shutdown, offline check, warm reopen, detach.
     dashboard.stop();
     engine.close().context("closing the demo cache")?;
+    // Both files are claimed by their open (device/claim.rs): let go of
+    // them before opening them again.
     drop(engine);
+    drop(slow_origin);
     check_reopen_detach(&origin_path, &cache_path)?;
     println!();
     println!(
@@ -219,7 +222,7 @@ fn write_back_and_show(engine: &Arc<Engine>) -> Result<()> {
 /// origin file alone must hold the pattern.
 fn check_reopen_detach(origin_path: &str, cache_path: &str) -> Result<()> {
     let report = recovery::check(
-        &open_device(cache_path).context("cache")?,
+        &open_device_read_only(cache_path).context("cache")?,
         Some(ORIGIN_BYTES),
     );
     if !report.ok {

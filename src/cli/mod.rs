@@ -9,6 +9,7 @@
 //! one line, `tiercache: error: ...`, and exits with 1 (2 for usage errors).
 
 mod check;
+mod claims;
 mod create;
 mod demo;
 mod detach;
@@ -57,9 +58,11 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Format a cache device for an origin and register it under a name.
+    /// Format a cache device for an origin and register it under a name
+    /// (a device that holds something is formatted only with --wipe).
     Create(create::Args),
-    /// Show mode, occupancy, counters and settings of a cache.
+    /// Show mode, occupancy, counters and settings of a cache (writes
+    /// nothing: a cache no daemon serves is read in place).
     Status(status::Args),
     /// Write all dirty data back to the origin.
     Flush(flush::Args),
@@ -83,7 +86,8 @@ enum Command {
     /// Give up a cache device that is gone for good (its dirty data is lost):
     /// serve on from the origin, failing reads of the stale ranges.
     GiveUpCache(give_up::Args),
-    /// Watch a cache's counters and rates, refreshed every second (q quits).
+    /// Watch a cache's counters and rates, refreshed every second (q quits;
+    /// writes nothing).
     Top(top::Args),
     /// Export the cached volume over NBD (foreground; SIGINT/SIGTERM stop it cleanly).
     Serve(serve::Args),
@@ -110,7 +114,11 @@ pub fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("tiercache: error: {}", error_line(&e));
+            eprintln!(
+                "tiercache: error: {}{}",
+                error_line(&e),
+                claims::holder_note(&e)
+            );
             ExitCode::FAILURE
         }
     }

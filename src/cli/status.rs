@@ -32,7 +32,8 @@ struct StatusJson<'a> {
 }
 
 pub fn run(reg: &Registry, a: &Args) -> Result<()> {
-    let opened = Opened::open(reg, a.name.name.as_deref())?;
+    // Looking writes nothing: a cache no daemon serves is opened read-only.
+    let opened = Opened::open_read_only(reg, a.name.name.as_deref())?;
     let (status, frontends) = opened.target.status_and_frontends()?;
     opened.finish()?;
     if a.json {
@@ -49,8 +50,9 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         print!("{}", table(&opened.entry.name, &status));
         match &frontends {
             Some(f) => print!("{}", served_rows(f)),
-            // Counters live in memory; an offline status opens the cache anew.
-            None => println!("  (not served; I/O counters count since this command opened the cache; `tiercache serve` reports live ones)"),
+            // Counters live in memory; an offline status reads the cache
+            // at rest, writing nothing.
+            None => println!("  (not served; read without writing, so I/O counters are zero; `tiercache serve` reports live ones)"),
         }
     }
     Ok(())

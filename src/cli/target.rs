@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use tiercache::daemon::Frontends;
-use tiercache::device::open_device;
+use tiercache::device::set::CacheSet;
+use tiercache::device::{open_device, open_device_read_only, DeviceRef};
 use tiercache::engine::policy::PolicyKind;
 use tiercache::engine::{AdmissionSettings, Engine, Mode, OpenOptions, Status, WritebackSettings};
 
@@ -22,6 +23,16 @@ pub enum Target {
     Offline(Arc<Engine>),
     /// `tiercache serve` serves the cache: requests go to its control socket.
     Daemon(PathBuf),
+    /// No daemon serves the cache and the command only looks at it: the
+    /// engine was opened read-only (devices O_RDONLY under shared locks,
+    /// recovery in memory), so nothing is written; only `status` answers.
+    ReadOnly(Arc<Engine>),
+}
+
+/// What a command that changes the cache gets from a read-only target (a
+/// bug: such commands open with `Opened::open`).
+fn read_only() -> anyhow::Error {
+    anyhow::anyhow!("the cache was opened read-only, to look at it")
 }
 
 impl Target {
@@ -33,6 +44,13 @@ impl Target {
     pub fn status_and_frontends(&self) -> Result<(Status, Option<Frontends>)> {
         match self {
             Target::Offline(e) => Ok((e.status(), None)),
+            Target::ReadOnly(e) => {
+                let mut status = e.status();
+                // The engine is closed from the start (nothing may change
+                // through it); what it shows is the cache at rest.
+                status.state = "not served".into();
+                Ok((status, None))
+            }
             Target::Daemon(p) => {
                 let resp = control::call(p, &Request::Status)?;
                 let status = resp.status.context("the daemon sent no status")?;
@@ -47,6 +65,7 @@ impl Target {
             Target::Offline(e) => e
                 .write_back_all(progress)
                 .context("writing back dirty data"),
+            Target::ReadOnly(_) => Err(read_only()),
             Target::Daemon(p) => control::call_with_progress(p, &Request::Flush, progress)
                 .map(|_| ())
                 .context("writing back dirty data"),
@@ -58,6 +77,7 @@ impl Target {
     pub fn warm(&self, offset: u64, length: u64, progress: &mut dyn FnMut(u64, u64)) -> Result<()> {
         match self {
             Target::Offline(e) => e.warm(offset, length, progress).context("warming"),
+            Target::ReadOnly(_) => Err(read_only()),
             Target::Daemon(p) => {
                 control::call_with_progress(p, &Request::Warm { offset, length }, progress)
                     .map(|_| ())
@@ -71,6 +91,7 @@ impl Target {
             Target::Offline(e) => e
                 .set_mode(mode)
                 .with_context(|| format!("switching to {} mode", mode.name())),
+            Target::ReadOnly(_) => Err(read_only()),
             Target::Daemon(p) => control::call(p, &Request::SetMode { mode })
                 .map(|_| ())
                 .with_context(|| format!("switching to {} mode", mode.name())),
@@ -80,6 +101,7 @@ impl Target {
     pub fn set_writeback(&self, w: WritebackSettings) -> Result<()> {
         match self {
             Target::Offline(e) => e.set_writeback(w).context("changing writeback settings"),
+            Target::ReadOnly(_) => Err(read_only()),
             Target::Daemon(p) => control::call(p, &Request::SetWriteback { settings: w })
                 .map(|_| ())
                 .context("changing writeback settings"),
@@ -89,6 +111,7 @@ impl Target {
     pub fn set_admission(&self, a: AdmissionSettings) -> Result<()> {
         match self {
             Target::Offline(e) => e.set_admission(a).context("changing admission settings"),
+            Target::ReadOnly(_) => Err(read_only()),
             Target::Daemon(p) => control::call(p, &Request::SetAdmission { settings: a })
                 .map(|_| ())
                 .context("changing admission settings"),
@@ -99,6 +122,7 @@ impl Target {
         let what = || format!("switching to the {} policy", policy.name());
         match self {
             Target::Offline(e) => e.set_policy(policy).with_context(what),
+            Target::ReadOnly(_) => Err(read_only()),
             Target::Daemon(p) => control::call(
                 p,
                 &Request::SetPolicy {
@@ -125,6 +149,7 @@ impl Target {
                 e.replace_cache_member(member, dev, progress)
                     .with_context(what)
             }
+            Target::ReadOnly(_) => Err(read_only()),
             Target::Daemon(p) => control::call_with_progress(
                 p,
                 &Request::ReplaceCache {
@@ -143,6 +168,7 @@ impl Target {
     pub fn give_up_cache(&self) -> Result<()> {
         match self {
             Target::Offline(e) => e.give_up_cache().map(|_| ()).context("giving the cache up"),
+            Target::ReadOnly(_) => Err(read_only()),
             Target::Daemon(p) => control::call(p, &Request::GiveUpCache)
                 .map(|_| ())
                 .context("giving the cache up"),
@@ -154,6 +180,7 @@ impl Target {
     pub fn detach(&self, force: bool) -> Result<()> {
         match self {
             Target::Offline(e) => e.detach().context("detaching"),
+            Target::ReadOnly(_) => Err(read_only()),
             Target::Daemon(p) => control::call(p, &Request::Detach { force })
                 .map(|_| ())
                 .context("detaching"),
@@ -167,7 +194,7 @@ impl Target {
                 Err(tiercache::engine::EngineError::ShutDown) | Ok(()) => Ok(()),
                 Err(e) => Err(e).context("closing the cache"),
             },
-            Target::Daemon(_) => Ok(()),
+            Target::Daemon(_) | Target::ReadOnly(_) => Ok(()),
         }
     }
 }
@@ -219,6 +246,30 @@ impl Opened {
         })
     }
 
+    /// Resolves `name` (or the only cache) for a command that only looks
+    /// at it: a daemon that serves it answers; else the cache is opened
+    /// read-only (`Target::ReadOnly`), under the name's lock, and nothing
+    /// of it is written, the registry included.
+    pub fn open_read_only(reg: &Registry, name: Option<&str>) -> Result<Opened> {
+        let entry = reg.resolve(name)?;
+        let socket = reg.socket_path(&entry.name);
+        if control::daemon_listening(&socket) {
+            return Ok(Opened {
+                entry,
+                target: Target::Daemon(socket),
+                _lock: None,
+            });
+        }
+        let lock = reg.lock(&entry.name)?;
+        let engine = open_engine_read_only(reg, &entry)
+            .with_context(|| format!("cache '{}'", entry.name))?;
+        Ok(Opened {
+            entry,
+            target: Target::ReadOnly(engine),
+            _lock: Some(lock),
+        })
+    }
+
     pub fn finish(&self) -> Result<()> {
         self.target
             .finish()
@@ -242,4 +293,38 @@ fn open_engine(reg: &Registry, entry: &Entry, degraded: bool) -> Result<Arc<Engi
         ..OpenOptions::default()
     };
     Ok(Engine::open(cache, origin, &opts)?)
+}
+
+pub(super) fn open_engine_read_only(reg: &Registry, entry: &Entry) -> Result<Arc<Engine>> {
+    let cache = open_cache_read_only(&entry.cache_paths()).context("opening the cache device")?;
+    let origin = open_device_read_only(&entry.origin).context("opening the origin device")?;
+    let opts = OpenOptions {
+        no_background: true,
+        distrust_clean: entry.distrust_clean,
+        // Read, not taken: what a daemon killed before this command left
+        // is shown as the next open would apply it.
+        crash_log: Some(reg.crash_log_path(&entry.name)),
+        ..OpenOptions::default()
+    };
+    Ok(Engine::open_read_only(cache, origin, &opts)?)
+}
+
+/// Opens a cache device, or the cache set of several, read-only: every
+/// member under a shared lock, no label written (a missing member is an
+/// error: only a writing open may mark it failed).
+pub fn open_cache_read_only(paths: &[String]) -> Result<DeviceRef> {
+    if let [one] = paths {
+        return Ok(open_device_read_only(one)?);
+    }
+    let mut devs = Vec::new();
+    for p in paths {
+        devs.push(open_device_read_only(p).with_context(|| {
+            format!(
+                "cache set member {p} (replace it with `tiercache replace-cache {p} NEW`, or \
+                 serve without it with --degraded if it holds nothing newer than the other \
+                 members)"
+            )
+        })?);
+    }
+    Ok(Arc::new(CacheSet::open(devs, false)?))
 }

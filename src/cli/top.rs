@@ -30,7 +30,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     if !(0.05..=3600.0).contains(&a.interval) {
         anyhow::bail!("--interval must be between 0.05 and 3600 seconds");
     }
-    let opened = Opened::open(reg, a.name.name.as_deref())?;
+    let opened = Opened::open_read_only(reg, a.name.name.as_deref())?;
     let live = matches!(opened.target, super::target::Target::Daemon(_));
     let redraw = std::io::stdout().is_terminal();
     let keys = Keys::new();
@@ -82,7 +82,7 @@ fn screen(name: &str, s: &Status, prev: Before, live: bool) -> String {
         if live {
             ""
         } else {
-            "  [not served: counters of this command's own open]"
+            "  [not served: read without writing, counters zero]"
         }
     );
     out.push_str(&summary(s, prev));

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::buf::{is_aligned_ptr, AlignedBuf, BUF_ALIGN_BYTES};
+use super::claim::{self, Access};
 use super::{check_range, fnv1a64, BlockDevice, DeviceError, DeviceResult, SECTOR_BYTES};
 
 /// `BLKGETSIZE64 = _IOR(0x12, 114, size_t)` from linux/fs.h: device size in bytes.
@@ -56,10 +57,25 @@ pub struct FileDevice {
 
 impl FileDevice {
     /// Opens a regular file or a block device read-write, with O_DIRECT when
-    /// the kernel accepts it (see [`FileDevice::is_direct`]). Directories,
+    /// the kernel accepts it (see [`FileDevice::is_direct`]), and claims it
+    /// for this open alone (`claim.rs`): a block device with O_EXCL, any
+    /// device with an exclusive OFD lock. A device another open holds is
+    /// refused with [`DeviceError::InUse`], naming the holder. Directories,
     /// character devices, FIFOs, sockets, missing paths and devices smaller
     /// than one 512-byte sector are refused with [`DeviceError::Open`].
     pub fn open(path: &str) -> DeviceResult<Self> {
+        FileDevice::open_as(path, Access::Write)
+    }
+
+    /// Opens a regular file or a block device read-only, under a shared
+    /// OFD lock: other readers may hold it too, no writer (a tiercache that
+    /// serves or changes it) while this open lives. Nothing can be written
+    /// through it (the descriptor is O_RDONLY).
+    pub fn open_read_only(path: &str) -> DeviceResult<Self> {
+        FileDevice::open_as(path, Access::Read)
+    }
+
+    fn open_as(path: &str, access: Access) -> DeviceResult<Self> {
         let open_err = |reason: String| DeviceError::Open {
             spec: path.to_string(),
             reason,
@@ -68,48 +84,31 @@ impl FileDevice {
         // Classified before opening: opening a FIFO or a terminal read-write
         // has side effects, and the reason given is clearer than EISDIR.
         let meta = std::fs::metadata(path).map_err(|e| open_err(e.to_string()))?;
-        classify(&meta).map_err(open_err)?;
+        let kind = classify(&meta).map_err(open_err)?;
+        let how = How { kind, access };
 
-        let (file, mut direct) = match open_rw(path, libc::O_DIRECT) {
+        let (file, direct) = match how.open(path, libc::O_DIRECT) {
             Ok(file) => (file, true),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                let file = open_rw(path, 0).map_err(|e| open_err(e.to_string()))?;
+            Err(OpenFailed::Os(e)) if e.raw_os_error() == Some(libc::EINVAL) => {
+                let file = how.open(path, 0).map_err(|e| e.into_device_error(path))?;
                 warn_buffered(path, "the filesystem refuses O_DIRECT opens");
                 (file, false)
             }
-            Err(e) => return Err(open_err(e.to_string())),
+            Err(e) => return Err(e.into_device_error(path)),
         };
         // The path may have been replaced between the stat and the open;
         // from here on only the descriptor's own metadata counts.
         let meta = file.metadata().map_err(|e| open_err(e.to_string()))?;
-        let kind = classify(&meta).map_err(open_err)?;
-
-        let size_bytes = match kind {
-            Kind::RegularFile => meta.len() / SECTOR_BYTES * SECTOR_BYTES,
-            Kind::BlockDevice => {
-                block_device_size_bytes(&file)
-                    .map_err(|e| open_err(format!("BLKGETSIZE64 failed: {e}")))?
-                    / SECTOR_BYTES
-                    * SECTOR_BYTES
-            }
-        };
-        if size_bytes == 0 {
-            return Err(open_err(format!(
-                "its size is {} bytes, less than one {SECTOR_BYTES}-byte sector",
-                meta.len()
-            )));
+        if classify(&meta).map_err(open_err)? != kind {
+            return Err(open_err("the path was replaced while opening it".into()));
         }
+        how.claim(path, &file)?;
 
-        let file = if direct {
-            match keep_direct_or_reopen(path, file, &meta, size_bytes)? {
-                (file, true) => file,
-                (file, false) => {
-                    direct = false;
-                    file
-                }
-            }
+        let size_bytes = device_size_bytes(&file, kind, &meta).map_err(open_err)?;
+        let (file, direct) = if direct {
+            keep_direct_or_reopen(path, file, &meta, size_bytes, how)?
         } else {
-            file
+            (file, false)
         };
 
         let identity = match kind {
@@ -231,12 +230,99 @@ pub fn create_file(path: impl AsRef<Path>, size_bytes: u64) -> DeviceResult<()> 
     Ok(())
 }
 
-fn open_rw(path: &str, flags: libc::c_int) -> io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(flags)
-        .open(path)
+/// What is opened (a regular file or a block device) and how (to write,
+/// claimed alone, or to read, shared).
+#[derive(Clone, Copy)]
+struct How {
+    kind: Kind,
+    access: Access,
+}
+
+/// Why an open failed: the system refused it, or another open holds the
+/// device.
+enum OpenFailed {
+    Os(io::Error),
+    InUse(DeviceError),
+}
+
+impl OpenFailed {
+    fn into_device_error(self, path: &str) -> DeviceError {
+        match self {
+            OpenFailed::Os(e) => DeviceError::Open {
+                spec: path.to_string(),
+                reason: e.to_string(),
+            },
+            OpenFailed::InUse(e) => e,
+        }
+    }
+}
+
+impl How {
+    /// Opens the path with `flags` added. A block device opened to write
+    /// gets O_EXCL: the kernel refuses it (EBUSY) while another exclusive
+    /// open, a mount or a stacked device (dm, md) holds it.
+    fn open(self, path: &str, flags: libc::c_int) -> Result<File, OpenFailed> {
+        let write = self.access == Access::Write;
+        let excl = if write && self.kind == Kind::BlockDevice {
+            libc::O_EXCL
+        } else {
+            0
+        };
+        let opened = OpenOptions::new()
+            .read(true)
+            .write(write)
+            .custom_flags(flags | excl)
+            .open(path);
+        match opened {
+            Ok(file) => Ok(file),
+            Err(e) if excl != 0 && e.raw_os_error() == Some(libc::EBUSY) => {
+                Err(OpenFailed::InUse(in_use(path)))
+            }
+            Err(e) => Err(OpenFailed::Os(e)),
+        }
+    }
+
+    /// Takes the OFD lock of this access on `file` (claim.rs).
+    fn claim(self, path: &str, file: &File) -> DeviceResult<()> {
+        match claim::lock(file, self.access) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(in_use(path)),
+            Err(e) => Err(DeviceError::Open {
+                spec: path.to_string(),
+                reason: format!("cannot lock it (fcntl F_OFD_SETLK): {e}"),
+            }),
+        }
+    }
+}
+
+/// The refusal of a device another open holds, naming the holder.
+fn in_use(path: &str) -> DeviceError {
+    let (holder, pid) = match std::fs::metadata(path) {
+        Ok(meta) => claim::holder(path, &meta),
+        Err(e) => (format!("its holder cannot be looked up ({e})"), None),
+    };
+    DeviceError::InUse {
+        device: path.to_string(),
+        holder,
+        pid,
+    }
+}
+
+/// The usable size: whole 512-byte sectors, at least one.
+fn device_size_bytes(file: &File, kind: Kind, meta: &Metadata) -> Result<u64, String> {
+    let bytes = match kind {
+        Kind::RegularFile => meta.len(),
+        Kind::BlockDevice => {
+            block_device_size_bytes(file).map_err(|e| format!("BLKGETSIZE64 failed: {e}"))?
+        }
+    };
+    let size_bytes = bytes / SECTOR_BYTES * SECTOR_BYTES;
+    if size_bytes == 0 {
+        return Err(format!(
+            "its size is {bytes} bytes, less than one {SECTOR_BYTES}-byte sector"
+        ));
+    }
+    Ok(size_bytes)
 }
 
 fn classify(meta: &Metadata) -> Result<Kind, String> {
@@ -268,13 +354,14 @@ fn warn_buffered(path: &str, reason: &str) {
 
 /// Keeps an O_DIRECT descriptor whose first sector read works; one whose
 /// read fails with EINVAL (sectors smaller than the device's logical block)
-/// is replaced by a buffered open of the same file. Returns the descriptor
-/// and whether it is direct.
+/// is replaced by a buffered open of the same file, claimed the same way.
+/// Returns the descriptor and whether it is direct.
 fn keep_direct_or_reopen(
     path: &str,
     file: File,
     meta: &std::fs::Metadata,
     size_bytes: u64,
+    how: How,
 ) -> DeviceResult<(File, bool)> {
     let open_err = |reason: String| DeviceError::Open {
         spec: path.to_string(),
@@ -283,11 +370,15 @@ fn keep_direct_or_reopen(
     match probe_direct(&file, size_bytes) {
         Ok(()) => Ok((file, true)),
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-            let buffered = open_rw(path, 0).map_err(|e| open_err(e.to_string()))?;
+            // The claim (O_EXCL, the OFD lock) is per open file: the direct
+            // one must let go before the buffered one can take it.
+            drop(file);
+            let buffered = how.open(path, 0).map_err(|e| e.into_device_error(path))?;
             let buffered_meta = buffered.metadata().map_err(|e| open_err(e.to_string()))?;
             if (buffered_meta.dev(), buffered_meta.ino()) != (meta.dev(), meta.ino()) {
                 return Err(open_err("the path was replaced while opening it".into()));
             }
+            how.claim(path, &buffered)?;
             warn_buffered(
                 path,
                 "an O_DIRECT read of 512-byte sectors failed with EINVAL",
@@ -635,7 +726,41 @@ mod tests {
         let mut backing = vec![0u8; 4096 + 1];
         dev.read_at(&mut backing[1..], 8192).unwrap();
         assert_eq!(&backing[1..], &pattern(64 << 10, 7)[..4096]);
+        // The buffered open holds the claim the direct one let go of.
+        assert!(matches!(
+            FileDevice::open(&path),
+            Err(DeviceError::InUse { .. })
+        ));
+        drop(dev);
         assert!(FileDevice::open(&path).unwrap().is_direct());
+    }
+
+    /// One writer alone, or readers together; a read-only open cannot
+    /// write; the claim ends with the device.
+    #[test]
+    fn a_device_is_claimed() {
+        let dir = disk_dir();
+        let path = new_file(dir.path(), "dev", 1 << 20);
+        let writer = FileDevice::open(&path).unwrap();
+        for second in [FileDevice::open(&path), FileDevice::open_read_only(&path)] {
+            match second {
+                Err(DeviceError::InUse { holder, pid, .. }) => {
+                    assert_eq!(pid, Some(std::process::id()), "{holder}");
+                    assert!(holder.contains("locked for writing"), "{holder}");
+                }
+                other => panic!("second open: {:?}", other.map(|d| d.name)),
+            }
+        }
+        drop(writer);
+        let a = FileDevice::open_read_only(&path).unwrap();
+        let b = FileDevice::open_read_only(&path).unwrap();
+        let err = FileDevice::open(&path).err().unwrap();
+        assert!(err.to_string().contains("locked for reading"), "{err}");
+        let mut buf = AlignedBuf::zeroed(4096);
+        a.read_at(&mut buf, 0).unwrap();
+        assert!(b.write_at(&buf, 0).is_err(), "a read-only open wrote");
+        drop((a, b));
+        FileDevice::open(&path).unwrap();
     }
 
     #[test]

@@ -7,12 +7,14 @@
 //! recording wrapper whose log rebuilds crash images (`recorder.rs`).
 
 pub mod buf;
+mod claim;
 
 #[cfg(any(test, feature = "testing"))]
 pub mod fault;
 pub mod file;
 pub mod latency;
 pub mod nbd;
+pub mod probe;
 pub mod ram;
 pub mod rbd;
 #[cfg(any(test, feature = "testing"))]
@@ -58,6 +60,15 @@ pub enum DeviceError {
     /// The device specification given by the user cannot be opened.
     #[error("cannot open device '{spec}': {reason}")]
     Open { spec: String, reason: String },
+    /// Another open of the device holds it (`claim.rs`): a writer takes it
+    /// alone, readers share it. `holder` says who; `pid` is the process
+    /// whose descriptor holds the lock, when it was found.
+    #[error("{device} is in use: {holder}")]
+    InUse {
+        device: String,
+        holder: String,
+        pid: Option<u32>,
+    },
 }
 
 pub type DeviceResult<T> = Result<T, DeviceError>;
@@ -251,6 +262,14 @@ pub fn parse_size(s: &str) -> Option<u64> {
 /// (`nbd://host[:port]/EXPORT`, `nbd+unix:///EXPORT?socket=PATH`), an RBD
 /// image (`rbd://POOL/IMAGE[?conf=PATH&id=NAME]`), or a path to a file or
 /// block device.
+///
+/// A file or block device is claimed for this open alone (`claim.rs`):
+/// another open of it is refused with [`DeviceError::InUse`] while this one
+/// lives. The others cannot be claimed from here: a RAM device is private
+/// to this process anyway; an NBD export's server decides who may connect
+/// (qemu-nbd takes one client unless `--shared`, nbdkit any number); an RBD
+/// image's exclusive-lock feature passes the lock between writers instead
+/// of refusing one. Two daemons writing one export or image are not caught.
 pub fn open_device(spec: &str) -> DeviceResult<DeviceRef> {
     // TLS and vsock schemes are routed too, so they get a clear refusal
     // instead of "no such file".
@@ -281,6 +300,28 @@ pub fn open_device(spec: &str) -> DeviceResult<DeviceRef> {
         return Ok(Arc::new(ram::RamDevice::new(spec, bytes)));
     }
     Ok(Arc::new(file::FileDevice::open(spec)?))
+}
+
+/// Opens a device to read it only, sharing it with other readers: a file
+/// or block device opened read-only under a shared lock (`claim.rs`), so
+/// no byte of it can be written through this open and no writer holds it
+/// meanwhile. NBD and RBD devices open as `open_device` does (their server
+/// decides who may write; nothing here writes them). A RAM device has
+/// nothing to read: refused.
+pub fn open_device_read_only(spec: &str) -> DeviceResult<DeviceRef> {
+    if spec.starts_with("ram:") {
+        return Err(DeviceError::Open {
+            spec: spec.to_string(),
+            reason: "a RAM device lives only in the process that made it".into(),
+        });
+    }
+    let remote = spec
+        .split_once("://")
+        .is_some_and(|(scheme, _)| scheme.starts_with("nbd") || scheme == "rbd");
+    if remote {
+        return open_device(spec);
+    }
+    Ok(Arc::new(file::FileDevice::open_read_only(spec)?))
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ pub enum EngineError {
     #[error("{device} is not a tiercache cache device ({reason})")]
     NotACache { device: String, reason: String },
     /// The cache device already holds a cache; creating would destroy it.
-    #[error("{device} already holds a tiercache cache (mode {mode}, {dirty_hint}); pass --force to overwrite it")]
+    #[error("{device} already holds a tiercache cache (mode {mode}, {dirty_hint}); pass --wipe to create over it")]
     AlreadyACache {
         device: String,
         mode: String,

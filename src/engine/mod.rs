@@ -441,6 +441,19 @@ impl Engine {
         Ok(engine)
     }
 
+    /// Opens a cache only to look at it: recovery runs in memory and
+    /// nothing is written (`recovery::open_read_only`); the engine refuses
+    /// every operation but `status` and `dirty_blocks`. Give it devices
+    /// opened read-only (`open_device_read_only`), so that nothing could
+    /// be written even by mistake.
+    pub fn open_read_only(
+        cache: DeviceRef,
+        origin: DeviceRef,
+        opts: &OpenOptions,
+    ) -> EngineResult<Arc<Engine>> {
+        Ok(Arc::new(recovery::open_read_only(cache, origin, opts)?))
+    }
+
     pub fn volume_bytes(&self) -> u64 {
         self.volume_bytes
     }

@@ -163,7 +163,7 @@ pub fn make_cache_set(
         refuse_existing_cache(d)?;
         if let Ok(l) = crate::device::set::CacheSet::read_label(d)? {
             return Err(EngineError::Config(format!(
-                "{} is member {} of a cache set already (use --force to overwrite it)",
+                "{} is member {} of a cache set already (create --wipe overwrites it)",
                 d.name(),
                 l.member_index
             )));
@@ -904,11 +904,30 @@ fn apply_crash_log(
     loaded: &mut Loaded,
     image: Result<LogImage, String>,
 ) -> EngineResult<Option<u64>> {
+    let applied = apply_crash_log_in_memory(cache.name(), loaded, image);
+    if let Some(n) = applied.filter(|&n| n > 0) {
+        origin.flush()?;
+        cache.flush()?;
+        log::warn!(
+            "{}: applied {n} records from the crash log: writes the previous daemon acknowledged before it died",
+            cache.name()
+        );
+    }
+    Ok(applied)
+}
+
+/// The table part of `apply_crash_log`: the log's records applied to
+/// `loaded`, nothing read or written on a device.
+fn apply_crash_log_in_memory(
+    cache: &str,
+    loaded: &mut Loaded,
+    image: Result<LogImage, String>,
+) -> Option<u64> {
     let image = match image {
         Ok(image) => image,
         Err(why) => {
-            log::debug!("{}: no crash log to apply: {why}", cache.name());
-            return Ok(Some(0));
+            log::debug!("{cache}: no crash log to apply: {why}");
+            return Some(0);
         }
     };
     let at = crash_log::Point {
@@ -919,37 +938,67 @@ fn apply_crash_log(
         Pending::Apply(records) => records,
         Pending::Ignore(why) => {
             log::warn!(
-                "{}: crash log not applied ({why}); writes acknowledged after the last commit of the process that wrote it may be lost",
-                cache.name()
+                "{cache}: crash log not applied ({why}); writes acknowledged after the last commit of the process that wrote it may be lost"
             );
-            return Ok(Some(0));
+            return Some(0);
         }
     };
-    if records.is_empty() {
-        return Ok(Some(0));
-    }
     for (i, r) in records.iter().enumerate() {
         if let Err(e) = loaded.table.validate(r) {
             log::error!(
-                "{}: crash log record {i} of {} does not apply ({e}); the log is ignored",
-                cache.name(),
+                "{cache}: crash log record {i} of {} does not apply ({e}); the log is ignored",
                 records.len()
             );
-            return Ok(None);
+            return None;
         }
         if let Some(g) = loaded.groups.as_mut() {
             g.note(&loaded.table, r);
         }
         loaded.table.apply(r);
     }
-    origin.flush()?;
-    cache.flush()?;
-    log::warn!(
-        "{}: applied {} records from the crash log: writes the previous daemon acknowledged before it died",
-        cache.name(),
-        records.len()
-    );
-    Ok(Some(records.len() as u64))
+    Some(records.len() as u64)
+}
+
+/// Opens a cache only to look at it (`status` of a cache no daemon
+/// serves): the state a writing open would reach (checkpoint, journal and
+/// crash log applied, distrusted clean blocks dropped), built in memory.
+/// Nothing is written or flushed: no superblock generation, no restart
+/// checkpoint, no cache-set scrub or label, and the crash log is read, not
+/// taken. The engine is closed from the start, so every operation but
+/// looking (`status`, `dirty_blocks`) is refused.
+pub(crate) fn open_read_only(
+    cache: DeviceRef,
+    origin: DeviceRef,
+    opts: &OpenOptions,
+) -> EngineResult<Engine> {
+    let sb = current_superblock(&cache)?;
+    check_origin(&sb, &origin, opts.force)?;
+    let mut loaded = load(&cache, sb, origin.size_bytes(), None)?;
+    let mut recovered = 0;
+    if let Some(path) = &opts.crash_log {
+        let image = match std::fs::read(path) {
+            Ok(bytes) if !bytes.is_empty() => LogImage::parse(&bytes),
+            Ok(_) => Err("empty".to_string()),
+            Err(e) => Err(format!("{}: {e}", path.display())),
+        };
+        match apply_crash_log_in_memory(cache.name(), &mut loaded, image) {
+            Some(n) => recovered = n,
+            None => loaded = load(&cache, sb, origin.size_bytes(), None)?,
+        }
+    }
+    if opts.distrust_clean || sb.flags.get() & SB_FLAG_DISTRUST_CLEAN != 0 {
+        loaded.table.drop_clean();
+    }
+    let sb = loaded.sb;
+    let engine = build_engine(cache, origin, sb, loaded, opts.clock.clone());
+    engine
+        .closed
+        .store(true, std::sync::atomic::Ordering::Release);
+    engine
+        .stats
+        .crash_log_records_recovered
+        .store(recovered, std::sync::atomic::Ordering::Relaxed);
+    Ok(engine)
 }
 
 /// Dissolves a fully written-back cache: both superblock copies first

@@ -43,9 +43,10 @@ fn volume_error(e: DeviceError, writes: bool) -> VolumeError {
     let kind = match &e {
         DeviceError::OutOfRange { .. } if writes => ErrorKind::NoSpace,
         DeviceError::OutOfRange { .. } | DeviceError::Unaligned { .. } => ErrorKind::Invalid,
-        DeviceError::Io { .. } | DeviceError::Injected { .. } | DeviceError::Open { .. } => {
-            ErrorKind::Io
-        }
+        DeviceError::Io { .. }
+        | DeviceError::Injected { .. }
+        | DeviceError::Open { .. }
+        | DeviceError::InUse { .. } => ErrorKind::Io,
     };
     VolumeError::new(kind, e.to_string())
 }
