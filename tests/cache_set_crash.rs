@@ -18,8 +18,9 @@
 //! crash log as the dead process left it). The lost member is omitted,
 //! given back as it was when it failed, or given back still failing every
 //! I/O. `CacheSet::open` must then take the survivor without `--degraded`
-//! exactly when its label names the lost member failed; a refusal must say
-//! why. After recovery the whole volume is checked against `SectorModel`
+//! exactly when its label names the lost member failed (a member still
+//! failing is left out, as one that cannot be opened is); a refusal must
+//! say why and name the member left out. After recovery the whole volume is checked against `SectorModel`
 //! (power loss: every write made durable by a completed flush or FUA; kill:
 //! every acknowledged write; never data not written to a sector), written
 //! back, closed, reopened and detached, and checked again each time. The

@@ -2,7 +2,8 @@
 //! `serve --metrics/--http` under a storm of scrapes while fio runs (no I/O
 //! error, bounded memory, every scrape answered, the server's bounds
 //! holding), `warm` (offline and through the daemon, admission forced),
-//! and `top --count`.
+//! `top --count`, and a cache set member returning garbage: failed, and
+//! shown in `status` (text and JSON) and the metrics.
 
 #[path = "common/daemon.rs"]
 mod daemon;
@@ -216,5 +217,156 @@ fn warm_promotes_a_range_offline_and_through_the_daemon() {
         out.contains("read_hits") && out.contains("per second"),
         "{out}"
     );
+    sigterm(&mut serve);
+}
+
+/// fio through the daemon with crc32c verification; `args` say what.
+fn fio_verify(s: &Setup, args: &[&str]) {
+    let out = Command::new("fio")
+        .args([
+            "--name=verify",
+            "--ioengine=nbd",
+            "--bs=64k",
+            "--size=4M",
+            "--verify=crc32c",
+            "--verify_fatal=1",
+        ])
+        .arg(format!("--uri={}", s.uri()))
+        .args(args)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("err= 0"),
+        "fio {args:?}: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `serve` again after a kill -9 (no `--degraded`: what systemd restarts),
+/// with its log kept for the failure message.
+fn restart(s: &Setup, log: &std::path::Path) -> daemon::KillOnDrop {
+    let child = Command::new(daemon::BIN)
+        .arg("serve")
+        .env("TIERCACHE_STATE_DIR", s.state())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut child = daemon::KillOnDrop(child);
+    let t = Instant::now();
+    while std::os::unix::net::UnixStream::connect(s.nbd_socket()).is_err() {
+        if let Some(st) = child.try_wait().unwrap() {
+            panic!(
+                "the restarted daemon exited ({st}): {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "no restart");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+/// `status` (JSON and text) and the metrics say member 1 (`second`) was
+/// failed for its checksum errors, with the counts, and the set degraded.
+fn member_1_failed_and_shown(s: &Setup, metrics: &str, second: &str) {
+    let st = s.status();
+    let m = &st["cache_members"][1];
+    assert_eq!(st["cache_set_state"], "degraded", "{st}");
+    assert_eq!(m["state"], "failed", "{m}");
+    assert!(m["bad_blocks"].as_u64().unwrap() >= 10, "{m}");
+    assert!(m["checksum_errors_recent"].as_u64().unwrap() >= 10, "{m}");
+    let why = m["failure"].as_str().unwrap_or_default();
+    assert!(why.contains("checksum errors within 600 s"), "{m}");
+    let text = s.cli(&["status"]);
+    let row = text
+        .lines()
+        .find(|l| l.contains("member") && l.contains(second))
+        .unwrap_or_else(|| panic!("no row for member 1: {text}"));
+    for want in [
+        "failed",
+        "checksum errors",
+        "in the last 10 min",
+        "failed: ",
+    ] {
+        assert!(row.contains(want), "no `{want}` in: {row}");
+    }
+    assert!(text.contains("DEGRADED"), "{text}");
+    eprintln!("status after member 1 returned garbage:\n{text}");
+    let (_, m) = get(metrics, "/metrics").unwrap();
+    let labels = format!("{{cache=\"tc0\",member=\"1\",device=\"{second}\"}}");
+    assert_eq!(
+        metric(&m, &format!("tiercache_cache_member_failed{labels}")),
+        Some(1.0)
+    );
+    for name in ["damaged_blocks", "checksum_errors_recent"] {
+        let v = metric(&m, &format!("tiercache_cache_member_{name}{labels}"));
+        assert!(v.is_some_and(|v| v >= 10.0), "{name}: {v:?}");
+    }
+}
+
+/// A cache set member whose whole device is overwritten with random bytes
+/// (seeded) under the daemon: fio's verify reads pass (the set serves the
+/// other copy), the member is failed past 10 checksum errors, and `status`
+/// (text and JSON) and the metrics say so, with the counts. The daemon
+/// killed with -9 then comes back by itself (member 0's label names member
+/// 1 failed; member 1's label is garbage too), and fio verifies again.
+#[test]
+fn a_cache_set_member_returning_garbage_is_failed_and_shown() {
+    need("fio", "fio");
+    let extra = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let second = extra.path().join("cache2.img");
+    std::fs::File::create(&second)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    let second = second.to_str().unwrap();
+    let s = Setup::with_sizes(
+        64 << 20,
+        16 << 20,
+        &[
+            "--mode",
+            "writeback",
+            "--cache",
+            second,
+            "--writeback-idle",
+            "0",
+        ],
+    );
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let mut serve = s.serve_with(&["--metrics", &metrics]);
+    wait_http(&metrics, "/metrics");
+    fio_verify(&s, &["--rw=write", "--do_verify=0"]);
+    // Member 1's device, label included: random bytes, written in place
+    // (no truncation: the daemon's reads never see a short file).
+    let mut junk = vec![0u8; 16 << 20];
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for b in junk.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(second)
+        .unwrap();
+    f.write_all(&junk).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    fio_verify(&s, &["--rw=read", "--verify_only"]);
+
+    member_1_failed_and_shown(&s, &metrics, second);
+
+    serve.kill().unwrap();
+    serve.wait().unwrap();
+    let mut serve = restart(&s, &extra.path().join("serve.log"));
+    let st = s.status();
+    let m = &st["cache_members"][1];
+    assert_eq!(st["cache_set_state"], "degraded", "{st}");
+    let why = m["failure"].as_str().unwrap_or_default();
+    assert!(why.contains("named failed by the label of member 0"), "{m}");
+    fio_verify(&s, &["--rw=read", "--verify_only"]);
     sigterm(&mut serve);
 }

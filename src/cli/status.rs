@@ -124,33 +124,62 @@ fn set_rows(s: &Status) -> Rows {
             ),
         },
     )];
-    for m in &s.cache_members {
-        let rebuild = if m.rebuild_total_bytes > 0 {
-            format!(
-                "  rebuilt {} of {} ({})",
-                human_bytes(m.rebuild_done_bytes),
-                human_bytes(m.rebuild_total_bytes),
-                percent(m.rebuild_done_bytes, m.rebuild_total_bytes)
-            )
-        } else {
-            String::new()
-        };
-        rows.push((
-            "  member",
-            format!(
-                "{} {}: {}, {}; used {} of {} blocks, dirty {}, errors {}{rebuild}",
-                m.index,
-                m.device,
-                m.state.name(),
-                human_bytes(m.bytes),
-                m.used_blocks,
-                m.mirror_slots + m.own_slots,
-                m.dirty_blocks,
-                m.errors
-            ),
-        ));
-    }
+    rows.extend(s.cache_members.iter().map(|m| ("  member", member_row(m))));
     rows
+}
+
+/// A member's row: state, size, what it holds (nothing the set reads once
+/// failed), its I/O errors and checksum errors, a rebuild's progress, and
+/// why it failed.
+fn member_row(m: &tiercache::device::set::MemberStatus) -> String {
+    use tiercache::device::set::MemberState;
+    let holds = match m.state {
+        MemberState::Failed => "holds nothing the set reads".to_string(),
+        _ => format!(
+            "used {} of {} blocks, dirty {}",
+            m.used_blocks,
+            m.mirror_slots + m.own_slots,
+            m.dirty_blocks
+        ),
+    };
+    let rebuild = if m.rebuild_total_bytes > 0 {
+        format!(
+            "  rebuilt {} of {} ({})",
+            human_bytes(m.rebuild_done_bytes),
+            human_bytes(m.rebuild_total_bytes),
+            percent(m.rebuild_done_bytes, m.rebuild_total_bytes)
+        )
+    } else {
+        String::new()
+    };
+    let why = m
+        .failure
+        .as_ref()
+        .map_or(String::new(), |why| format!("; failed: {why}"));
+    format!(
+        "{} {}: {}, {}; {holds}, errors {}, checksum errors {}{}{rebuild}{why}",
+        m.index,
+        m.device,
+        m.state.name(),
+        human_bytes(m.bytes),
+        m.errors,
+        m.bad_blocks,
+        recent_checksum_errors(m),
+    )
+}
+
+/// " (N in the last 10 min)": a member's checksum errors within the
+/// window of the rule that fails it (`device/set/health.rs`).
+fn recent_checksum_errors(m: &tiercache::device::set::MemberStatus) -> String {
+    use tiercache::device::set::health::{CHECKSUM_ERRORS_MAX, CHECKSUM_WINDOW};
+    if m.checksum_errors_recent == 0 {
+        return String::new();
+    }
+    format!(
+        " ({} in the last {} min; {CHECKSUM_ERRORS_MAX} fail a member)",
+        m.checksum_errors_recent,
+        CHECKSUM_WINDOW.as_secs() / 60
+    )
 }
 
 /// Where new data goes; with the log placement, the free segments.

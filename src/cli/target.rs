@@ -9,7 +9,6 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use tiercache::daemon::Frontends;
-use tiercache::device::set::CacheSet;
 use tiercache::device::{open_device, open_device_read_only, DeviceRef};
 use tiercache::engine::policy::PolicyKind;
 use tiercache::engine::{AdmissionSettings, Engine, Mode, OpenOptions, Status, WritebackSettings};
@@ -310,21 +309,13 @@ pub(super) fn open_engine_read_only(reg: &Registry, entry: &Entry) -> Result<Arc
 }
 
 /// Opens a cache device, or the cache set of several, read-only: every
-/// member under a shared lock, no label written (a missing member is an
-/// error: only a writing open may mark it failed).
+/// member under a shared lock, no label written. A member that cannot be
+/// opened is left out only where another member's label names it failed
+/// (only a writing open may mark a member failed; `set::open_paths`).
 pub fn open_cache_read_only(paths: &[String]) -> Result<DeviceRef> {
     if let [one] = paths {
         return Ok(open_device_read_only(one)?);
     }
-    let mut devs = Vec::new();
-    for p in paths {
-        devs.push(open_device_read_only(p).with_context(|| {
-            format!(
-                "cache set member {p} (replace it with `tiercache replace-cache {p} NEW`, or \
-                 serve without it with --degraded if it holds nothing newer than the other \
-                 members)"
-            )
-        })?);
-    }
-    Ok(Arc::new(CacheSet::open(devs, false)?))
+    let set = tiercache::device::set::open_paths(paths, false, open_device_read_only)?;
+    Ok(Arc::new(set))
 }

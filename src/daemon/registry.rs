@@ -150,33 +150,15 @@ impl Entry {
 }
 
 /// Opens one cache device, or the cache set of `paths` (two or more): a
-/// member that cannot be opened is left out if `allow_missing` (the set
-/// then opens degraded; see `CacheSet::open`), else it is the error.
+/// member that cannot be opened is left out, and the set opens degraded
+/// without it if another member's label names it failed, or if
+/// `allow_missing`; else the refusal says why (`set::open_paths`).
 pub fn open_cache(paths: &[String], allow_missing: bool) -> crate::device::DeviceResult<DeviceRef> {
     if let [one] = paths {
         return crate::device::open_device(one);
     }
-    let mut devs = Vec::new();
-    for p in paths {
-        match crate::device::open_device(p) {
-            Ok(d) => devs.push(d),
-            Err(e) if allow_missing => log::warn!("cache set member {p} left out: {e}"),
-            Err(e) => {
-                return Err(crate::device::DeviceError::Open {
-                    spec: p.clone(),
-                    reason: format!(
-                        "{e}; it is a member of a cache set: replace it with `tiercache \
-                         replace-cache {p} NEW`, or serve without it with --degraded if it \
-                         holds nothing newer than the other members"
-                    ),
-                })
-            }
-        }
-    }
-    Ok(std::sync::Arc::new(crate::device::set::CacheSet::open(
-        devs,
-        allow_missing,
-    )?))
+    let set = crate::device::set::open_paths(paths, allow_missing, crate::device::open_device)?;
+    Ok(std::sync::Arc::new(set))
 }
 
 /// The state directory.

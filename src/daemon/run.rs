@@ -212,17 +212,36 @@ fn open(reg: &Registry, source: &EngineSource) -> Result<Opened> {
     }
 }
 
+/// Says so when this daemon cannot open its cache while the ublk device
+/// it would take over waits for a daemon (the one before it died: user
+/// recovery). The kernel holds that device's requests until a daemon takes
+/// it over: a filesystem on it hangs, it does not fail (docs/guest.md).
+fn ublk_left_waiting(id: i32, e: &DaemonError) {
+    if !std::path::Path::new(&format!("/dev/ublkc{id}")).exists() {
+        return;
+    }
+    log::error!(
+        "/dev/ublkb{id} is waiting for a daemon: the kernel holds its requests (a filesystem on \
+         it hangs, it does not fail) until a `tiercache serve --ublk --ublk-id {id}` opens the \
+         cache and takes the device over, and this one cannot: {e}"
+    );
+}
+
 /// Runs the daemon in the foreground until it is told to stop; returns
 /// once the cache is closed.
 pub fn run(reg: &Registry, cfg: DaemonConfig) -> Result<()> {
     if cfg!(not(feature = "ublk")) && cfg.ublk.is_some() {
         return Err(DaemonError::NoUblk);
     }
+    let opened = open(reg, &cfg.source);
+    if let (Err(e), Some(u)) = (&opened, &cfg.ublk) {
+        ublk_left_waiting(u.dev_id, e);
+    }
     let Opened {
         engine,
         name,
         _lock,
-    } = open(reg, &cfg.source)?;
+    } = opened?;
     reg.prepare()?;
     let nbd_path = cfg
         .nbd_socket

@@ -698,7 +698,8 @@ pub(crate) fn open(
     let sb = current_superblock(&cache)?;
     if let Some(set) = cache.as_cache_set() {
         let journal_end = sb.journal_offset.get() + sb.journal_pages.get() * PAGE_BYTES;
-        set.scrub_meta(0..journal_end.min(set.geometry().meta_bytes));
+        let range = 0..journal_end.min(set.geometry().meta_bytes);
+        set.scrub_meta(range, sb.clean_shutdown.get() == 1);
     }
     check_origin(&sb, &origin, opts.force)?;
     // The log is locked before anything is read: a second process opening
@@ -748,7 +749,7 @@ pub(crate) fn open(
     }
     start_durable(&engine, clean, distrust, journal_end_seq, log)?;
     engine.follow_cache_set();
-    engine.resync_cache_set(!clean, !opts.no_background);
+    engine.cache_set_opened(!clean, !opts.no_background);
     engine
         .stats
         .crash_log_records_recovered

@@ -300,42 +300,17 @@ fn encode_mrc(e: &mut DescriptorEncoder, t: &Taken) -> std::fmt::Result {
     Ok(())
 }
 
-/// A cache set's members, one labelled series each (`member`, `device`):
-/// state, used and dirty blocks, errors and damaged blocks; and the dirty
-/// blocks with one copy left, and the stale origin blocks of a cache given
-/// up.
-fn encode_members(e: &mut DescriptorEncoder, s: &crate::engine::Status) -> std::fmt::Result {
-    gauge(
-        e,
-        "dirty_at_risk_blocks",
-        "Dirty blocks with one copy left (a degraded cache set).",
-        s.dirty_at_risk as f64,
-    )?;
-    gauge(
-        e,
-        "stale_origin_blocks",
-        "Origin blocks whose data was lost with a failed cache device (reads of them fail).",
-        s.stale_blocks as f64,
-    )?;
-    if s.cache_members.is_empty() {
-        return Ok(());
-    }
-    use crate::device::set::{MemberState, MemberStatus as M};
-    let series = |f: fn(&M) -> f64| -> Vec<(Labels, f64)> {
-        s.cache_members
-            .iter()
-            .map(|m| {
-                let labels = vec![
-                    ("member", m.index.to_string()),
-                    ("device", m.device.clone()),
-                ];
-                (labels, f(m))
-            })
-            .collect()
-    };
-    /// (name, help, the value of a member).
-    type MemberGauge = (&'static str, &'static str, fn(&M) -> f64);
-    let rows: [MemberGauge; 8] = [
+/// (name, help, the value of a member).
+type MemberGauge = (
+    &'static str,
+    &'static str,
+    fn(&crate::device::set::MemberStatus) -> f64,
+);
+
+/// The gauges of each cache-set member.
+fn member_gauges() -> [MemberGauge; 9] {
+    use crate::device::set::MemberState;
+    [
         (
             "cache_member_healthy",
             "1 while the cache set member holds current copies.",
@@ -366,16 +341,58 @@ fn encode_members(e: &mut DescriptorEncoder, s: &crate::engine::Status) -> std::
         }),
         (
             "cache_member_damaged_blocks",
-            "Blocks the member returned damaged (caught by checksums).",
+            "Checksum errors: blocks and metadata pages the member returned damaged (served \
+             from another copy or the origin instead).",
             |m| m.bad_blocks as f64,
+        ),
+        (
+            "cache_member_checksum_errors_recent",
+            "Checksum errors within the last 10 minutes; 10 fail the member.",
+            |m| m.checksum_errors_recent as f64,
         ),
         (
             "cache_member_rebuild_done_bytes",
             "Bytes a rebuild has copied onto the member.",
             |m| m.rebuild_done_bytes as f64,
         ),
-    ];
-    for (name, help, f) in rows {
+    ]
+}
+
+/// A cache set's members, one labelled series each (`member`, `device`):
+/// state, used and dirty blocks, errors and checksum errors (all, and
+/// within the window that fails a member); and the dirty
+/// blocks with one copy left, and the stale origin blocks of a cache given
+/// up.
+fn encode_members(e: &mut DescriptorEncoder, s: &crate::engine::Status) -> std::fmt::Result {
+    gauge(
+        e,
+        "dirty_at_risk_blocks",
+        "Dirty blocks with one copy left (a degraded cache set).",
+        s.dirty_at_risk as f64,
+    )?;
+    gauge(
+        e,
+        "stale_origin_blocks",
+        "Origin blocks whose data was lost with a failed cache device (reads of them fail).",
+        s.stale_blocks as f64,
+    )?;
+    if s.cache_members.is_empty() {
+        return Ok(());
+    }
+    use crate::device::set::MemberStatus as M;
+    let series = |f: fn(&M) -> f64| -> Vec<(Labels, f64)> {
+        s.cache_members
+            .iter()
+            .map(|m| {
+                let labels = vec![
+                    ("member", m.index.to_string()),
+                    ("device", m.device.clone()),
+                ];
+                (labels, f(m))
+            })
+            .collect()
+    };
+    for (name, help, f) in member_gauges() {
         gauges(e, name, help, &series(f))?;
     }
     Ok(())

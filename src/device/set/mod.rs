@@ -21,21 +21,25 @@
 //! and reads the origin). `rebuild.rs` brings a replacement device in.
 //! What a stale member would have said is never read again: on open, the
 //! label with the highest generation among the members present names the
-//! stale ones.
+//! stale ones (`open.rs`). A member that keeps returning blocks that fail
+//! their checksums is failed too (`health.rs`).
 
+pub mod health;
 mod helpers;
 pub mod label;
+pub mod open;
 pub mod rebuild;
 pub mod sums;
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 use parking_lot::RwLock;
 
 use super::{check_range, BlockDevice, DeviceError, DeviceRef, DeviceResult};
 use crate::sync::{Mutex, Rank};
 pub use label::{Geometry, Label, LABEL_BYTES, MAX_MEMBERS};
+pub use open::{open_paths, LeftOut};
 
 /// A member's state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -84,10 +88,19 @@ pub struct MemberStatus {
     pub mirror_slots: u64,
     pub own_slots: u64,
     pub errors: u64,
-    /// Blocks it returned damaged (caught by their checksum; served from
-    /// the other copy, or the origin, instead).
+    /// Its checksum errors: blocks (and metadata pages) it returned
+    /// damaged, caught by their checksum and served from the other copy,
+    /// or the origin, instead.
     #[serde(default)]
     pub bad_blocks: u64,
+    /// Of those, the ones within the window of the rule that fails a
+    /// member (`health.rs`: 10 within 600 s by default).
+    #[serde(default)]
+    pub checksum_errors_recent: u32,
+    /// Why it failed (a request's error, checksum errors, missing at open,
+    /// named failed by another member's label); `None` while not failed.
+    #[serde(default)]
+    pub failure: Option<String>,
     pub reads: u64,
     pub writes: u64,
     /// While rebuilding: bytes copied of the bytes to copy.
@@ -110,6 +123,12 @@ struct Member {
     writes: AtomicU64,
     /// Blocks it returned that failed their checksum.
     bad_blocks: AtomicU64,
+    /// When its latest checksum errors happened (`health.rs`).
+    checksum_window: health::ErrorWindow,
+    /// The log said it holds the last copy and is kept despite its errors.
+    last_copy_warned: AtomicBool,
+    /// Why it failed, for `status`.
+    why: parking_lot::Mutex<Option<String>>,
 }
 
 impl Member {
@@ -121,6 +140,9 @@ impl Member {
             reads: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             bad_blocks: AtomicU64::new(0),
+            checksum_window: health::ErrorWindow::default(),
+            last_copy_warned: AtomicBool::new(false),
+            why: parking_lot::Mutex::new(None),
         }
     }
     fn state(&self) -> MemberState {
@@ -131,6 +153,13 @@ impl Member {
     }
     fn dev(&self) -> Option<DeviceRef> {
         self.dev.read().clone()
+    }
+    /// A new device takes the member's place: the old one's checksum
+    /// errors are not held against it.
+    fn reset_health(&self) {
+        self.bad_blocks.store(0, Ordering::Relaxed);
+        self.checksum_window.clear();
+        self.last_copy_warned.store(false, Ordering::Relaxed);
     }
     /// The device, if the member holds current copies.
     fn healthy_dev(&self) -> Option<DeviceRef> {
@@ -184,6 +213,8 @@ pub struct CacheSet {
     rebuild: rebuild::Fence,
     sums: sums::Sums,
     meta_check: std::sync::OnceLock<sums::MetaCheck>,
+    /// When a member is failed for its checksum errors (`health.rs`).
+    rule: health::Rule,
 }
 
 /// Errors of opening or formatting a set.
@@ -282,110 +313,9 @@ impl CacheSet {
             rebuild: rebuild::Fence::default(),
             sums: sums::Sums::new(geometry.slot_count()),
             meta_check: std::sync::OnceLock::new(),
+            rule: health::Rule::default(),
             geometry,
         }
-    }
-
-    /// Reads a device's current label.
-    pub fn read_label(dev: &DeviceRef) -> DeviceResult<Result<Label, String>> {
-        if dev.size_bytes() < LABEL_BYTES {
-            return Ok(Err("too small for a label".into()));
-        }
-        let mut pages = vec![0u8; LABEL_BYTES as usize];
-        dev.read_at(&mut pages, 0)?;
-        let (a, b) = pages.split_at(4096);
-        Ok(Label::current([a, b]))
-    }
-
-    /// Opens a set from its devices, in any order. Every member must be
-    /// present unless `allow_missing`: then those absent are marked failed
-    /// (a missing member's label might have named the present ones stale,
-    /// so only the operator can say the present ones are current).
-    pub fn open(devs: Vec<DeviceRef>, allow_missing: bool) -> DeviceResult<CacheSet> {
-        let mut labels = Vec::new();
-        for d in &devs {
-            let l = CacheSet::read_label(d)
-                .map_err(|e| {
-                    open_error(
-                        d.name(),
-                        format!(
-                            "its label cannot be read ({e}): leave this member out (the set \
-                             opens without it if another member's label names it failed, \
-                             else with --degraded) or replace it"
-                        ),
-                    )
-                })?
-                .map_err(|e| open_error(d.name(), format!("not a cache-set member: {e}")))?;
-            labels.push(l);
-        }
-        let newest = labels
-            .iter()
-            .max_by_key(|l| l.generation)
-            .ok_or_else(|| open_error("set", "no member given"))?
-            .clone();
-        let n = newest.member_count();
-        let mut slots: Vec<Option<DeviceRef>> = vec![None; n];
-        for (d, l) in devs.iter().zip(&labels) {
-            if l.set_id != newest.set_id || l.geometry != newest.geometry {
-                return Err(open_error(d.name(), "a member of another cache set"));
-            }
-            if slots[l.member_index].is_some() {
-                return Err(open_error(
-                    d.name(),
-                    format!("member {} given twice", l.member_index),
-                ));
-            }
-            slots[l.member_index] = Some(d.clone());
-        }
-        let name = set_name(&slots);
-        let mut stale = newest.stale_mask;
-        let missing: Vec<usize> = (0..n)
-            .filter(|&i| slots[i].is_none() && stale & (1 << i) == 0)
-            .collect();
-        if !missing.is_empty() && !allow_missing {
-            return Err(open_error(
-                &name,
-                format!(
-                    "member(s) {missing:?} of the set are missing; a missing member may be the \
-                     only current copy, so opening without it needs --degraded"
-                ),
-            ));
-        }
-        for &i in &missing {
-            stale |= 1 << i;
-        }
-        if (0..2).all(|i| stale & (1 << i) != 0) {
-            return Err(open_error(
-                &name,
-                "members 0 and 1 are both failed or missing: the metadata and dirty data are gone",
-            ));
-        }
-        let members = (0..n)
-            .map(|i| {
-                let state = if stale & (1 << i) != 0 {
-                    MemberState::Failed
-                } else {
-                    MemberState::Healthy
-                };
-                (slots[i].clone(), state)
-            })
-            .collect();
-        let set = CacheSet::assemble(
-            name,
-            newest.set_id,
-            newest.geometry,
-            members,
-            SetState {
-                generation: newest.generation,
-                stale_mask: newest.stale_mask,
-                flags: newest.flags,
-            },
-        );
-        for i in missing {
-            log::warn!("{}: member {i} is missing; opening degraded", set.name);
-            set.fail_member(i, "missing at open");
-        }
-        Ok(set)
     }
 
     pub fn geometry(&self) -> &Geometry {
@@ -448,6 +378,10 @@ impl CacheSet {
                 own_slots: self.geometry.stripe_slots[i],
                 errors: m.errors.load(Ordering::Relaxed),
                 bad_blocks: m.bad_blocks.load(Ordering::Relaxed),
+                checksum_errors_recent: self.recent_checksum_errors(i),
+                failure: (m.state() == MemberState::Failed)
+                    .then(|| m.why.lock().clone())
+                    .flatten(),
                 reads: m.reads.load(Ordering::Relaxed),
                 writes: m.writes.load(Ordering::Relaxed),
                 rebuild_done_bytes: if rebuilding == Some(i) { done } else { 0 },
@@ -469,6 +403,7 @@ impl CacheSet {
                 continue;
             }
             log::error!("{}: member {i} failed ({why}); serving degraded", self.name);
+            *self.members[i].why.lock() = Some(why.clone());
             self.members[i].set_state(MemberState::Failed);
             st.stale_mask |= 1 << i;
             st.generation += 1;

@@ -132,6 +132,7 @@ impl CacheSet {
             new.write_at(&l.to_page(), l.copy_offset())?;
             new.flush()?;
             *self.members[i].dev.write() = Some(new.clone());
+            self.members[i].reset_health();
             self.members[i].set_state(MemberState::Rebuilding);
             self.epoch.fetch_add(1, Ordering::AcqRel);
         }

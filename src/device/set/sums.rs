@@ -10,10 +10,13 @@
 //! mirrored slot) is read and checked, served, and written over the bad
 //! one; a block with no good copy is a read error, which the engine
 //! handles as for any cache read error (a clean block comes from the
-//! origin; the metadata's own checksums guard the metadata).
+//! origin; the metadata's own checksums guard the metadata). Each damaged
+//! block or page is a checksum error of the member that returned it
+//! (`health.rs`), and a member with too many is failed.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use super::health::Found;
 use super::{CacheSet, Geometry, Piece, Target};
 use crate::device::{DeviceError, DeviceResult};
 
@@ -93,11 +96,16 @@ impl CacheSet {
     /// one; returns how many pages were repaired. The engine runs it at
     /// open over the superblocks and the journal: a copy damaged where
     /// nothing reads it would otherwise wait, unseen, for the day it is
-    /// the only one left. (Checkpoint areas are rewritten in turn.)
-    pub fn scrub_meta(&self, range: std::ops::Range<u64>) -> u64 {
+    /// the only one left. (Checkpoint areas are rewritten in turn.) After
+    /// a `clean` shutdown the copies were equal, so a damaged one counts
+    /// against its member from here on (`health.rs`).
+    pub fn scrub_meta(&self, range: std::ops::Range<u64>, clean: bool) -> u64 {
         let Some(check) = self.meta_check.get() else {
             return 0;
         };
+        if clean {
+            self.count_meta_damage();
+        }
         let mut repaired = 0;
         let mut pages: Vec<crate::device::AlignedBuf> = (0..self.members.len())
             .map(|_| crate::device::AlignedBuf::zeroed(PAGE))
@@ -108,7 +116,13 @@ impl CacheSet {
             let mut ok = vec![false; self.members.len()];
             for (j, m) in self.members.iter().enumerate() {
                 if let Some(dev) = m.healthy_dev() {
-                    ok[j] = dev.read_at(&mut pages[j], member_at).is_ok() && check(&pages[j]);
+                    ok[j] = match dev.read_at(&mut pages[j], member_at) {
+                        Ok(()) => check(&pages[j]),
+                        Err(e) => {
+                            self.member_error(j, "scrub read", e);
+                            false
+                        }
+                    };
                 }
             }
             if let Some(good) = ok.iter().position(|&o| o) {
@@ -117,8 +131,8 @@ impl CacheSet {
                     if self.members[j].healthy_dev().is_none() {
                         continue;
                     }
-                    self.members[j].bad_blocks.fetch_add(1, Ordering::Relaxed);
                     repaired += self.overwrite(j, &copy, member_at) as u64;
+                    self.checksum_error(j, Found::Meta);
                 }
             }
             at += PAGE as u64;
@@ -146,14 +160,12 @@ impl CacheSet {
             // A page never written is not intact anywhere: it stays.
             let others = (0..self.members.len()).filter(|&j| j != from);
             if let Some(j) = self.intact_copy(page, others, page_at, check, |_| {}) {
-                self.members[from]
-                    .bad_blocks
-                    .fetch_add(1, Ordering::Relaxed);
                 log::warn!(
                     "{}: member {from}'s metadata page at {page_at} is damaged; using member {j}'s",
                     self.name
                 );
                 self.overwrite(from, page, page_at);
+                self.checksum_error(from, Found::Meta);
             }
         }
     }
@@ -177,15 +189,15 @@ impl CacheSet {
             if crc32c::crc32c(block) == want {
                 continue;
             }
-            self.members[from]
-                .bad_blocks
-                .fetch_add(1, Ordering::Relaxed);
             log::warn!(
                 "{}: member {from} returned slot {slot} damaged (checksum mismatch)",
                 self.name
             );
             let member_at = p.member_offset + at as u64;
-            self.good_copy(block, p.target, member_at, from, want, slot)?;
+            let served = self.good_copy(block, p.target, member_at, from, want, slot);
+            // After the repair: the rule may fail the member now.
+            self.checksum_error(from, Found::Data);
+            served?;
         }
         Ok(())
     }
@@ -203,9 +215,7 @@ impl CacheSet {
     ) -> DeviceResult<()> {
         let others = self.copies(target).filter(|&j| j != bad);
         let matches = |b: &[u8]| crc32c::crc32c(b) == want;
-        let count_bad = |j: usize| {
-            self.members[j].bad_blocks.fetch_add(1, Ordering::Relaxed);
-        };
+        let count_bad = |j: usize| self.checksum_error(j, Found::Data);
         let Some(j) = self.intact_copy(block, others, at, &matches, count_bad) else {
             return Err(DeviceError::Io {
                 device: self.name.clone(),
@@ -226,8 +236,8 @@ impl CacheSet {
 
     /// Reads the copies at member offset `at` of the healthy members
     /// among `members` until one passes `check`, and puts it in `into`;
-    /// returns that member. `failed` hears of each copy that did not pass
-    /// (or could not be read).
+    /// returns that member. `failed` hears of each copy that did not pass;
+    /// a member whose read fails is failed.
     fn intact_copy(
         &self,
         into: &mut [u8],
@@ -241,11 +251,16 @@ impl CacheSet {
             let Some(dev) = self.members[j].healthy_dev() else {
                 continue;
             };
-            if dev.read_at(&mut tmp, at).is_ok() && check(&tmp) {
-                into.copy_from_slice(&tmp);
-                return Some(j);
+            match dev.read_at(&mut tmp, at) {
+                Ok(()) if check(&tmp) => {
+                    into.copy_from_slice(&tmp);
+                    return Some(j);
+                }
+                Ok(()) => failed(j),
+                Err(e) => {
+                    self.member_error(j, "read", e);
+                }
             }
-            failed(j);
         }
         None
     }

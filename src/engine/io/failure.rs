@@ -70,15 +70,19 @@ impl Engine {
         }
     }
 
-    /// After an unclean shutdown a cache set's mirrored copies may differ
-    /// (a crash cut a write between them): they are made equal, in a
-    /// thread of its own while clients go on (reads use one copy until
+    /// The open of a cache set is done. From now on a metadata page that
+    /// fails its checks counts against the member that returned it
+    /// (`device/set/health.rs`: the open has repaired what a crash can
+    /// leave different). After an unclean shutdown the mirrored copies may
+    /// differ (a crash cut a write between them): they are made equal, in
+    /// a thread of its own while clients go on (reads use one copy until
     /// then), or at once without a background (`no_background`: tests,
     /// short-lived commands).
-    pub(crate) fn resync_cache_set(&self, unclean: bool, background: bool) {
+    pub(crate) fn cache_set_opened(&self, unclean: bool, background: bool) {
         let Some(set) = self.io.cache.as_cache_set() else {
             return;
         };
+        set.count_meta_damage();
         if unclean {
             set.begin_resync();
         }

@@ -8,6 +8,8 @@ const COLS = 64; // heat map: regions in rows of 64, volume start top left
 
 const $ = (id) => document.getElementById(id);
 const css = (name) => getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+// Text from the daemon (device names, failure reasons) put into HTML.
+const esc = (s) => String(s).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]);
 
 const tc = {
   snapshots: 0,
@@ -223,12 +225,14 @@ function fillDevices(snap) {
   $("set-state").textContent = `(${s.cache_set_state}${risk})`;
   const rows = ms.map((m) => {
     const rebuild = m.rebuild_total_bytes ? ` ${fmtRatio(m.rebuild_done_bytes / m.rebuild_total_bytes)} rebuilt` : "";
-    return `<tr class="${m.state}"><td>${m.index}</td><td>${m.device}</td><td>${m.state}${rebuild}</td>` +
+    const why = m.failure ? `: ${esc(m.failure)}` : "";
+    const recent = m.checksum_errors_recent ? ` (${m.checksum_errors_recent} in 10 min)` : "";
+    return `<tr class="${m.state}"><td>${m.index}</td><td>${esc(m.device)}</td><td>${m.state}${rebuild}${why}</td>` +
       `<td>${fmtNum(m.used_blocks)} / ${fmtNum(m.mirror_slots + m.own_slots)}</td><td>${fmtNum(m.dirty_blocks)}</td>` +
-      `<td>${m.errors}</td><td>${m.bad_blocks || 0}</td></tr>`;
+      `<td>${m.errors}</td><td>${m.bad_blocks || 0}${recent}</td></tr>`;
   });
   $("t-devices").innerHTML = "<tr><th>#</th><th>device</th><th>state</th><th>used blocks</th><th>dirty</th>" +
-    "<th>errors</th><th>damaged</th></tr>" + rows.join("");
+    "<th>errors</th><th>checksum errors</th></tr>" + rows.join("");
 }
 
 function fillCards(snap) {
