@@ -1120,3 +1120,43 @@ fn metadata_damage_after_a_clean_shutdown_fails_the_member() {
     verify_all(&engine, &model);
     engine.close().unwrap();
 }
+
+/// A member replaced while readable (`replace-cache` of a healthy
+/// member) and then given to the set again, as when the daemon died after
+/// the rebuild but before the registry named the new device: its label
+/// still says it is member 1, with the set's own id, and the newest label
+/// names no member failed. It is a former member (the place's serial moved
+/// on at the replacement) and is never read: the open is refused as for
+/// a missing member, naming it; with `--degraded` the set serves member
+/// 0's copies, not its stale ones.
+#[test]
+fn a_replaced_member_given_back_is_never_read() {
+    let s = seed();
+    let rig = Rig::new(2, s);
+    let engine = rig.create(Mode::Writeback);
+    let mut model = SectorModel::new(ORIGIN_BYTES / 512);
+    let mut rng = ChaCha8Rng::seed_from_u64(s);
+    workload(&engine, &mut model, &mut rng, 300);
+    let (_fresh, fresh_ref) = fault_dev("member1-new", MEMBER_BYTES, s + 7);
+    set_of(&engine).replace(1, fresh_ref, |_, _| {}).unwrap();
+    assert!(!set_of(&engine).degraded());
+    // Newer versions of what the replaced member holds.
+    workload(&engine, &mut model, &mut rng, 600);
+    engine.flush().unwrap();
+    model.flush_done();
+    engine.close().unwrap();
+    drop(engine);
+    let e = rig.open(rig.refs(), false).err().unwrap();
+    for want in ["member1", "a former member 1", "--degraded"] {
+        assert!(e.contains(want), "seed {s}: no `{want}` in: {e}");
+    }
+    let engine = rig.open(rig.refs(), true).unwrap();
+    assert_eq!(
+        set_of(&engine).members()[1].state,
+        MemberState::Failed,
+        "seed {s}"
+    );
+    verify_all(&engine, &model);
+    read_every_block_twice(&engine, &model, &format!("seed {s}"));
+    engine.close().unwrap();
+}

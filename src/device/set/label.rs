@@ -8,7 +8,7 @@
 //! The set's state (which members hold current copies) is the one in the
 //! label with the highest generation among the members present.
 
-use zerocopy::little_endian::{U32, U64};
+use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// Most members a set may have.
@@ -91,7 +91,10 @@ pub struct RawLabel {
     pub flags: U32,
     pub stripe_slots: [U64; MAX_MEMBERS],
     pub member_bytes: [U64; MAX_MEMBERS],
-    pub reserved: [u8; 60],
+    /// Per member, how many times its place was given to a new device
+    /// (`replace-cache`), modulo 2^16; 0 in labels written before.
+    pub serials: [U16; MAX_MEMBERS],
+    pub reserved: [u8; 44],
     pub crc: U32,
 }
 const _: () = assert!(std::mem::size_of::<RawLabel>() == 256);
@@ -105,9 +108,18 @@ pub struct Label {
     pub stale_mask: u32,
     pub flags: u32,
     pub geometry: Geometry,
+    /// Per member, its place's serial: a device whose label gives its own
+    /// place another serial than the set's newest label is a former
+    /// member, replaced since (`open.rs`).
+    pub serials: [u16; MAX_MEMBERS],
 }
 
 impl Label {
+    /// The serial this label gives its own member's place.
+    pub fn own_serial(&self) -> u16 {
+        self.serials[self.member_index]
+    }
+
     pub fn member_count(&self) -> usize {
         self.geometry.stripe_slots.len()
     }
@@ -135,7 +147,8 @@ impl Label {
             flags: U32::new(self.flags),
             stripe_slots: stripe,
             member_bytes: bytes,
-            reserved: [0; 60],
+            serials: self.serials.map(U16::new),
+            reserved: [0; 44],
             crc: U32::new(0),
         };
         raw.crc = U32::new(crc32c::crc32c(&raw.as_bytes()[..252]));
@@ -216,6 +229,7 @@ impl Label {
             stale_mask: raw.stale_mask.get(),
             flags: raw.flags.get(),
             geometry,
+            serials: raw.serials.map(|v| v.get()),
         })
     }
 
@@ -247,6 +261,7 @@ mod tests {
                 stripe_slots: vec![50, 60],
                 member_bytes: vec![4096 * 500, 4096 * 500],
             },
+            serials: [3, 9, 0, 0, 0, 0, 0, 0],
         }
     }
 

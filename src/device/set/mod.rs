@@ -176,6 +176,8 @@ struct SetState {
     stale_mask: u32,
     /// Label flags (`label::FLAG_RESYNC`).
     flags: u32,
+    /// Each member place's serial (`Label::serials`).
+    serials: [u16; MAX_MEMBERS],
 }
 
 /// Where a piece of a request goes.
@@ -270,6 +272,7 @@ impl CacheSet {
                     stale_mask: 0,
                     flags: 0,
                     geometry: geometry.clone(),
+                    serials: [0; MAX_MEMBERS],
                 };
                 d.write_at(&l.to_page(), l.copy_offset())?;
             }
@@ -286,6 +289,7 @@ impl CacheSet {
                 generation: 1,
                 stale_mask: 0,
                 flags: 0,
+                serials: [0; MAX_MEMBERS],
             },
         ))
     }
@@ -430,6 +434,7 @@ impl CacheSet {
             stale_mask: st.stale_mask,
             flags: st.flags,
             geometry: self.geometry.clone(),
+            serials: st.serials,
         };
         dev.write_at(&l.to_page(), l.copy_offset())?;
         dev.flush()

@@ -94,12 +94,31 @@ fn read_labels(devs: Vec<DeviceRef>, left_out: &mut Vec<LeftOut>) -> Vec<(Device
 }
 
 /// Each member's device by its index, from the labels; refuses members of
-/// another set and a member given twice.
-fn place(labelled: &[(DeviceRef, Label)], newest: &Label) -> DeviceResult<Vec<Option<DeviceRef>>> {
+/// another set and a member given twice. A former member (its place was
+/// given to another device since: the serials differ) joins `left_out`.
+fn place(
+    labelled: &[(DeviceRef, Label)],
+    newest: &Label,
+    left_out: &mut Vec<LeftOut>,
+) -> DeviceResult<Vec<Option<DeviceRef>>> {
     let mut slots: Vec<Option<DeviceRef>> = vec![None; newest.member_count()];
     for (d, l) in labelled {
         if l.set_id != newest.set_id || l.geometry != newest.geometry {
             return Err(open_error(d.name(), "a member of another cache set"));
+        }
+        let (own, set) = (l.own_serial(), newest.serials[l.member_index]);
+        if own != set {
+            let why = format!(
+                "a former member {}: its place was given to another device since (serial {own}, \
+                 the set's {set}); never read",
+                l.member_index
+            );
+            log::warn!("cache set member {} left out: {why}", d.name());
+            left_out.push(LeftOut {
+                name: d.name().to_string(),
+                why,
+            });
+            continue;
         }
         if slots[l.member_index].is_some() {
             return Err(open_error(
@@ -179,7 +198,7 @@ impl CacheSet {
             ));
         };
         let newest = newest.clone();
-        let slots = place(&labelled, &newest)?;
+        let slots = place(&labelled, &newest, &mut left_out)?;
         let name = set_name(&slots);
         let n = slots.len();
         let named = newest.stale_mask;
@@ -215,6 +234,7 @@ impl CacheSet {
                 generation: newest.generation,
                 stale_mask: named,
                 flags: newest.flags,
+                serials: newest.serials,
             },
         );
         set.note_named_failed(&newest, &left_out);

@@ -118,8 +118,12 @@ impl CacheSet {
         progress: &mut impl FnMut(u64, u64),
     ) -> DeviceResult<()> {
         {
-            // The new device's label says it is stale until the copy is done.
-            let st = self.state.lock();
+            // The new device's label says it is stale until the copy is
+            // done. The place gets a new serial: from the first label that
+            // carries it on, the device it replaces is a former member,
+            // never taken for a current one (`open.rs`).
+            let mut st = self.state.lock();
+            st.serials[i] = st.serials[i].wrapping_add(1);
             let l = Label {
                 member_index: i,
                 set_id: self.set_id,
@@ -127,6 +131,7 @@ impl CacheSet {
                 stale_mask: st.stale_mask,
                 flags: st.flags,
                 geometry: self.geometry.clone(),
+                serials: st.serials,
             };
             new.write_at(&vec![0u8; LABEL_BYTES as usize], 0)?;
             new.write_at(&l.to_page(), l.copy_offset())?;
