@@ -55,6 +55,9 @@ for t in $TC_TESTS; do
         fio_verify_writeback|fio_verify_writethrough) run_test "$t" "test_fio_verify ${t#fio_verify_}" ;;
         ext4_restart_writeback|ext4_restart_writethrough) run_test "$t" "test_ext4_restart ${t#ext4_restart_}" ;;
         cache_set_member_fails) run_test "$t" "test_cache_set_member_fails" ;;
+        # SQLite on ext4, a member lost, kill -9 throughout (issue 32).
+        cache_set_crash_nbd) run_test "$t" "test_cache_set_crash nbd 3" ;;
+        cache_set_crash_ublk) run_test "$t" "test_cache_set_crash ublk 6" ;;
         ublk_fio_verify_writeback|ublk_fio_verify_writethrough) run_test "$t" "test_ublk_fio_verify ${t#ublk_fio_verify_}" ;;
         # Ten kill -9 and recovery cycles under an ext4 writer: ~2-3 min.
         ublk_ext4_recover_writeback|ublk_ext4_recover_writethrough)

@@ -5,8 +5,11 @@
 # Sizes of the files an ext4 test writes (KiB): small, odd and large.
 EXT4_FILE_KIB="4 7 100 1024 4096 513 2048 64 8192 3 333 1536"
 
+# Each test starts on disks an earlier test may have left a cache on (with
+# dirty blocks): --wipe --lose-dirty-data says they hold nothing to keep.
 new_cache() { # MODE
-    tc create --origin "$(disk origin)" --cache "$(disk cache)" --mode "$1" --force >/dev/null
+    tc create --origin "$(disk origin)" --cache "$(disk cache)" --mode "$1" --force \
+        --wipe --lose-dirty-data >/dev/null
     log "created a $1 cache: $(disk origin) (512 MiB) on $(disk cache) (128 MiB)"
 }
 
@@ -217,7 +220,7 @@ test_cache_set_member_fails() {
     dm_member tca "$(disk set-a)"
     dm_member tcb "$(disk set-b)"
     tc create --origin "$(disk origin)" --cache /dev/mapper/tca --cache /dev/mapper/tcb \
-        --mode writeback --force >/dev/null || fail "create the cache set"
+        --mode writeback --force --wipe --lose-dirty-data >/dev/null || fail "create the cache set"
     log "created a cache set: $(set_status)"
     serve_start tc0
     nbd_attach /dev/nbd0 tc0
@@ -362,4 +365,235 @@ test_ublk_ext4_recover() { # MODE [CYCLES]
     log "e2fsck -f clean"
     dmesg | grep -E 'ublkb0.*error|EXT4-fs error' && fail "the kernel logged errors on ublkb0"
     serve_stop
+}
+
+# --- a cache set that loses a member, then the daemon (issue 32)
+
+# SQLite on ext4 over a cache set of two dm-linear members, served as
+# FRONT: "ublk" (/dev/ublkb0, user recovery) or "nbd" (/dev/nbd0 through
+# nbd_netlink.py, reconnected after each restart). A writer commits one row
+# per transaction (WAL, synchronous=FULL); a row is logged as acknowledged
+# only once its COMMIT returned. The daemon is killed with -9 and started
+# again (as systemd would: no --degraded) throughout: once on the whole
+# set; 1 s after member 1 was switched to dm-error and the daemon logged
+# the loss (the crash of issue 32: the restart must open degraded by
+# itself, from member 0's label); CYCLES - 1 more times while degraded;
+# once during `replace-cache` onto a spare (a dm-delay device, so that the
+# rebuild takes seconds and the kill cuts it; then run again); once on the
+# whole set after. Before each kill the writer must have committed more
+# rows since the last restart: every kill lands under writes. With ublk, a daemon that cannot open the
+# cache (both members dm-error for a moment) must say that /dev/ublkb0
+# waits for a daemon, and the next one takes it over. Every acknowledged
+# row must be in the database (integrity_check ok), e2fsck clean, no I/O
+# error in the kernel log, the set whole.
+test_cache_set_crash() { # FRONT CYCLES
+    local front=$1 cycles=$2 k
+    fail() { echo "--- serve log (last 60 lines)"; tail -60 /run/serve-tc0.log; echo "FAILED: $*"; exit 1; }
+    dmesg -C
+    KILLS=0
+    dm_member tca "$(disk set-a)"
+    dm_member tcb "$(disk set-b)"
+    tc create --origin "$(disk origin)" --cache /dev/mapper/tca --cache /dev/mapper/tcb \
+        --mode writeback --force --wipe --lose-dirty-data >/dev/null || fail "create the cache set"
+    crash_front_start "$front"
+    mkfs.ext4 -q -E nodiscard "$FRONT_DEV"
+    mount -o noatime "$FRONT_DEV" "$MNT"
+    : >$WORK/acked
+    rm -f $WORK/stop-writer
+    sqlite_writer "$MNT/rows.db" $WORK/acked $WORK/stop-writer >$WORK/writer.log 2>&1 &
+    WRITER=$!
+    echo $WRITER >>$PIDS
+    crash_progress "the first rows"
+    crash_kill "$front" "the set whole"
+    crash_progress "after the first restart"
+    dm_fail tcb
+    wait_log 'member 1 failed' || fail "the daemon did not log member 1's loss"
+    sleep 1
+    crash_kill "$front" "1 s after member 1 failed"
+    grep -q 'member 1 is named failed by the label of member 0' /run/serve-tc0.log \
+        || fail "the restart did not say why it opened degraded"
+    set_status | grep -q '^degraded.*1:(missing):failed' || { set_status; fail "not degraded without member 1"; }
+    log "came back by itself: $(set_status)"
+    for k in $(seq 2 "$cycles"); do
+        crash_progress "degraded"
+        crash_kill "$front" "degraded, kill $k of $cycles"
+    done
+    crash_progress "degraded"
+    [ "$front" = ublk ] && crash_no_daemon
+    crash_replace "$front"
+    crash_progress "whole again"
+    crash_kill "$front" "the set whole again"
+    set_status | grep -q '^whole' || fail "the set is not whole after the last restart"
+    crash_finish "$front"
+}
+
+# The daemon and the device: FRONT_DEV is /dev/ublkb0 or /dev/nbd0.
+crash_front_start() { # FRONT
+    if [ "$1" = ublk ]; then
+        FRONT_DEV=/dev/ublkb0
+        serve_start tc0 --ublk
+        ublk_wait
+    else
+        FRONT_DEV=/dev/nbd0
+        serve_start tc0
+        python3 "$HERE/nbd_netlink.py" connect "$TIERCACHE_STATE_DIR/tc0.nbd" 0 60 || fail "netlink connect"
+    fi
+}
+
+# kill -9 of the daemon, then a restart with no operator: the ublk device
+# is taken over, or the NBD device given the new connection.
+crash_kill() { # FRONT WHAT
+    kill -0 "$WRITER" 2>/dev/null || { cat $WORK/writer.log; fail "$2: the writer has stopped"; }
+    log "$2: kill -9 tiercache serve (pid $SERVE_PID), $(wc -l <$WORK/acked) rows acknowledged"
+    kill -9 "$SERVE_PID"
+    wait "$SERVE_PID" 2>/dev/null || true
+    KILLS=$((KILLS + 1))
+    crash_restart "$1" "$2"
+}
+
+crash_restart() { # FRONT WHAT
+    local before i
+    if [ "$1" = nbd ]; then
+        serve_start tc0
+        python3 "$HERE/nbd_netlink.py" reconfigure "$TIERCACHE_STATE_DIR/tc0.nbd" 0 || fail "$2: netlink reconfigure"
+        return 0
+    fi
+    before=$(grep -c 'recovered /dev/ublkb0' /run/serve-tc0.log || true)
+    serve_start tc0 --ublk
+    for i in $(seq 300); do
+        [ "$(grep -c 'recovered /dev/ublkb0' /run/serve-tc0.log)" -gt "$before" ] && return 0
+        kill -0 "$SERVE_PID" 2>/dev/null || fail "$2: the restarted daemon exited"
+        sleep 0.1
+    done
+    fail "$2: /dev/ublkb0 was not recovered within 30 s"
+}
+
+# Waits (up to 60 s) until the writer has committed 20 more rows.
+crash_progress() { # WHAT
+    local want i
+    want=$(( $(wc -l <$WORK/acked) + 20 ))
+    for i in $(seq 600); do
+        [ "$(wc -l <$WORK/acked)" -ge "$want" ] && return 0
+        kill -0 "$WRITER" 2>/dev/null || { cat $WORK/writer.log; fail "$1: the writer has stopped"; }
+        sleep 0.1
+    done
+    fail "$1: the writer committed no 20 rows within 60 s"
+}
+
+# Waits up to 30 s for the daemon's log to hold PATTERN.
+wait_log() { # PATTERN
+    local i
+    for i in $(seq 300); do
+        grep -q "$1" /run/serve-tc0.log && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+# ublk: the daemon killed while no daemon can open the cache (member 0 is
+# dm-error too for a moment). The one started then refuses and says that
+# /dev/ublkb0 waits; the writer stalls, it does not fail; once member 0 is
+# back the next daemon takes the device over.
+crash_no_daemon() {
+    local sectors
+    log "no daemon can open the cache: member 0 is dm-error too, the daemon killed"
+    kill -9 "$SERVE_PID"
+    wait "$SERVE_PID" 2>/dev/null || true
+    KILLS=$((KILLS + 1))
+    dm_fail tca
+    "$TC_BIN" serve --name tc0 --ublk >$WORK/refused.log 2>&1 && fail "a daemon served without a readable member"
+    grep -q '/dev/ublkb0 is waiting for a daemon' $WORK/refused.log \
+        || { cat $WORK/refused.log; fail "the refused daemon did not say that /dev/ublkb0 waits"; }
+    log "refused, and said: $(tr '\n' ' ' <$WORK/refused.log | cut -c1-900)"
+    kill -0 "$WRITER" 2>/dev/null || fail "the writer stopped while no daemon served"
+    sectors=$(blockdev --getsz "$(disk set-a)")
+    dmsetup suspend --noflush tca && dmsetup load tca --table "0 $sectors linear $(disk set-a) 0" \
+        && dmsetup resume tca || fail "member 0 back to dm-linear"
+    crash_restart ublk "member 0 back"
+    log "member 0 back: the next daemon took /dev/ublkb0 over"
+}
+
+# replace-cache of member 1 onto the spare set-c, online, behind dm-delay
+# (100 ms a request: the rebuild takes seconds); the daemon is killed 1 s
+# into it, and replace-cache is run again if the kill cut it. Then the
+# spare is made dm-linear (its table swapped under the daemon).
+crash_replace() { # FRONT
+    local rp sectors
+    sectors=$(blockdev --getsz "$(disk set-c)")
+    dmsetup create tcc --table "0 $sectors delay $(disk set-c) 0 100" || fail "dmsetup create tcc"
+    dmsetup mknodes tcc >/dev/null 2>&1 || true
+    tc replace-cache /dev/mapper/tcb /dev/mapper/tcc >$WORK/replace.log 2>&1 &
+    rp=$!
+    echo $rp >>$PIDS
+    sleep 1
+    log "replace-cache under way: $(set_status)"
+    crash_kill "$1" "during replace-cache"
+    if wait $rp; then
+        log "replace-cache finished before the kill: $(tail -1 $WORK/replace.log)"
+    else
+        log "the kill cut replace-cache ($(tail -1 $WORK/replace.log | cut -c1-120)): $(set_status)"
+        tc replace-cache /dev/mapper/tcb /dev/mapper/tcc >$WORK/replace.log 2>&1 \
+            || { cat $WORK/replace.log; fail "replace-cache after the kill"; }
+    fi
+    set_status | grep -q '^whole' || fail "the set is not whole after replace-cache"
+    dmsetup suspend tcc && dmsetup load tcc --table "0 $sectors linear $(disk set-c) 0" \
+        && dmsetup resume tcc || fail "the spare to dm-linear"
+    log "member 1 rebuilt onto /dev/mapper/tcc: $(set_status)"
+}
+
+# Stops the writer and checks everything it was told was committed.
+crash_finish() { # FRONT
+    touch $WORK/stop-writer
+    wait "$WRITER" || { cat $WORK/writer.log; fail "the SQLite writer saw an error"; }
+    log "$KILLS kill -9 and restarts; $(wc -l <$WORK/acked) rows committed"
+    drop_caches
+    sqlite_check "$MNT/rows.db" $WORK/acked
+    umount "$MNT"
+    e2fsck -f -n "$FRONT_DEV" >$WORK/fsck.log 2>&1 || { cat $WORK/fsck.log; fail "e2fsck"; }
+    log "e2fsck -f clean"
+    dmesg | grep -E '(ublkb0|nbd0).*error|EXT4-fs error' && fail "the kernel logged errors"
+    if [ "$1" = nbd ]; then python3 "$HERE/nbd_netlink.py" disconnect 0; fi
+    serve_stop
+    log "the set: $(tc status --json | python3 -c 'import json,sys; s=json.load(sys.stdin); print(s["cache_set_state"], [m["state"] for m in s["cache_members"]])')"
+}
+
+# Rows, one transaction each, until STOP exists; a row's id and sha256 go
+# to ACKED once its COMMIT returned. Any error ends it with status 1.
+sqlite_writer() { # DB ACKED STOP
+    /usr/bin/python3 - "$@" <<'PY'
+import hashlib, os, random, sqlite3, sys
+db, acked, stop = sys.argv[1:4]
+con = sqlite3.connect(db, timeout=600, isolation_level=None)
+assert con.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
+con.execute("PRAGMA synchronous=FULL")
+con.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, data BLOB, sum TEXT)")
+rng = random.Random(32)
+out = open(acked, "a", buffering=1)
+n = 0
+while not os.path.exists(stop):
+    n += 1
+    data = rng.randbytes(rng.randrange(100, 16384))
+    s = hashlib.sha256(data).hexdigest()
+    con.execute("BEGIN")
+    con.execute("INSERT INTO t VALUES (?, ?, ?)", (n, data, s))
+    con.execute("COMMIT")
+    out.write("%d %s\n" % (n, s))
+PY
+}
+
+sqlite_check() { # DB ACKED
+    /usr/bin/python3 - "$@" <<'PY' || fail "acknowledged rows are missing or the database is damaged"
+import hashlib, sqlite3, sys
+con = sqlite3.connect(sys.argv[1])
+ok = con.execute("PRAGMA integrity_check").fetchone()[0]
+if ok != "ok":
+    sys.exit("integrity_check: " + ok)
+rows = {i: (d, s) for i, d, s in con.execute("SELECT id, data, sum FROM t")}
+acked = [l.split() for l in open(sys.argv[2])]
+bad = [i for i, s in acked
+       if int(i) not in rows or rows[int(i)][1] != s or hashlib.sha256(rows[int(i)][0]).hexdigest() != s]
+if bad:
+    sys.exit("%d of %d acknowledged rows missing or wrong, first %s" % (len(bad), len(acked), bad[:5]))
+print("[check] %d acknowledged rows all in the database (%d rows), integrity_check ok" % (len(acked), len(rows)))
+PY
 }
