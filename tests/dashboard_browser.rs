@@ -233,6 +233,15 @@ fn the_dashboard_lists_each_device_of_a_cache_set() {
         b.eval("document.getElementById('set-state').textContent.startsWith('(whole')"),
         json!(true)
     );
+    // Each device's checksum errors (none here): a column of their own.
+    assert_eq!(
+        b.eval(
+            "(() => { const rows = [...document.querySelectorAll('#t-devices tr')];
+               return rows[0].cells[6].textContent === 'checksum errors'
+                 && rows.slice(1).every(r => r.cells[6].textContent === '0'); })()"
+        ),
+        json!(true)
+    );
     assert_eq!(b.eval("tc.failures"), json!(0), "failed polls");
     let errors = b.errors();
     assert!(errors.is_empty(), "the page logged errors: {errors:#?}");

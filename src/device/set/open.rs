@@ -24,6 +24,8 @@
 //!
 //! A device held by another process is not left out: that open fails
 //! (`DeviceError::InUse`, naming the holder), as for one cache device.
+//! What was left out, and why, is in the refusal, or in the log line of
+//! a degraded open (a refused command prints its one error line only).
 
 use super::{open_error, set_name, CacheSet, Label, MemberState, SetState, LABEL_BYTES};
 use crate::device::{DeviceError, DeviceRef, DeviceResult};
@@ -52,7 +54,6 @@ pub fn open_paths(
             Ok(d) => devs.push(d),
             Err(e @ DeviceError::InUse { .. }) => return Err(e),
             Err(e) => {
-                log::warn!("cache set member {p} cannot be opened: {e}");
                 left_out.push(LeftOut {
                     name: p.clone(),
                     why: e.to_string(),
@@ -84,7 +85,6 @@ fn read_labels(devs: Vec<DeviceRef>, left_out: &mut Vec<LeftOut>) -> Vec<(Device
             Ok(Err(e)) => format!("not a cache-set member: {e}"),
             Err(e) => format!("its label cannot be read: {e}"),
         };
-        log::warn!("cache set member {} left out: {why}", d.name());
         left_out.push(LeftOut {
             name: d.name().to_string(),
             why,
@@ -113,7 +113,6 @@ fn place(
                  the set's {set}); never read",
                 l.member_index
             );
-            log::warn!("cache set member {} left out: {why}", d.name());
             left_out.push(LeftOut {
                 name: d.name().to_string(),
                 why,
