@@ -496,11 +496,11 @@ impl Registry {
 }
 
 /// True if `dir` is a directory (not a symlink) of this user's that no one
-/// else may enter.
+/// else may write in (as the crash log checks it).
 fn private_dir(dir: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
     fs::symlink_metadata(dir)
-        .is_ok_and(|m| m.is_dir() && m.uid() == effective_uid() && m.mode() & 0o077 == 0)
+        .is_ok_and(|m| m.is_dir() && m.uid() == effective_uid() && m.mode() & 0o022 == 0)
 }
 
 /// Refuses a state directory that others may write (sticky or not: the

@@ -114,13 +114,13 @@ pub enum CrashLogError {
     #[error("crash log {0} is locked: another process has this cache open")]
     Locked(PathBuf),
     /// The log's directory is not this user's alone: another user made it,
-    /// or its mode lets others in. They could plant a log, or a symlink
-    /// that turns the log's writes onto a file of their choosing.
+    /// or its mode lets others write in it. They could plant a log, or a
+    /// symlink that turns the log's writes onto a file of their choosing.
     #[error(
         "crash log directory {} belongs to uid {owner} with mode {mode:04o}; it must belong to \
-         uid {euid} (this process's user) and be open to no one else (0700), or another user \
-         could plant the log or turn its writes onto another file. Remove it (`rm -r {}`, as \
-         root if need be: it may be another user's) and start again",
+         uid {euid} (this process's user) and be writable by no one else (it is made 0700), \
+         or another user could plant the log or turn its writes onto another file. Remove it \
+         (`rm -r {}`, as root if need be: it may be another user's) and start again",
         dir.display(),
         dir.display()
     )]
@@ -397,11 +397,13 @@ fn reserve(file: &File, bytes: u64) -> std::io::Result<()> {
 unsafe impl Send for CrashLog {}
 
 /// Makes `dir` if it is missing (mode 0700) and opens it, refusing one
-/// that is a symlink, belongs to another user or lets anyone else in: the
-/// name is predictable (`/dev/shm/tiercache-<uid>`), so another user may
-/// have made it first to plant or redirect the log. The log is then
-/// opened relative to this descriptor, so the directory checked is the
-/// one used even if its name is swapped afterwards.
+/// that is a symlink, belongs to another user or that others may write
+/// in (sticky or not): the name is predictable
+/// (`/dev/shm/tiercache-<uid>`), so another user may have made it first
+/// to plant or redirect the log. One others may only read (0755, as a
+/// scratch directory is made) is used: the log itself is 0600. The log is
+/// then opened relative to this descriptor, so the directory checked is
+/// the one used even if its name is swapped afterwards.
 fn open_private_dir(dir: &Path) -> Result<File, CrashLogError> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
     let io = |what| {
@@ -429,7 +431,7 @@ fn open_private_dir(dir: &Path) -> Result<File, CrashLogError> {
         })?;
     let st = fd.metadata().map_err(io("checking the directory"))?;
     let euid = effective_uid();
-    if st.uid() != euid || st.mode() & 0o077 != 0 {
+    if st.uid() != euid || st.mode() & 0o022 != 0 {
         return Err(CrashLogError::UnsafeDirectory {
             dir: dir.to_path_buf(),
             owner: st.uid(),
@@ -1259,8 +1261,9 @@ mod tests {
         assert!(e.to_string().contains("2 hard links"), "{e}");
     }
 
-    /// A directory others may enter is refused, naming owner and mode; a
-    /// symlink to a directory too; a missing one is made private.
+    /// A directory others may write in is refused, naming owner and mode
+    /// (one they may only read is used: the log is 0600); a symlink to a
+    /// directory too; a missing one is made 0700.
     #[test]
     fn only_a_private_directory_is_used() {
         use std::os::unix::fs::PermissionsExt;
@@ -1278,6 +1281,8 @@ mod tests {
             "{text}"
         );
         assert!(!open_dir.join("log").exists(), "nothing is made in it");
+        std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        drop(CrashLog::open(&open_dir.join("log"), 4).unwrap());
         let link = dir.path().join("link");
         std::os::unix::fs::symlink(dir.path().join("private"), &link).unwrap();
         std::fs::create_dir(dir.path().join("private")).unwrap();
