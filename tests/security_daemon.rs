@@ -789,14 +789,18 @@ fn a_failover_after_replace_cache_keeps_the_replacement() {
     let (mut server, _) = serve(&s, &[], &[]);
     s.cli(&["replace-cache", &b, &c]);
     let reg = Registry::new(s.state());
-    assert_eq!(reg.get("tc0").unwrap().unwrap().more_caches, [c.clone()]);
+    assert_eq!(reg.get("tc0").unwrap().unwrap().more_caches, [c.as_str()]);
     s.cli(&["give-up-cache", "--lose-dirty-data"]);
     let after = reg.get("tc0").unwrap().unwrap();
     assert!(
         after.distrust_clean,
         "the failover was not recorded: {after:?}"
     );
-    assert_eq!(after.more_caches, [c.clone()], "the replacement was undone");
+    assert_eq!(
+        after.more_caches,
+        [c.as_str()],
+        "the replacement was undone"
+    );
     assert_eq!(after.cache, a);
     sigterm(&mut server);
 }
