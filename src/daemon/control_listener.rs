@@ -146,6 +146,7 @@ fn read_request(mut s: &UnixStream, deadline: Instant) -> io::Result<String> {
         s.set_read_timeout(Some(left))?;
         let n = match s.read(&mut chunk) {
             Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e)
                 if matches!(
                     e.kind(),
