@@ -214,6 +214,25 @@ fn a_symlinked_crash_log_is_refused_and_its_target_untouched() {
     assert_eq!(std::fs::metadata(&canary).unwrap().len(), 10_000);
 }
 
+/// A state directory others may write (made under an older tiercache
+/// with a umask of 0, say) could hold a planted registry entry naming
+/// any device: serve and the commands refuse it before reading it.
+#[test]
+fn a_state_directory_others_may_write_is_refused() {
+    let s = Setup::new("writeback");
+    chmod(&s.state().join("caches"), 0o777);
+    let err = serve_refused(&s, &[]);
+    assert!(
+        err.contains("state directory") && err.contains("mode 0777") && err.contains("chmod go-w"),
+        "{err}"
+    );
+    let out = s.cli_output(&["status"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("mode 0777"));
+    chmod(&s.state().join("caches"), 0o755);
+    s.cli(&["status"]);
+}
+
 /// A tmpfs mounted for one test, unmounted when dropped.
 struct Tmpfs {
     dir: tempfile::TempDir,

@@ -366,6 +366,13 @@ impl Registry {
 
     /// The cache a command acts on: the one named, or else the only one.
     pub fn resolve(&self, name: Option<&str>) -> Result<Entry> {
+        // An entry names devices that root opens: not from a directory
+        // that others may write.
+        for d in [&self.dir, &self.caches_dir()] {
+            if d.exists() {
+                check_not_shared(d)?;
+            }
+        }
         if let Some(name) = name {
             validate_name(name)?;
             if let Some(e) = self.get(name)? {

@@ -218,12 +218,13 @@ pub fn run(reg: &Registry, cfg: DaemonConfig) -> Result<()> {
     if cfg!(not(feature = "ublk")) && cfg.ublk.is_some() {
         return Err(DaemonError::NoUblk);
     }
+    // Before the registry is read: one that others may write is refused.
+    reg.prepare()?;
     let Opened {
         engine,
         name,
         _lock,
     } = open(reg, &cfg.source)?;
-    reg.prepare()?;
     let nbd_path = cfg
         .nbd_socket
         .clone()

@@ -453,13 +453,12 @@ fn effective_uid() -> u32 {
 fn open_log_file(dir: &File, name: &std::ffi::OsStr, path: &Path) -> Result<File, CrashLogError> {
     use std::os::fd::FromRawFd;
     use std::os::unix::ffi::OsStrExt;
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    let unsafe_file = |why: String| CrashLogError::UnsafeFile {
+    let unsafe_file = |why: &str| CrashLogError::UnsafeFile {
         path: path.to_path_buf(),
-        why,
+        why: why.into(),
     };
     let c_name = std::ffi::CString::new(name.as_bytes())
-        .map_err(|_| unsafe_file("the file name holds a NUL byte".into()))?;
+        .map_err(|_| unsafe_file("the file name holds a NUL byte"))?;
     let flags = libc::O_RDWR | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NOCTTY;
     // SAFETY: openat(2) on a directory descriptor we own, with a
     // NUL-terminated name; the result is checked before use.
@@ -474,7 +473,7 @@ fn open_log_file(dir: &File, name: &std::ffi::OsStr, path: &Path) -> Result<File
     if fd < 0 {
         let e = std::io::Error::last_os_error();
         if e.raw_os_error() == Some(libc::ELOOP) {
-            return Err(unsafe_file("it is a symbolic link".into()));
+            return Err(unsafe_file("it is a symbolic link"));
         }
         return Err(CrashLogError::Io {
             path: path.to_path_buf(),
@@ -484,41 +483,50 @@ fn open_log_file(dir: &File, name: &std::ffi::OsStr, path: &Path) -> Result<File
     }
     // SAFETY: `fd` was just returned by openat and is owned by nothing else.
     let file = unsafe { File::from_raw_fd(fd) };
-    let st = file.metadata().map_err(|source| CrashLogError::Io {
-        path: path.to_path_buf(),
-        what: "checking",
-        source,
-    })?;
+    check_log_file(&file, path)?;
+    Ok(file)
+}
+
+/// A log file must be a plain file of this user's with one name and a
+/// size a log can have; one whose mode lets others in is made 0600.
+fn check_log_file(file: &File, path: &Path) -> Result<(), CrashLogError> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let io = |what| {
+        move |source| CrashLogError::Io {
+            path: path.to_path_buf(),
+            what,
+            source,
+        }
+    };
+    let st = file.metadata().map_err(io("checking"))?;
     let euid = effective_uid();
-    if !st.file_type().is_file() {
-        return Err(unsafe_file("it is not a regular file".into()));
-    }
-    if st.uid() != euid {
-        return Err(unsafe_file(format!(
-            "it belongs to uid {}, not {euid}",
-            st.uid()
-        )));
-    }
-    if st.nlink() != 1 {
-        return Err(unsafe_file(format!("it has {} hard links", st.nlink())));
-    }
-    if st.len() > FILE_BYTES_MAX {
-        return Err(unsafe_file(format!(
+    let why = if !st.file_type().is_file() {
+        Some("it is not a regular file".to_string())
+    } else if st.uid() != euid {
+        Some(format!("it belongs to uid {}, not {euid}", st.uid()))
+    } else if st.nlink() != 1 {
+        Some(format!("it has {} hard links", st.nlink()))
+    } else if st.len() > FILE_BYTES_MAX {
+        Some(format!(
             "{} bytes, more than a log holds ({FILE_BYTES_MAX})",
             st.len()
-        )));
+        ))
+    } else {
+        None
+    };
+    if let Some(why) = why {
+        return Err(CrashLogError::UnsafeFile {
+            path: path.to_path_buf(),
+            why,
+        });
     }
     if st.mode() & 0o077 != 0 {
         // Made by an older tiercache, which left the mode to the umask.
         let private = std::fs::Permissions::from_mode(0o600);
         file.set_permissions(private)
-            .map_err(|source| CrashLogError::Io {
-                path: path.to_path_buf(),
-                what: "making it private",
-                source,
-            })?;
+            .map_err(io("making it private"))?;
     }
-    Ok(file)
+    Ok(())
 }
 
 /// Opens (creating it and its directory, mode 0700) the log file at
