@@ -246,7 +246,14 @@ pub fn answer(
     let (resp, detached) = match serde_json::from_str::<Request>(line) {
         Err(e) => (Response::result(Err(format!("bad request: {e}"))), false),
         Ok(req) => {
-            log::info!("control request: {req:?}");
+            match super::socket::peer(&out) {
+                Ok(p) => log::info!(
+                    "control request from uid {} (pid {}): {req:?}",
+                    p.uid,
+                    p.pid
+                ),
+                Err(_) => log::info!("control request: {req:?}"),
+            }
             let status_request = matches!(req, Request::Status);
             let (result, detached) = carry_out(engine, served, req, &mut out);
             let resp = Response {

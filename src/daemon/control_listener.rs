@@ -123,6 +123,8 @@ fn serve_one(stream: UnixStream, slots: &Slots, id: u64, handler: &Handler) {
     let line = match read_request(&stream, Instant::now() + REQUEST_TIMEOUT) {
         Ok(line) => line,
         Err(e) if e.kind() == io::ErrorKind::InvalidData => return refuse(stream, &e.to_string()),
+        // A command's probe (is a daemon there?) connects and hangs up.
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return,
         Err(e) => {
             log::info!("control socket: closed a connection: {e}");
             return;
