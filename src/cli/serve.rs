@@ -8,8 +8,11 @@
 //! Network safety: TLS on the TCP listener (`--tls-certificates` or
 //! `--tls-psk`; required by default once credentials are given), and a
 //! TCP listener on anything but loopback without required TLS is refused
-//! unless `--insecure` says the operator means it. The Unix socket is for
-//! local clients and stays plaintext.
+//! unless `--insecure` says the operator means it. Beyond loopback, X.509
+//! also asks clients for certificates unless `--tls-verify-peer=off`: a
+//! server certificate alone lets any client that completes an anonymous
+//! handshake read and write the volume. The Unix socket is for local
+//! clients (mode 0600) and stays plaintext.
 
 use std::net::ToSocketAddrs;
 use std::path::PathBuf;
@@ -104,9 +107,19 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     tls_psk: Option<PathBuf>,
     /// With --tls-certificates: clients must present a certificate signed
-    /// by ca-cert.pem.
-    #[arg(long, requires = "tls_certificates")]
-    tls_verify_peer: bool,
+    /// by ca-cert.pem (and not revoked by ca-crl.pem, when the directory
+    /// has one). Default: on when --tcp binds beyond loopback (0.0.0.0, a
+    /// LAN address), off on loopback; =off turns it off explicitly, and
+    /// then any client that completes a TLS handshake may use the volume.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "on|off",
+        num_args = 0..=1,
+        default_missing_value = "on",
+        requires = "tls_certificates"
+    )]
+    tls_verify_peer: Option<OnOff>,
     /// Allow --tcp on a non-loopback address without --tls=require: the
     /// volume is then readable and writable by anyone who can reach it.
     #[arg(long)]
@@ -149,6 +162,13 @@ pub struct Args {
     http: Option<String>,
 }
 
+/// `--tls-verify-peer` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
 /// `--tls` values (nbdkit's names).
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TlsMode {
@@ -167,7 +187,7 @@ fn tls_setup(a: &Args) -> Result<Option<(TlsAcceptor, bool)>> {
     let creds = match (&a.tls_certificates, &a.tls_psk) {
         (Some(dir), None) => Some(ServerCredentials::Certificates {
             dir: dir.clone(),
-            verify_peer: a.tls_verify_peer,
+            verify_peer: verify_peer(a, dir)?,
         }),
         (None, Some(file)) => Some(ServerCredentials::Psk { file: file.clone() }),
         (None, None) => None,
@@ -192,6 +212,26 @@ fn tls_setup(a: &Args) -> Result<Option<(TlsAcceptor, bool)>> {
         (_, Some(c)) => TlsAcceptor::new(&c).context("loading the TLS credentials")?,
     };
     Ok(Some((acceptor, mode == TlsMode::Require)))
+}
+
+/// Whether X.509 clients must present certificates: as asked, else
+/// beyond loopback only (the bind address decides: 0.0.0.0 is beyond).
+fn verify_peer(a: &Args, dir: &std::path::Path) -> Result<bool> {
+    let beyond_loopback = match &a.tcp {
+        Some(addr) => !is_loopback(addr)?,
+        None => false,
+    };
+    let verify = match a.tls_verify_peer {
+        Some(v) => v == OnOff::On,
+        None => beyond_loopback,
+    };
+    if !verify && dir.join("ca-crl.pem").exists() {
+        log::warn!(
+            "{}: not used: client certificates are not verified (--tls-verify-peer=on uses it)",
+            dir.join("ca-crl.pem").display()
+        );
+    }
+    Ok(verify)
 }
 
 /// The resource bounds from the flags, checked.
@@ -370,6 +410,41 @@ mod tests {
             "/b",
         ]);
         assert!(cli.is_err(), "both kinds of credentials");
+    }
+
+    /// Beyond loopback, X.509 asks for client certificates unless told
+    /// not to; on loopback it does not unless asked.
+    #[test]
+    fn client_certificates_are_required_beyond_loopback() {
+        let dir = std::path::Path::new("/nonexistent");
+        let verify = |extra: &[&str]| {
+            let mut v = vec!["--tls-certificates", "/nonexistent"];
+            v.extend_from_slice(extra);
+            verify_peer(&args(&v), dir).unwrap()
+        };
+        assert!(verify(&["--tcp", "0.0.0.0:10809"]));
+        assert!(verify(&["--tcp", "[::]:10809"]));
+        assert!(verify(&["--tcp", "192.0.2.1:10809"]));
+        assert!(!verify(&[
+            "--tcp",
+            "0.0.0.0:10809",
+            "--tls-verify-peer=off"
+        ]));
+        assert!(!verify(&[
+            "--tcp",
+            "0.0.0.0:10809",
+            "--tls-verify-peer",
+            "off"
+        ]));
+        assert!(!verify(&["--tcp", "127.0.0.1:10809"]));
+        assert!(!verify(&["--tcp"]));
+        assert!(!verify(&[]));
+        assert!(verify(&["--tcp", "127.0.0.1:10809", "--tls-verify-peer"]));
+        assert!(verify(&[
+            "--tcp",
+            "127.0.0.1:10809",
+            "--tls-verify-peer=on"
+        ]));
     }
 
     #[test]

@@ -147,6 +147,17 @@ impl Listener {
         })
     }
 
+    /// A Unix socket listener without TLS, over a socket the caller bound
+    /// (the daemon binds its sockets with mode 0600: `daemon/socket.rs`).
+    /// Call inside the runtime.
+    pub fn from_unix(l: std::os::unix::net::UnixListener) -> std::io::Result<Self> {
+        l.set_nonblocking(true)?;
+        UnixListener::from_std(l).map(|l| Listener {
+            socket: Socket::Unix(l),
+            tls: None,
+        })
+    }
+
     /// A TCP listener without TLS.
     pub async fn bind_tcp(addr: impl tokio::net::ToSocketAddrs) -> std::io::Result<Self> {
         TcpListener::bind(addr).await.map(|l| Listener {
