@@ -11,10 +11,13 @@
 //! faster than the volume takes is slowed by TCP back pressure (its socket
 //! is not read) rather than growing the daemon: requests in flight per
 //! connection, and bytes held for them (write payloads, read data,
-//! read-modify-write sectors) per connection and across all connections.
-//! A reply write or a write payload that makes no progress for the stall
-//! timeout ends the connection, so a client that stops reading its
-//! replies holds its buffers only that long.
+//! read-modify-write sectors, extents; see [`Action::buffer_bytes`]) per
+//! connection and across all connections, and for write payloads still
+//! arriving a share of the total. A reply write or a write payload that
+//! makes no progress for the stall timeout ends the connection, so a
+//! client that stops reading its replies holds its buffers only that long;
+//! one not through within the transfer timeout ends it too, so neither
+//! does a client that trickles a byte now and then.
 //!
 //! Byte-granular requests (from clients that did not negotiate block
 //! sizes) reach the volume, which takes whole 512-byte sectors, as: reads
