@@ -435,16 +435,15 @@ struct Admitted<S> {
 }
 
 /// Greeting and option haggling, with the TLS upgrade on NBD_OPT_STARTTLS;
-/// a client enters transmission only with a slot of `connections`.
+/// a client enters transmission only with a slot from `admit`.
 /// `Ok(None)`: the client aborted.
 async fn handshake_phase<S: PlainStream>(
     mut s: S,
     export: &ExportInfo,
     limits: HandshakeLimits,
     tls: Option<ListenerTls>,
-    connections: &Arc<Semaphore>,
+    admit: &mut impl FnMut() -> Option<OwnedSemaphorePermit>,
 ) -> Result<Option<Admitted<S>>, NbdError> {
-    let mut admit = || connections.clone().try_acquire_owned().ok();
     let flags = handshake::greet(&mut s).await?;
     let policy = match &tls {
         None => TlsPolicy::Off,
@@ -453,7 +452,7 @@ async fn handshake_phase<S: PlainStream>(
     };
     let mut neg = Negotiation::new(export.clone(), flags, policy);
     let mut seen = 0;
-    match handshake::haggle(&mut s, &mut neg, limits, &mut seen, &mut admit).await? {
+    match handshake::haggle(&mut s, &mut neg, limits, &mut seen, admit).await? {
         Step::Abort => return Ok(None),
         Step::Transmission(mode, slot) => {
             let stream = Negotiated::Plain(s);
@@ -469,7 +468,7 @@ async fn handshake_phase<S: PlainStream>(
     let (mut t, what) = tls.acceptor.accept(s).await?;
     info!("TLS up ({what})");
     neg.tls_started();
-    match handshake::haggle(&mut t, &mut neg, limits, &mut seen, &mut admit).await? {
+    match handshake::haggle(&mut t, &mut neg, limits, &mut seen, admit).await? {
         Step::Abort => Ok(None),
         Step::Transmission(mode, slot) => {
             let stream = Negotiated::Tls(t);
@@ -495,15 +494,19 @@ async fn negotiate<S: PlainStream, V: Volume>(
         option_bytes_max: cfg.max_option_bytes,
         options_max: cfg.max_options,
     };
+    let mut admit = || {
+        let slot = conn.connections.clone().try_acquire_owned().ok();
+        if slot.is_none() {
+            warn!(
+                "{peer}: not let into transmission, {} clients in it on this listener",
+                cfg.max_connections
+            );
+        }
+        slot
+    };
     let handshake = tokio::time::timeout(
         cfg.handshake_timeout,
-        handshake_phase(
-            s,
-            &conn.shared.export,
-            limits,
-            conn.tls.clone(),
-            &conn.connections,
-        ),
+        handshake_phase(s, &conn.shared.export, limits, conn.tls.clone(), &mut admit),
     );
     let negotiated = tokio::select! {
         biased;
