@@ -124,9 +124,15 @@ pub struct Args {
     /// volume is then readable and writable by anyone who can reach it.
     #[arg(long)]
     insecure: bool,
-    /// Clients connected at once; more are closed at once.
+    /// Clients served at once on each listener (the Unix socket and the
+    /// TCP address have their own); a client beyond it is refused when it
+    /// asks to enter transmission.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65536))]
     max_connections: u32,
+    /// Handshakes under way at once on each listener; connections beyond
+    /// it are closed at once. A handshake holds no served client's slot.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    max_handshakes: u32,
     /// Largest read or write one request may carry (multiple of 512).
     #[arg(long, default_value = "64M", value_parser = parse_bytes)]
     max_request_size: u64,
@@ -152,6 +158,11 @@ pub struct Args {
     /// origin at all; in writethrough it fails after this long.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     origin_timeout: u64,
+    /// Seconds one write payload, or one reply, may take on the socket in
+    /// total before the connection is closed, however it progresses
+    /// (clients that trickle a byte now and then).
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
+    transfer_timeout: u64,
     /// Serve Prometheus metrics at http://ADDR/metrics (loopback port 9617
     /// when given alone).
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:9617")]
@@ -255,8 +266,10 @@ fn server_limits(a: &Args) -> Result<ServerConfig> {
         max_buffered_bytes_per_conn: per_conn,
         max_buffered_bytes_total: a.total_buffer,
         max_connections: a.max_connections as usize,
+        max_handshakes: a.max_handshakes as usize,
         handshake_timeout: Duration::from_secs(a.handshake_timeout),
         stall_timeout: Duration::from_secs(a.stall_timeout),
+        transfer_timeout: Duration::from_secs(a.transfer_timeout),
         ..ServerConfig::default()
     })
 }
@@ -454,6 +467,14 @@ mod tests {
         assert_eq!(c.max_request_bytes, 64 << 20);
         assert_eq!(c.max_buffered_bytes_per_conn, 128 << 20);
         assert_eq!(c.max_buffered_bytes_total, 512 << 20);
+        assert_eq!((c.max_connections, c.max_handshakes), (64, 64));
+        assert_eq!(c.transfer_timeout, Duration::from_secs(120));
+        let c = lim(&["--max-handshakes", "3", "--transfer-timeout", "2"]).unwrap();
+        assert_eq!(c.max_handshakes, 3);
+        assert_eq!(c.transfer_timeout, Duration::from_secs(2));
+        let cli =
+            super::super::Cli::try_parse_from(["tiercache", "serve", "--transfer-timeout", "0"]);
+        assert!(cli.is_err(), "a transfer timeout of 0");
         assert!(lim(&["--max-request-size", "1000"]).is_err());
         assert!(lim(&["--conn-buffer", "1M"]).is_err());
         assert!(lim(&["--total-buffer", "64M"]).is_err());
