@@ -572,12 +572,6 @@ fn pipelined_gigabyte_cache_requests_stay_within_the_buffers() {
             .args(["serve", "--total-buffer", "32M", "--conn-buffer", "32M"])
             .args(["--max-request-size", "1M", "--io-threads", "4"])
             .env("TIERCACHE_STATE_DIR", setup.state())
-            // glibc raises its mmap threshold to the largest buffer freed,
-            // then keeps freed request buffers in its arenas: without this
-            // the same run peaked at 433 MiB for 32 MiB in use. That is
-            // the allocator's, not the server's (docs/nbd.md, "Resource
-            // bounds"); this test bounds what the server holds.
-            .env("MALLOC_MMAP_THRESHOLD_", "262144")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
