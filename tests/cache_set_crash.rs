@@ -283,6 +283,9 @@ impl Machine {
             .map_err(|e| format!("geometry: {e}"))?;
         let set = CacheSet::format(self.member_refs(case.lost), g, SET_ID)
             .map_err(|e| format!("format: {e}"))?;
+        // One thread: the loss is seen, and the crash armed, at the same
+        // event in every replay.
+        set.write_copies_in_turn();
         let set: DeviceRef = Arc::new(set);
         let origin: DeviceRef = self.origin.clone();
         let create = CreateOptions {

@@ -182,6 +182,96 @@ fn stuck_handshake_times_out() {
     check_healthy(&server);
 }
 
+/// Sends NBD_OPT_GO; returns the final reply's type and its data.
+fn go(c: &mut RawClient) -> (u32, Vec<u8>) {
+    c.send_option(proto::OPT_GO, &RawClient::info_data("", &[]));
+    loop {
+        let (opt, t, d) = c.read_option_reply();
+        assert_eq!(opt, proto::OPT_GO);
+        if t != proto::REP_INFO {
+            return (t, d);
+        }
+    }
+}
+
+#[test]
+fn handshakes_and_served_clients_have_their_own_slots() {
+    let mut config = TestServer::test_config();
+    config.max_connections = 1;
+    config.max_handshakes = 2;
+    let server = TestServer::start(SIZE, config);
+    // Two handshakes under way, though one client may be served: a
+    // handshake takes no transmission slot.
+    let mut a = server.client();
+    a.read_hello();
+    a.s.write_all(&3u32.to_be_bytes()).unwrap();
+    let mut b = server.client();
+    b.read_hello();
+    b.s.write_all(&3u32.to_be_bytes()).unwrap();
+    // A third connection finds the handshake slots taken: closed at once.
+    let mut c = server.client();
+    c.expect_closed();
+    // The first to ask enters transmission; the second is told why not
+    // (NBD_REP_ERR_POLICY, as nbd-server) and may go on haggling.
+    assert_eq!(go(&mut a).0, proto::REP_ACK);
+    let (t, msg) = go(&mut b);
+    assert_eq!(t, proto::REP_ERR_POLICY);
+    assert!(String::from_utf8_lossy(&msg).contains("too many clients"));
+    // NBD_OPT_EXPORT_NAME has no error reply: the connection is closed.
+    let mut d = server.client();
+    d.read_hello();
+    d.s.write_all(&3u32.to_be_bytes()).unwrap();
+    d.send_option(proto::OPT_EXPORT_NAME, b"");
+    d.expect_closed();
+    // Once the served client leaves, the waiting one gets in.
+    a.send_request(proto::CMD_DISC, 0, 1, 0, 0);
+    a.expect_closed();
+    let t0 = Instant::now();
+    while go(&mut b).0 != proto::REP_ACK {
+        assert!(t0.elapsed() < Duration::from_secs(5), "slot never freed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (e, _) = b.read(7, 0, 4096);
+    assert_eq!(e, 0);
+}
+
+/// True once the server has closed its end, even with its data unread.
+fn peer_closed(s: &std::os::unix::net::UnixStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut p = libc::pollfd {
+        fd: s.as_raw_fd(),
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one pollfd, valid for the call, which does not wait.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n == 1 && p.revents & (libc::POLLRDHUP | libc::POLLHUP) != 0
+}
+
+#[test]
+fn a_reply_read_a_byte_at_a_time_is_cut_off_at_the_transfer_timeout() {
+    let mut config = TestServer::test_config();
+    config.transfer_timeout = Duration::from_secs(1);
+    config.stall_timeout = Duration::from_secs(60);
+    let server = TestServer::start(SIZE, config);
+    let mut c = server.client();
+    c.handshake(false);
+    c.send_request(proto::CMD_READ, 0, 1, 0, 1 << 20);
+    // A byte every 5 ms: progress, so the stall timer never fires.
+    let t = Instant::now();
+    let mut got = 0;
+    while !peer_closed(&c.s) {
+        let mut b = [0u8; 1];
+        got += c.s.read(&mut b).unwrap();
+        assert!(t.elapsed() < Duration::from_secs(10), "still open");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let took = t.elapsed();
+    assert!(took >= Duration::from_millis(900), "closed after {took:?}");
+    assert!(got < 1 << 20, "the whole reply was read: {got} bytes");
+    check_healthy(&server);
+}
+
 #[test]
 fn bad_requests() {
     use proto::*;

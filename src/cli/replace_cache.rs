@@ -65,8 +65,10 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         bar.finish_and_clear();
     }
     result?;
-    let updated = entry.with_cache_replaced(&paths[member], &new);
-    reg.add(&updated)?;
+    // The entry as it is now: a failover recorded during the rebuild stays.
+    reg.update(&entry.name, |e| {
+        *e = e.with_cache_replaced(&paths[member], &new)
+    })?;
     let status = opened.target.status()?;
     opened.finish()?;
     println!(

@@ -8,8 +8,11 @@
 //! Network safety: TLS on the TCP listener (`--tls-certificates` or
 //! `--tls-psk`; required by default once credentials are given), and a
 //! TCP listener on anything but loopback without required TLS is refused
-//! unless `--insecure` says the operator means it. The Unix socket is for
-//! local clients and stays plaintext.
+//! unless `--insecure` says the operator means it. Beyond loopback, X.509
+//! also asks clients for certificates unless `--tls-verify-peer=off`: a
+//! server certificate alone lets any client that completes an anonymous
+//! handshake read and write the volume. The Unix socket is for local
+//! clients (mode 0600) and stays plaintext.
 
 use std::net::ToSocketAddrs;
 use std::path::PathBuf;
@@ -104,16 +107,32 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     tls_psk: Option<PathBuf>,
     /// With --tls-certificates: clients must present a certificate signed
-    /// by ca-cert.pem.
-    #[arg(long, requires = "tls_certificates")]
-    tls_verify_peer: bool,
+    /// by ca-cert.pem (and not revoked by ca-crl.pem, when the directory
+    /// has one). Default: on when --tcp binds beyond loopback (0.0.0.0, a
+    /// LAN address), off on loopback; =off turns it off explicitly, and
+    /// then any client that completes a TLS handshake may use the volume.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "on|off",
+        num_args = 0..=1,
+        default_missing_value = "on",
+        requires = "tls_certificates"
+    )]
+    tls_verify_peer: Option<OnOff>,
     /// Allow --tcp on a non-loopback address without --tls=require: the
     /// volume is then readable and writable by anyone who can reach it.
     #[arg(long)]
     insecure: bool,
-    /// Clients connected at once; more are closed at once.
+    /// Clients served at once on each listener (the Unix socket and the
+    /// TCP address have their own); a client beyond it is refused when it
+    /// asks to enter transmission.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65536))]
     max_connections: u32,
+    /// Handshakes under way at once on each listener; connections beyond
+    /// it are closed at once. A handshake holds no served client's slot.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    max_handshakes: u32,
     /// Largest read or write one request may carry (multiple of 512).
     #[arg(long, default_value = "64M", value_parser = parse_bytes)]
     max_request_size: u64,
@@ -139,6 +158,11 @@ pub struct Args {
     /// origin at all; in writethrough it fails after this long.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     origin_timeout: u64,
+    /// Seconds one write payload, or one reply, may take on the socket in
+    /// total before the connection is closed, however it progresses
+    /// (clients that trickle a byte now and then).
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
+    transfer_timeout: u64,
     /// Serve Prometheus metrics at http://ADDR/metrics (loopback port 9617
     /// when given alone).
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:9617")]
@@ -147,6 +171,13 @@ pub struct Args {
     /// 9618 when given alone); it serves /metrics too.
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:9618")]
     http: Option<String>,
+}
+
+/// `--tls-verify-peer` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnOff {
+    On,
+    Off,
 }
 
 /// `--tls` values (nbdkit's names).
@@ -167,7 +198,7 @@ fn tls_setup(a: &Args) -> Result<Option<(TlsAcceptor, bool)>> {
     let creds = match (&a.tls_certificates, &a.tls_psk) {
         (Some(dir), None) => Some(ServerCredentials::Certificates {
             dir: dir.clone(),
-            verify_peer: a.tls_verify_peer,
+            verify_peer: verify_peer(a, dir)?,
         }),
         (None, Some(file)) => Some(ServerCredentials::Psk { file: file.clone() }),
         (None, None) => None,
@@ -194,6 +225,26 @@ fn tls_setup(a: &Args) -> Result<Option<(TlsAcceptor, bool)>> {
     Ok(Some((acceptor, mode == TlsMode::Require)))
 }
 
+/// Whether X.509 clients must present certificates: as asked, else
+/// beyond loopback only (the bind address decides: 0.0.0.0 is beyond).
+fn verify_peer(a: &Args, dir: &std::path::Path) -> Result<bool> {
+    let beyond_loopback = match &a.tcp {
+        Some(addr) => !is_loopback(addr)?,
+        None => false,
+    };
+    let verify = match a.tls_verify_peer {
+        Some(v) => v == OnOff::On,
+        None => beyond_loopback,
+    };
+    if !verify && dir.join("ca-crl.pem").exists() {
+        log::warn!(
+            "{}: not used: client certificates are not verified (--tls-verify-peer=on uses it)",
+            dir.join("ca-crl.pem").display()
+        );
+    }
+    Ok(verify)
+}
+
 /// The resource bounds from the flags, checked.
 fn server_limits(a: &Args) -> Result<ServerConfig> {
     let to_u32 = |v: u64, flag: &str| {
@@ -215,8 +266,10 @@ fn server_limits(a: &Args) -> Result<ServerConfig> {
         max_buffered_bytes_per_conn: per_conn,
         max_buffered_bytes_total: a.total_buffer,
         max_connections: a.max_connections as usize,
+        max_handshakes: a.max_handshakes as usize,
         handshake_timeout: Duration::from_secs(a.handshake_timeout),
         stall_timeout: Duration::from_secs(a.stall_timeout),
+        transfer_timeout: Duration::from_secs(a.transfer_timeout),
         ..ServerConfig::default()
     })
 }
@@ -372,6 +425,41 @@ mod tests {
         assert!(cli.is_err(), "both kinds of credentials");
     }
 
+    /// Beyond loopback, X.509 asks for client certificates unless told
+    /// not to; on loopback it does not unless asked.
+    #[test]
+    fn client_certificates_are_required_beyond_loopback() {
+        let dir = std::path::Path::new("/nonexistent");
+        let verify = |extra: &[&str]| {
+            let mut v = vec!["--tls-certificates", "/nonexistent"];
+            v.extend_from_slice(extra);
+            verify_peer(&args(&v), dir).unwrap()
+        };
+        assert!(verify(&["--tcp", "0.0.0.0:10809"]));
+        assert!(verify(&["--tcp", "[::]:10809"]));
+        assert!(verify(&["--tcp", "192.0.2.1:10809"]));
+        assert!(!verify(&[
+            "--tcp",
+            "0.0.0.0:10809",
+            "--tls-verify-peer=off"
+        ]));
+        assert!(!verify(&[
+            "--tcp",
+            "0.0.0.0:10809",
+            "--tls-verify-peer",
+            "off"
+        ]));
+        assert!(!verify(&["--tcp", "127.0.0.1:10809"]));
+        assert!(!verify(&["--tcp"]));
+        assert!(!verify(&[]));
+        assert!(verify(&["--tcp", "127.0.0.1:10809", "--tls-verify-peer"]));
+        assert!(verify(&[
+            "--tcp",
+            "127.0.0.1:10809",
+            "--tls-verify-peer=on"
+        ]));
+    }
+
     #[test]
     fn limits_are_checked() {
         let lim = |extra: &[&str]| server_limits(&args(extra));
@@ -379,6 +467,14 @@ mod tests {
         assert_eq!(c.max_request_bytes, 64 << 20);
         assert_eq!(c.max_buffered_bytes_per_conn, 128 << 20);
         assert_eq!(c.max_buffered_bytes_total, 512 << 20);
+        assert_eq!((c.max_connections, c.max_handshakes), (64, 64));
+        assert_eq!(c.transfer_timeout, Duration::from_secs(120));
+        let c = lim(&["--max-handshakes", "3", "--transfer-timeout", "2"]).unwrap();
+        assert_eq!(c.max_handshakes, 3);
+        assert_eq!(c.transfer_timeout, Duration::from_secs(2));
+        let cli =
+            super::super::Cli::try_parse_from(["tiercache", "serve", "--transfer-timeout", "0"]);
+        assert!(cli.is_err(), "a transfer timeout of 0");
         assert!(lim(&["--max-request-size", "1000"]).is_err());
         assert!(lim(&["--conn-buffer", "1M"]).is_err());
         assert!(lim(&["--total-buffer", "64M"]).is_err());

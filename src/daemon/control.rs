@@ -5,6 +5,8 @@
 //! `set-writeback`, `set-admission`, `set-policy` and `detach` given for a
 //! served cache travel this way,
 //! so they act on the live engine and print what they print offline.
+//! Who may connect, how many at once and for how long:
+//! `control_listener.rs`.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
@@ -52,7 +54,7 @@ pub enum ControlError {
 type Result<T> = std::result::Result<T, ControlError>;
 
 /// Longest request line accepted.
-const MAX_REQUEST_BYTES: u64 = 64 * 1024;
+pub const MAX_REQUEST_BYTES: u64 = 64 * 1024;
 /// Least time between two progress lines of a flush.
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(100);
 
@@ -136,9 +138,23 @@ fn send(out: &mut UnixStream, resp: &Response) -> std::io::Result<()> {
     out.write_all(text.as_bytes())
 }
 
-/// True if a daemon answers on `path`.
+/// True if a daemon answers on `path`. A socket this user may not connect
+/// to counts: a daemon may be behind it, and a command must not open the
+/// cache beside it (it then fails to connect, saying why).
 pub fn daemon_listening(path: &Path) -> bool {
-    UnixStream::connect(path).is_ok()
+    match UnixStream::connect(path) {
+        Ok(_) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::PermissionDenied,
+    }
+}
+
+/// An error answer as one line, for a connection refused before its
+/// request was read (`control_listener.rs`).
+pub(super) fn refusal_line(why: &str) -> String {
+    let mut line = serde_json::to_string(&Response::result(Err(why.to_string())))
+        .unwrap_or_else(|_| "{\"ok\":false}".into());
+    line.push('\n');
+    line
 }
 
 /// Sends one request to the daemon and returns its response.
@@ -161,7 +177,9 @@ pub fn call_with_progress(
         source,
     })?;
     line.push('\n');
-    s.write_all(line.as_bytes()).map_err(ControlError::Send)?;
+    // A daemon that refuses the connection (control_listener.rs) answers
+    // and closes before reading: the write may fail, and the answer says why.
+    let sent = s.write_all(line.as_bytes());
     let mut reader = BufReader::new(s);
     loop {
         let mut reply = String::new();
@@ -170,7 +188,10 @@ pub fn call_with_progress(
             .read_line(&mut reply)
             .map_err(ControlError::Receive)?;
         if n == 0 {
-            return Err(ControlError::Closed);
+            return Err(match sent {
+                Err(e) => ControlError::Send(e),
+                Ok(()) => ControlError::Closed,
+            });
         }
         let resp: Response = serde_json::from_str(&reply).map_err(|source| ControlError::Json {
             what: "decoding",
@@ -190,12 +211,14 @@ pub fn call_with_progress(
 }
 
 /// A progress callback that sends progress lines, at most one per
-/// `PROGRESS_INTERVAL` (and the last); a client that went away does not
-/// stop the work.
+/// `PROGRESS_INTERVAL` (and the last); a client that went away or stopped
+/// reading (a write timed out) does not stop the work, and is sent no
+/// more lines, so the work never waits on it again.
 fn progress_lines(out: &mut UnixStream) -> impl FnMut(u64, u64) + '_ {
     let mut last = Instant::now() - PROGRESS_INTERVAL;
+    let mut failed = false;
     move |done: u64, total: u64| {
-        if last.elapsed() >= PROGRESS_INTERVAL || done == total {
+        if !failed && (last.elapsed() >= PROGRESS_INTERVAL || done == total) {
             last = Instant::now();
             let line = Response {
                 ok: true,
@@ -204,27 +227,33 @@ fn progress_lines(out: &mut UnixStream) -> impl FnMut(u64, u64) + '_ {
                 progress: Some([done, total]),
                 frontends: None,
             };
-            let _ = send(out, &line);
+            failed = send(out, &line).is_err();
         }
     }
 }
 
-/// Answers one connection. `on_detach` is called after a detach succeeds.
-pub fn handle(engine: &Arc<Engine>, served: &Served, stream: UnixStream, on_detach: &dyn Fn()) {
-    let mut reader = BufReader::new(match stream.try_clone() {
-        Ok(s) => s,
-        Err(_) => return,
-    })
-    .take(MAX_REQUEST_BYTES);
-    let mut line = String::new();
-    if reader.read_line(&mut line).is_err() {
-        return;
-    }
+/// Answers the request `line` read from a connection (its writes time
+/// out: `control_listener.rs`). `on_detach` is called after a detach
+/// succeeds.
+pub fn answer(
+    engine: &Arc<Engine>,
+    served: &Served,
+    line: &str,
+    stream: UnixStream,
+    on_detach: &dyn Fn(),
+) {
     let mut out = stream;
-    let (resp, detached) = match serde_json::from_str::<Request>(&line) {
+    let (resp, detached) = match serde_json::from_str::<Request>(line) {
         Err(e) => (Response::result(Err(format!("bad request: {e}"))), false),
         Ok(req) => {
-            log::info!("control request: {req:?}");
+            match super::socket::peer(&out) {
+                Ok(p) => log::info!(
+                    "control request from uid {} (pid {}): {req:?}",
+                    p.uid,
+                    p.pid
+                ),
+                Err(_) => log::info!("control request: {req:?}"),
+            }
             let status_request = matches!(req, Request::Status);
             let (result, detached) = carry_out(engine, served, req, &mut out);
             let resp = Response {

@@ -3,14 +3,18 @@
 //! talk to while a cache is served (`control`), and the daemon's life from
 //! opening the cache to its clean shutdown (`run`), and what it serves on
 //! with the guard against tearing down a device in use (`frontends`), and
-//! systemd's readiness notification (`notify`). The binary's `serve`
+//! systemd's readiness notification (`notify`); its sockets are its user's
+//! alone (`socket`), the control socket's peers checked and bounded
+//! (`control_listener`). The binary's `serve`
 //! only turns flags into a [`run::DaemonConfig`].
 
 pub mod control;
+pub mod control_listener;
 pub mod frontends;
 pub mod notify;
 pub mod registry;
 pub mod run;
+pub mod socket;
 
 pub use frontends::Frontends;
 pub use registry::{Entry, Registry, RegistryError};

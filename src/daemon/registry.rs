@@ -1,13 +1,18 @@
 //! The registry of named caches, so commands need no device arguments (as
 //! casadm cache ids or LVM names).
 //!
-//! Layout of the state directory:
+//! Layout of the state directory (mode 0755 at most: the daemon runs as
+//! root and opens the devices the entries name, so no one else may write
+//! here; `prepare` refuses a directory others can write):
 //! - `caches/<name>.json`: one [`Entry`] per cache, written atomically
-//!   (temporary file, fsync, rename).
+//!   (a temporary file of a name no other writer uses, fsync, rename)
+//!   under `caches/.lock`, so writers never share a temporary file and a
+//!   read-modify-write ([`Registry::update`]) never loses another's change.
 //! - `<name>.lock`: held (flock) by whichever process uses the cache, so two
-//!   commands never open the same cache at once.
+//!   commands never open the same cache at once. Mode 0600: a user who
+//!   could open it could hold its lock and keep the cache from opening.
 //! - `<name>.sock`: the control socket of the daemon serving the cache
-//!   (`control.rs`); `<name>.nbd`: its NBD socket.
+//!   (`control.rs`); `<name>.nbd`: its NBD socket. Both 0600 (`socket.rs`).
 
 use std::fs::{self, File};
 use std::io::Write;
@@ -68,6 +73,21 @@ pub enum RegistryError {
     /// A path that is not UTF-8 (entries are JSON strings).
     #[error("path {} is not valid UTF-8", .0.display())]
     NotUtf8(PathBuf),
+    /// The state directory can be written by other users, who could then
+    /// change which devices the daemon opens, or replace its sockets.
+    #[error(
+        "state directory {} belongs to uid {owner} with mode {mode:04o}: other users could \
+         change the registry or replace the sockets in it; it must belong to root or to uid \
+         {euid} and be writable by its owner only (chmod go-w {})",
+        dir.display(),
+        dir.display()
+    )]
+    NotPrivate {
+        dir: PathBuf,
+        owner: u32,
+        mode: u32,
+        euid: u32,
+    },
 }
 
 fn unknown_message(name: &str, registered: &[String], dir: &Path) -> String {
@@ -89,6 +109,52 @@ type Result<T> = std::result::Result<T, RegistryError>;
 fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> RegistryError {
     let path = path.to_path_buf();
     move |source| RegistryError::Io { what, path, source }
+}
+
+fn effective_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Where crash logs go instead of `/dev/shm/tiercache-<uid>`: a directory
+/// of this user's alone (the crash log checks it), e.g. a tmpfs of the
+/// operator's choosing.
+pub const CRASH_LOG_DIR_ENV: &str = "TIERCACHE_CRASH_LOG_DIR";
+
+/// Makes `dir` and its missing parents, mode 0755 whatever the umask (a
+/// umask of 0 would otherwise leave them writable by anyone).
+fn make_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)
+}
+
+/// Opens (creating) a lock file, mode 0600: whoever can open a file can
+/// flock it, and so keep the cache (or the registry) from being used.
+fn open_lock_file(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let file = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
+    if file.metadata()?.permissions().mode() & 0o077 != 0 {
+        // Made by an older tiercache, which left the mode to the umask.
+        file.set_permissions(fs::Permissions::from_mode(0o600))?;
+    }
+    Ok(file)
+}
+
+/// A temporary file name in the registry that no other writer uses: this
+/// process's id and a counter.
+fn unique_tmp_name(stem: &str) -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!(".{stem}.{}.{n}.tmp", std::process::id())
 }
 
 /// The name `create` uses when none is given.
@@ -195,42 +261,57 @@ impl Registry {
 
     /// Where the cache's crash log lives (engine/journal/crash_log.rs): shared
     /// memory, which outlives a killed daemon but not the machine, and is
-    /// never written back to a disk; a directory per user (mode 0700).
-    /// Named after this state directory too, so two state directories'
-    /// caches of one name never share it.
-    /// Falls back to the state directory where /dev/shm is missing.
+    /// never written back to a disk; a directory per user (mode 0700, its
+    /// owner checked when the log is opened). Named after this state
+    /// directory too, so two state directories' caches of one name never
+    /// share it. `TIERCACHE_CRASH_LOG_DIR` names another directory; where
+    /// /dev/shm is missing, `<state-dir>/crash-logs/`.
     pub fn crash_log_path(&self, name: &str) -> PathBuf {
-        let Some(shm) = Self::shm_dir() else {
-            return self.dir.join(format!("{name}.crashlog"));
-        };
-        let dir = fs::canonicalize(&self.dir).unwrap_or_else(|_| self.dir.clone());
-        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in dir.as_os_str().as_encoded_bytes() {
-            hash = (hash ^ *b as u64).wrapping_mul(0x100_0000_01b3);
+        match Self::shared_crash_log_dir() {
+            Some(dir) => dir.join(self.crash_log_file_name(name)),
+            None => self.dir.join("crash-logs").join(format!("{name}.crashlog")),
         }
-        shm.join(format!("{hash:016x}-{name}.crashlog"))
     }
 
-    /// This user's directory of crash logs in shared memory, if there is
-    /// shared memory.
-    fn shm_dir() -> Option<PathBuf> {
+    /// The name of the cache's crash log in a directory shared by state
+    /// directories: a hash of this state directory's path, and the name.
+    pub fn crash_log_file_name(&self, name: &str) -> String {
+        let state = fs::canonicalize(&self.dir).unwrap_or_else(|_| self.dir.clone());
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in state.as_os_str().as_encoded_bytes() {
+            hash = (hash ^ *b as u64).wrapping_mul(0x100_0000_01b3);
+        }
+        format!("{hash:016x}-{name}.crashlog")
+    }
+
+    /// This user's directory of crash logs shared by state directories:
+    /// `TIERCACHE_CRASH_LOG_DIR`, else `/dev/shm/tiercache-<euid>` if there
+    /// is shared memory.
+    fn shared_crash_log_dir() -> Option<PathBuf> {
+        if let Some(dir) = std::env::var_os(CRASH_LOG_DIR_ENV).filter(|d| !d.is_empty()) {
+            return Some(PathBuf::from(dir));
+        }
         let shm = Path::new("/dev/shm");
-        // SAFETY: getuid has no preconditions and cannot fail.
-        let uid = unsafe { libc::getuid() };
+        let uid = effective_uid();
         shm.is_dir().then(|| shm.join(format!("tiercache-{uid}")))
     }
 
-    /// Every crash log file this user's caches may have left: in shared
-    /// memory (any state directory's), and in this state directory (where
-    /// /dev/shm is missing). For `check --cache DEV`, which knows no name.
+    /// Every crash log file this user's caches may have left: in the shared
+    /// directory (any state directory's), and in this state directory
+    /// (where /dev/shm is missing; the top level is where older versions
+    /// kept them). For `check --cache DEV`, which knows no name. Only
+    /// regular files, and only from a shared directory that is this
+    /// user's alone: another user's files are not read.
     pub fn crash_log_files(&self) -> Vec<PathBuf> {
-        let mut files: Vec<PathBuf> = Self::shm_dir()
+        let shared = Self::shared_crash_log_dir().filter(|d| private_dir(d));
+        let mut files: Vec<PathBuf> = shared
             .into_iter()
-            .chain([self.dir.clone()])
+            .chain([self.dir.join("crash-logs"), self.dir.clone()])
             .filter_map(|d| fs::read_dir(d).ok())
             .flatten()
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| p.extension().is_some_and(|x| x == "crashlog"))
+            .filter(|p| fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_file()))
             .collect();
         files.sort();
         files
@@ -267,6 +348,13 @@ impl Registry {
 
     /// The cache a command acts on: the one named, or else the only one.
     pub fn resolve(&self, name: Option<&str>) -> Result<Entry> {
+        // An entry names devices that root opens: not from a directory
+        // that others may write.
+        for d in [&self.dir, &self.caches_dir()] {
+            if d.exists() {
+                check_not_shared(d)?;
+            }
+        }
         if let Some(name) = name {
             validate_name(name)?;
             if let Some(e) = self.get(name)? {
@@ -295,12 +383,16 @@ impl Registry {
     }
 
     /// Creates the state directory if needed and checks it can be written,
-    /// so `create` finds out before it formats a device.
+    /// and by no one else, so `create` finds out before it formats a
+    /// device.
     pub fn prepare(&self) -> Result<()> {
         let dir = self.caches_dir();
-        fs::create_dir_all(&dir).map_err(io_err("cannot create state directory", &dir))?;
-        let probe = dir.join(".write-test");
-        File::create(&probe).map_err(|source| RegistryError::NotWritable {
+        make_dir(&dir).map_err(io_err("cannot create state directory", &dir))?;
+        for d in [&self.dir, &dir] {
+            check_not_shared(d)?;
+        }
+        let probe = dir.join(unique_tmp_name("write-test"));
+        File::create_new(&probe).map_err(|source| RegistryError::NotWritable {
             dir: dir.clone(),
             source,
         })?;
@@ -308,25 +400,65 @@ impl Registry {
         Ok(())
     }
 
-    /// Writes an entry (replacing one of the same name).
-    pub fn add(&self, entry: &Entry) -> Result<()> {
-        self.prepare()?;
+    /// Holds the registry's lock (`caches/.lock`) until dropped: its
+    /// writers take turns, so a read-modify-write sees the last write.
+    fn write_lock(&self) -> Result<File> {
+        let path = self.caches_dir().join(".lock");
+        let file = open_lock_file(&path).map_err(io_err("cannot open lock file", &path))?;
+        file.lock().map_err(io_err("cannot lock", &path))?;
+        Ok(file)
+    }
+
+    /// Writes `entry` with the registry's lock held: a temporary file of
+    /// its own, fsync, rename, fsync of the directory.
+    fn write_locked(&self, entry: &Entry) -> Result<()> {
+        use std::os::unix::fs::OpenOptionsExt;
         let path = self.entry_path(&entry.name);
-        let tmp = self.caches_dir().join(format!(".{}.json.tmp", entry.name));
+        let tmp = self.caches_dir().join(unique_tmp_name(&entry.name));
         let mut json = serde_json::to_string_pretty(entry).map_err(RegistryError::Encode)?;
         json.push('\n');
         let write = || -> std::io::Result<()> {
-            let mut f = File::create(&tmp)?;
+            let mut f = File::options()
+                .write(true)
+                .create_new(true)
+                .mode(0o644)
+                .open(&tmp)?;
             f.write_all(json.as_bytes())?;
             f.sync_all()?;
             fs::rename(&tmp, &path)?;
             // The rename is durable once the directory is.
             File::open(self.caches_dir())?.sync_all()
         };
-        write().map_err(io_err("writing", &path))
+        let result = write().map_err(io_err("writing", &path));
+        if result.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        result
+    }
+
+    /// Writes an entry (replacing one of the same name).
+    pub fn add(&self, entry: &Entry) -> Result<()> {
+        self.prepare()?;
+        let _lock = self.write_lock()?;
+        self.write_locked(entry)
+    }
+
+    /// Changes the entry `name` as it is now (read under the registry's
+    /// lock), not as some earlier reader saw it; returns the entry
+    /// written, or `None` if there is no such entry (it was removed).
+    pub fn update(&self, name: &str, change: impl FnOnce(&mut Entry)) -> Result<Option<Entry>> {
+        self.prepare()?;
+        let _lock = self.write_lock()?;
+        let Some(mut entry) = self.get(name)? else {
+            return Ok(None);
+        };
+        change(&mut entry);
+        self.write_locked(&entry)?;
+        Ok(Some(entry))
     }
 
     pub fn remove(&self, name: &str) -> Result<()> {
+        let _lock = self.write_lock()?;
         let path = self.entry_path(name);
         fs::remove_file(&path).map_err(io_err("removing", &path))?;
         if let Ok(d) = File::open(self.caches_dir()) {
@@ -338,15 +470,9 @@ impl Registry {
     /// Takes the cache's lock without waiting: another process using the
     /// same cache is an error, not something to queue behind.
     pub fn lock(&self, name: &str) -> Result<Lock> {
-        fs::create_dir_all(&self.dir)
-            .map_err(io_err("cannot create state directory", &self.dir))?;
+        make_dir(&self.dir).map_err(io_err("cannot create state directory", &self.dir))?;
         let path = self.dir.join(format!("{name}.lock"));
-        let file = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(io_err("cannot open lock file", &path))?;
+        let file = open_lock_file(&path).map_err(io_err("cannot open lock file", &path))?;
         match file.try_lock() {
             Ok(()) => Ok(Lock { _file: file }),
             Err(fs::TryLockError::WouldBlock) => Err(RegistryError::InUse {
@@ -356,6 +482,31 @@ impl Registry {
             Err(fs::TryLockError::Error(e)) => Err(io_err("cannot lock", &path)(e)),
         }
     }
+}
+
+/// True if `dir` is a directory (not a symlink) of this user's that no one
+/// else may write in (as the crash log checks it).
+fn private_dir(dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    fs::symlink_metadata(dir)
+        .is_ok_and(|m| m.is_dir() && m.uid() == effective_uid() && m.mode() & 0o022 == 0)
+}
+
+/// Refuses a state directory that others may write (sticky or not: the
+/// registry's files are replaced by rename).
+fn check_not_shared(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let m = fs::metadata(dir).map_err(io_err("checking", dir))?;
+    let euid = effective_uid();
+    if (m.uid() != 0 && m.uid() != euid) || m.mode() & 0o022 != 0 {
+        return Err(RegistryError::NotPrivate {
+            dir: dir.to_path_buf(),
+            owner: m.uid(),
+            mode: m.mode() & 0o7777,
+            euid,
+        });
+    }
+    Ok(())
 }
 
 fn read_entry(path: &Path) -> Result<Entry> {
@@ -370,22 +521,27 @@ fn read_entry(path: &Path) -> Result<Entry> {
 /// on, and makes the engine set it again if the cache fails over.
 pub fn record_distrust(reg: &Registry, entry: &Entry, engine: &Engine) -> Result<()> {
     if entry.distrust_clean {
-        reg.add(&Entry {
-            distrust_clean: false,
-            ..entry.clone()
-        })?;
+        reg.update(&entry.name, |e| e.distrust_clean = false)?;
     }
     let dir = reg.dir().to_path_buf();
-    let marked = Entry {
-        distrust_clean: true,
-        ..entry.clone()
-    };
+    let name = entry.name.clone();
     engine.on_failover(Box::new(move || {
-        if let Err(e) = Registry::new(dir.clone()).add(&marked) {
-            log::error!("could not record the failover in the registry: {e}");
-        }
+        record_failover(&Registry::new(dir.clone()), &name)
     }));
     Ok(())
+}
+
+/// The failover hook's work: marks the cache's entry as it is now (a
+/// `replace-cache` since the open has changed it) to distrust its clean
+/// blocks at the next open. Never writes back an older copy of the entry.
+pub fn record_failover(reg: &Registry, name: &str) {
+    match reg.update(name, |e| e.distrust_clean = true) {
+        Ok(Some(_)) => {}
+        Ok(None) => {
+            log::warn!("cache '{name}' failed over but is no longer registered: nothing to record")
+        }
+        Err(e) => log::error!("could not record the failover in the registry: {e}"),
+    }
 }
 
 /// Names become file names: letters, digits, '-', '_' and '.', not starting

@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::control;
 use super::frontends::{Frontends, Served};
 use super::notify::{notify_or_log, READY, STOPPING};
 use super::registry::{self, Registry, RegistryError};
+use super::{control, control_listener, socket};
 use crate::device::{open_device, DeviceError};
 use crate::engine::async_engine::AsyncEngine;
 use crate::engine::{CreateOptions, Engine, EngineError, OpenOptions};
@@ -233,6 +233,8 @@ pub fn run(reg: &Registry, cfg: DaemonConfig) -> Result<()> {
     if cfg!(not(feature = "ublk")) && cfg.ublk.is_some() {
         return Err(DaemonError::NoUblk);
     }
+    // Before the registry is read: one that others may write is refused.
+    reg.prepare()?;
     let opened = open(reg, &cfg.source);
     if let (Err(e), Some(u)) = (&opened, &cfg.ublk) {
         ublk_left_waiting(u.dev_id, e);
@@ -242,7 +244,6 @@ pub fn run(reg: &Registry, cfg: DaemonConfig) -> Result<()> {
         name,
         _lock,
     } = opened?;
-    reg.prepare()?;
     let nbd_path = cfg
         .nbd_socket
         .clone()
@@ -259,6 +260,16 @@ pub fn run(reg: &Registry, cfg: DaemonConfig) -> Result<()> {
     // SAFETY: mallopt only changes allocator tuning; called before the
     // runtime starts any thread.
     unsafe { libc::mallopt(libc::M_ARENA_MAX, (2 * cores) as libc::c_int) };
+    // glibc raises its mmap threshold to the largest block freed (up to
+    // 32 MiB), and from then on keeps freed request buffers in its arenas:
+    // 16 pipelined 1 GiB CACHE requests under a 32 MiB --total-buffer
+    // peaked at 433 MiB, and 1 MiB cached reads kept ~250 MB. A fixed
+    // threshold gives buffers of 256 KiB and more back at free, so what
+    // the server's charges bound is what the process holds (docs/nbd.md,
+    // "Resource bounds"). It costs ~12% of 1 MiB cached-read throughput
+    // (fresh pages per buffer); a bounded buffer pool would win it back.
+    // SAFETY: as above.
+    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10) };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cfg.io_threads.into())
         .enable_all()
@@ -366,7 +377,9 @@ async fn bind_listeners(
         fixed.ublk_device = Some(format!("/dev/ublkb{}", u.dev_id));
         return Ok((listeners, fixed));
     }
-    listeners.push(Listener::bind_unix(nbd_path).map_err(listen(nbd_path.display().to_string()))?);
+    let what = nbd_path.display().to_string();
+    let unix = socket::bind_private(nbd_path).and_then(Listener::from_unix);
+    listeners.push(unix.map_err(listen(what))?);
     fixed.nbd_socket = Some(nbd_path.display().to_string());
     if let Some(tcp) = &cfg.tcp {
         let mut l = Listener::bind_tcp(tcp.addr.as_str())
@@ -387,46 +400,36 @@ fn tcp_text(tcp: Option<&TcpListen>) -> String {
         return String::new();
     };
     let scheme = match &t.tls {
-        Some((acc, true)) => format!("nbds:// ({}, TLS required)", acc.kind()),
-        Some((acc, false)) => format!("nbd:// or nbds:// ({})", acc.kind()),
+        Some((acc, true)) => format!("nbds:// ({}, TLS required; {})", acc.kind(), acc.clients()),
+        Some((acc, false)) => format!("nbd:// or nbds:// ({}; {})", acc.kind(), acc.clients()),
         None => "nbd://".into(),
     };
     format!(" and {} as {scheme}", t.addr)
 }
 
-/// The control socket, on its own thread (requests can take long: flush).
-/// A detach that succeeds stops the daemon.
+/// The control socket (mode 0600), on threads of its own (requests can
+/// take long: flush), for root and the daemon's user only
+/// (`control_listener.rs`). A detach that succeeds stops the daemon.
 fn start_control(
     engine: &Arc<Engine>,
     served: &Arc<Served>,
     path: &std::path::Path,
     stop: &Arc<watch::Sender<bool>>,
 ) -> Result<()> {
-    let ctl =
-        std::os::unix::net::UnixListener::bind(path).map_err(|source| DaemonError::Listen {
-            what: path.display().to_string(),
-            source,
-        })?;
+    let ctl = socket::bind_private(path).map_err(|source| DaemonError::Listen {
+        what: path.display().to_string(),
+        source,
+    })?;
     let engine = engine.clone();
     let served = served.clone();
     let stop = stop.clone();
-    std::thread::Builder::new()
-        .name("tiercache-control".into())
-        .spawn(move || {
-            for stream in ctl.incoming().flatten() {
-                let e = engine.clone();
-                let served = served.clone();
-                let stop = stop.clone();
-                std::thread::spawn(move || {
-                    control::handle(&e, &served, stream, &|| stop_daemon(&stop))
-                });
-            }
-        })
-        .map_err(|source| DaemonError::Start {
-            what: "the control thread",
-            source,
-        })?;
-    Ok(())
+    let handler: control_listener::Handler = Arc::new(move |line, stream| {
+        control::answer(&engine, &served, &line, stream, &|| stop_daemon(&stop))
+    });
+    control_listener::start(ctl, handler).map_err(|source| DaemonError::Start {
+        what: "the control thread",
+        source,
+    })
 }
 
 /// SIGINT and SIGTERM ask for a clean shutdown. The handlers are in place

@@ -3,21 +3,41 @@
 //! Takes the metadata lock once per call, does no I/O and leaves the
 //! replacement policy alone (a lookup here is not an access).
 
-use super::sectors::{SectorRun, SECTOR_BYTES};
+use super::sectors::{SectorRun, SectorSet, SECTOR_BYTES};
 use super::Engine;
-use crate::volume::{Extent, CACHE_CACHED, CACHE_DIRTY};
+use crate::volume::{Extent, CACHE_CACHED, CACHE_DIRTY, EXTENTS_PER_CALL_MAX};
 
 /// Blocks looked up per call at most, so the metadata lock is held briefly
 /// (about 8,000 lookups); the caller asks again for the rest.
 const BLOCKS_PER_CALL_MAX: u64 = 8192;
+
+/// Extents in order, adjacent runs of one status merged, at most
+/// `EXTENTS_PER_CALL_MAX`: the walk stops at the first run that does not
+/// fit, so a range of partly cached blocks (up to one extent per sector,
+/// 2,048 in a 1 MiB block) is not built in full under the metadata lock
+/// only for the NBD server to cut it to 1,024.
+struct Extents(Vec<Extent>);
+
+impl Extents {
+    /// Adds `len` bytes of `flags`; false (nothing added) once full.
+    fn push(&mut self, len: u64, flags: u32) -> bool {
+        let full = self.0.len() == EXTENTS_PER_CALL_MAX;
+        match self.0.last_mut() {
+            Some(e) if e.flags == flags => e.len += len,
+            _ if full => return false,
+            _ => self.0.push(Extent { len, flags }),
+        }
+        true
+    }
+}
 
 impl Engine {
     /// Which bytes of `[offset, offset + len)` the cache holds
     /// ([`CACHE_CACHED`]) and which of those the origin does not have yet
     /// ([`CACHE_DIRTY`]), sector by sector, as extents in order from
     /// `offset`. Covers at least one byte and at most `len` (fewer after
-    /// [`BLOCKS_PER_CALL_MAX`] blocks). The partial last block of an
-    /// origin is never cached.
+    /// [`BLOCKS_PER_CALL_MAX`] blocks or [`EXTENTS_PER_CALL_MAX`]
+    /// extents). The partial last block of an origin is never cached.
     pub fn cache_state(&self, offset: u64, len: u64) -> Vec<Extent> {
         let end = offset.saturating_add(len).min(self.volume_bytes);
         if len == 0 || offset >= end {
@@ -29,11 +49,7 @@ impl Engine {
             }];
         }
         let bs = self.block_bytes;
-        let mut out: Vec<Extent> = Vec::new();
-        let mut push = |len: u64, flags: u32| match out.last_mut() {
-            Some(e) if e.flags == flags => e.len += len,
-            _ => out.push(Extent { len, flags }),
-        };
+        let mut out = Extents(Vec::new());
         let first = offset / bs;
         let last = ((end - 1) / bs).min(first + BLOCKS_PER_CALL_MAX - 1);
         let meta = self.meta.lock();
@@ -46,29 +62,47 @@ impl Engine {
             } else {
                 None
             };
-            match found {
-                None => push(hi - lo, 0),
+            let room = match found {
+                None => out.push(hi - lo, 0),
                 Some(l) if l.whole => {
                     let dirty = if l.dirty { CACHE_DIRTY } else { 0 };
-                    push(hi - lo, CACHE_CACHED | dirty)
+                    out.push(hi - lo, CACHE_CACHED | dirty)
                 }
                 Some(l) => {
                     let (valid, dirty) = meta.table().sector_sets(l.slot);
-                    let mut pos = lo;
-                    while pos < hi {
-                        let sector = ((pos - block_start) / SECTOR_BYTES) as usize;
-                        let next = (block_start + (sector as u64 + 1) * SECTOR_BYTES).min(hi);
-                        let flags = match (valid.contains(sector), dirty.contains(sector)) {
-                            (false, _) => 0,
-                            (true, false) => CACHE_CACHED,
-                            (true, true) => CACHE_CACHED | CACHE_DIRTY,
-                        };
-                        push(next - pos, flags);
-                        pos = next;
-                    }
+                    push_sectors(&mut out, block_start, lo..hi, &valid, &dirty)
                 }
+            };
+            if !room {
+                break;
             }
         }
-        out
+        out.0
     }
+}
+
+/// The bytes `range` of the partly cached block at `block_start`, sector by
+/// sector; false once `out` is full.
+fn push_sectors(
+    out: &mut Extents,
+    block_start: u64,
+    range: std::ops::Range<u64>,
+    valid: &SectorSet,
+    dirty: &SectorSet,
+) -> bool {
+    let mut pos = range.start;
+    while pos < range.end {
+        let sector = ((pos - block_start) / SECTOR_BYTES) as usize;
+        let next = (block_start + (sector as u64 + 1) * SECTOR_BYTES).min(range.end);
+        let flags = match (valid.contains(sector), dirty.contains(sector)) {
+            (false, _) => 0,
+            (true, false) => CACHE_CACHED,
+            (true, true) => CACHE_CACHED | CACHE_DIRTY,
+        };
+        if !out.push(next - pos, flags) {
+            return false;
+        }
+        pos = next;
+    }
+    true
 }

@@ -1041,7 +1041,7 @@ fn crash_log_notes(loaded: &mut Loaded, logs: &CrashLogs) -> Vec<String> {
             let notes: Vec<String> = files
                 .iter()
                 .filter(|p| {
-                    std::fs::read(p)
+                    crash_log::read_file(p)
                         .ok()
                         .and_then(|b| LogImage::parse(&b).ok())
                         .is_some_and(|img| img.identity.cache == ours)
@@ -1064,7 +1064,7 @@ fn crash_log_notes(loaded: &mut Loaded, logs: &CrashLogs) -> Vec<String> {
 
 /// What the crash log at `path` holds for the loaded state, for `check`.
 fn crash_log_note(loaded: &mut Loaded, path: &std::path::Path) -> Option<String> {
-    let bytes = std::fs::read(path).ok()?;
+    let bytes = crash_log::read_file(path).ok()?;
     let image = match LogImage::parse(&bytes) {
         Ok(image) => image,
         Err(e) => {

@@ -3,10 +3,11 @@
 //! read.
 //!
 //! - X.509 certificates, a directory holding `ca-cert.pem`,
-//!   `server-cert.pem` and `server-key.pem` (the client side:
-//!   `ca-cert.pem`, and `client-cert.pem` with `client-key.pem` when the
-//!   server verifies its peers). Served with rustls (ring provider),
-//!   TLS 1.2 and 1.3.
+//!   `server-cert.pem` and `server-key.pem`, and optionally `ca-crl.pem`
+//!   (revoked client certificates, checked when the server verifies its
+//!   peers, as qemu-nbd does); the client side: `ca-cert.pem`, and
+//!   `client-cert.pem` with `client-key.pem` when the server verifies its
+//!   peers. Served with rustls (ring provider), TLS 1.2 and 1.3.
 //! - Pre-shared keys, the file `psktool` writes and nbdkit `--tls-psk`
 //!   reads: one `username:hexkey` per line. rustls has no TLS-PSK in its
 //!   API (rustls issue #174; the one pull request, #2524, was closed
@@ -28,7 +29,7 @@ use openssl::ssl::{
     Ssl, SslContext, SslContextBuilder, SslMethod, SslOptions, SslVerifyMode, SslVersion,
 };
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 /// A byte stream of either transport, plain or encrypted.
@@ -235,7 +236,8 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 #[derive(Debug, Clone)]
 pub enum ServerCredentials {
     /// `dir` holds ca-cert.pem, server-cert.pem and server-key.pem; with
-    /// `verify_peer`, clients must present a certificate signed by the CA.
+    /// `verify_peer`, clients must present a certificate signed by the CA
+    /// and not revoked by `dir/ca-crl.pem` if that file exists.
     Certificates { dir: PathBuf, verify_peer: bool },
     /// A psktool keys file; any user in it may connect.
     Psk { file: PathBuf },
@@ -245,6 +247,8 @@ pub enum ServerCredentials {
 #[derive(Clone)]
 pub struct TlsAcceptor {
     inner: AcceptorInner,
+    /// How clients are authenticated, for the start-up line.
+    clients: String,
 }
 
 #[derive(Clone)]
@@ -259,34 +263,80 @@ impl std::fmt::Debug for TlsAcceptor {
     }
 }
 
+/// Revoked certificates from a PEM file of CRLs (`ca-crl.pem`).
+fn read_crls(path: &Path) -> Result<Vec<CertificateRevocationListDer<'static>>, TlsError> {
+    let crls: Vec<_> = CertificateRevocationListDer::pem_file_iter(path)
+        .map_err(|e| pem_error(path, e))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| TlsError::Invalid {
+            path: path.to_owned(),
+            why: format!("bad PEM: {e}"),
+        })?;
+    if crls.is_empty() {
+        return Err(TlsError::Invalid {
+            path: path.to_owned(),
+            why: "no certificate revocation list (X509 CRL) in the file".into(),
+        });
+    }
+    Ok(crls)
+}
+
+/// Checks client certificates against `dir/ca-cert.pem`, and against
+/// `dir/ca-crl.pem` when it exists (as qemu-nbd and nbdkit do); returns
+/// the verifier and what it checks, for the start-up line. With a CRL, a
+/// certificate whose status the CRL cannot tell (another issuer) is
+/// refused, rustls's default.
+fn client_verifier(
+    dir: &Path,
+) -> Result<(Arc<dyn rustls::server::danger::ClientCertVerifier>, String), TlsError> {
+    let ca = dir.join("ca-cert.pem");
+    let crl = dir.join("ca-crl.pem");
+    let mut builder =
+        rustls::server::WebPkiClientVerifier::builder_with_provider(roots(&ca)?, provider());
+    let mut what = "client certificates verified against ca-cert.pem".to_string();
+    if crl.exists() {
+        let crls = read_crls(&crl)?;
+        what = format!("{what}, {} CRL(s) from ca-crl.pem", crls.len());
+        builder = builder.with_crls(crls);
+    }
+    let verifier = builder.build().map_err(|e| TlsError::Invalid {
+        path: if crl.exists() { crl } else { ca },
+        why: format!("client verifier: {e}"),
+    })?;
+    Ok((verifier, what))
+}
+
+/// The rustls acceptor of X.509 credentials in `dir`, and how it
+/// authenticates clients.
+fn certificate_acceptor(
+    dir: &Path,
+    verify_peer: bool,
+) -> Result<(AcceptorInner, String), TlsError> {
+    let chain = read_certs(&dir.join("server-cert.pem"))?;
+    let key = read_key(&dir.join("server-key.pem"))?;
+    let builder = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?;
+    let (builder, clients) = if verify_peer {
+        let (verifier, what) = client_verifier(dir)?;
+        (builder.with_client_cert_verifier(verifier), what)
+    } else {
+        let what = "no client certificates asked for".to_string();
+        (builder.with_no_client_auth(), what)
+    };
+    let mut config = builder.with_single_cert(chain, key)?;
+    // No resumption: every connection authenticates afresh.
+    config.send_tls13_tickets = 0;
+    config.ignore_client_order = true;
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    Ok((AcceptorInner::Rustls(acceptor), clients))
+}
+
 impl TlsAcceptor {
     /// Reads and checks the credentials now, so a bad file fails at start.
     pub fn new(creds: &ServerCredentials) -> Result<TlsAcceptor, TlsError> {
-        let inner = match creds {
+        let (inner, clients) = match creds {
             ServerCredentials::Certificates { dir, verify_peer } => {
-                let chain = read_certs(&dir.join("server-cert.pem"))?;
-                let key = read_key(&dir.join("server-key.pem"))?;
-                let builder = rustls::ServerConfig::builder_with_provider(provider())
-                    .with_safe_default_protocol_versions()?;
-                let builder = if *verify_peer {
-                    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-                        roots(&dir.join("ca-cert.pem"))?,
-                        provider(),
-                    )
-                    .build()
-                    .map_err(|e| TlsError::Invalid {
-                        path: dir.join("ca-cert.pem"),
-                        why: format!("client verifier: {e}"),
-                    })?;
-                    builder.with_client_cert_verifier(verifier)
-                } else {
-                    builder.with_no_client_auth()
-                };
-                let mut config = builder.with_single_cert(chain, key)?;
-                // No resumption: every connection authenticates afresh.
-                config.send_tls13_tickets = 0;
-                config.ignore_client_order = true;
-                AcceptorInner::Rustls(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+                certificate_acceptor(dir, *verify_peer)?
             }
             ServerCredentials::Psk { file } => {
                 let keys = Arc::new(PskKeys::load(file)?);
@@ -303,10 +353,19 @@ impl TlsAcceptor {
                         _ => Ok(0),
                     }
                 });
-                AcceptorInner::Psk(b.build())
+                (
+                    AcceptorInner::Psk(b.build()),
+                    "clients known by their key".into(),
+                )
             }
         };
-        Ok(TlsAcceptor { inner })
+        Ok(TlsAcceptor { inner, clients })
+    }
+
+    /// How clients are authenticated, e.g. "client certificates verified
+    /// against ca-cert.pem, 1 CRL(s) from ca-crl.pem".
+    pub fn clients(&self) -> &str {
+        &self.clients
     }
 
     /// "X.509" or "PSK", for logs.

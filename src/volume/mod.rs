@@ -50,6 +50,16 @@ impl VolumeError {
 
 pub type VolumeResult<T> = Result<T, VolumeError>;
 
+/// The most bytes of its range a [`Volume::prefetch`] holds in memory at
+/// once: a prefetch of any length works through its range in pieces of at
+/// most this size, so a front end can charge it against its buffers.
+pub const PREFETCH_PIECE_BYTES: u64 = 1 << 20;
+
+/// The most extents one [`Volume::allocation`] or [`Volume::cache_state`]
+/// call returns: as many as an NBD block status reply carries (tiercache
+/// answers at most 1,024 per chunk), so none is built to be thrown away.
+pub const EXTENTS_PER_CALL_MAX: usize = 1024;
+
 /// A run of bytes of one status, as [`Volume::allocation`] and
 /// [`Volume::cache_state`] report them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,12 +114,16 @@ pub trait Volume: Send + Sync + 'static {
         len: u64,
         fua: bool,
     ) -> impl Future<Output = VolumeResult<()>> + Send;
-    /// Prefetches a range into the cache (a hint; no data is returned).
+    /// Prefetches a range into the cache (a hint; no data is returned). It
+    /// holds at most [`PREFETCH_PIECE_BYTES`] of buffers at once, and may
+    /// do less than asked (NBD proto.md NBD_CMD_CACHE leaves open "whether
+    /// there is a limit on how much can be cached at once").
     fn prefetch(&self, offset: u64, len: u64) -> impl Future<Output = VolumeResult<()>> + Send;
 
     /// Allocation of the range from `offset` (within the volume, `len` >
     /// 0): extents in order from `offset`, covering at least one byte and
-    /// at most `len` (the caller asks again for the rest). Must be cheap
+    /// at most `len` (the caller asks again for the rest), at most
+    /// [`EXTENTS_PER_CALL_MAX`] of them. Must be cheap
     /// (no device I/O). The default, one allocated extent of unknown
     /// content, is true of every volume.
     fn allocation(&self, offset: u64, len: u64) -> Vec<Extent> {

@@ -217,6 +217,9 @@ pub struct CacheSet {
     meta_check: std::sync::OnceLock<sums::MetaCheck>,
     /// When a member is failed for its checksum errors (`health.rs`).
     rule: health::Rule,
+    /// Copies written one after the other on the caller's thread
+    /// (`write_copies_in_turn`).
+    in_turn: std::sync::atomic::AtomicBool,
 }
 
 /// Errors of opening or formatting a set.
@@ -318,8 +321,18 @@ impl CacheSet {
             sums: sums::Sums::new(geometry.slot_count()),
             meta_check: std::sync::OnceLock::new(),
             rule: health::Rule::default(),
+            in_turn: std::sync::atomic::AtomicBool::new(false),
             geometry,
         }
+    }
+
+    /// Writes a mirrored block's copies one after the other on the
+    /// caller's thread instead of at once: for a deterministic simulation
+    /// (tests/cache_set_crash.rs), where a copy written on a helper thread
+    /// races with the other copy's failure, and so with what the test
+    /// counts from it.
+    pub fn write_copies_in_turn(&self) {
+        self.in_turn.store(true, Ordering::Relaxed);
     }
 
     pub fn geometry(&self) -> &Geometry {
@@ -599,7 +612,7 @@ impl CacheSet {
         // block devices) take both in one submission; other devices, the
         // second on a helper thread.
         let results: Vec<(usize, DeviceResult<()>)> = match copies.as_slice() {
-            [a, b] if !a.2 && !b.2 => {
+            [a, b] if !a.2 && !b.2 && !self.in_turn.load(Ordering::Relaxed) => {
                 for (i, _, _) in [a, b] {
                     self.members[*i].writes.fetch_add(1, Ordering::Relaxed);
                 }

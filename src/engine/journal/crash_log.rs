@@ -19,6 +19,13 @@
 //! log that survived one anyway. Single writer: every change happens under
 //! the engine's metadata lock.
 //!
+//! The file (`open`): in a directory of this user's alone (0700, owner
+//! checked: its name is predictable, another user may have made it),
+//! opened relative to that directory without following a symlink, a
+//! plain file of this user's with one name; allocated whole at open and
+//! never punched, so a full tmpfs is an error at start and never a
+//! SIGBUS on a store (`clear`).
+//!
 //! Layout (all little-endian u64 words; the file is `HEADER_BYTES` plus
 //! `capacity` records of 16 bytes in the on-disk record encoding):
 //!
@@ -106,7 +113,49 @@ pub enum CrashLogError {
     /// Another process holds the log: it has this cache open.
     #[error("crash log {0} is locked: another process has this cache open")]
     Locked(PathBuf),
+    /// The log's directory is not this user's alone: another user made it,
+    /// or its mode lets others write in it. They could plant a log, or a
+    /// symlink that turns the log's writes onto a file of their choosing.
+    #[error(
+        "crash log directory {} belongs to uid {owner} with mode {mode:04o}; it must belong to \
+         uid {euid} (this process's user) and be writable by no one else (it is made 0700), \
+         or another user could plant the log or turn its writes onto another file. Remove it \
+         (`rm -r {}`, as root if need be: it may be another user's) and start again",
+        dir.display(),
+        dir.display()
+    )]
+    UnsafeDirectory {
+        dir: PathBuf,
+        owner: u32,
+        mode: u32,
+        euid: u32,
+    },
+    /// The log file (or its directory's name) is not a plain file of this
+    /// user's: a symlink, another user's file, a file with other names.
+    #[error(
+        "crash log {}: {why}; refusing to use it. Nothing was written to it; if no daemon \
+         of this cache was killed, remove it, else move it aside and look at it",
+        path.display()
+    )]
+    UnsafeFile { path: PathBuf, why: String },
+    /// The file system holding the log has no room for it.
+    #[error(
+        "crash log {}: cannot allocate its {bytes} bytes: {source}. Its file system (a tmpfs, \
+         e.g. /dev/shm) is full or too small: free space there and start again (the log is \
+         allocated whole at start so that this is found now, not by a SIGBUS while serving)",
+        path.display()
+    )]
+    NoSpace {
+        path: PathBuf,
+        bytes: u64,
+        #[source]
+        source: std::io::Error,
+    },
 }
+
+/// Largest log file that open reads: far above any capacity in use (the
+/// default log is 4 MiB), so a huge file is refused, not read.
+const FILE_BYTES_MAX: u64 = 256 << 20;
 
 /// A state of the on-disk metadata: the checkpoint generation, and the
 /// journal sequence after the last page replay reached (or a commit wrote).
@@ -269,7 +318,7 @@ impl LogImage {
 pub struct CrashLog {
     path: PathBuf,
     /// Holds the flock for as long as the log lives; shared with a trim
-    /// under way (`Trim`), which punches pages with no lock held.
+    /// under way (`Trim`), which clears pages with no lock held.
     file: Arc<File>,
     map: *mut u8,
     map_bytes: usize,
@@ -285,17 +334,17 @@ pub struct CrashLog {
     revalidate: bool,
     upto: u64,
     /// Record pages (`RECORDS_PER_PAGE` records each, counted from record
-    /// 0) below this one have been given back to the system.
+    /// 0) below this one have been cleared.
     released_page: u64,
-    /// The page slots a trim is punching now (`Trim`): `first << 32 | n`,
-    /// 0 when none. An append into one of them waits for the punch.
+    /// The page slots a trim is clearing now (`Trim`): `first << 32 | n`,
+    /// 0 when none. An append into one of them waits for the trim.
     fence: Arc<AtomicU64>,
 }
 
-/// Pages of durable records to give back (`CrashLog::plan_trim`): one run
-/// of page slots, contiguous in the file, punched by `run` after the
-/// metadata lock is released (no system call runs under it). Until `run`
-/// ends, an append that comes round the ring into these pages waits.
+/// Pages of durable records to clear (`CrashLog::plan_trim`): one run of
+/// page slots, contiguous in the file, cleared by `run` after the metadata
+/// lock is released (no system call runs under it). Until `run` ends, an
+/// append that comes round the ring into these pages waits.
 pub struct Trim {
     file: Arc<File>,
     offset: u64,
@@ -304,39 +353,144 @@ pub struct Trim {
 }
 
 impl Trim {
-    /// Punches the pages, then lifts the fence.
+    /// Clears the pages, then lifts the fence.
     pub fn run(self) {
-        crate::sync::assert_unheld(crate::sync::Rank::Meta, "a crash log punch");
-        punch(&self.file, self.offset, self.len);
+        crate::sync::assert_unheld(crate::sync::Rank::Meta, "a crash log trim");
+        clear(&self.file, self.offset, self.len);
         self.fence.store(0, Ordering::Release);
     }
 }
 
-/// Frees `len` bytes at `offset` of the file (they read as zeroes).
-/// Best effort: a file system without hole punching keeps the pages.
-fn punch(file: &File, offset: u64, len: u64) {
-    // SAFETY: fallocate on our own descriptor; the range lies inside the
-    // file, and no record in it is needed (callers' rule: durable records,
-    // fenced against appends until the punch ends), so the zeroes that
-    // replace it in the mapping are never read as records.
-    unsafe {
-        libc::fallocate(
-            file.as_raw_fd(),
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-            offset as libc::off_t,
-            len as libc::off_t,
-        )
-    };
+/// Overwrites `len` bytes at `offset` of the file with zeroes, keeping
+/// them allocated. Not a hole punch: a punched page of a shared mapping
+/// is allocated again by the store that next writes it, and on a full
+/// tmpfs that store gets SIGBUS (the fault cannot allocate); the pages
+/// reserved at open (`reserve`) must stay reserved. Best effort: an
+/// error leaves old, durable records there, which nothing reads.
+fn clear(file: &File, offset: u64, len: u64) {
+    use std::os::unix::fs::FileExt;
+    static ZEROES: [u8; HEADER_BYTES] = [0; HEADER_BYTES];
+    let mut at = offset;
+    while at < offset + len {
+        let n = (offset + len - at).min(HEADER_BYTES as u64);
+        if file.write_all_at(&ZEROES[..n as usize], at).is_err() {
+            return;
+        }
+        at += n;
+    }
+}
+
+/// Allocates the file's first `bytes` bytes (their contents kept), so no
+/// store into the mapping can fault on a full file system.
+fn reserve(file: &File, bytes: u64) -> std::io::Result<()> {
+    // SAFETY: posix_fallocate on our own descriptor; no memory is involved.
+    // It returns the error number instead of setting errno.
+    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, bytes as libc::off_t) };
+    match rc {
+        0 => Ok(()),
+        e => Err(std::io::Error::from_raw_os_error(e)),
+    }
 }
 
 // SAFETY: the mapping is owned by this value (unmapped on drop) and is only
 // touched through `&mut self`, under the engine's metadata lock.
 unsafe impl Send for CrashLog {}
 
-/// Opens (creating it and its directory, mode 0700) the log file at
-/// `path` and takes its lock: a second process opening the same cache
-/// fails here (`CrashLogError::Locked`).
-fn open_locked(path: &Path) -> Result<std::fs::File, CrashLogError> {
+/// Makes `dir` if it is missing (mode 0700) and opens it, refusing one
+/// that is a symlink, belongs to another user or that others may write
+/// in (sticky or not): the name is predictable
+/// (`/dev/shm/tiercache-<uid>`), so another user may have made it first
+/// to plant or redirect the log. One others may only read (0755, as a
+/// scratch directory is made) is used: the log itself is 0600. The log is
+/// then opened relative to this descriptor, so the directory checked is
+/// the one used even if its name is swapped afterwards.
+fn open_private_dir(dir: &Path) -> Result<File, CrashLogError> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+    let io = |what| {
+        move |source| CrashLogError::Io {
+            path: dir.to_path_buf(),
+            what,
+            source,
+        }
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(io("creating the directory"))?;
+    let fd = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(dir)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) | Some(libc::ENOTDIR) => CrashLogError::UnsafeFile {
+                path: dir.to_path_buf(),
+                why: "the crash log directory is a symbolic link or not a directory".into(),
+            },
+            _ => io("opening the directory")(e),
+        })?;
+    let st = fd.metadata().map_err(io("checking the directory"))?;
+    let euid = effective_uid();
+    if st.uid() != euid || st.mode() & 0o022 != 0 {
+        return Err(CrashLogError::UnsafeDirectory {
+            dir: dir.to_path_buf(),
+            owner: st.uid(),
+            mode: st.mode() & 0o7777,
+            euid,
+        });
+    }
+    Ok(fd)
+}
+
+fn effective_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Opens (creating it, mode 0600) the log `name` in the directory `dir`
+/// without following a symlink, and checks it is a plain file of this
+/// user's with one name, of a size a log can have.
+fn open_log_file(dir: &File, name: &std::ffi::OsStr, path: &Path) -> Result<File, CrashLogError> {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let unsafe_file = |why: &str| CrashLogError::UnsafeFile {
+        path: path.to_path_buf(),
+        why: why.into(),
+    };
+    let c_name = std::ffi::CString::new(name.as_bytes())
+        .map_err(|_| unsafe_file("the file name holds a NUL byte"))?;
+    let flags = libc::O_RDWR | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NOCTTY;
+    // SAFETY: openat(2) on a directory descriptor we own, with a
+    // NUL-terminated name; the result is checked before use.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c_name.as_ptr(),
+            flags,
+            0o600 as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::ELOOP) {
+            return Err(unsafe_file("it is a symbolic link"));
+        }
+        return Err(CrashLogError::Io {
+            path: path.to_path_buf(),
+            what: "opening",
+            source: e,
+        });
+    }
+    // SAFETY: `fd` was just returned by openat and is owned by nothing else.
+    let file = unsafe { File::from_raw_fd(fd) };
+    check_log_file(&file, path)?;
+    Ok(file)
+}
+
+/// A log file must be a plain file of this user's with one name and a
+/// size a log can have; one whose mode lets others in is made 0600.
+fn check_log_file(file: &File, path: &Path) -> Result<(), CrashLogError> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let io = |what| {
         move |source| CrashLogError::Io {
             path: path.to_path_buf(),
@@ -344,39 +498,119 @@ fn open_locked(path: &Path) -> Result<std::fs::File, CrashLogError> {
             source,
         }
     };
-    if let Some(dir) = path.parent() {
-        // Only its owner may read what blocks were written, or plant a log.
-        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
-            .create(dir)
-            .map_err(io("creating its directory"))?;
+    let st = file.metadata().map_err(io("checking"))?;
+    let euid = effective_uid();
+    let why = if !st.file_type().is_file() {
+        Some("it is not a regular file".to_string())
+    } else if st.uid() != euid {
+        Some(format!("it belongs to uid {}, not {euid}", st.uid()))
+    } else if st.nlink() != 1 {
+        Some(format!("it has {} hard links", st.nlink()))
+    } else if st.len() > FILE_BYTES_MAX {
+        Some(format!(
+            "{} bytes, more than a log holds ({FILE_BYTES_MAX})",
+            st.len()
+        ))
+    } else {
+        None
+    };
+    if let Some(why) = why {
+        return Err(CrashLogError::UnsafeFile {
+            path: path.to_path_buf(),
+            why,
+        });
     }
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .map_err(io("opening"))?;
+    if st.mode() & 0o077 != 0 {
+        // Made by an older tiercache, which left the mode to the umask.
+        let private = std::fs::Permissions::from_mode(0o600);
+        file.set_permissions(private)
+            .map_err(io("making it private"))?;
+    }
+    Ok(())
+}
+
+/// Opens (creating it and its directory, mode 0700) the log file at
+/// `path` and takes its lock: a second process opening the same cache
+/// fails here (`CrashLogError::Locked`).
+fn open_locked(path: &Path) -> Result<File, CrashLogError> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path.file_name().ok_or_else(|| CrashLogError::UnsafeFile {
+        path: path.to_path_buf(),
+        why: "the path names no file".into(),
+    })?;
+    let dir = open_private_dir(dir)?;
+    let file = open_log_file(&dir, name, path)?;
     // SAFETY: flock on a descriptor we own; no memory is involved.
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         let e = std::io::Error::last_os_error();
         if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
             return Err(CrashLogError::Locked(path.to_path_buf()));
         }
-        return Err(io("locking")(e));
+        return Err(CrashLogError::Io {
+            path: path.to_path_buf(),
+            what: "locking",
+            source: e,
+        });
     }
     Ok(file)
+}
+
+/// A log file's bytes, for a reader that does not open the log (`check`):
+/// never through a symlink, only from a regular file, at most
+/// `FILE_BYTES_MAX` (a FIFO or a link to /dev/zero would never end).
+pub fn read_file(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    if !file.metadata()?.file_type().is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    let mut bytes = Vec::new();
+    file.take(FILE_BYTES_MAX).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// A shared read-write mapping of the file's first `bytes` bytes.
+fn map_shared(file: &File, bytes: usize) -> std::io::Result<*mut u8> {
+    // SAFETY: a shared mapping of `bytes` bytes of a file the caller sized
+    // and allocated to at least that length; checked for MAP_FAILED below.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if map == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(map as *mut u8)
 }
 
 impl CrashLog {
     /// Opens (creating if needed) and locks the log at `path`; returns it
     /// with the image it held, if it parsed. The image's records still
     /// have to be matched to the cache (`LogImage::pending`); the log must
-    /// be `reset` before use.
+    /// be `reset` before use. The whole file is allocated here: a file
+    /// system without room for it is an error now, never a SIGBUS on a
+    /// later store into the mapping.
     pub fn open(
         path: &Path,
         capacity: u64,
     ) -> Result<(CrashLog, Result<LogImage, String>), CrashLogError> {
+        use std::io::Read;
         let io = |what| {
             move |source| CrashLogError::Io {
                 path: path.to_path_buf(),
@@ -384,36 +618,32 @@ impl CrashLog {
                 source,
             }
         };
+        assert!(capacity > 0, "a crash log holds at least one record");
         let file = Arc::new(open_locked(path)?);
-        let old = std::fs::read(path).map_err(io("reading"))?;
+        let mut old = Vec::new();
+        // Read through the checked descriptor, never by name again.
+        (&*file)
+            .take(FILE_BYTES_MAX)
+            .read_to_end(&mut old)
+            .map_err(io("reading"))?;
         let image = if old.is_empty() {
             Err("empty (new)".to_string())
         } else {
             LogImage::parse(&old)
         };
         drop(old);
-        assert!(capacity > 0, "a crash log holds at least one record");
         let map_bytes = HEADER_BYTES + capacity as usize * RECORD_BYTES;
+        reserve(&file, map_bytes as u64).map_err(|source| CrashLogError::NoSpace {
+            path: path.to_path_buf(),
+            bytes: map_bytes as u64,
+            source,
+        })?;
         file.set_len(map_bytes as u64).map_err(io("sizing"))?;
-        // SAFETY: a shared read-write mapping of `map_bytes` bytes of a file
-        // we just sized to that length; checked for MAP_FAILED below.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if map == libc::MAP_FAILED {
-            return Err(io("mapping")(std::io::Error::last_os_error()));
-        }
+        let map = map_shared(&file, map_bytes).map_err(io("mapping"))?;
         let log = CrashLog {
             path: path.to_path_buf(),
             file,
-            map: map as *mut u8,
+            map,
             map_bytes,
             capacity,
             head: 0,
@@ -465,8 +695,9 @@ impl CrashLog {
         self.store(W_STATE, STATE_VALID);
         (self.head, self.tail, self.upto) = (0, 0, 0);
         (self.valid, self.dropped, self.revalidate) = (true, false, false);
-        // The previous life's records are not needed: give their pages back.
-        punch(
+        // The previous life's records are not needed: clear them (their
+        // pages stay allocated, see `clear`).
+        clear(
             &self.file,
             HEADER_BYTES as u64,
             self.capacity * RECORD_BYTES as u64,
@@ -474,20 +705,20 @@ impl CrashLog {
         self.released_page = 0;
     }
 
-    /// Gives back the pages of records that are durable now, so the log's
-    /// memory follows the records pending, not every page the ring has
-    /// passed over (`plan_trim` and `Trim::run`, until nothing is left).
+    /// Clears the pages of records that are durable now, so the file holds
+    /// no record older than the ring's live part (`plan_trim` and
+    /// `Trim::run`, until nothing is left). The pages stay allocated.
     pub fn trim(&mut self) {
         while let Some(t) = self.plan_trim() {
             t.run();
         }
     }
 
-    /// The next run of pages to give back, if any: a record page is given
-    /// back once `head` has passed it, unless the ring has come round and
-    /// the tail writes in that page again. The pages count as given back
-    /// from here on; `Trim::run` punches them. `None` while an earlier
-    /// trim is still punching.
+    /// The next run of pages to clear, if any: a record page is cleared
+    /// once `head` has passed it, unless the ring has come round and the
+    /// tail writes in that page again. The pages count as cleared from
+    /// here on; `Trim::run` clears them. `None` while an earlier trim is
+    /// still clearing.
     pub fn plan_trim(&mut self) -> Option<Trim> {
         if !self.capacity.is_multiple_of(RECORDS_PER_PAGE) {
             return None; // small test logs: pages would hold records of two laps
@@ -522,10 +753,10 @@ impl CrashLog {
         })
     }
 
-    /// Waits while a trim punches the page that record `at` goes into
-    /// (the ring came round to it within one punch: rare, and short). No
+    /// Waits while a trim clears the page that record `at` goes into
+    /// (the ring came round to it within one trim: rare, and short). No
     /// trim under way, the usual case, costs one atomic load.
-    fn wait_for_punch(&self, at: u64) {
+    fn wait_for_trim(&self, at: u64) {
         loop {
             let f = self.fence.load(Ordering::Acquire);
             if f == 0 {
@@ -562,7 +793,7 @@ impl CrashLog {
             return false;
         }
         // A trim fences pages only of logs whose capacity is whole pages.
-        self.wait_for_punch(self.tail);
+        self.wait_for_trim(self.tail);
         let at = HEADER_BYTES + (self.tail % self.capacity) as usize * RECORD_BYTES;
         let raw = r.to_raw();
         let bytes = zerocopy::IntoBytes::as_bytes(&raw);
@@ -844,14 +1075,18 @@ mod tests {
         );
     }
 
-    /// Pages of durable records go back to the system; pending ones stay.
+    /// Pages of durable records are cleared; pending ones stay. Every page
+    /// stays allocated: a store never has to allocate one (a full tmpfs
+    /// would answer that store with SIGBUS).
     #[test]
-    fn durable_records_give_their_pages_back() {
+    fn durable_records_are_cleared_and_their_pages_stay_allocated() {
         use std::os::unix::fs::MetadataExt;
         let dir = tempfile::tempdir().unwrap();
         let pages = 8;
         let mut log = new_log(dir.path(), pages * RECORDS_PER_PAGE);
+        let file_bytes = HEADER_BYTES as u64 * (pages + 1);
         let allocated = |log: &CrashLog| std::fs::metadata(log.path()).unwrap().blocks() * 512;
+        assert!(allocated(&log) >= file_bytes, "allocated at open");
         let mut durable = 100;
         let mut next = 0u32;
         // Several laps of the ring, committing 3.5 pages at a time, with
@@ -870,13 +1105,21 @@ mod tests {
             }
             log.commit_done(point(5, durable));
             log.trim();
-            // The header, the page holding the pending records, and at most
-            // one more partly consumed one.
             assert!(
-                allocated(&log) <= 3 * HEADER_BYTES as u64,
-                "{} bytes allocated with {} records pending",
-                allocated(&log),
-                log.len()
+                allocated(&log) >= file_bytes,
+                "{} of {file_bytes} bytes allocated after a trim",
+                allocated(&log)
+            );
+            let bytes = std::fs::read(log.path()).unwrap();
+            let records = &bytes[HEADER_BYTES..];
+            let live = records
+                .chunks(RECORD_BYTES)
+                .filter(|r| r.iter().any(|&b| b != 0));
+            // The page holding the pending records, and at most one more
+            // partly consumed one, hold records.
+            assert!(
+                live.count() as u64 <= 2 * RECORDS_PER_PAGE,
+                "durable records left uncleared"
             );
             let img = image(&log);
             let want: Vec<Record> = (next - 10..next).map(|i| rec(i % 1000)).collect();
@@ -884,11 +1127,11 @@ mod tests {
         }
     }
 
-    /// A trim punches its pages with no lock held; an append that comes
-    /// round the ring into them meanwhile waits for the punch, so the
-    /// punch never zeroes a live record.
+    /// A trim clears its pages with no lock held; an append that comes
+    /// round the ring into them meanwhile waits for the trim, so the trim
+    /// never zeroes a live record.
     #[test]
-    fn an_append_into_pages_being_punched_waits_for_the_punch() {
+    fn an_append_into_pages_being_cleared_waits_for_the_trim() {
         let dir = tempfile::tempdir().unwrap();
         let pages = 4;
         let mut log = new_log(dir.path(), pages * RECORDS_PER_PAGE);
@@ -903,23 +1146,23 @@ mod tests {
         append(&mut log, 2 * RECORDS_PER_PAGE + 5);
         log.begin_commit(point(5, 101), log.len() as usize);
         log.commit_done(point(5, 101));
-        let trim = log.plan_trim().expect("two pages to give back");
+        let trim = log.plan_trim().expect("two pages to clear");
         assert!(log.plan_trim().is_none(), "one trim at a time");
         // Fill the ring up to where it comes round to page 0.
         append(&mut log, 2 * RECORDS_PER_PAGE - 5);
-        let punched = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let p = punched.clone();
-        let punch = std::thread::spawn(move || {
+        let cleared = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let p = cleared.clone();
+        let clearing = std::thread::spawn(move || {
             std::thread::sleep(std::time::Duration::from_millis(100));
             p.store(true, Ordering::SeqCst);
             trim.run();
         });
         append(&mut log, 3);
         assert!(
-            punched.load(Ordering::SeqCst),
-            "the append into a page being punched did not wait"
+            cleared.load(Ordering::SeqCst),
+            "the append into a page being cleared did not wait"
         );
-        punch.join().unwrap();
+        clearing.join().unwrap();
         let img = image(&log);
         let want: Vec<Record> = (next - 2 * RECORDS_PER_PAGE as u32 - 3 + 5..next)
             .map(|i| rec(i % 1000))
@@ -996,6 +1239,72 @@ mod tests {
             CrashLog::open(&dir.path().join("log"), 4),
             Err(CrashLogError::Locked(_))
         ));
+    }
+
+    /// A log that is a symlink is refused, and its target untouched.
+    #[test]
+    fn a_symlinked_log_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let canary = dir.path().join("canary");
+        std::fs::write(&canary, b"precious").unwrap();
+        std::os::unix::fs::symlink(&canary, dir.path().join("log")).unwrap();
+        let e = CrashLog::open(&dir.path().join("log"), 4)
+            .err()
+            .expect("refused");
+        assert!(matches!(e, CrashLogError::UnsafeFile { .. }), "{e}");
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        assert_eq!(std::fs::read(&canary).unwrap(), b"precious");
+    }
+
+    /// A file with another name (a hard link) is refused: its other name
+    /// may be a file that matters.
+    #[test]
+    fn a_hard_linked_log_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("other"), b"x").unwrap();
+        std::fs::hard_link(dir.path().join("other"), dir.path().join("log")).unwrap();
+        let e = CrashLog::open(&dir.path().join("log"), 4)
+            .err()
+            .expect("refused");
+        assert!(e.to_string().contains("2 hard links"), "{e}");
+    }
+
+    /// A directory others may write in is refused, naming owner and mode
+    /// (one they may only read is used: the log is 0600); a symlink to a
+    /// directory too; a missing one is made 0700.
+    #[test]
+    fn only_a_private_directory_is_used() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let open_dir = dir.path().join("open");
+        std::fs::create_dir(&open_dir).unwrap();
+        std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let e = CrashLog::open(&open_dir.join("log"), 4)
+            .err()
+            .expect("refused");
+        let text = e.to_string();
+        assert!(matches!(e, CrashLogError::UnsafeDirectory { .. }), "{text}");
+        assert!(
+            text.contains("mode 1777") && text.contains("rm -r"),
+            "{text}"
+        );
+        assert!(!open_dir.join("log").exists(), "nothing is made in it");
+        std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        drop(CrashLog::open(&open_dir.join("log"), 4).unwrap());
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(dir.path().join("private"), &link).unwrap();
+        std::fs::create_dir(dir.path().join("private")).unwrap();
+        let e = CrashLog::open(&link.join("log"), 4).err().expect("refused");
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        let fresh = dir.path().join("a/b");
+        let _log = CrashLog::open(&fresh.join("log"), 4).unwrap();
+        let mode = std::fs::metadata(&fresh).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        let mode = std::fs::metadata(fresh.join("log"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
     }
 
     #[test]

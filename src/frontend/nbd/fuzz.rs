@@ -187,9 +187,15 @@ fn check_action(req: &proto::Request, limits: &ExportLimits, action: Action) {
         _ => proto::CMD_FLAG_FUA,
     };
     assert_eq!(req.flags & !allowed, 0);
-    // The buffer charged before the payload is read is bounded.
-    let max = u64::from(limits.max_request_bytes);
-    assert!(action.charge_bytes() <= (max + 1024) + (max + 1024) / 32);
+    // The buffer charged before the payload is read is bounded by what a
+    // read of the maximum holds (its data and an origin buffer), whatever
+    // the length of a CACHE, TRIM or WRITE_ZEROES.
+    let (max, block) = (
+        u64::from(limits.max_request_bytes),
+        u64::from(limits.block_bytes),
+    );
+    let cap = 2 * (max + 1024) + 2 * block + (4 << 20);
+    assert!(action.charge_bytes(block) <= cap + cap / 32);
     let range = match action {
         Action::Read { offset, len } => {
             assert!(len <= limits.max_request_bytes);
@@ -233,6 +239,7 @@ pub fn request(data: &[u8]) {
             base_allocation: (config & 4 != 0).then_some(CONTEXT_ID_BASE_ALLOCATION),
             cache: (config & 8 != 0).then_some(CONTEXT_ID_CACHE),
         },
+        block_bytes: if config & 16 != 0 { 1 << 20 } else { 4096 },
     };
     let Ok(req) = proto::parse_request(header) else {
         return;

@@ -427,25 +427,38 @@ where
 }
 
 /// How option haggling on one stream ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
+#[derive(Debug)]
+pub enum Step<T> {
     /// The client sent NBD_OPT_ABORT (acknowledged).
     Abort,
     /// NBD_OPT_STARTTLS was acknowledged: the TLS handshake comes next.
     StartTls,
-    Transmission(TransmissionMode),
+    /// Transmission, with the slot `admit` gave the client.
+    Transmission(TransmissionMode, T),
 }
+
+/// What a client that may not enter transmission is told.
+const BUSY: &str = "too many clients connected: try again later";
 
 /// Answers options until one ends haggling on this stream. `seen` counts
 /// options across the TLS upgrade against `limits.options_max`. Reads are
 /// unbuffered, so no byte of a TLS handshake is consumed here. The caller
 /// bounds the time it takes.
-pub async fn haggle<S>(
+///
+/// A client is let into transmission only with a slot from `admit`, asked
+/// before the reply that lets it in: without one, NBD_OPT_GO gets
+/// NBD_REP_ERR_POLICY (as nbd-server answers it beyond its
+/// max_connections; proto.md: the server errors options "until the client
+/// gets the hint") and haggling goes on; NBD_OPT_EXPORT_NAME, which has no
+/// error reply, ends the connection (proto.md: "If the server is unwilling
+/// to allow the export, it MUST terminate the session").
+pub async fn haggle<S, T>(
     s: &mut S,
     neg: &mut Negotiation,
     limits: HandshakeLimits,
     seen: &mut u32,
-) -> Result<Step, NbdError>
+    admit: &mut impl FnMut() -> Option<T>,
+) -> Result<Step<T>, NbdError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -464,18 +477,38 @@ where
         let mut data = vec![0u8; opt.data_bytes as usize];
         s.read_exact(&mut data).await?;
         out.clear();
-        let outcome = neg.answer(opt.option, &data, &mut out);
+        let mut outcome = neg.answer(opt.option, &data, &mut out);
         if let OptionOutcome::Disconnect(why) = outcome {
             return Err(NbdError::Refused(why));
         }
+        let mut slot = None;
+        if let OptionOutcome::Transmission(_) = outcome {
+            slot = admit();
+            if slot.is_none() {
+                if opt.option != proto::OPT_GO {
+                    return Err(NbdError::Limit("NBD_OPT_EXPORT_NAME with every slot taken"));
+                }
+                out.clear();
+                proto::put_option_reply(
+                    &mut out,
+                    opt.option,
+                    proto::REP_ERR_POLICY,
+                    BUSY.as_bytes(),
+                );
+                outcome = OptionOutcome::Continue;
+            }
+        }
         s.write_all(&out).await?;
         s.flush().await?;
-        match outcome {
-            OptionOutcome::Continue => {}
-            OptionOutcome::StartTls => return Ok(Step::StartTls),
-            OptionOutcome::Abort => return Ok(Step::Abort),
-            OptionOutcome::Transmission(mode) => return Ok(Step::Transmission(mode)),
-            OptionOutcome::Disconnect(_) => unreachable!("handled above"),
+        match (outcome, slot) {
+            (OptionOutcome::Continue, _) => {}
+            (OptionOutcome::StartTls, _) => return Ok(Step::StartTls),
+            (OptionOutcome::Abort, _) => return Ok(Step::Abort),
+            (OptionOutcome::Transmission(mode), Some(slot)) => {
+                return Ok(Step::Transmission(mode, slot))
+            }
+            (OptionOutcome::Transmission(_), None) => unreachable!("refused above"),
+            (OptionOutcome::Disconnect(_), _) => unreachable!("handled above"),
         }
     }
 }

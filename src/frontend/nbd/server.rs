@@ -2,6 +2,15 @@
 //! handshake (with the TLS upgrade, when the listener offers TLS) under a
 //! time limit, then the transmission phase. Each connection is its own
 //! task; a failing client ends only its connection.
+//!
+//! Each listener has slots of its own, of two kinds: handshakes under way
+//! (taken at accept, given back when the handshake ends) and clients in
+//! transmission (taken when the client asks to enter it, before the reply
+//! that lets it in). So clients that connect and never finish a handshake
+//! hold no slot a served client needs, and a flood on the TCP listener
+//! leaves the local Unix socket's slots alone. qemu-nbd's CVE-2024-7409
+//! was a slot taken before the handshake, held by clients that never
+//! finished it.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -12,12 +21,12 @@ use std::time::Duration;
 use log::{error, info, warn};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 use super::handshake::{self, ExportInfo, HandshakeLimits, Negotiation, Step, TlsPolicy};
 use super::ranges::RangeLocks;
 use super::transmission::{
-    self, shutdown_requested, ConnEnd, ConnLimits, ExportLimits, SharedExport,
+    self, shutdown_requested, Budget, ConnEnd, ConnLimits, ExportLimits, SharedExport,
 };
 use super::NbdError;
 use crate::device::SECTOR_BYTES;
@@ -46,14 +55,22 @@ pub struct ServerConfig {
     /// The same bound over all connections together; at least
     /// `max_buffered_bytes_per_conn`.
     pub max_buffered_bytes_total: u64,
-    /// Connections served at once; more are accepted and closed at once.
+    /// Clients in transmission at once, per listener; a client that asks
+    /// for more gets NBD_REP_ERR_POLICY to NBD_OPT_GO.
     pub max_connections: usize,
+    /// Handshakes under way at once, per listener; connections beyond it
+    /// are accepted and closed at once.
+    pub max_handshakes: usize,
     /// Time a client has from connecting to entering transmission, the
     /// TLS handshake included.
     pub handshake_timeout: Duration,
     /// A connection whose reply writes or write payload make no progress
     /// for this long is closed (clients that stop reading replies).
     pub stall_timeout: Duration,
+    /// A connection whose write payload, or reply, is not through within
+    /// this long of its first byte is closed, however it progresses
+    /// (clients that trickle).
+    pub transfer_timeout: Duration,
     /// Options accepted before NBD_OPT_GO/EXPORT_NAME.
     pub max_options: u32,
     /// Longest option data accepted.
@@ -69,6 +86,11 @@ pub struct ServerConfig {
 /// 64 MiB: what nbdkit accepts; twice the 32 MiB every client may assume.
 pub const DEFAULT_MAX_REQUEST_BYTES: u32 = 64 << 20;
 
+/// Two minutes for one payload or reply: a 64 MiB request needs a client
+/// that moves 0.55 MiB/s, which any link a block device is served over
+/// does; a client that trickles holds its buffer that long at most.
+pub const DEFAULT_TRANSFER_TIMEOUT: Duration = Duration::from_secs(120);
+
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
@@ -80,8 +102,10 @@ impl Default for ServerConfig {
             max_buffered_bytes_per_conn: 128 << 20,
             max_buffered_bytes_total: 512 << 20,
             max_connections: 64,
+            max_handshakes: 64,
             handshake_timeout: Duration::from_secs(30),
             stall_timeout: Duration::from_secs(60),
+            transfer_timeout: DEFAULT_TRANSFER_TIMEOUT,
             max_options: 32,
             max_option_bytes: 64 << 10,
             shutdown_grace: Duration::from_secs(30),
@@ -108,8 +132,11 @@ impl ServerConfig {
         if self.max_buffered_bytes_total > 1 << 48 {
             return bad("max_buffered_bytes_total must be at most 256 TiB");
         }
-        if self.max_in_flight_per_conn == 0 || self.max_connections == 0 {
-            return bad("max_in_flight_per_conn and max_connections must be positive");
+        if self.max_in_flight_per_conn == 0 || self.max_connections == 0 || self.max_handshakes == 0
+        {
+            return bad(
+                "max_in_flight_per_conn, max_connections and max_handshakes must be positive",
+            );
         }
         if self.export_name.len() > proto::STRING_BYTES_MAX || self.export_name.contains('\0') {
             return bad("export_name must be at most 4096 bytes without NUL");
@@ -142,6 +169,17 @@ impl Listener {
     /// A Unix socket listener without TLS.
     pub fn bind_unix(path: impl AsRef<Path>) -> std::io::Result<Self> {
         UnixListener::bind(path).map(|l| Listener {
+            socket: Socket::Unix(l),
+            tls: None,
+        })
+    }
+
+    /// A Unix socket listener without TLS, over a socket the caller bound
+    /// (the daemon binds its sockets with mode 0600: `daemon/socket.rs`).
+    /// Call inside the runtime.
+    pub fn from_unix(l: std::os::unix::net::UnixListener) -> std::io::Result<Self> {
+        l.set_nonblocking(true)?;
+        UnixListener::from_std(l).map(|l| Listener {
             socket: Socket::Unix(l),
             tls: None,
         })
@@ -194,6 +232,36 @@ struct Shared<V> {
     export_shared: SharedExport<V>,
     config: ServerConfig,
     export: ExportInfo,
+    /// The volume's block size (what requests are charged depends on it).
+    block_bytes: u32,
+}
+
+/// One listener's slots: handshakes under way, clients in transmission.
+#[derive(Clone)]
+struct Slots {
+    handshakes: Arc<Semaphore>,
+    connections: Arc<Semaphore>,
+}
+
+impl Slots {
+    fn new(config: &ServerConfig) -> Slots {
+        Slots {
+            handshakes: Arc::new(Semaphore::new(config.max_handshakes)),
+            connections: Arc::new(Semaphore::new(config.max_connections)),
+        }
+    }
+
+    /// Waits until every slot is free: every connection has ended.
+    async fn drained(&self, config: &ServerConfig) {
+        let _ = self
+            .handshakes
+            .acquire_many(config.max_handshakes as u32)
+            .await;
+        let _ = self
+            .connections
+            .acquire_many(config.max_connections as u32)
+            .await;
+    }
 }
 
 /// Serves `volume` on every listener until `shutdown` becomes true, then
@@ -207,41 +275,41 @@ pub async fn serve<V: Volume>(
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), NbdError> {
     config.validate()?;
-    let preferred = volume
-        .preferred_block_bytes()
-        .clamp(SECTOR_BYTES as u32, config.max_request_bytes);
+    let block_bytes = volume.preferred_block_bytes().max(SECTOR_BYTES as u32);
     let export = ExportInfo {
         name: config.export_name.clone(),
         description: config.description.clone(),
         size_bytes: volume.size_bytes(),
         transmission_flags: transmission_flags(&*volume, &config),
         min_block_bytes: SECTOR_BYTES as u32,
-        preferred_block_bytes: preferred,
+        preferred_block_bytes: block_bytes.min(config.max_request_bytes),
         max_block_bytes: config.max_request_bytes,
     };
-    let connections = Arc::new(Semaphore::new(config.max_connections));
-    let total = config.max_buffered_bytes_total as usize;
+    let total = config.max_buffered_bytes_total;
     let shared = Arc::new(Shared {
         export_shared: SharedExport {
             volume,
             locks: RangeLocks::new(),
-            buffered_total: Arc::new(Semaphore::new(total)),
-            buffered_total_max: total,
+            buffered_total: Budget::new(total),
+            receiving: Budget::new((total / 2).max(1)),
         },
         config,
         export,
+        block_bytes,
     });
     let mut accept_loops = tokio::task::JoinSet::new();
+    let mut all_slots = Vec::new();
     for listener in listeners {
+        let slots = Slots::new(&shared.config);
+        all_slots.push(slots.clone());
         let shared = shared.clone();
-        let connections = connections.clone();
         let shutdown = shutdown.clone();
-        accept_loops.spawn(accept_loop(listener, shared, connections, shutdown));
+        accept_loops.spawn(accept_loop(listener, shared, slots, shutdown));
     }
     while accept_loops.join_next().await.is_some() {}
-    // Every connection holds one permit until it ends.
-    let all = shared.config.max_connections as u32;
-    let _ = connections.acquire_many(all).await;
+    for slots in &all_slots {
+        slots.drained(&shared.config).await;
+    }
     info!("NBD server stopped");
     Ok(())
 }
@@ -249,7 +317,7 @@ pub async fn serve<V: Volume>(
 async fn accept_loop<V: Volume>(
     listener: Listener,
     shared: Arc<Shared<V>>,
-    connections: Arc<Semaphore>,
+    slots: Slots,
     mut shutdown: watch::Receiver<bool>,
 ) {
     loop {
@@ -267,27 +335,42 @@ async fn accept_loop<V: Volume>(
                 continue;
             }
         };
-        let Ok(permit) = connections.clone().try_acquire_owned() else {
+        let Ok(handshake) = slots.handshakes.clone().try_acquire_owned() else {
             warn!(
-                "{peer}: refused, {} connections open",
-                shared.config.max_connections
+                "{peer}: refused, {} handshakes under way on this listener",
+                shared.config.max_handshakes
             );
             continue;
         };
-        let shared = shared.clone();
+        let conn = Conn {
+            peer,
+            tls: listener.tls.clone(),
+            shared: shared.clone(),
+            connections: slots.connections.clone(),
+            handshake,
+        };
         let shutdown = shutdown.clone();
-        let tls = listener.tls.clone();
         tokio::spawn(async move {
-            let _permit = permit;
             match stream {
-                Stream::Unix(s) => serve_connection(s, &peer, tls, shared, shutdown).await,
+                Stream::Unix(s) => serve_connection(s, conn, shutdown).await,
                 Stream::Tcp(s) => {
                     let _ = s.set_nodelay(true);
-                    serve_connection(s, &peer, tls, shared, shutdown).await
+                    serve_connection(s, conn, shutdown).await
                 }
             }
         });
     }
+}
+
+/// An accepted connection, holding its handshake slot.
+struct Conn<V> {
+    peer: String,
+    tls: Option<ListenerTls>,
+    shared: Arc<Shared<V>>,
+    /// The listener's transmission slots, one of which the client takes
+    /// when it asks to enter transmission.
+    connections: Arc<Semaphore>,
+    handshake: OwnedSemaphorePermit,
 }
 
 enum Stream {
@@ -354,14 +437,24 @@ enum Negotiated<S> {
     Tls(BoxStream),
 }
 
-/// Greeting and option haggling, with the TLS upgrade on NBD_OPT_STARTTLS.
+/// A client let into transmission: its stream, what it negotiated, and its
+/// transmission slot.
+struct Admitted<S> {
+    stream: Negotiated<S>,
+    mode: handshake::TransmissionMode,
+    _slot: OwnedSemaphorePermit,
+}
+
+/// Greeting and option haggling, with the TLS upgrade on NBD_OPT_STARTTLS;
+/// a client enters transmission only with a slot from `admit`.
 /// `Ok(None)`: the client aborted.
 async fn handshake_phase<S: PlainStream>(
     mut s: S,
     export: &ExportInfo,
     limits: HandshakeLimits,
     tls: Option<ListenerTls>,
-) -> Result<Option<(Negotiated<S>, handshake::TransmissionMode)>, NbdError> {
+    admit: &mut impl FnMut() -> Option<OwnedSemaphorePermit>,
+) -> Result<Option<Admitted<S>>, NbdError> {
     let flags = handshake::greet(&mut s).await?;
     let policy = match &tls {
         None => TlsPolicy::Off,
@@ -370,18 +463,32 @@ async fn handshake_phase<S: PlainStream>(
     };
     let mut neg = Negotiation::new(export.clone(), flags, policy);
     let mut seen = 0;
-    match handshake::haggle(&mut s, &mut neg, limits, &mut seen).await? {
+    match handshake::haggle(&mut s, &mut neg, limits, &mut seen, admit).await? {
         Step::Abort => return Ok(None),
-        Step::Transmission(mode) => return Ok(Some((Negotiated::Plain(s), mode))),
+        Step::Transmission(mode, slot) => {
+            let stream = Negotiated::Plain(s);
+            return Ok(Some(Admitted {
+                stream,
+                mode,
+                _slot: slot,
+            }));
+        }
         Step::StartTls => {}
     }
     let tls = tls.expect("STARTTLS is acknowledged only when TLS is offered");
     let (mut t, what) = tls.acceptor.accept(s).await?;
     info!("TLS up ({what})");
     neg.tls_started();
-    match handshake::haggle(&mut t, &mut neg, limits, &mut seen).await? {
+    match handshake::haggle(&mut t, &mut neg, limits, &mut seen, admit).await? {
         Step::Abort => Ok(None),
-        Step::Transmission(mode) => Ok(Some((Negotiated::Tls(t), mode))),
+        Step::Transmission(mode, slot) => {
+            let stream = Negotiated::Tls(t);
+            Ok(Some(Admitted {
+                stream,
+                mode,
+                _slot: slot,
+            }))
+        }
         Step::StartTls => unreachable!("a second STARTTLS is refused"),
     }
 }
@@ -390,19 +497,27 @@ async fn handshake_phase<S: PlainStream>(
 /// server shutdown; `None` (logged) if it did not reach transmission.
 async fn negotiate<S: PlainStream, V: Volume>(
     s: S,
-    peer: &str,
-    tls: Option<ListenerTls>,
-    shared: &Shared<V>,
+    conn: &Conn<V>,
     shutdown: &mut watch::Receiver<bool>,
-) -> Option<(Negotiated<S>, handshake::TransmissionMode)> {
-    let cfg = &shared.config;
+) -> Option<Admitted<S>> {
+    let (peer, cfg) = (&conn.peer, &conn.shared.config);
     let limits = HandshakeLimits {
         option_bytes_max: cfg.max_option_bytes,
         options_max: cfg.max_options,
     };
+    let mut admit = || {
+        let slot = conn.connections.clone().try_acquire_owned().ok();
+        if slot.is_none() {
+            warn!(
+                "{peer}: not let into transmission, {} clients in it on this listener",
+                cfg.max_connections
+            );
+        }
+        slot
+    };
     let handshake = tokio::time::timeout(
         cfg.handshake_timeout,
-        handshake_phase(s, &shared.export, limits, tls),
+        handshake_phase(s, &conn.shared.export, limits, conn.tls.clone(), &mut admit),
     );
     let negotiated = tokio::select! {
         biased;
@@ -431,16 +546,22 @@ async fn negotiate<S: PlainStream, V: Volume>(
 
 async fn serve_connection<S: PlainStream, V: Volume>(
     s: S,
-    peer: &str,
-    tls: Option<ListenerTls>,
-    shared: Arc<Shared<V>>,
+    conn: Conn<V>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let (peer, shared) = (&conn.peer, &conn.shared);
     let cfg = &shared.config;
     info!("{peer}: connected");
-    let Some((stream, mode)) = negotiate(s, peer, tls, &shared, &mut shutdown).await else {
+    let Some(admitted) = negotiate(s, &conn, &mut shutdown).await else {
         return;
     };
+    // The handshake slot is free for the next client.
+    drop(conn.handshake);
+    let Admitted {
+        stream,
+        mode,
+        _slot,
+    } = admitted;
     let encrypted = matches!(stream, Negotiated::Tls(_));
     info!(
         "{peer}: transmission (TLS: {encrypted}, structured replies: {}, minimum block: {})",
@@ -452,12 +573,14 @@ async fn serve_connection<S: PlainStream, V: Volume>(
         max_request_bytes: cfg.max_request_bytes,
         min_block_bytes: mode.min_block_bytes,
         contexts: mode.contexts,
+        block_bytes: shared.block_bytes,
     };
     let conn_limits = ConnLimits {
         in_flight_max: cfg.max_in_flight_per_conn,
         buffered_bytes_max: cfg.max_buffered_bytes_per_conn,
         shutdown_grace: cfg.shutdown_grace,
         stall_timeout: cfg.stall_timeout,
+        transfer_timeout: cfg.transfer_timeout,
     };
     let ex = shared.export_shared.clone();
     let _counted = Connected::count(&cfg.clients_connected);

@@ -11,10 +11,13 @@
 //! faster than the volume takes is slowed by TCP back pressure (its socket
 //! is not read) rather than growing the daemon: requests in flight per
 //! connection, and bytes held for them (write payloads, read data,
-//! read-modify-write sectors) per connection and across all connections.
-//! A reply write or a write payload that makes no progress for the stall
-//! timeout ends the connection, so a client that stops reading its
-//! replies holds its buffers only that long.
+//! read-modify-write sectors, extents; see [`Action::buffer_bytes`]) per
+//! connection and across all connections, and for write payloads still
+//! arriving a share of the total. A reply write or a write payload that
+//! makes no progress for the stall timeout ends the connection, so a
+//! client that stops reading its replies holds its buffers only that long;
+//! one not through within the transfer timeout ends it too, so neither
+//! does a client that trickles a byte now and then.
 //!
 //! Byte-granular requests (from clients that did not negotiate block
 //! sizes) reach the volume, which takes whole 512-byte sectors, as: reads
@@ -43,7 +46,10 @@ use super::handshake::{MetaContexts, TransmissionMode};
 use super::ranges::RangeLocks;
 use crate::device::{AlignedBuf, SECTOR_BYTES};
 use crate::nbd::proto::{self, Command, Request};
-use crate::volume::{self, ErrorKind, Extent, Volume, VolumeError, VolumeResult};
+use crate::volume::{
+    self, ErrorKind, Extent, Volume, VolumeError, VolumeResult, EXTENTS_PER_CALL_MAX,
+    PREFETCH_PIECE_BYTES,
+};
 
 const _: () = assert!(volume::ALLOC_HOLE == proto::STATE_HOLE);
 const _: () = assert!(volume::ALLOC_ZERO == proto::STATE_ZERO);
@@ -62,6 +68,8 @@ pub struct ExportLimits {
     pub min_block_bytes: u32,
     /// The metadata contexts the client selected (none: no block status).
     pub contexts: MetaContexts,
+    /// The volume's block size, for what a request is charged.
+    pub block_bytes: u32,
 }
 
 /// A validated operation.
@@ -117,18 +125,58 @@ fn is_aligned(offset: u64, len: u64) -> bool {
 /// sector.
 const EDGE_SECTORS_BYTES: u64 = 2 * SECTOR_BYTES;
 
+/// TRIM and WRITE_ZEROES reach the volume in pieces of at most this many
+/// bytes: the engine splits a request into a segment per block before it
+/// starts, so a 4 GiB trim of 4 KiB blocks would hold 32 MiB of them.
+/// proto.md "Block size constraints" lets these commands exceed the
+/// maximum payload and asks the server not to disconnect: pieces keep
+/// their cost that of a request of this size.
+pub const EFFECT_PIECE_BYTES: u64 = 64 << 20;
+
+/// The volume's bookkeeping per block of a request, generously: the
+/// engine's segment is 32 bytes.
+const PER_BLOCK_BYTES: u64 = 64;
+
+/// The zero buffer the engine writes a WRITE_ZEROES piece from.
+const ZERO_BUFFER_BYTES: u64 = 1 << 20;
+
+/// What a BLOCK_STATUS holds until its reply is written: per context (two
+/// at most), the volume's extents and their descriptors.
+const BLOCK_STATUS_BYTES: u64 =
+    2 * EXTENTS_PER_CALL_MAX as u64 * (std::mem::size_of::<Extent>() as u64 + 8);
+
+/// What a read of `span` bytes holds at most while it runs: the data, and
+/// for the sectors the cache lacks a second buffer the origin is read into,
+/// which covers the whole blocks touched (a block more at each end).
+fn read_bytes(span: u64, block_bytes: u64) -> u64 {
+    2 * span + 2 * block_bytes
+}
+
 impl Action {
-    /// Bytes of buffer the action holds while it runs: write payload, read
-    /// data or read-modify-write sectors.
-    pub fn buffer_bytes(&self) -> u64 {
+    /// Bytes of buffer the action holds while it runs on a volume of
+    /// `block_bytes` blocks: write payload, read data and the origin
+    /// buffer of a miss, read-modify-write sectors, zeroes, extents; a
+    /// CACHE, TRIM or WRITE_ZEROES of any length only one piece's worth.
+    pub fn buffer_bytes(&self, block_bytes: u64) -> u64 {
+        let effect = |len: u32| {
+            let piece = u64::from(len).min(EFFECT_PIECE_BYTES);
+            (piece / block_bytes.max(1) + 2) * PER_BLOCK_BYTES
+        };
         match *self {
-            Action::Read { offset, len } | Action::Write { offset, len, .. } => {
-                sector_span(offset, u64::from(len)).1
+            Action::Read { offset, len } => {
+                read_bytes(sector_span(offset, u64::from(len)).1, block_bytes)
             }
-            Action::WriteZeroes { offset, len, .. } if !is_aligned(offset, u64::from(len)) => {
-                EDGE_SECTORS_BYTES
+            Action::Write { offset, len, .. } => sector_span(offset, u64::from(len)).1,
+            Action::Cache { offset, len } => {
+                let span = sector_span(offset, u64::from(len)).1;
+                read_bytes(span.min(PREFETCH_PIECE_BYTES), block_bytes)
             }
-            _ => 0,
+            Action::WriteZeroes { len, .. } => {
+                effect(len) + ZERO_BUFFER_BYTES.min(u64::from(len)) + EDGE_SECTORS_BYTES
+            }
+            Action::Trim { len, .. } => effect(len),
+            Action::BlockStatus { .. } => BLOCK_STATUS_BYTES,
+            Action::Flush | Action::Noop { .. } => 0,
         }
     }
 
@@ -137,8 +185,8 @@ impl Action {
     /// bookkeeping of the request (the engine keeps a segment per cache
     /// block: 4 MiB for three 64 MiB writes in flight, measured by
     /// tests/serve_limits.rs, about 2%).
-    pub fn charge_bytes(&self) -> u64 {
-        let b = self.buffer_bytes();
+    pub fn charge_bytes(&self, block_bytes: u64) -> u64 {
+        let b = self.buffer_bytes(block_bytes);
         b + b / 32
     }
 }
@@ -367,6 +415,39 @@ pub struct ConnLimits {
     /// A reply write or a write payload read that makes no progress for
     /// this long ends the connection.
     pub stall_timeout: Duration,
+    /// A write payload, or a reply, not through the socket this long after
+    /// its first byte ends the connection, progress or not: a client that
+    /// trickles a byte now and then defeats the stall timeout, not this.
+    pub transfer_timeout: Duration,
+}
+
+/// Bytes that requests are charged against: a connection's, the server's.
+#[derive(Clone)]
+pub struct Budget {
+    permits: Arc<Semaphore>,
+    max_bytes: u64,
+}
+
+impl Budget {
+    /// At most 256 TiB (what a tokio semaphore holds; the server checks).
+    pub fn new(max_bytes: u64) -> Budget {
+        Budget {
+            permits: Arc::new(Semaphore::new(max_bytes as usize)),
+            max_bytes,
+        }
+    }
+
+    /// Waits for `bytes` of the budget (`None` for none). A request never
+    /// takes more than the whole budget (the server configuration keeps
+    /// the largest below it), so none waits for good.
+    async fn take(&self, bytes: u64) -> Option<OwnedSemaphorePermit> {
+        if bytes == 0 {
+            return None;
+        }
+        let n = bytes.min(self.max_bytes).min(u64::from(u32::MAX)) as u32;
+        let permit = self.permits.clone().acquire_many_owned(n).await;
+        Some(permit.expect("never closed"))
+    }
 }
 
 /// What every connection to one export shares.
@@ -374,8 +455,13 @@ pub struct SharedExport<V> {
     pub volume: Arc<V>,
     pub locks: Arc<RangeLocks>,
     /// Bytes held by the requests of all connections together.
-    pub buffered_total: Arc<Semaphore>,
-    pub buffered_total_max: usize,
+    pub buffered_total: Budget,
+    /// The share of `buffered_total` that write payloads may hold while
+    /// they arrive. The client decides how fast that is; the rest of the
+    /// total stays for requests whose bytes the server has (reads, writes
+    /// received), so clients that trickle their payloads cannot hold all
+    /// of it (they are cut off at the transfer timeout).
+    pub receiving: Budget,
 }
 
 impl<V> Clone for SharedExport<V> {
@@ -384,7 +470,7 @@ impl<V> Clone for SharedExport<V> {
             volume: self.volume.clone(),
             locks: self.locks.clone(),
             buffered_total: self.buffered_total.clone(),
-            buffered_total_max: self.buffered_total_max,
+            receiving: self.receiving.clone(),
         }
     }
 }
@@ -419,6 +505,10 @@ struct Permits {
     _conn_bytes: Option<OwnedSemaphorePermit>,
     _total_bytes: Option<OwnedSemaphorePermit>,
 }
+
+/// A write's share of [`SharedExport::receiving`], held until its payload
+/// is in.
+type Receiving = Option<OwnedSemaphorePermit>;
 
 struct Reply {
     cookie: u64,
@@ -461,7 +551,7 @@ where
 {
     let (tx, rx) = mpsc::unbounded_channel::<Reply>();
     let wr = StallGuard::new(wr, conn.stall_timeout);
-    let writer = tokio::spawn(write_replies(wr, rx, mode));
+    let writer = tokio::spawn(write_replies(wr, rx, mode, conn.transfer_timeout));
     let writer_abort = writer.abort_handle();
     let mut rd = BufReader::with_capacity(64 << 10, rd);
     let reader = Reader {
@@ -469,7 +559,7 @@ where
         limits: &limits,
         conn: &conn,
         in_flight: Arc::new(Semaphore::new(conn.in_flight_max.max(1))),
-        conn_bytes: Arc::new(Semaphore::new(conn.buffered_bytes_max as usize)),
+        conn_bytes: Budget::new(u64::from(conn.buffered_bytes_max)),
         tx: &tx,
     };
 
@@ -499,7 +589,7 @@ struct Reader<'a, V> {
     limits: &'a ExportLimits,
     conn: &'a ConnLimits,
     in_flight: Arc<Semaphore>,
-    conn_bytes: Arc<Semaphore>,
+    conn_bytes: Budget,
     tx: &'a mpsc::UnboundedSender<Reply>,
 }
 
@@ -524,12 +614,25 @@ impl<V: Volume> Reader<'_, V> {
                 Err(e) => return ConnEnd::Broken(e.to_string()),
             };
             let disposition = check_request(&req, self.limits);
-            let charge = match disposition {
-                Disposition::Execute(a) => a.charge_bytes(),
-                Disposition::Fail { .. } | Disposition::Disconnect | Disposition::Drop(_) => 0,
+            let (charge, receiving) = match disposition {
+                Disposition::Execute(a) => {
+                    let c = a.charge_bytes(u64::from(self.limits.block_bytes));
+                    (
+                        c,
+                        if matches!(a, Action::Write { .. }) {
+                            c
+                        } else {
+                            0
+                        },
+                    )
+                }
+                Disposition::Fail { .. } | Disposition::Disconnect | Disposition::Drop(_) => (0, 0),
             };
-            let permits = self.permits(charge).await;
-            if let Some(end) = self.dispose(rd, &req, disposition, permits).await {
+            let (permits, receiving) = self.permits(charge, receiving).await;
+            if let Some(end) = self
+                .dispose(rd, &req, disposition, permits, receiving)
+                .await
+            {
                 return end;
             }
         }
@@ -543,6 +646,7 @@ impl<V: Volume> Reader<'_, V> {
         req: &Request,
         disposition: Disposition,
         permits: Permits,
+        receiving: Receiving,
     ) -> Option<ConnEnd>
     where
         R: AsyncRead + Unpin,
@@ -564,7 +668,7 @@ impl<V: Volume> Reader<'_, V> {
                 payload_bytes,
                 why,
             } => {
-                if let Err(e) = skip(rd, payload_bytes, self.conn.stall_timeout).await {
+                if let Err(e) = skip(rd, payload_bytes, self.transfer()).await {
                     return Some(ConnEnd::Broken(format!("reading write payload: {e}")));
                 }
                 debug!("request {req:?} failed: {why}");
@@ -579,6 +683,7 @@ impl<V: Volume> Reader<'_, V> {
                     Ok(p) => p,
                     Err(e) => return Some(ConnEnd::Broken(format!("reading write payload: {e}"))),
                 };
+                drop(receiving);
                 let export = self.export.clone();
                 let contexts = self.limits.contexts;
                 let (tx, cookie) = (self.tx.clone(), req.cookie);
@@ -611,49 +716,40 @@ impl<V: Volume> Reader<'_, V> {
         let (start, span) = sector_span(offset, u64::from(len));
         let mut buf = AlignedBuf::zeroed(span as usize);
         let at = (offset - start) as usize;
-        read_payload(rd, &mut buf[at..at + len as usize], self.conn.stall_timeout).await?;
+        read_payload(rd, &mut buf[at..at + len as usize], self.transfer()).await?;
         Ok(Some(buf))
     }
 
+    /// The bounds on a payload whose reading starts now.
+    fn transfer(&self) -> Transfer {
+        Transfer {
+            stall: self.conn.stall_timeout,
+            deadline: Instant::now() + self.conn.transfer_timeout,
+        }
+    }
+
     /// Waits for a request slot and `bytes` of buffer on this connection and
-    /// across the server. The reader does not read on meanwhile: that is
-    /// the back pressure.
-    async fn permits(&self, bytes: u64) -> Permits {
+    /// across the server, and (a write) `receiving` bytes of the share
+    /// payloads may hold while they arrive. The reader does not read on
+    /// meanwhile: that is the back pressure. The receiving share is taken
+    /// before the total, so a write waiting for it holds nothing that
+    /// other connections need.
+    async fn permits(&self, bytes: u64, receiving: u64) -> (Permits, Receiving) {
         let request = self
             .in_flight
             .clone()
             .acquire_owned()
             .await
             .expect("never closed");
-        if bytes == 0 {
-            return Permits {
-                _request: request,
-                _conn_bytes: None,
-                _total_bytes: None,
-            };
-        }
-        // A request never needs more than the whole budget (the server
-        // configuration guarantees it); min() keeps that from deadlocking.
-        let conn_n = bytes.min(u64::from(self.conn.buffered_bytes_max)) as u32;
-        let conn_bytes = self
-            .conn_bytes
-            .clone()
-            .acquire_many_owned(conn_n)
-            .await
-            .expect("never closed");
-        let total_n = bytes.min(self.export.buffered_total_max as u64) as u32;
-        let total_bytes = self
-            .export
-            .buffered_total
-            .clone()
-            .acquire_many_owned(total_n)
-            .await
-            .expect("never closed");
-        Permits {
+        let conn_bytes = self.conn_bytes.take(bytes).await;
+        let receiving = self.export.receiving.take(receiving).await;
+        let total_bytes = self.export.buffered_total.take(bytes).await;
+        let permits = Permits {
             _request: request,
-            _conn_bytes: Some(conn_bytes),
-            _total_bytes: Some(total_bytes),
-        }
+            _conn_bytes: conn_bytes,
+            _total_bytes: total_bytes,
+        };
+        (permits, receiving)
     }
 }
 
@@ -661,9 +757,24 @@ fn stalled(what: &str) -> io::Error {
     io::Error::new(io::ErrorKind::TimedOut, format!("{what} made no progress"))
 }
 
-/// Reads `buf` in full, failing if no byte arrives for `stall`. Bytes the
-/// reader has buffered already are taken without a timer.
-async fn read_payload<R>(rd: &mut BufReader<R>, buf: &mut [u8], stall: Duration) -> io::Result<()>
+fn late(what: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!("{what} not through within the transfer timeout"),
+    )
+}
+
+/// How long a payload may take: no byte for `stall`, or not all of it by
+/// `deadline`, ends the connection.
+#[derive(Debug, Clone, Copy)]
+struct Transfer {
+    stall: Duration,
+    deadline: Instant,
+}
+
+/// Reads `buf` in full under `limits`. Bytes the reader has buffered
+/// already are taken without a timer.
+async fn read_payload<R>(rd: &mut BufReader<R>, buf: &mut [u8], limits: Transfer) -> io::Result<()>
 where
     R: AsyncRead + Unpin,
 {
@@ -677,9 +788,13 @@ where
             done += n;
             continue;
         }
-        let n = tokio::time::timeout(stall, rd.read(&mut buf[done..]))
-            .await
-            .map_err(|_| stalled("write payload"))??;
+        let left = limits.deadline.saturating_duration_since(Instant::now());
+        let n = match tokio::time::timeout(limits.stall.min(left), rd.read(&mut buf[done..])).await
+        {
+            Ok(n) => n?,
+            Err(_) if limits.stall < left => return Err(stalled("write payload")),
+            Err(_) => return Err(late("write payload")),
+        };
         if n == 0 {
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
@@ -688,17 +803,17 @@ where
     Ok(())
 }
 
-/// Reads and discards `n` bytes, under the same stall rule.
+/// Reads and discards `n` bytes, under the same bounds.
 async fn skip<R: AsyncRead + Unpin>(
     rd: &mut BufReader<R>,
     n: u32,
-    stall: Duration,
+    limits: Transfer,
 ) -> io::Result<()> {
     let mut scratch = vec![0u8; (n as usize).min(64 << 10)];
     let mut left = n as usize;
     while left > 0 {
         let k = left.min(scratch.len());
-        read_payload(rd, &mut scratch[..k], stall).await?;
+        read_payload(rd, &mut scratch[..k], limits).await?;
         left -= k;
     }
     Ok(())
@@ -725,13 +840,15 @@ async fn execute<V: Volume>(
             let end = (offset + u64::from(len)) / SECTOR_BYTES * SECTOR_BYTES;
             if start < end {
                 let _g = ex.locks.lock(start, end, false).await;
-                v.trim(start, end - start, fua).await
+                in_pieces(start, end - start, |at, n| v.trim(at, n, fua)).await
             } else {
                 Ok(())
             }
         }
         Action::WriteZeroes { offset, len, fua } => write_zeroes(ex, offset, len, fua).await,
         Action::Cache { offset, len } => {
+            // The volume goes through it in pieces (`PREFETCH_PIECE_BYTES`,
+            // what the request is charged).
             let (start, span) = sector_span(offset, u64::from(len));
             v.prefetch(start, span).await
         }
@@ -856,7 +973,7 @@ async fn write_zeroes<V: Volume>(
     let len = u64::from(len);
     if is_aligned(offset, len) {
         let _g = ex.locks.lock(offset, offset + len, false).await;
-        return v.write_zeroes(offset, len, fua).await;
+        return in_pieces(offset, len, |at, n| v.write_zeroes(at, n, fua)).await;
     }
     let (start, span) = sector_span(offset, len);
     let _g = ex.locks.lock(start, start + span, true).await;
@@ -879,76 +996,115 @@ async fn write_zeroes<V: Volume>(
         v.write(sector, s, fua).await?;
     }
     if inner_start < inner_end {
-        v.write_zeroes(inner_start, inner_end - inner_start, fua)
-            .await?;
+        let inner = inner_end - inner_start;
+        in_pieces(inner_start, inner, |at, n| v.write_zeroes(at, n, fua)).await?;
     }
     Ok(())
 }
 
+/// Runs `f` over `[offset, offset + len)` in pieces of at most
+/// [`EFFECT_PIECE_BYTES`] that end on its multiples (so whole blocks stay
+/// whole), one after the other, stopping at the first error. Each piece
+/// carries the request's FUA: it is durable when its reply is sent.
+async fn in_pieces<F, Fut>(offset: u64, len: u64, mut f: F) -> VolumeResult<()>
+where
+    F: FnMut(u64, u64) -> Fut,
+    Fut: Future<Output = VolumeResult<()>>,
+{
+    let end = offset + len;
+    let mut at = offset;
+    while at < end {
+        let next = ((at / EFFECT_PIECE_BYTES + 1) * EFFECT_PIECE_BYTES).min(end);
+        f(at, next - at).await?;
+        at = next;
+    }
+    Ok(())
+}
+
+/// Writes the replies in the order they come. Each reply must be through
+/// within `transfer_timeout` of its first byte, so a client that reads a
+/// byte now and then (which the stall guard counts as progress) cannot
+/// hold a reply's buffer for longer.
 async fn write_replies<W: AsyncWrite + Unpin>(
     wr: W,
     mut rx: mpsc::UnboundedReceiver<Reply>,
     mode: TransmissionMode,
+    transfer_timeout: Duration,
 ) -> io::Result<()> {
     let mut wr = BufWriter::with_capacity(64 << 10, wr);
     let mut head = Vec::with_capacity(64);
     while let Some(reply) = rx.recv().await {
         head.clear();
-        let c = reply.cookie;
-        let mut data: Option<&[u8]> = None;
-        match (&reply.body, mode.structured_replies) {
-            (ReplyBody::Done { .. }, false) => proto::put_simple_reply(&mut head, c, 0),
-            // proto.md: with structured replies a READ must be answered
-            // with chunks; other commands may get a simple reply.
-            (ReplyBody::Done { is_read: true }, true) => {
-                proto::put_chunk_header(&mut head, c, proto::REPLY_FLAG_DONE, 0, 0)
+        let data = encode_reply(&mut head, &reply, mode);
+        let send = async {
+            wr.write_all(&head).await?;
+            if let Some(d) = data {
+                wr.write_all(d).await?;
             }
-            (ReplyBody::Done { is_read: false }, true) => proto::put_simple_reply(&mut head, c, 0),
-            (
-                ReplyBody::Data {
-                    offset,
-                    data: d,
-                    start,
-                    len,
-                },
-                structured,
-            ) => {
-                if structured {
-                    proto::put_offset_data_head(&mut head, c, *offset, *len as u32);
-                } else {
-                    proto::put_simple_reply(&mut head, c, 0);
-                }
-                data = Some(&d[*start..*start + *len]);
+            // Coalesce replies that are already waiting into one flush.
+            if rx.is_empty() {
+                wr.flush().await?;
             }
-            (ReplyBody::BlockStatus { chunks }, true) => {
-                for (i, (id, extents)) in chunks.iter().enumerate() {
-                    let done = i + 1 == chunks.len();
-                    proto::put_block_status_chunk(&mut head, c, done, *id, extents);
-                }
-            }
-            (ReplyBody::BlockStatus { .. }, false) => {
-                // Contexts are only selectable with structured replies.
-                unreachable!("block status without structured replies")
-            }
-            (ReplyBody::Error { errno, .. }, false) => {
-                proto::put_simple_reply(&mut head, c, *errno)
-            }
-            (ReplyBody::Error { errno, message }, true) => {
-                proto::put_error_chunk(&mut head, c, *errno, message)
-            }
-        }
-        wr.write_all(&head).await?;
-        if let Some(d) = data {
-            wr.write_all(d).await?;
+            Ok::<(), io::Error>(())
+        };
+        match tokio::time::timeout(transfer_timeout, send).await {
+            Ok(r) => r?,
+            Err(_) => return Err(late("reply")),
         }
         drop(reply);
-        // Coalesce replies that are already waiting into one flush.
-        if rx.is_empty() {
-            wr.flush().await?;
-        }
     }
     wr.flush().await?;
     wr.shutdown().await
+}
+
+/// Puts the reply's header (and, for block status, its chunks) in `head`;
+/// returns the data that follows it (a read's).
+fn encode_reply<'a>(
+    head: &mut Vec<u8>,
+    reply: &'a Reply,
+    mode: TransmissionMode,
+) -> Option<&'a [u8]> {
+    let c = reply.cookie;
+    match (&reply.body, mode.structured_replies) {
+        (ReplyBody::Done { .. }, false) => proto::put_simple_reply(head, c, 0),
+        // proto.md: with structured replies a READ must be answered
+        // with chunks; other commands may get a simple reply.
+        (ReplyBody::Done { is_read: true }, true) => {
+            proto::put_chunk_header(head, c, proto::REPLY_FLAG_DONE, 0, 0)
+        }
+        (ReplyBody::Done { is_read: false }, true) => proto::put_simple_reply(head, c, 0),
+        (
+            ReplyBody::Data {
+                offset,
+                data,
+                start,
+                len,
+            },
+            structured,
+        ) => {
+            if structured {
+                proto::put_offset_data_head(head, c, *offset, *len as u32);
+            } else {
+                proto::put_simple_reply(head, c, 0);
+            }
+            return Some(&data[*start..*start + *len]);
+        }
+        (ReplyBody::BlockStatus { chunks }, true) => {
+            for (i, (id, extents)) in chunks.iter().enumerate() {
+                let done = i + 1 == chunks.len();
+                proto::put_block_status_chunk(head, c, done, *id, extents);
+            }
+        }
+        (ReplyBody::BlockStatus { .. }, false) => {
+            // Contexts are only selectable with structured replies.
+            unreachable!("block status without structured replies")
+        }
+        (ReplyBody::Error { errno, .. }, false) => proto::put_simple_reply(head, c, *errno),
+        (ReplyBody::Error { errno, message }, true) => {
+            proto::put_error_chunk(head, c, *errno, message)
+        }
+    }
+    None
 }
 
 /// A writer that fails with `TimedOut` once a write, flush or shutdown has
@@ -1032,6 +1188,7 @@ mod tests {
             base_allocation: None,
             cache: None,
         },
+        block_bytes: 4096,
     };
 
     fn req(command: u16, flags: u16, offset: u64, length: u32) -> Request {
@@ -1155,7 +1312,7 @@ mod tests {
                 len: 3,
                 fua: false
             }
-            .buffer_bytes(),
+            .buffer_bytes(4096),
             512
         );
         assert_eq!(
@@ -1163,25 +1320,65 @@ mod tests {
                 offset: 511,
                 len: 2
             }
-            .buffer_bytes(),
-            1024
+            .buffer_bytes(4096),
+            2 * 1024 + 2 * 4096
         );
         assert_eq!(
             Action::Read {
                 offset: 512,
                 len: 512
             }
-            .buffer_bytes(),
-            512
+            .buffer_bytes(4096),
+            2 * 512 + 2 * 4096
         );
-        let z = Action::WriteZeroes {
-            offset: 1,
-            len: 1 << 16,
-            fua: false,
-        };
-        assert_eq!(z.buffer_bytes(), 1024);
         assert_eq!(sector_span(511, 2), (0, 1024));
         assert_eq!(sector_span(512, 512), (512, 512));
+    }
+
+    #[test]
+    fn every_command_that_holds_memory_is_charged_boundedly() {
+        let (block, piece) = (4096u64, EFFECT_PIECE_BYTES);
+        let read = |offset, len| Action::Read { offset, len }.buffer_bytes(block);
+        // A read: its data and the origin buffer of a miss.
+        assert_eq!(read(0, 1 << 20), (2 << 20) + 2 * block);
+        // A CACHE of any length: one piece's read.
+        for len in [4096, 1 << 20, u32::MAX - 511] {
+            let c = Action::Cache { offset: 0, len }.buffer_bytes(block);
+            assert_eq!(c, read(0, (len as u64).min(PREFETCH_PIECE_BYTES) as u32));
+        }
+        // TRIM and WRITE_ZEROES: one piece's bookkeeping (and zeroes).
+        let trim = |len| {
+            Action::Trim {
+                offset: 0,
+                len,
+                fua: false,
+            }
+            .buffer_bytes(block)
+        };
+        assert_eq!(trim(4096), 3 * PER_BLOCK_BYTES);
+        assert_eq!(trim(u32::MAX), (piece / block + 2) * PER_BLOCK_BYTES);
+        let zero = |offset, len| Action::WriteZeroes {
+            offset,
+            len,
+            fua: false,
+        };
+        assert_eq!(
+            zero(1, 1 << 16).buffer_bytes(block),
+            18 * PER_BLOCK_BYTES + (1 << 16) + 1024
+        );
+        assert_eq!(
+            zero(0, u32::MAX - 511).buffer_bytes(block),
+            trim(u32::MAX) + ZERO_BUFFER_BYTES + 1024
+        );
+        // BLOCK_STATUS: two contexts' extents and descriptors.
+        let bs = Action::BlockStatus {
+            offset: 0,
+            len: u32::MAX,
+            req_one: false,
+        };
+        assert_eq!(bs.buffer_bytes(block), 2 * 1024 * (16 + 8));
+        assert_eq!(Action::Flush.buffer_bytes(block), 0);
+        assert_eq!(bs.charge_bytes(block), 49152 + 49152 / 32);
     }
 
     #[test]
