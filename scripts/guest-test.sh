@@ -48,8 +48,8 @@ while [ $# -gt 0 ]; do
     shift
 done
 case "$MODE" in
-    quick) : "${TIMEOUT:=420}" ;;
-    full|run) : "${TIMEOUT:=900}" ;;
+    quick) : "${TIMEOUT:=600}" ;;
+    full|run) : "${TIMEOUT:=1200}" ;;
     compare) : "${TIMEOUT:=2400}" ;;
 esac
 

@@ -212,10 +212,19 @@ fn open(reg: &Registry, source: &EngineSource) -> Result<Opened> {
     }
 }
 
-/// Says so when this daemon cannot open its cache while the ublk device
-/// it would take over waits for a daemon (the one before it died: user
-/// recovery). The kernel holds that device's requests until a daemon takes
-/// it over: a filesystem on it hangs, it does not fail (docs/guest.md).
+/// Opens the cache; one that cannot be opened while the ublk device this
+/// daemon would take over waits for a daemon (the one before it died: user
+/// recovery) is also said to leave it waiting. The kernel holds that
+/// device's requests until a daemon takes it over: a filesystem on it
+/// hangs, it does not fail (docs/guest.md, "When no daemon can come back").
+fn open_or_say(reg: &Registry, cfg: &DaemonConfig) -> Result<Opened> {
+    let opened = open(reg, &cfg.source);
+    if let (Err(e), Some(u)) = (&opened, &cfg.ublk) {
+        ublk_left_waiting(u.dev_id, e);
+    }
+    opened
+}
+
 fn ublk_left_waiting(id: i32, e: &DaemonError) {
     if !std::path::Path::new(&format!("/dev/ublkc{id}")).exists() {
         return;
@@ -235,15 +244,11 @@ pub fn run(reg: &Registry, cfg: DaemonConfig) -> Result<()> {
     }
     // Before the registry is read: one that others may write is refused.
     reg.prepare()?;
-    let opened = open(reg, &cfg.source);
-    if let (Err(e), Some(u)) = (&opened, &cfg.ublk) {
-        ublk_left_waiting(u.dev_id, e);
-    }
     let Opened {
         engine,
         name,
         _lock,
-    } = opened?;
+    } = open_or_say(reg, &cfg)?;
     let nbd_path = cfg
         .nbd_socket
         .clone()

@@ -237,18 +237,25 @@ impl CacheSet {
             },
         );
         set.note_named_failed(&newest, &left_out);
-        for i in missing {
-            let why = match left_out.is_empty() {
-                true => "missing at open (--degraded)".to_string(),
-                false => format!(
-                    "missing at open (--degraded; left out: {})",
-                    listed(&left_out)
-                ),
-            };
-            log::warn!("{}: member {i} is missing; opening degraded", set.name);
-            set.fail_member(i, &why);
-        }
+        set.fail_missing(&missing, &left_out);
         Ok(set)
+    }
+
+    /// With the operator's word (`--degraded`), the members `missing` that
+    /// no label named failed are failed now, in the labels of the others.
+    fn fail_missing(&self, missing: &[usize], left_out: &[LeftOut]) {
+        let why = if left_out.is_empty() {
+            "missing at open (--degraded)".to_string()
+        } else {
+            format!(
+                "missing at open (--degraded; left out: {})",
+                listed(left_out)
+            )
+        };
+        for &i in missing {
+            log::warn!("{}: member {i} is missing; opening degraded", self.name);
+            self.fail_member(i, &why);
+        }
     }
 
     /// Says (log, and `status` through the member's failure) which members

@@ -111,36 +111,39 @@ impl CacheSet {
         r
     }
 
+    /// `new` takes member `i`'s place, rebuilding: its label says it is
+    /// stale until the copy is done. The place gets a new serial: from the
+    /// first label that carries it on, the device it replaces is a former
+    /// member, never taken for a current one (`open.rs`).
+    fn take_place(&self, i: usize, new: &DeviceRef) -> DeviceResult<()> {
+        let mut st = self.state.lock();
+        st.serials[i] = st.serials[i].wrapping_add(1);
+        let l = Label {
+            member_index: i,
+            set_id: self.set_id,
+            generation: st.generation,
+            stale_mask: st.stale_mask,
+            flags: st.flags,
+            geometry: self.geometry.clone(),
+            serials: st.serials,
+        };
+        new.write_at(&vec![0u8; LABEL_BYTES as usize], 0)?;
+        new.write_at(&l.to_page(), l.copy_offset())?;
+        new.flush()?;
+        *self.members[i].dev.write() = Some(new.clone());
+        self.members[i].reset_health();
+        self.members[i].set_state(MemberState::Rebuilding);
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
     fn rebuild_onto(
         &self,
         i: usize,
         new: DeviceRef,
         progress: &mut impl FnMut(u64, u64),
     ) -> DeviceResult<()> {
-        {
-            // The new device's label says it is stale until the copy is
-            // done. The place gets a new serial: from the first label that
-            // carries it on, the device it replaces is a former member,
-            // never taken for a current one (`open.rs`).
-            let mut st = self.state.lock();
-            st.serials[i] = st.serials[i].wrapping_add(1);
-            let l = Label {
-                member_index: i,
-                set_id: self.set_id,
-                generation: st.generation,
-                stale_mask: st.stale_mask,
-                flags: st.flags,
-                geometry: self.geometry.clone(),
-                serials: st.serials,
-            };
-            new.write_at(&vec![0u8; LABEL_BYTES as usize], 0)?;
-            new.write_at(&l.to_page(), l.copy_offset())?;
-            new.flush()?;
-            *self.members[i].dev.write() = Some(new.clone());
-            self.members[i].reset_health();
-            self.members[i].set_state(MemberState::Rebuilding);
-            self.epoch.fetch_add(1, Ordering::AcqRel);
-        }
+        self.take_place(i, &new)?;
         let bs = self.geometry.block_bytes as u64;
         let total = self.geometry.meta_bytes + self.geometry.member_mirror_slots(i) * bs;
         self.rebuild.total_bytes.store(total, Ordering::Relaxed);
