@@ -502,8 +502,8 @@ crash_no_daemon() {
     KILLS=$((KILLS + 1))
     dm_fail tca
     "$TC_BIN" serve --name tc0 --ublk >$WORK/refused.log 2>&1 && fail "a daemon served without a readable member"
-    grep -q '/dev/ublkb0 is waiting for a daemon' $WORK/refused.log \
-        || { cat $WORK/refused.log; fail "the refused daemon did not say that /dev/ublkb0 waits"; }
+    grep -q "/dev/ublkb0 is waiting for a daemon.*no member's label could be read" $WORK/refused.log \
+        || { cat $WORK/refused.log; fail "the refused daemon did not say that /dev/ublkb0 waits, and why"; }
     log "refused, and said: $(tr '\n' ' ' <$WORK/refused.log | cut -c1-900)"
     kill -0 "$WRITER" 2>/dev/null || fail "the writer stopped while no daemon served"
     sectors=$(blockdev --getsz "$(disk set-a)")

@@ -229,10 +229,17 @@ fn ublk_left_waiting(id: i32, e: &DaemonError) {
     if !std::path::Path::new(&format!("/dev/ublkc{id}")).exists() {
         return;
     }
+    // The whole chain: the line must say why on its own.
+    let mut why = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        why = format!("{why}: {c}");
+        cause = c.source();
+    }
     log::error!(
         "/dev/ublkb{id} is waiting for a daemon: the kernel holds its requests (a filesystem on \
          it hangs, it does not fail) until a `tiercache serve --ublk --ublk-id {id}` opens the \
-         cache and takes the device over, and this one cannot: {e}"
+         cache and takes the device over, and this one cannot: {why}"
     );
 }
 
