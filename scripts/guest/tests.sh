@@ -6,7 +6,7 @@
 EXT4_FILE_KIB="4 7 100 1024 4096 513 2048 64 8192 3 333 1536"
 
 new_cache() { # MODE
-    tc create --origin "$(disk origin)" --cache "$(disk cache)" --mode "$1" --force >/dev/null
+    tc create --origin "$(disk origin)" --cache "$(disk cache)" --mode "$1" --force --wipe --lose-dirty-data >/dev/null
     log "created a $1 cache: $(disk origin) (512 MiB) on $(disk cache) (128 MiB)"
 }
 
@@ -217,7 +217,7 @@ test_cache_set_member_fails() {
     dm_member tca "$(disk set-a)"
     dm_member tcb "$(disk set-b)"
     tc create --origin "$(disk origin)" --cache /dev/mapper/tca --cache /dev/mapper/tcb \
-        --mode writeback --force >/dev/null || fail "create the cache set"
+        --mode writeback --force --wipe --lose-dirty-data >/dev/null || fail "create the cache set"
     log "created a cache set: $(set_status)"
     serve_start tc0
     nbd_attach /dev/nbd0 tc0
