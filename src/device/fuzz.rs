@@ -19,7 +19,7 @@
 
 use std::sync::Arc;
 
-use super::set::label::{Label, RawLabel, LABEL_MAGIC};
+use super::set::label::{Label, RawLabel, GENERATION_MAX, LABEL_MAGIC};
 use super::set::{CacheSet, LABEL_BYTES, MAX_MEMBERS};
 use super::{BlockDevice, DeviceRef, DeviceResult};
 
@@ -106,6 +106,11 @@ fn check_label(l: &Label) {
     assert!(g.meta_bytes > 0 && g.meta_bytes.is_multiple_of(u64::from(g.block_bytes)));
     assert!(g.slot_count() > 0 && g.slot_count() <= u64::from(u32::MAX));
     assert_eq!(l.stale_mask >> n, 0);
+    assert!(
+        l.generation <= GENERATION_MAX,
+        "generation {}",
+        l.generation
+    );
     for i in 0..n {
         assert!(g.member_needs_bytes(i) <= g.member_bytes[i], "member {i}");
         assert!(g.stripe_base(i) + g.stripe_slots[i] <= g.slot_count());
@@ -214,6 +219,11 @@ mod tests {
             e.to_string().contains("its label gives it 65536 bytes"),
             "{e}"
         );
+        // A generation near 2^64 is damage (a degraded open overflowed it).
+        let mut old = l.clone();
+        old.generation = u64::MAX;
+        let e = Label::parse(&old.to_page()).unwrap_err();
+        assert!(e.contains("implausible"), "{e}");
         for flags in [4u8, 4 | 8, 4 | 16 | 32] {
             let mut input = vec![flags];
             input.extend_from_slice(&page[..RAW_BYTES]);
