@@ -378,6 +378,36 @@ fn registry_entries_survive_mutation() {
     );
 }
 
+/// Inputs the fuzz targets failed on (fuzz/regressions/<target>/, named
+/// after the bug) must now pass.
+#[test]
+fn fuzz_regressions() {
+    let bodies: [(&str, fn(&[u8])); 8] = [
+        ("nbd_client_options", client_fuzz::client_options),
+        ("nbd_client_replies", client_fuzz::client_replies),
+        ("device_uris", client_fuzz::uris),
+        ("tls_psk_keys", nbd_fuzz::psk_keys),
+        ("set_label", device_fuzz::set_label),
+        ("monitor_http", monitor_fuzz::http_request),
+        ("control_request", daemon_fuzz::control_request),
+        ("registry_entry", daemon_fuzz::registry_entry),
+    ];
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/regressions");
+    let mut replayed = 0;
+    for (target, body) in bodies {
+        let Ok(dir) = std::fs::read_dir(root.join(target)) else {
+            continue;
+        };
+        for file in dir {
+            let path = file.unwrap().path();
+            eprintln!("{target}: {}", path.display());
+            body(&std::fs::read(&path).unwrap());
+            replayed += 1;
+        }
+    }
+    assert!(replayed >= 2, "the regression inputs are missing");
+}
+
 /// Writes the seeds above into fuzz/seeds/:
 /// `cargo test --test fuzz_parsers -- --ignored write_fuzz_seeds`.
 #[test]
