@@ -382,7 +382,8 @@ fn registry_entries_survive_mutation() {
 /// after the bug) must now pass.
 #[test]
 fn fuzz_regressions() {
-    let bodies: [(&str, fn(&[u8])); 8] = [
+    type Body = fn(&[u8]);
+    let bodies: [(&str, Body); 8] = [
         ("nbd_client_options", client_fuzz::client_options),
         ("nbd_client_replies", client_fuzz::client_replies),
         ("device_uris", client_fuzz::uris),
