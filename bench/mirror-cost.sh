@@ -85,7 +85,7 @@ run() {
     rm -rf "$state"
     for c in "$@"; do args+=(--cache "$c"); done
     [ $# -gt 1 ] && args+=(--mirror-share 100)
-    "$BIN" --state-dir "$state" create --name m --mode writeback --block-size 4K --force \
+    "$BIN" --state-dir "$state" create --name m --mode writeback --block-size 4K --force --wipe --lose-dirty-data \
         --placement "$placement" --origin "$W/origin.img" "${args[@]}" >/dev/null
     "$BIN" --state-dir "$state" serve --name m --socket "$W/m.nbd" 2>"$W/serve.log" &
     SERVE=$!

@@ -365,7 +365,7 @@ class Tiercache(System):
         caches = [os.path.join(work_dir, "cache.img" if i == 0 else f"cache{i}.img")
                   for i in range(self.caches)]
         create = ["create", "--name", self.name, "--mode", self.mode, "--block-size", "4K",
-                  "--force"]
+                  "--force", "--wipe", "--lose-dirty-data"]
         for cache in caches:
             if self.cache_written:
                 make_written(cache, self.cache_bytes)

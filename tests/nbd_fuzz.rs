@@ -8,10 +8,12 @@
 //! The seed corpus in fuzz/seeds/ is written from the same inputs:
 //! `cargo test --test nbd_fuzz -- --ignored write_fuzz_seeds`.
 
+#[path = "common/mutation.rs"]
+mod mutation;
+
 use std::path::Path;
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use mutation::values;
 use tiercache::frontend::nbd::fuzz;
 use tiercache::frontend::nbd::handshake::TlsPolicy;
 use tiercache::nbd::proto;
@@ -148,79 +150,15 @@ fn block_status_seeds() -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
-fn mutate(rng: &mut ChaCha8Rng, s: &mut Vec<u8>) {
-    for _ in 0..rng.gen_range(1..6) {
-        if s.is_empty() {
-            s.push(rng.gen());
-            continue;
-        }
-        let at = rng.gen_range(0..s.len());
-        match rng.gen_range(0..7) {
-            0 => s[at] ^= 1 << rng.gen_range(0..8),
-            1 => s[at] = rng.gen(),
-            2 => s.truncate(at),
-            3 => {
-                let junk: Vec<u8> = (0..rng.gen_range(1..16)).map(|_| rng.gen()).collect();
-                s.splice(at..at, junk);
-            }
-            4 => {
-                let end = (at + rng.gen_range(1..32)).min(s.len());
-                s.drain(at..end);
-            }
-            5 => {
-                // Repeat a slice: options and extents come in runs.
-                let end = (at + rng.gen_range(1..64)).min(s.len());
-                let piece = s[at..end].to_vec();
-                let to = rng.gen_range(0..=s.len());
-                s.splice(to..to, piece);
-            }
-            _ => s[at] = [0, 0xff, 0x7f, 0x80][rng.gen_range(0..4)],
-        }
-    }
-}
-
-fn seed() -> u64 {
-    let seed = std::env::var("NBD_FUZZ_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    eprintln!("seed {seed} (rerun with NBD_FUZZ_SEED={seed})");
-    seed
-}
-
-/// Runs `body` on every seed unchanged, then on `runs` mutations.
+/// Runs `body` on every seed unchanged, then on `runs` mutations
+/// (`NBD_FUZZ_SEED` replays a run).
 fn mutation_test(
     target: &str,
     seeds: Vec<Vec<u8>>,
     runs: u32,
     body: impl Fn(&[u8]) + std::panic::RefUnwindSafe,
 ) {
-    let seed = seed();
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    for s in &seeds {
-        body(s);
-    }
-    for i in 0..runs {
-        let mut input = seeds[rng.gen_range(0..seeds.len())].clone();
-        mutate(&mut rng, &mut input);
-        if std::panic::catch_unwind(|| body(&input)).is_err() {
-            let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{target}-{seed}-{i}"));
-            std::fs::write(&path, &input).unwrap();
-            panic!(
-                "{target}: mutation {i} of seed {seed} failed; input saved to {} (replay with fuzz target {target})",
-                path.display()
-            );
-        }
-    }
-}
-
-fn values(v: Vec<(&'static str, Vec<u8>)>) -> Vec<Vec<u8>> {
-    v.into_iter().map(|(_, b)| b).collect()
+    mutation::mutation_test(target, "NBD_FUZZ_SEED", seeds, runs, body);
 }
 
 #[test]

@@ -160,14 +160,14 @@ teardown_dc() { dmsetup remove dc; dmsetup remove slow-dc; }
 
 setup_tc() {
     make_slow tc
-    tc create --origin "$SLOW" --cache "$(disk cache-tc)" --mode writeback --block-size 4K --force >/dev/null
+    tc create --origin "$SLOW" --cache "$(disk cache-tc)" --mode writeback --block-size 4K --force --wipe --lose-dirty-data >/dev/null
     serve_start tc0 ${TC_COMPARE_SERVE_ARGS:-}
     nbd_attach /dev/nbd0 tc0 -b 512 -C "${TC_COMPARE_NBD_CONNECTIONS:-1}"
     DEV=/dev/nbd0
 }
 setup_tcu() {
     make_slow tc
-    tc create --origin "$SLOW" --cache "$(disk cache-tc)" --mode writeback --block-size 4K --force >/dev/null
+    tc create --origin "$SLOW" --cache "$(disk cache-tc)" --mode writeback --block-size 4K --force --wipe --lose-dirty-data >/dev/null
     serve_start tc0 --ublk ${TC_COMPARE_SERVE_ARGS:-}
     ublk_wait
     DEV=/dev/ublkb0

@@ -5,11 +5,8 @@
 # Sizes of the files an ext4 test writes (KiB): small, odd and large.
 EXT4_FILE_KIB="4 7 100 1024 4096 513 2048 64 8192 3 333 1536"
 
-# Each test starts on disks an earlier test may have left a cache on (with
-# dirty blocks): --wipe --lose-dirty-data says they hold nothing to keep.
 new_cache() { # MODE
-    tc create --origin "$(disk origin)" --cache "$(disk cache)" --mode "$1" --force \
-        --wipe --lose-dirty-data >/dev/null
+    tc create --origin "$(disk origin)" --cache "$(disk cache)" --mode "$1" --force --wipe --lose-dirty-data >/dev/null
     log "created a $1 cache: $(disk origin) (512 MiB) on $(disk cache) (128 MiB)"
 }
 

@@ -137,7 +137,7 @@ fn serve_one(stream: UnixStream, slots: &Slots, id: u64, handler: &Handler) {
 }
 
 /// The request line (without its newline), read by `deadline`.
-fn read_request(mut s: &UnixStream, deadline: Instant) -> io::Result<String> {
+pub(super) fn read_request(mut s: &UnixStream, deadline: Instant) -> io::Result<String> {
     let mut line = Vec::new();
     let mut chunk = [0u8; 4096];
     loop {

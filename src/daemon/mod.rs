@@ -5,12 +5,15 @@
 //! with the guard against tearing down a device in use (`frontends`), and
 //! systemd's readiness notification (`notify`); its sockets are its user's
 //! alone (`socket`), the control socket's peers checked and bounded
-//! (`control_listener`). The binary's `serve`
+//! (`control_listener`); with the `testing` feature, the bodies of the
+//! control request and registry entry fuzz targets (`fuzz`). The binary's `serve`
 //! only turns flags into a [`run::DaemonConfig`].
 
 pub mod control;
 pub mod control_listener;
 pub mod frontends;
+#[cfg(any(test, feature = "testing"))]
+pub mod fuzz;
 pub mod notify;
 pub mod registry;
 pub mod run;

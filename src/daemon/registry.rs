@@ -48,6 +48,11 @@ pub enum RegistryError {
         #[source]
         source: serde_json::Error,
     },
+    /// A registry entry that parses but cannot be used: a name that is not
+    /// its file's or not a valid name (it becomes the names of lock,
+    /// socket and crash log files), a device path that is not absolute.
+    #[error("registry file {} is not valid: {why}", path.display())]
+    Invalid { path: PathBuf, why: String },
     /// An entry could not be encoded (not expected: entries are plain data).
     #[error("encoding registry entry")]
     Encode(#[source] serde_json::Error),
@@ -511,10 +516,40 @@ fn check_not_shared(dir: &Path) -> Result<()> {
 
 fn read_entry(path: &Path) -> Result<Entry> {
     let text = fs::read_to_string(path).map_err(io_err("reading", path))?;
-    serde_json::from_str(&text).map_err(|source| RegistryError::Corrupt {
+    parse_entry(&text, path)
+}
+
+/// The entry in `text`, the contents of `path` (`caches/<name>.json`):
+/// its name must be that file's, and valid, and its devices absolute
+/// paths or URIs. Before this check (an invariant of
+/// fuzz/fuzz_targets/registry_entry.rs) any name was taken:
+/// `{"name": "../../x", ...}` made `serve` create its lock file outside the
+/// state directory.
+pub(crate) fn parse_entry(text: &str, path: &Path) -> Result<Entry> {
+    let entry: Entry = serde_json::from_str(text).map_err(|source| RegistryError::Corrupt {
         path: path.to_path_buf(),
         source,
-    })
+    })?;
+    let invalid = |why: String| RegistryError::Invalid {
+        path: path.to_path_buf(),
+        why,
+    };
+    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+    if entry.name != stem || validate_name(&entry.name).is_err() {
+        return Err(invalid(format!(
+            "it names the cache '{}', not '{stem}'",
+            entry.name.escape_debug()
+        )));
+    }
+    for device in std::iter::once(&entry.origin).chain(entry.cache_paths().iter()) {
+        if !device.starts_with('/') && absolute(device).ok().as_ref() != Some(device) {
+            return Err(invalid(format!(
+                "device '{}' is not an absolute path or a URI",
+                device.escape_debug()
+            )));
+        }
+    }
+    Ok(entry)
 }
 
 /// After `entry`'s cache opened: clears a distrust mark the open has acted
@@ -616,6 +651,31 @@ pub fn rfc3339(unix_secs: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An entry's name becomes file names and its devices are opened by
+    /// root: one not named as its file, or with a relative device, is
+    /// refused, saying why (an invariant of the registry_entry fuzz body).
+    #[test]
+    fn entries_are_checked() {
+        let path = Path::new("/state/caches/tc0.json");
+        let entry = |name: &str, origin: &str| {
+            format!(r#"{{"name":"{name}","origin":"{origin}","cache":"/c","created":"x"}}"#)
+        };
+        assert!(parse_entry(&entry("tc0", "/dev/a"), path).is_ok());
+        assert!(parse_entry(&entry("tc0", "nbd://h/e"), path).is_ok());
+        for (text, says) in [
+            (entry("../../x", "/dev/a"), "names the cache '../../x'"),
+            (entry("tc1", "/dev/a"), "not 'tc0'"),
+            (
+                entry("tc0", "dev/a"),
+                "device 'dev/a' is not an absolute path",
+            ),
+            (entry("tc0", "nds://h/e"), "not an absolute path or a URI"),
+        ] {
+            let e = parse_entry(&text, path).unwrap_err().to_string();
+            assert!(e.contains(says), "{text}: {e}");
+        }
+    }
 
     #[test]
     fn rfc3339_known_dates() {

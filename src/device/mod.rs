@@ -12,6 +12,8 @@ mod claim;
 #[cfg(any(test, feature = "testing"))]
 pub mod fault;
 pub mod file;
+#[cfg(any(test, feature = "testing"))]
+pub mod fuzz;
 pub mod latency;
 pub mod nbd;
 pub mod probe;

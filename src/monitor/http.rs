@@ -7,8 +7,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
 use super::Monitor;
@@ -151,8 +151,10 @@ fn plain(status: &'static str, text: &'static str) -> Response {
     }
 }
 
-async fn connection(
-    mut stream: TcpStream,
+/// Answers the one request of a connection (`pub(super)` for the fuzz
+/// body, `fuzz.rs`, which drives it over an in-memory stream).
+pub(super) async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
     monitor: &Monitor,
     routes: Routes,
     limits: Limits,

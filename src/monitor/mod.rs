@@ -12,6 +12,8 @@
 //! - Connections, request headers and the time a client may take are all
 //!   bounded (`http.rs`).
 
+#[cfg(any(test, feature = "testing"))]
+pub mod fuzz;
 pub mod http;
 pub mod metrics;
 pub mod sampler;
@@ -93,6 +95,18 @@ impl Monitor {
         Arc::new(Monitor {
             name: name.to_string(),
             engine: Arc::downgrade(engine),
+            sampler: Arc::new(Sampler::new()),
+            copy: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    /// A monitor of a cache already closed: every request for the
+    /// engine's state is answered 503 (the HTTP fuzz body's monitor).
+    #[cfg(any(test, feature = "testing"))]
+    pub fn detached(name: &str) -> Arc<Monitor> {
+        Arc::new(Monitor {
+            name: name.to_string(),
+            engine: Weak::new(),
             sampler: Arc::new(Sampler::new()),
             copy: tokio::sync::Mutex::new(None),
         })

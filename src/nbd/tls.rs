@@ -80,9 +80,9 @@ pub struct PskKeys {
 
 impl std::fmt::Debug for PskKeys {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut users: Vec<&String> = self.keys.keys().collect();
-        users.sort();
-        f.debug_struct("PskKeys").field("users", &users).finish()
+        f.debug_struct("PskKeys")
+            .field("users", &self.usernames())
+            .finish()
     }
 }
 
@@ -133,10 +133,20 @@ impl PskKeys {
     pub fn get(&self, username: &str) -> Option<&[u8]> {
         self.keys.get(username).map(Vec::as_slice)
     }
+
+    /// The usernames, sorted.
+    pub fn usernames(&self) -> Vec<&str> {
+        let mut users: Vec<&str> = self.keys.keys().map(String::as_str).collect();
+        users.sort_unstable();
+        users
+    }
 }
 
+/// Hex digits only: `from_str_radix` alone also takes a sign, so "+f+f"
+/// was the key 0f0f (where fuzz/fuzz_targets/tls_psk_keys.rs and its
+/// strict model disagreed).
 fn decode_hex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
+    if !s.len().is_multiple_of(2) || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     (0..s.len())
@@ -528,6 +538,7 @@ mod tests {
             (":00", "username"),
             ("alice:0", "not hex"),
             ("alice:zz", "not hex"),
+            ("alice:+f+f", "not hex"),
             ("alice:", "1 to"),
             ("alice:00\nalice:01", "twice"),
         ] {

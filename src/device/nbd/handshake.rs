@@ -300,7 +300,12 @@ pub(super) fn opt_go(s: &mut Stream, export: &str) -> io::Result<Option<ExportIn
 
     let mut export_info: Option<(u64, u16)> = None;
     let mut payload_bytes_max = PAYLOAD_BYTES_MAX_DEFAULT;
-    loop {
+    for replies in 1.. {
+        if replies > OPTION_REPLIES_MAX {
+            return Err(proto_err(format!(
+                "more than {OPTION_REPLIES_MAX} replies to NBD_OPT_GO"
+            )));
+        }
         let (reply_type, body) = read_option_reply(s, OPT_GO, "NBD_OPT_GO")?;
         match reply_type {
             REP_ACK => break,

@@ -48,6 +48,8 @@
 //!   export's limits and spreads them over its connections.
 
 mod conn;
+#[cfg(any(test, feature = "testing"))]
+pub mod fuzz;
 mod handshake;
 mod link;
 mod stream;
@@ -103,6 +105,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest option reply we accept during the handshake (proto.md: strings are
 /// at most 4096 bytes; INFO payloads are tiny).
 const OPTION_REPLY_BYTES_MAX: u32 = 64 << 10;
+/// Most replies we read to one option: a server that sends NBD_REP_INFO
+/// without end would otherwise hold the handshake for good (each read is
+/// bounded in time, their number was not).
+const OPTION_REPLIES_MAX: usize = 64;
 
 // Wire constants and layouts come from the one place that defines them for
 // the server too (crate::nbd::proto). The client alone needs this one: an

@@ -132,6 +132,19 @@ pub(super) fn parse_host(authority: &str) -> Result<(String, u16), String> {
     if host.is_empty() {
         return Err("nbd:// needs a host, e.g. nbd://127.0.0.1/EXPORT".into());
     }
+    // Brackets hold an IPv6 address, and only there (RFC 3986 3.2.2): a
+    // host "[x" read from "[[x]" normalized to "nbd://[x:10809/", which
+    // does not parse (found by fuzz/fuzz_targets/device_uris.rs).
+    let bracketed = authority.starts_with('[');
+    if host.contains(['[', ']'])
+        || host.chars().any(|c| c.is_control() || c.is_whitespace())
+        || bracketed != host.contains(':')
+    {
+        return Err(format!(
+            "'{}' is not a host name or a bracketed IPv6 address",
+            host.escape_debug()
+        ));
+    }
     let port = match port {
         None => DEFAULT_PORT,
         Some(p) => match p.parse::<u16>() {
@@ -357,6 +370,9 @@ mod tests {
             ("nbd://h:99999/", "not a TCP port"),
             ("nbd://h:x/", "not a TCP port"),
             ("nbd://[::1/", "unterminated"),
+            ("nbd://[[x]/", "not a host name"),
+            ("nbd://[abc]/", "not a host name"),
+            ("nbd://a b/", "not a host name"),
             ("nbd://u@h/", "user names"),
             ("nbd://h/?socket=/x", "not supported"),
             ("nbd://h/a%zz", "bad percent escape"),

@@ -62,7 +62,12 @@ impl RbdUri {
             }
             match key {
                 "conf" => parsed.conf = Some(value),
-                "id" => parsed.id = value.strip_prefix("client.").unwrap_or(&value).into(),
+                "id" => {
+                    parsed.id = value.strip_prefix("client.").unwrap_or(&value).into();
+                    if parsed.id.is_empty() {
+                        return Err("query parameter 'id' names no user (id=NAME)".into());
+                    }
+                }
                 _ => {
                     return Err(format!(
                         "unknown query parameter '{key}' (rbd:// takes conf=PATH and id=NAME)"
@@ -110,6 +115,8 @@ mod tests {
             ("rbd://pool/img?user=x", "unknown query parameter 'user'"),
             ("rbd://pool/img?conf", "has no value"),
             ("rbd://pool/img?conf=", "is empty"),
+            // An empty client name (an invariant of the device_uris fuzz body).
+            ("rbd://pool/img?id=client.", "names no user"),
             ("rbd://pool/img#x", "fragments"),
             ("rbd://po%zzol/img", "percent escape"),
             ("rbd://pool/i%00mg", "NUL"),

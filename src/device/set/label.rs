@@ -18,6 +18,8 @@ pub const LABEL_BYTES: u64 = 8192;
 const LABEL_PAGE_BYTES: usize = 4096;
 pub const LABEL_MAGIC: [u8; 8] = *b"TCSETMBR";
 pub const LABEL_VERSION: u32 = 1;
+/// Highest label generation accepted.
+pub const GENERATION_MAX: u64 = 1 << 62;
 /// Label flag: the mirrored slots' two copies may differ.
 pub const FLAG_RESYNC: u32 = 1;
 
@@ -170,6 +172,16 @@ impl Label {
         }
         if raw.crc.get() != crc32c::crc32c(&raw.as_bytes()[..252]) {
             return Err("label checksum mismatch".into());
+        }
+        // A generation counts label writes: one near 2^64 is damage, and
+        // overflowed the next (a degraded open panicked; found by
+        // fuzz/fuzz_targets/set_label.rs), as the journal's (recovery.rs,
+        // SEQ_MAX).
+        if raw.generation.get() > GENERATION_MAX {
+            return Err(format!(
+                "label generation {} is implausible",
+                raw.generation.get()
+            ));
         }
         if raw.version.get() != LABEL_VERSION {
             return Err(format!("unsupported label version {}", raw.version.get()));

@@ -27,7 +27,9 @@
 //! What was left out, and why, is in the refusal, or in the log line of
 //! a degraded open (a refused command prints its one error line only).
 
-use super::{open_error, set_name, CacheSet, Label, MemberState, SetState, LABEL_BYTES};
+use super::{
+    check_member_size, open_error, set_name, CacheSet, Label, MemberState, SetState, LABEL_BYTES,
+};
 use crate::device::{DeviceError, DeviceRef, DeviceResult};
 
 /// A member device that could not be used at open, and why.
@@ -125,6 +127,7 @@ fn place(
                 format!("member {} given twice", l.member_index),
             ));
         }
+        check_member_size(d, l)?;
         slots[l.member_index] = Some(d.clone());
     }
     Ok(slots)

@@ -1,12 +1,15 @@
 //! The NBD server: handshake, transmission and the listener loop
 //! (`server`), and the range locks that make read-modify-write safe
 //! (`ranges`), over the protocol module it shares with the NBD client
-//! origin (`crate::nbd`: wire format and TLS); the fuzz harnesses (`fuzz`)
-//! are built with the `testing` feature. docs/nbd.md describes the server's
+//! origin (`crate::nbd`: wire format and TLS); the fuzz harnesses (`fuzz`,
+//! and `fuzz_session`: the whole server under an allocation cap) are built
+//! with the `testing` feature. docs/nbd.md describes the server's
 //! behaviour on the wire.
 
 #[cfg(any(test, feature = "testing"))]
 pub mod fuzz;
+#[cfg(any(test, feature = "testing"))]
+pub mod fuzz_session;
 pub mod handshake;
 pub mod ranges;
 pub mod server;

@@ -236,6 +236,62 @@ struct Shared<V> {
     block_bytes: u32,
 }
 
+impl<V: Volume> Shared<V> {
+    fn new(volume: Arc<V>, config: ServerConfig) -> Shared<V> {
+        let block_bytes = volume.preferred_block_bytes().max(SECTOR_BYTES as u32);
+        let export = ExportInfo {
+            name: config.export_name.clone(),
+            description: config.description.clone(),
+            size_bytes: volume.size_bytes(),
+            transmission_flags: transmission_flags(&*volume, &config),
+            min_block_bytes: SECTOR_BYTES as u32,
+            preferred_block_bytes: block_bytes.min(config.max_request_bytes),
+            max_block_bytes: config.max_request_bytes,
+        };
+        let total = config.max_buffered_bytes_total;
+        Shared {
+            export_shared: SharedExport {
+                volume,
+                locks: RangeLocks::new(),
+                buffered_total: Budget::new(total),
+                receiving: Budget::new((total / 2).max(1)),
+            },
+            config,
+            export,
+            block_bytes,
+        }
+    }
+}
+
+/// Serves one connection already accepted on `stream`, from the greeting to
+/// its end, as a listener without TLS would: the entry point of the
+/// whole-server fuzz body (`fuzz_session.rs`).
+#[cfg(any(test, feature = "testing"))]
+pub async fn serve_stream<V: Volume>(
+    volume: Arc<V>,
+    config: ServerConfig,
+    stream: UnixStream,
+) -> Result<(), NbdError> {
+    config.validate()?;
+    let shared = Arc::new(Shared::new(volume, config));
+    let slots = Slots::new(&shared.config);
+    let handshake = slots
+        .handshakes
+        .clone()
+        .try_acquire_owned()
+        .expect("a fresh listener has handshake slots");
+    let conn = Conn {
+        peer: "fuzz client".into(),
+        tls: None,
+        shared,
+        connections: slots.connections.clone(),
+        handshake,
+    };
+    let (_shutdown_tx, shutdown) = watch::channel(false);
+    serve_connection(stream, conn, shutdown).await;
+    Ok(())
+}
+
 /// One listener's slots: handshakes under way, clients in transmission.
 #[derive(Clone)]
 struct Slots {
@@ -275,28 +331,7 @@ pub async fn serve<V: Volume>(
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), NbdError> {
     config.validate()?;
-    let block_bytes = volume.preferred_block_bytes().max(SECTOR_BYTES as u32);
-    let export = ExportInfo {
-        name: config.export_name.clone(),
-        description: config.description.clone(),
-        size_bytes: volume.size_bytes(),
-        transmission_flags: transmission_flags(&*volume, &config),
-        min_block_bytes: SECTOR_BYTES as u32,
-        preferred_block_bytes: block_bytes.min(config.max_request_bytes),
-        max_block_bytes: config.max_request_bytes,
-    };
-    let total = config.max_buffered_bytes_total;
-    let shared = Arc::new(Shared {
-        export_shared: SharedExport {
-            volume,
-            locks: RangeLocks::new(),
-            buffered_total: Budget::new(total),
-            receiving: Budget::new((total / 2).max(1)),
-        },
-        config,
-        export,
-        block_bytes,
-    });
+    let shared = Arc::new(Shared::new(volume, config));
     let mut accept_loops = tokio::task::JoinSet::new();
     let mut all_slots = Vec::new();
     for listener in listeners {
