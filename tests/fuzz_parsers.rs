@@ -206,6 +206,7 @@ fn label_seeds() -> Vec<(&'static str, Vec<u8>)> {
             stripe_slots: vec![4; count],
             member_bytes: vec![1 << 20; count],
         },
+        serials: [0; tiercache::device::set::MAX_MEMBERS],
     };
     let input = |flags: u8, copies: &[Label]| {
         let mut v = vec![flags];
