@@ -497,15 +497,7 @@ impl Engine {
         let errors = stats.cache_errors;
         let dirty = m.table().dirty_count();
         if let Some(set) = set {
-            // Members 0 and 1 hold every mirrored slot, hence every dirty
-            // block; the others only their own slots.
-            let mirrored = m.used_in(0..set.mirror_slots() as u32);
-            for (i, member) in members.iter_mut().enumerate() {
-                let copies = member.mirror_slots > 0;
-                member.used_blocks =
-                    m.used_in(set.own_slots(i)) + if copies { mirrored } else { 0 };
-                member.dirty_blocks = if copies { dirty } else { 0 };
-            }
+            member_usage(&m, set, &mut members, dirty);
         }
         let metadata_bytes =
             m.heap_bytes() + self.admission.heap_bytes() + self.observe.heap_bytes();
@@ -543,35 +535,7 @@ impl Engine {
             cache_blocks_dirty: m.table().dirty_count(),
             writeback,
             admitting: !stopped,
-            admission: if stale_blocks > 0 && self.failed_over() {
-                format!(
-                    "failed over: the cache device was given up holding dirty data; \
-                     {stale_blocks} blocks of the origin are stale (their data was lost) and \
-                     reads of them fail; the rest of the volume is served from the origin"
-                )
-            } else if stale_blocks > 0 {
-                format!(
-                    "stopped: the cache device failed {errors} times (limit {limit}) and holds \
-                     the only copy of {stale_blocks} dirty blocks: those origin ranges are stale \
-                     (status lists them) until it answers again and they are written back"
-                )
-            } else if self.failed_over() {
-                format!(
-                    "failed over: the cache device failed {errors} times and its metadata \
-                     could not be written; all I/O goes to the origin until the cache \
-                     is reopened"
-                )
-            } else if stopped {
-                format!(
-                    "stopped: the cache device failed {errors} times (limit {limit}); \
-                     cached blocks are still served and written back, no new ones are \
-                     admitted until the cache is reopened"
-                )
-            } else if limit == 0 {
-                "admitting (no cache error limit)".into()
-            } else {
-                format!("admitting ({errors} of {limit} cache errors)")
-            },
+            admission: self.admission_line(stopped, errors, limit, stale_blocks),
             cache_error_limit: limit,
             cache_members: members,
             stale_ranges,
@@ -583,6 +547,40 @@ impl Engine {
                 0
             },
             stats,
+        }
+    }
+
+    /// What `status` says under "admission": a cache given up, a stop
+    /// with dirty data at stake, a failover, a stop, or admitting.
+    fn admission_line(&self, stopped: bool, errors: u64, limit: u64, stale_blocks: u64) -> String {
+        if stale_blocks > 0 && self.failed_over() {
+            format!(
+                "failed over: the cache device was given up holding dirty data; \
+                 {stale_blocks} blocks of the origin are stale (their data was lost) and \
+                 reads of them fail; the rest of the volume is served from the origin"
+            )
+        } else if stale_blocks > 0 {
+            format!(
+                "stopped: the cache device failed {errors} times (limit {limit}) and holds \
+                 the only copy of {stale_blocks} dirty blocks: those origin ranges are stale \
+                 (status lists them) until it answers again and they are written back"
+            )
+        } else if self.failed_over() {
+            format!(
+                "failed over: the cache device failed {errors} times and its metadata \
+                 could not be written; all I/O goes to the origin until the cache \
+                 is reopened"
+            )
+        } else if stopped {
+            format!(
+                "stopped: the cache device failed {errors} times (limit {limit}); \
+                 cached blocks are still served and written back, no new ones are \
+                 admitted until the cache is reopened"
+            )
+        } else if limit == 0 {
+            "admitting (no cache error limit)".into()
+        } else {
+            format!("admitting ({errors} of {limit} cache errors)")
         }
     }
 
@@ -804,5 +802,22 @@ impl Engine {
     /// Weak handle for the background thread.
     pub(crate) fn weak(self: &Arc<Self>) -> Weak<Engine> {
         Arc::downgrade(self)
+    }
+}
+
+/// A cache set's members' used and dirty blocks, from the table: members
+/// 0 and 1 hold every mirrored slot, hence every dirty block; the others
+/// only their own slots.
+fn member_usage(
+    m: &Meta,
+    set: &crate::device::set::CacheSet,
+    members: &mut [crate::device::set::MemberStatus],
+    dirty: u64,
+) {
+    let mirrored = m.used_in(0..set.mirror_slots() as u32);
+    for (i, member) in members.iter_mut().enumerate() {
+        let copies = member.mirror_slots > 0;
+        member.used_blocks = m.used_in(set.own_slots(i)) + if copies { mirrored } else { 0 };
+        member.dirty_blocks = if copies { dirty } else { 0 };
     }
 }

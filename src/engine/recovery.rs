@@ -572,6 +572,18 @@ fn read_checkpoint(
         partial,
         open_group: sb.checkpoint_open_group.get(),
     };
+    checkpoint_table(checkpoint, layout, origin_blocks, damage)
+}
+
+/// The table a checkpoint's contents make; an empty one, the damage
+/// noted, if they do not make one.
+fn checkpoint_table(
+    checkpoint: CheckpointData,
+    layout: &Layout,
+    origin_blocks: u64,
+    damage: &mut Damage,
+) -> EngineResult<Table> {
+    let sectors = sectors_per_block(layout.block_bytes);
     match Table::from_checkpoint(checkpoint, origin_blocks, sectors) {
         Ok(t) => Ok(t),
         Err(e) => {

@@ -158,6 +158,15 @@ fn occupancy_gauges(t: &Taken) -> Vec<(&'static str, &'static str, f64)> {
             "Cached blocks holding only some of their sectors.",
             s.partial_blocks as f64,
         ),
+    ]
+}
+
+/// (name, help, value) of the placement's and writeback order's state,
+/// the metadata's memory, the hit ratio and the writeback rate.
+fn activity_gauges(t: &Taken) -> Vec<(&'static str, &'static str, f64)> {
+    let s = &t.status;
+    let bs = u64::from(s.block_bytes);
+    vec![
         (
             "free_segments",
             "Log placement: whole free segments ahead of the write cursor.",
@@ -450,7 +459,11 @@ impl Collector for Exposition {
             "Bytes of dirty blocks written back to the origin.",
             s.stats.blocks_written_back * u64::from(s.block_bytes),
         )?;
-        for (name, help, v) in occupancy_gauges(t).into_iter().chain(setting_gauges(s)) {
+        for (name, help, v) in occupancy_gauges(t)
+            .into_iter()
+            .chain(activity_gauges(t))
+            .chain(setting_gauges(s))
+        {
             gauge(e, name, help, v)?;
         }
         encode_latency(e, t)?;

@@ -130,57 +130,18 @@ impl RbdDevice {
     }
 
     fn open_parsed(uri: &str, u: &RbdUri, api: &'static Api) -> Result<RbdDevice, String> {
-        let id = cstring("client id", &u.id)?;
         let pool = cstring("pool name", &u.pool)?;
         let image_name = cstring("image name", &u.image)?;
-        let conf = u
-            .conf
-            .as_deref()
-            .map(|c| cstring("config path", c))
-            .transpose()?;
         let mut h = Handles {
             api,
             cluster: std::ptr::null_mut(),
             ioctx: std::ptr::null_mut(),
             image: std::ptr::null_mut(),
         };
-        let check = |ret: i64, what: String| -> Result<(), String> {
-            if ret < 0 {
-                Err(format!("{what}: {}", errno_error(ret)))
-            } else {
-                Ok(())
-            }
-        };
+        connect_cluster(&mut h, u)?;
         // SAFETY: every call gets valid C strings that outlive it, and
         // handles made by the calls before it (or out-pointers to fill).
         unsafe {
-            check(
-                (api.rados_create)(&mut h.cluster, id.as_ptr()).into(),
-                format!("rados_create (client.{})", u.id),
-            )?;
-            let conf_ptr = conf.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
-            check(
-                (api.rados_conf_read_file)(h.cluster, conf_ptr).into(),
-                match &u.conf {
-                    Some(c) => format!("reading the Ceph config {c}"),
-                    None => "finding a Ceph config (CEPH_CONF, /etc/ceph/ceph.conf; or give \
-                             ?conf=PATH)"
-                        .into(),
-                },
-            )?;
-            check(
-                (api.rados_conf_parse_env)(h.cluster, std::ptr::null()).into(),
-                "parsing CEPH_ARGS".into(),
-            )?;
-            for (option, ceph_default, ours) in BOUNDS {
-                set_if_default(api, h.cluster, option, ceph_default, ours)?;
-            }
-            let op_timeout = crate::device::origin_timeout().as_secs().max(1).to_string();
-            set_if_default(api, h.cluster, "rados_osd_op_timeout", 0.0, &op_timeout)?;
-            check(
-                (api.rados_connect)(h.cluster).into(),
-                format!("connecting to the cluster as client.{}", u.id),
-            )?;
             check(
                 (api.rados_ioctx_create)(h.cluster, pool.as_ptr(), &mut h.ioctx).into(),
                 format!("opening pool '{}'", u.pool),
@@ -256,6 +217,59 @@ impl RbdDevice {
             Err(_) => {}
         }
         r
+    }
+}
+
+/// `Err` naming `what` and the errno for a librados/librbd return below 0.
+fn check(ret: i64, what: String) -> Result<(), String> {
+    if ret < 0 {
+        Err(format!("{what}: {}", errno_error(ret)))
+    } else {
+        Ok(())
+    }
+}
+
+/// Makes `h.cluster` and connects it as `u`'s client: the config file (or
+/// Ceph's search for one), CEPH_ARGS, then our bounds where the config
+/// leaves Ceph's defaults.
+fn connect_cluster(h: &mut Handles, u: &RbdUri) -> Result<(), String> {
+    let api = h.api;
+    let id = cstring("client id", &u.id)?;
+    let conf = u
+        .conf
+        .as_deref()
+        .map(|c| cstring("config path", c))
+        .transpose()?;
+    // SAFETY: every call gets valid C strings that outlive it, and the
+    // cluster handle made by the first call (or its out-pointer).
+    unsafe {
+        check(
+            (api.rados_create)(&mut h.cluster, id.as_ptr()).into(),
+            format!("rados_create (client.{})", u.id),
+        )?;
+        let conf_ptr = conf.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
+        check(
+            (api.rados_conf_read_file)(h.cluster, conf_ptr).into(),
+            match &u.conf {
+                Some(c) => format!("reading the Ceph config {c}"),
+                None => "finding a Ceph config (CEPH_CONF, /etc/ceph/ceph.conf; or give \
+                         ?conf=PATH)"
+                    .into(),
+            },
+        )?;
+        check(
+            (api.rados_conf_parse_env)(h.cluster, std::ptr::null()).into(),
+            "parsing CEPH_ARGS".into(),
+        )?;
+        for (option, ceph_default, ours) in BOUNDS {
+            set_if_default(api, h.cluster, option, ceph_default, ours)?;
+        }
+        let op_timeout = crate::device::origin_timeout().as_secs().max(1).to_string();
+        set_if_default(api, h.cluster, "rados_osd_op_timeout", 0.0, &op_timeout)?;
+        check(
+            (api.rados_connect)(h.cluster).into(),
+            format!("connecting to the cluster as client.{}", u.id),
+        )
     }
 }
 

@@ -167,25 +167,7 @@ impl Label {
     /// Parses one label copy; `Err` says why it is not a valid one.
     pub fn parse(page: &[u8]) -> Result<Label, String> {
         let (raw, _) = RawLabel::read_from_prefix(page).map_err(|_| "short label".to_string())?;
-        if raw.magic != LABEL_MAGIC {
-            return Err("no cache-set label".into());
-        }
-        if raw.crc.get() != crc32c::crc32c(&raw.as_bytes()[..252]) {
-            return Err("label checksum mismatch".into());
-        }
-        // A generation counts label writes: one near 2^64 is damage, and
-        // overflowed the next (a degraded open panicked; found by
-        // fuzz/fuzz_targets/set_label.rs), as the journal's (recovery.rs,
-        // SEQ_MAX).
-        if raw.generation.get() > GENERATION_MAX {
-            return Err(format!(
-                "label generation {} is implausible",
-                raw.generation.get()
-            ));
-        }
-        if raw.version.get() != LABEL_VERSION {
-            return Err(format!("unsupported label version {}", raw.version.get()));
-        }
+        check_envelope(&raw)?;
         let count = raw.member_count.get() as usize;
         if !(2..=MAX_MEMBERS).contains(&count) {
             return Err(format!("label names {count} members (2..={MAX_MEMBERS})"));
@@ -194,46 +176,14 @@ impl Label {
         if index >= count {
             return Err(format!("member index {index} of {count} members"));
         }
-        let bs = raw.block_bytes.get();
-        if !bs.is_power_of_two() || !(4096..=1 << 20).contains(&bs) {
-            return Err(format!(
-                "block size {bs} is not a power of two in 4 KiB..1 MiB"
-            ));
-        }
-        let meta = raw.meta_bytes.get();
-        if meta == 0 || !meta.is_multiple_of(bs as u64) || meta > 1 << 50 {
-            return Err(format!(
-                "metadata size {meta} is not a multiple of the block size"
-            ));
-        }
-        let slots: Vec<u64> = raw.stripe_slots[..count].iter().map(|v| v.get()).collect();
-        let mirror = raw.mirror_slots.get();
-        let total = slots
-            .iter()
-            .try_fold(mirror, |a, &s| a.checked_add(s))
-            .filter(|&t| t <= u32::MAX as u64)
-            .ok_or("slot counts overflow")?;
-        if total == 0 {
-            return Err("a set without slots".into());
-        }
+        let geometry = raw_geometry(&raw, count)?;
         if raw.stale_mask.get() >> count != 0 {
             return Err("stale mask names members past the count".into());
         }
         if raw.flags.get() & !FLAG_RESYNC != 0 {
             return Err(format!("unknown label flags {:#x}", raw.flags.get()));
         }
-        let geometry = Geometry {
-            block_bytes: bs,
-            meta_bytes: meta,
-            mirror_slots: mirror,
-            stripe_slots: slots,
-            member_bytes: raw.member_bytes[..count].iter().map(|v| v.get()).collect(),
-        };
-        for i in 0..count {
-            if geometry.member_needs_bytes(i) > geometry.member_bytes[i] {
-                return Err(format!("member {i} is too small for its slots"));
-            }
-        }
+        check_member_sizes(&geometry)?;
         Ok(Label {
             member_index: index,
             set_id: raw.set_id.get(),
@@ -253,6 +203,75 @@ impl Label {
             (Err(e), Err(_)) => Err(e),
         }
     }
+}
+
+/// The label's magic, checksum, generation and version.
+fn check_envelope(raw: &RawLabel) -> Result<(), String> {
+    if raw.magic != LABEL_MAGIC {
+        return Err("no cache-set label".into());
+    }
+    if raw.crc.get() != crc32c::crc32c(&raw.as_bytes()[..252]) {
+        return Err("label checksum mismatch".into());
+    }
+    // A generation counts label writes: one near 2^64 is damage, and
+    // overflowed the next (a degraded open panicked; found by
+    // fuzz/fuzz_targets/set_label.rs), as the journal's (recovery.rs,
+    // SEQ_MAX).
+    if raw.generation.get() > GENERATION_MAX {
+        return Err(format!(
+            "label generation {} is implausible",
+            raw.generation.get()
+        ));
+    }
+    if raw.version.get() != LABEL_VERSION {
+        return Err(format!("unsupported label version {}", raw.version.get()));
+    }
+    Ok(())
+}
+
+/// The set's geometry as the label states it, checked: block and
+/// metadata sizes, slot counts that fit (members' sizes: `check_member_sizes`).
+fn raw_geometry(raw: &RawLabel, count: usize) -> Result<Geometry, String> {
+    let bs = raw.block_bytes.get();
+    if !bs.is_power_of_two() || !(4096..=1 << 20).contains(&bs) {
+        return Err(format!(
+            "block size {bs} is not a power of two in 4 KiB..1 MiB"
+        ));
+    }
+    let meta = raw.meta_bytes.get();
+    if meta == 0 || !meta.is_multiple_of(bs as u64) || meta > 1 << 50 {
+        return Err(format!(
+            "metadata size {meta} is not a multiple of the block size"
+        ));
+    }
+    let slots: Vec<u64> = raw.stripe_slots[..count].iter().map(|v| v.get()).collect();
+    let mirror = raw.mirror_slots.get();
+    let total = slots
+        .iter()
+        .try_fold(mirror, |a, &s| a.checked_add(s))
+        .filter(|&t| t <= u32::MAX as u64)
+        .ok_or("slot counts overflow")?;
+    if total == 0 {
+        return Err("a set without slots".into());
+    }
+    let geometry = Geometry {
+        block_bytes: bs,
+        meta_bytes: meta,
+        mirror_slots: mirror,
+        stripe_slots: slots,
+        member_bytes: raw.member_bytes[..count].iter().map(|v| v.get()).collect(),
+    };
+    Ok(geometry)
+}
+
+/// Every member is big enough for the slots the label gives it.
+fn check_member_sizes(geometry: &Geometry) -> Result<(), String> {
+    for i in 0..geometry.member_bytes.len() {
+        if geometry.member_needs_bytes(i) > geometry.member_bytes[i] {
+            return Err(format!("member {i} is too small for its slots"));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

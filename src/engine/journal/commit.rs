@@ -30,7 +30,8 @@ use crate::engine::format::{
 };
 use crate::engine::format::{Superblock, SB_FLAG_DISTRUST_CLEAN};
 use crate::engine::stats::bump;
-use crate::engine::{Engine, EngineResult};
+use crate::engine::table::Batch;
+use crate::engine::{Engine, EngineResult, Meta};
 
 /// Checkpoint pages written per device request.
 const CHECKPOINT_PAGES_PER_WRITE: usize = 256;
@@ -81,31 +82,8 @@ impl Engine {
             let mut m = self.meta.lock();
             let batch = m.take_batch();
             let pages = batch.records.len().div_ceil(RECORDS_PER_PAGE) as u64;
-            // Checkpoint instead of journalling when the journal would pass
-            // half full; the snapshot is taken together with the records so
-            // it equals the state those records lead to. A checkpoint keeps
-            // no closed flush group (table/groups.rs): while one is pending
-            // it waits (the background writes them back meanwhile), until
-            // the journal would pass seven eighths.
             let wanted = checkpoint.is_some() || in_use + pages > journal_pages / 2;
-            let groups_pending = m.groups().and_then(|g| g.closed_pending()).is_some();
-            let snapshot = if wanted && groups_pending && in_use + pages <= journal_pages / 8 * 7 {
-                self.journal.want_checkpoint(true);
-                None
-            } else if wanted {
-                if groups_pending {
-                    bump(&self.stats.group_orders_lost, 1);
-                    log::warn!(
-                        "the journal is nearly full while flush groups wait for writeback: \
-                         checkpointing without them (their order is kept only until the next \
-                         crash)"
-                    );
-                }
-                self.journal.want_checkpoint(false);
-                Some(m.snapshot())
-            } else {
-                None
-            };
+            let snapshot = self.checkpoint_snapshot(&mut m, wanted, in_use + pages);
             let target = self.commit_target(cs, snapshot.is_some(), pages);
             if let Some(log) = m.crash_log() {
                 log.begin_commit(target, batch.records.len());
@@ -115,26 +93,7 @@ impl Engine {
         let result = self.commit_io(cs, &batch.records, snapshot, checkpoint.unwrap_or(false));
         match result {
             Ok(()) => {
-                let freed = batch.frees_slots();
-                let through = batch.releases_through();
-                {
-                    let mut m = self.meta.lock();
-                    if let Some(log) = m.crash_log() {
-                        log.commit_done(target);
-                        if log.len() < log.capacity() / 4 * 3 {
-                            self.journal.pressed.store(false, Ordering::Relaxed);
-                        }
-                    }
-                    m.batch_durable(batch);
-                }
-                if freed {
-                    // Writes waiting for a slot (slots.rs) try again.
-                    self.writeback.slots_freed();
-                }
-                cs.flushed_through = covered;
-                cs.releases_durable = through;
-                cs.last_commit_ms = self.now_ms();
-                bump(&self.stats.commits, 1);
+                self.commit_succeeded(cs, batch, target, covered);
                 Ok(())
             }
             Err(e) => {
@@ -148,6 +107,65 @@ impl Engine {
                 Err(e)
             }
         }
+    }
+
+    /// The state a checkpoint writes, if this commit writes one (`wanted`:
+    /// asked for, or the journal would pass half full with `pages_after`
+    /// pages in use). The snapshot is taken together with the records so
+    /// it equals the state those records lead to. A checkpoint keeps no
+    /// closed flush group (table/groups.rs): while one is pending it waits
+    /// (the background writes them back meanwhile), until the journal
+    /// would pass seven eighths.
+    fn checkpoint_snapshot(
+        &self,
+        m: &mut Meta,
+        wanted: bool,
+        pages_after: u64,
+    ) -> Option<CheckpointData> {
+        if !wanted {
+            return None;
+        }
+        let groups_pending = m.groups().and_then(|g| g.closed_pending()).is_some();
+        if groups_pending && pages_after <= self.layout.journal_pages / 8 * 7 {
+            self.journal.want_checkpoint(true);
+            return None;
+        }
+        if groups_pending {
+            bump(&self.stats.group_orders_lost, 1);
+            log::warn!(
+                "the journal is nearly full while flush groups wait for writeback: \
+                 checkpointing without them (their order is kept only until the next \
+                 crash)"
+            );
+        }
+        self.journal.want_checkpoint(false);
+        Some(m.snapshot())
+    }
+
+    /// A commit to `target` is durable: its batch's slots are released,
+    /// the crash log's records up to it are done, and `covered` completed
+    /// operations are flushed.
+    fn commit_succeeded(&self, cs: &mut CommitState, batch: Batch, target: Point, covered: u64) {
+        let freed = batch.frees_slots();
+        let through = batch.releases_through();
+        {
+            let mut m = self.meta.lock();
+            if let Some(log) = m.crash_log() {
+                log.commit_done(target);
+                if log.len() < log.capacity() / 4 * 3 {
+                    self.journal.pressed.store(false, Ordering::Relaxed);
+                }
+            }
+            m.batch_durable(batch);
+        }
+        if freed {
+            // Writes waiting for a slot (slots.rs) try again.
+            self.writeback.slots_freed();
+        }
+        cs.flushed_through = covered;
+        cs.releases_durable = through;
+        cs.last_commit_ms = self.now_ms();
+        bump(&self.stats.commits, 1);
     }
 
     /// The on-disk point a commit leads to (`crash_log::Point`): a

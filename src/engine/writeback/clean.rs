@@ -140,34 +140,43 @@ impl Engine {
             Some(d) => d,
             None => self.short_pool(&m)?,
         };
-        let segs = m.pools().segments(dirty)?;
-        let seg = match segs.cleaning() {
+        let seg = match m.pools().segments(dirty)?.cleaning() {
             Some(seg) => seg,
-            None => {
-                // In flush order a segment holding data its group pins is
-                // passed over, so look further for ones that are not.
-                let look = if m.groups().is_some() {
-                    CANDIDATES * 4
-                } else {
-                    CANDIDATES
-                };
-                // The most slots won, the oldest of equals.
-                let (moves, seg) = segs
-                    .candidates(look)
-                    .into_iter()
-                    .filter_map(|r| Some((self.moves_needed(&m, r.clone())?, r)))
-                    .take(CANDIDATES)
-                    .min_by_key(|(moves, r)| std::cmp::Reverse(r.len() - moves))?;
-                // Worth it only if a quarter of the segment is won: moving
-                // more would write the cache device more than clients do.
-                if (seg.len() - moves) * 4 < seg.len() {
-                    return None;
-                }
-                m.begin_cleaning(dirty, seg.clone());
-                bump(&self.stats.segments_cleaned, 1);
-                seg
-            }
+            None => self.choose_segment(&mut m, dirty)?,
         };
+        Some(self.plan_segment(&mut m, dirty, seg))
+    }
+
+    /// The segment of the `dirty` pool to empty next, begun: the most
+    /// slots won, the oldest of equals; `None` if none wins a quarter.
+    fn choose_segment(&self, m: &mut Meta, dirty: bool) -> Option<std::ops::Range<u32>> {
+        // In flush order a segment holding data its group pins is passed
+        // over, so look further for ones that are not.
+        let look = if m.groups().is_some() {
+            CANDIDATES * 4
+        } else {
+            CANDIDATES
+        };
+        let (moves, seg) = m
+            .pools()
+            .segments(dirty)?
+            .candidates(look)
+            .into_iter()
+            .filter_map(|r| Some((self.moves_needed(m, r.clone())?, r)))
+            .take(CANDIDATES)
+            .min_by_key(|(moves, r)| std::cmp::Reverse(r.len() - moves))?;
+        // Worth it only if a quarter of the segment is won: moving more
+        // would write the cache device more than clients do.
+        if (seg.len() - moves) * 4 < seg.len() {
+            return None;
+        }
+        m.begin_cleaning(dirty, seg.clone());
+        bump(&self.stats.segments_cleaned, 1);
+        Some(seg)
+    }
+
+    /// Evicts what it can of `seg` and locks the blocks to move.
+    fn plan_segment(&self, m: &mut Meta, dirty: bool, seg: std::ops::Range<u32>) -> Plan {
         let mut plan = Plan {
             dirty,
             moves: Vec::new(),
@@ -187,7 +196,7 @@ impl Engine {
                 plan.busy += 1;
                 continue;
             }
-            let keep = must_move(&m, slot, dirty);
+            let keep = must_move(m, slot, dirty);
             if !dirty {
                 m.log_pass(slot, block, keep);
             }
@@ -195,11 +204,11 @@ impl Engine {
                 plan.moves.push((slot, block));
                 continue;
             }
-            self.evict_slot(&mut m, slot);
+            self.evict_slot(m, slot);
             self.locks.unlock(block);
             plan.evicted += 1;
         }
-        Some(plan)
+        plan
     }
 
     /// Blocks of `seg` the cleaner would move (`must_move`); `None` if a
