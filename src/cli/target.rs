@@ -225,23 +225,11 @@ impl Opened {
     /// `open`; `degraded`: a cache set opens without members that cannot
     /// be found (see `CacheSet::open`).
     pub fn open_with(reg: &Registry, name: Option<&str>, degraded: bool) -> Result<Opened> {
-        let entry = reg.resolve(name)?;
-        let socket = reg.socket_path(&entry.name);
-        if control::daemon_listening(&socket) {
-            return Ok(Opened {
-                entry,
-                target: Target::Daemon(socket),
-                _lock: None,
-            });
-        }
-        let lock = reg.lock(&entry.name)?;
-        let engine = open_engine(reg, &entry, degraded)
-            .with_context(|| format!("cache '{}'", entry.name))?;
-        super::registry::record_distrust(reg, &entry, &engine)?;
-        Ok(Opened {
-            entry,
-            target: Target::Offline(engine),
-            _lock: Some(lock),
+        Opened::open_by(reg, name, |entry| {
+            let engine = open_engine(reg, entry, degraded)
+                .with_context(|| format!("cache '{}'", entry.name))?;
+            super::registry::record_distrust(reg, entry, &engine)?;
+            Ok(Target::Offline(engine))
         })
     }
 
@@ -250,6 +238,20 @@ impl Opened {
     /// read-only (`Target::ReadOnly`), under the name's lock, and nothing
     /// of it is written, the registry included.
     pub fn open_read_only(reg: &Registry, name: Option<&str>) -> Result<Opened> {
+        Opened::open_by(reg, name, |entry| {
+            let engine = open_engine_read_only(reg, entry)
+                .with_context(|| format!("cache '{}'", entry.name))?;
+            Ok(Target::ReadOnly(engine))
+        })
+    }
+
+    /// Resolves `name`: the daemon that serves it if one listens, else
+    /// `offline`'s target, made under the name's lock.
+    fn open_by(
+        reg: &Registry,
+        name: Option<&str>,
+        offline: impl FnOnce(&Entry) -> Result<Target>,
+    ) -> Result<Opened> {
         let entry = reg.resolve(name)?;
         let socket = reg.socket_path(&entry.name);
         if control::daemon_listening(&socket) {
@@ -260,11 +262,10 @@ impl Opened {
             });
         }
         let lock = reg.lock(&entry.name)?;
-        let engine = open_engine_read_only(reg, &entry)
-            .with_context(|| format!("cache '{}'", entry.name))?;
+        let target = offline(&entry)?;
         Ok(Opened {
             entry,
-            target: Target::ReadOnly(engine),
+            target,
             _lock: Some(lock),
         })
     }
