@@ -70,23 +70,9 @@ impl Volume<'_> {
         let sock = self.dir.join("state").join("tc0.nbd");
         format!("nbd+unix:///?socket={}", sock.display())
     }
-    fn health(&self) -> Value {
-        let s: Value = serde_json::from_str(&self.tc(&["status", "--json"])).unwrap();
-        s["origin_health"].clone()
-    }
     fn wait_health(&self, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-        let t = Instant::now();
-        loop {
-            let h = self.health();
-            if done(&h) {
-                return h;
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(60),
-                "waiting for {what}: {h}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let state = self.dir.join("state");
+        daemon::wait_origin_health(&state, what, Duration::from_secs(60), done)
     }
 
     /// A new image and a cache of `mode` over it, served.

@@ -210,3 +210,24 @@ pub fn fio_json(stdout: &[u8]) -> serde_json::Value {
         .unwrap_or_else(|| panic!("no JSON in fio output: {text}"));
     serde_json::from_str(&text[start..]).unwrap_or_else(|e| panic!("fio JSON: {e}: {text}"))
 }
+
+/// Polls `status --json` of the cache served from `state` until its
+/// origin's health passes `done`; fails after `limit`, naming `what`.
+pub fn wait_origin_health(
+    state: &Path,
+    what: &str,
+    limit: Duration,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let t = Instant::now();
+    loop {
+        let status = cli_ok_in(state, &["status", "--json"]);
+        let s: serde_json::Value = serde_json::from_str(&status).unwrap();
+        let h = s["origin_health"].clone();
+        if done(&h) {
+            return h;
+        }
+        assert!(t.elapsed() < limit, "waiting for {what}: {h}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
