@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use daemon::{need, sigterm, wait_for_socket, KillOnDrop, Setup, BIN};
+use daemon::{free_port, need, sigterm, wait_for_socket, wait_for_tcp, KillOnDrop, Setup, BIN};
 use tiercache::daemon::{registry, Entry, Registry};
 use tls::{require_tool, Pki};
 
@@ -517,22 +517,6 @@ fn idle_control_connections_neither_block_status_nor_stay() {
     }
     s.status();
     sigterm(&mut server);
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn wait_for_tcp(addr: &str) {
-    let t = Instant::now();
-    while std::net::TcpStream::connect(addr).is_err() {
-        assert!(t.elapsed() < Duration::from_secs(20), "nothing on {addr}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// nbdinfo over TLS with the client credentials in `client_dir`; true if

@@ -14,27 +14,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use daemon::{wait_for_socket, KillOnDrop, Setup, BIN};
+use daemon::{free_port, wait_for_socket, wait_for_tcp, KillOnDrop, Setup, BIN};
 use tls::{psk_file, require_tool, Pki};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn wait_for_tcp(addr: &str) {
-    let t = Instant::now();
-    while std::net::TcpStream::connect(addr).is_err() {
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "nothing listens on {addr}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 /// Plaintext TCP beyond loopback is refused before anything is opened;
 /// the message names the ways out.

@@ -231,3 +231,24 @@ pub fn wait_origin_health(
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A loopback TCP port free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Waits until something listens on `addr` (at most 20 s).
+pub fn wait_for_tcp(addr: &str) {
+    let t = Instant::now();
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "nothing listens on {addr}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
