@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use daemon::{free_port, need, sigterm, wait_for_socket, wait_for_tcp, KillOnDrop, Setup, BIN};
 use tiercache::daemon::{registry, Entry, Registry};
-use tls::{require_tool, Pki};
+use tls::{openssl, require_tool, Pki};
 
 /// The other user of these tests: `nobody`.
 const OTHER_UID: u32 = 65534;
@@ -578,73 +578,6 @@ fn x509_beyond_loopback_requires_client_certificates() {
     );
 }
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A second client certificate of `pki`'s CA in `<root>/<name>/`, with
-/// the CA's certificate: a client directory as libnbd reads it.
-fn second_client(pki: &Pki, name: &str) -> PathBuf {
-    let root = &pki.root;
-    let dir = root.join(name);
-    std::fs::create_dir_all(&dir).unwrap();
-    let (key, csr, cert) = (
-        format!("{name}/client-key.pem"),
-        format!("{name}.csr"),
-        format!("{name}/client-cert.pem"),
-    );
-    openssl(
-        root,
-        &[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &key,
-            "-out",
-            &csr,
-            "-subj",
-            "/CN=second",
-        ],
-    );
-    openssl(
-        root,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            "ca-cert.pem",
-            "-CAkey",
-            "ca-key.pem",
-            "-CAcreateserial",
-            "-out",
-            &cert,
-            "-days",
-            "2",
-            "-extfile",
-            "ext.cnf",
-            "-extensions",
-            "client",
-        ],
-    );
-    std::fs::copy(root.join("ca-cert.pem"), dir.join("ca-cert.pem")).unwrap();
-    dir
-}
-
 /// Revokes `pki`'s client certificate with `openssl ca` and writes the
 /// CA's CRL (v2, with a CRL number) to `<server dir>/ca-crl.pem`.
 fn revoke_client_cert(pki: &Pki) {
@@ -683,7 +616,7 @@ fn a_revoked_client_certificate_is_refused() {
     require_tool("nbdinfo", "libnbd-bin");
     let s = Setup::new("writeback");
     let pki = Pki::new(s.dir.path(), "ca");
-    let second = second_client(&pki, "second");
+    let second = pki.second_client("second");
     let (mut server, port) = serve_network(&s, &pki.server_dir(), &[]);
     assert!(
         nbdinfo_tls(port, &pki.client_dir()),

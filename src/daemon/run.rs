@@ -319,12 +319,15 @@ async fn serve_until_stopped(
     nbd_path: &std::path::Path,
     control_path: &std::path::Path,
 ) -> Result<()> {
-    let (listeners, fixed) = bind_listeners(&cfg, nbd_path).await?;
-    let served = Arc::new(Served::new(fixed, cfg.nbd.clients_connected.clone()));
+    // The handlers first: a SIGTERM once a socket exists (a test or a
+    // supervisor that waits for it) is a clean shutdown, not death by the
+    // signal's default action.
     let (tx, rx) = watch::channel(false);
     let tx = Arc::new(tx);
-    start_control(engine, &served, control_path, &tx)?;
     start_signal_handler(&tx);
+    let (listeners, fixed) = bind_listeners(&cfg, nbd_path).await?;
+    let served = Arc::new(Served::new(fixed, cfg.nbd.clients_connected.clone()));
+    start_control(engine, &served, control_path, &tx)?;
     start_malloc_trim();
     let monitor = crate::monitor::EndpointConfig {
         name: name.to_string(),

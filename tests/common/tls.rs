@@ -18,7 +18,8 @@ pub fn require_tool(tool: &str, package: &str) {
     );
 }
 
-fn openssl(dir: &Path, args: &[&str]) {
+/// Runs `openssl ARGS` in `dir`, asserting success.
+pub fn openssl(dir: &Path, args: &[&str]) {
     let out = Command::new("openssl")
         .args(args)
         .current_dir(dir)
@@ -91,35 +92,8 @@ impl Pki {
         openssl(&root, &ca);
         for (who, cn) in [("server", "localhost"), ("client", "client")] {
             let key = format!("{who}-key.pem");
-            let csr = format!("{who}.csr");
             let cert = format!("{who}-cert.pem");
-            let subj = format!("/CN={cn}");
-            let mut req = vec!["req"];
-            req.extend_from_slice(&ec);
-            req.extend_from_slice(&["-keyout", &key, "-out", &csr, "-subj", &subj]);
-            openssl(&root, &req);
-            openssl(
-                &root,
-                &[
-                    "x509",
-                    "-req",
-                    "-in",
-                    &csr,
-                    "-CA",
-                    "ca-cert.pem",
-                    "-CAkey",
-                    "ca-key.pem",
-                    "-CAcreateserial",
-                    "-out",
-                    &cert,
-                    "-days",
-                    "2",
-                    "-extfile",
-                    "ext.cnf",
-                    "-extensions",
-                    who,
-                ],
-            );
+            issue(&root, who, cn, &key, &cert);
             for f in [&key, &cert] {
                 std::fs::copy(root.join(f), root.join(who).join(f)).unwrap();
             }
@@ -128,6 +102,18 @@ impl Pki {
             std::fs::copy(root.join("ca-cert.pem"), root.join(who).join("ca-cert.pem")).unwrap();
         }
         Pki { root }
+    }
+
+    /// A second client certificate of this CA in `<root>/<name>/`, with
+    /// the CA's certificate: a client directory as libnbd reads it.
+    pub fn second_client(&self, name: &str) -> PathBuf {
+        let dir = self.root.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = format!("{name}/client-key.pem");
+        let cert = format!("{name}/client-cert.pem");
+        issue(&self.root, "client", name, &key, &cert);
+        std::fs::copy(self.root.join("ca-cert.pem"), dir.join("ca-cert.pem")).unwrap();
+        dir
     }
 
     pub fn server_dir(&self) -> PathBuf {
@@ -158,6 +144,53 @@ impl Pki {
         std::fs::copy(self.root.join("ca-cert.pem"), d.join("ca-cert.pem")).unwrap();
         d
     }
+}
+
+/// Issues a certificate of the CA in `root` with ext.cnf's `extensions`
+/// section (`server` or `client`) for `/CN=cn`: a new P-256 key at `key`,
+/// the certificate at `cert` (paths relative to `root`).
+fn issue(root: &Path, extensions: &str, cn: &str, key: &str, cert: &str) {
+    let csr = format!("{}.csr", key.trim_end_matches(".pem"));
+    let subj = format!("/CN={cn}");
+    openssl(
+        root,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            key,
+            "-out",
+            &csr,
+            "-subj",
+            &subj,
+        ],
+    );
+    openssl(
+        root,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca-cert.pem",
+            "-CAkey",
+            "ca-key.pem",
+            "-CAcreateserial",
+            "-out",
+            cert,
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+            "-extensions",
+            extensions,
+        ],
+    );
 }
 
 /// Writes `dir/keys.psk` (the name qemu's tls-creds-psk reads) holding
