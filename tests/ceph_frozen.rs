@@ -23,37 +23,15 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ceph::{ok, workdir, Cluster};
-use daemon::{cli_ok_in, fio_json, need, wait_for_socket, KillOnDrop, BIN};
+use daemon::{cli_ok_in, need, wait_for_socket, KillOnDrop, BIN};
 use serde_json::Value;
 
 const IMAGE_BYTES: u64 = 64 << 20;
 
-/// fio over the volume; its JSON, or the whole output if it failed.
+/// fio over the volume in 4 KiB blocks.
 fn fio(uri: &str, name: &str, args: &[&str]) -> Result<Value, String> {
-    let out = Command::new("fio")
-        .arg(format!("--name={name}"))
-        .args(["--ioengine=nbd", "--output-format=json", "--bs=4k"])
-        .arg(format!("--uri={uri}"))
-        .args(args)
-        .output()
-        .unwrap();
-    let json = out.status.success().then(|| fio_json(&out.stdout));
-    match json {
-        Some(j)
-            if j["jobs"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .all(|job| job["error"] == 0) =>
-        {
-            Ok(j)
-        }
-        _ => Err(format!(
-            "{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )),
-    }
+    let args: Vec<&str> = ["--bs=4k"].iter().chain(args).copied().collect();
+    daemon::fio_nbd(uri, name, &args)
 }
 
 struct Volume<'a> {

@@ -8,6 +8,8 @@
 
 #[path = "common/nbd.rs"]
 mod common;
+#[path = "common/mutation.rs"]
+mod mutation;
 
 use std::io::Write;
 use std::process::Command;
@@ -27,17 +29,7 @@ const BACKENDS: [Backend; 3] = [
 ];
 
 fn seed() -> u64 {
-    let seed = std::env::var("NBD_MODEL_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    eprintln!("seed {seed} (rerun with NBD_MODEL_SEED={seed})");
-    seed
+    mutation::seed("NBD_MODEL_SEED")
 }
 
 /// Handshake with NBD_OPT_GO but no NBD_INFO_BLOCK_SIZE request: the

@@ -4,6 +4,8 @@
 
 #[path = "common/nbd.rs"]
 mod common;
+#[path = "common/mutation.rs"]
+mod mutation;
 
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
@@ -559,16 +561,7 @@ fn mutate(rng: &mut ChaCha8Rng, s: &mut Vec<u8>) {
 
 #[test]
 fn random_mutated_streams() {
-    let seed: u64 = std::env::var("NBD_FUZZ_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    eprintln!("random_mutated_streams: seed {seed} (rerun with NBD_FUZZ_SEED={seed})");
+    let seed = mutation::seed("NBD_FUZZ_SEED");
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let server = TestServer::start(SIZE, TestServer::test_config());
     let mut by = Bystander::new(&server);

@@ -36,19 +36,7 @@ const OUTAGE: Duration = Duration::from_secs(3);
 
 /// `nbdkit -U SOCK -f file FILE`, in the foreground.
 fn start_origin(sock: &Path, file: &Path) -> KillOnDrop {
-    // A killed server leaves its socket file, which nbdkit will not replace.
-    let _ = std::fs::remove_file(sock);
-    let child = Command::new("nbdkit")
-        .arg("-U")
-        .arg(sock)
-        .args(["-f", "--exit-with-parent", "file"])
-        .arg(file)
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("nbdkit: install the Debian package nbdkit");
-    let child = KillOnDrop(child);
-    wait_for_socket(sock);
-    child
+    start_origin_with(sock, file, &[], &[])
 }
 
 /// Kills the origin server as a crash would (SIGKILL).
@@ -403,6 +391,7 @@ fn background_writeback_waits_for_an_unreachable_origin() {
 
 /// `nbdkit -U SOCK -f [FILTER ARGS] file FILE [PARAMS]`.
 fn start_origin_with(sock: &Path, file: &Path, filters: &[&str], params: &[&str]) -> KillOnDrop {
+    // A killed server leaves its socket file, which nbdkit will not replace.
     let _ = std::fs::remove_file(sock);
     let child = Command::new("nbdkit")
         .arg("-U")
@@ -481,30 +470,9 @@ fn serve_args(v: &Volume, args: &[&str]) -> KillOnDrop {
     child
 }
 
-/// fio over the volume: `args` after the common ones; its JSON, or the
-/// whole output if it failed.
+/// fio over the volume: `args` after the common ones.
 fn fio(uri: &str, name: &str, args: &[&str]) -> Result<Value, String> {
-    let out = Command::new("fio")
-        .arg(format!("--name={name}"))
-        .args(["--ioengine=nbd", "--output-format=json"])
-        .arg(format!("--uri={uri}"))
-        .args(args)
-        .output()
-        .unwrap();
-    if !out.status.success() {
-        return Err(format!(
-            "{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    let json = fio_json(&out.stdout);
-    for job in json["jobs"].as_array().unwrap() {
-        if job["error"] != 0 {
-            return Err(format!("fio job error: {job}"));
-        }
-    }
-    Ok(json)
+    daemon::fio_nbd(uri, name, args)
 }
 
 /// Polls the stats until `name` reaches `at_least`.
@@ -527,22 +495,8 @@ fn assert_origin_equals_volume(v: &Volume, origin_file: &Path) {
     let s = v.status();
     assert_eq!(s["cache_blocks_dirty"], 0, "{s}");
     let copy = v.path("volume.img");
-    let out = Command::new("nbdcopy")
-        .arg(v.uri())
-        .arg(&copy)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "nbdcopy: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let (volume, origin) = (
-        std::fs::read(&copy).unwrap(),
-        std::fs::read(origin_file).unwrap(),
-    );
-    assert_eq!(volume.len(), origin.len());
-    if let Some(at) = (0..origin.len()).find(|&i| origin[i] != volume[i]) {
+    daemon::nbdcopy(v.uri(), &copy);
+    if let Some(at) = daemon::first_difference(&copy, origin_file) {
         panic!("the origin file differs from the volume at byte {at}");
     }
 }

@@ -13,7 +13,6 @@ mod common;
 #[path = "common/daemon.rs"]
 mod daemon;
 
-use std::io::Read;
 use std::process::Command;
 use std::time::Instant;
 
@@ -23,35 +22,6 @@ const MIB: u64 = 1 << 20;
 const VOLUME_BYTES: u64 = 256 * MIB;
 const CACHE_BYTES: u64 = 16 * MIB;
 const WRITE_JOB_BYTES: u64 = 48 * MIB;
-
-/// Compares two files chunk by chunk; the first differing byte offset.
-fn first_difference(a: &std::path::Path, b: &std::path::Path) -> Option<u64> {
-    let (mut fa, mut fb) = (
-        std::fs::File::open(a).unwrap(),
-        std::fs::File::open(b).unwrap(),
-    );
-    assert_eq!(
-        fa.metadata().unwrap().len(),
-        fb.metadata().unwrap().len(),
-        "{} and {} differ in size",
-        a.display(),
-        b.display()
-    );
-    let (mut ba, mut bb) = (vec![0u8; MIB as usize], vec![0u8; MIB as usize]);
-    let mut at = 0u64;
-    loop {
-        let n = fa.read(&mut ba).unwrap();
-        if n == 0 {
-            return None;
-        }
-        fb.read_exact(&mut bb[..n]).unwrap();
-        if ba[..n] != bb[..n] {
-            let k = ba[..n].iter().zip(&bb[..n]).position(|(x, y)| x != y);
-            return Some(at + k.unwrap() as u64);
-        }
-        at += n as u64;
-    }
-}
 
 #[test]
 fn soak_fio_verify_small_cache() {
@@ -148,20 +118,11 @@ fn soak_fio_verify_small_cache() {
     let flushed = setup.cli(&["flush"]);
     assert!(flushed.contains("0 dirty"), "{flushed}");
     let copy = setup.path("volume.img");
-    let out = Command::new("nbdcopy")
-        .arg(&uri)
-        .arg(&copy)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "nbdcopy: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    daemon::nbdcopy(&uri, &copy);
     daemon::sigterm(&mut server);
     let check = setup.cli(&["check"]);
     assert!(check.contains("shut down cleanly: yes"), "{check}");
-    if let Some(at) = first_difference(&copy, &setup.path("origin.img")) {
+    if let Some(at) = daemon::first_difference(&copy, &setup.path("origin.img")) {
         panic!("after the final flush the origin differs from the volume at byte {at}");
     }
     eprintln!(

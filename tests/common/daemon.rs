@@ -4,6 +4,7 @@
 //! `serve.rs` and the `reliability_*` tests.
 #![allow(dead_code)]
 
+use std::io::Read;
 use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -209,6 +210,71 @@ pub fn fio_json(stdout: &[u8]) -> serde_json::Value {
         .find('{')
         .unwrap_or_else(|| panic!("no JSON in fio output: {text}"));
     serde_json::from_str(&text[start..]).unwrap_or_else(|e| panic!("fio JSON: {e}: {text}"))
+}
+
+/// fio over an NBD volume: `args` after the common ones; its JSON, or the
+/// whole output (or the failed job) if it failed.
+pub fn fio_nbd(uri: &str, name: &str, args: &[&str]) -> Result<serde_json::Value, String> {
+    let out = Command::new("fio")
+        .arg(format!("--name={name}"))
+        .args(["--ioengine=nbd", "--output-format=json"])
+        .arg(format!("--uri={uri}"))
+        .args(args)
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return Err(format!(
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let json = fio_json(&out.stdout);
+    for job in json["jobs"].as_array().unwrap() {
+        if job["error"] != 0 {
+            return Err(format!("fio job error: {job}"));
+        }
+    }
+    Ok(json)
+}
+
+/// `nbdcopy FROM TO`, which must succeed.
+pub fn nbdcopy(from: impl AsRef<std::ffi::OsStr>, to: impl AsRef<std::ffi::OsStr>) {
+    let out = Command::new("nbdcopy").arg(from).arg(to).output().unwrap();
+    assert!(
+        out.status.success(),
+        "nbdcopy: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Compares two files chunk by chunk; the first differing byte offset.
+pub fn first_difference(a: &Path, b: &Path) -> Option<u64> {
+    let (mut fa, mut fb) = (
+        std::fs::File::open(a).unwrap(),
+        std::fs::File::open(b).unwrap(),
+    );
+    assert_eq!(
+        fa.metadata().unwrap().len(),
+        fb.metadata().unwrap().len(),
+        "{} and {} differ in size",
+        a.display(),
+        b.display()
+    );
+    let (mut ba, mut bb) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
+    let mut at = 0u64;
+    loop {
+        let n = fa.read(&mut ba).unwrap();
+        if n == 0 {
+            return None;
+        }
+        fb.read_exact(&mut bb[..n]).unwrap();
+        if ba[..n] != bb[..n] {
+            let k = ba[..n].iter().zip(&bb[..n]).position(|(x, y)| x != y);
+            return Some(at + k.unwrap() as u64);
+        }
+        at += n as u64;
+    }
 }
 
 /// Polls `status --json` of the cache served from `state` until its

@@ -7,6 +7,9 @@ use tiercache::device::fault::FaultDevice;
 use tiercache::device::DeviceRef;
 use tiercache::engine::format::Layout;
 
+/// Seeds read back from the environment, and seeded mutation.
+pub mod mutation;
+
 /// A cache device size holding about `slots` blocks of `block_bytes`.
 pub fn cache_bytes_for(slots: u64, block_bytes: u32) -> u64 {
     Layout::device_bytes_for(block_bytes, slots)
@@ -252,14 +255,7 @@ impl SectorModel {
 
 /// The seed of a randomized test: `TIERCACHE_SEED` if set, else from the clock.
 pub fn seed() -> u64 {
-    std::env::var("TIERCACHE_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        })
+    mutation::seed("TIERCACHE_SEED")
 }
 
 /// Writes every dirty block back, detaches, and checks that the origin now
