@@ -510,7 +510,7 @@ fn read_only_commands_write_no_byte_after_a_crash() {
             ..OpenOptions::default()
         };
         let engine = Engine::open(
-            open_cache(&paths, false).unwrap(),
+            open_cache(&paths, false, open_device).unwrap(),
             open_device(s(&origin)).unwrap(),
             &opts,
         )

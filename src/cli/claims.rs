@@ -6,12 +6,11 @@
 
 use std::path::{Path, PathBuf};
 
+use tiercache::device::proc_strings;
 use tiercache::device::DeviceError;
 
 use super::registry::{self, Registry};
-
-/// What the CLI says when none is given (`--state-dir`'s default).
-const DEFAULT_STATE_DIR: &str = "/var/lib/tiercache";
+use super::{DEFAULT_STATE_DIR, STATE_DIR_ENV};
 
 /// True if `e` was caused by a device another open holds.
 pub fn in_use(e: &anyhow::Error) -> bool {
@@ -83,21 +82,14 @@ struct Process {
 impl Process {
     /// `None` unless `pid` runs a program named tiercache.
     fn read(pid: u32) -> Option<Process> {
-        let split = |bytes: Vec<u8>| -> Vec<String> {
-            bytes
-                .split(|&b| b == 0)
-                .filter(|a| !a.is_empty())
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect()
-        };
-        let args = split(std::fs::read(format!("/proc/{pid}/cmdline")).ok()?);
+        let args = proc_strings(pid, "cmdline");
         let program = Path::new(args.first()?).file_name()?.to_string_lossy();
         if !program.starts_with("tiercache") {
             return None;
         }
         Some(Process {
             args,
-            env: split(std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default()),
+            env: proc_strings(pid, "environ"),
             cwd: std::fs::read_link(format!("/proc/{pid}/cwd")).ok(),
         })
     }
@@ -120,9 +112,11 @@ impl Process {
     /// environment variable, the default; relative to its own directory.
     fn state_dir(&self) -> PathBuf {
         let given = self.flag("--state-dir").or_else(|| {
-            self.env
-                .iter()
-                .find_map(|v| v.strip_prefix("TIERCACHE_STATE_DIR=").map(str::to_string))
+            self.env.iter().find_map(|v| {
+                v.strip_prefix(STATE_DIR_ENV)?
+                    .strip_prefix('=')
+                    .map(str::to_string)
+            })
         });
         let dir = PathBuf::from(given.unwrap_or_else(|| DEFAULT_STATE_DIR.into()));
         match &self.cwd {

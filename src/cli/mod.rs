@@ -36,6 +36,11 @@ use tiercache::daemon::{control, registry};
 
 use registry::Registry;
 
+/// `--state-dir`'s environment variable and default (claims.rs reads them
+/// back from another tiercache's environment).
+const STATE_DIR_ENV: &str = "TIERCACHE_STATE_DIR";
+const DEFAULT_STATE_DIR: &str = "/var/lib/tiercache";
+
 #[derive(Parser, Debug)]
 #[command(
     name = "tiercache",
@@ -47,8 +52,8 @@ struct Cli {
     #[arg(
         long,
         global = true,
-        env = "TIERCACHE_STATE_DIR",
-        default_value = "/var/lib/tiercache"
+        env = STATE_DIR_ENV,
+        default_value = DEFAULT_STATE_DIR
     )]
     state_dir: PathBuf,
 

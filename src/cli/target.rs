@@ -14,7 +14,7 @@ use tiercache::engine::policy::PolicyKind;
 use tiercache::engine::{AdmissionSettings, Engine, Mode, OpenOptions, Status, WritebackSettings};
 
 use super::control::{self, Request};
-use super::registry::{Entry, Lock, Registry};
+use super::registry::{self, Entry, Lock, Registry};
 
 pub enum Target {
     /// No daemon serves the cache: this process opened the engine itself
@@ -282,31 +282,35 @@ fn open_engine(reg: &Registry, entry: &Entry, degraded: bool) -> Result<Arc<Engi
         .open_cache(degraded)
         .context("opening the cache device")?;
     let origin = open_device(&entry.origin).context("opening the origin device")?;
-    // A command is short-lived: background writeback would only race the
-    // command's own work. The daemon runs it.
-    let opts = OpenOptions {
-        no_background: true,
-        distrust_clean: entry.distrust_clean,
-        // A daemon killed before this command may have left writes that
-        // only its crash log knows about.
-        crash_log: Some(reg.crash_log_path(&entry.name)),
-        ..OpenOptions::default()
-    };
-    Ok(Engine::open(cache, origin, &opts)?)
+    Ok(Engine::open(
+        cache,
+        origin,
+        &command_open_options(reg, entry),
+    )?)
 }
 
 pub(super) fn open_engine_read_only(reg: &Registry, entry: &Entry) -> Result<Arc<Engine>> {
     let cache = open_cache_read_only(&entry.cache_paths()).context("opening the cache device")?;
     let origin = open_device_read_only(&entry.origin).context("opening the origin device")?;
-    let opts = OpenOptions {
+    Ok(Engine::open_read_only(
+        cache,
+        origin,
+        &command_open_options(reg, entry),
+    )?)
+}
+
+/// How a command opens a cache no daemon serves. A command is short-lived:
+/// background writeback would only race the command's own work (the
+/// daemon runs it). A daemon killed before this command may have left
+/// writes only its crash log knows about: a writing open takes them, a
+/// read-only one shows them as the next open would apply them.
+fn command_open_options(reg: &Registry, entry: &Entry) -> OpenOptions {
+    OpenOptions {
         no_background: true,
         distrust_clean: entry.distrust_clean,
-        // Read, not taken: what a daemon killed before this command left
-        // is shown as the next open would apply it.
         crash_log: Some(reg.crash_log_path(&entry.name)),
         ..OpenOptions::default()
-    };
-    Ok(Engine::open_read_only(cache, origin, &opts)?)
+    }
 }
 
 /// Opens a cache device, or the cache set of several, read-only: every
@@ -314,9 +318,5 @@ pub(super) fn open_engine_read_only(reg: &Registry, entry: &Entry) -> Result<Arc
 /// opened is left out only where another member's label names it failed
 /// (only a writing open may mark a member failed; `set::open_paths`).
 pub fn open_cache_read_only(paths: &[String]) -> Result<DeviceRef> {
-    if let [one] = paths {
-        return Ok(open_device_read_only(one)?);
-    }
-    let set = tiercache::device::set::open_paths(paths, false, open_device_read_only)?;
-    Ok(Arc::new(set))
+    Ok(registry::open_cache(paths, false, open_device_read_only)?)
 }

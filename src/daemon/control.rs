@@ -112,7 +112,7 @@ pub struct Response {
 }
 
 impl Response {
-    fn result(r: std::result::Result<Option<Status>, String>) -> Response {
+    pub(super) fn result(r: std::result::Result<Option<Status>, String>) -> Response {
         match r {
             Ok(status) => Response {
                 ok: true,
@@ -132,7 +132,8 @@ impl Response {
     }
 }
 
-fn send(out: &mut UnixStream, resp: &Response) -> std::io::Result<()> {
+/// Writes `resp` as one line.
+pub(super) fn send(out: &mut UnixStream, resp: &Response) -> std::io::Result<()> {
     let mut text = serde_json::to_string(resp).map_err(std::io::Error::other)?;
     text.push('\n');
     out.write_all(text.as_bytes())
@@ -146,15 +147,6 @@ pub fn daemon_listening(path: &Path) -> bool {
         Ok(_) => true,
         Err(e) => e.kind() == std::io::ErrorKind::PermissionDenied,
     }
-}
-
-/// An error answer as one line, for a connection refused before its
-/// request was read (`control_listener.rs`).
-pub(super) fn refusal_line(why: &str) -> String {
-    let mut line = serde_json::to_string(&Response::result(Err(why.to_string())))
-        .unwrap_or_else(|_| "{\"ok\":false}".into());
-    line.push('\n');
-    line
 }
 
 /// Sends one request to the daemon and returns its response.

@@ -16,14 +16,14 @@
 //!   answer must progress within `WRITE_TIMEOUT` (a client that stops
 //!   reading is dropped; the request it asked for carries on).
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::Shutdown;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::control::{refusal_line, MAX_REQUEST_BYTES};
+use super::control::{self, Response, MAX_REQUEST_BYTES};
 use super::socket;
 
 /// Connections open at once.
@@ -92,8 +92,7 @@ fn check_peer(stream: &UnixStream) -> Result<(), String> {
         log::warn!("control socket: refused a connection: its credentials: {e}");
         format!("cannot read your credentials: {e}")
     })?;
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let euid = unsafe { libc::geteuid() };
+    let euid = crate::engine::crash_log::effective_uid();
     if peer.uid == 0 || peer.uid == euid {
         return Ok(());
     }
@@ -111,10 +110,10 @@ fn check_peer(stream: &UnixStream) -> Result<(), String> {
 
 /// Sends `why` as an error answer, without waiting on the peer, and
 /// closes the connection.
-fn refuse(stream: UnixStream, why: &str) {
+fn refuse(mut stream: UnixStream, why: &str) {
     // A fresh connection's send buffer is empty: the line fits at once.
     let _ = stream.set_nonblocking(true);
-    let _ = (&stream).write_all(refusal_line(why).as_bytes());
+    let _ = control::send(&mut stream, &Response::result(Err(why.to_string())));
     let _ = stream.shutdown(Shutdown::Both);
 }
 
@@ -251,6 +250,7 @@ impl Slots {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
 
     fn pair() -> (UnixStream, UnixStream) {
         UnixStream::pair().unwrap()

@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::device::DeviceRef;
+use crate::engine::crash_log::{self, effective_uid};
 use crate::engine::Engine;
 
 /// Errors of the registry. Messages name the file and say what to do.
@@ -116,11 +117,6 @@ fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Reg
     move |source| RegistryError::Io { what, path, source }
 }
 
-fn effective_uid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
-}
-
 /// Where crash logs go instead of `/dev/shm/tiercache-<uid>`: a directory
 /// of this user's alone (the crash log checks it), e.g. a tmpfs of the
 /// operator's choosing.
@@ -200,7 +196,11 @@ impl Entry {
     /// Opens the cache device, or the cache set of several: see
     /// [`open_cache`].
     pub fn open_cache(&self, allow_missing: bool) -> crate::device::DeviceResult<DeviceRef> {
-        open_cache(&self.cache_paths(), allow_missing)
+        open_cache(
+            &self.cache_paths(),
+            allow_missing,
+            crate::device::open_device,
+        )
     }
 
     /// The entry with member path `old` replaced by `new`.
@@ -220,15 +220,20 @@ impl Entry {
     }
 }
 
-/// Opens one cache device, or the cache set of `paths` (two or more): a
+/// Opens one cache device, or the cache set of `paths` (two or more), each
+/// with `open` (`open_device`, or `open_device_read_only` to look): a
 /// member that cannot be opened is left out, and the set opens degraded
 /// without it if another member's label names it failed, or if
 /// `allow_missing`; else the refusal says why (`set::open_paths`).
-pub fn open_cache(paths: &[String], allow_missing: bool) -> crate::device::DeviceResult<DeviceRef> {
+pub fn open_cache(
+    paths: &[String],
+    allow_missing: bool,
+    open: impl Fn(&str) -> crate::device::DeviceResult<DeviceRef>,
+) -> crate::device::DeviceResult<DeviceRef> {
     if let [one] = paths {
-        return crate::device::open_device(one);
+        return open(one);
     }
-    let set = crate::device::set::open_paths(paths, allow_missing, crate::device::open_device)?;
+    let set = crate::device::set::open_paths(paths, allow_missing, open)?;
     Ok(std::sync::Arc::new(set))
 }
 
@@ -492,9 +497,7 @@ impl Registry {
 /// True if `dir` is a directory (not a symlink) of this user's that no one
 /// else may write in (as the crash log checks it).
 fn private_dir(dir: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    fs::symlink_metadata(dir)
-        .is_ok_and(|m| m.is_dir() && m.uid() == effective_uid() && m.mode() & 0o022 == 0)
+    fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir() && crash_log::owned_privately(&m))
 }
 
 /// Refuses a state directory that others may write (sticky or not: the
@@ -542,7 +545,7 @@ pub(crate) fn parse_entry(text: &str, path: &Path) -> Result<Entry> {
         )));
     }
     for device in std::iter::once(&entry.origin).chain(entry.cache_paths().iter()) {
-        if !device.starts_with('/') && absolute(device).ok().as_ref() != Some(device) {
+        if !device.starts_with('/') && !crate::device::is_network_spec(device) {
             return Err(invalid(format!(
                 "device '{}' is not an absolute path or a URI",
                 device.escape_debug()
@@ -597,11 +600,7 @@ pub fn validate_name(name: &str) -> Result<()> {
 /// URIs (`nbd://`, `nbd+unix://`, ...) and RBD URIs (`rbd://`) are device
 /// specs, not paths, and are kept as given.
 pub fn absolute(path: &str) -> Result<String> {
-    if path.starts_with("nbd://")
-        || path.starts_with("nbd+")
-        || path.starts_with("nbds")
-        || path.starts_with("rbd://")
-    {
+    if crate::device::is_network_spec(path) {
         return Ok(path.to_string());
     }
     let abs = std::path::absolute(path).map_err(io_err("resolving path", Path::new(path)))?;

@@ -170,18 +170,23 @@ fn ofd_lock(fdinfo: &str) -> Option<LockKind> {
         .min_by_key(|k| *k != LockKind::Write)
 }
 
+/// The NUL-separated strings of `/proc/PID/FILE` (`cmdline`, `environ`);
+/// none if it cannot be read (the process is gone, or not ours to see).
+pub fn proc_strings(pid: u32, file: &str) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/{file}"))
+        .unwrap_or_default()
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect()
+}
+
 /// "process 1234 (tiercache serve --name tc0)", or "this process".
 fn describe_process(pid: u32) -> String {
     if pid == std::process::id() {
         return format!("this process ({pid}, through another descriptor)");
     }
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    let mut command = cmdline
-        .split(|&b| b == 0)
-        .filter(|a| !a.is_empty())
-        .map(|a| String::from_utf8_lossy(a).into_owned())
-        .collect::<Vec<_>>()
-        .join(" ");
+    let mut command = proc_strings(pid, "cmdline").join(" ");
     if command.chars().count() > COMMAND_MAX_CHARS {
         command = command.chars().take(COMMAND_MAX_CHARS).collect::<String>() + "...";
     }

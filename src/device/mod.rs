@@ -8,6 +8,7 @@
 
 pub mod buf;
 mod claim;
+pub use claim::proc_strings;
 
 #[cfg(any(test, feature = "testing"))]
 pub mod fault;
@@ -273,15 +274,6 @@ pub fn parse_size(s: &str) -> Option<u64> {
 /// image's exclusive-lock feature passes the lock between writers instead
 /// of refusing one. Two daemons writing one export or image are not caught.
 pub fn open_device(spec: &str) -> DeviceResult<DeviceRef> {
-    // TLS and vsock schemes are routed too, so they get a clear refusal
-    // instead of "no such file".
-    const NBD_SCHEMES: [&str; 5] = [
-        "nbd://",
-        "nbd+unix://",
-        "nbds://",
-        "nbds+unix://",
-        "nbd+vsock://",
-    ];
     if NBD_SCHEMES.iter().any(|s| spec.starts_with(s)) {
         return Ok(Arc::new(nbd::NbdDevice::connect(spec, 1)?));
     }
@@ -304,6 +296,22 @@ pub fn open_device(spec: &str) -> DeviceResult<DeviceRef> {
     Ok(Arc::new(file::FileDevice::open(spec)?))
 }
 
+/// The NBD URI schemes. TLS and vsock are routed too, so they get a clear
+/// refusal instead of "no such file".
+const NBD_SCHEMES: [&str; 5] = [
+    "nbd://",
+    "nbd+unix://",
+    "nbds://",
+    "nbds+unix://",
+    "nbd+vsock://",
+];
+
+/// True if `spec` is a URI of a device behind a network (an NBD export, an
+/// RBD image), not a path.
+pub fn is_network_spec(spec: &str) -> bool {
+    NBD_SCHEMES.iter().any(|s| spec.starts_with(s)) || spec.starts_with("rbd://")
+}
+
 /// Opens a device to read it only, sharing it with other readers: a file
 /// or block device opened read-only under a shared lock (`claim.rs`), so
 /// no byte of it can be written through this open and no writer holds it
@@ -317,10 +325,7 @@ pub fn open_device_read_only(spec: &str) -> DeviceResult<DeviceRef> {
             reason: "a RAM device lives only in the process that made it".into(),
         });
     }
-    let remote = spec
-        .split_once("://")
-        .is_some_and(|(scheme, _)| scheme.starts_with("nbd") || scheme == "rbd");
-    if remote {
+    if is_network_spec(spec) {
         return open_device(spec);
     }
     Ok(Arc::new(file::FileDevice::open_read_only(spec)?))

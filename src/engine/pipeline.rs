@@ -17,25 +17,10 @@ use super::stats::bump;
 use super::EngineError;
 use super::{Engine, EngineResult, Mode};
 use crate::device::AlignedBuf;
-use crate::volume::PREFETCH_PIECE_BYTES;
+use crate::volume::{pieces, PREFETCH_PIECE_BYTES};
 
 /// Largest request `warm` makes.
 const WARM_CHUNK_BYTES: u64 = 1 << 20;
-
-/// `[start, end)` in pieces of at most `piece` bytes that end on multiples
-/// of `piece` (so they stay block-aligned): (offset, length) each.
-fn pieces(start: u64, end: u64, piece: u64) -> impl Iterator<Item = (u64, u64)> {
-    let mut at = start;
-    std::iter::from_fn(move || {
-        if at >= end {
-            return None;
-        }
-        let next = ((at / piece + 1) * piece).min(end);
-        let p = (at, next - at);
-        at = next;
-        Some(p)
-    })
-}
 
 impl Engine {
     /// A client request of `len` bytes at `offset`: the engine is open and
@@ -92,7 +77,7 @@ impl Engine {
     }
 
     /// A request's range is 512-byte aligned and inside the volume.
-    fn check_span(&self, offset: u64, len: u64, write: bool) -> EngineResult<()> {
+    pub(crate) fn check_span(&self, offset: u64, len: u64, write: bool) -> EngineResult<()> {
         if !offset.is_multiple_of(512) || !len.is_multiple_of(512) {
             return Err(EngineError::InvalidRequest(format!(
                 "{offset}+{len} is not 512-byte aligned"

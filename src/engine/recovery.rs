@@ -989,11 +989,11 @@ pub(crate) fn open_read_only(
     let mut loaded = load(&cache, sb, origin.size_bytes(), None)?;
     let mut recovered = 0;
     if let Some(path) = &opts.crash_log {
-        let image = match std::fs::read(path) {
-            Ok(bytes) if !bytes.is_empty() => LogImage::parse(&bytes),
-            Ok(_) => Err("empty".to_string()),
-            Err(e) => Err(format!("{}: {e}", path.display())),
-        };
+        // As the writing open reads it: never through a symlink, never a
+        // FIFO or a device, never more than a log's bytes.
+        let image = crash_log::read_file(path)
+            .map_err(|e| format!("{}: {e}", path.display()))
+            .and_then(|bytes| LogImage::parse(&bytes));
         match apply_crash_log_in_memory(cache.name(), &mut loaded, image) {
             Some(n) => recovered = n,
             None => loaded = load(&cache, sb, origin.size_bytes(), None)?,

@@ -7,20 +7,17 @@ use super::request::Segment;
 use super::stats::bump;
 use super::{Engine, EngineResult};
 use crate::device::AlignedBuf;
+use crate::volume::{pieces, EFFECT_PIECE_BYTES};
 
 impl Engine {
     /// Writes zeroes over a range.
     pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> EngineResult<()> {
-        self.segments(offset, len, true)?;
+        self.check_span(offset, len, true)?;
         let chunk_bytes = (1u64 << 20).max(self.block_bytes);
         let zeroes = AlignedBuf::zeroed(chunk_bytes.min(len) as usize);
-        let mut pos = offset;
-        while pos < offset + len {
-            // Keep chunks block-aligned so full blocks stay whole.
-            let next = ((pos / chunk_bytes) + 1) * chunk_bytes;
-            let n = (next.min(offset + len) - pos) as usize;
-            self.write(pos, &zeroes[..n], false)?;
-            pos += n as u64;
+        // Chunks end on multiples of the chunk, so full blocks stay whole.
+        for (at, n) in pieces(offset, offset + len, chunk_bytes) {
+            self.write(at, &zeroes[..n as usize], false)?;
         }
         if fua {
             self.commit()?;
@@ -37,8 +34,21 @@ impl Engine {
 
     fn trim_untimed(&self, offset: u64, len: u64, fua: bool) -> EngineResult<()> {
         self.check_open()?;
-        let segs = self.segments(offset, len, true)?;
+        self.check_span(offset, len, true)?;
         bump(&self.stats.trim_requests, 1);
+        for (at, n) in pieces(offset, offset + len, EFFECT_PIECE_BYTES) {
+            self.trim_piece(at, n)?;
+        }
+        if fua {
+            self.commit()?;
+        }
+        Ok(())
+    }
+
+    /// Trims a piece of at most `EFFECT_PIECE_BYTES`, whose segments are
+    /// all built first.
+    fn trim_piece(&self, offset: u64, len: u64) -> EngineResult<()> {
+        let segs = self.segments(offset, len, true)?;
         if let Some(first) = segs.first() {
             let last = segs.last().expect("non-empty").block;
             let _guard = self.locks.lock_range(first.block, last);
@@ -77,9 +87,6 @@ impl Engine {
                     log::debug!("origin discard failed (ignored, discard is a hint): {e}");
                 }
             }
-        }
-        if fua {
-            self.commit()?;
         }
         Ok(())
     }

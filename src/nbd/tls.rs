@@ -304,13 +304,14 @@ fn client_verifier(
     let mut builder =
         rustls::server::WebPkiClientVerifier::builder_with_provider(roots(&ca)?, provider());
     let mut what = "client certificates verified against ca-cert.pem".to_string();
-    if crl.exists() {
+    let has_crl = crl.exists();
+    if has_crl {
         let crls = read_crls(&crl)?;
         what = format!("{what}, {} CRL(s) from ca-crl.pem", crls.len());
         builder = builder.with_crls(crls);
     }
     let verifier = builder.build().map_err(|e| TlsError::Invalid {
-        path: if crl.exists() { crl } else { ca },
+        path: if has_crl { crl } else { ca },
         why: format!("client verifier: {e}"),
     })?;
     Ok((verifier, what))

@@ -55,6 +55,30 @@ pub type VolumeResult<T> = Result<T, VolumeError>;
 /// most this size, so a front end can charge it against its buffers.
 pub const PREFETCH_PIECE_BYTES: u64 = 1 << 20;
 
+/// The most bytes of its range a [`Volume::trim`] or
+/// [`Volume::write_zeroes`] keeps bookkeeping for at once: one of any
+/// length works through its range in pieces of at most this size (the
+/// engine splits a piece into a segment per block before it starts; a
+/// 4 GiB trim of 4 KiB blocks in one piece would hold 32 MiB of them).
+/// NBD proto.md "Block size constraints" lets these commands exceed the
+/// maximum payload, so a front end charges them one piece's worth.
+pub const EFFECT_PIECE_BYTES: u64 = 64 << 20;
+
+/// `[start, end)` in pieces of at most `piece` bytes that end on multiples
+/// of `piece` (so they stay block-aligned): (offset, length) each.
+pub fn pieces(start: u64, end: u64, piece: u64) -> impl Iterator<Item = (u64, u64)> {
+    let mut at = start;
+    std::iter::from_fn(move || {
+        if at >= end {
+            return None;
+        }
+        let next = ((at / piece + 1) * piece).min(end);
+        let p = (at, next - at);
+        at = next;
+        Some(p)
+    })
+}
+
 /// The most extents one [`Volume::allocation`] or [`Volume::cache_state`]
 /// call returns: as many as an NBD block status reply carries (tiercache
 /// answers at most 1,024 per chunk), so none is built to be thrown away.
@@ -101,13 +125,15 @@ pub trait Volume: Send + Sync + 'static {
     /// Makes every write completed before this call durable.
     fn flush(&self) -> impl Future<Output = VolumeResult<()>> + Send;
     /// Discards a range: its contents are unspecified until written again.
+    /// Works in pieces of at most [`EFFECT_PIECE_BYTES`].
     fn trim(
         &self,
         offset: u64,
         len: u64,
         fua: bool,
     ) -> impl Future<Output = VolumeResult<()>> + Send;
-    /// Writes zeroes over a range.
+    /// Writes zeroes over a range, in pieces of at most
+    /// [`EFFECT_PIECE_BYTES`].
     fn write_zeroes(
         &self,
         offset: u64,

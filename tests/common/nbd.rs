@@ -135,7 +135,9 @@ impl TestServer {
                     .build()
                     .expect("runtime");
                 rt.block_on(async move {
-                    let mut listeners = vec![Listener::bind_unix(&sock2).expect("bind")];
+                    let mut listeners = vec![tiercache::daemon::socket::bind_private(&sock2)
+                        .and_then(Listener::from_unix)
+                        .expect("bind")];
                     let mut port = None;
                     if tcp {
                         let mut l = Listener::bind_tcp("127.0.0.1:0").await.expect("bind tcp");

@@ -5,16 +5,19 @@
 //! ETIMEDOUT after `rados_osd_op_timeout` (a stopped OSD, a partition) or
 //! with a connection error. From such a failure until a request succeeds
 //! again the image is unreachable: `health` says since when and why, and
-//! `is_reachable` is false except for one probe every `PROBE_EVERY` (the
-//! engine's writeback waits while the origin is unreachable, so without a
-//! probe nothing would find out that it is back).
+//! `is_reachable` is false until `PROBE_EVERY` has passed since the last
+//! failure, then true again until a request fails (the engine's writeback
+//! waits while the origin is unreachable, so without that probe nothing
+//! would find out that it is back; the one writeback thread sends it, and
+//! its failure, after at most the request timeout, starts the wait over).
 
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::device::DeviceHealth;
 use crate::sync::{Mutex, Rank};
 
-/// While unreachable, how often `is_reachable` lets a request through.
+/// While unreachable, how long after a failure `is_reachable` lets
+/// requests through again.
 const PROBE_EVERY: Duration = Duration::from_secs(5);
 
 #[derive(Default)]

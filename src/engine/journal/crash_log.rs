@@ -231,6 +231,9 @@ impl LogImage {
     /// Parses a log file's bytes. Never panics; `Err` says why the bytes
     /// are not a usable log.
     pub fn parse(bytes: &[u8]) -> Result<LogImage, String> {
+        if bytes.is_empty() {
+            return Err("empty".into());
+        }
         if bytes.len() < HEADER_BYTES {
             return Err(format!("{} bytes: shorter than its header", bytes.len()));
         }
@@ -406,13 +409,7 @@ unsafe impl Send for CrashLog {}
 /// the one used even if its name is swapped afterwards.
 fn open_private_dir(dir: &Path) -> Result<File, CrashLogError> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
-    let io = |what| {
-        move |source| CrashLogError::Io {
-            path: dir.to_path_buf(),
-            what,
-            source,
-        }
-    };
+    let io = |what| io_error(dir, what);
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -431,7 +428,7 @@ fn open_private_dir(dir: &Path) -> Result<File, CrashLogError> {
         })?;
     let st = fd.metadata().map_err(io("checking the directory"))?;
     let euid = effective_uid();
-    if st.uid() != euid || st.mode() & 0o022 != 0 {
+    if !owned_privately(&st) {
         return Err(CrashLogError::UnsafeDirectory {
             dir: dir.to_path_buf(),
             owner: st.uid(),
@@ -442,9 +439,29 @@ fn open_private_dir(dir: &Path) -> Result<File, CrashLogError> {
     Ok(fd)
 }
 
-fn effective_uid() -> u32 {
+/// Makes an I/O error of `what` on `path` a `CrashLogError`.
+fn io_error<'a>(
+    path: &'a Path,
+    what: &'static str,
+) -> impl FnOnce(std::io::Error) -> CrashLogError + 'a {
+    move |source| CrashLogError::Io {
+        path: path.to_path_buf(),
+        what,
+        source,
+    }
+}
+
+/// This process's effective uid, whom its files and sockets belong to.
+pub fn effective_uid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }
+}
+
+/// A file or directory of this user's that no one else may write: what the
+/// crash log directory must be (the registry asks the same of its own).
+pub fn owned_privately(meta: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    meta.uid() == effective_uid() && meta.mode() & 0o022 == 0
 }
 
 /// Opens (creating it, mode 0600) the log `name` in the directory `dir`
@@ -475,11 +492,7 @@ fn open_log_file(dir: &File, name: &std::ffi::OsStr, path: &Path) -> Result<File
         if e.raw_os_error() == Some(libc::ELOOP) {
             return Err(unsafe_file("it is a symbolic link"));
         }
-        return Err(CrashLogError::Io {
-            path: path.to_path_buf(),
-            what: "opening",
-            source: e,
-        });
+        return Err(io_error(path, "opening")(e));
     }
     // SAFETY: `fd` was just returned by openat and is owned by nothing else.
     let file = unsafe { File::from_raw_fd(fd) };
@@ -491,13 +504,7 @@ fn open_log_file(dir: &File, name: &std::ffi::OsStr, path: &Path) -> Result<File
 /// size a log can have; one whose mode lets others in is made 0600.
 fn check_log_file(file: &File, path: &Path) -> Result<(), CrashLogError> {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    let io = |what| {
-        move |source| CrashLogError::Io {
-            path: path.to_path_buf(),
-            what,
-            source,
-        }
-    };
+    let io = |what| io_error(path, what);
     let st = file.metadata().map_err(io("checking"))?;
     let euid = effective_uid();
     let why = if !st.file_type().is_file() {
@@ -549,11 +556,7 @@ fn open_locked(path: &Path) -> Result<File, CrashLogError> {
         if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
             return Err(CrashLogError::Locked(path.to_path_buf()));
         }
-        return Err(CrashLogError::Io {
-            path: path.to_path_buf(),
-            what: "locking",
-            source: e,
-        });
+        return Err(io_error(path, "locking")(e));
     }
     Ok(file)
 }
@@ -611,13 +614,7 @@ impl CrashLog {
         capacity: u64,
     ) -> Result<(CrashLog, Result<LogImage, String>), CrashLogError> {
         use std::io::Read;
-        let io = |what| {
-            move |source| CrashLogError::Io {
-                path: path.to_path_buf(),
-                what,
-                source,
-            }
-        };
+        let io = |what| io_error(path, what);
         assert!(capacity > 0, "a crash log holds at least one record");
         let file = Arc::new(open_locked(path)?);
         let mut old = Vec::new();
@@ -626,11 +623,7 @@ impl CrashLog {
             .take(FILE_BYTES_MAX)
             .read_to_end(&mut old)
             .map_err(io("reading"))?;
-        let image = if old.is_empty() {
-            Err("empty (new)".to_string())
-        } else {
-            LogImage::parse(&old)
-        };
+        let image = LogImage::parse(&old);
         drop(old);
         let map_bytes = HEADER_BYTES + capacity as usize * RECORD_BYTES;
         reserve(&file, map_bytes as u64).map_err(|source| CrashLogError::NoSpace {

@@ -477,38 +477,32 @@ where
         let mut data = vec![0u8; opt.data_bytes as usize];
         s.read_exact(&mut data).await?;
         out.clear();
-        let mut outcome = neg.answer(opt.option, &data, &mut out);
-        if let OptionOutcome::Disconnect(why) = outcome {
-            return Err(NbdError::Refused(why));
-        }
-        let mut slot = None;
-        if let OptionOutcome::Transmission(_) = outcome {
-            slot = admit();
-            if slot.is_none() {
-                if opt.option != proto::OPT_GO {
-                    return Err(NbdError::Limit("NBD_OPT_EXPORT_NAME with every slot taken"));
+        let step = match neg.answer(opt.option, &data, &mut out) {
+            OptionOutcome::Disconnect(why) => return Err(NbdError::Refused(why)),
+            OptionOutcome::Continue => None,
+            OptionOutcome::StartTls => Some(Step::StartTls),
+            OptionOutcome::Abort => Some(Step::Abort),
+            OptionOutcome::Transmission(mode) => match admit() {
+                Some(slot) => Some(Step::Transmission(mode, slot)),
+                None if opt.option != proto::OPT_GO => {
+                    return Err(NbdError::Limit("NBD_OPT_EXPORT_NAME with every slot taken"))
                 }
-                out.clear();
-                proto::put_option_reply(
-                    &mut out,
-                    opt.option,
-                    proto::REP_ERR_POLICY,
-                    BUSY.as_bytes(),
-                );
-                outcome = OptionOutcome::Continue;
-            }
-        }
+                None => {
+                    out.clear();
+                    proto::put_option_reply(
+                        &mut out,
+                        opt.option,
+                        proto::REP_ERR_POLICY,
+                        BUSY.as_bytes(),
+                    );
+                    None
+                }
+            },
+        };
         s.write_all(&out).await?;
         s.flush().await?;
-        match (outcome, slot) {
-            (OptionOutcome::Continue, _) => {}
-            (OptionOutcome::StartTls, _) => return Ok(Step::StartTls),
-            (OptionOutcome::Abort, _) => return Ok(Step::Abort),
-            (OptionOutcome::Transmission(mode), Some(slot)) => {
-                return Ok(Step::Transmission(mode, slot))
-            }
-            (OptionOutcome::Transmission(_), None) => unreachable!("refused above"),
-            (OptionOutcome::Disconnect(_), _) => unreachable!("handled above"),
+        if let Some(step) = step {
+            return Ok(step);
         }
     }
 }

@@ -13,7 +13,6 @@
 //! finished it.
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -166,16 +165,10 @@ struct ListenerTls {
 }
 
 impl Listener {
-    /// A Unix socket listener without TLS.
-    pub fn bind_unix(path: impl AsRef<Path>) -> std::io::Result<Self> {
-        UnixListener::bind(path).map(|l| Listener {
-            socket: Socket::Unix(l),
-            tls: None,
-        })
-    }
-
     /// A Unix socket listener without TLS, over a socket the caller bound
-    /// (the daemon binds its sockets with mode 0600: `daemon/socket.rs`).
+    /// (with mode 0600: `daemon/socket.rs`; a socket bound by `bind(2)`
+    /// alone takes its mode from the umask). There is no `bind_unix`, so
+    /// that no listener is made the loose way by mistake.
     /// Call inside the runtime.
     pub fn from_unix(l: std::os::unix::net::UnixListener) -> std::io::Result<Self> {
         l.set_nonblocking(true)?;

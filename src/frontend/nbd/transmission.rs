@@ -47,8 +47,8 @@ use super::ranges::RangeLocks;
 use crate::device::{AlignedBuf, SECTOR_BYTES};
 use crate::nbd::proto::{self, Command, Request};
 use crate::volume::{
-    self, ErrorKind, Extent, Volume, VolumeError, VolumeResult, EXTENTS_PER_CALL_MAX,
-    PREFETCH_PIECE_BYTES,
+    self, ErrorKind, Extent, Volume, VolumeError, VolumeResult, EFFECT_PIECE_BYTES,
+    EXTENTS_PER_CALL_MAX, PREFETCH_PIECE_BYTES,
 };
 
 const _: () = assert!(volume::ALLOC_HOLE == proto::STATE_HOLE);
@@ -124,14 +124,6 @@ fn is_aligned(offset: u64, len: u64) -> bool {
 /// Bytes of read-modify-write buffer for zeroing a partial first and last
 /// sector.
 const EDGE_SECTORS_BYTES: u64 = 2 * SECTOR_BYTES;
-
-/// TRIM and WRITE_ZEROES reach the volume in pieces of at most this many
-/// bytes: the engine splits a request into a segment per block before it
-/// starts, so a 4 GiB trim of 4 KiB blocks would hold 32 MiB of them.
-/// proto.md "Block size constraints" lets these commands exceed the
-/// maximum payload and asks the server not to disconnect: pieces keep
-/// their cost that of a request of this size.
-pub const EFFECT_PIECE_BYTES: u64 = 64 << 20;
 
 /// The volume's bookkeeping per block of a request, generously: the
 /// engine's segment is 32 bytes.
@@ -840,7 +832,7 @@ async fn execute<V: Volume>(
             let end = (offset + u64::from(len)) / SECTOR_BYTES * SECTOR_BYTES;
             if start < end {
                 let _g = ex.locks.lock(start, end, false).await;
-                in_pieces(start, end - start, |at, n| v.trim(at, n, fua)).await
+                v.trim(start, end - start, fua).await
             } else {
                 Ok(())
             }
@@ -973,7 +965,7 @@ async fn write_zeroes<V: Volume>(
     let len = u64::from(len);
     if is_aligned(offset, len) {
         let _g = ex.locks.lock(offset, offset + len, false).await;
-        return in_pieces(offset, len, |at, n| v.write_zeroes(at, n, fua)).await;
+        return v.write_zeroes(offset, len, fua).await;
     }
     let (start, span) = sector_span(offset, len);
     let _g = ex.locks.lock(start, start + span, true).await;
@@ -997,26 +989,7 @@ async fn write_zeroes<V: Volume>(
     }
     if inner_start < inner_end {
         let inner = inner_end - inner_start;
-        in_pieces(inner_start, inner, |at, n| v.write_zeroes(at, n, fua)).await?;
-    }
-    Ok(())
-}
-
-/// Runs `f` over `[offset, offset + len)` in pieces of at most
-/// [`EFFECT_PIECE_BYTES`] that end on its multiples (so whole blocks stay
-/// whole), one after the other, stopping at the first error. Each piece
-/// carries the request's FUA: it is durable when its reply is sent.
-async fn in_pieces<F, Fut>(offset: u64, len: u64, mut f: F) -> VolumeResult<()>
-where
-    F: FnMut(u64, u64) -> Fut,
-    Fut: Future<Output = VolumeResult<()>>,
-{
-    let end = offset + len;
-    let mut at = offset;
-    while at < end {
-        let next = ((at / EFFECT_PIECE_BYTES + 1) * EFFECT_PIECE_BYTES).min(end);
-        f(at, next - at).await?;
-        at = next;
+        v.write_zeroes(inner_start, inner, fua).await?;
     }
     Ok(())
 }
