@@ -28,9 +28,10 @@
 //! - `read.rs`: the read path. `modes/`: one file per write route.
 //!   `write.rs`: trim, zeroes, flush, and what every route shares.
 //!
-//! And around them: `format.rs` (the on-disk format), `recovery.rs` (open,
-//! replay, the offline `check`), `observe/` (latency histograms, heat map,
-//! miss-ratio curve), `async_engine.rs` (the engine as a `Volume`),
+//! And around them: `options.rs` (what a cache is created and opened
+//! with), `status.rs` (what `status` reports), `format.rs` (the on-disk
+//! format), `recovery.rs` (open, replay, the offline `check`), `observe/`
+//! (latency histograms, heat map, miss-ratio curve), `async_engine.rs` (the engine as a `Volume`),
 //! `introspect.rs` (what the cache holds), `clock.rs`, `stats.rs`,
 //! `load_fuzz.rs` (loading metadata from untrusted bytes).
 //!
@@ -53,12 +54,14 @@ pub mod load_fuzz;
 pub mod locks;
 pub mod modes;
 pub mod observe;
+pub mod options;
 pub mod pipeline;
 pub mod policy;
 pub mod read;
 pub mod recovery;
 pub mod request;
 pub mod stats;
+pub mod status;
 pub mod table;
 pub mod write;
 pub mod writeback;
@@ -67,7 +70,6 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 
 use crate::sync::Mutex;
-use serde::{Deserialize, Serialize};
 
 use crate::device::DeviceRef;
 pub use admission::AdmissionSettings;
@@ -75,289 +77,14 @@ pub use error::{EngineError, EngineResult};
 use format::Layout;
 use locks::BlockLocks;
 pub use modes::Mode;
+pub use options::{
+    CreateOptions, OpenOptions, Placement, WritebackOrder, WritebackSettings,
+    DEFAULT_CACHE_ERROR_LIMIT, MAX_AGE_SECS,
+};
 use policy::PolicyKind;
 pub use request::{Fast, Request};
-use stats::{Stats, StatsSnapshot};
-
-/// Parameters fixed when a cache is created.
-#[derive(Clone, Debug)]
-pub struct CreateOptions {
-    pub mode: Mode,
-    pub block_bytes: u32,
-    pub policy: PolicyKind,
-    pub writeback: WritebackSettings,
-    /// Overwrite a cache device that already holds a cache.
-    pub force: bool,
-    /// Accept data loss: allow writeback/writeonly on a volatile cache.
-    pub allow_data_loss: bool,
-    /// Cache device errors after which no new blocks are admitted (0: never).
-    pub cache_error_limit: u64,
-    pub admission: AdmissionSettings,
-    /// Where new data goes on the cache device.
-    pub placement: Placement,
-    /// The order dirty data reaches the origin in.
-    pub writeback_order: WritebackOrder,
-}
-
-/// The order background writeback sends dirty data to the origin in.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum WritebackOrder {
-    /// Whatever order is cheapest (ascending addresses, oldest first, ...):
-    /// a cache lost mid-writeback leaves the origin with a mix of old and
-    /// new blocks no moment ever held.
-    #[default]
-    Address,
-    /// Group by group: the writes between two client flushes reach the
-    /// origin only after every earlier group is written and the origin
-    /// flushed, so the origin alone always holds a state a crash of a real
-    /// disk could have left (table/groups.rs, writeback/order.rs).
-    Flush,
-}
-
-impl WritebackOrder {
-    pub const ALL: [WritebackOrder; 2] = [WritebackOrder::Address, WritebackOrder::Flush];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            WritebackOrder::Address => "address",
-            WritebackOrder::Flush => "flush",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<WritebackOrder> {
-        WritebackOrder::ALL.into_iter().find(|o| o.name() == s)
-    }
-}
-
-/// Where new data goes on the cache device.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Placement {
-    /// Into any free slot; a write to a block cached dirty overwrites its
-    /// slot.
-    #[default]
-    InPlace,
-    /// In order through 1 MiB segments (table/segments.rs), whatever the
-    /// client's offsets; whole blocks are never overwritten in place, and
-    /// segments are reclaimed and discarded whole (writeback/clean.rs).
-    Log,
-}
-
-impl Placement {
-    pub const ALL: [Placement; 2] = [Placement::InPlace, Placement::Log];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Placement::InPlace => "in-place",
-            Placement::Log => "log",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Placement> {
-        Placement::ALL.into_iter().find(|p| p.name() == s)
-    }
-}
-
-/// Default for `CreateOptions::cache_error_limit`.
-pub const DEFAULT_CACHE_ERROR_LIMIT: u64 = 64;
-
-impl Default for CreateOptions {
-    fn default() -> Self {
-        CreateOptions {
-            mode: Mode::Writeback,
-            block_bytes: 4096,
-            policy: PolicyKind::default(),
-            writeback: WritebackSettings::default(),
-            force: false,
-            allow_data_loss: false,
-            cache_error_limit: DEFAULT_CACHE_ERROR_LIMIT,
-            admission: AdmissionSettings::default(),
-            placement: Placement::default(),
-            writeback_order: WritebackOrder::default(),
-        }
-    }
-}
-
-/// When background writeback runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WritebackSettings {
-    /// Start writing back when this percentage of cache blocks is dirty.
-    pub high_pct: u32,
-    /// Stop when the dirty percentage falls to this.
-    pub low_pct: u32,
-    /// Write back any block dirty for longer than this.
-    pub max_age_secs: u32,
-    /// Write back everything once clients have left the origin alone this
-    /// long (0: never).
-    #[serde(default)]
-    pub idle_secs: u32,
-}
-
-/// Longest writeback age: dirty-since stamps are 16-bit seconds, and ages
-/// must stay below half their range to compare correctly.
-pub const MAX_AGE_SECS: u32 = 32_767;
-
-impl WritebackSettings {
-    /// The rule every setter checks: low <= high <= 100, 1 s <= age <= MAX_AGE_SECS.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.high_pct > 100 {
-            return Err(format!(
-                "writeback high watermark {}% is above 100%",
-                self.high_pct
-            ));
-        }
-        if self.low_pct > self.high_pct {
-            return Err(format!(
-                "writeback low watermark {}% is above the high watermark {}%",
-                self.low_pct, self.high_pct
-            ));
-        }
-        if self.max_age_secs == 0 {
-            return Err("writeback age must be at least 1 second".into());
-        }
-        if self.idle_secs > MAX_AGE_SECS {
-            return Err(format!(
-                "writeback idle time {} s is above the maximum of {MAX_AGE_SECS} s",
-                self.idle_secs
-            ));
-        }
-        if self.max_age_secs > MAX_AGE_SECS {
-            return Err(format!(
-                "writeback age {} s is above the maximum of {MAX_AGE_SECS} s",
-                self.max_age_secs
-            ));
-        }
-        Ok(())
-    }
-}
-
-impl Default for WritebackSettings {
-    fn default() -> Self {
-        WritebackSettings {
-            high_pct: 50,
-            low_pct: 25,
-            max_age_secs: 30,
-            idle_secs: 2,
-        }
-    }
-}
-
-/// Options for opening an existing cache.
-#[derive(Clone, Debug, Default)]
-pub struct OpenOptions {
-    /// Open even if the origin's identity does not match the recorded one.
-    pub force: bool,
-    /// Accept data loss on a volatile cache device in writeback mode.
-    pub allow_data_loss: bool,
-    /// Do not start the background writeback thread (tests drive it).
-    pub no_background: bool,
-    /// Drop every clean cached block: the origin may have changed under
-    /// them while the cache had failed over (see io/failure.rs).
-    pub distrust_clean: bool,
-    /// Where to keep the crash log (`crash_log.rs`): a file in shared
-    /// memory, one per cache. `None`: no log; a process that dies loses
-    /// the writes it acknowledged since its last commit.
-    pub crash_log: Option<std::path::PathBuf>,
-    /// The engine's time (clock.rs): real unless a test simulates it.
-    pub clock: clock::Clock,
-}
-
-/// What the engine shows beyond `status`.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Observations {
-    pub heat: observe::heat::HeatMap,
-    pub latency: observe::latency::LatencySnapshot,
-    pub mrc: observe::Mrc,
-}
-
-/// The crash log as `status` reports it.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct CrashLogStatus {
-    pub path: String,
-    /// Records a daemon that died now would leave for the next open.
-    pub records_pending: u64,
-    pub capacity_records: u64,
-}
-
-/// What `status` reports.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Status {
-    pub state: String,
-    pub mode: Mode,
-    pub policy: String,
-    /// Where new data goes on the cache device.
-    #[serde(default)]
-    pub placement: Placement,
-    /// The order dirty data reaches the origin in.
-    #[serde(default)]
-    pub writeback_order: WritebackOrder,
-    /// Writeback in flush order: its groups and the older versions kept.
-    #[serde(default)]
-    pub flush_groups: Option<table::groups::GroupCounts>,
-    /// Log placement: whole free segments (1 MiB each) ready for the
-    /// cursor, in every pool.
-    #[serde(default)]
-    pub free_segments: u64,
-    /// Log placement: slots handed out outside the cursor since open (no
-    /// segment was whole: the data went wherever a slot was free).
-    #[serde(default)]
-    pub scattered_slots: u64,
-    pub block_bytes: u32,
-    pub volume_bytes: u64,
-    pub origin: String,
-    /// Whether the origin can be reached, for an origin behind connections
-    /// (an NBD export: `BlockDevice::health`); `None` for a local one.
-    #[serde(default)]
-    pub origin_health: Option<crate::device::DeviceHealth>,
-    pub cache: String,
-    pub cache_blocks_total: u64,
-    pub cache_blocks_used: u64,
-    pub cache_blocks_dirty: u64,
-    pub writeback: WritebackSettings,
-    /// False once the cache error limit was reached: no new blocks enter
-    /// the cache (see `admission`).
-    pub admitting: bool,
-    /// Why the cache admits blocks or not, for people.
-    pub admission: String,
-    pub cache_error_limit: u64,
-    /// Heap bytes of the in-memory metadata: table, block index, policy
-    /// list, dirty stamps, free lists and records not yet journalled.
-    #[serde(default)]
-    pub metadata_bytes: u64,
-    /// Cached blocks of which only some sectors hold data, or some but not
-    /// all are dirty (they keep sector maps).
-    #[serde(default)]
-    pub partial_blocks: u64,
-    /// The crash log (`crash_log.rs`): its file and the records in it not
-    /// yet journalled; `None` when the cache runs without one.
-    #[serde(default)]
-    pub crash_log: Option<CrashLogStatus>,
-    pub admission_settings: AdmissionSettings,
-    /// Estimated hit ratios of caches from 1/8 to 8 times this one's size.
-    #[serde(default)]
-    pub mrc: observe::Mrc,
-    /// The admission guard sends new data around the cache (its device is
-    /// slower than the origin).
-    pub guard_engaged: bool,
-    /// A cache set's members (empty for one cache device).
-    #[serde(default)]
-    pub cache_members: Vec<crate::device::set::MemberStatus>,
-    /// A cache set's state: "whole", "degraded" or "rebuilding".
-    #[serde(default)]
-    pub cache_set_state: Option<String>,
-    /// Dirty blocks with one copy left (a degraded cache set; on one
-    /// cache device every dirty block has one copy and this stays 0).
-    #[serde(default)]
-    pub dirty_at_risk: u64,
-    /// Origin byte ranges (offset, bytes) whose data was lost with a
-    /// failed cache device: reads of them fail (engine/io/stale.rs).
-    #[serde(default)]
-    pub stale_ranges: Vec<(u64, u64)>,
-    #[serde(default)]
-    pub stale_blocks: u64,
-    pub stats: StatsSnapshot,
-}
+use stats::Stats;
+pub use status::{CrashLogStatus, Observations, Status};
 
 pub type FailoverHook = Box<dyn Fn() + Send + Sync>;
 
