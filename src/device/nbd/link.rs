@@ -366,7 +366,11 @@ impl Link {
         let now = Instant::now();
         let up = st.up();
         DeviceHealth {
-            reachable: up > 0,
+            // A connection marks itself dead before its reader records the
+            // loss (`lost`, under this lock): until then the device is
+            // still shown reachable, so an unreachable one always says
+            // since when and why.
+            reachable: up > 0 || st.outage.is_none(),
             unreachable_since_unix_s: st.outage.map(|o| {
                 o.since_wall
                     .duration_since(std::time::UNIX_EPOCH)
