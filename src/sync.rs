@@ -10,7 +10,7 @@
 //! A `try_lock` never waits, so it cannot close a cycle: it is not checked,
 //! but what it takes counts as held. `Rank::Blocks` is a set of locks of one
 //! rank (the per-block locks): a thread may hold several, taken in
-//! ascending block order (engine/locks.rs), so taking one while holding
+//! ascending block order (engine/origin/locks.rs), so taking one while holding
 //! another of that rank is allowed.
 
 #[cfg(debug_assertions)]
@@ -21,7 +21,7 @@ use std::time::Duration;
 /// The ranks, outermost first. Declaration order is the order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Rank {
-    /// The per-block locks (engine/locks.rs): held across a request.
+    /// The per-block locks (engine/origin/locks.rs): held across a request.
     Blocks,
     /// Writeback in flush order's turn (engine/writeback/order.rs): one
     /// thread writes a group back at a time; under it block locks are only
@@ -29,7 +29,7 @@ pub enum Rank {
     WritebackOrder,
     /// The commit lock: the journal position and the superblock.
     Commit,
-    /// The foreground origin flush's turn (engine/io/origin_sync.rs):
+    /// The foreground origin flush's turn (engine/origin/sync.rs):
     /// held across the origin flush a commit makes for foreground writes.
     OriginFlush,
     /// Background writeback's settings and cursors (engine/writeback/).
@@ -57,9 +57,9 @@ pub enum Rank {
     /// The metadata lock: the table, the free slots, the records, the
     /// crash log.
     Meta,
-    /// Writebacks in flight (engine/writeback/flights.rs).
+    /// Writebacks in flight (engine/origin/flights.rs).
     Flights,
-    /// The per-block locks' shard tables (engine/locks.rs, internal).
+    /// The per-block locks' shard tables (engine/origin/locks.rs, internal).
     BlockShard,
     /// Admission's settings and sequential-stream table.
     Admission,
@@ -70,10 +70,10 @@ pub enum Rank {
     /// The hook run when the cache fails over to the origin (it writes the
     /// registry).
     FailoverHook,
-    /// Origin blocks made stale by a lost cache (engine/io/stale.rs).
+    /// Origin blocks made stale by a lost cache (engine/origin/stale.rs).
     StaleBlocks,
     /// Foreground origin writes not yet flushed, and those a failed flush
-    /// may have lost (engine/io/origin_sync.rs).
+    /// may have lost (engine/origin/sync.rs).
     OriginWrites,
     /// The NBD client origin's connections and reachability
     /// (device/nbd/link.rs): which connection a request takes, since when

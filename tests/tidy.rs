@@ -106,21 +106,23 @@ const FLOORS: &[(&str, u32)] = &[
     // The engine's ground: leaves that know no other part.
     ("engine::clock", 40),
     ("engine::stats", 40),
-    ("engine::locks", 40),
     ("engine::policy", 40),
     ("engine::observe", 40),
     ("engine::table::sectors", 40),
-    ("engine::io::stale", 40),
+    ("engine::origin::locks", 40),
+    ("engine::origin::stale", 40),
+    ("engine::origin::flights", 40),
     ("engine::io::warnings", 40),
-    ("engine::writeback::flights", 40),
     ("engine::modes", 40),
     // What a cache is made with, and its bytes on disk.
     ("engine::admission", 41),
     ("engine::options", 41),
     ("engine::format", 42),
     // The parts that own state (the table and the crash log that mirrors
-    // its records stand on one floor), and the errors they raise.
+    // its records stand on one floor, the origin beside them), and the
+    // errors they raise.
     ("engine::table", 43),
+    ("engine::origin", 43),
     ("engine::journal::crash_log", 43),
     ("engine::error", 43),
     ("engine::io", 44),

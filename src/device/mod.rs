@@ -134,7 +134,7 @@ pub trait BlockDevice: Send + Sync {
     /// pages it could not write may be dropped, and a later flush succeed
     /// without them: "fsyncgate"). A successful flush covers a write only
     /// if the count is the same after it as before the write; callers
-    /// compare (engine/io/origin_sync.rs). 0 for a device that cannot lose
+    /// compare (engine/origin/sync.rs). 0 for a device that cannot lose
     /// acknowledged writes that way.
     fn loss_epoch(&self) -> u64 {
         0

@@ -40,7 +40,7 @@ pub enum EngineError {
     #[error("refusing {mode} mode on volatile cache device {device}: dirty data would be lost on exit; pass --allow-data-loss to accept that")]
     VolatileWriteback { device: String, mode: String },
     /// A read of origin blocks whose current data was lost with a failed
-    /// cache device (engine/io/stale.rs).
+    /// cache device (engine/origin/stale.rs).
     #[error("stale data: {0}")]
     StaleData(String),
     /// The engine is closed or detached.
@@ -54,7 +54,7 @@ pub enum EngineError {
     DrainFirst,
     /// The origin may have lost foreground writes it acknowledged: a flush
     /// covering them failed, or the origin was reconnected (or failed a
-    /// flush) after they were sent (engine/io/origin_sync.rs).
+    /// flush) after they were sent (engine/origin/sync.rs).
     #[error("{0}")]
     OriginWritesLost(String),
     /// The crash log could not be opened (or another process holds it).

@@ -39,7 +39,7 @@ impl Engine {
     /// [`BLOCKS_PER_CALL_MAX`] blocks or [`EXTENTS_PER_CALL_MAX`]
     /// extents). The partial last block of an origin is never cached.
     pub fn cache_state(&self, offset: u64, len: u64) -> Vec<Extent> {
-        let end = offset.saturating_add(len).min(self.volume_bytes);
+        let end = offset.saturating_add(len).min(self.origin.bytes());
         if len == 0 || offset >= end {
             // Outside the contract (the caller checks the range): nothing
             // is cached there.
@@ -57,7 +57,7 @@ impl Engine {
         for block in first..=last {
             let block_start = block * bs;
             let (lo, hi) = (offset.max(block_start), end.min(block_start + bs));
-            let found = if block < self.origin_blocks {
+            let found = if block < self.origin.blocks() {
                 meta.table().cached(block, whole_block)
             } else {
                 None

@@ -10,15 +10,18 @@
 //! - `journal/`: the commit protocol, checkpoints, the superblock and the
 //!   crash log (records not yet journalled, kept where a killed daemon
 //!   does not lose them).
-//! - `writeback/`: background writeback, writebacks in flight, writes
-//!   waiting for a slot, `write_back_all`.
+//! - `writeback/`: background writeback, writes waiting for a slot,
+//!   `write_back_all`.
 //! - `admission.rs`: what may enter the cache (sequential cutoff, promotion
 //!   after N misses, the guard against a cache slower than the origin).
 //! - `policy/`: replacement policies (kept under the metadata lock).
-//! - `io/`: the cache and origin devices: data-path access with error
-//!   accounting (`data.rs`), the journal's writes and flushes, what a
+//! - `io/`: the cache device, and data-path access to both devices with
+//!   error accounting (`data.rs`), the journal's writes and flushes, what a
 //!   failing cache device leads to (`failure.rs`).
-//! - `locks.rs`: the per-block locks.
+//! - `origin/`: the origin device and its geometry, the per-block locks,
+//!   writebacks in flight, the flushes its foreground writes need, the
+//!   blocks a lost cache left stale, the foreground activity writeback
+//!   yields to (`Origin`).
 //!
 //! The request path through them:
 //!
@@ -51,10 +54,10 @@ pub(crate) use table::Meta;
 pub use table::{map as meta, sectors};
 #[cfg(any(test, feature = "testing"))]
 pub mod load_fuzz;
-pub mod locks;
 pub mod modes;
 pub mod observe;
 pub mod options;
+pub mod origin;
 pub mod pipeline;
 pub mod policy;
 pub mod read;
@@ -75,7 +78,6 @@ use crate::device::DeviceRef;
 pub use admission::AdmissionSettings;
 pub use error::{EngineError, EngineResult};
 use format::Layout;
-use locks::BlockLocks;
 pub use modes::Mode;
 pub use options::{
     CreateOptions, OpenOptions, Placement, WritebackOrder, WritebackSettings,
@@ -89,24 +91,23 @@ pub use status::{CrashLogStatus, Observations, Status};
 pub type FailoverHook = Box<dyn Fn() + Send + Sync>;
 
 pub struct Engine {
-    /// The device part (io/): the cache and origin, error counts, the
+    /// The device part (io/): the cache device, error counts, the
     /// admission stop and failover.
     io: io::Io,
+    /// The origin part (origin/): the slow device, its geometry, block
+    /// locks, writebacks in flight, stale blocks, what its next flush
+    /// covers.
+    origin: origin::Origin,
     layout: Layout,
     block_bytes: u64,
-    /// Origin blocks that can be cached (a partial last block never is).
-    origin_blocks: u64,
-    volume_bytes: u64,
     meta: Mutex<Meta>,
     /// The journal part (journal/): the commit lock's state, completed
     /// operations, the crash log's pressure.
     journal: journal::Journal,
-    locks: BlockLocks,
     stats: Stats,
     admission: admission::Admission,
     /// The writeback part (writeback/): the background thread, its
-    /// settings and cursors, writebacks in flight, writes waiting for a
-    /// slot, foreground origin activity.
+    /// settings and cursors, writes waiting for a slot.
     writeback: writeback::Writeback,
     observe: observe::Observe,
     /// The cache mode (`Mode::to_u32`), read once per request. A switch
@@ -182,7 +183,7 @@ impl Engine {
     }
 
     pub fn volume_bytes(&self) -> u64 {
-        self.volume_bytes
+        self.origin.bytes()
     }
 
     pub fn block_bytes(&self) -> u32 {
@@ -204,11 +205,11 @@ impl Engine {
     }
 
     pub fn origin_device(&self) -> &DeviceRef {
-        self.io.origin()
+        self.origin.device()
     }
 
     pub fn status(&self) -> Status {
-        let origin_health = self.io.origin().health();
+        let origin_health = self.origin.device().health();
         let stopped = self.io.admission_stopped();
         let limit = self.io.cache_error_limit();
         let writeback = self.writeback.settings();
@@ -253,8 +254,8 @@ impl Engine {
             free_segments: m.pools().all_segments().map(|s| s.whole() as u64).sum(),
             scattered_slots: m.pools().all_segments().map(|s| s.scattered).sum(),
             block_bytes: self.block_bytes as u32,
-            volume_bytes: self.volume_bytes,
-            origin: self.io.origin().name().into(),
+            volume_bytes: self.origin.bytes(),
+            origin: self.origin.device().name().into(),
             origin_health,
             cache: self.io.cache().name().into(),
             cache_blocks_total: m.table().slot_count(),
@@ -324,7 +325,8 @@ impl Engine {
         };
         let heat = observe::heat::HeatMap {
             region_blocks: self
-                .origin_blocks
+                .origin
+                .blocks()
                 .max(1)
                 .div_ceil(observe::heat::REGIONS as u64),
             block_bytes: self.block_bytes as u32,
@@ -452,7 +454,9 @@ impl Engine {
         }
         // The checkpoint commits everything first (commit_locked).
         match self.checkpoint_now(true) {
-            Err(e) if self.fail_over_after_commit_error(&e) => self.origin_flush_foreground(),
+            Err(e) if self.fail_over_after_commit_error(&e) => {
+                self.origin.flush_foreground(&self.stats)
+            }
             Ok(()) => {
                 self.remove_crash_log();
                 Ok(())
@@ -463,7 +467,7 @@ impl Engine {
 
     /// Nothing more goes to the origin (the engine is closed or detached).
     fn close_origin(&self) {
-        if let Err(e) = self.io.origin().close() {
+        if let Err(e) = self.origin.device().close() {
             log::warn!("closing the origin: {e}");
         }
     }

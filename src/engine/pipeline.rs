@@ -36,7 +36,7 @@ impl Engine {
         self.check_open()?;
         let segs = self.segments(offset, len, write)?;
         if !write {
-            self.refuse_stale(offset, len)?;
+            self.origin.refuse_stale(offset, len)?;
         }
         Ok(Request {
             offset,
@@ -84,8 +84,8 @@ impl Engine {
             )));
         }
         let end = offset.checked_add(len);
-        if end.is_none_or(|e| e > self.volume_bytes) {
-            let msg = format!("{offset}+{len} beyond {} bytes", self.volume_bytes);
+        if end.is_none_or(|e| e > self.origin.bytes()) {
+            let msg = format!("{offset}+{len} beyond {} bytes", self.origin.bytes());
             return Err(if write {
                 EngineError::NoSpace(msg)
             } else {
@@ -97,7 +97,7 @@ impl Engine {
 
     /// True if `block` can be cached (a partial last block never is).
     pub(crate) fn cacheable(&self, block: u64) -> bool {
-        block < self.origin_blocks
+        block < self.origin.blocks()
     }
 
     pub(crate) fn full_block(&self, seg: &Segment) -> bool {
@@ -231,7 +231,7 @@ impl Engine {
     pub fn prefetch(&self, offset: u64, len: u64) -> EngineResult<()> {
         self.check_open()?;
         self.check_span(offset, len, false)?;
-        self.refuse_stale(offset, len)?;
+        self.origin.refuse_stale(offset, len)?;
         bump(&self.stats.read_requests, 1);
         let capacity_bytes = {
             let m = self.meta.lock();
@@ -258,7 +258,7 @@ impl Engine {
         len: u64,
         progress: &mut dyn FnMut(u64, u64),
     ) -> EngineResult<()> {
-        let end = offset.saturating_add(len).min(self.volume_bytes);
+        let end = offset.saturating_add(len).min(self.origin.bytes());
         let total = end.saturating_sub(offset);
         for (at, n) in pieces(offset, end, WARM_CHUNK_BYTES) {
             let req = self.request(at, n, false, false, ReadKind::Warm)?;
@@ -284,7 +284,7 @@ impl Engine {
         let Some((first, last)) = req.blocks() else {
             return Ok(Some(AlignedBuf::zeroed(req.len as usize)));
         };
-        let _guard = self.locks.lock_range(first, last);
+        let _guard = self.origin.locks().lock_range(first, last);
         let plan = self.resolve(&mut req);
         if !go_on(&plan) {
             return Ok(None);
@@ -322,7 +322,7 @@ impl Engine {
 
     fn try_read_hits_locked(&self, req: &mut Request) -> Option<EngineResult<AlignedBuf>> {
         let (first, last) = req.blocks()?;
-        let _guard = self.locks.try_lock_range(first, last)?;
+        let _guard = self.origin.locks().try_lock_range(first, last)?;
         let plan = self.resolve(req);
         let cached = self.lookup(req, |dirty| dirty || plan.mode.reads_cache());
         if !cached.iter().all(|c| c.is_some_and(|h| h.valid)) {
@@ -348,11 +348,13 @@ impl Engine {
         bump(&self.stats.write_requests, 1);
         let (offset, len) = (req.offset, req.len);
         if let Some((first, last)) = req.blocks() {
+            let mut to_origin;
             loop {
                 let r = {
-                    let _guard = self.locks.lock_range(first, last);
-                    self.writeback.touch(first, last);
+                    let _guard = self.origin.locks().lock_range(first, last);
+                    self.origin.flights().touch(first, last);
                     let plan = self.resolve(&mut req);
+                    to_origin = !matches!(plan.route, WriteRoute::Cache);
                     match plan.route {
                         WriteRoute::Cache => {
                             let cached = self.lookup(&mut req, |_| true);
@@ -374,7 +376,12 @@ impl Engine {
                     r => break r?,
                 }
             }
-            self.heal_stale(offset, len);
+            // Only data that reached the origin makes a stale block
+            // current: a write the cache took while it was being given up
+            // is dropped with the table.
+            if to_origin {
+                self.origin.heal_stale(offset, len);
+            }
         }
         if req.fua || self.journal.pressed() {
             self.commit()?;
@@ -416,7 +423,7 @@ impl Engine {
         if !req.segs.iter().all(|s| self.cacheable(s.block)) {
             return None;
         }
-        let _guard = self.locks.try_lock_range(first, last)?;
+        let _guard = self.origin.locks().try_lock_range(first, last)?;
         let plan = self.resolve(req);
         if plan.route != WriteRoute::Cache {
             return None;
@@ -429,7 +436,7 @@ impl Engine {
             return None;
         }
         bump(&self.stats.write_requests, 1);
-        self.writeback.touch(first, last);
+        self.origin.flights().touch(first, last);
         Some(self.write_cached_dirty_with(&req.segs, data, &cached, plan.admits()))
     }
 

@@ -16,7 +16,6 @@ use super::format::{
     MIN_BLOCK_BYTES, PAGE_BYTES, SB_FLAG_ALLOW_VOLATILE_WRITEBACK, SB_FLAG_DISTRUST_CLEAN,
     SB_FLAG_FLUSH_ORDER, SB_FLAG_LOG_PLACEMENT, SEGMENT_BYTES, SUPERBLOCK_MAGIC,
 };
-use super::locks::BlockLocks;
 use super::policy::PolicyKind;
 use super::sectors::SectorSet;
 use super::stats::Stats;
@@ -864,8 +863,6 @@ fn build_engine(
     Engine {
         layout,
         block_bytes,
-        origin_blocks: origin.size_bytes() / block_bytes,
-        volume_bytes: origin.size_bytes(),
         meta: Mutex::new(Rank::Meta, {
             let pool_slots = loaded.table.dirty_slots() as u64;
             let log = (sb.flags.get() & SB_FLAG_LOG_PLACEMENT != 0)
@@ -881,7 +878,6 @@ fn build_engine(
             m
         }),
         journal: super::journal::Journal::new(sb, loaded.journal_end_seq),
-        locks: BlockLocks::new(),
         stats: Stats::default(),
         admission: super::admission::Admission::new(sb.admission(), layout.slot_count)
             .with_clock(clock.clone()),
@@ -900,7 +896,8 @@ fn build_engine(
         },
         clock,
         closed: AtomicBool::new(false),
-        io: super::io::Io::new(cache, origin, sb.cache_error_limit.get(), gather),
+        io: super::io::Io::new(cache, sb.cache_error_limit.get(), gather),
+        origin: super::origin::Origin::new(origin, block_bytes),
     }
 }
 

@@ -97,7 +97,7 @@ pub struct Status {
     #[serde(default)]
     pub dirty_at_risk: u64,
     /// Origin byte ranges (offset, bytes) whose data was lost with a
-    /// failed cache device: reads of them fail (engine/io/stale.rs).
+    /// failed cache device: reads of them fail (engine/origin/stale.rs).
     #[serde(default)]
     pub stale_ranges: Vec<(u64, u64)>,
     #[serde(default)]

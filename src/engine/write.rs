@@ -51,8 +51,8 @@ impl Engine {
         let segs = self.segments(offset, len, true)?;
         if let Some(first) = segs.first() {
             let last = segs.last().expect("non-empty").block;
-            let _guard = self.locks.lock_range(first.block, last);
-            self.writeback.touch(first.block, last);
+            let _guard = self.origin.locks().lock_range(first.block, last);
+            self.origin.flights().touch(first.block, last);
             // Ranges to discard on the origin: whole blocks, and parts of
             // blocks that are not cached. A cached block trimmed in part
             // keeps its origin bytes, so cache and origin never disagree.
@@ -75,7 +75,7 @@ impl Engine {
                     }
                 }
             }
-            self.writeback.wait_origin(first.block, last);
+            self.origin.flights().wait_origin(first.block, last);
             if self.older_groups_pending() {
                 // A discard is a write of the open group: it may not reach
                 // the origin before older groups (and a discard is a hint).
@@ -83,7 +83,7 @@ impl Engine {
                 discard.clear();
             }
             for (off, l) in discard {
-                if let Err(e) = self.io.origin().discard(off, l) {
+                if let Err(e) = self.origin.device().discard(off, l) {
                     log::debug!("origin discard failed (ignored, discard is a hint): {e}");
                 }
             }
@@ -102,8 +102,8 @@ impl Engine {
         self.timed_request(Op::Flush, || {
             self.commit()?;
             // A flush covers every write acknowledged before it: not so
-            // while the origin may have lost some (origin_sync.rs).
-            self.origin_writes_lost()
+            // while the origin may have lost some (origin/sync.rs).
+            self.origin.writes_lost()
         })
     }
 

@@ -88,16 +88,16 @@ impl Engine {
     }
 
     /// Counts a foreground origin request while `f` runs (writeback yields
-    /// to them: writeback.rs).
+    /// to them).
     fn foreground<T>(&self, f: impl FnOnce() -> T) -> T {
-        self.writeback.foreground(|| self.now_ms(), f)
+        self.origin.foreground(|| self.now_ms(), f)
     }
 
     pub(crate) fn origin_read(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
         bump(&self.stats.origin_reads, 1);
         let r = self.foreground(|| {
             self.timed_device(Dev::OriginRead, buf.len(), || {
-                self.io.origin.read_at(buf, offset)
+                self.origin.device().read_at(buf, offset)
             })
         });
         r.inspect_err(|e| {
@@ -111,19 +111,20 @@ impl Engine {
     /// origin changes: until then a crash would bring back the old clean
     /// copy over the new origin bytes.
     /// Waits first for background writebacks still writing these blocks to
-    /// the origin (flights.rs), so the origin sees writes in order.
+    /// the origin (origin/flights.rs), so the origin sees writes in order.
     /// With writeback in flush order, a foreground write is one of the
     /// open group: every closed group reaches the origin first.
     pub(crate) fn origin_write(&self, buf: &[u8], offset: u64) -> EngineResult<()> {
         if !buf.is_empty() {
             let bs = self.block_bytes;
             self.order_foreground_write()?;
-            self.writeback
+            self.origin
+                .flights()
                 .wait_origin(offset / bs, (offset + buf.len() as u64 - 1) / bs);
         }
-        let epoch = self.origin_loss_epoch();
+        let epoch = self.origin.loss_epoch();
         self.foreground(|| self.origin_write_now(buf, offset))?;
-        self.origin_wrote(offset..offset + buf.len() as u64, epoch);
+        self.origin.wrote(offset..offset + buf.len() as u64, epoch);
         Ok(())
     }
 
@@ -136,7 +137,7 @@ impl Engine {
         }
         bump(&self.stats.origin_writes, 1);
         let r = self.timed_device(Dev::OriginWrite, buf.len(), || {
-            self.io.origin.write_at(buf, offset)
+            self.origin.device().write_at(buf, offset)
         });
         let r = r.inspect_err(|e| {
             bump(&self.stats.origin_errors, 1);

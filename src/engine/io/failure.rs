@@ -16,7 +16,7 @@
 //!   answers again loses nothing. Past the error limit, `status` lists the
 //!   origin ranges those dirty blocks make stale. If the operator says the
 //!   device is gone (`give_up_cache`), the cache fails over, those ranges
-//!   stay *stale* (`stale.rs`): reads of them fail, `status` lists them,
+//!   stay *stale* (`origin/stale.rs`): reads of them fail, `status` lists them,
 //!   the rest of the volume is served from the origin. (A cache set gets
 //!   here only when every copy failed.)
 
@@ -247,8 +247,7 @@ impl Engine {
     /// The cache failed holding the dirty blocks `lost` (sorted): their
     /// origin blocks are stale from now on.
     fn lose_dirty(&self, lost: &[u64], e: &str) {
-        let stale = super::stale::StaleBlocks::of_blocks(lost);
-        let ranges = stale.byte_ranges(self.block_bytes);
+        let ranges = self.origin.set_stale(lost);
         let shown: Vec<String> = ranges
             .iter()
             .take(16)
@@ -262,38 +261,6 @@ impl Engine {
             shown.join(" "),
             if ranges.len() > 16 { " ..." } else { "" }
         );
-        *self.io.stale.lock() = stale;
-    }
-
-    /// Fails a read that touches an origin block made stale by a lost
-    /// cache (see `stale.rs`).
-    pub(crate) fn refuse_stale(&self, offset: u64, len: u64) -> EngineResult<()> {
-        if len == 0 || !self.failed_over() {
-            return Ok(());
-        }
-        let bs = self.block_bytes;
-        let (first, last) = (offset / bs, (offset + len - 1) / bs);
-        if self.io.stale.lock().overlaps(first, last) {
-            return Err(EngineError::StaleData(format!(
-                "{offset}+{len} holds data that was lost with the cache device; the origin has \
-                 only older contents (`tiercache status` lists the stale ranges)"
-            )));
-        }
-        Ok(())
-    }
-
-    /// A write of `offset..offset+len` reached the origin while failed
-    /// over: the whole blocks it covers are current again.
-    pub(crate) fn heal_stale(&self, offset: u64, len: u64) {
-        if len == 0 || !self.failed_over() {
-            return;
-        }
-        let bs = self.block_bytes;
-        let first = offset.div_ceil(bs);
-        let end = (offset + len) / bs;
-        if first < end {
-            self.io.stale.lock().heal(first, end - 1);
-        }
     }
 
     /// The stale origin ranges (byte offset, bytes) and how many blocks:
@@ -301,11 +268,10 @@ impl Engine {
     /// (past the error limit) with dirty blocks, theirs: the origin has
     /// older data there, and the only current copy is on a failing device.
     pub(crate) fn stale_ranges(&self) -> (Vec<(u64, u64)>, u64) {
-        let shown = |s: &super::stale::StaleBlocks| (s.byte_ranges(self.block_bytes), s.blocks());
         if self.given_up() || !self.io.admission_stopped() {
-            return shown(&self.io.stale.lock());
+            return self.origin.stale_ranges();
         }
         let dirty = self.meta.lock().table().all_dirty();
-        shown(&super::stale::StaleBlocks::of_blocks(&dirty))
+        self.origin.would_be_stale(&dirty)
     }
 }

@@ -1,23 +1,22 @@
 //! The writeback part: writing dirty blocks back to the origin.
 //!
 //! It owns the background thread and its wake-up, the settings and cursors
-//! of background writeback, the writebacks in flight (`flights.rs`), the
-//! writes waiting for it to free a slot, and the foreground origin activity
-//! it yields to. Other parts reach it only through the methods below.
+//! of background writeback and the writes waiting for it to free a slot.
+//! Other parts reach it only through the methods below. The writebacks in
+//! flight and the foreground activity it yields to are the origin's
+//! (`origin/flights.rs`, `Origin::quiet_ms`).
 //!
 //! - `run.rs`: the background's rounds and steps, `write_back_all`, and
 //!   writing a run of dirty blocks back (`impl Engine`).
-//! - `flights.rs`: writebacks whose origin write runs without block locks.
 //! - `order.rs`: writeback in flush order, group after group.
 //! - `clean.rs`: the log placement's cleaner, freeing and discarding whole
 //!   segments ahead of the cursor.
 
 pub mod clean;
-pub mod flights;
 pub mod order;
 pub mod run;
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -31,7 +30,6 @@ pub(crate) struct Writeback {
     /// Settings and cursors (rank `WritebackState`: taken before the
     /// metadata lock).
     state: Mutex<State>,
-    flights: flights::Flights,
     /// Writeback in flush order: one thread writes back at a time (rank
     /// `WritebackOrder`: after block locks, which it only try-locks); it
     /// holds where the sweep through a group's blocks goes on.
@@ -42,10 +40,6 @@ pub(crate) struct Writeback {
     /// The background thread's wake-up flag and its handle.
     wake: (Mutex<bool>, Condvar),
     thread: Mutex<Option<JoinHandle<()>>>,
-    /// Foreground origin requests under way, and when the last one ended
-    /// (engine ms): writeback yields to them.
-    origin_in_flight: AtomicU32,
-    origin_last_end_ms: AtomicU64,
 }
 
 /// What background writeback decides by, kept between its rounds.
@@ -79,14 +73,11 @@ impl Writeback {
                     client_requests_seen: (0, 0),
                 },
             ),
-            flights: Default::default(),
             order_turn: Mutex::new(Rank::WritebackOrder, 0),
             slot_waiters: AtomicU32::new(0),
             slots_freed: (Mutex::new(Rank::SlotsFreed, ()), Condvar::new()),
             wake: (Mutex::new(Rank::Background, false), Condvar::new()),
             thread: Mutex::new(Rank::Background, None),
-            origin_in_flight: AtomicU32::new(0),
-            origin_last_end_ms: AtomicU64::new(0),
         }
     }
 
@@ -103,28 +94,6 @@ impl Writeback {
         let (lock, cv) = &self.wake;
         *lock.lock() = true;
         cv.notify_one();
-    }
-
-    /// A write or trim holds the locks of blocks `first..=last`: a
-    /// writeback in flight there must not mark them clean.
-    pub(crate) fn touch(&self, first: u64, last: u64) {
-        self.flights.touch(first, last);
-    }
-
-    /// Waits until no writeback is writing blocks `first..=last` to the
-    /// origin (a foreground origin write comes after it).
-    pub(crate) fn wait_origin(&self, first: u64, last: u64) {
-        self.flights.wait_origin(first, last);
-    }
-
-    /// Runs a foreground origin request `f`, counted so that writeback
-    /// yields to it; `now_ms` stamps its end.
-    pub(crate) fn foreground<T>(&self, now_ms: impl Fn() -> u64, f: impl FnOnce() -> T) -> T {
-        self.origin_in_flight.fetch_add(1, Ordering::AcqRel);
-        let r = f();
-        self.origin_last_end_ms.store(now_ms(), Ordering::Release);
-        self.origin_in_flight.fetch_sub(1, Ordering::AcqRel);
-        r
     }
 
     /// A commit made slots free: writes waiting for one try again.

@@ -100,7 +100,7 @@ impl Engine {
         };
         if g < open && all_written {
             // Flushed, group g is done, and the next group may start.
-            self.origin_flush()?;
+            self.origin.flush(&self.stats)?;
             let mut m = self.meta.lock();
             self.append(&mut m, Record::Done { group: g });
             bump(&self.stats.groups_written_back, 1);
@@ -117,7 +117,7 @@ impl Engine {
             None => return Ok(0),
         };
         let sb = SECTOR_BYTES as usize;
-        let epoch = self.origin_loss_epoch();
+        let epoch = self.origin.loss_epoch();
         for &(block, shadow) in &shadows {
             for run in shadow.dirty.runs() {
                 let mut buf = crate::device::AlignedBuf::zeroed(run.count as usize * sb);
@@ -131,7 +131,7 @@ impl Engine {
         }
         // Written only once the origin has them for good, as blocks are
         // marked clean (run.rs): the group's `Done` drops them.
-        self.origin_flush_since(epoch)?;
+        self.origin.flush_since(&self.stats, epoch)?;
         let mut m = self.meta.lock();
         for &(block, _) in &shadows {
             m.shadow_written(g, block);

@@ -2,7 +2,7 @@
 //!
 //! The background thread writes dirty blocks back, in ascending order,
 //! adjacent blocks coalesced into one write, without holding the blocks'
-//! locks during the origin write (flights.rs). It yields to the client:
+//! locks during the origin write (origin/flights.rs). It yields to the client:
 //!
 //! - once clients have sent no request for `idle_secs` (2 s by default;
 //!   Open CAS's ALRU waits 10 s) and the origin is quiet, it drains every
@@ -140,7 +140,7 @@ impl Engine {
         // Between batches too: a round of writeback can take seconds
         // against a slow origin.
         self.keep_reserve();
-        if self.origin_unreachable() {
+        if self.origin.unreachable() {
             return Ok(0); // every origin write would fail at once
         }
         if self.ordered() && self.journal.checkpoint_waits() && self.older_groups_pending() {
@@ -227,12 +227,7 @@ impl Engine {
     /// Milliseconds since the last foreground origin request ended (0 while
     /// one is under way).
     fn origin_quiet_ms(&self) -> u64 {
-        let w = &self.writeback;
-        if w.origin_in_flight.load(Ordering::Acquire) > 0 {
-            return 0;
-        }
-        self.now_ms()
-            .saturating_sub(w.origin_last_end_ms.load(Ordering::Acquire))
+        self.origin.quiet_ms(self.now_ms())
     }
 
     /// True while clients keep the origin busy: a foreground origin request
@@ -413,7 +408,7 @@ impl Engine {
     ///
     /// The runs' blocks are marked clean only after one origin flush at
     /// the end has made every run's write durable, and only if the origin
-    /// lost nothing meanwhile (`origin_flush_since`); until then their
+    /// lost nothing meanwhile (`Origin::flush_since`); until then their
     /// flights stay open, so a write to one keeps it dirty.
     pub(crate) fn writeback_blocks_in(
         &self,
@@ -422,7 +417,7 @@ impl Engine {
         group: Option<u64>,
     ) -> EngineResult<usize> {
         let mut held_here = std::collections::HashSet::new();
-        let epoch = self.origin_loss_epoch();
+        let epoch = self.origin.loss_epoch();
         let mut sent: Vec<Vec<(u64, u32)>> = Vec::new();
         let mut first_err: Option<EngineError> = None;
         let mut i = 0;
@@ -480,8 +475,8 @@ impl Engine {
             if run.last().is_some_and(|&(last, _)| b != last + 1) {
                 break;
             }
-            if !self.locks.try_lock(b) {
-                if self.ordered() && self.locks.held_here(b) {
+            if !self.origin.locks().try_lock(b) {
+                if self.ordered() && self.origin.locks().held_here(b) {
                     held_here.insert(b);
                 } else {
                     *i += 1;
@@ -504,10 +499,10 @@ impl Engine {
             *i += 1;
             match dirty {
                 // Not already being written back by another thread.
-                Some(slot) if !self.writeback.flights.contains(b) => run.push((b, slot)),
+                Some(slot) if !self.origin.flights().contains(b) => run.push((b, slot)),
                 _ => {
                     if !held_here.contains(&b) {
-                        self.locks.unlock(b);
+                        self.origin.locks().unlock(b);
                     }
                     break;
                 }
@@ -519,14 +514,14 @@ impl Engine {
     /// Sends a run of locked, dirty, adjacent blocks to the origin, and
     /// unlocks them: in flush order commits the journal first, reads them
     /// from the cache, and releases their locks for the origin writes
-    /// (flights.rs). Their flights stay open for `finish_run`; a run whose
+    /// (origin/flights.rs). Their flights stay open for `finish_run`; a run whose
     /// origin write failed is finished here, its blocks left dirty.
     fn send_run(&self, run: &[(u64, u32)], mine: &dyn Fn(u64) -> bool) -> EngineResult<()> {
         let blocks = || run.iter().map(|&(b, _)| b);
         let unlock = || {
             blocks()
                 .filter(|&b| !mine(b))
-                .for_each(|b| self.locks.unlock(b))
+                .for_each(|b| self.origin.locks().unlock(b))
         };
         if self.ordered() {
             // Flush order: the records that put these blocks' data in
@@ -550,13 +545,13 @@ impl Engine {
                 return Err(e.into());
             }
         };
-        self.writeback.flights.start(blocks());
+        self.origin.flights().start(blocks());
         unlock();
         let base = run[0].0 * self.block_bytes;
         let written = extents
             .iter()
             .try_for_each(|e| self.origin_write_now(&buf[e.clone()], base + e.start as u64));
-        self.writeback.flights.origin_written(blocks());
+        self.origin.flights().origin_written(blocks());
         if let Err(e) = written {
             self.finish_run(run, mine, false);
             return Err(e);
@@ -578,7 +573,7 @@ impl Engine {
         if sent.is_empty() {
             return 0;
         }
-        let durable = self.origin_flush_since(epoch);
+        let durable = self.origin.flush_since(&self.stats, epoch);
         let clean = durable.is_ok();
         if let Err(e) = durable {
             first_err.get_or_insert(e);
@@ -598,9 +593,9 @@ impl Engine {
             // (a write holding one may wait for the turn). A block whose
             // lock is taken stays dirty and goes again.
             let locked: Vec<bool> = blocks()
-                .map(|b| mine(b) || self.locks.try_lock(b))
+                .map(|b| mine(b) || self.origin.locks().try_lock(b))
                 .collect();
-            let mut skip = self.writeback.flights.finish(blocks());
+            let mut skip = self.origin.flights().finish(blocks());
             for (s, &l) in skip.iter_mut().zip(&locked) {
                 *s |= !l;
             }
@@ -611,13 +606,16 @@ impl Engine {
             };
             for (b, l) in blocks().zip(locked) {
                 if l && !mine(b) {
-                    self.locks.unlock(b);
+                    self.origin.locks().unlock(b);
                 }
             }
             return n;
         }
-        let _guard = self.locks.lock_range(run[0].0, run[run.len() - 1].0);
-        let touched = self.writeback.flights.finish(blocks());
+        let _guard = self
+            .origin
+            .locks()
+            .lock_range(run[0].0, run[run.len() - 1].0);
+        let touched = self.origin.flights().finish(blocks());
         if clean {
             self.mark_clean(run, &touched)
         } else {
@@ -685,16 +683,16 @@ impl Engine {
     }
 
     /// Writes one dirty block back while the caller holds its lock (the
-    /// origin write waits for a flight of the same block, see flights.rs),
+    /// origin write waits for a flight of the same block, see origin/flights.rs),
     /// and flushes the origin before marking it clean.
     pub(crate) fn write_back_one(&self, block: u64, slot: u32) -> EngineResult<()> {
         let extents = self.dirty_extents(&[(block, slot)]);
         let buf = self.read_run(&[(block, slot)])?;
-        let epoch = self.origin_loss_epoch();
+        let epoch = self.origin.loss_epoch();
         for e in extents {
             self.origin_write(&buf[e.clone()], block * self.block_bytes + e.start as u64)?;
         }
-        self.origin_flush_since(epoch)?;
+        self.origin.flush_since(&self.stats, epoch)?;
         self.mark_clean(&[(block, slot)], &[]);
         Ok(())
     }
@@ -710,7 +708,7 @@ impl Engine {
         if !self.mode().holds_dirty() || self.meta.lock().table().dirty_count() == 0 {
             return false;
         }
-        if !self.writeback.has_thread() || self.origin_unreachable() {
+        if !self.writeback.has_thread() || self.origin.unreachable() {
             // Opened without background work (a command, a test), or the
             // origin is unreachable: nobody would write back while we wait.
             return false;

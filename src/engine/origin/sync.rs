@@ -148,35 +148,34 @@ impl OriginSync {
     }
 
     /// Makes the foreground writes that ended before it durable with
-    /// `flush` (not called when there are none). If the flush fails, or
-    /// the origin's loss epoch (`epoch`) moved since the first of them was
-    /// sent, they may be lost: their ranges are kept for `check_lost`, and
-    /// this fails.
+    /// `flush_since` (not called when there are none), handed the origin's
+    /// loss epoch from before the first of them was sent: it fails if the
+    /// flush failed or that epoch moved. Then they may be lost: their
+    /// ranges are kept for `check_lost`, and this fails.
     pub(crate) fn flush_pending(
         &self,
-        flush: impl FnOnce() -> EngineResult<()>,
-        epoch: impl Fn() -> u64,
+        flush_since: impl FnOnce(u64) -> EngineResult<()>,
     ) -> EngineResult<()> {
         let _turn = self.flushing.lock();
         let (taken, since) = {
             let mut st = self.state.lock();
             (std::mem::take(&mut st.pending), st.epoch.take())
         };
-        if taken.is_empty() {
+        let Some(since) = since.filter(|_| !taken.is_empty()) else {
             return Ok(());
-        }
-        let flushed = flush();
-        let moved = since.is_some_and(|e| epoch() != e);
-        if flushed.is_err() || moved {
-            let what = taken.describe();
-            self.state.lock().failed.extend(taken);
-            flushed?;
-            return Err(EngineError::OriginWritesLost(format!(
+        };
+        let Err(e) = flush_since(since) else {
+            return Ok(());
+        };
+        let what = taken.describe();
+        self.state.lock().failed.extend(taken);
+        Err(match e {
+            EngineError::OriginWritesLost(_) => EngineError::OriginWritesLost(format!(
                 "the origin was reconnected or failed a flush after writes were sent to it \
                  ({what}): it may have lost them"
-            )));
-        }
-        Ok(())
+            )),
+            e => e,
+        })
     }
 
     /// Fails while a foreground write that a failed flush covered has not
@@ -194,14 +193,21 @@ impl OriginSync {
         )))
     }
 
-    /// `flush_pending`, then `check_lost`.
+    /// `flush_pending` with `flush`, the loss epoch read from `epoch`
+    /// after it, then `check_lost`.
     #[cfg(test)]
     fn flush_foreground(
         &self,
         flush: impl FnOnce() -> EngineResult<()>,
         epoch: impl Fn() -> u64,
     ) -> EngineResult<()> {
-        self.flush_pending(flush, epoch)?;
+        self.flush_pending(|since| {
+            flush()?;
+            if epoch() != since {
+                return Err(EngineError::OriginWritesLost("moved".into()));
+            }
+            Ok(())
+        })?;
         self.check_lost()
     }
 }

@@ -1,0 +1,232 @@
+//! The origin part: one slow device behind the cache, and what concerns
+//! its blocks rather than the cache's slots.
+//!
+//! It owns the device and its geometry, the per-block locks every request
+//! takes (`locks.rs`), the writebacks in flight to it (`flights.rs`), the
+//! foreground writes its next flush must cover (`sync.rs`), the blocks a
+//! lost cache left stale on it (`stale.rs`), and the foreground activity
+//! that background writeback yields to. Flushes go through the methods
+//! below; the data path's reads and writes (timed for admission, ordered
+//! against the journal) are `io/data.rs`'s, and discards, health and close
+//! the engine's, over `device()`.
+//!
+//! The counters it bumps are the engine's (`Stats`), handed in by the
+//! caller.
+
+pub mod flights;
+pub mod locks;
+pub(crate) mod stale;
+pub(crate) mod sync;
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+use super::error::{EngineError, EngineResult};
+use super::stats::{bump, Stats};
+use crate::device::DeviceRef;
+use crate::sync::{Mutex, Rank};
+use flights::Flights;
+use locks::BlockLocks;
+use stale::StaleBlocks;
+
+/// The origin part's state.
+pub(crate) struct Origin {
+    device: DeviceRef,
+    /// The volume's size: the origin's, read at open.
+    bytes: u64,
+    /// The cache's block size, which the origin is cut into.
+    block_bytes: u64,
+    /// Origin blocks that can be cached (a partial last block never is).
+    blocks: u64,
+    locks: BlockLocks,
+    flights: Flights,
+    sync: sync::OriginSync,
+    /// Blocks whose only current copy was lost with the cache (`stale.rs`);
+    /// `any_stale` lets requests skip the lock while there are none.
+    stale: Mutex<StaleBlocks>,
+    any_stale: AtomicBool,
+    /// Foreground requests under way, and when the last one ended
+    /// (engine ms): writeback yields to them.
+    in_flight: AtomicU32,
+    last_end_ms: AtomicU64,
+}
+
+impl Origin {
+    pub(crate) fn new(device: DeviceRef, block_bytes: u64) -> Origin {
+        let bytes = device.size_bytes();
+        Origin {
+            device,
+            bytes,
+            block_bytes,
+            blocks: bytes / block_bytes,
+            locks: BlockLocks::new(),
+            flights: Flights::default(),
+            sync: Default::default(),
+            stale: Mutex::new(Rank::StaleBlocks, StaleBlocks::default()),
+            any_stale: AtomicBool::new(false),
+            in_flight: AtomicU32::new(0),
+            last_end_ms: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn device(&self) -> &DeviceRef {
+        &self.device
+    }
+
+    /// The volume's size in bytes.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Whole blocks, the ones that can be cached.
+    pub(crate) fn blocks(&self) -> u64 {
+        self.blocks
+    }
+
+    /// The first and last block `len > 0` bytes at `offset` touch.
+    pub(crate) fn block_span(&self, offset: u64, len: u64) -> (u64, u64) {
+        (
+            offset / self.block_bytes,
+            (offset + len - 1) / self.block_bytes,
+        )
+    }
+
+    pub(crate) fn locks(&self) -> &BlockLocks {
+        &self.locks
+    }
+
+    pub(crate) fn flights(&self) -> &Flights {
+        &self.flights
+    }
+
+    /// True while the device says it cannot be reached (an NBD server
+    /// down: its device fails requests at once and reconnects by itself,
+    /// device/nbd/link.rs). Background writeback waits meanwhile.
+    pub(crate) fn unreachable(&self) -> bool {
+        !self.device.is_reachable()
+    }
+
+    /// The device's loss epoch (`BlockDevice::loss_epoch`).
+    pub(crate) fn loss_epoch(&self) -> u64 {
+        self.device.loss_epoch()
+    }
+
+    /// Flushes the device (errors counted).
+    pub(crate) fn flush(&self, stats: &Stats) -> EngineResult<()> {
+        crate::sync::assert_unheld(Rank::Meta, "an origin flush");
+        bump(&stats.origin_flushes, 1);
+        self.device.flush().inspect_err(|_| {
+            bump(&stats.origin_errors, 1);
+            bump(&stats.origin_flush_losses, 1);
+        })?;
+        Ok(())
+    }
+
+    /// An origin flush that also fails if the origin may have lost writes
+    /// sent since its loss epoch read `epoch` (a reconnect, a failed flush
+    /// meanwhile). What it made durable may be called so only after this
+    /// succeeds.
+    pub(crate) fn flush_since(&self, stats: &Stats, epoch: u64) -> EngineResult<()> {
+        self.flush(stats)?;
+        if self.loss_epoch() != epoch {
+            bump(&stats.origin_flush_losses, 1);
+            return Err(EngineError::OriginWritesLost(
+                "the origin was reconnected or failed a flush while writeback wrote to it: \
+                 the blocks stay dirty and are written again"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A foreground write of `range` succeeded; `epoch` was read before it
+    /// was sent (`sync.rs`).
+    pub(crate) fn wrote(&self, range: Range<u64>, epoch: u64) {
+        self.sync.wrote(range, epoch);
+    }
+
+    /// Makes the foreground writes that ended so far durable (a commit's
+    /// first step): a flush only if there are some, so a commit in
+    /// writeback needs the origin only when clients wrote to it.
+    pub(crate) fn flush_foreground(&self, stats: &Stats) -> EngineResult<()> {
+        self.sync
+            .flush_pending(|since| self.flush_since(stats, since))
+    }
+
+    /// Fails while foreground writes a failed flush covered are not written
+    /// again (a client's FLUSH and FUA report it).
+    pub(crate) fn writes_lost(&self) -> EngineResult<()> {
+        self.sync.check_lost()
+    }
+
+    /// Runs a foreground request `f`, counted so that writeback yields to
+    /// it; `now_ms` stamps its end.
+    pub(crate) fn foreground<T>(&self, now_ms: impl Fn() -> u64, f: impl FnOnce() -> T) -> T {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        let r = f();
+        self.last_end_ms.store(now_ms(), Ordering::Release);
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        r
+    }
+
+    /// Milliseconds from the end of the last foreground request to `now_ms`
+    /// (0 while one is under way).
+    pub(crate) fn quiet_ms(&self, now_ms: u64) -> u64 {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return 0;
+        }
+        now_ms.saturating_sub(self.last_end_ms.load(Ordering::Acquire))
+    }
+
+    /// The cache was lost holding the dirty blocks `lost` (sorted): from now
+    /// on their data exists nowhere, and reads of them fail.
+    pub(crate) fn set_stale(&self, lost: &[u64]) -> Vec<(u64, u64)> {
+        let stale = StaleBlocks::of_blocks(lost);
+        let ranges = stale.byte_ranges(self.block_bytes);
+        *self.stale.lock() = stale;
+        self.any_stale.store(!lost.is_empty(), Ordering::Release);
+        ranges
+    }
+
+    /// Fails a read that touches a stale block.
+    pub(crate) fn refuse_stale(&self, offset: u64, len: u64) -> EngineResult<()> {
+        if len == 0 || !self.any_stale.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let (first, last) = self.block_span(offset, len);
+        if self.stale.lock().overlaps(first, last) {
+            return Err(EngineError::StaleData(format!(
+                "{offset}+{len} holds data that was lost with the cache device; the origin has \
+                 only older contents (`tiercache status` lists the stale ranges)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// A write of `offset..offset+len` reached the device (the caller
+    /// says so only for writes that went there): the whole blocks it
+    /// covers are current again.
+    pub(crate) fn heal_stale(&self, offset: u64, len: u64) {
+        if len == 0 || !self.any_stale.load(Ordering::Acquire) {
+            return;
+        }
+        let first = offset.div_ceil(self.block_bytes);
+        let end = (offset + len) / self.block_bytes;
+        if first < end {
+            self.stale.lock().heal(first, end - 1);
+        }
+    }
+
+    /// The stale ranges (byte offset, bytes) and how many blocks.
+    pub(crate) fn stale_ranges(&self) -> (Vec<(u64, u64)>, u64) {
+        let s = self.stale.lock();
+        (s.byte_ranges(self.block_bytes), s.blocks())
+    }
+
+    /// Ranges (byte offset, bytes) and blocks `dirty` (sorted) would leave
+    /// stale if the cache were lost now.
+    pub(crate) fn would_be_stale(&self, dirty: &[u64]) -> (Vec<(u64, u64)>, u64) {
+        let s = StaleBlocks::of_blocks(dirty);
+        (s.byte_ranges(self.block_bytes), s.blocks())
+    }
+}
