@@ -35,7 +35,7 @@
 //! with), `status.rs` (what `status` reports), `format.rs` (the on-disk
 //! format), `recovery.rs` (open, replay, the offline `check`), `observe/`
 //! (latency histograms, heat map, miss-ratio curve), `async_engine.rs` (the engine as a `Volume`),
-//! `introspect.rs` (what the cache holds), `clock.rs`, `stats.rs`,
+//! `table/introspect.rs` (what the cache holds), `clock.rs`, `stats.rs`,
 //! `load_fuzz.rs` (loading metadata from untrusted bytes).
 //!
 //! Threads, locks and their order: docs/concurrency.md. Every lock has a rank
@@ -46,10 +46,10 @@ pub mod async_engine;
 pub mod clock;
 pub mod error;
 pub mod format;
-pub mod introspect;
 pub mod io;
 pub mod journal;
 pub use journal::{commit, crash_log};
+pub(crate) use table::lock::MetaLock;
 pub(crate) use table::Meta;
 pub use table::{map as meta, sectors};
 #[cfg(any(test, feature = "testing"))]
@@ -71,8 +71,6 @@ pub mod writeback;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
-
-use crate::sync::Mutex;
 
 use crate::device::DeviceRef;
 pub use admission::AdmissionSettings;
@@ -100,7 +98,7 @@ pub struct Engine {
     origin: origin::Origin,
     layout: Layout,
     block_bytes: u64,
-    meta: Mutex<Meta>,
+    meta: MetaLock,
     /// The journal part (journal/): the commit lock's state, completed
     /// operations, the crash log's pressure.
     journal: journal::Journal,
@@ -184,6 +182,12 @@ impl Engine {
 
     pub fn volume_bytes(&self) -> u64 {
         self.origin.bytes()
+    }
+
+    /// Which bytes of `[offset, offset + len)` the cache holds and which of
+    /// those are dirty, as extents (`table/introspect.rs`).
+    pub fn cache_state(&self, offset: u64, len: u64) -> Vec<crate::volume::Extent> {
+        self.meta.cache_state(&self.origin, offset, len)
     }
 
     pub fn block_bytes(&self) -> u32 {
@@ -316,13 +320,7 @@ impl Engine {
     /// metrics endpoint and the dashboard. Holds the metadata lock only to
     /// copy the heat map's 2 x 1024 counters.
     pub fn observations(&self) -> Observations {
-        let (cached, dirty) = {
-            let m = self.meta.lock();
-            (
-                m.table().regions.cached.clone(),
-                m.table().regions.dirty.clone(),
-            )
-        };
+        let (cached, dirty) = self.meta.regions();
         let heat = observe::heat::HeatMap {
             region_blocks: self
                 .origin
@@ -342,7 +340,7 @@ impl Engine {
     }
 
     pub fn dirty_blocks(&self) -> u64 {
-        self.meta.lock().table().dirty_count()
+        self.meta.dirty_count()
     }
 
     /// Switches the cache mode on a live cache. Leaving a mode that holds
@@ -393,7 +391,7 @@ impl Engine {
         self.check_open()?;
         self.update_superblock_then(
             |sb| sb.policy.set(kind.to_u32()),
-            || self.meta.lock().set_policy(kind),
+            || self.meta.set_policy(kind),
         )
     }
 
@@ -476,7 +474,7 @@ impl Engine {
     /// log has nothing to add.
     pub(crate) fn remove_crash_log(&self) {
         // Taken out under the lock, removed (unlink, munmap) after it.
-        let log = self.meta.lock().take_crash_log();
+        let log = self.meta.take_crash_log();
         if let Some(log) = log {
             log.remove();
         }
@@ -487,8 +485,7 @@ impl Engine {
     /// (so no record is half appended): what a process killed now leaves.
     /// For crash tests; `None` without a log.
     pub fn crash_log_image(&self) -> Option<Vec<u8>> {
-        let m = self.meta.lock();
-        m.crash_log_ref().map(|l| l.image_bytes())
+        self.meta.crash_log_image()
     }
 
     #[cfg(any(test, feature = "testing"))]
@@ -500,7 +497,7 @@ impl Engine {
         self.closed.store(true, Ordering::Release);
         writeback::stop_background(self);
         // The dead process's log stays as it was, unlocked for the next.
-        let log = self.meta.lock().take_crash_log();
+        let log = self.meta.take_crash_log();
         drop(log);
     }
 

@@ -233,7 +233,7 @@ impl Engine {
         tmp: &[u8],
         out: &mut [u8],
     ) -> EngineResult<()> {
-        let (valid, _) = self.meta.lock().table().sector_sets(hit.slot);
+        let (valid, _) = self.meta.sector_sets(hit.slot);
         let sb = SECTOR_BYTES as usize;
         let fetched = |s: usize| f.at + (s - f.run.first as usize) * sb;
         let seg_first = (seg.in_block / SECTOR_BYTES) as usize;

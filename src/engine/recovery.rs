@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32};
 
-use crate::sync::{Mutex, Rank};
+use super::table::lock::MetaLock;
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, FromZeros};
 
@@ -863,7 +863,7 @@ fn build_engine(
     Engine {
         layout,
         block_bytes,
-        meta: Mutex::new(Rank::Meta, {
+        meta: MetaLock::new({
             let pool_slots = loaded.table.dirty_slots() as u64;
             let log = (sb.flags.get() & SB_FLAG_LOG_PLACEMENT != 0)
                 .then(|| Geometry::new(SEGMENT_BYTES, block_bytes, layout.data_offset, pool_slots));

@@ -115,7 +115,7 @@ impl Engine {
         // groups, not here.
         self.order_foreground_write()?;
         for seg in segs {
-            let cached = self.meta.lock().table().lookup(seg.block);
+            let cached = self.meta.lookup(seg.block);
             let Some((slot, dirty)) = cached else {
                 continue;
             };
@@ -144,12 +144,7 @@ impl Engine {
     }
 
     pub(crate) fn count_write_hits(&self, segs: &[Segment]) {
-        let m = self.meta.lock();
-        let hits = segs
-            .iter()
-            .filter(|s| m.table().lookup(s.block).is_some())
-            .count() as u64;
-        drop(m);
+        let hits = self.meta.count_cached(segs.iter().map(|s| s.block));
         bump(&self.stats.write_hits, hits);
         bump(&self.stats.write_misses, segs.len() as u64 - hits);
     }

@@ -153,6 +153,6 @@ impl Engine {
     /// cannot meet a revived old copy.
     pub(crate) fn releases_pending(&self, blocks: std::ops::RangeInclusive<u64>) -> bool {
         let durable = self.journal.releases_durable();
-        self.meta.lock().releases_pending(blocks, durable)
+        self.meta.releases_pending(blocks, durable)
     }
 }

@@ -202,7 +202,7 @@ impl Engine {
         if self.given_up() {
             return Ok(0);
         }
-        let lost = self.meta.lock().table().all_dirty();
+        let lost = self.meta.all_dirty();
         if !lost.is_empty() {
             self.lose_dirty(&lost, "the cache device was given up");
         }
@@ -211,7 +211,7 @@ impl Engine {
         // append nothing from now on (`given_up`).
         self.io.given_up.store(true, Ordering::Release);
         self.fail_over("the cache device was given up");
-        self.meta.lock().forget_all();
+        self.meta.forget_all();
         Ok(lost.len() as u64)
     }
 
@@ -271,7 +271,7 @@ impl Engine {
         if self.given_up() || !self.io.admission_stopped() {
             return self.origin.stale_ranges();
         }
-        let dirty = self.meta.lock().table().all_dirty();
+        let dirty = self.meta.all_dirty();
         self.origin.would_be_stale(&dirty)
     }
 }

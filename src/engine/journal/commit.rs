@@ -365,7 +365,7 @@ impl Engine {
             // Pages after the replayed ones may hold valid pages of an
             // interrupted commit; start the new journal a full ring later so
             // none of them can ever be taken for a new page.
-            let data = self.meta.lock().snapshot();
+            let data = self.meta.snapshot();
             let restart = journal_end_seq + self.layout.journal_pages;
             self.write_checkpoint(&mut cs, &data, restart, false)?;
             if distrust {
@@ -376,7 +376,7 @@ impl Engine {
         }
         if let Some(mut log) = log {
             log.reset(&crash_log::Identity::of(&cs.sb), self.durable_point(&cs));
-            self.meta.lock().set_crash_log(log);
+            self.meta.set_crash_log(log);
         }
         Ok(())
     }

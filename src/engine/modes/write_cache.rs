@@ -163,7 +163,7 @@ impl Engine {
         let mut valid = SectorSet::of_run(sectors, seg.run());
         let old = match hit {
             Some(h) => {
-                let (v, _) = self.meta.lock().table().sector_sets(h.slot);
+                let (v, _) = self.meta.sector_sets(h.slot);
                 let hull = v.union(&valid).hull().expect("non-empty");
                 let mut buf = AlignedBuf::zeroed(hull.count as usize * SECTOR_BYTES as usize);
                 let from = hull.first as u64 * SECTOR_BYTES;
@@ -197,7 +197,7 @@ impl Engine {
             return Ok(());
         }
         for seg in segs {
-            let cached = self.meta.lock().table().lookup(seg.block);
+            let cached = self.meta.lookup(seg.block);
             if let Some((slot, true)) = cached {
                 self.write_back_one(seg.block, slot)?;
             }

@@ -78,6 +78,11 @@ impl Origin {
         self.bytes
     }
 
+    /// The block size the origin is cut into (the cache's).
+    pub(crate) fn block_bytes(&self) -> u64 {
+        self.block_bytes
+    }
+
     /// Whole blocks, the ones that can be cached.
     pub(crate) fn blocks(&self) -> u64 {
         self.blocks

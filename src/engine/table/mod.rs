@@ -26,6 +26,8 @@ pub mod entries;
 pub mod free;
 pub mod groups;
 pub mod index;
+pub mod introspect;
+pub(crate) mod lock;
 pub mod map;
 pub mod pools;
 pub(crate) mod releases;

@@ -109,7 +109,7 @@ impl Engine {
             if moved + plan.evicted == 0 && (tried > 0 || plan.busy > 0) {
                 // No progress (no slot to move to, or every block busy):
                 // give its free slots back to writers and try later.
-                self.meta.lock().end_cleaning(plan.dirty);
+                self.meta.end_cleaning(plan.dirty);
                 break;
             }
             emptied += 1;
@@ -240,13 +240,9 @@ impl Engine {
     /// slot, an unreadable slot) is evicted instead; a dirty one stays.
     /// True if the slot was freed (moved, evicted or superseded).
     fn move_block(&self, slot: u32, block: u64) -> bool {
-        let (valid, dirty) = {
-            let m = self.meta.lock();
-            match m.table().lookup(block) {
-                Some((s, dirty)) if s == slot => (m.table().sector_sets(slot).0, dirty),
-                // Superseded or dropped meanwhile: nothing to move.
-                _ => return true,
-            }
+        // Superseded or dropped meanwhile: nothing to move.
+        let Some((valid, dirty)) = self.meta.held_at(block, slot) else {
+            return true;
         };
         let Some(hull) = valid.hull() else {
             return false;
@@ -282,7 +278,7 @@ impl Engine {
         if self.placement != Placement::Log {
             return;
         }
-        let trims = self.meta.lock().take_trims();
+        let trims = self.meta.take_trims();
         if trims.is_empty() {
             return;
         }
@@ -296,7 +292,7 @@ impl Engine {
                     Err(e) => log::debug!("cache discard of a free segment: {e}"),
                 }
             }
-            self.meta.lock().trim_done(r);
+            self.meta.trim_done(r);
         }
         self.writeback.slots_freed();
     }

@@ -63,14 +63,7 @@ impl Engine {
     /// back.
     pub(crate) fn ordered_step(&self, pace: Pace) -> EngineResult<usize> {
         let mut cursor = self.writeback.order_turn.lock();
-        let (g, open) = {
-            let m = self.meta.lock();
-            let groups = m.groups().expect("flush order keeps groups");
-            (
-                groups.closed_pending().or(groups.oldest_pending()),
-                groups.open(),
-            )
-        };
+        let (g, open) = self.meta.next_group();
         let Some(g) = g else {
             return Ok(0);
         };
@@ -93,12 +86,7 @@ impl Engine {
         if !blocks.is_empty() {
             written += self.writeback_blocks_in(&blocks, pace, Some(g))?;
         }
-        let all_written = {
-            let m = self.meta.lock();
-            let gr = m.groups().expect("flush order keeps groups");
-            gr.blocks_of(g, 0, 1).is_empty() && gr.shadows_of(g, 1).is_empty()
-        };
-        if g < open && all_written {
+        if g < open && self.meta.group_written(g) {
             // Flushed, group g is done, and the next group may start.
             self.origin.flush(&self.stats)?;
             let mut m = self.meta.lock();
@@ -112,9 +100,8 @@ impl Engine {
     /// stay, written, until the group's `Done`. Nothing locks them: nothing
     /// else uses them.
     fn write_back_shadows(&self, g: u64) -> EngineResult<usize> {
-        let shadows = match self.meta.lock().groups() {
-            Some(gr) => gr.shadows_of(g, STEP_ITEMS),
-            None => return Ok(0),
+        let Some(shadows) = self.meta.shadows_of(g, STEP_ITEMS) else {
+            return Ok(0);
         };
         let sb = SECTOR_BYTES as usize;
         let epoch = self.origin.loss_epoch();
@@ -147,7 +134,7 @@ impl Engine {
     /// join later groups and are left for later, so it ends.
     pub(crate) fn write_back_groups(&self, progress: &mut dyn FnMut(u64, u64)) -> EngineResult<()> {
         self.close_group();
-        let target = self.meta.lock().groups().map_or(0, |g| g.open());
+        let target = self.meta.open_group();
         self.write_back_groups_below(target, progress)
     }
 
@@ -155,7 +142,7 @@ impl Engine {
     /// checkpoint that would otherwise lose their order (at open after a
     /// crash, at close; see journal/commit.rs).
     pub(crate) fn write_back_closed_groups(&self) -> EngineResult<()> {
-        let open = self.meta.lock().groups().map_or(0, |g| g.open());
+        let open = self.meta.open_group();
         self.write_back_groups_below(open, &mut |_, _| {})
     }
 
@@ -164,16 +151,12 @@ impl Engine {
         target: u64,
         progress: &mut dyn FnMut(u64, u64),
     ) -> EngineResult<()> {
-        let left = |e: &Engine| {
-            let m = e.meta.lock();
-            let counts = m.groups().map(|g| g.counts()).unwrap_or_default();
-            m.table().dirty_count() + counts.shadows
-        };
+        let left = |e: &Engine| e.meta.writeback_left();
         let total = left(self);
         progress(0, total);
         let mut stalled = 0;
         loop {
-            let pending = self.meta.lock().groups().and_then(|g| g.closed_pending());
+            let pending = self.meta.closed_pending();
             match pending {
                 Some(g) if g < target => {}
                 _ => break,
@@ -203,7 +186,7 @@ impl Engine {
     /// them (`writeback_blocks_in`). Fails once the groups made no progress
     /// for `STALL_LIMIT` (the origin is gone); the write is then not made.
     pub(crate) fn order_foreground_write(&self) -> EngineResult<()> {
-        let closed = || self.meta.lock().groups().and_then(|g| g.closed_pending());
+        let closed = || self.meta.closed_pending();
         if !self.ordered() {
             return Ok(());
         }

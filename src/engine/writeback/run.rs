@@ -161,13 +161,7 @@ impl Engine {
     /// A background commit is due: records wait and the last commit is a
     /// `COMMIT_INTERVAL` old, or the crash log is half full.
     pub fn commit_due(&self) -> bool {
-        let (waiting, log_half_full) = {
-            let m = self.meta.lock();
-            let log_half_full = m
-                .crash_log_ref()
-                .is_some_and(|l| l.len() >= l.capacity() / 2);
-            (m.commit_waiting(), log_half_full)
-        };
+        let (waiting, log_half_full) = self.meta.commit_pressure();
         log_half_full
             || waiting
                 && self.now_ms().saturating_sub(self.journal.last_commit_ms())
@@ -179,7 +173,7 @@ impl Engine {
     /// punched after it is released.
     pub fn trim_crash_log(&self) {
         loop {
-            let trim = self.meta.lock().crash_log().and_then(|l| l.plan_trim());
+            let trim = self.meta.plan_crash_log_trim();
             match trim {
                 Some(t) => t.run(),
                 None => return,
@@ -705,7 +699,7 @@ impl Engine {
     /// mode keeps no dirty data, or when no background thread runs. The
     /// caller may hold block locks: writeback only try-locks.
     pub(crate) fn wait_for_slots(&self) -> bool {
-        if !self.mode().holds_dirty() || self.meta.lock().table().dirty_count() == 0 {
+        if !self.mode().holds_dirty() || self.meta.dirty_count() == 0 {
             return false;
         }
         if !self.writeback.has_thread() || self.origin.unreachable() {
@@ -716,7 +710,7 @@ impl Engine {
         bump(&self.stats.slot_waits, 1);
         self.writeback.wait_slots(
             std::time::Instant::now() + SLOT_WAIT,
-            || self.meta.lock().free_slots() > 0,
+            || self.meta.free_slots() > 0,
             || self.closed.load(Ordering::Acquire),
         )
     }
@@ -736,7 +730,7 @@ impl Engine {
                 }
                 continue;
             }
-            let snapshot: Vec<u64> = self.meta.lock().table().all_dirty();
+            let snapshot: Vec<u64> = self.meta.all_dirty();
             let total = snapshot.len() as u64;
             progress(0, total);
             let mut stalled = 0;

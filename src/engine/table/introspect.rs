@@ -3,8 +3,9 @@
 //! Takes the metadata lock once per call, does no I/O and leaves the
 //! replacement policy alone (a lookup here is not an access).
 
+use super::lock::MetaLock;
 use super::sectors::{SectorRun, SectorSet, SECTOR_BYTES};
-use super::Engine;
+use crate::engine::origin::Origin;
 use crate::volume::{Extent, CACHE_CACHED, CACHE_DIRTY, EXTENTS_PER_CALL_MAX};
 
 /// Blocks looked up per call at most, so the metadata lock is held briefly
@@ -31,15 +32,15 @@ impl Extents {
     }
 }
 
-impl Engine {
+impl MetaLock {
     /// Which bytes of `[offset, offset + len)` the cache holds
     /// ([`CACHE_CACHED`]) and which of those the origin does not have yet
     /// ([`CACHE_DIRTY`]), sector by sector, as extents in order from
     /// `offset`. Covers at least one byte and at most `len` (fewer after
     /// [`BLOCKS_PER_CALL_MAX`] blocks or [`EXTENTS_PER_CALL_MAX`]
     /// extents). The partial last block of an origin is never cached.
-    pub fn cache_state(&self, offset: u64, len: u64) -> Vec<Extent> {
-        let end = offset.saturating_add(len).min(self.origin.bytes());
+    pub(crate) fn cache_state(&self, origin: &Origin, offset: u64, len: u64) -> Vec<Extent> {
+        let end = offset.saturating_add(len).min(origin.bytes());
         if len == 0 || offset >= end {
             // Outside the contract (the caller checks the range): nothing
             // is cached there.
@@ -48,16 +49,16 @@ impl Engine {
                 flags: 0,
             }];
         }
-        let bs = self.block_bytes;
+        let bs = origin.block_bytes();
         let mut out = Extents(Vec::new());
         let first = offset / bs;
         let last = ((end - 1) / bs).min(first + BLOCKS_PER_CALL_MAX - 1);
-        let meta = self.meta.lock();
+        let meta = self.lock();
         let whole_block = SectorRun::new(0, meta.table().sectors());
         for block in first..=last {
             let block_start = block * bs;
             let (lo, hi) = (offset.max(block_start), end.min(block_start + bs));
-            let found = if block < self.origin.blocks() {
+            let found = if block < origin.blocks() {
                 meta.table().cached(block, whole_block)
             } else {
                 None
