@@ -528,6 +528,7 @@ fn read_only_commands_write_no_byte_after_a_crash() {
         let check = ok(&cli_in(&state, &["check"]));
         assert!(check.contains("shut down cleanly: no"), "{check}");
         assert!(!check.contains("journal pages to replay: 0"), "{check}");
+        assert!(check.contains("format 2, mode writeback"), "{check}");
     }
 }
 

@@ -640,10 +640,6 @@ fn dirty_cache_refuses_another_origin_and_writes_nothing() {
             )),
         ),
         (
-            "the same device grown",
-            Arc::new(FaultDevice::new("origin", size * 2, 0)),
-        ),
-        (
             "the same device shrunk",
             Arc::new(FaultDevice::new("origin", size / 2, 0)),
         ),
@@ -684,6 +680,89 @@ fn dirty_cache_refuses_another_origin_and_writes_nothing() {
         engine.read(0, 64 * 512).unwrap()[..],
         common::stamped(0, 64, 1)[..]
     );
+}
+
+/// An origin that grew under a crashed writeback cache (lvextend, a
+/// longer file, `rbd resize`): a read-only open and `check` take the new
+/// size and write nothing; the open takes it, keeps the dirty data, caches
+/// the new blocks like any other and writes the size down, so a crash
+/// after it reopens at the new size. The old size afterwards is a shrink,
+/// refused without a write.
+#[test]
+fn a_grown_origin_is_taken_at_open() {
+    let (cache_img, origin_img) = dirty_fault_cache();
+    let size = origin_img.len() as u64;
+    let mut grown_img = origin_img.clone();
+    grown_img.resize(2 * size as usize, 0);
+    let (cache_dev, cache) = common::restart_dev("cache", cache_img.clone(), 0);
+    let (origin_dev, origin) = common::restart_dev("origin", grown_img, 0);
+
+    let ro =
+        Engine::open_read_only(cache.clone(), origin.clone(), &OpenOptions::default()).unwrap();
+    assert_eq!(ro.volume_bytes(), 2 * size);
+    drop(ro);
+    let report = check(&cache, Some(2 * size));
+    assert!(report.ok, "{:?}", report.findings);
+    assert_eq!(report.format_version, Some(2));
+    assert!(
+        report.findings.iter().any(|f| f.contains("origin grew")),
+        "{:?}",
+        report.findings
+    );
+    assert_eq!(cache_dev.writes() + origin_dev.writes(), 0, "a look wrote");
+
+    let engine = Engine::open(cache, origin, &common::no_bg()).unwrap();
+    assert_eq!(engine.volume_bytes(), 2 * size);
+    assert!(engine.dirty_blocks() > 0);
+    assert_eq!(
+        engine.read(0, 64 * 512).unwrap()[..],
+        common::stamped(0, 64, 1)[..]
+    );
+    // The old partial-free end and the new half take writes like any block.
+    let at = size + 3 * 4096;
+    let new_data = common::stamped(at / 512, 16, 2);
+    engine.write(at, &new_data, false).unwrap();
+    engine.flush().unwrap();
+    assert_eq!(
+        engine.read(at, new_data.len() as u64).unwrap()[..],
+        new_data[..]
+    );
+    engine.abandon();
+    drop(engine);
+
+    let cache_img = cache_dev.snapshot_current();
+    let (_, cache) = common::restart_dev("cache", cache_img.clone(), 0);
+    let (_, origin) = common::restart_dev("origin", origin_dev.snapshot_current(), 0);
+    let engine = Engine::open(cache, origin, &common::no_bg()).unwrap();
+    assert_eq!(engine.volume_bytes(), 2 * size);
+    assert_eq!(
+        engine.read(0, 64 * 512).unwrap()[..],
+        common::stamped(0, 64, 1)[..]
+    );
+    assert_eq!(
+        engine.read(at, new_data.len() as u64).unwrap()[..],
+        new_data[..]
+    );
+    engine.abandon();
+    drop(engine);
+
+    // Given its old size back, the origin shrank: refused, nothing written.
+    let (cache_dev, cache) = common::restart_dev("cache", cache_img.clone(), 0);
+    let (origin_dev, origin) = common::restart_dev("origin", origin_img, 0);
+    let err = Engine::open(cache.clone(), origin, &common::no_bg())
+        .err()
+        .expect("a shrunk origin opened");
+    assert!(
+        matches!(err, EngineError::OriginMismatch { .. }) && err.to_string().contains("shrink"),
+        "{err}"
+    );
+    assert_eq!(
+        cache_dev.writes() + origin_dev.writes(),
+        0,
+        "a refused open wrote"
+    );
+    let report = check(&cache, Some(size));
+    assert!(!report.ok, "{:?}", report.findings);
 }
 
 /// Real files: the path the cache was created with now names another file

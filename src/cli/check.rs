@@ -99,8 +99,11 @@ fn human(label: &str, r: &CheckReport) -> String {
         out.push_str(&format!("  {f}\n"));
     }
     if let (Some(mode), Some(bs)) = (&r.mode, r.block_bytes) {
+        let version = r
+            .format_version
+            .map_or(String::new(), |v| format!("format {v}, "));
         out.push_str(&format!(
-            "  mode {mode}, block size {bs}, blocks total {} used {} dirty {}\n",
+            "  {version}mode {mode}, block size {bs}, blocks total {} used {} dirty {}\n",
             r.cache_blocks_total, r.cache_blocks_used, r.cache_blocks_dirty
         ));
     }

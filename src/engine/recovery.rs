@@ -733,7 +733,7 @@ pub(crate) fn open(
         },
         None => 0,
     };
-    let sb = settle_superblock(&cache, loaded.sb, opts)?;
+    let sb = take_origin_size(settle_superblock(&cache, loaded.sb, opts)?, &origin, true);
     let distrust = opts.distrust_clean || sb.flags.get() & SB_FLAG_DISTRUST_CLEAN != 0;
     if distrust {
         let dropped = loaded.table.drop_clean();
@@ -801,11 +801,17 @@ fn start_durable(
 
 /// The origin must be the one the cache was made for: same size always,
 /// same identity unless forced.
+/// An origin that grew (lvextend, a longer file, `rbd resize`) is taken:
+/// the volume has its new size from this open on (`take_origin_size`).
+/// One that shrank is refused: blocks cached or dirty past its new end
+/// would have nowhere to go, and a client's data there would vanish.
 fn check_origin(sb: &Superblock, origin: &DeviceRef, force: bool) -> EngineResult<()> {
-    if sb.origin_bytes.get() != origin.size_bytes() {
+    if origin.size_bytes() < sb.origin_bytes.get() {
         return Err(EngineError::OriginMismatch {
             what: format!(
-                "{} has {} bytes but the cache was created for an origin of {} bytes",
+                "{} has {} bytes, fewer than the {} bytes the cache was made for: an origin \
+                 may grow under a cache but not shrink (what was cached past its new end \
+                 would be lost); give it its size back",
                 origin.name(),
                 origin.size_bytes(),
                 sb.origin_bytes.get()
@@ -821,6 +827,23 @@ fn check_origin(sb: &Superblock, origin: &DeviceRef, force: bool) -> EngineResul
         });
     }
     Ok(())
+}
+
+/// The superblock with the origin's size now (`check_origin` refused a
+/// smaller one). The open writes it before any request (`start_journal`);
+/// until then a crash leaves the old size, and the next open grows again.
+fn take_origin_size(mut sb: Superblock, origin: &DeviceRef, say: bool) -> Superblock {
+    let (was, now) = (sb.origin_bytes.get(), origin.size_bytes());
+    if now != was {
+        if say {
+            log::info!(
+                "{}: the origin grew from {was} to {now} bytes; the volume has the new size",
+                origin.name()
+            );
+        }
+        sb.origin_bytes = U64::new(now);
+    }
+    sb
 }
 
 /// Refuses dirty modes on a volatile cache unless data loss was accepted
@@ -999,7 +1022,7 @@ pub(crate) fn open_read_only(
     if opts.distrust_clean || sb.flags.get() & SB_FLAG_DISTRUST_CLEAN != 0 {
         loaded.table.drop_clean();
     }
-    let sb = loaded.sb;
+    let sb = take_origin_size(loaded.sb, &origin, false);
     let engine = build_engine(cache, origin, sb, loaded, opts.clock.clone());
     engine
         .closed
@@ -1112,10 +1135,12 @@ fn crash_log_note(loaded: &mut Loaded, path: &std::path::Path) -> Option<String>
 }
 
 /// The result of an offline metadata check.
-#[derive(Debug, serde::Serialize)]
+#[derive(Debug, Default, serde::Serialize)]
 pub struct CheckReport {
     pub ok: bool,
     pub findings: Vec<String>,
+    /// The on-disk format version the superblock carries.
+    pub format_version: Option<u32>,
     pub mode: Option<String>,
     pub block_bytes: Option<u32>,
     pub cache_blocks_total: u64,
@@ -1123,6 +1148,39 @@ pub struct CheckReport {
     pub cache_blocks_dirty: u64,
     pub clean_shutdown: Option<bool>,
     pub journal_pages_to_replay: u64,
+}
+
+/// What each superblock copy holds.
+fn superblock_copies(cache: &DeviceRef) -> Vec<String> {
+    match read_superblocks(cache) {
+        Ok(copies) => copies
+            .iter()
+            .enumerate()
+            .map(|(i, c)| match c {
+                Ok(sb) => format!(
+                    "superblock copy {i}: valid, generation {}",
+                    sb.generation.get()
+                ),
+                Err(e) => format!("superblock copy {i}: INVALID ({e})"),
+            })
+            .collect(),
+        Err(e) => vec![format!("cannot read superblocks: {e}")],
+    }
+}
+
+/// An origin that shrank is damage; one that grew, a note (`check_origin`).
+fn origin_size_finding(recorded: u64, now: u64) -> Option<String> {
+    if now < recorded {
+        Some(format!(
+            "DAMAGE: origin has {now} bytes but the cache records {recorded}: it shrank"
+        ))
+    } else if now > recorded {
+        Some(format!(
+            "origin grew from {recorded} to {now} bytes: the next open takes the new size"
+        ))
+    } else {
+        None
+    }
 }
 
 /// Checks the metadata without writing anything. `origin_bytes` is the
@@ -1138,32 +1196,8 @@ pub fn check_with_crash_log(
     origin_bytes: Option<u64>,
     logs: &CrashLogs,
 ) -> CheckReport {
-    let mut findings = Vec::new();
-    let mut report = CheckReport {
-        ok: false,
-        findings: Vec::new(),
-        mode: None,
-        block_bytes: None,
-        cache_blocks_total: 0,
-        cache_blocks_used: 0,
-        cache_blocks_dirty: 0,
-        clean_shutdown: None,
-        journal_pages_to_replay: 0,
-    };
-    match read_superblocks(cache) {
-        Ok(copies) => {
-            for (i, c) in copies.iter().enumerate() {
-                match c {
-                    Ok(sb) => findings.push(format!(
-                        "superblock copy {i}: valid, generation {}",
-                        sb.generation.get()
-                    )),
-                    Err(e) => findings.push(format!("superblock copy {i}: INVALID ({e})")),
-                }
-            }
-        }
-        Err(e) => findings.push(format!("cannot read superblocks: {e}")),
-    }
+    let mut findings = superblock_copies(cache);
+    let mut report = CheckReport::default();
     let sb = match current_superblock(cache) {
         Ok(sb) => sb,
         Err(e) => {
@@ -1172,16 +1206,12 @@ pub fn check_with_crash_log(
             return report;
         }
     };
+    report.format_version = Some(sb.version.get());
     report.mode = Mode::from_u32(sb.mode.get()).map(|m| m.name().to_string());
     report.block_bytes = Some(sb.block_bytes.get());
     report.clean_shutdown = Some(sb.clean_shutdown.get() == 1);
     let origin_bytes = origin_bytes.unwrap_or(sb.origin_bytes.get());
-    if origin_bytes != sb.origin_bytes.get() {
-        findings.push(format!(
-            "DAMAGE: origin has {origin_bytes} bytes but the cache records {}",
-            sb.origin_bytes.get()
-        ));
-    }
+    findings.extend(origin_size_finding(sb.origin_bytes.get(), origin_bytes));
     let mut problems = Vec::new();
     match load(cache, sb, origin_bytes, Some(&mut problems)) {
         Ok(mut l) => {
