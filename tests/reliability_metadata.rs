@@ -640,6 +640,10 @@ fn dirty_cache_refuses_another_origin_and_writes_nothing() {
             )),
         ),
         (
+            "the same device grown, not said so",
+            Arc::new(FaultDevice::new("origin", size * 2, 0)),
+        ),
+        (
             "the same device shrunk",
             Arc::new(FaultDevice::new("origin", size / 2, 0)),
         ),
@@ -683,11 +687,14 @@ fn dirty_cache_refuses_another_origin_and_writes_nothing() {
 }
 
 /// An origin that grew under a crashed writeback cache (lvextend, a
-/// longer file, `rbd resize`): a read-only open and `check` take the new
-/// size and write nothing; the open takes it, keeps the dirty data, caches
-/// the new blocks like any other and writes the size down, so a crash
-/// after it reopens at the new size. The old size afterwards is a shrink,
-/// refused without a write.
+/// longer file, `rbd resize`): without the operator's word
+/// (`origin_grew`) every open refuses it, writing nothing (a loop device
+/// or an NBD URI is told from another only by its size); `check` notes it.
+/// Told, a read-only open takes the new size and writes nothing; the open
+/// takes it, keeps the dirty data, caches the new blocks like any other
+/// and writes the size down, so a crash after it reopens at the new size
+/// with no word needed. The old size afterwards is a shrink, refused
+/// without a write, told or not.
 #[test]
 fn a_grown_origin_is_taken_at_open() {
     let (cache_img, origin_img) = dirty_fault_cache();
@@ -697,21 +704,35 @@ fn a_grown_origin_is_taken_at_open() {
     let (cache_dev, cache) = common::restart_dev("cache", cache_img.clone(), 0);
     let (origin_dev, origin) = common::restart_dev("origin", grown_img, 0);
 
-    let ro =
-        Engine::open_read_only(cache.clone(), origin.clone(), &OpenOptions::default()).unwrap();
+    let grew = |o: OpenOptions| OpenOptions {
+        origin_grew: true,
+        ..o
+    };
+    for opts in [OpenOptions::default(), common::no_bg()] {
+        let err = Engine::open(cache.clone(), origin.clone(), &opts)
+            .err()
+            .expect("a larger origin opened untold");
+        assert!(err.to_string().contains("--origin-grew"), "{err}");
+        let err = Engine::open_read_only(cache.clone(), origin.clone(), &opts)
+            .err()
+            .expect("a larger origin opened read-only untold");
+        assert!(err.to_string().contains("--origin-grew"), "{err}");
+    }
+    let ro = Engine::open_read_only(cache.clone(), origin.clone(), &grew(OpenOptions::default()))
+        .unwrap();
     assert_eq!(ro.volume_bytes(), 2 * size);
     drop(ro);
     let report = check(&cache, Some(2 * size));
     assert!(report.ok, "{:?}", report.findings);
     assert_eq!(report.format_version, Some(2));
     assert!(
-        report.findings.iter().any(|f| f.contains("origin grew")),
+        report.findings.iter().any(|f| f.contains("--origin-grew")),
         "{:?}",
         report.findings
     );
     assert_eq!(cache_dev.writes() + origin_dev.writes(), 0, "a look wrote");
 
-    let engine = Engine::open(cache, origin, &common::no_bg()).unwrap();
+    let engine = Engine::open(cache, origin, &grew(common::no_bg())).unwrap();
     assert_eq!(engine.volume_bytes(), 2 * size);
     assert!(engine.dirty_blocks() > 0);
     assert_eq!(
@@ -749,7 +770,7 @@ fn a_grown_origin_is_taken_at_open() {
     // Given its old size back, the origin shrank: refused, nothing written.
     let (cache_dev, cache) = common::restart_dev("cache", cache_img.clone(), 0);
     let (origin_dev, origin) = common::restart_dev("origin", origin_img, 0);
-    let err = Engine::open(cache.clone(), origin, &common::no_bg())
+    let err = Engine::open(cache.clone(), origin, &grew(common::no_bg()))
         .err()
         .expect("a shrunk origin opened");
     assert!(

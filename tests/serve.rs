@@ -539,3 +539,43 @@ fn a_dead_cache_is_given_up_and_its_stale_ranges_are_never_served() {
     sigterm(&mut server);
     let _ = nbdkit.kill();
 }
+
+/// An origin file grown while no daemon ran: `serve` refuses it, naming
+/// `--origin-grew` (a grown loop device or NBD export looks like another
+/// device of another size); `serve --origin-grew` serves the new size with
+/// the data written before; the next `serve` needs no word.
+#[test]
+fn serve_takes_a_grown_origin_only_when_told() {
+    let s = Setup::with_sizes(4 << 20, 8 << 20, &["--mode", "writeback"]);
+    let mut d = s.serve();
+    let dev = NbdDevice::connect(&s.uri(), 1).unwrap();
+    dev.write_at(&[0x5c; 4096], 8192).unwrap();
+    dev.flush().unwrap();
+    drop(dev);
+    sigterm(&mut d);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(s.path("origin.img"))
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
+    let out = s.cli_output(&["serve"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--origin-grew"),
+        "{err}"
+    );
+    assert!(!s.nbd_socket().exists(), "a refused serve left its socket");
+
+    for args in [&["--origin-grew"][..], &[]] {
+        let mut d = s.serve_with(args);
+        let v = nbdinfo_json(&s.uri());
+        assert_eq!(v["exports"][0]["export-size"], 8 << 20, "{args:?}: {v}");
+        let dev = NbdDevice::connect(&s.uri(), 1).unwrap();
+        let mut buf = vec![0u8; 4096];
+        dev.read_at(&mut buf, 8192).unwrap();
+        assert!(buf.iter().all(|&b| b == 0x5c), "{args:?}: data lost");
+        drop(dev);
+        sigterm(&mut d);
+    }
+}

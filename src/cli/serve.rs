@@ -42,6 +42,11 @@ pub struct Args {
     /// failed while serving is recorded as failed and needs no flag).
     #[arg(long)]
     degraded: bool,
+    /// The origin is the same device, grown (lvextend, a longer file, rbd
+    /// resize): take its new size. Without it an origin of another size is
+    /// refused, since some devices are told apart by size alone.
+    #[arg(long)]
+    origin_grew: bool,
     /// Also listen on TCP: on loopback port 10809 when given alone, or at
     /// the address named (e.g. 0.0.0.0:10809 to serve the network).
     #[arg(long, num_args = 0..=1, default_missing_value = "127.0.0.1:10809")]
@@ -306,6 +311,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         EngineSource::Registered {
             name: a.name.name.clone(),
             degraded: a.degraded,
+            origin_grew: a.origin_grew,
         }
     };
     let config = DaemonConfig {

@@ -26,10 +26,12 @@ use crate::nbd::TlsAcceptor;
 pub enum EngineSource {
     /// A registered cache by name (`None`: the only one registered);
     /// `degraded`: a cache set may open without members that cannot be
-    /// found (`CacheSet::open`).
+    /// found (`CacheSet::open`); `origin_grew`: the operator's word that a
+    /// larger origin is the same one grown (`OpenOptions::origin_grew`).
     Registered {
         name: Option<String>,
         degraded: bool,
+        origin_grew: bool,
     },
     /// A RAM cache created for this run only over `origin` (a device spec).
     Volatile {
@@ -179,7 +181,11 @@ fn open(reg: &Registry, source: &EngineSource) -> Result<Opened> {
                 _lock: None,
             })
         }
-        EngineSource::Registered { name, degraded } => {
+        EngineSource::Registered {
+            name,
+            degraded,
+            origin_grew,
+        } => {
             let entry = reg.resolve(name.as_deref())?;
             if control::daemon_listening(&reg.socket_path(&entry.name)) {
                 return Err(DaemonError::AlreadyServed(entry.name));
@@ -193,6 +199,7 @@ fn open(reg: &Registry, source: &EngineSource) -> Result<Opened> {
                 })?;
             let origin = device("opening the origin device", &entry.origin)?;
             let opts = OpenOptions {
+                origin_grew: *origin_grew,
                 distrust_clean: entry.distrust_clean,
                 crash_log: Some(reg.crash_log_path(&entry.name)),
                 ..OpenOptions::default()

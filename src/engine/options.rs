@@ -178,6 +178,12 @@ impl Default for WritebackSettings {
 pub struct OpenOptions {
     /// Open even if the origin's identity does not match the recorded one.
     pub force: bool,
+    /// The operator's word that the origin is the same device, grown
+    /// (lvextend, a longer file, `rbd resize`): a larger origin is taken
+    /// and its size recorded. Without it any other size is refused: some
+    /// identities are weak (a loop device's major:minor, an NBD URI), and
+    /// the size is then what tells another device from the right one.
+    pub origin_grew: bool,
     /// Accept data loss on a volatile cache device in writeback mode.
     pub allow_data_loss: bool,
     /// Do not start the background writeback thread (tests drive it).

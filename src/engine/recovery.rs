@@ -712,7 +712,7 @@ pub(crate) fn open(
         let range = 0..journal_end.min(set.geometry().meta_bytes);
         set.scrub_meta(range, sb.clean_shutdown.get() == 1);
     }
-    check_origin(&sb, &origin, opts.force)?;
+    check_origin(&sb, &origin, opts)?;
     // The log is locked before anything is read: a second process opening
     // the same cache stops here.
     let (log, image) = match &opts.crash_log {
@@ -733,7 +733,7 @@ pub(crate) fn open(
         },
         None => 0,
     };
-    let sb = take_origin_size(settle_superblock(&cache, loaded.sb, opts)?, &origin, true);
+    let sb = take_origin_size(settle_superblock(&cache, loaded.sb, opts)?, &origin, true)?;
     let distrust = opts.distrust_clean || sb.flags.get() & SB_FLAG_DISTRUST_CLEAN != 0;
     if distrust {
         let dropped = loaded.table.drop_clean();
@@ -799,13 +799,25 @@ fn start_durable(
     engine.start_journal(clean, distrust, journal_end_seq, log)
 }
 
-/// The origin must be the one the cache was made for: same size always,
-/// same identity unless forced.
-/// An origin that grew (lvextend, a longer file, `rbd resize`) is taken:
-/// the volume has its new size from this open on (`take_origin_size`).
-/// One that shrank is refused: blocks cached or dirty past its new end
-/// would have nowhere to go, and a client's data there would vanish.
-fn check_origin(sb: &Superblock, origin: &DeviceRef, force: bool) -> EngineResult<()> {
+/// The origin must be the one the cache was made for: same identity unless
+/// forced, same size unless the operator says it grew (`origin_grew`: the
+/// volume then has its new size from this open on, `take_origin_size`).
+/// One that shrank is refused always: blocks cached or dirty past its new
+/// end would have nowhere to go.
+fn check_origin(sb: &Superblock, origin: &DeviceRef, opts: &OpenOptions) -> EngineResult<()> {
+    let force = opts.force;
+    if origin.size_bytes() > sb.origin_bytes.get() && !opts.origin_grew {
+        return Err(EngineError::OriginMismatch {
+            what: format!(
+                "{} has {} bytes but the cache was made for {} bytes: if it is the same origin \
+                 grown (lvextend, a longer file, rbd resize), say so (`--origin-grew`); \
+                 another device must not be used",
+                origin.name(),
+                origin.size_bytes(),
+                sb.origin_bytes.get()
+            ),
+        });
+    }
     if origin.size_bytes() < sb.origin_bytes.get() {
         return Err(EngineError::OriginMismatch {
             what: format!(
@@ -829,13 +841,20 @@ fn check_origin(sb: &Superblock, origin: &DeviceRef, force: bool) -> EngineResul
     Ok(())
 }
 
-/// The superblock with the origin's size now (`check_origin` refused a
-/// smaller one). The open writes it before any request (`start_journal`);
-/// until then a crash leaves the old size, and the next open grows again.
-fn take_origin_size(mut sb: Superblock, origin: &DeviceRef, say: bool) -> Superblock {
+/// The superblock with the origin's size now (`check_origin` let only a
+/// grown one through). A writing open flushes the origin first, so its new
+/// length is durable before the cache records it, then writes the size
+/// before any request (`start_journal`); until then a crash leaves the
+/// old size, and the next open (told again) grows again.
+fn take_origin_size(
+    mut sb: Superblock,
+    origin: &DeviceRef,
+    writing: bool,
+) -> EngineResult<Superblock> {
     let (was, now) = (sb.origin_bytes.get(), origin.size_bytes());
     if now != was {
-        if say {
+        if writing {
+            origin.flush()?;
             log::info!(
                 "{}: the origin grew from {was} to {now} bytes; the volume has the new size",
                 origin.name()
@@ -843,7 +862,7 @@ fn take_origin_size(mut sb: Superblock, origin: &DeviceRef, say: bool) -> Superb
         }
         sb.origin_bytes = U64::new(now);
     }
-    sb
+    Ok(sb)
 }
 
 /// Refuses dirty modes on a volatile cache unless data loss was accepted
@@ -1005,7 +1024,7 @@ pub(crate) fn open_read_only(
     opts: &OpenOptions,
 ) -> EngineResult<Engine> {
     let sb = current_superblock(&cache)?;
-    check_origin(&sb, &origin, opts.force)?;
+    check_origin(&sb, &origin, opts)?;
     let mut loaded = load(&cache, sb, origin.size_bytes(), None)?;
     let mut recovered = 0;
     if let Some(path) = &opts.crash_log {
@@ -1022,7 +1041,7 @@ pub(crate) fn open_read_only(
     if opts.distrust_clean || sb.flags.get() & SB_FLAG_DISTRUST_CLEAN != 0 {
         loaded.table.drop_clean();
     }
-    let sb = take_origin_size(loaded.sb, &origin, false);
+    let sb = take_origin_size(loaded.sb, &origin, false)?;
     let engine = build_engine(cache, origin, sb, loaded, opts.clock.clone());
     engine
         .closed
@@ -1176,7 +1195,8 @@ fn origin_size_finding(recorded: u64, now: u64) -> Option<String> {
         ))
     } else if now > recorded {
         Some(format!(
-            "origin grew from {recorded} to {now} bytes: the next open takes the new size"
+            "origin has {now} bytes, the cache records {recorded}: an open takes it only on \
+             the word that it grew (`--origin-grew`)"
         ))
     } else {
         None

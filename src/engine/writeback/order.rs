@@ -38,13 +38,7 @@ impl Engine {
 
     /// Writeback in flush order has a closed group not yet on the origin.
     pub(crate) fn older_groups_pending(&self) -> bool {
-        self.ordered()
-            && self
-                .meta
-                .lock()
-                .groups()
-                .and_then(|g| g.closed_pending())
-                .is_some()
+        self.ordered() && self.meta.closed_pending().is_some()
     }
 
     /// A client flush (or `write_back_all`) closes the open group, if it
