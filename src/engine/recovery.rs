@@ -805,13 +805,12 @@ fn start_durable(
 /// One that shrank is refused always: blocks cached or dirty past its new
 /// end would have nowhere to go.
 fn check_origin(sb: &Superblock, origin: &DeviceRef, opts: &OpenOptions) -> EngineResult<()> {
-    let force = opts.force;
     if origin.size_bytes() > sb.origin_bytes.get() && !opts.origin_grew {
         return Err(EngineError::OriginMismatch {
             what: format!(
                 "{} has {} bytes but the cache was made for {} bytes: if it is the same origin \
-                 grown (lvextend, a longer file, rbd resize), say so (`--origin-grew`); \
-                 another device must not be used",
+                 grown (lvextend, a longer file, rbd resize), start it with \
+                 `tiercache serve --origin-grew`; another device must not be used",
                 origin.name(),
                 origin.size_bytes(),
                 sb.origin_bytes.get()
@@ -830,7 +829,7 @@ fn check_origin(sb: &Superblock, origin: &DeviceRef, opts: &OpenOptions) -> Engi
             ),
         });
     }
-    if sb.origin_identity.get() != origin.identity() && !force {
+    if sb.origin_identity.get() != origin.identity() && !opts.force {
         return Err(EngineError::OriginMismatch {
             what: format!(
                 "{} is not the device the cache was created for (identity differs)",
@@ -1196,7 +1195,7 @@ fn origin_size_finding(recorded: u64, now: u64) -> Option<String> {
     } else if now > recorded {
         Some(format!(
             "origin has {now} bytes, the cache records {recorded}: an open takes it only on \
-             the word that it grew (`--origin-grew`)"
+             the word that it grew (`tiercache serve --origin-grew`)"
         ))
     } else {
         None
