@@ -13,6 +13,12 @@
 //! write made durable by a completed flush or FUA is there, and no sector
 //! holds data that was never written to it.
 //!
+//! With several origins (one cache, a volume per origin), each origin is a
+//! device of the log, the workload's operations fall on every volume, and
+//! the model numbers the volumes' sectors one after the other (volume `v`'s
+//! sector `s` is model sector `v * SECTORS + s`, stamped so), so data that
+//! lands on another volume is caught too.
+//!
 //! Short form by default; `TIERCACHE_LONG=1` runs more workloads and more
 //! random outcomes per crash point. A failure names the workload seed
 //! (rerun one with TIERCACHE_SEED=N).
@@ -30,6 +36,7 @@ use rand_chacha::ChaCha8Rng;
 use sim::Sim;
 use tiercache::device::fault::FaultDevice;
 use tiercache::device::recorder::{Event, EventLog, Replay, Survival};
+use tiercache::device::DeviceRef;
 use tiercache::engine::recovery::check;
 use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions, Placement};
 
@@ -37,9 +44,19 @@ use common::SectorModel;
 
 const ORIGIN_BYTES: u64 = 1 << 20;
 const SECTORS: u64 = ORIGIN_BYTES / 512;
-/// Device indices in the log (creation order).
+/// Device indices in the log (creation order): the cache, then origin `v`
+/// at `ORIGIN + v`.
 const CACHE: usize = 0;
 const ORIGIN: usize = 1;
+
+/// Origin `v`'s device name (FaultDevice identities come from names).
+fn origin_name(v: usize) -> String {
+    if v == 0 {
+        "origin".into()
+    } else {
+        format!("origin{v}")
+    }
+}
 
 /// What the workload did, in log-marker order.
 #[derive(Clone, Copy, Debug)]
@@ -70,6 +87,8 @@ struct Workload {
     /// Where new data goes on the cache device.
     placement: Placement,
     ops: usize,
+    /// Origins (volumes) of the one cache.
+    origins: usize,
 }
 
 /// Runs the workload on recording devices and returns the log.
@@ -86,11 +105,12 @@ fn record(w: &Workload) -> Recorded {
     // blocks: eviction and writeback never stop.
     let cache_bytes = common::cache_bytes_for(24, w.block_bytes);
     let (cache0, cache0_ref) = common::fault_dev("cache", cache_bytes, 0);
-    let origin0 = Arc::new(FaultDevice::from_image(
-        "origin",
-        common::initial_origin(ORIGIN_BYTES),
-        0,
-    ));
+    let origins0: Vec<Arc<FaultDevice>> = (0..w.origins)
+        .map(|v| {
+            let image = common::stamped(v as u64 * SECTORS, SECTORS, 0);
+            Arc::new(FaultDevice::from_image(&origin_name(v), image, 0))
+        })
+        .collect();
     let opts = CreateOptions {
         mode: w.mode,
         block_bytes: w.block_bytes,
@@ -98,11 +118,15 @@ fn record(w: &Workload) -> Recorded {
         placement: w.placement,
         ..Default::default()
     };
-    Engine::create_with(cache0_ref, origin0.clone(), &opts, &open_opts)
+    let named = (0..w.origins)
+        .map(|v| (format!("vol{v}"), origins0[v].clone() as DeviceRef))
+        .collect();
+    Engine::create_volumes(cache0_ref, named, &opts, &open_opts)
         .unwrap()
         .close()
         .unwrap();
-    let initial = vec![cache0.snapshot_current(), origin0.snapshot_current()];
+    let mut initial = vec![cache0.snapshot_current()];
+    initial.extend(origins0.iter().map(|o| o.snapshot_current()));
 
     let log = EventLog::new();
     let cache = log.record(Arc::new(FaultDevice::from_image(
@@ -110,13 +134,19 @@ fn record(w: &Workload) -> Recorded {
         initial[CACHE].clone(),
         0,
     )));
-    let origin = log.record(Arc::new(FaultDevice::from_image(
-        "origin",
-        initial[ORIGIN].clone(),
-        0,
-    )));
-    assert_eq!((cache.index(), origin.index()), (CACHE, ORIGIN));
-    let engine = Engine::open(Arc::new(cache), Arc::new(origin), &open_opts).unwrap();
+    assert_eq!(cache.index(), CACHE);
+    let mut origins: Vec<DeviceRef> = Vec::new();
+    for v in 0..w.origins {
+        let image = initial[ORIGIN + v].clone();
+        let o = log.record(Arc::new(FaultDevice::from_image(&origin_name(v), image, 0)));
+        assert_eq!(o.index(), ORIGIN + v);
+        origins.push(Arc::new(o));
+    }
+    let engine = Engine::open_volumes(Arc::new(cache), origins, &open_opts).unwrap();
+    let bases: Vec<u64> = engine.volumes().iter().map(|v| v.1).collect();
+    // The address of model sector `s` (volume s / SECTORS).
+    let at = |s: u64| bases[(s / SECTORS) as usize] + (s % SECTORS) * 512;
+    let volumes = w.origins as u64;
     let mut ops = Vec::new();
     let mark = |op: Op, ops: &mut Vec<Op>| {
         log.mark(ops.len() as u64);
@@ -130,6 +160,13 @@ fn record(w: &Workload) -> Recorded {
     for _ in 0..w.ops {
         let r = rng.gen_range(0..100u32);
         sim.client_time();
+        // The volume this operation falls on (none drawn for one, so the
+        // seeds of one origin replay as before volumes).
+        let vol = if volumes > 1 {
+            rng.gen_range(0..volumes) * SECTORS
+        } else {
+            0
+        };
         if r < 60 {
             let n = rng.gen_range(1..=max_sectors);
             let span = if rng.gen_bool(0.6) {
@@ -137,7 +174,7 @@ fn record(w: &Workload) -> Recorded {
             } else {
                 SECTORS
             };
-            let first = rng.gen_range(0..=span.max(n) - n);
+            let first = vol + rng.gen_range(0..=span.max(n) - n);
             let fua = rng.gen_bool(0.15);
             let v = next_version;
             next_version += 1;
@@ -150,7 +187,7 @@ fn record(w: &Workload) -> Recorded {
                 &mut ops,
             );
             engine
-                .write(first * 512, &common::stamped(first, n, v), fua)
+                .write(at(first), &common::stamped(first, n, v), fua)
                 .unwrap();
             if fua {
                 mark(Op::FuaDone { version: v }, &mut ops);
@@ -160,19 +197,19 @@ fn record(w: &Workload) -> Recorded {
             mark(Op::FlushDone, &mut ops);
         } else if r < 82 {
             let n = rng.gen_range(1..=4 * bs / 512);
-            let first = rng.gen_range(0..=SECTORS - n);
-            engine.read(first * 512, n * 512).unwrap();
+            let first = vol + rng.gen_range(0..=SECTORS - n);
+            engine.read(at(first), n * 512).unwrap();
         } else if r < 85 {
             // Whole blocks or a part of one.
             let (first, n) = if rng.gen_bool(0.5) {
                 let b = rng.gen_range(0..ORIGIN_BYTES / bs - 1);
-                (b * bs / 512, bs / 512 * rng.gen_range(1..=2))
+                (vol + b * bs / 512, bs / 512 * rng.gen_range(1..=2))
             } else {
                 let n = rng.gen_range(1..bs / 512);
-                (rng.gen_range(0..=SECTORS - n), n)
+                (vol + rng.gen_range(0..=SECTORS - n), n)
             };
             mark(Op::Trim { first, n }, &mut ops);
-            engine.trim(first * 512, n * 512, false).unwrap();
+            engine.trim(at(first), n * 512, false).unwrap();
         } else if !w.background_thread {
             sim.background(&engine).unwrap();
         } else {
@@ -188,18 +225,27 @@ fn record(w: &Workload) -> Recorded {
     }
 }
 
-/// Per crash image: (cache survival, origin survival).
-fn survivals(replay: &Replay, seed: u64, random_variants: u64) -> Vec<(Survival, Survival)> {
-    if replay.unflushed(CACHE) == 0 && replay.unflushed(ORIGIN) == 0 {
-        return vec![(Survival::AllSurvive, Survival::AllSurvive)];
+/// Per crash image, each device's survival: the cache's, then each
+/// origin's.
+fn survivals(
+    replay: &Replay,
+    devices: usize,
+    seed: u64,
+    random_variants: u64,
+) -> Vec<Vec<Survival>> {
+    let all = |s: Survival| vec![s; devices];
+    if (0..devices).all(|d| replay.unflushed(d) == 0) {
+        return vec![all(Survival::AllSurvive)];
     }
-    let mut v = vec![
-        (Survival::NoneSurvive, Survival::NoneSurvive),
-        (Survival::AllSurvive, Survival::AllSurvive),
-    ];
+    let mut v = vec![all(Survival::NoneSurvive), all(Survival::AllSurvive)];
     for k in 0..random_variants {
         let s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (k << 1);
-        v.push((Survival::Random(s), Survival::Random(s ^ 0xABCD)));
+        // The first origin's as before volumes: s ^ 0xABCD.
+        let each = (0..devices as u64).map(|d| match d {
+            0 => Survival::Random(s),
+            d => Survival::Random(s ^ (0xABCD * d)),
+        });
+        v.push(each.collect());
     }
     v
 }
@@ -212,16 +258,14 @@ struct Counts {
     deep: AtomicU64,
 }
 
-/// Recovers one crash image pair and verifies it, writes everything back
-/// and detaches; `deep` also restarts cleanly in between.
-fn verify_image(
-    cache_img: Vec<u8>,
-    origin_img: Vec<u8>,
-    model: &SectorModel,
-    deep: bool,
-) -> Result<(), String> {
-    let (_, cache) = common::restart_dev("cache", cache_img, 1);
-    let (_, origin) = common::restart_dev("origin", origin_img, 2);
+/// Recovers one crash image set (the cache's, then each origin's) and
+/// verifies it, writes everything back and detaches; `deep` also restarts
+/// cleanly in between.
+fn verify_image(mut images: Vec<Vec<u8>>, model: &SectorModel, deep: bool) -> Result<(), String> {
+    let (_, cache) = common::restart_dev("cache", images.remove(0), 1);
+    let origins: Vec<DeviceRef> = (images.into_iter().enumerate())
+        .map(|(v, img)| common::restart_dev(&origin_name(v), img, 2 + v as u64).1)
+        .collect();
     let report = check(&cache, Some(ORIGIN_BYTES));
     if !report.ok {
         return Err(format!(
@@ -229,7 +273,7 @@ fn verify_image(
             report.findings
         ));
     }
-    let engine = Engine::open(cache.clone(), origin.clone(), &common::no_bg())
+    let engine = Engine::open_volumes(cache.clone(), origins.clone(), &common::no_bg())
         .map_err(|e| format!("recovery refused: {e}"))?;
     let used = engine.status().cache_blocks_used;
     if report.cache_blocks_used != used {
@@ -238,7 +282,7 @@ fn verify_image(
             report.cache_blocks_used
         ));
     }
-    let first = common::read_volume(&engine)?;
+    let first = read_volumes(&engine)?;
     model
         .verify(&first)
         .map_err(|e| format!("after recovery: {e}"))?;
@@ -258,9 +302,9 @@ fn verify_image(
                 report.findings
             ));
         }
-        let engine = Engine::open(cache, origin.clone(), &common::no_bg())
+        let engine = Engine::open_volumes(cache, origins.clone(), &common::no_bg())
             .map_err(|e| format!("reopen: {e}"))?;
-        let second = common::read_volume(&engine)?;
+        let second = read_volumes(&engine)?;
         if first != second {
             return Err("the volume changed across a clean restart".into());
         }
@@ -269,12 +313,14 @@ fn verify_image(
         engine
     };
     engine.detach().map_err(|e| format!("detach: {e}"))?;
-    let mut back = vec![0u8; ORIGIN_BYTES as usize];
-    origin.read_at(&mut back, 0).unwrap();
+    let mut back = vec![0u8; origins.len() * ORIGIN_BYTES as usize];
+    for (o, part) in origins.iter().zip(back.chunks_mut(ORIGIN_BYTES as usize)) {
+        o.read_at(part, 0).unwrap();
+    }
     // Trimmed sectors are unspecified: a trim drops a clean cached copy in
     // memory and discards the origin at once, so after a crash the copy
     // may come back over the discarded origin bytes.
-    let differs = (0..SECTORS as usize).find(|&s| {
+    let differs = (0..back.len() / 512).find(|&s| {
         !model.trimmed(s as u64) && back[s * 512..(s + 1) * 512] != first[s * 512..(s + 1) * 512]
     });
     if let Some(s) = differs {
@@ -293,6 +339,18 @@ fn verify_image(
     Ok(())
 }
 
+/// Every volume, one after the other.
+fn read_volumes(engine: &Engine) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    for (name, base, bytes) in engine.volumes() {
+        let data = engine
+            .read(base, bytes)
+            .map_err(|e| format!("reading volume {name}: {e}"))?;
+        out.extend_from_slice(&data);
+    }
+    Ok(out)
+}
+
 /// Replays the log of one workload and verifies every crash image.
 fn verify_workload(w: &Workload, random_variants: u64, counts: &Counts) {
     let rec = record(w);
@@ -306,26 +364,21 @@ fn verify_workload(w: &Workload, random_variants: u64, counts: &Counts) {
     // Crash positions (events applied): just before and just after each flush.
     let positions: BTreeSet<usize> = flushes.iter().flat_map(|&i| [i, i + 1]).collect();
     let mut replay = Replay::new(rec.initial.clone());
-    let mut model = SectorModel::new(SECTORS);
+    let mut model = SectorModel::new(SECTORS * w.origins as u64);
+    let devices = 1 + w.origins;
     let mut images = 0u64;
     let mut deep = 0u64;
     for pos in 0..=rec.events.len() {
         if positions.contains(&pos) {
-            for (k, (sc, so)) in survivals(&replay, w.seed ^ pos as u64, random_variants)
-                .into_iter()
-                .enumerate()
-            {
+            let variants = survivals(&replay, devices, w.seed ^ pos as u64, random_variants);
+            for (k, each) in variants.into_iter().enumerate() {
                 // Every 16th image also goes through a clean restart.
                 let is_deep = (pos + k) % 16 == 0;
-                let r = verify_image(
-                    replay.image(CACHE, sc),
-                    replay.image(ORIGIN, so),
-                    &model,
-                    is_deep,
-                );
+                let set = (0..devices).map(|d| replay.image(d, each[d])).collect();
+                let r = verify_image(set, &model, is_deep);
                 if let Err(e) = r {
                     panic!(
-                        "power loss: {w:?}: crash after {pos} of {} events (cache {sc:?}, origin {so:?}): {e}\nrerun with TIERCACHE_SEED={}",
+                        "power loss: {w:?}: crash after {pos} of {} events (cache, origins: {each:?}): {e}\nrerun with TIERCACHE_SEED={}",
                         rec.events.len(),
                         w.seed
                     );
@@ -357,6 +410,10 @@ fn verify_workload(w: &Workload, random_variants: u64, counts: &Counts) {
 }
 
 fn run(mode: Mode, salt: u64, workloads: u64, ops: usize) {
+    run_with(mode, salt, workloads, ops, 1)
+}
+
+fn run_with(mode: Mode, salt: u64, workloads: u64, ops: usize, origins: usize) {
     let random_variants = common::scaled(3, 4);
     let counts = Counts::default();
     let seeds: Vec<u64> = match std::env::var("TIERCACHE_SEED") {
@@ -375,11 +432,12 @@ fn run(mode: Mode, salt: u64, workloads: u64, ops: usize) {
                 Placement::InPlace
             },
             ops,
+            origins,
         };
         verify_workload(&w, random_variants, &counts);
     }
     eprintln!(
-        "power-loss {mode}: {} workloads, {} flush points, {} crash images recovered and verified (all written back and detached, {} also restarted cleanly)",
+        "power-loss {mode}, {origins} origins: {} workloads, {} flush points, {} crash images recovered and verified (all written back and detached, {} also restarted cleanly)",
         counts.workloads.load(Ordering::Relaxed),
         counts.flush_points.load(Ordering::Relaxed),
         counts.images.load(Ordering::Relaxed),
@@ -424,5 +482,37 @@ fn power_loss_at_every_flush_writearound() {
         4,
         common::scaled(2, 15),
         common::scaled(150, 300) as usize,
+    );
+}
+
+/// One cache for two and three origins: every crash image of a workload
+/// spread over the volumes recovers each volume's flushed writes, and
+/// detach leaves each origin with its own volume.
+#[test]
+fn power_loss_at_every_flush_two_origins_writeback() {
+    run_with(
+        Mode::Writeback,
+        11,
+        common::scaled(4, 30),
+        common::scaled(200, 400) as usize,
+        2,
+    );
+}
+
+#[test]
+fn power_loss_at_every_flush_three_origins() {
+    run_with(
+        Mode::Writeback,
+        12,
+        common::scaled(2, 15),
+        common::scaled(200, 400) as usize,
+        3,
+    );
+    run_with(
+        Mode::Writethrough,
+        13,
+        common::scaled(1, 10),
+        common::scaled(200, 400) as usize,
+        3,
     );
 }

@@ -106,6 +106,7 @@ const FLOORS: &[(&str, u32)] = &[
     ("engine::origin::locks", 40),
     ("engine::origin::stale", 40),
     ("engine::origin::flights", 40),
+    ("engine::origin::address", 40),
     ("engine::io::warnings", 40),
     ("engine::modes", 40),
     // What a cache is made with, and its bytes on disk.

@@ -377,7 +377,7 @@ async fn serve_until_stopped(
     );
     notify_or_log(READY);
     serve(
-        Arc::new(AsyncEngine(engine.clone())),
+        Arc::new(AsyncEngine::new(engine.clone())),
         listeners,
         cfg.nbd,
         rx,
@@ -521,7 +521,7 @@ async fn serve_ublk(
         recover,
         durable_writes: u.durable_writes,
     };
-    let volume = Arc::new(AsyncEngine(engine.clone()));
+    let volume = Arc::new(AsyncEngine::new(engine.clone()));
     let rt = tokio::runtime::Handle::current();
     let thread = std::thread::Builder::new()
         .name("tiercache-ublk".into())

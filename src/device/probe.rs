@@ -17,7 +17,7 @@ pub const HEAD_BYTES: u64 = 128 << 10;
 /// Bytes read from the end: md 0.90's superblock is in the last 128 KiB.
 pub const TAIL_BYTES: u64 = 128 << 10;
 
-/// The tiercache superblock's magic (engine/format.rs `SUPERBLOCK_MAGIC`;
+/// The tiercache superblock's magic (engine/format/mod.rs `SUPERBLOCK_MAGIC`;
 /// the device layer does not import the engine, a test checks they agree).
 const TIERCACHE_MAGIC: &[u8] = b"TIERCACH";
 /// md's superblock magic, little-endian (0.90 on x86, and 1.x always).

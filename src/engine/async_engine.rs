@@ -18,9 +18,32 @@ use super::{Engine, EngineError};
 use crate::device::AlignedBuf;
 use crate::volume::{ErrorKind, Extent, Volume, VolumeError, VolumeResult};
 
-/// The engine as an asynchronous volume.
+/// One of the engine's volumes as an asynchronous volume: its offsets are
+/// the volume's, moved to the volume's addresses (origin/address.rs).
 #[derive(Clone)]
-pub struct AsyncEngine(pub Arc<Engine>);
+pub struct AsyncEngine {
+    pub engine: Arc<Engine>,
+    /// The address of the volume's byte 0, and its size.
+    base: u64,
+    bytes: u64,
+}
+
+impl AsyncEngine {
+    /// The first volume (a cache of one origin: its only one).
+    pub fn new(engine: Arc<Engine>) -> AsyncEngine {
+        AsyncEngine::volume(engine, 0).expect("every cache has a volume 0")
+    }
+
+    /// Volume `v`, if the cache has it.
+    pub fn volume(engine: Arc<Engine>, v: usize) -> Option<AsyncEngine> {
+        let (_, base, bytes) = engine.volumes().into_iter().nth(v)?;
+        Some(AsyncEngine {
+            engine,
+            base,
+            bytes,
+        })
+    }
+}
 
 async fn run<T: Send + 'static>(
     engine: &Arc<Engine>,
@@ -38,11 +61,11 @@ async fn run<T: Send + 'static>(
 
 impl Volume for AsyncEngine {
     fn size_bytes(&self) -> u64 {
-        self.0.volume_bytes()
+        self.bytes
     }
 
     fn preferred_block_bytes(&self) -> u32 {
-        self.0.block_bytes()
+        self.engine.block_bytes()
     }
 
     fn flush_is_global(&self) -> bool {
@@ -53,36 +76,41 @@ impl Volume for AsyncEngine {
     async fn read(&self, offset: u64, len: u32) -> VolumeResult<AlignedBuf> {
         // Hits of unlocked blocks cost one cache read: done here, without
         // the two thread hand-offs of the blocking pool.
-        match self.0.try_read_hits(offset, len as u64) {
+        let at = self.base + offset;
+        match self.engine.try_read_hits(at, len as u64) {
             Fast::Done(r) => r.map_err(VolumeError::from),
-            Fast::Pending(req) => run(&self.0, move |e| e.read_request(req)).await,
+            Fast::Pending(req) => run(&self.engine, move |e| e.read_request(req)).await,
         }
     }
 
     async fn write(&self, offset: u64, data: AlignedBuf, fua: bool) -> VolumeResult<()> {
-        match self.0.try_write_cached(offset, &data, fua) {
+        let at = self.base + offset;
+        match self.engine.try_write_cached(at, &data, fua) {
             Fast::Done(r) => r.map_err(VolumeError::from),
-            Fast::Pending(req) => run(&self.0, move |e| e.write_request(req, &data)).await,
+            Fast::Pending(req) => run(&self.engine, move |e| e.write_request(req, &data)).await,
         }
     }
 
     async fn flush(&self) -> VolumeResult<()> {
-        run(&self.0, |e| e.flush()).await
+        run(&self.engine, |e| e.flush()).await
     }
 
     async fn trim(&self, offset: u64, len: u64, fua: bool) -> VolumeResult<()> {
-        run(&self.0, move |e| e.trim(offset, len, fua)).await
+        let at = self.base + offset;
+        run(&self.engine, move |e| e.trim(at, len, fua)).await
     }
 
     async fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> VolumeResult<()> {
-        run(&self.0, move |e| e.write_zeroes(offset, len, fua)).await
+        let at = self.base + offset;
+        run(&self.engine, move |e| e.write_zeroes(at, len, fua)).await
     }
 
     async fn prefetch(&self, offset: u64, len: u64) -> VolumeResult<()> {
-        run(&self.0, move |e| e.prefetch(offset, len)).await
+        let at = self.base + offset;
+        run(&self.engine, move |e| e.prefetch(at, len)).await
     }
 
     fn cache_state(&self, offset: u64, len: u64) -> Vec<Extent> {
-        self.0.cache_state(offset, len)
+        self.engine.cache_state(self.base + offset, len)
     }
 }

@@ -32,7 +32,7 @@
 //!   `write.rs`: trim, zeroes, flush, and what every route shares.
 //!
 //! And around them: `options.rs` (what a cache is created and opened
-//! with), `status.rs` (what `status` reports), `format.rs` (the on-disk
+//! with), `status.rs` (what `status` reports), `format/` (the on-disk
 //! format), `recovery.rs` (open, replay, the offline `check`), `observe/`
 //! (latency histograms, heat map, miss-ratio curve), `async_engine.rs` (the engine as a `Volume`),
 //! `table/introspect.rs` (what the cache holds), `clock.rs`, `stats.rs`,
@@ -92,10 +92,11 @@ pub struct Engine {
     /// The device part (io/): the cache device, error counts, the
     /// admission stop and failover.
     io: io::Io,
-    /// The origin part (origin/): the slow device, its geometry, block
-    /// locks, writebacks in flight, stale blocks, what its next flush
-    /// covers.
-    origin: origin::Origin,
+    /// The origin part (origin/), one per volume: the slow device, its
+    /// geometry, block locks, writebacks in flight, stale blocks, what its
+    /// next flush covers. Volume `v`'s blocks are keys
+    /// `origin::address::base(v) / block_bytes ..` in the table.
+    origins: origin::Origins,
     layout: Layout,
     block_bytes: u64,
     meta: MetaLock,
@@ -142,10 +143,22 @@ impl Engine {
         opts: &CreateOptions,
         open: &OpenOptions,
     ) -> EngineResult<Arc<Engine>> {
-        recovery::format_cache(&cache, &origin, opts, &open.clock)?;
-        Engine::open(
+        let named = vec![(format::volumes::default_name(0), origin)];
+        Engine::create_volumes(cache, named, opts, open)
+    }
+
+    /// Formats `cache` for several origins, each a volume with a name
+    /// (`origins[i]` is volume `i`), and opens the new cache.
+    pub fn create_volumes(
+        cache: DeviceRef,
+        origins: Vec<(String, DeviceRef)>,
+        opts: &CreateOptions,
+        open: &OpenOptions,
+    ) -> EngineResult<Arc<Engine>> {
+        recovery::format_cache(&cache, &origins, opts, &open.clock)?;
+        Engine::open_volumes(
             cache,
-            origin,
+            origins.into_iter().map(|(_, o)| o).collect(),
             &OpenOptions {
                 force: false,
                 allow_data_loss: opts.allow_data_loss,
@@ -160,7 +173,16 @@ impl Engine {
         origin: DeviceRef,
         opts: &OpenOptions,
     ) -> EngineResult<Arc<Engine>> {
-        let engine = Arc::new(recovery::open(cache, origin, opts)?);
+        Engine::open_volumes(cache, vec![origin], opts)
+    }
+
+    /// `open` for a cache of several origins, given in its volumes' order.
+    pub fn open_volumes(
+        cache: DeviceRef,
+        origins: Vec<DeviceRef>,
+        opts: &OpenOptions,
+    ) -> EngineResult<Arc<Engine>> {
+        let engine = Arc::new(recovery::open(cache, origins, opts)?);
         if !opts.no_background {
             writeback::start_background(&engine);
         }
@@ -177,17 +199,37 @@ impl Engine {
         origin: DeviceRef,
         opts: &OpenOptions,
     ) -> EngineResult<Arc<Engine>> {
-        Ok(Arc::new(recovery::open_read_only(cache, origin, opts)?))
+        Ok(Arc::new(recovery::open_read_only(
+            cache,
+            vec![origin],
+            opts,
+        )?))
     }
 
+    /// The first volume's size (a cache of one origin: the volume's).
     pub fn volume_bytes(&self) -> u64 {
-        self.origin.bytes()
+        self.origins.first().bytes()
     }
 
-    /// Which bytes of `[offset, offset + len)` the cache holds and which of
-    /// those are dirty, as extents (`table/introspect.rs`).
+    /// The volumes: (name, address of byte 0, bytes), by index
+    /// (origin/address.rs: a request for volume `v` adds its base to its
+    /// offset).
+    pub fn volumes(&self) -> Vec<(String, u64, u64)> {
+        let list = self.origins.iter();
+        list.map(|o| (o.name().to_string(), o.base(), o.bytes()))
+            .collect()
+    }
+
+    /// Which bytes of `[offset, offset + len)` (an address) the cache holds
+    /// and which of those are dirty, as extents (`table/introspect.rs`).
     pub fn cache_state(&self, offset: u64, len: u64) -> Vec<crate::volume::Extent> {
-        self.meta.cache_state(&self.origin, offset, len)
+        match self.origins.get(origin::address::volume_of(offset)) {
+            Some(o) => self.meta.cache_state(o, offset, len),
+            None => vec![crate::volume::Extent {
+                len: len.max(1),
+                flags: 0,
+            }],
+        }
     }
 
     pub fn block_bytes(&self) -> u32 {
@@ -208,16 +250,17 @@ impl Engine {
         self.io.cache()
     }
 
+    /// The first volume's origin.
     pub fn origin_device(&self) -> &DeviceRef {
-        self.origin.device()
+        self.origins.first().device()
     }
 
     pub fn status(&self) -> Status {
-        let origin_health = self.origin.device().health();
+        let origin_health = self.origins.first().device().health();
         let stopped = self.io.admission_stopped();
         let limit = self.io.cache_error_limit();
         let writeback = self.writeback.settings();
-        let (stale_ranges, stale_blocks) = self.stale_ranges();
+        let (stale_ranges, stale_blocks) = self.stale_summary();
         let set = self.io.cache().as_cache_set();
         let mut members = set.map(|s| s.members()).unwrap_or_default();
         let mut m = self.meta.lock();
@@ -258,8 +301,8 @@ impl Engine {
             free_segments: m.pools().all_segments().map(|s| s.whole() as u64).sum(),
             scattered_slots: m.pools().all_segments().map(|s| s.scattered).sum(),
             block_bytes: self.block_bytes as u32,
-            volume_bytes: self.origin.bytes(),
-            origin: self.origin.device().name().into(),
+            volume_bytes: self.origins.first().bytes(),
+            origin: self.origins.first().device().name().into(),
             origin_health,
             cache: self.io.cache().name().into(),
             cache_blocks_total: m.table().slot_count(),
@@ -280,6 +323,15 @@ impl Engine {
             },
             stats,
         }
+    }
+
+    /// Until status is per volume: the first volume's stale ranges, and
+    /// every volume's stale blocks.
+    fn stale_summary(&self) -> (Vec<(u64, u64)>, u64) {
+        let stale = self.stale_ranges();
+        let blocks = stale.iter().map(|(_, n)| n).sum();
+        let ranges = stale.into_iter().next().map(|(r, _)| r);
+        (ranges.unwrap_or_default(), blocks)
     }
 
     /// What `status` says under "admission": a cache given up, a stop
@@ -323,7 +375,8 @@ impl Engine {
         let (cached, dirty) = self.meta.regions();
         let heat = observe::heat::HeatMap {
             region_blocks: self
-                .origin
+                .origins
+                .first()
                 .blocks()
                 .max(1)
                 .div_ceil(observe::heat::REGIONS as u64),
@@ -453,7 +506,7 @@ impl Engine {
         // The checkpoint commits everything first (commit_locked).
         match self.checkpoint_now(true) {
             Err(e) if self.fail_over_after_commit_error(&e) => {
-                self.origin.flush_foreground(&self.stats)
+                self.origins.flush_foreground(&self.stats)
             }
             Ok(()) => {
                 self.remove_crash_log();
@@ -463,10 +516,12 @@ impl Engine {
         }
     }
 
-    /// Nothing more goes to the origin (the engine is closed or detached).
+    /// Nothing more goes to the origins (the engine is closed or detached).
     fn close_origin(&self) {
-        if let Err(e) = self.origin.device().close() {
-            log::warn!("closing the origin: {e}");
+        for o in self.origins.iter() {
+            if let Err(e) = o.device().close() {
+                log::warn!("closing the origin of {}: {e}", o.name());
+            }
         }
     }
 

@@ -12,6 +12,7 @@ use super::admission::Decision;
 use super::io::data::ORIGIN_REQUESTS;
 use super::modes::WriteRoute;
 use super::observe::latency::Op;
+use super::origin::address::{offset_in_volume, volume_of};
 use super::request::{adjacent_slots, Cached, Fast, Plan, ReadKind, Request, Segment};
 use super::stats::bump;
 use super::EngineError;
@@ -36,7 +37,7 @@ impl Engine {
         self.check_open()?;
         let segs = self.segments(offset, len, write)?;
         if !write {
-            self.origin.refuse_stale(offset, len)?;
+            self.origins.at(offset).refuse_stale(offset, len)?;
         }
         Ok(Request {
             offset,
@@ -83,9 +84,19 @@ impl Engine {
                 "{offset}+{len} is not 512-byte aligned"
             )));
         }
-        let end = offset.checked_add(len);
-        if end.is_none_or(|e| e > self.origin.bytes()) {
-            let msg = format!("{offset}+{len} beyond {} bytes", self.origin.bytes());
+        // An address's volume is in its high bits (origin/address.rs): a
+        // request past a volume's end never reaches the next one.
+        let origin = self.origins.get(volume_of(offset));
+        let at = offset_in_volume(offset);
+        let bytes = origin.map_or(0, |o| o.bytes());
+        if at.checked_add(len).is_none_or(|e| e > bytes) {
+            let msg = match origin {
+                Some(o) if self.origins.len() > 1 => {
+                    format!("{at}+{len} beyond volume {}'s {bytes} bytes", o.name())
+                }
+                Some(_) => format!("{at}+{len} beyond {bytes} bytes"),
+                None => format!("no volume {} in this cache", volume_of(offset)),
+            };
             return Err(if write {
                 EngineError::NoSpace(msg)
             } else {
@@ -97,7 +108,7 @@ impl Engine {
 
     /// True if `block` can be cached (a partial last block never is).
     pub(crate) fn cacheable(&self, block: u64) -> bool {
-        block < self.origin.blocks()
+        self.origins.of_key(block).cacheable(block)
     }
 
     pub(crate) fn full_block(&self, seg: &Segment) -> bool {
@@ -231,7 +242,7 @@ impl Engine {
     pub fn prefetch(&self, offset: u64, len: u64) -> EngineResult<()> {
         self.check_open()?;
         self.check_span(offset, len, false)?;
-        self.origin.refuse_stale(offset, len)?;
+        self.origins.at(offset).refuse_stale(offset, len)?;
         bump(&self.stats.read_requests, 1);
         let capacity_bytes = {
             let m = self.meta.lock();
@@ -258,7 +269,11 @@ impl Engine {
         len: u64,
         progress: &mut dyn FnMut(u64, u64),
     ) -> EngineResult<()> {
-        let end = offset.saturating_add(len).min(self.origin.bytes());
+        let volume_end = self
+            .origins
+            .get(volume_of(offset))
+            .map_or(offset, |o| o.base() + o.bytes());
+        let end = offset.saturating_add(len).min(volume_end);
         let total = end.saturating_sub(offset);
         for (at, n) in pieces(offset, end, WARM_CHUNK_BYTES) {
             let req = self.request(at, n, false, false, ReadKind::Warm)?;
@@ -284,7 +299,7 @@ impl Engine {
         let Some((first, last)) = req.blocks() else {
             return Ok(Some(AlignedBuf::zeroed(req.len as usize)));
         };
-        let _guard = self.origin.locks().lock_range(first, last);
+        let _guard = self.origins.of_key(first).locks().lock_range(first, last);
         let plan = self.resolve(&mut req);
         if !go_on(&plan) {
             return Ok(None);
@@ -322,7 +337,11 @@ impl Engine {
 
     fn try_read_hits_locked(&self, req: &mut Request) -> Option<EngineResult<AlignedBuf>> {
         let (first, last) = req.blocks()?;
-        let _guard = self.origin.locks().try_lock_range(first, last)?;
+        let _guard = self
+            .origins
+            .of_key(first)
+            .locks()
+            .try_lock_range(first, last)?;
         let plan = self.resolve(req);
         let cached = self.lookup(req, |dirty| dirty || plan.mode.reads_cache());
         if !cached.iter().all(|c| c.is_some_and(|h| h.valid)) {
@@ -351,8 +370,8 @@ impl Engine {
             let mut to_origin;
             loop {
                 let r = {
-                    let _guard = self.origin.locks().lock_range(first, last);
-                    self.origin.flights().touch(first, last);
+                    let _guard = self.origins.of_key(first).locks().lock_range(first, last);
+                    self.origins.of_key(first).flights().touch(first, last);
                     let plan = self.resolve(&mut req);
                     to_origin = !matches!(plan.route, WriteRoute::Cache);
                     match plan.route {
@@ -380,7 +399,7 @@ impl Engine {
             // current: a write the cache took while it was being given up
             // is dropped with the table.
             if to_origin {
-                self.origin.heal_stale(offset, len);
+                self.origins.at(offset).heal_stale(offset, len);
             }
         }
         if req.fua || self.journal.pressed() {
@@ -423,7 +442,11 @@ impl Engine {
         if !req.segs.iter().all(|s| self.cacheable(s.block)) {
             return None;
         }
-        let _guard = self.origin.locks().try_lock_range(first, last)?;
+        let _guard = self
+            .origins
+            .of_key(first)
+            .locks()
+            .try_lock_range(first, last)?;
         let plan = self.resolve(req);
         if plan.route != WriteRoute::Cache {
             return None;
@@ -436,7 +459,7 @@ impl Engine {
             return None;
         }
         bump(&self.stats.write_requests, 1);
-        self.origin.flights().touch(first, last);
+        self.origins.of_key(first).flights().touch(first, last);
         Some(self.write_cached_dirty_with(&req.segs, data, &cached, plan.admits()))
     }
 

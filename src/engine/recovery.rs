@@ -3,6 +3,8 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32};
 
+use super::origin::address::KeySpace;
+use super::origin::{checks, Origins};
 use super::table::lock::MetaLock;
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, FromZeros};
@@ -12,9 +14,10 @@ use super::crash_log::{self, CrashLog, LogImage, Pending};
 use super::format::{
     block_bytes_valid, checkpoint_page, decode_entries, decode_maps, parse_checkpoint_page,
     parse_journal_page, sectors_per_block, whole_sets, CheckpointData, CheckpointHeader, Layout,
-    ParsedJournalPage, Superblock, ENTRIES_PER_CHECKPOINT_PAGE, FORMAT_VERSION, MAX_BLOCK_BYTES,
-    MIN_BLOCK_BYTES, PAGE_BYTES, SB_FLAG_ALLOW_VOLATILE_WRITEBACK, SB_FLAG_DISTRUST_CLEAN,
-    SB_FLAG_FLUSH_ORDER, SB_FLAG_LOG_PLACEMENT, SEGMENT_BYTES, SUPERBLOCK_MAGIC,
+    ParsedJournalPage, Superblock, VolumeEntry, ENTRIES_PER_CHECKPOINT_PAGE, FORMAT_VERSION,
+    MAX_BLOCK_BYTES, MIN_BLOCK_BYTES, PAGE_BYTES, SB_FLAG_ALLOW_VOLATILE_WRITEBACK,
+    SB_FLAG_DISTRUST_CLEAN, SB_FLAG_FLUSH_ORDER, SB_FLAG_LOG_PLACEMENT, SEGMENT_BYTES,
+    SUPERBLOCK_MAGIC,
 };
 use super::policy::PolicyKind;
 use super::sectors::SectorSet;
@@ -87,13 +90,16 @@ pub(crate) fn current_superblock(cache: &DeviceRef) -> EngineResult<Superblock> 
     }
 }
 
+/// Formats `cache` for `origins` (volume `i`: `origins[i]`, with its
+/// name).
 pub(crate) fn format_cache(
     cache: &DeviceRef,
-    origin: &DeviceRef,
+    origins: &[(String, DeviceRef)],
     opts: &CreateOptions,
     clock: &Clock,
 ) -> EngineResult<()> {
-    check_create_options(cache, origin, opts)?;
+    check_create_options(cache, opts)?;
+    let volumes = checks::new_volumes(origins, opts.block_bytes)?;
     let layout =
         Layout::compute(cache.size_bytes(), opts.block_bytes).map_err(EngineError::Config)?;
     if !opts.force {
@@ -101,7 +107,7 @@ pub(crate) fn format_cache(
     }
     write_empty_metadata(cache, &layout)?;
     // 4. The superblock, both copies (generations 1 and 2).
-    let mut sb = new_superblock(cache, origin, opts, &layout);
+    let mut sb = new_superblock(cache, &volumes, opts, &layout);
     sb.created_unix_secs = U64::new(clock.unix_secs());
     for generation in [1u64, 2] {
         sb.generation = U64::new(generation);
@@ -116,11 +122,7 @@ pub(crate) fn format_cache(
 }
 
 /// The options a new cache is created with, against its devices.
-fn check_create_options(
-    cache: &DeviceRef,
-    origin: &DeviceRef,
-    opts: &CreateOptions,
-) -> EngineResult<()> {
+fn check_create_options(cache: &DeviceRef, opts: &CreateOptions) -> EngineResult<()> {
     check_block_bytes(opts.block_bytes)?;
     if opts.mode.holds_dirty() && cache.is_volatile() && !opts.allow_data_loss {
         return Err(EngineError::VolatileWriteback {
@@ -130,14 +132,6 @@ fn check_create_options(
     }
     opts.writeback.validate().map_err(EngineError::Config)?;
     opts.admission.validate().map_err(EngineError::Config)?;
-    if origin.size_bytes() < opts.block_bytes as u64 {
-        return Err(EngineError::Config(format!(
-            "origin {} ({} bytes) is smaller than one cache block ({} bytes)",
-            origin.name(),
-            origin.size_bytes(),
-            opts.block_bytes
-        )));
-    }
     Ok(())
 }
 
@@ -228,7 +222,7 @@ fn write_empty_metadata(cache: &DeviceRef, layout: &Layout) -> EngineResult<()> 
 /// The superblock of a new cache (generation and seal not yet set).
 fn new_superblock(
     cache: &DeviceRef,
-    origin: &DeviceRef,
+    volumes: &[VolumeEntry],
     opts: &CreateOptions,
     layout: &Layout,
 ) -> Superblock {
@@ -238,8 +232,7 @@ fn new_superblock(
     sb.version = U32::new(FORMAT_VERSION);
     sb.block_bytes = U32::new(opts.block_bytes);
     sb.cache_device_bytes = U64::new(cache.size_bytes());
-    sb.origin_bytes = U64::new(origin.size_bytes());
-    sb.origin_identity = U64::new(origin.identity());
+    sb.set_volume_list(volumes);
     sb.slot_count = U64::new(layout.slot_count);
     sb.journal_offset = U64::new(layout.journal_offset);
     sb.journal_pages = U64::new(layout.journal_pages);
@@ -469,10 +462,11 @@ impl Damage<'_> {
 /// Loads the checkpoint and replays the journal. With `problems` given,
 /// keeps going after damage and lists it (for `check`); otherwise the first
 /// damage is an error.
+/// `sizes` are the volumes' origin sizes, by index.
 pub(crate) fn load(
     cache: &DeviceRef,
     sb: Superblock,
-    origin_bytes: u64,
+    sizes: &[u64],
     problems: Option<&mut Vec<String>>,
 ) -> EngineResult<Loaded> {
     let layout = validate_superblock(cache, &sb)?;
@@ -483,8 +477,9 @@ pub(crate) fn load(
     if let Some(why) = outdated_superblock(cache, &sb, &layout)? {
         damage.found(why)?;
     }
-    let origin_blocks = origin_bytes / layout.block_bytes as u64;
-    let mut table = read_checkpoint(cache, &sb, &layout, origin_blocks, &mut damage)?;
+    let bs = layout.block_bytes as u64;
+    let keys = KeySpace::new(bs, sizes.iter().map(|s| s / bs).collect());
+    let mut table = read_checkpoint(cache, &sb, &layout, keys, &mut damage)?;
     if let Some(set) = cache.as_cache_set() {
         table.set_dirty_slots(set.mirror_slots() as u32);
     }
@@ -512,7 +507,7 @@ fn read_checkpoint(
     cache: &DeviceRef,
     sb: &Superblock,
     layout: &Layout,
-    origin_blocks: u64,
+    keys: KeySpace,
     damage: &mut Damage,
 ) -> EngineResult<Table> {
     let area = sb.checkpoint_area.get() as usize;
@@ -571,7 +566,7 @@ fn read_checkpoint(
         partial,
         open_group: sb.checkpoint_open_group.get(),
     };
-    checkpoint_table(checkpoint, layout, origin_blocks, damage)
+    checkpoint_table(checkpoint, layout, keys, damage)
 }
 
 /// The table a checkpoint's contents make; an empty one, the damage
@@ -579,15 +574,15 @@ fn read_checkpoint(
 fn checkpoint_table(
     checkpoint: CheckpointData,
     layout: &Layout,
-    origin_blocks: u64,
+    keys: KeySpace,
     damage: &mut Damage,
 ) -> EngineResult<Table> {
     let sectors = sectors_per_block(layout.block_bytes);
-    match Table::from_checkpoint(checkpoint, origin_blocks, sectors) {
+    match Table::from_checkpoint(checkpoint, keys.clone(), sectors) {
         Ok(t) => Ok(t),
         Err(e) => {
             damage.found(format!("checkpoint: {e}"))?;
-            Ok(Table::new(layout.slot_count, origin_blocks, sectors))
+            Ok(Table::new(layout.slot_count, keys, sectors))
         }
     }
 }
@@ -698,9 +693,10 @@ fn check_journal_end(
     })
 }
 
+/// Opens `cache` with `origins`, volume `i` on `origins[i]`.
 pub(crate) fn open(
     cache: DeviceRef,
-    origin: DeviceRef,
+    origins: Vec<DeviceRef>,
     opts: &OpenOptions,
 ) -> EngineResult<Engine> {
     if let Some(set) = cache.as_cache_set() {
@@ -712,7 +708,7 @@ pub(crate) fn open(
         let range = 0..journal_end.min(set.geometry().meta_bytes);
         set.scrub_meta(range, sb.clean_shutdown.get() == 1);
     }
-    check_origin(&sb, &origin, opts)?;
+    checks::check_origins(&sb, &origins, opts)?;
     // The log is locked before anything is read: a second process opening
     // the same cache stops here.
     let (log, image) = match &opts.crash_log {
@@ -722,18 +718,19 @@ pub(crate) fn open(
         }
         None => (None, None),
     };
-    let mut loaded = load(&cache, sb, origin.size_bytes(), None)?;
+    let sizes: Vec<u64> = origins.iter().map(|o| o.size_bytes()).collect();
+    let mut loaded = load(&cache, sb, &sizes, None)?;
     let recovered = match image {
-        Some(image) => match apply_crash_log(&cache, &origin, &mut loaded, image)? {
+        Some(image) => match apply_crash_log(&cache, &origins, &mut loaded, image)? {
             Some(n) => n,
             None => {
-                loaded = load(&cache, sb, origin.size_bytes(), None)?;
+                loaded = load(&cache, sb, &sizes, None)?;
                 0
             }
         },
         None => 0,
     };
-    let sb = take_origin_size(settle_superblock(&cache, loaded.sb, opts)?, &origin, true)?;
+    let sb = checks::take_sizes(settle_superblock(&cache, loaded.sb, opts)?, &origins, true)?;
     let distrust = opts.distrust_clean || sb.flags.get() & SB_FLAG_DISTRUST_CLEAN != 0;
     if distrust {
         let dropped = loaded.table.drop_clean();
@@ -746,7 +743,7 @@ pub(crate) fn open(
         sb.clean_shutdown.get() == 1 && loaded.pages_replayed == 0 && recovered == 0 && !distrust;
     note_recovery(cache.name(), &loaded, clean);
     let journal_end_seq = loaded.journal_end_seq;
-    let engine = build_engine(cache, origin, sb, loaded, opts.clock.clone());
+    let engine = build_engine(cache, origins, sb, loaded, opts.clock.clone());
     if engine.older_groups_pending() {
         // The restart's checkpoint keeps no closed flush group: write them
         // back first (usually seconds of writes).
@@ -799,71 +796,6 @@ fn start_durable(
     engine.start_journal(clean, distrust, journal_end_seq, log)
 }
 
-/// The origin must be the one the cache was made for: same identity unless
-/// forced, same size unless the operator says it grew (`origin_grew`: the
-/// volume then has its new size from this open on, `take_origin_size`).
-/// One that shrank is refused always: blocks cached or dirty past its new
-/// end would have nowhere to go.
-fn check_origin(sb: &Superblock, origin: &DeviceRef, opts: &OpenOptions) -> EngineResult<()> {
-    if origin.size_bytes() > sb.origin_bytes.get() && !opts.origin_grew {
-        return Err(EngineError::OriginMismatch {
-            what: format!(
-                "{} has {} bytes but the cache was made for {} bytes: if it is the same origin \
-                 grown (lvextend, a longer file, rbd resize), start it with \
-                 `tiercache serve --origin-grew`; another device must not be used",
-                origin.name(),
-                origin.size_bytes(),
-                sb.origin_bytes.get()
-            ),
-        });
-    }
-    if origin.size_bytes() < sb.origin_bytes.get() {
-        return Err(EngineError::OriginMismatch {
-            what: format!(
-                "{} has {} bytes, fewer than the {} bytes the cache was made for: an origin \
-                 may grow under a cache but not shrink (what was cached past its new end \
-                 would be lost); give it its size back",
-                origin.name(),
-                origin.size_bytes(),
-                sb.origin_bytes.get()
-            ),
-        });
-    }
-    if sb.origin_identity.get() != origin.identity() && !opts.force {
-        return Err(EngineError::OriginMismatch {
-            what: format!(
-                "{} is not the device the cache was created for (identity differs)",
-                origin.name()
-            ),
-        });
-    }
-    Ok(())
-}
-
-/// The superblock with the origin's size now (`check_origin` let only a
-/// grown one through). A writing open flushes the origin first, so its new
-/// length is durable before the cache records it, then writes the size
-/// before any request (`start_journal`); until then a crash leaves the
-/// old size, and the next open (told again) grows again.
-fn take_origin_size(
-    mut sb: Superblock,
-    origin: &DeviceRef,
-    writing: bool,
-) -> EngineResult<Superblock> {
-    let (was, now) = (sb.origin_bytes.get(), origin.size_bytes());
-    if now != was {
-        if writing {
-            origin.flush()?;
-            log::info!(
-                "{}: the origin grew from {was} to {now} bytes; the volume has the new size",
-                origin.name()
-            );
-        }
-        sb.origin_bytes = U64::new(now);
-    }
-    Ok(sb)
-}
-
 /// Refuses dirty modes on a volatile cache unless data loss was accepted
 /// (now or at create), and records an acceptance given now.
 fn settle_superblock(
@@ -890,7 +822,7 @@ fn settle_superblock(
 /// the table and superblock; nothing written yet.
 fn build_engine(
     cache: DeviceRef,
-    origin: DeviceRef,
+    origins: Vec<DeviceRef>,
     sb: Superblock,
     loaded: Loaded,
     clock: Clock,
@@ -901,6 +833,9 @@ fn build_engine(
     // A RAM cache takes a write at memory speed: nothing to gather (the
     // hand-over between threads would only cost).
     let gather = sb.flags.get() & SB_FLAG_LOG_PLACEMENT != 0 && !cache.is_volatile();
+    let names = sb.volume_list().into_iter().map(|v| v.name);
+    let origins = Origins::new(names.zip(origins).collect(), block_bytes);
+    let keys = origins.key_space();
     Engine {
         layout,
         block_bytes,
@@ -923,7 +858,11 @@ fn build_engine(
         admission: super::admission::Admission::new(sb.admission(), layout.slot_count)
             .with_clock(clock.clone()),
         writeback: super::writeback::Writeback::new(sb.writeback()),
-        observe: super::observe::Observe::new(layout.slot_count, origin.size_bytes() / block_bytes),
+        observe: super::observe::Observe::new(
+            layout.slot_count,
+            keys.first_blocks(),
+            keys.first_end(),
+        ),
         mode: AtomicU32::new(mode.to_u32()),
         writeback_order: if sb.flags.get() & SB_FLAG_FLUSH_ORDER != 0 {
             WritebackOrder::Flush
@@ -938,7 +877,7 @@ fn build_engine(
         clock,
         closed: AtomicBool::new(false),
         io: super::io::Io::new(cache, sb.cache_error_limit.get(), gather),
-        origin: super::origin::Origin::new(origin, block_bytes),
+        origins,
     }
 }
 
@@ -951,13 +890,13 @@ fn build_engine(
 /// the table is then half changed and must be loaded again.
 fn apply_crash_log(
     cache: &DeviceRef,
-    origin: &DeviceRef,
+    origins: &[DeviceRef],
     loaded: &mut Loaded,
     image: Result<LogImage, String>,
 ) -> EngineResult<Option<u64>> {
     let applied = apply_crash_log_in_memory(cache.name(), loaded, image);
     if let Some(n) = applied.filter(|&n| n > 0) {
-        origin.flush()?;
+        origins.iter().try_for_each(|o| o.flush())?;
         cache.flush()?;
         log::warn!(
             "{}: applied {n} records from the crash log: writes the previous daemon acknowledged before it died",
@@ -1019,12 +958,13 @@ fn apply_crash_log_in_memory(
 /// looking (`status`, `dirty_blocks`) is refused.
 pub(crate) fn open_read_only(
     cache: DeviceRef,
-    origin: DeviceRef,
+    origins: Vec<DeviceRef>,
     opts: &OpenOptions,
 ) -> EngineResult<Engine> {
     let sb = current_superblock(&cache)?;
-    check_origin(&sb, &origin, opts)?;
-    let mut loaded = load(&cache, sb, origin.size_bytes(), None)?;
+    checks::check_origins(&sb, &origins, opts)?;
+    let sizes: Vec<u64> = origins.iter().map(|o| o.size_bytes()).collect();
+    let mut loaded = load(&cache, sb, &sizes, None)?;
     let mut recovered = 0;
     if let Some(path) = &opts.crash_log {
         // As the writing open reads it: never through a symlink, never a
@@ -1034,14 +974,14 @@ pub(crate) fn open_read_only(
             .and_then(|bytes| LogImage::parse(&bytes));
         match apply_crash_log_in_memory(cache.name(), &mut loaded, image) {
             Some(n) => recovered = n,
-            None => loaded = load(&cache, sb, origin.size_bytes(), None)?,
+            None => loaded = load(&cache, sb, &sizes, None)?,
         }
     }
     if opts.distrust_clean || sb.flags.get() & SB_FLAG_DISTRUST_CLEAN != 0 {
         loaded.table.drop_clean();
     }
-    let sb = take_origin_size(loaded.sb, &origin, false)?;
-    let engine = build_engine(cache, origin, sb, loaded, opts.clock.clone());
+    let sb = checks::take_sizes(loaded.sb, &origins, false)?;
+    let engine = build_engine(cache, origins, sb, loaded, opts.clock.clone());
     engine
         .closed
         .store(true, std::sync::atomic::Ordering::Release);
@@ -1231,8 +1171,11 @@ pub fn check_with_crash_log(
     report.clean_shutdown = Some(sb.clean_shutdown.get() == 1);
     let origin_bytes = origin_bytes.unwrap_or(sb.origin_bytes.get());
     findings.extend(origin_size_finding(sb.origin_bytes.get(), origin_bytes));
+    // The other volumes' origins are not looked at: their recorded sizes.
+    let mut sizes: Vec<u64> = sb.volume_list().iter().map(|v| v.bytes).collect();
+    sizes[0] = origin_bytes;
     let mut problems = Vec::new();
-    match load(cache, sb, origin_bytes, Some(&mut problems)) {
+    match load(cache, sb, &sizes, Some(&mut problems)) {
         Ok(mut l) => {
             report.cache_blocks_total = l.layout.slot_count;
             report.cache_blocks_used = l.table.used();

@@ -51,8 +51,15 @@ impl Engine {
         let segs = self.segments(offset, len, true)?;
         if let Some(first) = segs.first() {
             let last = segs.last().expect("non-empty").block;
-            let _guard = self.origin.locks().lock_range(first.block, last);
-            self.origin.flights().touch(first.block, last);
+            let _guard = self
+                .origins
+                .of_key(first.block)
+                .locks()
+                .lock_range(first.block, last);
+            self.origins
+                .of_key(first.block)
+                .flights()
+                .touch(first.block, last);
             // Ranges to discard on the origin: whole blocks, and parts of
             // blocks that are not cached. A cached block trimmed in part
             // keeps its origin bytes, so cache and origin never disagree.
@@ -75,15 +82,19 @@ impl Engine {
                     }
                 }
             }
-            self.origin.flights().wait_origin(first.block, last);
+            self.origins
+                .of_key(first.block)
+                .flights()
+                .wait_origin(first.block, last);
             if self.older_groups_pending() {
                 // A discard is a write of the open group: it may not reach
                 // the origin before older groups (and a discard is a hint).
                 bump(&self.stats.discards_held_back, discard.len() as u64);
                 discard.clear();
             }
+            let origin = self.origins.of_key(first.block);
             for (off, l) in discard {
-                if let Err(e) = self.origin.device().discard(off, l) {
+                if let Err(e) = origin.device().discard(origin.local(off), l) {
                     log::debug!("origin discard failed (ignored, discard is a hint): {e}");
                 }
             }
@@ -103,7 +114,7 @@ impl Engine {
             self.commit()?;
             // A flush covers every write acknowledged before it: not so
             // while the origin may have lost some (origin/sync.rs).
-            self.origin.writes_lost()
+            self.origins.writes_lost()
         })
     }
 

@@ -150,7 +150,7 @@ impl TestServer {
                     }
                     if let Some(engine) = given {
                         ready_tx.send(port).expect("ready");
-                        let volume = Arc::new(AsyncEngine(engine));
+                        let volume = Arc::new(AsyncEngine::new(engine));
                         serve(volume, listeners, config, shutdown_rx)
                             .await
                             .expect("serve");
@@ -175,7 +175,7 @@ impl TestServer {
                             };
                             let engine = Engine::create(cache, origin, &opts).expect("create");
                             ready_tx.send(port).expect("ready");
-                            let volume = Arc::new(AsyncEngine(engine.clone()));
+                            let volume = Arc::new(AsyncEngine::new(engine.clone()));
                             serve(volume, listeners, config, shutdown_rx)
                                 .await
                                 .expect("serve");

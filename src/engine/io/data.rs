@@ -4,6 +4,7 @@
 
 use crate::device::DeviceError;
 use crate::engine::admission::Dev;
+use crate::engine::origin::Origin;
 use crate::engine::stats::bump;
 use crate::engine::{Engine, EngineResult};
 
@@ -87,17 +88,20 @@ impl Engine {
         r
     }
 
-    /// Counts a foreground origin request while `f` runs (writeback yields
-    /// to them).
-    fn foreground<T>(&self, f: impl FnOnce() -> T) -> T {
-        self.origin.foreground(|| self.now_ms(), f)
+    /// Counts a foreground request to `origin` while `f` runs (writeback
+    /// yields to them).
+    fn foreground<T>(&self, origin: &Origin, f: impl FnOnce() -> T) -> T {
+        origin.foreground(|| self.now_ms(), f)
     }
 
+    /// Reads the origin at address `offset` (its volume's device at the
+    /// address's offset in the volume).
     pub(crate) fn origin_read(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
         bump(&self.stats.origin_reads, 1);
-        let r = self.foreground(|| {
+        let origin = self.origins.at(offset);
+        let r = self.foreground(origin, || {
             self.timed_device(Dev::OriginRead, buf.len(), || {
-                self.origin.device().read_at(buf, offset)
+                origin.device().read_at(buf, origin.local(offset))
             })
         });
         r.inspect_err(|e| {
@@ -115,20 +119,23 @@ impl Engine {
     /// With writeback in flush order, a foreground write is one of the
     /// open group: every closed group reaches the origin first.
     pub(crate) fn origin_write(&self, buf: &[u8], offset: u64) -> EngineResult<()> {
+        let origin = self.origins.at(offset);
         if !buf.is_empty() {
             let bs = self.block_bytes;
             self.order_foreground_write()?;
-            self.origin
+            origin
                 .flights()
                 .wait_origin(offset / bs, (offset + buf.len() as u64 - 1) / bs);
         }
-        let epoch = self.origin.loss_epoch();
-        self.foreground(|| self.origin_write_now(buf, offset))?;
-        self.origin.wrote(offset..offset + buf.len() as u64, epoch);
+        let epoch = origin.loss_epoch();
+        self.foreground(origin, || self.origin_write_now(buf, offset))?;
+        let at = origin.local(offset);
+        origin.wrote(at..at + buf.len() as u64, epoch);
         Ok(())
     }
 
     /// `origin_write` without the wait: for a writeback's own flight.
+    /// `offset` is an address (origin/address.rs).
     pub(crate) fn origin_write_now(&self, buf: &[u8], offset: u64) -> EngineResult<()> {
         let bs = self.block_bytes;
         let blocks = offset / bs..=(offset + (buf.len() as u64).max(1) - 1) / bs;
@@ -136,8 +143,9 @@ impl Engine {
             self.commit()?;
         }
         bump(&self.stats.origin_writes, 1);
+        let origin = self.origins.at(offset);
         let r = self.timed_device(Dev::OriginWrite, buf.len(), || {
-            self.origin.device().write_at(buf, offset)
+            origin.device().write_at(buf, origin.local(offset))
         });
         let r = r.inspect_err(|e| {
             bump(&self.stats.origin_errors, 1);

@@ -247,31 +247,39 @@ impl Engine {
     /// The cache failed holding the dirty blocks `lost` (sorted): their
     /// origin blocks are stale from now on.
     fn lose_dirty(&self, lost: &[u64], e: &str) {
-        let ranges = self.origin.set_stale(lost);
-        let shown: Vec<String> = ranges
-            .iter()
-            .take(16)
-            .map(|(offset, len)| format!("{offset}+{len}"))
-            .collect();
-        log::error!(
-            "{}: {e}, holding {} dirty blocks: their data is lost and these origin byte \
-             ranges are stale (reads of them fail): {}{}",
-            self.io.cache.name(),
-            lost.len(),
-            shown.join(" "),
-            if ranges.len() > 16 { " ..." } else { "" }
-        );
+        for (origin, keys) in self.origins.split(lost) {
+            let ranges = origin.set_stale(keys);
+            if keys.is_empty() {
+                continue;
+            }
+            let shown: Vec<String> = ranges
+                .iter()
+                .take(16)
+                .map(|(offset, len)| format!("{offset}+{len}"))
+                .collect();
+            log::error!(
+                "{}: {e}, holding {} dirty blocks of {}: their data is lost and these origin \
+                 byte ranges are stale (reads of them fail): {}{}",
+                self.io.cache.name(),
+                keys.len(),
+                origin.name(),
+                shown.join(" "),
+                if ranges.len() > 16 { " ..." } else { "" }
+            );
+        }
     }
 
-    /// The stale origin ranges (byte offset, bytes) and how many blocks:
-    /// those of a cache given up; or, while the cache device is failing
-    /// (past the error limit) with dirty blocks, theirs: the origin has
-    /// older data there, and the only current copy is on a failing device.
-    pub(crate) fn stale_ranges(&self) -> (Vec<(u64, u64)>, u64) {
+    /// Per volume, the stale origin ranges (byte offset, bytes) and how
+    /// many blocks: those of a cache given up; or, while the cache device
+    /// is failing (past the error limit) with dirty blocks, theirs: the
+    /// origin has older data there, and the only current copy is on a
+    /// failing device.
+    pub(crate) fn stale_ranges(&self) -> Vec<(Vec<(u64, u64)>, u64)> {
         if self.given_up() || !self.io.admission_stopped() {
-            return self.origin.stale_ranges();
+            return self.origins.iter().map(|o| o.stale_ranges()).collect();
         }
         let dirty = self.meta.all_dirty();
-        self.origin.would_be_stale(&dirty)
+        let split = self.origins.split(&dirty);
+        split.map(|(o, keys)| o.would_be_stale(keys)).collect()
     }
 }

@@ -49,7 +49,7 @@ impl Engine {
     fn commit_journal(&self) -> EngineResult<()> {
         if self.failed_over() {
             // All data is on the origin; the cache takes no metadata.
-            return self.origin.flush_foreground(&self.stats);
+            return self.origins.flush_foreground(&self.stats);
         }
         let wanted = self.journal.completed_ops.load(Ordering::Acquire);
         let mut cs = self.journal.state.lock();
@@ -60,7 +60,7 @@ impl Engine {
             Err(e) => {
                 drop(cs);
                 if self.fail_over_after_commit_error(&e) {
-                    return self.origin.flush_foreground(&self.stats);
+                    return self.origins.flush_foreground(&self.stats);
                 }
                 Err(e)
             }
@@ -213,7 +213,7 @@ impl Engine {
         // Only foreground origin writes need the origin here: writeback
         // flushed its own before marking blocks clean (writeback/run.rs),
         // so in writeback a frozen origin holds no commit back.
-        self.origin.flush_foreground(&self.stats)?;
+        self.origins.flush_foreground(&self.stats)?;
         self.cache_flush()?;
         if let Some(data) = snapshot {
             let next = self.checkpoint_replay_seq(cs);

@@ -899,7 +899,7 @@ pub fn fuzz_exercise(data: &[u8]) {
     for at in points {
         if let Pending::Apply(records) = image.pending(&image.identity, at) {
             assert!(records.len() <= image.records.len());
-            let mut table = Table::new(64, 1024, 8);
+            let mut table = Table::new(64, crate::engine::origin::address::KeySpace::one(1024), 8);
             for r in records {
                 if table.validate(r).is_err() {
                     break;

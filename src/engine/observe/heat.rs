@@ -16,29 +16,33 @@ fn region_blocks(origin_blocks: u64) -> u64 {
     origin_blocks.max(1).div_ceil(REGIONS as u64)
 }
 
-/// Cached and dirty blocks per region (kept by `Table`).
+/// Cached and dirty blocks per region (kept by `Table`). The map covers
+/// the first volume; keys from `limit` on (other volumes') are not counted.
 pub struct RegionCounts {
     region_blocks: u64,
+    limit: u64,
     pub cached: Vec<u32>,
     pub dirty: Vec<u32>,
 }
 
 impl RegionCounts {
-    pub fn new(origin_blocks: u64) -> RegionCounts {
+    /// The map of a volume of `origin_blocks` whose keys end before `limit`.
+    pub fn new(origin_blocks: u64, limit: u64) -> RegionCounts {
         RegionCounts {
             region_blocks: region_blocks(origin_blocks),
+            limit,
             cached: vec![0; REGIONS],
             dirty: vec![0; REGIONS],
         }
     }
 
-    fn region(&self, block: u64) -> usize {
-        ((block / self.region_blocks) as usize).min(REGIONS - 1)
+    fn region(&self, block: u64) -> Option<usize> {
+        (block < self.limit).then(|| ((block / self.region_blocks) as usize).min(REGIONS - 1))
     }
 
     /// A block became cached (`up`) or stopped being cached.
     pub fn cached(&mut self, block: u64, up: bool) {
-        let r = self.region(block);
+        let Some(r) = self.region(block) else { return };
         self.cached[r] = if up {
             self.cached[r] + 1
         } else {
@@ -48,7 +52,7 @@ impl RegionCounts {
 
     /// A cached block became dirty (`up`) or clean.
     pub fn dirty(&mut self, block: u64, up: bool) {
-        let r = self.region(block);
+        let Some(r) = self.region(block) else { return };
         self.dirty[r] = if up {
             self.dirty[r] + 1
         } else {
@@ -64,18 +68,24 @@ impl RegionCounts {
 /// Accesses per region.
 pub struct Accesses {
     region_blocks: u64,
+    limit: u64,
     counts: Vec<AtomicU64>,
 }
 
 impl Accesses {
-    pub fn new(origin_blocks: u64) -> Accesses {
+    /// As `RegionCounts::new`.
+    pub fn new(origin_blocks: u64, limit: u64) -> Accesses {
         Accesses {
             region_blocks: region_blocks(origin_blocks),
+            limit,
             counts: (0..REGIONS).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
     pub fn accessed(&self, block: u64) {
+        if block >= self.limit {
+            return;
+        }
         let r = ((block / self.region_blocks) as usize).min(REGIONS - 1);
         self.counts[r].fetch_add(1, Ordering::Relaxed);
     }

@@ -13,6 +13,8 @@
 //! The counters it bumps are the engine's (`Stats`), handed in by the
 //! caller.
 
+pub mod address;
+pub(crate) mod checks;
 pub mod flights;
 pub mod locks;
 pub(crate) mod stale;
@@ -29,8 +31,18 @@ use flights::Flights;
 use locks::BlockLocks;
 use stale::StaleBlocks;
 
-/// The origin part's state.
+/// The origin part's state: one volume's slow device.
+///
+/// Its blocks sit at `base` in the engine's address space
+/// (`address.rs`): every offset and block it is handed is an address or
+/// a key there, and it turns them into the device's own offsets.
 pub(crate) struct Origin {
+    /// The volume's name and index.
+    name: String,
+    volume: usize,
+    /// The address of the volume's byte 0, and its first key.
+    base: u64,
+    base_key: u64,
     device: DeviceRef,
     /// The volume's size: the origin's, read at open.
     bytes: u64,
@@ -52,9 +64,15 @@ pub(crate) struct Origin {
 }
 
 impl Origin {
-    pub(crate) fn new(device: DeviceRef, block_bytes: u64) -> Origin {
+    /// Volume `volume`, named `name`, on `device`.
+    pub(crate) fn new(volume: usize, name: String, device: DeviceRef, block_bytes: u64) -> Origin {
         let bytes = device.size_bytes();
+        let base = address::base(volume);
         Origin {
+            name,
+            volume,
+            base,
+            base_key: base / block_bytes,
             device,
             bytes,
             block_bytes,
@@ -71,6 +89,26 @@ impl Origin {
 
     pub(crate) fn device(&self) -> &DeviceRef {
         &self.device
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The address of the volume's byte 0.
+    pub(crate) fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// The device offset of address `addr` (one of this volume's).
+    pub(crate) fn local(&self, addr: u64) -> u64 {
+        debug_assert_eq!(address::volume_of(addr), self.volume);
+        addr - self.base
+    }
+
+    /// True if `key` is one of this volume's blocks that can be cached.
+    pub(crate) fn cacheable(&self, key: u64) -> bool {
+        key >= self.base_key && key - self.base_key < self.blocks
     }
 
     /// The volume's size in bytes.
@@ -183,11 +221,12 @@ impl Origin {
         now_ms.saturating_sub(self.last_end_ms.load(Ordering::Acquire))
     }
 
-    /// The cache was lost holding the dirty blocks `lost` (sorted): from now
-    /// on their data exists nowhere, and reads of them fail.
+    /// The cache was lost holding the dirty blocks `lost` (sorted keys, the
+    /// volume's): from now on their data exists nowhere, and reads of them
+    /// fail. Returns the device's byte ranges they cover.
     pub(crate) fn set_stale(&self, lost: &[u64]) -> Vec<(u64, u64)> {
         let stale = StaleBlocks::of_blocks(lost);
-        let ranges = stale.byte_ranges(self.block_bytes);
+        let ranges = self.local_ranges(&stale);
         *self.stale.lock() = stale;
         self.any_stale.store(!lost.is_empty(), Ordering::Release);
         ranges
@@ -222,16 +261,127 @@ impl Origin {
         }
     }
 
-    /// The stale ranges (byte offset, bytes) and how many blocks.
+    /// The stale ranges (device byte offset, bytes) and how many blocks.
     pub(crate) fn stale_ranges(&self) -> (Vec<(u64, u64)>, u64) {
         let s = self.stale.lock();
-        (s.byte_ranges(self.block_bytes), s.blocks())
+        (self.local_ranges(&s), s.blocks())
     }
 
-    /// Ranges (byte offset, bytes) and blocks `dirty` (sorted) would leave
-    /// stale if the cache were lost now.
+    /// Ranges (device byte offset, bytes) and blocks `dirty` (sorted keys,
+    /// the volume's) would leave stale if the cache were lost now.
     pub(crate) fn would_be_stale(&self, dirty: &[u64]) -> (Vec<(u64, u64)>, u64) {
         let s = StaleBlocks::of_blocks(dirty);
-        (s.byte_ranges(self.block_bytes), s.blocks())
+        (self.local_ranges(&s), s.blocks())
+    }
+
+    fn local_ranges(&self, s: &StaleBlocks) -> Vec<(u64, u64)> {
+        let ranges = s.byte_ranges(self.block_bytes);
+        ranges
+            .into_iter()
+            .map(|(at, n)| (at - self.base, n))
+            .collect()
+    }
+}
+
+/// Every volume's origin, by volume index.
+pub(crate) struct Origins {
+    list: Vec<Origin>,
+    /// log2 of the keys in one volume's space (`address::KeySpace`).
+    key_shift: u32,
+}
+
+impl Origins {
+    /// Volume `i` on `devices[i]`, with its name.
+    pub(crate) fn new(devices: Vec<(String, DeviceRef)>, block_bytes: u64) -> Origins {
+        let list = devices
+            .into_iter()
+            .enumerate()
+            .map(|(i, (name, d))| Origin::new(i, name, d, block_bytes))
+            .collect();
+        Origins {
+            list,
+            key_shift: address::VOLUME_SHIFT - block_bytes.trailing_zeros(),
+        }
+    }
+
+    /// The origin of address `addr` (a request's, checked at the door).
+    pub(crate) fn at(&self, addr: u64) -> &Origin {
+        &self.list[address::volume_of(addr)]
+    }
+
+    /// The origin of block key `key` (the table's, checked at load).
+    pub(crate) fn of_key(&self, key: u64) -> &Origin {
+        &self.list[(key >> self.key_shift) as usize]
+    }
+
+    pub(crate) fn get(&self, volume: usize) -> Option<&Origin> {
+        self.list.get(volume)
+    }
+
+    /// Volume 0's.
+    pub(crate) fn first(&self) -> &Origin {
+        &self.list[0]
+    }
+
+    pub(crate) fn iter(&self) -> std::slice::Iter<'_, Origin> {
+        self.list.iter()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    /// The keys the table may hold.
+    pub(crate) fn key_space(&self) -> address::KeySpace {
+        let bs = self.first().block_bytes;
+        address::KeySpace::new(bs, self.list.iter().map(|o| o.blocks).collect())
+    }
+
+    /// `flush_foreground` on every origin, all tried; the first error.
+    pub(crate) fn flush_foreground(&self, stats: &Stats) -> EngineResult<()> {
+        let results: Vec<_> = self
+            .list
+            .iter()
+            .map(|o| o.flush_foreground(stats))
+            .collect();
+        results.into_iter().collect()
+    }
+
+    /// Flushes every origin (all tried; the first error).
+    pub(crate) fn flush(&self, stats: &Stats) -> EngineResult<()> {
+        let results: Vec<_> = self.list.iter().map(|o| o.flush(stats)).collect();
+        results.into_iter().collect()
+    }
+
+    /// Every origin's loss epoch, for `flush_since`.
+    pub(crate) fn loss_epochs(&self) -> Vec<u64> {
+        self.list.iter().map(|o| o.loss_epoch()).collect()
+    }
+
+    /// `Origin::flush_since` on every origin, with the epochs
+    /// `loss_epochs` read.
+    pub(crate) fn flush_since(&self, stats: &Stats, epochs: &[u64]) -> EngineResult<()> {
+        let results: Vec<_> = (self.list.iter().zip(epochs))
+            .map(|(o, &e)| o.flush_since(stats, e))
+            .collect();
+        results.into_iter().collect()
+    }
+
+    /// Fails while some origin's foreground writes a failed flush covered
+    /// are not written again.
+    pub(crate) fn writes_lost(&self) -> EngineResult<()> {
+        self.list.iter().try_for_each(|o| o.writes_lost())
+    }
+
+    /// Splits sorted keys by volume: (origin, its keys).
+    pub(crate) fn split<'a>(
+        &'a self,
+        keys: &'a [u64],
+    ) -> impl Iterator<Item = (&'a Origin, &'a [u64])> {
+        self.list.iter().map(move |o| {
+            let from = keys.partition_point(|&k| k < o.base_key);
+            let to = keys.partition_point(|&k| k < o.base_key + (1 << self.key_shift));
+            (o, &keys[from..to])
+        })
     }
 }

@@ -342,7 +342,7 @@ mod tests {
     use super::*;
 
     fn table() -> Table {
-        Table::new(8, 64, 8)
+        Table::new(8, crate::engine::origin::address::KeySpace::one(64), 8)
     }
 
     /// Applies `r` to the table and the groups, as `Engine::append` does.

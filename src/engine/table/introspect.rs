@@ -39,8 +39,11 @@ impl MetaLock {
     /// `offset`. Covers at least one byte and at most `len` (fewer after
     /// [`BLOCKS_PER_CALL_MAX`] blocks or [`EXTENTS_PER_CALL_MAX`]
     /// extents). The partial last block of an origin is never cached.
+    /// `offset` is an address of `origin`'s volume (origin/address.rs).
     pub(crate) fn cache_state(&self, origin: &Origin, offset: u64, len: u64) -> Vec<Extent> {
-        let end = offset.saturating_add(len).min(origin.bytes());
+        let end = offset
+            .saturating_add(len)
+            .min(origin.base() + origin.bytes());
         if len == 0 || offset >= end {
             // Outside the contract (the caller checks the range): nothing
             // is cached there.
@@ -58,7 +61,7 @@ impl MetaLock {
         for block in first..=last {
             let block_start = block * bs;
             let (lo, hi) = (offset.max(block_start), end.min(block_start + bs));
-            let found = if block < origin.blocks() {
+            let found = if origin.cacheable(block) {
                 meta.table().cached(block, whole_block)
             } else {
                 None

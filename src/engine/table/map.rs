@@ -13,6 +13,7 @@ use crate::engine::format::{
     ENTRY_FREE,
 };
 use crate::engine::observe::heat::RegionCounts;
+use crate::engine::origin::address::KeySpace;
 
 /// In memory a cached block costs its entry (4 bytes, or 8 for origins of
 /// 2^31 blocks or more), an index bucket (4 bytes at most 4/5 full) and one
@@ -30,7 +31,9 @@ pub struct Table {
     partial_bits: Vec<u64>,
     partial: PartialMaps,
     dirty_count: u64,
-    pub origin_blocks: u64,
+    /// The blocks a key may name: (volume, block) pairs of the cache's
+    /// volumes (origin/address.rs).
+    keys: KeySpace,
     sectors: usize,
     /// Cached and dirty blocks per region of the volume (the heat map).
     pub regions: RegionCounts,
@@ -79,23 +82,23 @@ impl Cached {
 }
 
 impl Table {
-    pub fn new(slot_count: u64, origin_blocks: u64, sectors: usize) -> Table {
+    pub fn new(slot_count: u64, keys: KeySpace, sectors: usize) -> Table {
         Table {
-            entries: Entries::new(slot_count, origin_blocks),
+            entries: Entries::new(slot_count, keys.end()),
             index: BlockIndex::new(slot_count),
             partial_bits: vec![0; (slot_count as usize).div_ceil(64)],
             partial: PartialMaps::new(sectors),
             dirty_count: 0,
-            origin_blocks,
+            regions: RegionCounts::new(keys.first_blocks(), keys.first_end()),
+            keys,
             sectors,
-            regions: RegionCounts::new(origin_blocks),
             dirty_slots: slot_count as u32,
         }
     }
 
     /// An empty table of the same shape.
     pub fn emptied(&self) -> Table {
-        let mut t = Table::new(self.slot_count(), self.origin_blocks, self.sectors);
+        let mut t = Table::new(self.slot_count(), self.keys.clone(), self.sectors);
         t.dirty_slots = self.dirty_slots;
         t
     }
@@ -127,20 +130,18 @@ impl Table {
     /// Builds a table from a checkpoint, checking its invariants.
     pub fn from_checkpoint(
         data: CheckpointData,
-        origin_blocks: u64,
+        keys: KeySpace,
         sectors: usize,
     ) -> Result<Table, String> {
-        let mut t = Table::new(data.entries.len() as u64, origin_blocks, sectors);
+        let mut t = Table::new(data.entries.len() as u64, keys, sectors);
         for (slot, &e) in data.entries.iter().enumerate() {
             if e == ENTRY_FREE {
                 continue;
             }
             let (block, dirty) =
                 entry_decode(e).ok_or_else(|| format!("slot {slot}: invalid entry {e:#x}"))?;
-            if block >= origin_blocks {
-                return Err(format!(
-                    "slot {slot}: origin block {block} beyond the origin ({origin_blocks} blocks)"
-                ));
+            if !t.keys.contains(block) {
+                return Err(format!("slot {slot}: {}", t.keys.describe_outside(block)));
             }
             if let Some(other) = t.index.get(&t.entries, block) {
                 return Err(format!(
@@ -370,11 +371,9 @@ impl Table {
         }
         match *r {
             Record::Map { block, .. } | Record::MapRun { block, .. }
-                if block >= self.origin_blocks =>
+                if !self.keys.contains(block) =>
             {
-                Err(format!(
-                    "record maps origin block {block} beyond the origin"
-                ))
+                Err(format!("record maps {}", self.keys.describe_outside(block)))
             }
             Record::Map { .. } => Ok(()),
             Record::MapRun { run, .. } => run_fits(run),
@@ -510,7 +509,7 @@ mod tests {
 
     #[test]
     fn map_supersedes() {
-        let mut t = Table::new(4, 100, 8);
+        let mut t = Table::new(4, KeySpace::one(100), 8);
         t.apply(&Record::Map {
             slot: 0,
             block: 7,
@@ -554,19 +553,23 @@ mod tests {
             partial: Vec::new(),
             open_group: 0,
         };
-        assert!(Table::from_checkpoint(cp(e), 10, 8)
+        assert!(Table::from_checkpoint(cp(e), KeySpace::one(10), 8)
             .err()
             .unwrap()
             .contains("both hold"));
-        assert!(Table::from_checkpoint(cp(vec![entry_encode(10, false)]), 10, 8).is_err());
-        let t = Table::from_checkpoint(cp(vec![entry_encode(3, true), 0]), 10, 8).unwrap();
+        assert!(
+            Table::from_checkpoint(cp(vec![entry_encode(10, false)]), KeySpace::one(10), 8)
+                .is_err()
+        );
+        let t = Table::from_checkpoint(cp(vec![entry_encode(3, true), 0]), KeySpace::one(10), 8)
+            .unwrap();
         assert_eq!(t.dirty_count(), 1);
         assert_eq!(t.free_slots().collect::<Vec<_>>(), vec![1]);
     }
 
     #[test]
     fn dirty_from_wraps_at_the_cursor() {
-        let mut t = Table::new(8, 100, 8);
+        let mut t = Table::new(8, KeySpace::one(100), 8);
         for (slot, block) in [(0u32, 50u64), (1, 10), (2, 70), (3, 30), (4, 90)] {
             t.apply(&Record::Map {
                 slot,
@@ -603,7 +606,7 @@ mod tests {
 
     #[test]
     fn runs_build_up_and_collapse_to_whole() {
-        let mut t = Table::new(4, 100, 8);
+        let mut t = Table::new(4, KeySpace::one(100), 8);
         t.apply(&Record::MapRun {
             slot: 2,
             block: 9,
@@ -666,7 +669,7 @@ mod tests {
         assert_eq!(t.sector_sets(2), (SectorSet::empty(8), SectorSet::empty(8)));
         let snap = t.snapshot();
         assert_eq!(snap.partial.len(), 1);
-        let back = Table::from_checkpoint(snap.clone(), 100, 8).unwrap();
+        let back = Table::from_checkpoint(snap.clone(), KeySpace::one(100), 8).unwrap();
         assert_eq!(back.snapshot(), snap);
         t.apply(&Record::Unmap { slot: 0 });
         assert_eq!(t.partial_count(), 0);
@@ -683,7 +686,7 @@ mod tests {
     fn region_counts_follow_random_records() {
         use rand::{Rng, SeedableRng};
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
-        let mut t = Table::new(64, 5000, 8);
+        let mut t = Table::new(64, KeySpace::one(5000), 8);
         for _ in 0..20_000 {
             let slot = rng.gen_range(0..64u32);
             let block = rng.gen_range(0..5000u64);
@@ -715,7 +718,7 @@ mod tests {
             }
         }
         assert_regions(&t);
-        let back = Table::from_checkpoint(t.snapshot(), 5000, 8).unwrap();
+        let back = Table::from_checkpoint(t.snapshot(), KeySpace::one(5000), 8).unwrap();
         assert_regions(&back);
         assert_eq!(back.regions.cached, t.regions.cached);
         assert_eq!(back.regions.dirty, t.regions.dirty);
@@ -723,7 +726,7 @@ mod tests {
 
     #[test]
     fn run_records_are_validated() {
-        let mut t = Table::new(4, 100, 8);
+        let mut t = Table::new(4, KeySpace::one(100), 8);
         t.apply(&Record::Map {
             slot: 1,
             block: 5,
@@ -759,7 +762,7 @@ mod tests {
             partial: vec![(0, v, d), (1, v, SectorSet::empty(8))],
             open_group: 0,
         };
-        assert!(Table::from_checkpoint(ok, 10, 8).is_ok());
+        assert!(Table::from_checkpoint(ok, KeySpace::one(10), 8).is_ok());
         for (bad, why) in [
             (vec![(2, v, d)], "free slot"),
             (vec![(1, v, d)], "dirty flag"),
@@ -774,14 +777,16 @@ mod tests {
                 partial: bad,
                 open_group: 0,
             };
-            let err = Table::from_checkpoint(cp, 10, 8).err().unwrap();
+            let err = Table::from_checkpoint(cp, KeySpace::one(10), 8)
+                .err()
+                .unwrap();
             assert!(err.contains(why), "{err}");
         }
     }
 
     #[test]
     fn drop_clean_keeps_only_dirty_sectors() {
-        let mut t = Table::new(4, 100, 8);
+        let mut t = Table::new(4, KeySpace::one(100), 8);
         t.apply(&Record::Map {
             slot: 0,
             block: 1,

@@ -166,7 +166,7 @@ impl Engine {
                 None => Verdict::Take,
                 Some((_, true)) => Verdict::Rotate,
                 Some((block, false)) => {
-                    if self.origin.locks().try_lock(block) {
+                    if self.origins.of_key(block).locks().try_lock(block) {
                         Verdict::Take
                     } else {
                         Verdict::Skip
@@ -179,7 +179,7 @@ impl Engine {
             if let Some((block, _)) = m.table.slot_block(slot) {
                 m.policy.evicted(slot, block);
                 self.append(m, Record::Unmap { slot });
-                self.origin.locks().unlock(block);
+                self.origins.of_key(block).locks().unlock(block);
                 bump(&self.stats.demotions, 1);
                 n += 1;
             }
@@ -201,13 +201,13 @@ impl Engine {
                 continue;
             };
             assert!(!dirty, "dirty data in slot {slot}, which has one copy");
-            if !self.origin.locks().try_lock(block) {
+            if !self.origins.of_key(block).locks().try_lock(block) {
                 complete = false;
                 continue;
             }
             // (The unmap tells the policy.)
             self.append(&mut m, Record::Unmap { slot });
-            self.origin.locks().unlock(block);
+            self.origins.of_key(block).locks().unlock(block);
             bump(&self.stats.demotions, 1);
         }
         complete

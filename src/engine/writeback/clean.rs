@@ -104,7 +104,7 @@ impl Engine {
             let tried = plan.moves.len();
             for (slot, block) in plan.moves {
                 moved += self.move_block(slot, block) as usize;
-                self.origin.locks().unlock(block);
+                self.origins.of_key(block).locks().unlock(block);
             }
             if moved + plan.evicted == 0 && (tried > 0 || plan.busy > 0) {
                 // No progress (no slot to move to, or every block busy):
@@ -192,7 +192,7 @@ impl Engine {
             let Some((block, dirty)) = m.table().slot_block(slot) else {
                 continue;
             };
-            if !self.origin.locks().try_lock(block) {
+            if !self.origins.of_key(block).locks().try_lock(block) {
                 plan.busy += 1;
                 continue;
             }
@@ -205,7 +205,7 @@ impl Engine {
                 continue;
             }
             self.evict_slot(m, slot);
-            self.origin.locks().unlock(block);
+            self.origins.of_key(block).locks().unlock(block);
             plan.evicted += 1;
         }
         plan

@@ -82,7 +82,7 @@ impl Engine {
         }
         if g < open && self.meta.group_written(g) {
             // Flushed, group g is done, and the next group may start.
-            self.origin.flush(&self.stats)?;
+            self.origins.flush(&self.stats)?;
             let mut m = self.meta.lock();
             self.append(&mut m, Record::Done { group: g });
             bump(&self.stats.groups_written_back, 1);
@@ -98,7 +98,7 @@ impl Engine {
             return Ok(0);
         };
         let sb = SECTOR_BYTES as usize;
-        let epoch = self.origin.loss_epoch();
+        let epochs = self.origins.loss_epochs();
         for &(block, shadow) in &shadows {
             for run in shadow.dirty.runs() {
                 let mut buf = crate::device::AlignedBuf::zeroed(run.count as usize * sb);
@@ -112,7 +112,7 @@ impl Engine {
         }
         // Written only once the origin has them for good, as blocks are
         // marked clean (run.rs): the group's `Done` drops them.
-        self.origin.flush_since(&self.stats, epoch)?;
+        self.origins.flush_since(&self.stats, &epochs)?;
         let mut m = self.meta.lock();
         for &(block, _) in &shadows {
             m.shadow_written(g, block);

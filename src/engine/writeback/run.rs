@@ -29,6 +29,7 @@ use crate::device::{AlignedBuf, DeviceError};
 use crate::engine::admission::Dev;
 use crate::engine::format::Record;
 use crate::engine::io::warnings::{BACKGROUND_COMMIT, BACKGROUND_WRITEBACK};
+use crate::engine::origin::Origin;
 use crate::engine::sectors::SECTOR_BYTES;
 use crate::engine::stats::bump;
 use crate::engine::{Engine, EngineError, EngineResult, Meta, MAX_AGE_SECS};
@@ -140,7 +141,7 @@ impl Engine {
         // Between batches too: a round of writeback can take seconds
         // against a slow origin.
         self.keep_reserve();
-        if self.origin.unreachable() {
+        if self.origins.iter().all(|o| o.unreachable()) {
             return Ok(0); // every origin write would fail at once
         }
         if self.ordered() && self.journal.checkpoint_waits() && self.older_groups_pending() {
@@ -218,24 +219,37 @@ impl Engine {
         }
     }
 
-    /// Milliseconds since the last foreground origin request ended (0 while
-    /// one is under way).
+    /// Milliseconds since the last foreground request to any origin ended
+    /// (0 while one is under way).
     fn origin_quiet_ms(&self) -> u64 {
-        self.origin.quiet_ms(self.now_ms())
+        let now = self.now_ms();
+        self.origins
+            .iter()
+            .map(|o| o.quiet_ms(now))
+            .min()
+            .unwrap_or(u64::MAX)
     }
 
-    /// True while clients keep the origin busy: a foreground origin request
-    /// is under way or ended within a few origin request times (2 ms to
-    /// 100 ms).
+    /// True while clients keep some origin busy (`busy_within`).
     pub(crate) fn origin_busy(&self) -> bool {
+        self.origin_quiet_ms() < self.busy_window_ms()
+    }
+
+    /// True while clients keep `origin` busy: a foreground request to it is
+    /// under way or ended within a few origin request times (2 ms to 100
+    /// ms).
+    fn busy(&self, origin: &Origin) -> bool {
+        origin.quiet_ms(self.now_ms()) < self.busy_window_ms()
+    }
+
+    fn busy_window_ms(&self) -> u64 {
         let lat = &self.admission.latencies;
         let typical_ns = [Dev::OriginRead, Dev::OriginWrite]
             .iter()
             .filter_map(|&d| lat.get(d))
             .max()
             .unwrap_or(0);
-        let window_ms = (4 * typical_ns / 1_000_000).clamp(2, 100);
-        self.origin_quiet_ms() < window_ms
+        (4 * typical_ns / 1_000_000).clamp(2, 100)
     }
 
     /// Dirty blocks the background should write back now, ascending, and
@@ -404,14 +418,48 @@ impl Engine {
     /// the end has made every run's write durable, and only if the origin
     /// lost nothing meanwhile (`Origin::flush_since`); until then their
     /// flights stay open, so a write to one keeps it dirty.
+    ///
+    /// Each volume's blocks go to its origin as a batch of their own, with
+    /// its own flush and loss epoch.
     pub(crate) fn writeback_blocks_in(
         &self,
         blocks: &[u64],
         pace: Pace,
         group: Option<u64>,
     ) -> EngineResult<usize> {
+        let mut written = 0;
+        let mut first_err = None;
+        for (origin, keys) in self.origins.split(blocks) {
+            if keys.is_empty() {
+                continue;
+            }
+            match self.writeback_volume(origin, keys, pace, group) {
+                Ok(n) => written += n,
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) if written == 0 => Err(e),
+            Some(e) => {
+                log::warn!("writeback: {e}");
+                Ok(written)
+            }
+            None => Ok(written),
+        }
+    }
+
+    /// `writeback_blocks_in` for one volume's blocks.
+    fn writeback_volume(
+        &self,
+        origin: &Origin,
+        blocks: &[u64],
+        pace: Pace,
+        group: Option<u64>,
+    ) -> EngineResult<usize> {
         let mut held_here = std::collections::HashSet::new();
-        let epoch = self.origin.loss_epoch();
+        let epoch = origin.loss_epoch();
         let mut sent: Vec<Vec<(u64, u32)>> = Vec::new();
         let mut first_err: Option<EngineError> = None;
         let mut i = 0;
@@ -429,7 +477,7 @@ impl Engine {
             }
             match pace {
                 Pace::Share(share)
-                    if share < 1.0 && self.origin_busy() && !self.writeback.writes_waiting() =>
+                    if share < 1.0 && self.busy(origin) && !self.writeback.writes_waiting() =>
                 {
                     let took = self.clock.since_ns(started_ns) as f64 / 1e9;
                     let pause = Duration::from_secs_f64(took * (1.0 - share) / share);
@@ -437,11 +485,12 @@ impl Engine {
                     self.pause_background(pause.min(MAX_PAUSE));
                 }
                 // A client is back: the rest waits for the next round.
-                Pace::Drain if self.origin_busy() => break,
+                Pace::Drain if self.busy(origin) => break,
                 _ => {}
             }
         }
-        let written = self.finish_sent(&sent, epoch, &|b| held_here.contains(&b), &mut first_err);
+        let mine = |b| held_here.contains(&b);
+        let written = self.finish_sent(origin, &sent, epoch, &mine, &mut first_err);
         match first_err {
             Some(e) if written == 0 => Err(e),
             Some(e) => {
@@ -469,8 +518,8 @@ impl Engine {
             if run.last().is_some_and(|&(last, _)| b != last + 1) {
                 break;
             }
-            if !self.origin.locks().try_lock(b) {
-                if self.ordered() && self.origin.locks().held_here(b) {
+            if !self.origins.of_key(b).locks().try_lock(b) {
+                if self.ordered() && self.origins.of_key(b).locks().held_here(b) {
                     held_here.insert(b);
                 } else {
                     *i += 1;
@@ -493,10 +542,10 @@ impl Engine {
             *i += 1;
             match dirty {
                 // Not already being written back by another thread.
-                Some(slot) if !self.origin.flights().contains(b) => run.push((b, slot)),
+                Some(slot) if !self.origins.of_key(b).flights().contains(b) => run.push((b, slot)),
                 _ => {
                     if !held_here.contains(&b) {
-                        self.origin.locks().unlock(b);
+                        self.origins.of_key(b).locks().unlock(b);
                     }
                     break;
                 }
@@ -515,7 +564,7 @@ impl Engine {
         let unlock = || {
             blocks()
                 .filter(|&b| !mine(b))
-                .for_each(|b| self.origin.locks().unlock(b))
+                .for_each(|b| self.origins.of_key(b).locks().unlock(b))
         };
         if self.ordered() {
             // Flush order: the records that put these blocks' data in
@@ -539,13 +588,14 @@ impl Engine {
                 return Err(e.into());
             }
         };
-        self.origin.flights().start(blocks());
+        let origin = self.origins.of_key(run[0].0);
+        origin.flights().start(blocks());
         unlock();
         let base = run[0].0 * self.block_bytes;
         let written = extents
             .iter()
             .try_for_each(|e| self.origin_write_now(&buf[e.clone()], base + e.start as u64));
-        self.origin.flights().origin_written(blocks());
+        origin.flights().origin_written(blocks());
         if let Err(e) = written {
             self.finish_run(run, mine, false);
             return Err(e);
@@ -559,6 +609,7 @@ impl Engine {
     /// to `first_err`). Returns how many blocks were marked clean.
     fn finish_sent(
         &self,
+        origin: &Origin,
         sent: &[Vec<(u64, u32)>],
         epoch: u64,
         mine: &dyn Fn(u64) -> bool,
@@ -567,7 +618,7 @@ impl Engine {
         if sent.is_empty() {
             return 0;
         }
-        let durable = self.origin.flush_since(&self.stats, epoch);
+        let durable = origin.flush_since(&self.stats, epoch);
         let clean = durable.is_ok();
         if let Err(e) = durable {
             first_err.get_or_insert(e);
@@ -582,14 +633,15 @@ impl Engine {
     /// many it marked clean.
     fn finish_run(&self, run: &[(u64, u32)], mine: &dyn Fn(u64) -> bool, clean: bool) -> usize {
         let blocks = || run.iter().map(|&(b, _)| b);
+        let origin = self.origins.of_key(run[0].0);
         if self.ordered() {
             // The order turn is held: no waiting for block locks under it
             // (a write holding one may wait for the turn). A block whose
             // lock is taken stays dirty and goes again.
             let locked: Vec<bool> = blocks()
-                .map(|b| mine(b) || self.origin.locks().try_lock(b))
+                .map(|b| mine(b) || origin.locks().try_lock(b))
                 .collect();
-            let mut skip = self.origin.flights().finish(blocks());
+            let mut skip = origin.flights().finish(blocks());
             for (s, &l) in skip.iter_mut().zip(&locked) {
                 *s |= !l;
             }
@@ -600,16 +652,13 @@ impl Engine {
             };
             for (b, l) in blocks().zip(locked) {
                 if l && !mine(b) {
-                    self.origin.locks().unlock(b);
+                    origin.locks().unlock(b);
                 }
             }
             return n;
         }
-        let _guard = self
-            .origin
-            .locks()
-            .lock_range(run[0].0, run[run.len() - 1].0);
-        let touched = self.origin.flights().finish(blocks());
+        let _guard = origin.locks().lock_range(run[0].0, run[run.len() - 1].0);
+        let touched = origin.flights().finish(blocks());
         if clean {
             self.mark_clean(run, &touched)
         } else {
@@ -682,11 +731,12 @@ impl Engine {
     pub(crate) fn write_back_one(&self, block: u64, slot: u32) -> EngineResult<()> {
         let extents = self.dirty_extents(&[(block, slot)]);
         let buf = self.read_run(&[(block, slot)])?;
-        let epoch = self.origin.loss_epoch();
+        let origin = self.origins.of_key(block);
+        let epoch = origin.loss_epoch();
         for e in extents {
             self.origin_write(&buf[e.clone()], block * self.block_bytes + e.start as u64)?;
         }
-        self.origin.flush_since(&self.stats, epoch)?;
+        origin.flush_since(&self.stats, epoch)?;
         self.mark_clean(&[(block, slot)], &[]);
         Ok(())
     }
@@ -702,7 +752,7 @@ impl Engine {
         if !self.mode().holds_dirty() || self.meta.dirty_count() == 0 {
             return false;
         }
-        if !self.writeback.has_thread() || self.origin.unreachable() {
+        if !self.writeback.has_thread() || self.origins.iter().all(|o| o.unreachable()) {
             // Opened without background work (a command, a test), or the
             // origin is unreachable: nobody would write back while we wait.
             return false;

@@ -171,7 +171,7 @@ pub fn engine_volume() -> Arc<AsyncEngine> {
         let cache = Arc::new(RamDevice::new("cache", 16 << 20));
         let origin = Arc::new(RamDevice::new("origin", 64 << 20));
         let engine = Engine::create_with(cache, origin, &opts, &open).expect("the harness engine");
-        Arc::new(AsyncEngine(engine))
+        Arc::new(AsyncEngine::new(engine))
     })
     .clone()
 }

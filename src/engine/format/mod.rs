@@ -15,8 +15,15 @@ use super::sectors::{SectorRun, SectorSet, SECTOR_BYTES};
 pub const PAGE_BYTES: u64 = 4096;
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"TIERCACH";
 /// Format 2 added sector-granular blocks (sector maps in checkpoints, run
-/// records in the journal, commit-atomic journal replay).
-pub const FORMAT_VERSION: u32 = 2;
+/// records in the journal, commit-atomic journal replay); format 3, the
+/// volume table (volumes.rs). A cache of one origin named `vol0` is still
+/// written as version 2 (`Superblock::seal`), which older releases read.
+pub const FORMAT_VERSION: u32 = 3;
+/// The version of a cache with no volume table.
+pub const FORMAT_VERSION_ONE_VOLUME: u32 = 2;
+
+pub mod volumes;
+pub use volumes::{VolumeEntry, VolumeTable, MAX_VOLUMES};
 pub const JOURNAL_MAGIC: u32 = 0x4a43_5454; // "TTCJ" little-endian
 pub const CHECKPOINT_MAGIC: u32 = 0x5043_5454; // "TTCP" little-endian
 
@@ -53,8 +60,8 @@ pub fn entry_decode(entry: u64) -> Option<(u64, bool)> {
     Some((b - 1, entry & ENTRY_DIRTY != 0))
 }
 
-/// The superblock: 256 bytes at the start of a 4096-byte page; the rest of
-/// the page is zero. The CRC covers bytes 0..252.
+/// The superblock page: 256 bytes of fields, whose CRC covers bytes
+/// 0..252, then the volume table (volumes.rs) with a CRC of its own.
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Clone, Copy, Debug)]
 #[repr(C)]
 pub struct Superblock {
@@ -105,8 +112,9 @@ pub struct Superblock {
     pub checkpoint_open_group: U64,
     pub reserved: [u8; 52],
     pub crc: U32,
+    pub volumes: VolumeTable,
 }
-const _: () = assert!(std::mem::size_of::<Superblock>() == 256);
+const _: () = assert!(std::mem::size_of::<Superblock>() == PAGE_BYTES as usize);
 
 /// Superblock flag: the user accepted data loss (writeback on a volatile cache).
 pub const SB_FLAG_ALLOW_VOLATILE_WRITEBACK: u32 = 1;
@@ -157,15 +165,34 @@ impl Superblock {
         crc32c::crc32c(&self.as_bytes()[..252])
     }
 
+    /// Sets the version the volume table calls for, then the CRC.
     pub fn seal(&mut self) {
+        self.version.set(if self.volumes.count.get() == 0 {
+            FORMAT_VERSION_ONE_VOLUME
+        } else {
+            FORMAT_VERSION
+        });
         self.crc = U32::new(self.compute_crc());
     }
 
-    /// Serialises into a zero-padded 4096-byte page.
+    /// The 4096-byte page.
     pub fn to_page(&self) -> Vec<u8> {
-        let mut page = vec![0u8; PAGE_BYTES as usize];
-        page[..256].copy_from_slice(self.as_bytes());
-        page
+        self.as_bytes().to_vec()
+    }
+
+    /// Records `volumes` (volume 0's size and identity in the fields of
+    /// its own, the rest in the volume table).
+    pub fn set_volume_list(&mut self, volumes: &[VolumeEntry]) {
+        self.origin_bytes = U64::new(volumes[0].bytes);
+        self.origin_identity = U64::new(volumes[0].identity);
+        self.volumes.set(volumes);
+    }
+
+    /// The volumes it records (volume 0 first).
+    pub fn volume_list(&self) -> Vec<VolumeEntry> {
+        self.volumes
+            .volumes(self.origin_bytes.get(), self.origin_identity.get())
+            .expect("a parsed superblock's volume table is valid")
     }
 
     /// Parses a superblock page; `Err` says why it is not a valid one.
@@ -179,18 +206,29 @@ impl Superblock {
             return Err("checksum mismatch".into());
         }
         match sb.version.get() {
-            FORMAT_VERSION => {}
+            FORMAT_VERSION_ONE_VOLUME if sb.volumes.count.get() == 0 => {}
+            FORMAT_VERSION if sb.volumes.count.get() > 0 => {}
+            FORMAT_VERSION_ONE_VOLUME | FORMAT_VERSION => {
+                return Err("the format version does not match the volume table".into())
+            }
             1 => {
                 return Err(
                     "format version 1, written by a tiercache older than sector-granular \
-                     blocks; this tiercache reads version 2 only: write the cache back and \
+                     blocks; this tiercache reads versions 2 and 3: write the cache back and \
                      dissolve it with the tiercache that made it (`tiercache detach`), then \
                      create it again"
                         .into(),
                 )
             }
-            v => return Err(format!("unsupported format version {v}")),
+            v => {
+                return Err(format!(
+                    "unsupported format version {v}: this tiercache reads versions 2 and 3 \
+                     (a newer tiercache made this cache)"
+                ))
+            }
         }
+        sb.volumes
+            .volumes(sb.origin_bytes.get(), sb.origin_identity.get())?;
         Ok(sb)
     }
 }

@@ -1,0 +1,247 @@
+//! The volume table: the origins one cache holds, in the superblock page
+//! after its first 256 bytes (docs/format.md, "Volumes").
+//!
+//! A cache of one origin named `vol0` has no table (count 0) and is
+//! written as format version 2, as before volumes existed, so a tiercache
+//! from before them still opens it. Any other cache has a table and is
+//! written as version 3. Volume 0's size, identity and mode stay in the
+//! superblock's own fields; its record holds only its name.
+
+use zerocopy::little_endian::{U32, U64};
+use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
+
+/// Volumes one cache can hold (records that fit in the page).
+pub const MAX_VOLUMES: usize = 59;
+/// Bytes of a volume name.
+pub const NAME_BYTES: usize = 32;
+/// The name of volume `i` when none is given.
+pub fn default_name(i: usize) -> String {
+    format!("vol{i}")
+}
+
+/// One volume: 64 bytes.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Clone, Copy, Debug)]
+#[repr(C)]
+pub struct VolumeRecord {
+    /// UTF-8, NUL-padded (`name_valid`).
+    pub name: [u8; NAME_BYTES],
+    /// The origin's size in bytes (0 in record 0: the superblock's field).
+    pub bytes: U64,
+    /// The origin's identity (0 in record 0: the superblock's field).
+    pub identity: U64,
+    /// Bit 0: the record is in use.
+    pub flags: U32,
+    pub reserved: [u8; 12],
+}
+const _: () = assert!(std::mem::size_of::<VolumeRecord>() == 64);
+
+/// Record flag: in use.
+pub const VOLUME_IN_USE: u32 = 1;
+
+/// The table: 3840 bytes, the superblock page's bytes 256..4096.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Clone, Copy, Debug)]
+#[repr(C)]
+pub struct VolumeTable {
+    /// Records in use (0: one volume, `vol0`, and no table).
+    pub count: U32,
+    /// CRC32C of the table's 3840 bytes with this field zero.
+    pub crc: U32,
+    pub reserved: [u8; 8],
+    pub records: [VolumeRecord; MAX_VOLUMES],
+    pub tail: [u8; 48],
+}
+const _: () = assert!(std::mem::size_of::<VolumeTable>() == 3840);
+
+/// A volume as the cache records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumeEntry {
+    pub name: String,
+    pub bytes: u64,
+    pub identity: u64,
+}
+
+/// Names are 1..=32 bytes of ASCII letters, digits, `.`, `_` and `-`, not
+/// starting with `.` or `-` (they become NBD export names and file names).
+pub fn name_valid(name: &str) -> Result<(), String> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    if name.is_empty() || name.len() > NAME_BYTES {
+        return Err(format!(
+            "volume name {name:?} must have 1 to {NAME_BYTES} characters"
+        ));
+    }
+    if !name.chars().all(ok_char) || name.starts_with(['.', '-']) {
+        return Err(format!(
+            "volume name {name:?} may hold only letters, digits, '.', '_' and '-', \
+             and may not start with '.' or '-'"
+        ));
+    }
+    Ok(())
+}
+
+impl VolumeTable {
+    pub fn compute_crc(&self) -> u32 {
+        let mut t = *self;
+        t.crc = U32::new(0);
+        crc32c::crc32c(t.as_bytes())
+    }
+
+    /// Fills the table for `volumes` (volume 0's size and identity are the
+    /// superblock's, so its record keeps only the name), or empties it for
+    /// a lone `vol0`.
+    pub fn set(&mut self, volumes: &[VolumeEntry]) {
+        *self = VolumeTable::new_zeroed();
+        let lone_default = volumes.len() == 1 && volumes[0].name == default_name(0);
+        if lone_default {
+            return;
+        }
+        self.count = U32::new(volumes.len() as u32);
+        for (i, (r, v)) in self.records.iter_mut().zip(volumes).enumerate() {
+            r.name[..v.name.len()].copy_from_slice(v.name.as_bytes());
+            if i > 0 {
+                r.bytes = U64::new(v.bytes);
+                r.identity = U64::new(v.identity);
+            }
+            r.flags = U32::new(VOLUME_IN_USE);
+        }
+        self.crc = U32::new(self.compute_crc());
+    }
+
+    /// The volumes it records, volume 0 from `origin_bytes` and
+    /// `origin_identity` (the superblock's fields); `Err` says what is
+    /// wrong with it.
+    pub fn volumes(
+        &self,
+        origin_bytes: u64,
+        origin_identity: u64,
+    ) -> Result<Vec<VolumeEntry>, String> {
+        let count = self.count.get() as usize;
+        let first = VolumeEntry {
+            name: default_name(0),
+            bytes: origin_bytes,
+            identity: origin_identity,
+        };
+        if count == 0 {
+            if self.as_bytes().iter().any(|&b| b != 0) {
+                return Err("an empty volume table holds bytes".into());
+            }
+            return Ok(vec![first]);
+        }
+        if self.crc.get() != self.compute_crc() {
+            return Err("volume table checksum mismatch".into());
+        }
+        if count > MAX_VOLUMES {
+            return Err(format!(
+                "volume table claims {count} volumes (at most {MAX_VOLUMES})"
+            ));
+        }
+        let mut out: Vec<VolumeEntry> = Vec::with_capacity(count);
+        for (i, r) in self.records.iter().enumerate() {
+            let used = r.flags.get() == VOLUME_IN_USE;
+            if i >= count {
+                if r.as_bytes().iter().any(|&b| b != 0) {
+                    return Err(format!("volume record {i} is past the count and not zero"));
+                }
+                continue;
+            }
+            if !used {
+                return Err(format!("volume record {i} is not marked in use"));
+            }
+            let v = record_entry(i, r, &first)?;
+            if out.iter().any(|o| o.name == v.name) {
+                return Err(format!("two volumes are named {:?}", v.name));
+            }
+            out.push(v);
+        }
+        Ok(out)
+    }
+}
+
+/// Record `i` as a volume (record 0 takes `first`'s size and identity).
+fn record_entry(i: usize, r: &VolumeRecord, first: &VolumeEntry) -> Result<VolumeEntry, String> {
+    let len = r.name.iter().position(|&b| b == 0).unwrap_or(NAME_BYTES);
+    if r.name[len..].iter().any(|&b| b != 0) {
+        return Err(format!("volume record {i}: bytes after its name's end"));
+    }
+    let name = std::str::from_utf8(&r.name[..len])
+        .map_err(|_| format!("volume record {i}: its name is not UTF-8"))?
+        .to_string();
+    name_valid(&name).map_err(|e| format!("volume record {i}: {e}"))?;
+    if r.reserved.iter().any(|&b| b != 0) {
+        return Err(format!("volume record {i}: reserved bytes set"));
+    }
+    let (bytes, identity) = if i == 0 {
+        if r.bytes.get() != 0 || r.identity.get() != 0 {
+            return Err("volume record 0 holds a size or identity (the superblock's)".into());
+        }
+        (first.bytes, first.identity)
+    } else {
+        (r.bytes.get(), r.identity.get())
+    };
+    if i > 0 && bytes == 0 {
+        return Err(format!("volume record {i} has no size"));
+    }
+    Ok(VolumeEntry {
+        name,
+        bytes,
+        identity,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vols(names: &[&str]) -> Vec<VolumeEntry> {
+        names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| VolumeEntry {
+                name: n.to_string(),
+                bytes: 1 << (20 + i),
+                identity: 100 + i as u64,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_lone_vol0_has_no_table() {
+        let mut t = VolumeTable::new_zeroed();
+        t.set(&vols(&["vol0"]));
+        assert!(t.as_bytes().iter().all(|&b| b == 0));
+        assert_eq!(t.volumes(1 << 20, 100).unwrap(), vols(&["vol0"]));
+    }
+
+    #[test]
+    fn round_trip_and_damage() {
+        let v = vols(&["db", "logs", "vol2"]);
+        let mut t = VolumeTable::new_zeroed();
+        t.set(&v);
+        assert_eq!(t.count.get(), 3);
+        assert_eq!(t.records[0].bytes.get(), 0);
+        assert_eq!(t.volumes(1 << 20, 100).unwrap(), v);
+        // Every single flipped byte is caught.
+        for at in 0..std::mem::size_of::<VolumeTable>() {
+            let mut bad = t;
+            bad.as_mut_bytes()[at] ^= 0x10;
+            assert!(bad.volumes(1 << 20, 100).is_err(), "byte {at}");
+        }
+        // A well-sealed table that breaks the rules is refused too.
+        let mut dup = t;
+        dup.records[1].name = dup.records[0].name;
+        dup.crc = U32::new(dup.compute_crc());
+        assert!(dup
+            .volumes(1 << 20, 100)
+            .unwrap_err()
+            .contains("two volumes"));
+    }
+
+    #[test]
+    fn names() {
+        for ok in ["vol0", "db.1", "a_b-c", &"x".repeat(32)] {
+            name_valid(ok).unwrap();
+        }
+        for bad in ["", ".hidden", "-x", "a/b", "a b", "é", &"x".repeat(33)] {
+            assert!(name_valid(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! Where each volume's blocks sit in the engine's one address space.
+//!
+//! A cache holds several origins (volumes). The engine addresses them all
+//! in one space of bytes: volume `v`'s byte `o` is at `v << VOLUME_SHIFT |
+//! o`, and a block's key in the table is its address over the block size.
+//! So the table's key is (volume, block) in one `u64`, and volume 0's keys
+//! are its block numbers: a cache of one origin keeps the format, the
+//! 4-byte entries and the speed it had before volumes.
+//!
+//! A request never crosses a volume's end (`Engine::check_span`), so the
+//! blocks of one request are consecutive keys of one volume.
+
+/// Bits of a volume's byte offset: each volume has 4 PiB of address space.
+pub const VOLUME_SHIFT: u32 = 52;
+/// The largest origin a volume can have.
+pub const MAX_VOLUME_BYTES: u64 = 1 << VOLUME_SHIFT;
+const OFFSET_MASK: u64 = MAX_VOLUME_BYTES - 1;
+
+/// The volume an address belongs to.
+pub fn volume_of(addr: u64) -> usize {
+    (addr >> VOLUME_SHIFT) as usize
+}
+
+/// The byte offset of an address inside its volume.
+pub fn offset_in_volume(addr: u64) -> u64 {
+    addr & OFFSET_MASK
+}
+
+/// The address of volume `v`'s byte 0.
+pub fn base(v: usize) -> u64 {
+    (v as u64) << VOLUME_SHIFT
+}
+
+/// The blocks that can be cached in each volume, and how keys map to
+/// them: what the table checks a key against.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeySpace {
+    /// log2 of the keys in one volume's space.
+    shift: u32,
+    blocks: Vec<u64>,
+}
+
+impl KeySpace {
+    /// Volumes of `blocks[v]` whole blocks of `block_bytes` (a power of two).
+    pub fn new(block_bytes: u64, blocks: Vec<u64>) -> KeySpace {
+        KeySpace {
+            shift: VOLUME_SHIFT - block_bytes.trailing_zeros(),
+            blocks,
+        }
+    }
+
+    /// One volume of `blocks` blocks (its keys are its block numbers).
+    pub fn one(blocks: u64) -> KeySpace {
+        KeySpace {
+            shift: VOLUME_SHIFT - 12,
+            blocks: vec![blocks],
+        }
+    }
+
+    /// The volume of `key` and its block in it.
+    pub fn split(&self, key: u64) -> (usize, u64) {
+        ((key >> self.shift) as usize, key & ((1 << self.shift) - 1))
+    }
+
+    /// The key of volume `v`'s first block.
+    pub fn base_key(&self, v: usize) -> u64 {
+        (v as u64) << self.shift
+    }
+
+    /// True if `key` is a cacheable block of some volume.
+    pub fn contains(&self, key: u64) -> bool {
+        let (v, b) = self.split(key);
+        self.blocks.get(v).is_some_and(|&n| b < n)
+    }
+
+    /// One past the highest key any volume has.
+    pub fn end(&self) -> u64 {
+        match self.blocks.len() {
+            0 => 0,
+            n => self.base_key(n - 1) + self.blocks[n - 1],
+        }
+    }
+
+    /// Volume 0's blocks (the heat map's range).
+    pub fn first_blocks(&self) -> u64 {
+        self.blocks.first().copied().unwrap_or(0)
+    }
+
+    /// Where volume 0's keys end: the next volume's first key (all keys
+    /// for a lone volume).
+    pub fn first_end(&self) -> u64 {
+        if self.blocks.len() > 1 {
+            self.base_key(1)
+        } else {
+            u64::MAX
+        }
+    }
+
+    pub fn volumes(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Why `key` is not a block of any volume, for a damage report.
+    pub fn describe_outside(&self, key: u64) -> String {
+        let (v, b) = self.split(key);
+        match self.blocks.get(v) {
+            None if self.blocks.len() == 1 => format!(
+                "origin block {key} beyond the origin ({} blocks)",
+                self.blocks[0]
+            ),
+            None => format!("block {b} of volume {v}, which the cache does not have"),
+            Some(&n) if self.blocks.len() == 1 => {
+                format!("origin block {b} beyond the origin ({n} blocks)")
+            }
+            Some(&n) => format!("block {b} beyond volume {v}'s end ({n} blocks)"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_volume_and_block() {
+        for bs in [4096u64, 65536, 1 << 20] {
+            let k = KeySpace::new(bs, vec![10, 20, 5]);
+            assert_eq!(k.split(7), (0, 7));
+            let key = (base(2) + 4 * bs) / bs;
+            assert_eq!(k.split(key), (2, 4));
+            assert_eq!(k.base_key(2), base(2) / bs);
+            assert!(k.contains(key) && !k.contains(key + 1) && k.contains(9) && !k.contains(10));
+            assert!(!k.contains(k.base_key(3)));
+            assert_eq!(k.end(), k.base_key(2) + 5);
+            assert!(k.describe_outside(k.base_key(3)).contains("volume 3"));
+        }
+        assert_eq!(volume_of(base(7) + 5), 7);
+        assert_eq!(offset_in_volume(base(7) + 5), 5);
+        // A lone volume's keys are its block numbers; volume 1's begin
+        // past any narrow (31-bit) entry.
+        assert_eq!(KeySpace::one(9).end(), 9);
+        assert!(KeySpace::new(1 << 20, vec![1, 1]).base_key(1) >= 1 << 31);
+        assert!(KeySpace::one(9)
+            .describe_outside(12)
+            .contains("beyond the origin"));
+    }
+}

@@ -1,0 +1,288 @@
+//! One cache, several origins (issue 33): each origin is a volume with a
+//! name, its blocks keyed (volume, block) in the one table. What a volume
+//! holds stays its own, through the cache, writeback and a restart; the
+//! superblock records the volumes (format 3) and an open holds the origins
+//! it is given against them. Crash images with two and three origins:
+//! tests/reliability_power_loss.rs.
+
+mod common;
+
+use std::sync::Arc;
+
+use tiercache::device::fault::FaultDevice;
+use tiercache::device::{BlockDevice, DeviceRef};
+use tiercache::engine::async_engine::AsyncEngine;
+use tiercache::engine::format::Superblock;
+use tiercache::engine::recovery::check;
+use tiercache::engine::{CreateOptions, Engine, EngineError, Mode};
+use tiercache::volume::Volume;
+
+const BS: u64 = 4096;
+
+struct Rig {
+    cache: Arc<FaultDevice>,
+    origins: Vec<Arc<FaultDevice>>,
+}
+
+impl Rig {
+    /// A cache of `slots` blocks over origins of `sizes` bytes (origin `v`
+    /// named `o{v}`, its bytes all `0x10 + v`).
+    fn new(slots: u64, sizes: &[u64]) -> Rig {
+        let cache = Arc::new(FaultDevice::new(
+            "cache",
+            common::cache_bytes_for(slots, BS as u32),
+            1,
+        ));
+        let origins = sizes
+            .iter()
+            .enumerate()
+            .map(|(v, &n)| {
+                let image = vec![0x10 + v as u8; n as usize];
+                Arc::new(FaultDevice::from_image(
+                    &format!("o{v}"),
+                    image,
+                    2 + v as u64,
+                ))
+            })
+            .collect();
+        Rig { cache, origins }
+    }
+
+    fn origin_refs(&self) -> Vec<DeviceRef> {
+        self.origins
+            .iter()
+            .map(|o| o.clone() as DeviceRef)
+            .collect()
+    }
+
+    fn create(&self, names: &[&str], mode: Mode) -> Result<Arc<Engine>, EngineError> {
+        let named = names
+            .iter()
+            .map(|n| n.to_string())
+            .zip(self.origin_refs())
+            .collect();
+        let opts = CreateOptions {
+            mode,
+            ..Default::default()
+        };
+        Engine::create_volumes(self.cache.clone(), named, &opts, &common::no_bg())
+    }
+
+    fn open(&self) -> Result<Arc<Engine>, EngineError> {
+        Engine::open_volumes(self.cache.clone(), self.origin_refs(), &common::no_bg())
+    }
+
+    fn origin_bytes(&self, v: usize, at: u64, len: usize) -> Vec<u8> {
+        let mut buf = vec![0u8; len.next_multiple_of(512)];
+        self.origins[v].read_at(&mut buf, at).unwrap();
+        buf.truncate(len);
+        buf
+    }
+
+    fn superblock(&self) -> Superblock {
+        let img = self.cache.snapshot_current();
+        (0..2)
+            .filter_map(|c| Superblock::parse(&img[c * 4096..(c + 1) * 4096]).ok())
+            .max_by_key(|sb| sb.generation.get())
+            .expect("a valid superblock")
+    }
+}
+
+fn block(v: u8) -> Vec<u8> {
+    vec![v; BS as usize]
+}
+
+#[test]
+fn each_volume_keeps_its_own_blocks_through_the_cache_writeback_and_a_restart() {
+    let rig = Rig::new(64, &[1 << 20, 3 << 20]);
+    let engine = rig.create(&["db", "logs"], Mode::Writeback).unwrap();
+    let vols = engine.volumes();
+    assert_eq!(vols.len(), 2);
+    assert_eq!((vols[0].0.as_str(), vols[0].2), ("db", 1 << 20));
+    assert_eq!((vols[1].0.as_str(), vols[1].2), ("logs", 3 << 20));
+    let (a, b) = (vols[0].1, vols[1].1);
+    // The same block number in both volumes, and the last block of each.
+    engine.write(a + 5 * BS, &block(0xA5), false).unwrap();
+    engine.write(b + 5 * BS, &block(0xB5), false).unwrap();
+    engine
+        .write(a + (1 << 20) - BS, &block(0xAE), false)
+        .unwrap();
+    engine
+        .write(b + (3 << 20) - BS, &block(0xBE), false)
+        .unwrap();
+    engine.flush().unwrap();
+    assert_eq!(engine.dirty_blocks(), 4);
+    // Nothing reached an origin yet: writeback mode.
+    assert_eq!(rig.origin_bytes(0, 5 * BS, 4), vec![0x10; 4]);
+    assert_eq!(rig.origin_bytes(1, 5 * BS, 4), vec![0x11; 4]);
+    assert_eq!(engine.read(a + 5 * BS, BS).unwrap().to_vec(), block(0xA5));
+    assert_eq!(engine.read(b + 5 * BS, BS).unwrap().to_vec(), block(0xB5));
+    // A read miss of a block only the other volume has cached.
+    assert_eq!(engine.read(b + 6 * BS, BS).unwrap().to_vec(), block(0x11));
+
+    // A power loss after the flush: both volumes' blocks come back.
+    engine.abandon();
+    drop(engine);
+    let engine = rig.open().unwrap();
+    assert_eq!(engine.dirty_blocks(), 4);
+    assert_eq!(engine.read(a + 5 * BS, BS).unwrap().to_vec(), block(0xA5));
+    assert_eq!(engine.read(b + 5 * BS, BS).unwrap().to_vec(), block(0xB5));
+
+    // Writeback sends each block to its own origin, at its own offset.
+    engine.write_back_all(&mut |_, _| {}).unwrap();
+    assert_eq!(engine.dirty_blocks(), 0);
+    assert_eq!(rig.origin_bytes(0, 5 * BS, BS as usize), block(0xA5));
+    assert_eq!(rig.origin_bytes(1, 5 * BS, BS as usize), block(0xB5));
+    assert_eq!(
+        rig.origin_bytes(0, (1 << 20) - BS, BS as usize),
+        block(0xAE)
+    );
+    assert_eq!(
+        rig.origin_bytes(1, (3 << 20) - BS, BS as usize),
+        block(0xBE)
+    );
+    assert_eq!(rig.origin_bytes(0, 6 * BS, BS as usize), block(0x10));
+    engine.close().unwrap();
+    let report = check(&(rig.cache.clone() as DeviceRef), None);
+    assert!(report.ok, "{:?}", report.findings);
+    assert_eq!(report.format_version, Some(3));
+}
+
+#[test]
+fn a_request_never_crosses_into_another_volume() {
+    let rig = Rig::new(32, &[1 << 20, 1 << 20]);
+    let engine = rig.create(&["vol0", "vol1"], Mode::Writeback).unwrap();
+    let b = engine.volumes()[1].1;
+    let past = engine.write((1 << 20) - BS, &block(1).repeat(2), false);
+    assert!(matches!(past, Err(EngineError::NoSpace(_))), "{past:?}");
+    let past = engine.read(b + (1 << 20), 512).unwrap_err().to_string();
+    assert!(past.contains("beyond volume vol1"), "{past}");
+    let none = engine.read(2 * b, 512).unwrap_err().to_string();
+    assert!(none.contains("no volume 2"), "{none}");
+    // Through the Volume each frontend serves: offsets are the volume's.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let second = AsyncEngine::volume(engine.clone(), 1).unwrap();
+    assert!(AsyncEngine::volume(engine.clone(), 2).is_none());
+    assert_eq!(second.size_bytes(), 1 << 20);
+    rt.block_on(async {
+        let mut data = tiercache::device::AlignedBuf::zeroed(BS as usize);
+        data.fill(0x77);
+        second.write(0, data, true).await.unwrap();
+        assert_eq!(
+            second.read(0, BS as u32).await.unwrap().to_vec(),
+            block(0x77)
+        );
+        assert!(second.read(1 << 20, 512).await.is_err());
+    });
+    assert_eq!(engine.read(b, BS).unwrap().to_vec(), block(0x77));
+    assert_eq!(engine.read(0, BS).unwrap().to_vec(), block(0x10));
+}
+
+#[test]
+fn one_origin_named_vol0_keeps_format_2_and_more_write_format_3() {
+    let rig = Rig::new(32, &[1 << 20]);
+    rig.create(&["vol0"], Mode::Writeback)
+        .unwrap()
+        .close()
+        .unwrap();
+    let sb = rig.superblock();
+    assert_eq!(
+        sb.version.get(),
+        2,
+        "a release from before volumes reads it"
+    );
+    assert_eq!(sb.volumes.count.get(), 0);
+
+    let rig = Rig::new(32, &[1 << 20]);
+    rig.create(&["db"], Mode::Writeback)
+        .unwrap()
+        .close()
+        .unwrap();
+    let sb = rig.superblock();
+    assert_eq!(sb.version.get(), 3);
+    assert_eq!(sb.volume_list()[0].name, "db");
+    assert_eq!(rig.open().unwrap().volumes()[0].0, "db");
+
+    let rig = Rig::new(32, &[1 << 20, 2 << 20]);
+    rig.create(&["vol0", "vol1"], Mode::Writeback)
+        .unwrap()
+        .close()
+        .unwrap();
+    let sb = rig.superblock();
+    assert_eq!(sb.version.get(), 3);
+    let list = sb.volume_list();
+    assert_eq!(list.len(), 2);
+    assert_eq!(
+        (list[1].bytes, list[1].identity),
+        (2 << 20, rig.origins[1].identity())
+    );
+}
+
+#[test]
+fn an_open_refuses_missing_swapped_or_shrunk_origins_and_writes_nothing() {
+    let rig = Rig::new(32, &[1 << 20, 2 << 20, 1 << 20]);
+    let engine = rig.create(&["a", "b", "c"], Mode::Writeback).unwrap();
+    engine.write(0, &block(1), false).unwrap();
+    engine.flush().unwrap();
+    engine.abandon();
+    drop(engine);
+    let before = rig.cache.snapshot_current();
+    let refs = rig.origin_refs();
+    let fewer = Engine::open_volumes(rig.cache.clone(), refs[..2].to_vec(), &common::no_bg());
+    let e = fewer.err().expect("refused").to_string();
+    assert!(e.contains("holds 3 volumes (a, b, c) but 2 origins"), "{e}");
+    // Volumes a and c have the same size: swapped, only identity tells.
+    let swapped = vec![refs[2].clone(), refs[1].clone(), refs[0].clone()];
+    let e = Engine::open_volumes(rig.cache.clone(), swapped, &common::no_bg())
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("(volume a) is not the device"), "{e}");
+    let small: DeviceRef = Arc::new(FaultDevice::new("o1", 1 << 20, 3));
+    let shrunk = vec![refs[0].clone(), small, refs[2].clone()];
+    let e = Engine::open_volumes(rig.cache.clone(), shrunk, &common::no_bg())
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        e.contains("(volume b) has 1048576 bytes, fewer than"),
+        "{e}"
+    );
+    assert!(
+        rig.cache.snapshot_current() == before,
+        "a refused open wrote"
+    );
+    assert_eq!(rig.open().unwrap().dirty_blocks(), 1);
+}
+
+#[test]
+fn create_refuses_one_origin_twice_and_bad_names() {
+    let rig = Rig::new(32, &[1 << 20, 1 << 20]);
+    let twice = vec![
+        ("a".to_string(), rig.origins[0].clone() as DeviceRef),
+        ("b".to_string(), rig.origins[0].clone() as DeviceRef),
+    ];
+    let e = Engine::create_volumes(
+        rig.cache.clone(),
+        twice,
+        &Default::default(),
+        &common::no_bg(),
+    )
+    .err()
+    .expect("refused")
+    .to_string();
+    assert!(e.contains("given twice"), "{e}");
+    for (names, says) in [
+        (["a", "a"], "two volumes are named"),
+        (["a", "b/c"], "may hold only"),
+        (["", "b"], "1 to 32 characters"),
+    ] {
+        let e = rig.create(&names, Mode::Writeback).err().expect("refused");
+        assert!(e.to_string().contains(says), "{names:?}: {e}");
+    }
+    // Nothing was formatted: the device holds no cache.
+    assert!(rig.cache.snapshot_current().iter().all(|&b| b == 0));
+}
