@@ -7,7 +7,7 @@
 //! checkpoint areas, then the data region (aligned to the cache block size).
 
 use zerocopy::little_endian::{U32, U64};
-use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
 use super::admission::AdmissionSettings;
 use super::sectors::{SectorRun, SectorSet, SECTOR_BYTES};
@@ -197,7 +197,7 @@ impl Superblock {
 
     /// Parses a superblock page; `Err` says why it is not a valid one.
     pub fn parse(page: &[u8]) -> Result<Superblock, String> {
-        let (sb, _) =
+        let (mut sb, _) =
             Superblock::read_from_prefix(page).map_err(|_| "short superblock".to_string())?;
         if sb.magic != SUPERBLOCK_MAGIC {
             return Err("no tiercache magic".into());
@@ -206,11 +206,12 @@ impl Superblock {
             return Err("checksum mismatch".into());
         }
         match sb.version.get() {
-            FORMAT_VERSION_ONE_VOLUME if sb.volumes.count.get() == 0 => {}
+            // Version 2 has no table: the rest of its page is unused and
+            // no checksum covers it (a flipped bit there is harmless), so
+            // it is not read at all.
+            FORMAT_VERSION_ONE_VOLUME => sb.volumes = VolumeTable::new_zeroed(),
             FORMAT_VERSION if sb.volumes.count.get() > 0 => {}
-            FORMAT_VERSION_ONE_VOLUME | FORMAT_VERSION => {
-                return Err("the format version does not match the volume table".into())
-            }
+            FORMAT_VERSION => return Err("format version 3 without a volume table".into()),
             1 => {
                 return Err(
                     "format version 1, written by a tiercache older than sector-granular \

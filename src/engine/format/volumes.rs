@@ -236,6 +236,37 @@ mod tests {
     }
 
     #[test]
+    fn a_version_2_page_ignores_its_unused_bytes_and_version_3_checks_them() {
+        use crate::engine::format::{Superblock, SUPERBLOCK_MAGIC};
+        let mut sb = Superblock::new_zeroed();
+        sb.magic = SUPERBLOCK_MAGIC;
+        sb.seal();
+        assert_eq!(sb.version.get(), 2);
+        let mut page = sb.to_page();
+        page[256] = 1;
+        page[300] = 0xff;
+        let back = Superblock::parse(&page).unwrap();
+        assert!(back.volumes.as_bytes().iter().all(|&b| b == 0));
+        assert_eq!(back.volume_list().len(), 1);
+
+        sb.set_volume_list(&vols(&["a", "b"]));
+        sb.seal();
+        assert_eq!(sb.version.get(), 3);
+        assert_eq!(
+            Superblock::parse(&sb.to_page())
+                .unwrap()
+                .volume_list()
+                .len(),
+            2
+        );
+        let mut page = sb.to_page();
+        page[300] ^= 1;
+        assert!(Superblock::parse(&page)
+            .unwrap_err()
+            .contains("volume table"));
+    }
+
+    #[test]
     fn names() {
         for ok in ["vol0", "db.1", "a_b-c", &"x".repeat(32)] {
             name_valid(ok).unwrap();
