@@ -440,14 +440,7 @@ impl Engine {
                 }
             }
         }
-        match first_err {
-            Some(e) if written == 0 => Err(e),
-            Some(e) => {
-                log::warn!("writeback: {e}");
-                Ok(written)
-            }
-            None => Ok(written),
-        }
+        partial_result(written, first_err)
     }
 
     /// `writeback_blocks_in` for one volume's blocks.
@@ -491,14 +484,7 @@ impl Engine {
         }
         let mine = |b| held_here.contains(&b);
         let written = self.finish_sent(origin, &sent, epoch, &mine, &mut first_err);
-        match first_err {
-            Some(e) if written == 0 => Err(e),
-            Some(e) => {
-                log::warn!("writeback: {e}");
-                Ok(written)
-            }
-            None => Ok(written),
-        }
+        partial_result(written, first_err)
     }
 
     /// Locks the next run of adjacent dirty blocks of `blocks` from `*i`
@@ -822,4 +808,17 @@ pub(super) fn wait_if_stalled(stalled: &mut u32, progressed: bool) -> EngineResu
     }
     std::thread::sleep(Duration::from_millis(1));
     Ok(())
+}
+
+/// What a writeback that wrote `written` blocks reports: the first error
+/// only if it wrote none (otherwise a warning: what was written counts).
+fn partial_result(written: usize, first_err: Option<EngineError>) -> EngineResult<usize> {
+    match first_err {
+        Some(e) if written == 0 => Err(e),
+        Some(e) => {
+            log::warn!("writeback: {e}");
+            Ok(written)
+        }
+        None => Ok(written),
+    }
 }
