@@ -88,6 +88,11 @@ impl Rig {
     }
 }
 
+/// The error of an open or create that must be refused.
+fn refused(r: Result<Arc<Engine>, EngineError>) -> String {
+    r.err().expect("refused").to_string()
+}
+
 fn block(v: u8) -> Vec<u8> {
     vec![v; BS as usize]
 }
@@ -231,22 +236,27 @@ fn an_open_refuses_missing_swapped_or_shrunk_origins_and_writes_nothing() {
     drop(engine);
     let before = rig.cache.snapshot_current();
     let refs = rig.origin_refs();
-    let fewer = Engine::open_volumes(rig.cache.clone(), refs[..2].to_vec(), &common::no_bg());
-    let e = fewer.err().expect("refused").to_string();
+    let e = refused(Engine::open_volumes(
+        rig.cache.clone(),
+        refs[..2].to_vec(),
+        &common::no_bg(),
+    ));
     assert!(e.contains("holds 3 volumes (a, b, c) but 2 origins"), "{e}");
     // Volumes a and c have the same size: swapped, only identity tells.
     let swapped = vec![refs[2].clone(), refs[1].clone(), refs[0].clone()];
-    let e = Engine::open_volumes(rig.cache.clone(), swapped, &common::no_bg())
-        .err()
-        .expect("refused")
-        .to_string();
+    let e = refused(Engine::open_volumes(
+        rig.cache.clone(),
+        swapped,
+        &common::no_bg(),
+    ));
     assert!(e.contains("(volume a) is not the device"), "{e}");
     let small: DeviceRef = Arc::new(FaultDevice::new("o1", 1 << 20, 3));
     let shrunk = vec![refs[0].clone(), small, refs[2].clone()];
-    let e = Engine::open_volumes(rig.cache.clone(), shrunk, &common::no_bg())
-        .err()
-        .expect("refused")
-        .to_string();
+    let e = refused(Engine::open_volumes(
+        rig.cache.clone(),
+        shrunk,
+        &common::no_bg(),
+    ));
     assert!(
         e.contains("(volume b) has 1048576 bytes, fewer than"),
         "{e}"
@@ -265,23 +275,20 @@ fn create_refuses_one_origin_twice_and_bad_names() {
         ("a".to_string(), rig.origins[0].clone() as DeviceRef),
         ("b".to_string(), rig.origins[0].clone() as DeviceRef),
     ];
-    let e = Engine::create_volumes(
+    let e = refused(Engine::create_volumes(
         rig.cache.clone(),
         twice,
         &Default::default(),
         &common::no_bg(),
-    )
-    .err()
-    .expect("refused")
-    .to_string();
+    ));
     assert!(e.contains("given twice"), "{e}");
     for (names, says) in [
         (["a", "a"], "two volumes are named"),
         (["a", "b/c"], "may hold only"),
         (["", "b"], "1 to 32 characters"),
     ] {
-        let e = rig.create(&names, Mode::Writeback).err().expect("refused");
-        assert!(e.to_string().contains(says), "{names:?}: {e}");
+        let e = refused(rig.create(&names, Mode::Writeback));
+        assert!(e.contains(says), "{names:?}: {e}");
     }
     // Nothing was formatted: the device holds no cache.
     assert!(rig.cache.snapshot_current().iter().all(|&b| b == 0));

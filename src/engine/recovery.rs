@@ -836,6 +836,7 @@ fn build_engine(
     let names = sb.volume_list().into_iter().map(|v| v.name);
     let origins = Origins::new(names.zip(origins).collect(), block_bytes);
     let keys = origins.key_space();
+    let (first_blocks, first_end) = (keys.first_blocks(), keys.first_end());
     Engine {
         layout,
         block_bytes,
@@ -858,11 +859,7 @@ fn build_engine(
         admission: super::admission::Admission::new(sb.admission(), layout.slot_count)
             .with_clock(clock.clone()),
         writeback: super::writeback::Writeback::new(sb.writeback()),
-        observe: super::observe::Observe::new(
-            layout.slot_count,
-            keys.first_blocks(),
-            keys.first_end(),
-        ),
+        observe: super::observe::Observe::new(layout.slot_count, first_blocks, first_end),
         mode: AtomicU32::new(mode.to_u32()),
         writeback_order: if sb.flags.get() & SB_FLAG_FLUSH_ORDER != 0 {
             WritebackOrder::Flush

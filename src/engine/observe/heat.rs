@@ -16,6 +16,12 @@ fn region_blocks(origin_blocks: u64) -> u64 {
     origin_blocks.max(1).div_ceil(REGIONS as u64)
 }
 
+/// The region of `block` in a map of `region_blocks` per region, or `None`
+/// for a key from `limit` on (another volume's).
+fn region_of(block: u64, region_blocks: u64, limit: u64) -> Option<usize> {
+    (block < limit).then(|| ((block / region_blocks) as usize).min(REGIONS - 1))
+}
+
 /// Cached and dirty blocks per region (kept by `Table`). The map covers
 /// the first volume; keys from `limit` on (other volumes') are not counted.
 pub struct RegionCounts {
@@ -37,7 +43,7 @@ impl RegionCounts {
     }
 
     fn region(&self, block: u64) -> Option<usize> {
-        (block < self.limit).then(|| ((block / self.region_blocks) as usize).min(REGIONS - 1))
+        region_of(block, self.region_blocks, self.limit)
     }
 
     /// A block became cached (`up`) or stopped being cached.
@@ -83,10 +89,9 @@ impl Accesses {
     }
 
     pub fn accessed(&self, block: u64) {
-        if block >= self.limit {
+        let Some(r) = region_of(block, self.region_blocks, self.limit) else {
             return;
-        }
-        let r = ((block / self.region_blocks) as usize).min(REGIONS - 1);
+        };
         self.counts[r].fetch_add(1, Ordering::Relaxed);
     }
 

@@ -49,7 +49,9 @@ impl KeySpace {
         }
     }
 
-    /// One volume of `blocks` blocks (its keys are its block numbers).
+    /// One volume of `blocks` blocks (its keys are its block numbers), for
+    /// tests of the table alone.
+    #[cfg(any(test, feature = "testing"))]
     pub fn one(blocks: u64) -> KeySpace {
         KeySpace {
             shift: VOLUME_SHIFT - 12,

@@ -2,8 +2,6 @@
 //! checked before anything is written, an open's origins held against
 //! what the superblock records, and origins that grew taken.
 
-use zerocopy::little_endian::U64;
-
 use crate::device::DeviceRef;
 use crate::engine::error::{EngineError, EngineResult};
 use crate::engine::format::volumes::{name_valid, VolumeEntry, MAX_VOLUMES};
@@ -150,6 +148,5 @@ pub(crate) fn take_sizes(
         v.bytes = now;
     }
     sb.set_volume_list(&volumes);
-    sb.origin_bytes = U64::new(volumes[0].bytes);
     Ok(sb)
 }

@@ -283,25 +283,22 @@ impl Origin {
     }
 }
 
-/// Every volume's origin, by volume index.
+/// Every volume's origin, by volume index, and the keys they have.
 pub(crate) struct Origins {
     list: Vec<Origin>,
-    /// log2 of the keys in one volume's space (`address::KeySpace`).
-    key_shift: u32,
+    keys: address::KeySpace,
 }
 
 impl Origins {
     /// Volume `i` on `devices[i]`, with its name.
     pub(crate) fn new(devices: Vec<(String, DeviceRef)>, block_bytes: u64) -> Origins {
-        let list = devices
+        let list: Vec<Origin> = devices
             .into_iter()
             .enumerate()
             .map(|(i, (name, d))| Origin::new(i, name, d, block_bytes))
             .collect();
-        Origins {
-            list,
-            key_shift: address::VOLUME_SHIFT - block_bytes.trailing_zeros(),
-        }
+        let keys = address::KeySpace::new(block_bytes, list.iter().map(|o| o.blocks).collect());
+        Origins { list, keys }
     }
 
     /// The origin of address `addr` (a request's, checked at the door).
@@ -311,7 +308,7 @@ impl Origins {
 
     /// The origin of block key `key` (the table's, checked at load).
     pub(crate) fn of_key(&self, key: u64) -> &Origin {
-        &self.list[(key >> self.key_shift) as usize]
+        &self.list[self.keys.split(key).0]
     }
 
     pub(crate) fn get(&self, volume: usize) -> Option<&Origin> {
@@ -332,25 +329,24 @@ impl Origins {
     }
 
     /// The keys the table may hold.
-    pub(crate) fn key_space(&self) -> address::KeySpace {
-        let bs = self.first().block_bytes;
-        address::KeySpace::new(bs, self.list.iter().map(|o| o.blocks).collect())
+    pub(crate) fn key_space(&self) -> &address::KeySpace {
+        &self.keys
     }
 
-    /// `flush_foreground` on every origin, all tried; the first error.
+    /// `f` on every origin, every one tried: the first error.
+    fn each(&self, f: impl Fn(usize, &Origin) -> EngineResult<()>) -> EngineResult<()> {
+        let results: Vec<_> = self.list.iter().enumerate().map(|(i, o)| f(i, o)).collect();
+        results.into_iter().collect()
+    }
+
+    /// `flush_foreground` on every origin.
     pub(crate) fn flush_foreground(&self, stats: &Stats) -> EngineResult<()> {
-        let results: Vec<_> = self
-            .list
-            .iter()
-            .map(|o| o.flush_foreground(stats))
-            .collect();
-        results.into_iter().collect()
+        self.each(|_, o| o.flush_foreground(stats))
     }
 
-    /// Flushes every origin (all tried; the first error).
+    /// Flushes every origin.
     pub(crate) fn flush(&self, stats: &Stats) -> EngineResult<()> {
-        let results: Vec<_> = self.list.iter().map(|o| o.flush(stats)).collect();
-        results.into_iter().collect()
+        self.each(|_, o| o.flush(stats))
     }
 
     /// Every origin's loss epoch, for `flush_since`.
@@ -361,10 +357,7 @@ impl Origins {
     /// `Origin::flush_since` on every origin, with the epochs
     /// `loss_epochs` read.
     pub(crate) fn flush_since(&self, stats: &Stats, epochs: &[u64]) -> EngineResult<()> {
-        let results: Vec<_> = (self.list.iter().zip(epochs))
-            .map(|(o, &e)| o.flush_since(stats, e))
-            .collect();
-        results.into_iter().collect()
+        self.each(|i, o| o.flush_since(stats, epochs[i]))
     }
 
     /// Fails while some origin's foreground writes a failed flush covered
@@ -378,9 +371,9 @@ impl Origins {
         &'a self,
         keys: &'a [u64],
     ) -> impl Iterator<Item = (&'a Origin, &'a [u64])> {
-        self.list.iter().map(move |o| {
-            let from = keys.partition_point(|&k| k < o.base_key);
-            let to = keys.partition_point(|&k| k < o.base_key + (1 << self.key_shift));
+        self.list.iter().enumerate().map(move |(v, o)| {
+            let from = keys.partition_point(|&k| k < self.keys.base_key(v));
+            let to = keys.partition_point(|&k| k < self.keys.base_key(v + 1));
             (o, &keys[from..to])
         })
     }
