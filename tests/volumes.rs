@@ -186,6 +186,42 @@ fn a_request_never_crosses_into_another_volume() {
     assert_eq!(engine.read(0, BS).unwrap().to_vec(), block(0x10));
 }
 
+/// A frontend hands the engine whatever offset its client sent; an offset
+/// past volume 1's address space must not wrap into volume 2 (or 0).
+#[test]
+fn a_client_offset_never_reaches_another_volume() {
+    let rig = Rig::new(32, &[1 << 20, 1 << 20, 1 << 20]);
+    let engine = rig.create(&["a", "b", "c"], Mode::Writeback).unwrap();
+    let middle = AsyncEngine::volume(engine.clone(), 1).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let space = 1u64 << 52; // one volume's address space
+    rt.block_on(async {
+        for offset in [
+            space,
+            space + BS,
+            u64::MAX - 511,
+            u64::MAX - (2 * space) + 1,
+        ] {
+            let mut data = tiercache::device::AlignedBuf::zeroed(BS as usize);
+            data.fill(0xEE);
+            assert!(middle.write(offset, data, true).await.is_err(), "{offset}");
+            assert!(middle.read(offset, 512).await.is_err(), "{offset}");
+            assert!(middle.trim(offset, 512, false).await.is_err(), "{offset}");
+            assert!(middle.write_zeroes(offset, 512, false).await.is_err());
+        }
+    });
+    for (name, base, bytes) in engine.volumes() {
+        let all = engine.read(base, bytes).unwrap().to_vec();
+        assert!(
+            all.iter().all(|&x| x != 0xEE && x != 0),
+            "volume {name} was written"
+        );
+    }
+}
+
 #[test]
 fn one_origin_named_vol0_keeps_format_2_and_more_write_format_3() {
     let rig = Rig::new(32, &[1 << 20]);

@@ -13,13 +13,15 @@
 
 use std::sync::Arc;
 
+use super::origin::address::in_volume;
 use super::request::Fast;
 use super::{Engine, EngineError};
 use crate::device::AlignedBuf;
 use crate::volume::{ErrorKind, Extent, Volume, VolumeError, VolumeResult};
 
 /// One of the engine's volumes as an asynchronous volume: its offsets are
-/// the volume's, moved to the volume's addresses (origin/address.rs).
+/// the volume's, moved to the volume's addresses (origin/address.rs); no
+/// offset, however large, reaches another volume (`in_volume`).
 #[derive(Clone)]
 pub struct AsyncEngine {
     pub engine: Arc<Engine>,
@@ -76,7 +78,7 @@ impl Volume for AsyncEngine {
     async fn read(&self, offset: u64, len: u32) -> VolumeResult<AlignedBuf> {
         // Hits of unlocked blocks cost one cache read: done here, without
         // the two thread hand-offs of the blocking pool.
-        let at = self.base + offset;
+        let at = in_volume(self.base, offset);
         match self.engine.try_read_hits(at, len as u64) {
             Fast::Done(r) => r.map_err(VolumeError::from),
             Fast::Pending(req) => run(&self.engine, move |e| e.read_request(req)).await,
@@ -84,7 +86,7 @@ impl Volume for AsyncEngine {
     }
 
     async fn write(&self, offset: u64, data: AlignedBuf, fua: bool) -> VolumeResult<()> {
-        let at = self.base + offset;
+        let at = in_volume(self.base, offset);
         match self.engine.try_write_cached(at, &data, fua) {
             Fast::Done(r) => r.map_err(VolumeError::from),
             Fast::Pending(req) => run(&self.engine, move |e| e.write_request(req, &data)).await,
@@ -96,21 +98,21 @@ impl Volume for AsyncEngine {
     }
 
     async fn trim(&self, offset: u64, len: u64, fua: bool) -> VolumeResult<()> {
-        let at = self.base + offset;
+        let at = in_volume(self.base, offset);
         run(&self.engine, move |e| e.trim(at, len, fua)).await
     }
 
     async fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> VolumeResult<()> {
-        let at = self.base + offset;
+        let at = in_volume(self.base, offset);
         run(&self.engine, move |e| e.write_zeroes(at, len, fua)).await
     }
 
     async fn prefetch(&self, offset: u64, len: u64) -> VolumeResult<()> {
-        let at = self.base + offset;
+        let at = in_volume(self.base, offset);
         run(&self.engine, move |e| e.prefetch(at, len)).await
     }
 
     fn cache_state(&self, offset: u64, len: u64) -> Vec<Extent> {
-        self.engine.cache_state(self.base + offset, len)
+        self.engine.cache_state(in_volume(self.base, offset), len)
     }
 }

@@ -10,6 +10,8 @@
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
+use crate::engine::origin::address::MAX_VOLUME_BYTES;
+
 /// Volumes one cache can hold (records that fit in the page).
 pub const MAX_VOLUMES: usize = 59;
 /// Bytes of a volume name.
@@ -174,8 +176,10 @@ fn record_entry(i: usize, r: &VolumeRecord, first: &VolumeEntry) -> Result<Volum
     } else {
         (r.bytes.get(), r.identity.get())
     };
-    if i > 0 && bytes == 0 {
-        return Err(format!("volume record {i} has no size"));
+    if i > 0 && (bytes == 0 || bytes > MAX_VOLUME_BYTES) {
+        return Err(format!(
+            "volume record {i} has {bytes} bytes (1 to {MAX_VOLUME_BYTES})"
+        ));
     }
     Ok(VolumeEntry {
         name,
@@ -230,6 +234,13 @@ mod tests {
             .volumes(1 << 20, 100)
             .unwrap_err()
             .contains("two volumes"));
+        // A size past a volume's address space would put its blocks under
+        // the next volume's keys.
+        let mut huge = t;
+        huge.records[2].bytes = U64::new(MAX_VOLUME_BYTES + 4096);
+        huge.crc = U32::new(huge.compute_crc());
+        let e = huge.volumes(1 << 20, 100).unwrap_err();
+        assert!(e.contains("record 2 has"), "{e}");
     }
 
     #[test]

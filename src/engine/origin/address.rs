@@ -26,6 +26,14 @@ pub fn offset_in_volume(addr: u64) -> u64 {
     addr & OFFSET_MASK
 }
 
+/// The address of byte `offset` of the volume at `base`. An offset past
+/// the volume's 4 PiB stays in the volume's space, at its last byte, so
+/// that the door refuses it as past the volume's end: a client's offset
+/// never reaches another volume's blocks.
+pub fn in_volume(base: u64, offset: u64) -> u64 {
+    base + offset.min(OFFSET_MASK)
+}
+
 /// The address of volume `v`'s byte 0.
 pub fn base(v: usize) -> u64 {
     (v as u64) << VOLUME_SHIFT
@@ -137,6 +145,9 @@ mod tests {
             assert!(k.describe_outside(k.base_key(3)).contains("volume 3"));
         }
         assert_eq!(volume_of(base(7) + 5), 7);
+        assert_eq!(in_volume(base(1), 5), base(1) + 5);
+        assert_eq!(volume_of(in_volume(base(1), u64::MAX)), 1);
+        assert_eq!(volume_of(in_volume(base(1), MAX_VOLUME_BYTES)), 1);
         assert_eq!(offset_in_volume(base(7) + 5), 5);
         // A lone volume's keys are its block numbers; volume 1's begin
         // past any narrow (31-bit) entry.

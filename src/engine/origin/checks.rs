@@ -96,6 +96,13 @@ fn check_origin(
 ) -> EngineResult<()> {
     let mismatch = |what: String| Err(EngineError::OriginMismatch { what });
     let (now, was) = (origin.size_bytes(), v.bytes);
+    if now > MAX_VOLUME_BYTES {
+        // Its blocks past 4 PiB would have the next volume's keys.
+        return mismatch(format!(
+            "{}{of} has {now} bytes, more than a volume's {MAX_VOLUME_BYTES}",
+            origin.name()
+        ));
+    }
     if now > was && !opts.origin_grew {
         return mismatch(format!(
             "{}{of} has {now} bytes but the cache was made for {was} bytes: if it is the same \
