@@ -24,10 +24,10 @@ pub struct Args {
 }
 
 pub fn run(reg: &Registry, a: &Args) -> Result<()> {
-    let (label, cache_paths, origin_path, crash_logs, _lock): (
+    let (label, cache_paths, origin_paths, crash_logs, _lock): (
         String,
         Vec<String>,
-        Option<String>,
+        Vec<String>,
         CrashLogs,
         Option<Lock>,
     ) = match &a.cache {
@@ -36,7 +36,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         Some(path) => (
             path.clone(),
             vec![path.clone()],
-            None,
+            Vec::new(),
             CrashLogs::Search(reg.crash_log_files()),
             None,
         ),
@@ -47,27 +47,26 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
             (
                 format!("cache '{}' ({})", entry.name, entry.cache),
                 entry.cache_paths(),
-                Some(entry.origin),
+                entry.origin_paths(),
                 CrashLogs::Known(reg.crash_log_path(&entry.name)),
                 Some(lock),
             )
         }
     };
     let cache = open_cache_read_only(&cache_paths).context("cache")?;
-    // The origin's size lets the check compare it with the recorded one; a
-    // missing origin does not stop a metadata check.
-    let origin_bytes = match &origin_path {
-        Some(p) => match open_device_read_only(p) {
+    // The origins' sizes let the check compare them with the recorded
+    // ones; a missing origin does not stop a metadata check.
+    let origin_bytes: Vec<Option<u64>> = (origin_paths.iter())
+        .map(|p| match open_device_read_only(p) {
             Ok(dev) => Some(dev.size_bytes()),
             Err(e) => {
-                log::warn!("origin: {e}; checking against the recorded origin size");
+                log::warn!("origin {p}: {e}; checking against the recorded origin size");
                 None
             }
-        },
-        None => None,
-    };
+        })
+        .collect();
     let spinner = super::progress::spinner("checking the metadata");
-    let report = recovery::check_with_crash_log(&cache, origin_bytes, &crash_logs);
+    let report = recovery::check_volumes(&cache, &origin_bytes, &crash_logs);
     if let Some(s) = spinner {
         s.finish_and_clear();
     }
@@ -106,6 +105,14 @@ fn human(label: &str, r: &CheckReport) -> String {
             "  {version}mode {mode}, block size {bs}, blocks total {} used {} dirty {}\n",
             r.cache_blocks_total, r.cache_blocks_used, r.cache_blocks_dirty
         ));
+    }
+    if r.volumes.len() > 1 {
+        for v in &r.volumes {
+            out.push_str(&format!(
+                "  volume {}: origin of {} bytes\n",
+                v.name, v.origin_bytes
+            ));
+        }
     }
     if let Some(clean) = r.clean_shutdown {
         out.push_str(&format!(

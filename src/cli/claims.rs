@@ -54,8 +54,13 @@ pub fn holder_note(e: &anyhow::Error) -> String {
             let caches = entry.cache_paths();
             if caches.iter().any(|c| registry::same_file(c, &device)) {
                 Some((entry.name, "a cache device"))
-            } else if registry::same_file(&entry.origin, &device) {
-                Some((entry.name, "the origin"))
+            } else if (entry.origin_paths().iter()).any(|o| registry::same_file(o, &device)) {
+                let role = if entry.more_origins.is_empty() {
+                    "the origin"
+                } else {
+                    "an origin"
+                };
+                Some((entry.name, role))
             } else {
                 None
             }

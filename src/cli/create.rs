@@ -25,9 +25,15 @@ use super::units::{
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// The slow device to cache (file or block device); never written by create.
-    #[arg(long)]
-    origin: String,
+    /// The slow device to cache (file or block device); never written by
+    /// create. Give it several times for one cache in front of several
+    /// origins: each is a volume, served under its own name.
+    #[arg(long, required = true)]
+    origin: Vec<String>,
+    /// The volumes' names, one per --origin in order (default vol0, vol1,
+    /// ...): NBD export names (the empty name is the first volume).
+    #[arg(long, value_name = "NAME")]
+    volume: Vec<String>,
     /// The fast device that will hold the cache (its contents are
     /// replaced). Give it two or more times for a cache set: metadata and
     /// dirty data on two devices (surviving the loss of either), clean
@@ -110,16 +116,20 @@ pub struct Args {
 }
 
 pub fn run(reg: &Registry, a: &Args) -> Result<()> {
-    let (opts, origin_path, cache_paths) = checked_options(a)?;
+    let (opts, origin_paths, cache_paths) = checked_options(a)?;
+    let names = volume_names(a)?;
     reg.prepare()?;
     let _lock = reg.lock(&a.name)?;
-    if let Some(old) = check_registry(reg, a, &origin_path, &cache_paths)? {
+    if let Some(old) = check_registry(reg, a, &origin_paths, &cache_paths)? {
         refuse_losing_dirty_data(reg, a, &old)?;
     }
-    let (origin, cache, layout) = open_devices(&origin_path, &cache_paths, a, &opts)?;
+    let (origins, cache, layout) = open_devices(&origin_paths, &cache_paths, a, &opts)?;
     // Format (the engine refuses a device holding a cache unless told to
     // wipe it), shut down cleanly, register.
-    let engine = Engine::create(cache, origin, &opts).context("creating the cache")?;
+    let named = names.into_iter().zip(origins).collect();
+    let engine = Engine::create_volumes(cache, named, &opts, &Default::default())
+        .context("creating the cache")?;
+    let volumes = engine.volumes();
     // A crash log left by an earlier cache of this name (a daemon killed,
     // then the cache recreated with --force) must never meet the new one.
     let crash_log = reg.crash_log_path(&a.name);
@@ -132,7 +142,8 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     engine.close().context("closing the new cache")?;
     let entry = Entry {
         name: a.name.clone(),
-        origin: origin_path,
+        origin: origin_paths[0].clone(),
+        more_origins: origin_paths[1..].to_vec(),
         cache: cache_paths[0].clone(),
         more_caches: cache_paths[1..].to_vec(),
         created: registry::now_rfc3339(),
@@ -147,9 +158,14 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     println!(
         "created cache '{}': {} cached on {}",
         entry.name,
-        entry.origin,
+        entry.origin_paths().join(", "),
         entry.cache_paths().join(" + ")
     );
+    if volumes.len() > 1 {
+        for ((name, _, bytes), origin) in volumes.iter().zip(entry.origin_paths()) {
+            println!("  volume {name}: {origin} ({})", human_bytes(*bytes));
+        }
+    }
     if let Some(set) = engine_set_summary(&status) {
         println!("  {set}");
     }
@@ -162,7 +178,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         human_bytes(opts.block_bytes.into()),
         layout.slot_count,
         human_bytes(layout.slot_count * u64::from(opts.block_bytes)),
-        human_bytes(status.volume_bytes)
+        human_bytes(volumes.iter().map(|v| v.2).sum())
     );
     Ok(())
 }
@@ -185,9 +201,37 @@ fn engine_set_summary(status: &tiercache::engine::Status) -> Option<String> {
     ))
 }
 
+/// The volumes' names: `--volume` once per `--origin`, or the defaults.
+fn volume_names(a: &Args) -> Result<Vec<String>> {
+    use tiercache::engine::format::volumes::{default_name, name_valid, MAX_VOLUMES};
+    if a.origin.len() > MAX_VOLUMES {
+        bail!(
+            "{} origins given; one cache holds at most {MAX_VOLUMES}",
+            a.origin.len()
+        );
+    }
+    if a.volume.is_empty() {
+        return Ok((0..a.origin.len()).map(default_name).collect());
+    }
+    if a.volume.len() != a.origin.len() {
+        bail!(
+            "{} --volume names for {} --origin devices: name every volume, in the order of the origins, or none",
+            a.volume.len(),
+            a.origin.len()
+        );
+    }
+    for (i, name) in a.volume.iter().enumerate() {
+        name_valid(name).map_err(anyhow::Error::msg)?;
+        if a.volume[..i].contains(name) {
+            bail!("two volumes are named '{name}'");
+        }
+    }
+    Ok(a.volume.clone())
+}
+
 /// The arguments, checked: the cache's options and the devices' absolute
 /// paths (not RAM devices, no file twice).
-fn checked_options(a: &Args) -> Result<(CreateOptions, String, Vec<String>)> {
+fn checked_options(a: &Args) -> Result<(CreateOptions, Vec<String>, Vec<String>)> {
     registry::validate_name(&a.name)?;
     let defaults = WritebackSettings::default();
     let writeback = WritebackSettings {
@@ -216,7 +260,7 @@ fn checked_options(a: &Args) -> Result<(CreateOptions, String, Vec<String>)> {
         cache_error_limit: a.cache_error_limit,
     };
     let specs = a.cache.iter().map(|c| ("cache", c));
-    for (role, spec) in specs.chain([("origin", &a.origin)]) {
+    for (role, spec) in specs.chain(a.origin.iter().map(|o| ("origin", o))) {
         if spec.starts_with("ram:") {
             bail!(
                 "{role} device '{spec}' is volatile: a RAM device does not outlive this command; RAM devices are for `tiercache serve`"
@@ -230,19 +274,26 @@ fn checked_options(a: &Args) -> Result<(CreateOptions, String, Vec<String>)> {
             tiercache::device::set::MAX_MEMBERS
         );
     }
-    let origin_path = registry::absolute(&a.origin)?;
+    let mut origin_paths: Vec<String> = Vec::new();
+    for o in &a.origin {
+        let p = registry::absolute(o)?;
+        if let Some(q) = origin_paths.iter().find(|q| registry::same_file(q, &p)) {
+            bail!("origin {p} is given twice (as {q})");
+        }
+        origin_paths.push(p);
+    }
     let mut cache_paths: Vec<String> = Vec::new();
     for c in &a.cache {
         let p = registry::absolute(c)?;
-        if registry::same_file(&origin_path, &p) {
-            bail!("origin and cache are the same device ({origin_path})");
+        if let Some(o) = origin_paths.iter().find(|o| registry::same_file(o, &p)) {
+            bail!("origin and cache are the same device ({o})");
         }
         if let Some(q) = cache_paths.iter().find(|q| registry::same_file(q, &p)) {
             bail!("cache device {p} is given twice (as {q})");
         }
         cache_paths.push(p);
     }
-    Ok((opts, origin_path, cache_paths))
+    Ok((opts, origin_paths, cache_paths))
 }
 
 /// The name is free (or `--force` replaces it) and neither device belongs
@@ -251,7 +302,7 @@ fn checked_options(a: &Args) -> Result<(CreateOptions, String, Vec<String>)> {
 fn check_registry(
     reg: &Registry,
     a: &Args,
-    origin_path: &str,
+    origin_paths: &[String],
     cache_paths: &[String],
 ) -> Result<Option<Entry>> {
     let old = reg.get(&a.name)?;
@@ -267,11 +318,10 @@ fn check_registry(
     }
     for other in reg.list()?.iter().filter(|e| e.name != a.name) {
         let caches = cache_paths.iter().map(|c| ("cache", c.as_str()));
-        for (role, path) in caches.chain([("origin", origin_path)]) {
-            let theirs = other.cache_paths();
-            if registry::same_file(path, &other.origin)
-                || theirs.iter().any(|c| registry::same_file(path, c))
-            {
+        let origins = origin_paths.iter().map(|o| ("origin", o.as_str()));
+        for (role, path) in caches.chain(origins) {
+            let theirs = other.device_paths();
+            if theirs.iter().any(|d| registry::same_file(path, d)) {
                 bail!(
                     "{role} device {path} is already used by cache '{}'; detach that cache first",
                     other.name
@@ -312,11 +362,13 @@ fn refuse_losing_dirty_data(reg: &Registry, a: &Args, old: &Entry) -> Result<()>
         return Ok(());
     }
     bail!(
-        "cache '{}' holds {} dirty blocks ({}) not yet written back to its origin {}:          replacing it would lose them and leave the origin stale; run `tiercache flush --name {}`          (or `tiercache detach --name {}`) first, or pass --lose-dirty-data to accept the loss",
+        "cache '{}' holds {} dirty blocks ({}) not yet written back to its origin {}: \
+         replacing it would lose them and leave the origin stale; run `tiercache flush --name {}` \
+         (or `tiercache detach --name {}`) first, or pass --lose-dirty-data to accept the loss",
         old.name,
         dirty.cache_blocks_dirty,
         human_bytes(dirty.cache_blocks_dirty * u64::from(dirty.block_bytes)),
-        old.origin,
+        old.origin_paths().join(", "),
         old.name,
         old.name
     )
@@ -327,32 +379,22 @@ fn refuse_losing_dirty_data(reg: &Registry, a: &Args, old: &Entry) -> Result<()>
 /// cache; several cache devices become a cache set (formatted here: the
 /// engine formats the set as one device next).
 fn open_devices(
-    origin_path: &str,
+    origin_paths: &[String],
     cache_paths: &[String],
     a: &Args,
     opts: &CreateOptions,
-) -> Result<(
-    tiercache::device::DeviceRef,
-    tiercache::device::DeviceRef,
-    Layout,
-)> {
+) -> Result<(Vec<DeviceRef>, DeviceRef, Layout)> {
     let block_bytes = opts.block_bytes;
-    let origin = open_device(origin_path).context("origin")?;
+    let origins = open_origins(origin_paths, block_bytes)?;
     let mut caches = Vec::with_capacity(cache_paths.len());
     for p in cache_paths {
         let cache = open_device(p).with_context(|| format!("cache {p}"))?;
-        if origin.identity() != 0 && origin.identity() == cache.identity() {
-            bail!("origin {origin_path} and cache {p} are the same device");
+        let same = |o: &&DeviceRef| o.identity() != 0 && o.identity() == cache.identity();
+        if let Some(o) = origins.iter().find(same) {
+            bail!("origin {} and cache {p} are the same device", o.name());
         }
         let found = refuse_signatures(&cache, a)?;
         caches.push((cache, found));
-    }
-    if origin.size_bytes() < u64::from(block_bytes) {
-        bail!(
-            "origin {origin_path} ({}) is smaller than one cache block ({})",
-            human_bytes(origin.size_bytes()),
-            human_bytes(block_bytes.into())
-        );
     }
     // The sizes fit a cache, before anything is erased.
     let bytes: Vec<u64> = caches.iter().map(|(c, _)| c.size_bytes()).collect();
@@ -372,7 +414,33 @@ fn open_devices(
     let layout = Layout::compute(cache.size_bytes(), block_bytes)
         .map_err(anyhow::Error::msg)
         .with_context(|| format!("cache {}", cache.name()))?;
-    Ok((origin, cache, layout))
+    Ok((origins, cache, layout))
+}
+
+/// The origins open and claimed, each holding at least one cache block, no
+/// device twice (by identity: two paths to one disk).
+fn open_origins(paths: &[String], block_bytes: u32) -> Result<Vec<DeviceRef>> {
+    let mut origins: Vec<DeviceRef> = Vec::with_capacity(paths.len());
+    let context = |p: &str| match paths.len() {
+        1 => "origin".to_string(),
+        _ => format!("origin {p}"),
+    };
+    for p in paths {
+        let origin = open_device(p).with_context(|| context(p))?;
+        if origin.size_bytes() < u64::from(block_bytes) {
+            bail!(
+                "origin {p} ({}) is smaller than one cache block ({})",
+                human_bytes(origin.size_bytes()),
+                human_bytes(block_bytes.into())
+            );
+        }
+        let same = |o: &&DeviceRef| o.identity() != 0 && o.identity() == origin.identity();
+        if let Some(o) = origins.iter().find(same) {
+            bail!("origins {} and {p} are the same device", o.name());
+        }
+        origins.push(origin);
+    }
+    Ok(origins)
 }
 
 /// Everything is checked: what `--wipe` was given for goes, all of it.

@@ -67,8 +67,12 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         entry.name
     );
     println!(
-        "the origin {} now stands alone and holds all data; {} no longer holds a cache",
-        entry.origin, entry.cache
+        "{} {} now stand{} alone and hold{} all data; {} no longer holds a cache",
+        if entry.more_origins.is_empty() { "the origin" } else { "the origins" },
+        entry.origin_paths().join(", "),
+        if entry.more_origins.is_empty() { "s" } else { "" },
+        if entry.more_origins.is_empty() { "s" } else { "" },
+        entry.cache_paths().join(" + ")
     );
     Ok(())
 }

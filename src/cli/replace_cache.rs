@@ -51,8 +51,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     };
     let new = registry::absolute(&a.new)?;
     if let Some(other) = reg.list()?.into_iter().find(|e| {
-        registry::same_file(&new, &e.origin)
-            || e.cache_paths().iter().any(|c| registry::same_file(&new, c))
+        (e.device_paths().iter()).any(|d| registry::same_file(&new, d))
     }) {
         bail!("{new} is already used by cache '{}'", other.name);
     }

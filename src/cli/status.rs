@@ -67,6 +67,13 @@ fn served_rows(f: &Frontends) -> String {
     if let Some(addr) = &f.nbd_tcp {
         rows.push(format!("NBD on TCP {addr}"));
     }
+    if !f.nbd_exports.is_empty() {
+        rows.push(format!(
+            "NBD exports {} (the empty name is {})",
+            f.nbd_exports.join(", "),
+            f.nbd_exports[0]
+        ));
+    }
     if f.nbd_socket.is_some() || f.nbd_tcp.is_some() {
         rows.push(format!("NBD clients connected: {}", f.nbd_clients));
     }
@@ -244,13 +251,7 @@ fn origin_connection(h: &DeviceHealth) -> String {
 
 /// The devices, the mode and how full the cache is.
 fn volume_rows(s: &Status) -> Rows {
-    let mut rows = vec![(
-        "origin",
-        format!("{} ({})", s.origin, human_bytes(s.volume_bytes)),
-    )];
-    if let Some(h) = &s.origin_health {
-        rows.push(("  connection", origin_connection(h)));
-    }
+    let mut rows = origin_rows(s);
     rows.push(("cache", s.cache.clone()));
     rows.extend(set_rows(s));
     rows.extend([
@@ -259,7 +260,7 @@ fn volume_rows(s: &Status) -> Rows {
         ("placement", placement(s)),
         ("writeback order", writeback_order(s)),
         ("block size", human_bytes(s.block_bytes.into())),
-        ("volume size", human_bytes(s.volume_bytes)),
+        ("volume size", human_bytes(s.volumes.iter().map(|v| v.bytes).sum())),
         (
             "cache blocks",
             format!(
@@ -276,6 +277,39 @@ fn volume_rows(s: &Status) -> Rows {
             format!("{} blocks hold only some sectors", s.partial_blocks),
         ),
     ]);
+    rows
+}
+
+/// The origin, or with several, a row per volume: its name (the NBD export
+/// it is served as), origin, size and what the cache holds of it.
+fn origin_rows(s: &Status) -> Rows {
+    let mut rows = Vec::new();
+    if s.volumes.len() <= 1 {
+        rows.push((
+            "origin",
+            format!("{} ({})", s.origin, human_bytes(s.volume_bytes)),
+        ));
+        rows.extend((s.origin_health.as_ref()).map(|h| ("  connection", origin_connection(h))));
+        return rows;
+    }
+    for v in &s.volumes {
+        let stale = match v.stale_blocks {
+            0 => String::new(),
+            n => format!(", {n} blocks STALE on the origin"),
+        };
+        rows.push((
+            "volume",
+            format!(
+                "{}: {} ({}), {} blocks cached, {} dirty{stale}",
+                v.name,
+                v.origin,
+                human_bytes(v.bytes),
+                v.cache_blocks_used,
+                v.cache_blocks_dirty
+            ),
+        ));
+        rows.extend((v.origin_health.as_ref()).map(|h| ("  connection", origin_connection(h))));
+    }
     rows
 }
 

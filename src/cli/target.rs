@@ -281,22 +281,40 @@ fn open_engine(reg: &Registry, entry: &Entry, degraded: bool) -> Result<Arc<Engi
     let cache = entry
         .open_cache(degraded)
         .context("opening the cache device")?;
-    let origin = open_device(&entry.origin).context("opening the origin device")?;
-    Ok(Engine::open(
+    let origins = open_origins(entry, open_device)?;
+    Ok(Engine::open_volumes(
         cache,
-        origin,
+        origins,
         &command_open_options(reg, entry),
     )?)
 }
 
 pub(super) fn open_engine_read_only(reg: &Registry, entry: &Entry) -> Result<Arc<Engine>> {
     let cache = open_cache_read_only(&entry.cache_paths()).context("opening the cache device")?;
-    let origin = open_device_read_only(&entry.origin).context("opening the origin device")?;
-    Ok(Engine::open_read_only(
+    let origins = open_origins(entry, open_device_read_only)?;
+    Ok(Engine::open_volumes_read_only(
         cache,
-        origin,
+        origins,
         &command_open_options(reg, entry),
     )?)
+}
+
+/// Every origin of `entry`, volume 0's first, each opened with `open`.
+fn open_origins(
+    entry: &Entry,
+    open: impl Fn(&str) -> tiercache::device::DeviceResult<DeviceRef>,
+) -> Result<Vec<DeviceRef>> {
+    let paths = entry.origin_paths();
+    let many = paths.len() > 1;
+    paths
+        .iter()
+        .map(|p| {
+            open(p).with_context(|| match many {
+                true => format!("opening the origin device {p}"),
+                false => "opening the origin device".to_string(),
+            })
+        })
+        .collect()
 }
 
 /// How a command opens a cache no daemon serves. A command is short-lived:

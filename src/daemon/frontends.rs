@@ -23,6 +23,10 @@ pub struct Frontends {
     /// NBD clients past the handshake now.
     #[serde(default)]
     pub nbd_clients: usize,
+    /// The NBD export names of a cache of several volumes (its volumes'
+    /// names; the empty name is the first); empty for one volume.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nbd_exports: Vec<String>,
     /// The ublk block device (`/dev/ublkbN`), when ublk is served.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ublk_device: Option<String>,

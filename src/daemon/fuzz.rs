@@ -127,7 +127,7 @@ pub fn registry_entry(data: &[u8]) {
     };
     assert_eq!(entry.name, "tc0");
     assert!(validate_name(&entry.name).is_ok());
-    for d in std::iter::once(&entry.origin).chain(entry.cache_paths().iter()) {
+    for d in &entry.device_paths() {
         assert!(
             d.starts_with('/') || crate::device::is_network_spec(d),
             "{d}"

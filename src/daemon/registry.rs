@@ -169,8 +169,13 @@ const NAME_MAX_BYTES: usize = 64;
 pub struct Entry {
     pub name: String,
     /// Absolute path of the origin device (symlinks such as
-    /// /dev/disk/by-id/... are kept, not resolved).
+    /// /dev/disk/by-id/... are kept, not resolved); of a cache of several
+    /// origins, volume 0's.
     pub origin: String,
+    /// The origins of volumes 1, 2, ... in order (a cache of several
+    /// origins, engine/origin/address.rs); empty for one origin.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub more_origins: Vec<String>,
     /// Absolute path of the cache device (of a cache set: its member 0
     /// at create; the members are found by their labels, in any order).
     pub cache: String,
@@ -186,6 +191,20 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// Every origin of the entry, volume 0's first.
+    pub fn origin_paths(&self) -> Vec<String> {
+        std::iter::once(self.origin.clone())
+            .chain(self.more_origins.iter().cloned())
+            .collect()
+    }
+
+    /// Every device of the entry: origins, then cache devices.
+    pub fn device_paths(&self) -> Vec<String> {
+        let mut all = self.origin_paths();
+        all.extend(self.cache_paths());
+        all
+    }
+
     /// Every cache device of the entry.
     pub fn cache_paths(&self) -> Vec<String> {
         std::iter::once(self.cache.clone())
@@ -544,7 +563,7 @@ pub(crate) fn parse_entry(text: &str, path: &Path) -> Result<Entry> {
             entry.name.escape_debug()
         )));
     }
-    for device in std::iter::once(&entry.origin).chain(entry.cache_paths().iter()) {
+    for device in &entry.device_paths() {
         if !device.starts_with('/') && !crate::device::is_network_spec(device) {
             return Err(invalid(format!(
                 "device '{}' is not an absolute path or a URI",

@@ -19,7 +19,8 @@ use super::{control, control_listener, socket};
 use crate::device::{open_device, DeviceError};
 use crate::engine::async_engine::AsyncEngine;
 use crate::engine::{CreateOptions, Engine, EngineError, OpenOptions};
-use crate::frontend::nbd::{serve, Listener, NbdError, ServerConfig};
+use crate::frontend::nbd::{serve_exports, Listener, NbdError, ServerConfig};
+use crate::volume::Volume;
 use crate::nbd::TlsAcceptor;
 
 /// What the daemon serves.
@@ -145,6 +146,17 @@ pub enum DaemonError {
     /// The ublk queue thread panicked.
     #[error("the ublk thread panicked")]
     UblkPanic,
+    /// A front end that serves one volume, for a cache of several.
+    #[error(
+        "cache '{name}' holds {volumes} volumes ({names}): {what} serves one; serve it over NBD, \
+         where each volume is the export of its name"
+    )]
+    OneVolumeOnly {
+        name: String,
+        volumes: usize,
+        names: String,
+        what: &'static str,
+    },
     /// The final commit failed: the next open replays the journal.
     #[error("closing the cache")]
     Close(#[source] EngineError),
@@ -197,18 +209,21 @@ fn open(reg: &Registry, source: &EngineSource) -> Result<Opened> {
                     what: "opening the cache device",
                     source,
                 })?;
-            let origin = device("opening the origin device", &entry.origin)?;
+            let origins = (entry.origin_paths().iter())
+                .map(|p| device("opening the origin device", p))
+                .collect::<Result<Vec<_>>>()?;
             let opts = OpenOptions {
                 origin_grew: *origin_grew,
                 distrust_clean: entry.distrust_clean,
                 crash_log: Some(reg.crash_log_path(&entry.name)),
                 ..OpenOptions::default()
             };
-            let engine =
-                Engine::open(cache, origin, &opts).map_err(|source| DaemonError::Open {
+            let engine = Engine::open_volumes(cache, origins, &opts).map_err(|source| {
+                DaemonError::Open {
                     name: entry.name.clone(),
                     source,
-                })?;
+                }
+            })?;
             registry::record_distrust(reg, &entry, &engine)?;
             Ok(Opened {
                 engine,
@@ -263,6 +278,7 @@ pub fn run(reg: &Registry, cfg: DaemonConfig) -> Result<()> {
         name,
         _lock,
     } = open_or_say(reg, &cfg)?;
+    refuse_one_volume_frontends(&engine, &name, &cfg)?;
     let nbd_path = cfg
         .nbd_socket
         .clone()
@@ -332,7 +348,10 @@ async fn serve_until_stopped(
     let (tx, rx) = watch::channel(false);
     let tx = Arc::new(tx);
     start_signal_handler(&tx);
-    let (listeners, fixed) = bind_listeners(&cfg, nbd_path).await?;
+    let (listeners, mut fixed) = bind_listeners(&cfg, nbd_path).await?;
+    if engine.volumes().len() > 1 && cfg.ublk.is_none() {
+        fixed.nbd_exports = engine.volumes().into_iter().map(|v| v.0).collect();
+    }
     let served = Arc::new(Served::new(fixed, cfg.nbd.clients_connected.clone()));
     start_control(engine, &served, control_path, &tx)?;
     start_malloc_trim();
@@ -366,24 +385,59 @@ async fn serve_until_stopped(
         );
         return serve_ublk(engine, u, rx).await;
     }
-    eprintln!(
-        "tiercache: serving '{name}' ({} bytes, {} mode) on nbd+unix:///{}?socket={}{}; control socket {}",
-        engine.volume_bytes(),
-        engine.mode(),
-        cfg.nbd.export_name,
-        nbd_path.display(),
-        tcp_text(cfg.tcp.as_ref()),
-        control_path.display()
-    );
+    let exports = nbd_exports(engine, &cfg.nbd.export_name);
+    for (export, volume) in &exports {
+        eprintln!(
+            "tiercache: serving '{name}' ({} bytes, {} mode) on nbd+unix:///{export}?socket={}{}; control socket {}",
+            volume.size_bytes(),
+            engine.mode(),
+            nbd_path.display(),
+            tcp_text(cfg.tcp.as_ref()),
+            control_path.display()
+        );
+    }
     notify_or_log(READY);
-    serve(
-        Arc::new(AsyncEngine::new(engine.clone())),
-        listeners,
-        cfg.nbd,
-        rx,
-    )
-    .await
-    .map_err(DaemonError::Nbd)
+    serve_exports(exports, listeners, cfg.nbd, rx)
+        .await
+        .map_err(DaemonError::Nbd)
+}
+
+/// The NBD exports: a cache of one origin is served under `export_name`;
+/// of several, each volume under its own name, the first also under "".
+fn nbd_exports(engine: &Arc<Engine>, export_name: &str) -> Vec<(String, Arc<AsyncEngine>)> {
+    let volumes = engine.volumes();
+    if volumes.len() == 1 {
+        let one = Arc::new(AsyncEngine::new(engine.clone()));
+        return vec![(export_name.to_string(), one)];
+    }
+    (volumes.into_iter().enumerate())
+        .filter_map(|(v, (name, _, _))| {
+            let volume = AsyncEngine::volume(engine.clone(), v)?;
+            Some((name, Arc::new(volume)))
+        })
+        .collect()
+}
+
+/// What serves one volume (ublk, an export name of the operator's) is
+/// refused for a cache of several.
+fn refuse_one_volume_frontends(engine: &Engine, name: &str, cfg: &DaemonConfig) -> Result<()> {
+    let volumes = engine.volumes();
+    let what = if cfg.ublk.is_some() {
+        "--ublk"
+    } else if !cfg.nbd.export_name.is_empty() {
+        "--export-name"
+    } else {
+        return Ok(());
+    };
+    if volumes.len() == 1 {
+        return Ok(());
+    }
+    Err(DaemonError::OneVolumeOnly {
+        name: name.to_string(),
+        volumes: volumes.len(),
+        names: (volumes.iter().map(|v| v.0.as_str())).collect::<Vec<_>>().join(", "),
+        what,
+    })
 }
 
 /// The NBD listeners (none when ublk serves instead) and the front ends

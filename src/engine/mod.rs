@@ -84,7 +84,7 @@ pub use options::{
 use policy::PolicyKind;
 pub use request::{Fast, Request};
 use stats::Stats;
-pub use status::{CrashLogStatus, Observations, Status};
+pub use status::{CrashLogStatus, Observations, Status, VolumeStatus};
 
 pub type FailoverHook = Box<dyn Fn() + Send + Sync>;
 
@@ -199,11 +199,17 @@ impl Engine {
         origin: DeviceRef,
         opts: &OpenOptions,
     ) -> EngineResult<Arc<Engine>> {
-        Ok(Arc::new(recovery::open_read_only(
-            cache,
-            vec![origin],
-            opts,
-        )?))
+        Engine::open_volumes_read_only(cache, vec![origin], opts)
+    }
+
+    /// `open_read_only` for a cache of several origins, in its volumes'
+    /// order.
+    pub fn open_volumes_read_only(
+        cache: DeviceRef,
+        origins: Vec<DeviceRef>,
+        opts: &OpenOptions,
+    ) -> EngineResult<Arc<Engine>> {
+        Ok(Arc::new(recovery::open_read_only(cache, origins, opts)?))
     }
 
     /// The first volume's size (a cache of one origin: the volume's).
@@ -260,7 +266,8 @@ impl Engine {
         let stopped = self.io.admission_stopped();
         let limit = self.io.cache_error_limit();
         let writeback = self.writeback.settings();
-        let (stale_ranges, stale_blocks) = self.stale_summary();
+        let stale = self.stale_ranges();
+        let stale_blocks = stale.iter().map(|(_, n)| n).sum();
         let set = self.io.cache().as_cache_set();
         let mut members = set.map(|s| s.members()).unwrap_or_default();
         let mut m = self.meta.lock();
@@ -271,6 +278,7 @@ impl Engine {
         let stats = self.stats.snapshot();
         let errors = stats.cache_errors;
         let dirty = m.table().dirty_count();
+        let volumes = self.volume_statuses(m.table().regions.totals(), stale);
         if let Some(set) = set {
             member_usage(&m, set, &mut members, dirty);
         }
@@ -313,8 +321,9 @@ impl Engine {
             admission: self.admission_line(stopped, errors, limit, stale_blocks),
             cache_error_limit: limit,
             cache_members: members,
-            stale_ranges,
+            stale_ranges: volumes[0].stale_ranges.clone(),
             stale_blocks,
+            volumes,
             cache_set_state: set.map(|s| s.state_name().to_string()),
             dirty_at_risk: if set.is_some_and(|s| s.degraded()) {
                 dirty
@@ -325,13 +334,25 @@ impl Engine {
         }
     }
 
-    /// Until status is per volume: the first volume's stale ranges, and
-    /// every volume's stale blocks.
-    fn stale_summary(&self) -> (Vec<(u64, u64)>, u64) {
-        let stale = self.stale_ranges();
-        let blocks = stale.iter().map(|(_, n)| n).sum();
-        let ranges = stale.into_iter().next().map(|(r, _)| r);
-        (ranges.unwrap_or_default(), blocks)
+    /// Each volume's status, from its (cached, dirty) blocks and its
+    /// stale (ranges, blocks), both by volume.
+    fn volume_statuses(
+        &self,
+        counts: Vec<(u64, u64)>,
+        stale: Vec<(Vec<(u64, u64)>, u64)>,
+    ) -> Vec<VolumeStatus> {
+        let each = self.origins.iter().zip(counts).zip(stale);
+        each.map(|((o, (used, dirty)), (ranges, blocks))| VolumeStatus {
+            name: o.name().to_string(),
+            origin: o.device().name().into(),
+            bytes: o.bytes(),
+            origin_health: o.device().health(),
+            cache_blocks_used: used,
+            cache_blocks_dirty: dirty,
+            stale_ranges: ranges,
+            stale_blocks: blocks,
+        })
+        .collect()
     }
 
     /// What `status` says under "admission": a cache given up, a stop
@@ -372,23 +393,23 @@ impl Engine {
     /// metrics endpoint and the dashboard. Holds the metadata lock only to
     /// copy the heat map's 2 x 1024 counters.
     pub fn observations(&self) -> Observations {
-        let (cached, dirty) = self.meta.regions();
-        let heat = observe::heat::HeatMap {
-            region_blocks: self
-                .origins
-                .first()
-                .blocks()
-                .max(1)
-                .div_ceil(observe::heat::REGIONS as u64),
+        Observations {
+            heat: self.heat_map(0),
+            latency: self.observe.latency.snapshot(),
+            mrc: self.observe.mrc(),
+        }
+    }
+
+    /// Volume `v`'s heat map (empty for no such volume).
+    pub fn heat_map(&self, v: usize) -> observe::heat::HeatMap {
+        let (cached, dirty) = self.meta.regions(v);
+        let blocks = self.origins.get(v).map_or(0, |o| o.blocks());
+        observe::heat::HeatMap {
+            region_blocks: blocks.max(1).div_ceil(observe::heat::REGIONS as u64),
             block_bytes: self.block_bytes as u32,
             cached,
             dirty,
-            accesses: self.observe.accesses.snapshot(),
-        };
-        Observations {
-            heat,
-            latency: self.observe.latency.snapshot(),
-            mrc: self.observe.mrc(),
+            accesses: self.observe.accesses.snapshot(v),
         }
     }
 

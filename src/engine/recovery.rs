@@ -835,8 +835,7 @@ fn build_engine(
     let gather = sb.flags.get() & SB_FLAG_LOG_PLACEMENT != 0 && !cache.is_volatile();
     let names = sb.volume_list().into_iter().map(|v| v.name);
     let origins = Origins::new(names.zip(origins).collect(), block_bytes);
-    let keys = origins.key_space();
-    let (first_blocks, first_end) = (keys.first_blocks(), keys.first_end());
+    let keys = origins.key_space().clone();
     Engine {
         layout,
         block_bytes,
@@ -859,7 +858,7 @@ fn build_engine(
         admission: super::admission::Admission::new(sb.admission(), layout.slot_count)
             .with_clock(clock.clone()),
         writeback: super::writeback::Writeback::new(sb.writeback()),
-        observe: super::observe::Observe::new(layout.slot_count, first_blocks, first_end),
+        observe: super::observe::Observe::new(layout.slot_count, &keys),
         mode: AtomicU32::new(mode.to_u32()),
         writeback_order: if sb.flags.get() & SB_FLAG_FLUSH_ORDER != 0 {
             WritebackOrder::Flush
@@ -1103,6 +1102,16 @@ pub struct CheckReport {
     pub cache_blocks_dirty: u64,
     pub clean_shutdown: Option<bool>,
     pub journal_pages_to_replay: u64,
+    /// The volumes the superblock records: name and origin bytes.
+    #[serde(default)]
+    pub volumes: Vec<CheckedVolume>,
+}
+
+/// A volume as `check` found it recorded.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct CheckedVolume {
+    pub name: String,
+    pub origin_bytes: u64,
 }
 
 /// What each superblock copy holds.
@@ -1124,14 +1133,15 @@ fn superblock_copies(cache: &DeviceRef) -> Vec<String> {
 }
 
 /// An origin that shrank is damage; one that grew, a note (`check_origin`).
-fn origin_size_finding(recorded: u64, now: u64) -> Option<String> {
+/// `whose`: "origin", or "volume NAME's origin".
+fn origin_size_finding(whose: &str, recorded: u64, now: u64) -> Option<String> {
     if now < recorded {
         Some(format!(
-            "DAMAGE: origin has {now} bytes but the cache records {recorded}: it shrank"
+            "DAMAGE: {whose} has {now} bytes but the cache records {recorded}: it shrank"
         ))
     } else if now > recorded {
         Some(format!(
-            "origin has {now} bytes, the cache records {recorded}: an open takes it only on \
+            "{whose} has {now} bytes, the cache records {recorded}: an open takes it only on \
              the word that it grew (`tiercache serve --origin-grew`)"
         ))
     } else {
@@ -1152,6 +1162,17 @@ pub fn check_with_crash_log(
     origin_bytes: Option<u64>,
     logs: &CrashLogs,
 ) -> CheckReport {
+    check_volumes(cache, &[origin_bytes], logs)
+}
+
+/// `check_with_crash_log` for a cache of several origins: `origin_bytes[v]`
+/// is volume `v`'s origin's size if known (missing or `None`: the recorded
+/// size is used).
+pub fn check_volumes(
+    cache: &DeviceRef,
+    origin_bytes: &[Option<u64>],
+    logs: &CrashLogs,
+) -> CheckReport {
     let mut findings = superblock_copies(cache);
     let mut report = CheckReport::default();
     let sb = match current_superblock(cache) {
@@ -1166,11 +1187,30 @@ pub fn check_with_crash_log(
     report.mode = Mode::from_u32(sb.mode.get()).map(|m| m.name().to_string());
     report.block_bytes = Some(sb.block_bytes.get());
     report.clean_shutdown = Some(sb.clean_shutdown.get() == 1);
-    let origin_bytes = origin_bytes.unwrap_or(sb.origin_bytes.get());
-    findings.extend(origin_size_finding(sb.origin_bytes.get(), origin_bytes));
-    // The other volumes' origins are not looked at: their recorded sizes.
-    let mut sizes: Vec<u64> = sb.volume_list().iter().map(|v| v.bytes).collect();
-    sizes[0] = origin_bytes;
+    let volumes = sb.volume_list();
+    if origin_bytes.len() > 1 && origin_bytes.len() != volumes.len() {
+        findings.push(format!(
+            "DAMAGE: the cache holds {} volumes, but {} origins were given",
+            volumes.len(),
+            origin_bytes.len()
+        ));
+    }
+    let mut sizes = Vec::with_capacity(volumes.len());
+    for (i, v) in volumes.iter().enumerate() {
+        let now = origin_bytes.get(i).copied().flatten().unwrap_or(v.bytes);
+        let whose = match volumes.len() {
+            1 => "origin".to_string(),
+            _ => format!("volume {}'s origin", v.name),
+        };
+        findings.extend(origin_size_finding(&whose, v.bytes, now));
+        sizes.push(now);
+    }
+    report.volumes = (volumes.into_iter())
+        .map(|v| CheckedVolume {
+            name: v.name,
+            origin_bytes: v.bytes,
+        })
+        .collect();
     let mut problems = Vec::new();
     match load(cache, sb, &sizes, Some(&mut problems)) {
         Ok(mut l) => {

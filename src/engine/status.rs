@@ -102,5 +102,28 @@ pub struct Status {
     pub stale_ranges: Vec<(u64, u64)>,
     #[serde(default)]
     pub stale_blocks: u64,
+    /// Each volume (origin) of the cache; the fields above that name one
+    /// origin (`origin`, `volume_bytes`, `stale_ranges`) are volume 0's.
+    #[serde(default)]
+    pub volumes: Vec<VolumeStatus>,
     pub stats: StatsSnapshot,
+}
+
+/// One volume as `status` reports it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VolumeStatus {
+    /// Its name: the NBD export name it is served under.
+    pub name: String,
+    /// Its origin device.
+    pub origin: String,
+    pub bytes: u64,
+    #[serde(default)]
+    pub origin_health: Option<crate::device::DeviceHealth>,
+    pub cache_blocks_used: u64,
+    pub cache_blocks_dirty: u64,
+    /// Its origin's stale byte ranges (offset, bytes) and blocks.
+    #[serde(default)]
+    pub stale_ranges: Vec<(u64, u64)>,
+    #[serde(default)]
+    pub stale_blocks: u64,
 }

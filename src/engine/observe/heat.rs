@@ -1,6 +1,6 @@
-//! The LBA heat map: the volume in `REGIONS` equal regions, and per region
-//! how many blocks are cached, how many dirty, and how many accesses it
-//! has seen. Cached and dirty counts live in the table and change with
+//! The LBA heat map: each volume in `REGIONS` equal regions, and per
+//! region how many blocks are cached, how many dirty, and how many accesses
+//! it has seen; with each volume's cached and dirty totals. Cached and dirty counts live in the table and change with
 //! every record under the metadata lock (O(1) each); accesses are relaxed
 //! atomics bumped by requests. A snapshot copies 2 x 1024 counters under
 //! the metadata lock (about a microsecond) and the accesses without it.
@@ -9,6 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
+use crate::engine::origin::address::KeySpace;
+
 /// Regions of the heat map.
 pub const REGIONS: usize = 1024;
 
@@ -16,94 +18,134 @@ fn region_blocks(origin_blocks: u64) -> u64 {
     origin_blocks.max(1).div_ceil(REGIONS as u64)
 }
 
-/// The region of `block` in a map of `region_blocks` per region, or `None`
-/// for a key from `limit` on (another volume's).
-fn region_of(block: u64, region_blocks: u64, limit: u64) -> Option<usize> {
-    (block < limit).then(|| ((block / region_blocks) as usize).min(REGIONS - 1))
+/// The region of a volume's `block` in a map of `region_blocks` per region.
+fn region_of(block: u64, region_blocks: u64) -> usize {
+    ((block / region_blocks) as usize).min(REGIONS - 1)
 }
 
-/// Cached and dirty blocks per region (kept by `Table`). The map covers
-/// the first volume; keys from `limit` on (other volumes') are not counted.
+/// Cached and dirty blocks per region of each volume, and each volume's
+/// totals (kept by `Table`).
 pub struct RegionCounts {
+    keys: KeySpace,
+    volumes: Vec<VolumeRegions>,
+}
+
+/// One volume's map.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct VolumeRegions {
     region_blocks: u64,
-    limit: u64,
     pub cached: Vec<u32>,
     pub dirty: Vec<u32>,
+    /// Cached and dirty blocks of the whole volume.
+    pub cached_total: u64,
+    pub dirty_total: u64,
+}
+
+fn step(n: &mut u32, up: bool) {
+    *n = if up { *n + 1 } else { *n - 1 };
+}
+
+fn step_total(n: &mut u64, up: bool) {
+    *n = if up { *n + 1 } else { *n - 1 };
 }
 
 impl RegionCounts {
-    /// The map of a volume of `origin_blocks` whose keys end before `limit`.
-    pub fn new(origin_blocks: u64, limit: u64) -> RegionCounts {
+    /// The maps of the volumes of `keys`.
+    pub fn new(keys: &KeySpace) -> RegionCounts {
+        let volumes = (0..keys.volumes())
+            .map(|v| VolumeRegions {
+                region_blocks: region_blocks(keys.blocks(v)),
+                cached: vec![0; REGIONS],
+                dirty: vec![0; REGIONS],
+                cached_total: 0,
+                dirty_total: 0,
+            })
+            .collect();
         RegionCounts {
-            region_blocks: region_blocks(origin_blocks),
-            limit,
-            cached: vec![0; REGIONS],
-            dirty: vec![0; REGIONS],
+            keys: keys.clone(),
+            volumes,
         }
     }
 
-    fn region(&self, block: u64) -> Option<usize> {
-        region_of(block, self.region_blocks, self.limit)
+    /// The map of `key`'s volume and its region in it.
+    fn region(&mut self, key: u64) -> Option<(&mut VolumeRegions, usize)> {
+        let (v, b) = self.keys.split(key);
+        let map = self.volumes.get_mut(v)?;
+        let r = region_of(b, map.region_blocks);
+        Some((map, r))
     }
 
     /// A block became cached (`up`) or stopped being cached.
-    pub fn cached(&mut self, block: u64, up: bool) {
-        let Some(r) = self.region(block) else { return };
-        self.cached[r] = if up {
-            self.cached[r] + 1
-        } else {
-            self.cached[r] - 1
-        };
+    pub fn cached(&mut self, key: u64, up: bool) {
+        let Some((map, r)) = self.region(key) else { return };
+        step(&mut map.cached[r], up);
+        step_total(&mut map.cached_total, up);
     }
 
     /// A cached block became dirty (`up`) or clean.
-    pub fn dirty(&mut self, block: u64, up: bool) {
-        let Some(r) = self.region(block) else { return };
-        self.dirty[r] = if up {
-            self.dirty[r] + 1
-        } else {
-            self.dirty[r] - 1
-        };
+    pub fn dirty(&mut self, key: u64, up: bool) {
+        let Some((map, r)) = self.region(key) else { return };
+        step(&mut map.dirty[r], up);
+        step_total(&mut map.dirty_total, up);
     }
 
-    pub fn heap_bytes(&self) -> u64 {
-        (self.cached.capacity() * 4 + self.dirty.capacity() * 4) as u64
-    }
-}
-
-/// Accesses per region.
-pub struct Accesses {
-    region_blocks: u64,
-    limit: u64,
-    counts: Vec<AtomicU64>,
-}
-
-impl Accesses {
-    /// As `RegionCounts::new`.
-    pub fn new(origin_blocks: u64, limit: u64) -> Accesses {
-        Accesses {
-            region_blocks: region_blocks(origin_blocks),
-            limit,
-            counts: (0..REGIONS).map(|_| AtomicU64::new(0)).collect(),
-        }
+    /// Volume `v`'s map.
+    pub fn volume(&self, v: usize) -> Option<&VolumeRegions> {
+        self.volumes.get(v)
     }
 
-    pub fn accessed(&self, block: u64) {
-        let Some(r) = region_of(block, self.region_blocks, self.limit) else {
-            return;
-        };
-        self.counts[r].fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub fn snapshot(&self) -> Vec<u64> {
-        self.counts
-            .iter()
-            .map(|c| c.load(Ordering::Relaxed))
+    /// (cached, dirty) blocks of each volume.
+    pub fn totals(&self) -> Vec<(u64, u64)> {
+        (self.volumes.iter())
+            .map(|m| (m.cached_total, m.dirty_total))
             .collect()
     }
 
     pub fn heap_bytes(&self) -> u64 {
-        (self.counts.capacity() * 8) as u64
+        let per = |m: &VolumeRegions| (m.cached.capacity() * 4 + m.dirty.capacity() * 4) as u64;
+        self.volumes.iter().map(per).sum::<u64>() + (self.volumes.capacity() * 64) as u64
+    }
+}
+
+/// Accesses per region of each volume.
+pub struct Accesses {
+    keys: KeySpace,
+    volumes: Vec<(u64, Vec<AtomicU64>)>,
+}
+
+impl Accesses {
+    /// As `RegionCounts::new`.
+    pub fn new(keys: &KeySpace) -> Accesses {
+        let volumes = (0..keys.volumes())
+            .map(|v| {
+                let counts = (0..REGIONS).map(|_| AtomicU64::new(0)).collect();
+                (region_blocks(keys.blocks(v)), counts)
+            })
+            .collect();
+        Accesses {
+            keys: keys.clone(),
+            volumes,
+        }
+    }
+
+    pub fn accessed(&self, key: u64) {
+        let (v, b) = self.keys.split(key);
+        let Some((region_blocks, counts)) = self.volumes.get(v) else {
+            return;
+        };
+        counts[region_of(b, *region_blocks)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Volume `v`'s accesses per region (empty for no such volume).
+    pub fn snapshot(&self, v: usize) -> Vec<u64> {
+        let Some((_, counts)) = self.volumes.get(v) else {
+            return Vec::new();
+        };
+        counts.iter().map(|c| c.load(Ordering::Relaxed)).collect()
+    }
+
+    pub fn heap_bytes(&self) -> u64 {
+        (self.volumes.len() * REGIONS * 8) as u64
     }
 }
 

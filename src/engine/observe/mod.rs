@@ -56,13 +56,12 @@ pub struct Mrc {
 }
 
 impl Observe {
-    /// For a cache of `slot_count` slots whose heat map covers the first
-    /// volume's `origin_blocks` (keys from `limit` on are other volumes').
-    pub fn new(slot_count: u64, origin_blocks: u64, limit: u64) -> Observe {
+    /// For a cache of `slot_count` slots over the volumes of `keys`.
+    pub fn new(slot_count: u64, keys: &crate::engine::origin::address::KeySpace) -> Observe {
         let shards = Shards::new(MRC_RATE, MRC_MAX_TRACKED, slot_count * 8);
         Observe {
             latency: Histograms::default(),
-            accesses: Accesses::new(origin_blocks, limit),
+            accesses: Accesses::new(keys),
             mrc_threshold: std::sync::atomic::AtomicU64::new(shards.threshold()),
             mrc: Mutex::new(Rank::Mrc, shards),
             all_refs: Default::default(),

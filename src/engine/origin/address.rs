@@ -91,23 +91,13 @@ impl KeySpace {
         }
     }
 
-    /// Volume 0's blocks (the heat map's range).
-    pub fn first_blocks(&self) -> u64 {
-        self.blocks.first().copied().unwrap_or(0)
-    }
-
-    /// Where volume 0's keys end: the next volume's first key (all keys
-    /// for a lone volume).
-    pub fn first_end(&self) -> u64 {
-        if self.blocks.len() > 1 {
-            self.base_key(1)
-        } else {
-            u64::MAX
-        }
-    }
-
     pub fn volumes(&self) -> usize {
         self.blocks.len()
+    }
+
+    /// Volume `v`'s blocks (0 for no such volume).
+    pub fn blocks(&self, v: usize) -> u64 {
+        self.blocks.get(v).copied().unwrap_or(0)
     }
 
     /// Why `key` is not a block of any volume, for a damage report.

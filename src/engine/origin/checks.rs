@@ -39,7 +39,9 @@ pub(crate) fn new_volumes(
         if let Some(v) = out.iter().find(|v| v.name == *name) {
             return config(format!("two volumes are named {:?}", v.name));
         }
-        if let Some(v) = out.iter().find(|v| v.identity == origin.identity()) {
+        // Identity 0: a device that cannot say (a RAM device).
+        let same = |v: &&VolumeEntry| origin.identity() != 0 && v.identity == origin.identity();
+        if let Some(v) = out.iter().find(same) {
             return config(format!(
                 "{} is given twice (it is volume {}'s origin already)",
                 origin.name(),

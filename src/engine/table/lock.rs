@@ -130,14 +130,15 @@ impl MetaLock {
         }
     }
 
-    /// The heat map's counts: cached and dirty blocks per region.
-    pub(crate) fn regions(&self) -> (Vec<u32>, Vec<u32>) {
+    /// Volume `v`'s heat map counts: cached and dirty blocks per region.
+    pub(crate) fn regions(&self, v: usize) -> (Vec<u32>, Vec<u32>) {
         let m = self.0.lock();
-        (
-            m.table().regions.cached.clone(),
-            m.table().regions.dirty.clone(),
-        )
+        match m.table().regions.volume(v) {
+            Some(map) => (map.cached.clone(), map.dirty.clone()),
+            None => (Vec::new(), Vec::new()),
+        }
     }
+
 
     /// Records wait for a commit; the crash log is half full.
     pub(crate) fn commit_pressure(&self) -> (bool, bool) {

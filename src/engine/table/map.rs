@@ -89,7 +89,7 @@ impl Table {
             partial_bits: vec![0; (slot_count as usize).div_ceil(64)],
             partial: PartialMaps::new(sectors),
             dirty_count: 0,
-            regions: RegionCounts::new(keys.first_blocks(), keys.first_end()),
+            regions: RegionCounts::new(&keys),
             keys,
             sectors,
             dirty_slots: slot_count as u32,
@@ -677,9 +677,11 @@ mod tests {
 
     /// The heat map's counts agree with the table.
     fn assert_regions(t: &Table) {
-        let cached: u64 = t.regions.cached.iter().map(|&c| c as u64).sum();
-        let dirty: u64 = t.regions.dirty.iter().map(|&c| c as u64).sum();
+        let map = t.regions.volume(0).unwrap();
+        let cached: u64 = map.cached.iter().map(|&c| c as u64).sum();
+        let dirty: u64 = map.dirty.iter().map(|&c| c as u64).sum();
         assert_eq!((cached, dirty), (t.used(), t.dirty_count()));
+        assert_eq!(t.regions.totals(), vec![(cached, dirty)]);
     }
 
     #[test]
@@ -720,8 +722,7 @@ mod tests {
         assert_regions(&t);
         let back = Table::from_checkpoint(t.snapshot(), KeySpace::one(5000), 8).unwrap();
         assert_regions(&back);
-        assert_eq!(back.regions.cached, t.regions.cached);
-        assert_eq!(back.regions.dirty, t.regions.dirty);
+        assert_eq!(back.regions.volume(0), t.regions.volume(0));
     }
 
     #[test]

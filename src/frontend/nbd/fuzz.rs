@@ -98,7 +98,7 @@ pub fn options(tls: TlsPolicy, data: &[u8]) -> OptionsEnd {
     let Ok(client) = proto::parse_client_flags(u32::from_be_bytes(*flags)) else {
         return OptionsEnd::BadFlags;
     };
-    let mut neg = Negotiation::new(export(), client, tls);
+    let mut neg = Negotiation::new(vec![export()], client, tls);
     let mut out = Vec::new();
     loop {
         let Ok(opt) = proto::parse_option_header(rest) else {

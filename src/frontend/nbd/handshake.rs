@@ -14,10 +14,10 @@ use zerocopy::IntoBytes;
 use super::NbdError;
 use crate::nbd::proto::{self, OptionCode};
 
-/// What the server tells clients about its one export.
+/// What the server tells clients about one of its exports.
 #[derive(Debug, Clone)]
 pub struct ExportInfo {
-    /// The configured name; the default export "" is accepted as well.
+    /// The export's name. The default export "" is the first export.
     pub name: String,
     pub description: String,
     pub size_bytes: u64,
@@ -29,10 +29,13 @@ pub struct ExportInfo {
     pub max_block_bytes: u32,
 }
 
-impl ExportInfo {
-    fn accepts(&self, name: &str) -> bool {
-        name.is_empty() || name == self.name
+/// Which of `exports` a client's `name` means: the one of that name; the
+/// empty name is the first export (the default export, proto.md).
+fn find_export(exports: &[ExportInfo], name: &str) -> Option<usize> {
+    if name.is_empty() {
+        return (!exports.is_empty()).then_some(0);
     }
+    exports.iter().position(|e| e.name == name)
 }
 
 /// Where a listener stands on TLS (proto.md "Server-side requirements").
@@ -102,12 +105,15 @@ pub struct TransmissionMode {
     /// the default minimum block size is 1).
     pub min_block_bytes: u32,
     pub contexts: MetaContexts,
+    /// The export chosen: an index into the server's exports.
+    pub export: usize,
 }
 
 /// Option-haggling state of one connection.
 #[derive(Debug)]
 pub struct Negotiation {
-    export: ExportInfo,
+    /// The server's exports; at least one.
+    exports: Vec<ExportInfo>,
     no_zeroes: bool,
     tls: TlsPolicy,
     tls_active: bool,
@@ -122,9 +128,11 @@ fn reply_err(out: &mut Vec<u8>, option: u32, reply_type: u32, msg: &str) -> Opti
 }
 
 impl Negotiation {
-    pub fn new(export: ExportInfo, client: proto::ClientFlags, tls: TlsPolicy) -> Self {
+    /// Haggling over `exports` (at least one).
+    pub fn new(exports: Vec<ExportInfo>, client: proto::ClientFlags, tls: TlsPolicy) -> Self {
+        assert!(!exports.is_empty(), "a server has an export");
         Negotiation {
-            export,
+            exports,
             no_zeroes: client.no_zeroes,
             tls,
             tls_active: false,
@@ -217,18 +225,19 @@ impl Negotiation {
         let Ok(name) = proto::parse_string(data, "export name") else {
             return OptionOutcome::Disconnect("NBD_OPT_EXPORT_NAME with a bad name");
         };
-        if !self.export.accepts(&name) {
+        let Some(chosen) = find_export(&self.exports, &name) else {
             return OptionOutcome::Disconnect("NBD_OPT_EXPORT_NAME of an unknown export");
-        }
+        };
+        let export = &self.exports[chosen];
         let reply = proto::ExportNameReply {
-            size_bytes: self.export.size_bytes.into(),
-            transmission_flags: self.export.transmission_flags.into(),
+            size_bytes: export.size_bytes.into(),
+            transmission_flags: export.transmission_flags.into(),
         };
         out.extend_from_slice(reply.as_bytes());
         if !self.no_zeroes {
             out.extend_from_slice(&[0u8; proto::EXPORT_NAME_PAD_BYTES]);
         }
-        OptionOutcome::Transmission(self.mode(1))
+        OptionOutcome::Transmission(self.mode(chosen, 1))
     }
 
     fn answer_starttls(&mut self, option: u32, data: &[u8], out: &mut Vec<u8>) -> OptionOutcome {
@@ -264,10 +273,13 @@ impl Negotiation {
                 "NBD_OPT_LIST takes no data",
             );
         }
-        let name = self.export.name.as_bytes();
-        let mut entry = U32::new(name.len() as u32).as_bytes().to_vec();
-        entry.extend_from_slice(name);
-        proto::put_option_reply(out, option, proto::REP_SERVER, &entry);
+        for export in &self.exports {
+            let name = export.name.as_bytes();
+            let mut entry = U32::new(name.len() as u32).as_bytes().to_vec();
+            entry.extend_from_slice(name);
+            entry.extend_from_slice(export.description.as_bytes());
+            proto::put_option_reply(out, option, proto::REP_SERVER, &entry);
+        }
         proto::put_option_reply(out, option, proto::REP_ACK, &[]);
         OptionOutcome::Continue
     }
@@ -279,10 +291,10 @@ impl Negotiation {
             Ok(r) => r,
             Err(e) => return reply_err(out, option, proto::REP_ERR_INVALID, &e.to_string()),
         };
-        if !self.export.accepts(&req.export_name) {
+        let Some(chosen) = find_export(&self.exports, &req.export_name) else {
             return reply_err(out, option, proto::REP_ERR_UNKNOWN, "no such export");
-        }
-        self.put_infos(option, &req.info_types, out);
+        };
+        self.put_infos(chosen, option, &req.info_types, out);
         proto::put_option_reply(out, option, proto::REP_ACK, &[]);
         if option != proto::OPT_GO {
             return OptionOutcome::Continue;
@@ -290,11 +302,11 @@ impl Negotiation {
         // A client that asks for block sizes with GO must obey them; one
         // that does not gets the default minimum of 1.
         let min = if req.info_types.contains(&proto::INFO_BLOCK_SIZE) {
-            self.export.min_block_bytes
+            self.exports[chosen].min_block_bytes
         } else {
             1
         };
-        OptionOutcome::Transmission(self.mode(min))
+        OptionOutcome::Transmission(self.mode(chosen, min))
     }
 
     /// NBD_OPT_LIST_META_CONTEXT and NBD_OPT_SET_META_CONTEXT. Queries:
@@ -327,7 +339,7 @@ impl Negotiation {
             Ok(r) => r,
             Err(e) => return reply_err(out, proto::REP_ERR_INVALID, &e.to_string()),
         };
-        if !self.export.accepts(&req.export_name) {
+        if find_export(&self.exports, &req.export_name).is_none() {
             return reply_err(out, proto::REP_ERR_UNKNOWN, "no such export");
         }
         let (mut base, mut cache) = (
@@ -366,8 +378,9 @@ impl Negotiation {
         OptionOutcome::Continue
     }
 
-    fn mode(&self, min_block_bytes: u32) -> TransmissionMode {
+    fn mode(&self, export: usize, min_block_bytes: u32) -> TransmissionMode {
         TransmissionMode {
+            export,
             structured_replies: self.structured_replies,
             min_block_bytes,
             // Block status needs structured replies; contexts are only
@@ -381,8 +394,8 @@ impl Negotiation {
     /// gets the default constraints (minimum 1), and some clients (libnbd)
     /// would hold themselves to a minimum they were told. Unknown info
     /// types are ignored (proto.md NBD_OPT_INFO).
-    fn put_infos(&self, option: u32, requested: &[u16], out: &mut Vec<u8>) {
-        let e = &self.export;
+    fn put_infos(&self, chosen: usize, option: u32, requested: &[u16], out: &mut Vec<u8>) {
+        let e = &self.exports[chosen];
         let export = proto::InfoExport {
             info_type: proto::INFO_EXPORT.into(),
             size_bytes: e.size_bytes.into(),
@@ -546,7 +559,7 @@ mod tests {
     #[test]
     fn go_and_errors() {
         let flags = proto::ClientFlags { no_zeroes: true };
-        let mut n = Negotiation::new(export(), flags, TlsPolicy::Off);
+        let mut n = Negotiation::new(vec![export()], flags, TlsPolicy::Off);
         let mut out = Vec::new();
         assert_eq!(
             n.answer(proto::OPT_STRUCTURED_REPLY, &[], &mut out),
@@ -569,6 +582,7 @@ mod tests {
                 structured_replies: true,
                 min_block_bytes: 1,
                 contexts: MetaContexts::default(),
+                export: 0,
             })
         );
         let r = proto::REP_INFO;
@@ -576,9 +590,41 @@ mod tests {
     }
 
     #[test]
+    fn several_exports_by_name_and_the_empty_name_is_the_first() {
+        let named = |name: &str, size_bytes| ExportInfo {
+            name: name.into(),
+            size_bytes,
+            ..export()
+        };
+        let exports = vec![named("vol0", 1 << 20), named("logs", 2 << 20)];
+        let flags = proto::ClientFlags { no_zeroes: true };
+        let mut n = Negotiation::new(exports, flags, TlsPolicy::Off);
+        let mut out = Vec::new();
+        n.answer(proto::OPT_LIST, &[], &mut out);
+        let r = proto::REP_SERVER;
+        assert_eq!(reply_types(&out), vec![r, r, proto::REP_ACK]);
+        let size_of = |out: &[u8]| u64::from_be_bytes(out[22..30].try_into().unwrap());
+        for (name, size) in [("logs", 2 << 20), ("vol0", 1 << 20), ("", 1 << 20)] {
+            out.clear();
+            n.answer(proto::OPT_INFO, &info_data(name, &[]), &mut out);
+            assert_eq!(reply_types(&out), vec![proto::REP_INFO, proto::REP_ACK]);
+            assert_eq!(size_of(&out), size, "{name:?}");
+        }
+        out.clear();
+        n.answer(proto::OPT_INFO, &info_data("disk", &[]), &mut out);
+        assert_eq!(reply_types(&out), vec![proto::REP_ERR_UNKNOWN]);
+        out.clear();
+        let go = n.answer(proto::OPT_GO, &info_data("logs", &[]), &mut out);
+        assert!(matches!(go, OptionOutcome::Transmission(m) if m.export == 1));
+        let mut n = Negotiation::new(vec![named("a", 1), named("b", 1)], flags, TlsPolicy::Off);
+        let go = n.answer(proto::OPT_EXPORT_NAME, b"b", &mut out);
+        assert!(matches!(go, OptionOutcome::Transmission(m) if m.export == 1));
+    }
+
+    #[test]
     fn export_name() {
         let mut n = Negotiation::new(
-            export(),
+            vec![export()],
             proto::ClientFlags { no_zeroes: false },
             TlsPolicy::Off,
         );
@@ -596,7 +642,7 @@ mod tests {
 
     #[test]
     fn tls_required_refuses_everything_but_starttls() {
-        let mut n = Negotiation::new(export(), FLAGS, TlsPolicy::Required);
+        let mut n = Negotiation::new(vec![export()], FLAGS, TlsPolicy::Required);
         let mut out = Vec::new();
         for opt in [
             proto::OPT_LIST,
@@ -644,11 +690,11 @@ mod tests {
     #[test]
     fn starttls_policies_and_reset() {
         let mut out = Vec::new();
-        let mut off = Negotiation::new(export(), FLAGS, TlsPolicy::Off);
+        let mut off = Negotiation::new(vec![export()], FLAGS, TlsPolicy::Off);
         off.answer(proto::OPT_STARTTLS, &[], &mut out);
         assert_eq!(reply_types(&out), vec![proto::REP_ERR_UNSUP]);
         // Optional: plaintext works; state before STARTTLS is forgotten.
-        let mut n = Negotiation::new(export(), FLAGS, TlsPolicy::Optional);
+        let mut n = Negotiation::new(vec![export()], FLAGS, TlsPolicy::Optional);
         out.clear();
         n.answer(proto::OPT_STRUCTURED_REPLY, &[], &mut out);
         n.answer(
@@ -680,7 +726,7 @@ mod tests {
 
     #[test]
     fn meta_contexts() {
-        let mut n = Negotiation::new(export(), FLAGS, TlsPolicy::Off);
+        let mut n = Negotiation::new(vec![export()], FLAGS, TlsPolicy::Off);
         let mut out = Vec::new();
         let list = proto::meta_context_request("disk", &[]);
         n.answer(proto::OPT_LIST_META_CONTEXT, &list, &mut out);

@@ -222,38 +222,75 @@ pub fn transmission_flags<V: Volume>(volume: &V, config: &ServerConfig) -> u16 {
 }
 
 struct Shared<V> {
-    export_shared: SharedExport<V>,
     config: ServerConfig,
-    export: ExportInfo,
+    /// The exports, by index (`TransmissionMode::export`).
+    exports: Vec<Export<V>>,
+}
+
+/// One export: what clients are told of it and what serves it.
+struct Export<V> {
+    info: ExportInfo,
+    shared: SharedExport<V>,
     /// The volume's block size (what requests are charged depends on it).
     block_bytes: u32,
 }
 
 impl<V: Volume> Shared<V> {
-    fn new(volume: Arc<V>, config: ServerConfig) -> Shared<V> {
-        let block_bytes = volume.preferred_block_bytes().max(SECTOR_BYTES as u32);
-        let export = ExportInfo {
-            name: config.export_name.clone(),
-            description: config.description.clone(),
-            size_bytes: volume.size_bytes(),
-            transmission_flags: transmission_flags(&*volume, &config),
-            min_block_bytes: SECTOR_BYTES as u32,
-            preferred_block_bytes: block_bytes.min(config.max_request_bytes),
-            max_block_bytes: config.max_request_bytes,
-        };
+    /// The exports `volumes` (name, volume); their requests share the
+    /// server's buffer budgets.
+    fn new(volumes: Vec<(String, Arc<V>)>, config: ServerConfig) -> Shared<V> {
         let total = config.max_buffered_bytes_total;
-        Shared {
-            export_shared: SharedExport {
-                volume,
-                locks: RangeLocks::new(),
-                buffered_total: Budget::new(total),
-                receiving: Budget::new((total / 2).max(1)),
-            },
-            config,
-            export,
-            block_bytes,
+        let buffered_total = Budget::new(total);
+        let receiving = Budget::new((total / 2).max(1));
+        let exports = (volumes.into_iter())
+            .map(|(name, volume)| {
+                let block_bytes = volume.preferred_block_bytes().max(SECTOR_BYTES as u32);
+                let info = ExportInfo {
+                    name,
+                    description: config.description.clone(),
+                    size_bytes: volume.size_bytes(),
+                    transmission_flags: transmission_flags(&*volume, &config),
+                    min_block_bytes: SECTOR_BYTES as u32,
+                    preferred_block_bytes: block_bytes.min(config.max_request_bytes),
+                    max_block_bytes: config.max_request_bytes,
+                };
+                let shared = SharedExport {
+                    volume,
+                    locks: RangeLocks::new(),
+                    buffered_total: buffered_total.clone(),
+                    receiving: receiving.clone(),
+                };
+                Export {
+                    info,
+                    shared,
+                    block_bytes,
+                }
+            })
+            .collect();
+        Shared { config, exports }
+    }
+
+    fn infos(&self) -> Vec<ExportInfo> {
+        self.exports.iter().map(|e| e.info.clone()).collect()
+    }
+}
+
+/// The names of a server's exports: at least one, distinct, each an NBD
+/// string without NUL.
+fn check_export_names<V>(volumes: &[(String, Arc<V>)]) -> Result<(), NbdError> {
+    let bad = |m: String| Err(NbdError::Config(m));
+    if volumes.is_empty() {
+        return bad("a server needs an export".into());
+    }
+    for (i, (name, _)) in volumes.iter().enumerate() {
+        if name.len() > proto::STRING_BYTES_MAX || name.contains('\0') {
+            return bad(format!("export name {name:?}: at most 4096 bytes without NUL"));
+        }
+        if volumes[..i].iter().any(|(n, _)| n == name) {
+            return bad(format!("two exports are named {name:?}"));
         }
     }
+    Ok(())
 }
 
 /// Serves one connection already accepted on `stream`, from the greeting to
@@ -266,7 +303,8 @@ pub async fn serve_stream<V: Volume>(
     stream: UnixStream,
 ) -> Result<(), NbdError> {
     config.validate()?;
-    let shared = Arc::new(Shared::new(volume, config));
+    let name = config.export_name.clone();
+    let shared = Arc::new(Shared::new(vec![(name, volume)], config));
     let slots = Slots::new(&shared.config);
     let handshake = slots
         .handshakes
@@ -323,8 +361,23 @@ pub async fn serve<V: Volume>(
     config: ServerConfig,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), NbdError> {
+    let name = config.export_name.clone();
+    serve_exports(vec![(name, volume)], listeners, config, shutdown).await
+}
+
+/// `serve` for several exports, `volumes` (name, volume): a client picks
+/// one by name, and the empty name is the first. Their requests share the
+/// buffer budgets and connection limits of `config`, whose `export_name`
+/// is not used.
+pub async fn serve_exports<V: Volume>(
+    volumes: Vec<(String, Arc<V>)>,
+    listeners: Vec<Listener>,
+    config: ServerConfig,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), NbdError> {
     config.validate()?;
-    let shared = Arc::new(Shared::new(volume, config));
+    check_export_names(&volumes)?;
+    let shared = Arc::new(Shared::new(volumes, config));
     let mut accept_loops = tokio::task::JoinSet::new();
     let mut all_slots = Vec::new();
     for listener in listeners {
@@ -478,7 +531,7 @@ struct Admitted<S> {
 /// `Ok(None)`: the client aborted.
 async fn handshake_phase<S: PlainStream>(
     mut s: S,
-    export: &ExportInfo,
+    exports: Vec<ExportInfo>,
     limits: HandshakeLimits,
     tls: Option<ListenerTls>,
     admit: &mut impl FnMut() -> Option<OwnedSemaphorePermit>,
@@ -489,7 +542,7 @@ async fn handshake_phase<S: PlainStream>(
         Some(t) if t.required => TlsPolicy::Required,
         Some(_) => TlsPolicy::Optional,
     };
-    let mut neg = Negotiation::new(export.clone(), flags, policy);
+    let mut neg = Negotiation::new(exports, flags, policy);
     let mut seen = 0;
     match handshake::haggle(&mut s, &mut neg, limits, &mut seen, admit).await? {
         Step::Abort => return Ok(None),
@@ -545,7 +598,7 @@ async fn negotiate<S: PlainStream, V: Volume>(
     };
     let handshake = tokio::time::timeout(
         cfg.handshake_timeout,
-        handshake_phase(s, &conn.shared.export, limits, conn.tls.clone(), &mut admit),
+        handshake_phase(s, conn.shared.infos(), limits, conn.tls.clone(), &mut admit),
     );
     let negotiated = tokio::select! {
         biased;
@@ -591,17 +644,18 @@ async fn serve_connection<S: PlainStream, V: Volume>(
         _slot,
     } = admitted;
     let encrypted = matches!(stream, Negotiated::Tls(_));
+    let served = &shared.exports[mode.export];
     info!(
-        "{peer}: transmission (TLS: {encrypted}, structured replies: {}, minimum block: {})",
-        mode.structured_replies, mode.min_block_bytes
+        "{peer}: transmission of export {:?} (TLS: {encrypted}, structured replies: {}, minimum block: {})",
+        served.info.name, mode.structured_replies, mode.min_block_bytes
     );
     let export = ExportLimits {
-        size_bytes: shared.export.size_bytes,
+        size_bytes: served.info.size_bytes,
         read_only: cfg.read_only,
         max_request_bytes: cfg.max_request_bytes,
         min_block_bytes: mode.min_block_bytes,
         contexts: mode.contexts,
-        block_bytes: shared.block_bytes,
+        block_bytes: served.block_bytes,
     };
     let conn_limits = ConnLimits {
         in_flight_max: cfg.max_in_flight_per_conn,
@@ -610,7 +664,7 @@ async fn serve_connection<S: PlainStream, V: Volume>(
         stall_timeout: cfg.stall_timeout,
         transfer_timeout: cfg.transfer_timeout,
     };
-    let ex = shared.export_shared.clone();
+    let ex = served.shared.clone();
     let _counted = Connected::count(&cfg.clients_connected);
     let end = match stream {
         Negotiated::Plain(s) => {

@@ -1,0 +1,204 @@
+//! One cache in front of several origins, through the `tiercache` binary
+//! and real NBD clients: `create --origin A --origin B --volume ...` makes
+//! one cache of two volumes, `serve` serves each as the NBD export of its
+//! name (the empty name is the first), data written through one export
+//! lands on its own origin and nowhere else, and `status`, `check` and
+//! `detach` speak of every volume.
+
+mod common;
+#[path = "common/daemon.rs"]
+mod daemon;
+
+use std::path::Path;
+use std::process::Command;
+
+use daemon::{first_difference, need, nbdcopy, sigterm, Setup};
+
+const DATA_BYTES: u64 = 24 << 20;
+const LOGS_BYTES: u64 = 8 << 20;
+
+/// A directory with two origins (`data.img`, 24 MiB; `logs.img`, 8 MiB), a
+/// cache file of 8 MiB, and a state directory with no cache yet.
+fn two_origins() -> Setup {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let s = Setup { dir };
+    for (name, bytes) in [
+        ("data.img", DATA_BYTES),
+        ("logs.img", LOGS_BYTES),
+        ("cache.img", 8 << 20),
+    ] {
+        std::fs::File::create(s.path(name))
+            .unwrap()
+            .set_len(bytes)
+            .unwrap();
+    }
+    s
+}
+
+fn path_str(s: &Setup, name: &str) -> String {
+    s.path(name).to_str().unwrap().to_string()
+}
+
+/// `tiercache create` of one cache over `data.img` and `logs.img`.
+fn create_two(s: &Setup, extra: &[&str]) -> std::process::Output {
+    let (data, logs, cache) = (
+        path_str(s, "data.img"),
+        path_str(s, "logs.img"),
+        path_str(s, "cache.img"),
+    );
+    let mut args = vec![
+        "create", "--origin", &data, "--origin", &logs, "--cache", &cache,
+    ];
+    args.extend_from_slice(extra);
+    s.cli_output(&args)
+}
+
+/// A file of `bytes` whose every 512-byte sector names `tag` and itself.
+fn pattern(path: &Path, tag: &str, bytes: u64) {
+    let mut v = Vec::with_capacity(bytes as usize);
+    for sector in 0..bytes / 512 {
+        let mut s = format!("{tag} sector {sector} ").into_bytes();
+        s.resize(512, b'.');
+        v.extend_from_slice(&s);
+    }
+    std::fs::write(path, v).unwrap();
+}
+
+fn export_uri(s: &Setup, export: &str) -> String {
+    format!(
+        "nbd+unix:///{export}?socket={}",
+        s.nbd_socket().display()
+    )
+}
+
+#[test]
+fn two_origins_are_two_exports_and_each_keeps_its_own_data() {
+    need("nbdinfo", "libnbd-bin");
+    need("nbdcopy", "libnbd-bin");
+    let s = two_origins();
+    let out = create_two(&s, &["--volume", "data", "--volume", "logs"]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "create: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        said.contains("volume data:") && said.contains("volume logs:"),
+        "{said}"
+    );
+    let mut server = s.serve();
+    // Both exports are listed, each with its own size.
+    let list = Command::new("nbdinfo")
+        .args(["--list", "--json", &s.uri()])
+        .output()
+        .unwrap();
+    assert!(list.status.success(), "{}", String::from_utf8_lossy(&list.stderr));
+    let list: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+    let exports: Vec<(String, u64)> = list["exports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let name = e["export-name"].as_str().unwrap().to_string();
+            (name, e["export-size"].as_u64().unwrap())
+        })
+        .collect();
+    assert_eq!(
+        exports,
+        vec![("data".into(), DATA_BYTES), ("logs".into(), LOGS_BYTES)]
+    );
+    // The same sectors of both volumes get different data; the empty
+    // name is the first volume.
+    let (data_in, logs_in) = (s.path("data.in"), s.path("logs.in"));
+    pattern(&data_in, "data", DATA_BYTES);
+    pattern(&logs_in, "logs", LOGS_BYTES);
+    nbdcopy(&data_in, export_uri(&s, "data"));
+    nbdcopy(&logs_in, export_uri(&s, "logs"));
+    for (export, expect) in [("data", &data_in), ("logs", &logs_in), ("", &data_in)] {
+        let back = s.path("back.out");
+        let _ = std::fs::remove_file(&back);
+        nbdcopy(export_uri(&s, export), &back);
+        assert_eq!(first_difference(&back, expect), None, "export {export:?}");
+    }
+    // An unknown export is refused by name.
+    let unknown = Command::new("nbdinfo")
+        .arg(export_uri(&s, "nope"))
+        .output()
+        .unwrap();
+    assert!(!unknown.status.success());
+    // Status speaks of both volumes and what the cache holds of each.
+    let st = s.status();
+    let volumes = st["volumes"].as_array().unwrap();
+    assert_eq!(volumes.len(), 2);
+    assert_eq!(volumes[0]["name"], "data");
+    assert_eq!(volumes[1]["name"], "logs");
+    assert_eq!(volumes[1]["bytes"], LOGS_BYTES);
+    let dirty = |v: &serde_json::Value| v["cache_blocks_dirty"].as_u64().unwrap();
+    assert_eq!(
+        dirty(&volumes[0]) + dirty(&volumes[1]),
+        st["cache_blocks_dirty"].as_u64().unwrap()
+    );
+    assert!(dirty(&volumes[1]) > 0, "{st}");
+    assert_eq!(st["frontends"]["nbd_exports"], serde_json::json!(["data", "logs"]));
+    let text = s.cli(&["status"]);
+    assert!(text.contains("data: ") && text.contains("logs: "), "{text}");
+    assert!(text.contains("NBD exports data, logs"), "{text}");
+    sigterm(&mut server);
+    assert!(server.wait().unwrap().success());
+    // Offline: check names both volumes; detach writes each volume back
+    // to its own origin.
+    let check = s.cli(&["check"]);
+    assert!(check.contains("volume logs"), "{check}");
+    let detach = s.cli(&["detach"]);
+    assert!(detach.contains("the origins"), "{detach}");
+    assert_eq!(first_difference(&s.path("data.img"), &data_in), None);
+    assert_eq!(first_difference(&s.path("logs.img"), &logs_in), None);
+}
+
+#[test]
+fn bad_volume_arguments_are_refused_and_write_nothing() {
+    let s = two_origins();
+    let data = path_str(&s, "data.img");
+    let cache = path_str(&s, "cache.img");
+    let refused = |out: std::process::Output, says: &str| {
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success() && err.contains(says), "{says}: {err}");
+        assert!(!s.state().join("caches/tc0.json").exists());
+        let head = std::fs::read(s.path("cache.img")).unwrap();
+        assert!(head.iter().all(|&b| b == 0), "the cache device was written");
+    };
+    refused(create_two(&s, &["--volume", "data"]), "2 --origin");
+    refused(
+        create_two(&s, &["--volume", "a", "--volume", "a"]),
+        "two volumes are named 'a'",
+    );
+    refused(
+        create_two(&s, &["--volume", "a", "--volume", "b/c"]),
+        "may hold only letters",
+    );
+    refused(
+        s.cli_output(&[
+            "create", "--origin", &data, "--origin", &data, "--cache", &cache,
+        ]),
+        "given twice",
+    );
+}
+
+#[test]
+fn one_volume_front_ends_are_refused_for_several_volumes() {
+    let s = two_origins();
+    let out = create_two(&s, &[]);
+    assert!(out.status.success());
+    let serve = Command::new(daemon::BIN)
+        .args(["serve", "--export-name", "disk"])
+        .env("TIERCACHE_STATE_DIR", s.state())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&serve.stderr);
+    assert!(!serve.status.success(), "{err}");
+    assert!(
+        err.contains("holds 2 volumes (vol0, vol1)") && err.contains("--export-name"),
+        "{err}"
+    );
+}
