@@ -659,6 +659,7 @@ fn entry(name: &str) -> Entry {
     Entry {
         name: name.into(),
         origin: "/dev/origin".into(),
+        more_origins: Vec::new(),
         cache: "/dev/cache".into(),
         more_caches: Vec::new(),
         created: registry::now_rfc3339(),

@@ -49,7 +49,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     }
     // Written back here first for the progress bar; detach then finds
     // (almost) nothing left to do.
-    let written = flush_with_progress(&opened.target)?;
+    let written = flush_with_progress(&opened.target, None)?;
     opened
         .target
         .detach(a.force)
@@ -68,10 +68,22 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     );
     println!(
         "{} {} now stand{} alone and hold{} all data; {} no longer holds a cache",
-        if entry.more_origins.is_empty() { "the origin" } else { "the origins" },
+        if entry.more_origins.is_empty() {
+            "the origin"
+        } else {
+            "the origins"
+        },
         entry.origin_paths().join(", "),
-        if entry.more_origins.is_empty() { "s" } else { "" },
-        if entry.more_origins.is_empty() { "s" } else { "" },
+        if entry.more_origins.is_empty() {
+            "s"
+        } else {
+            ""
+        },
+        if entry.more_origins.is_empty() {
+            "s"
+        } else {
+            ""
+        },
         entry.cache_paths().join(" + ")
     );
     Ok(())

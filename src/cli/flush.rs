@@ -12,33 +12,47 @@ use super::NameArg;
 pub struct Args {
     #[command(flatten)]
     name: NameArg,
+    /// Of a cache of several origins: write back this volume's dirty data
+    /// only (in flush order, every volume's: the groups span them).
+    #[arg(long, value_name = "NAME")]
+    volume: Option<String>,
 }
 
 pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     let opened = Opened::open(reg, a.name.name.as_deref())?;
-    let written = flush_with_progress(&opened.target)?;
+    let written = flush_with_progress(&opened.target, a.volume.as_deref())?;
     let status = opened.target.status()?;
     opened.finish()?;
+    let cache = format!("cache '{}'", opened.entry.name);
+    let (what, dirty) = match &a.volume {
+        Some(name) => {
+            let v = super::status::volume(&status, Some(name))?;
+            (format!("volume '{name}' of {cache}"), v.cache_blocks_dirty)
+        }
+        None => (cache, status.cache_blocks_dirty),
+    };
     println!(
-        "cache '{}': flushed, {written} blocks ({}) written back; {} dirty",
-        opened.entry.name,
+        "{what}: flushed, {written} blocks ({}) written back; {dirty} dirty",
         human_bytes(written * u64::from(status.block_bytes)),
-        status.cache_blocks_dirty
     );
     Ok(())
 }
 
-/// Writes back all dirty data, with a progress bar when stderr is a
-/// terminal. Returns the number of blocks written back.
-pub fn flush_with_progress(target: &Target) -> Result<u64> {
+/// Writes back all dirty data (or `volume`'s), with a progress bar when
+/// stderr is a terminal. Returns the number of blocks written back.
+pub fn flush_with_progress(target: &Target, volume: Option<&str>) -> Result<u64> {
     let before = target.status()?;
+    let dirty = match volume {
+        Some(name) => super::status::volume(&before, Some(name))?.cache_blocks_dirty,
+        None => before.cache_blocks_dirty,
+    };
     // Nothing dirty: no bar to flash up.
-    let bar = if before.cache_blocks_dirty > 0 {
-        progress::bar("writing back", before.cache_blocks_dirty, Unit::Blocks)
+    let bar = if dirty > 0 {
+        progress::bar("writing back", dirty, Unit::Blocks)
     } else {
         None
     };
-    let result = target.write_back_all(&mut progress::updater(&bar));
+    let result = target.write_back(volume, &mut progress::updater(&bar));
     if let Some(bar) = &bar {
         bar.finish_and_clear();
     }

@@ -33,7 +33,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     // none; doing it first here shows progress.
     let mut written = 0;
     if !mode.holds_dirty() && before.cache_blocks_dirty > 0 {
-        written = flush_with_progress(&opened.target)?;
+        written = flush_with_progress(&opened.target, None)?;
     }
     opened.target.set_mode(mode)?;
     opened.finish()?;

@@ -4,7 +4,7 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use tiercache::daemon::Frontends;
 use tiercache::device::DeviceHealth;
-use tiercache::engine::Status;
+use tiercache::engine::{Status, VolumeStatus};
 
 use super::registry::Registry;
 use super::target::Opened;
@@ -56,6 +56,23 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The volume named `name` (else the first) of a cache's status; an
+/// unknown name is refused, naming the volumes there are.
+pub fn volume<'a>(s: &'a Status, name: Option<&str>) -> Result<&'a VolumeStatus> {
+    let found = match name {
+        None => s.volumes.first(),
+        Some(n) => s.volumes.iter().find(|v| v.name == n),
+    };
+    found.with_context(|| {
+        let names: Vec<&str> = s.volumes.iter().map(|v| v.name.as_str()).collect();
+        format!(
+            "no volume named '{}' in this cache (its volumes: {})",
+            name.unwrap_or(""),
+            names.join(", ")
+        )
+    })
 }
 
 /// Where a daemon serves the cache, one row per front end.
@@ -260,7 +277,10 @@ fn volume_rows(s: &Status) -> Rows {
         ("placement", placement(s)),
         ("writeback order", writeback_order(s)),
         ("block size", human_bytes(s.block_bytes.into())),
-        ("volume size", human_bytes(s.volumes.iter().map(|v| v.bytes).sum())),
+        (
+            "volume size",
+            human_bytes(s.volumes.iter().map(|v| v.bytes).sum()),
+        ),
         (
             "cache blocks",
             format!(

@@ -58,30 +58,52 @@ impl Target {
         }
     }
 
-    /// Writes back all dirty data; `progress` gets (blocks done, blocks to do).
-    pub fn write_back_all(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<()> {
+    /// Writes back all dirty data, or volume `volume`'s; `progress` gets
+    /// (blocks done, blocks to do).
+    pub fn write_back(
+        &self,
+        volume: Option<&str>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<()> {
+        let request = Request::Flush {
+            volume: volume.map(String::from),
+        };
         match self {
-            Target::Offline(e) => e
-                .write_back_all(progress)
-                .context("writing back dirty data"),
+            Target::Offline(e) => match volume {
+                None => e.write_back_all(progress),
+                Some(name) => (e.volume_index(name)).and_then(|v| e.write_back_volume(v, progress)),
+            }
+            .context("writing back dirty data"),
             Target::ReadOnly(_) => Err(read_only()),
-            Target::Daemon(p) => control::call_with_progress(p, &Request::Flush, progress)
+            Target::Daemon(p) => control::call_with_progress(p, &request, progress)
                 .map(|_| ())
                 .context("writing back dirty data"),
         }
     }
 
-    /// Promotes `length` bytes at `offset` into the cache; `progress` gets
-    /// (bytes done, bytes to do).
-    pub fn warm(&self, offset: u64, length: u64, progress: &mut dyn FnMut(u64, u64)) -> Result<()> {
+    /// Promotes `length` bytes at `offset` of `volume` (else of the first)
+    /// into the cache; `progress` gets (bytes done, bytes to do).
+    pub fn warm(
+        &self,
+        volume: Option<&str>,
+        offset: u64,
+        length: u64,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<()> {
+        let request = Request::Warm {
+            offset,
+            length,
+            volume: volume.map(String::from),
+        };
         match self {
-            Target::Offline(e) => e.warm(offset, length, progress).context("warming"),
-            Target::ReadOnly(_) => Err(read_only()),
-            Target::Daemon(p) => {
-                control::call_with_progress(p, &Request::Warm { offset, length }, progress)
-                    .map(|_| ())
-                    .context("warming")
+            Target::Offline(e) => {
+                let v = volume.map_or(Ok(0), |name| e.volume_index(name));
+                (v.and_then(|v| e.warm_volume(v, offset, length, progress))).context("warming")
             }
+            Target::ReadOnly(_) => Err(read_only()),
+            Target::Daemon(p) => control::call_with_progress(p, &request, progress)
+                .map(|_| ())
+                .context("warming"),
         }
     }
 

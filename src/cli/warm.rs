@@ -22,6 +22,10 @@ pub struct Args {
     /// How much to promote (default: to the end of the volume).
     #[arg(long, value_parser = parse_bytes)]
     length: Option<u64>,
+    /// Of a cache of several origins: the volume to warm (default: the
+    /// first).
+    #[arg(long, value_name = "NAME")]
+    volume: Option<String>,
 }
 
 fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
@@ -34,21 +38,22 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     if !a.offset.is_multiple_of(512) || a.length.is_some_and(|l| !l.is_multiple_of(512)) {
         bail!("--offset and --length must be multiples of 512");
     }
-    if a.offset >= before.volume_bytes {
+    let volume_bytes = super::status::volume(&before, a.volume.as_deref())?.bytes;
+    if a.offset >= volume_bytes {
         bail!(
             "--offset {} is at or past the end of the volume ({})",
             a.offset,
-            human_bytes(before.volume_bytes)
+            human_bytes(volume_bytes)
         );
     }
-    let length = a
-        .length
-        .unwrap_or(u64::MAX)
-        .min(before.volume_bytes - a.offset);
+    let length = a.length.unwrap_or(u64::MAX).min(volume_bytes - a.offset);
     let bar = progress::bar("warming", length, Unit::Bytes);
-    let result = opened
-        .target
-        .warm(a.offset, length, &mut progress::updater(&bar));
+    let result = opened.target.warm(
+        a.volume.as_deref(),
+        a.offset,
+        length,
+        &mut progress::updater(&bar),
+    );
     if let Some(bar) = &bar {
         bar.finish_and_clear();
     }

@@ -62,7 +62,11 @@ const PROGRESS_INTERVAL: Duration = Duration::from_millis(100);
 #[serde(tag = "op", rename_all = "kebab-case")]
 pub enum Request {
     Status,
-    Flush,
+    /// Write back every volume's dirty data, or the named volume's.
+    Flush {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        volume: Option<String>,
+    },
     SetMode {
         mode: Mode,
     },
@@ -80,10 +84,13 @@ pub enum Request {
         #[serde(default)]
         force: bool,
     },
-    /// Promote `length` bytes at `offset` into the cache.
+    /// Promote `length` bytes at `offset` (of the named volume; else of
+    /// the first) into the cache.
     Warm {
         offset: u64,
         length: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        volume: Option<String>,
     },
     /// The cache device is gone for good: its dirty blocks are lost, their
     /// origin ranges stale (`Engine::give_up_cache`).
@@ -275,9 +282,18 @@ fn carry_out(
     let done = |r: crate::engine::EngineResult<()>| r.map(|_| None).map_err(|e| e.to_string());
     let result = match req {
         Request::Status => Ok(Some(engine.status())),
-        Request::Flush => status(engine.write_back_all(&mut progress_lines(out))),
-        Request::Warm { offset, length } => {
-            status(engine.warm(offset, length, &mut progress_lines(out)))
+        Request::Flush { volume } => status(match volume {
+            None => engine.write_back_all(&mut progress_lines(out)),
+            Some(name) => (engine.volume_index(&name))
+                .and_then(|v| engine.write_back_volume(v, &mut progress_lines(out))),
+        }),
+        Request::Warm {
+            offset,
+            length,
+            volume,
+        } => {
+            let v = volume.map_or(Ok(0), |name| engine.volume_index(&name));
+            status(v.and_then(|v| engine.warm_volume(v, offset, length, &mut progress_lines(out))))
         }
         Request::ReplaceCache { member, device } => match crate::device::open_device(&device) {
             Ok(dev) => status(engine.replace_cache_member(member, dev, &mut progress_lines(out))),

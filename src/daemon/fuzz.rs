@@ -97,11 +97,17 @@ pub fn control_request(data: &[u8]) {
         Request::SetAdmission { settings } => settings.validate().is_ok(),
         Request::SetPolicy { policy } => PolicyKind::parse(policy).is_some(),
         // A range cut at the volume's end, refused unless sector-aligned.
-        Request::Warm { offset, length } => {
+        Request::Warm {
+            offset,
+            length,
+            volume,
+        } => {
             let end = offset.saturating_add(*length).min(engine().volume_bytes());
-            end <= *offset || (offset % 512 == 0 && end % 512 == 0)
+            let known = volume.as_deref().is_none_or(|v| v == "vol0");
+            known && (end <= *offset || (offset % 512 == 0 && end % 512 == 0))
         }
-        Request::Status | Request::Flush | Request::SetMode { .. } => true,
+        Request::Flush { volume } => volume.as_deref().is_none_or(|v| v == "vol0"),
+        Request::Status | Request::SetMode { .. } => true,
     };
     let served = Served::new(Frontends::default(), Arc::default());
     answer(engine(), &served, &line, ours, &|| {

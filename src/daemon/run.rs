@@ -20,8 +20,8 @@ use crate::device::{open_device, DeviceError};
 use crate::engine::async_engine::AsyncEngine;
 use crate::engine::{CreateOptions, Engine, EngineError, OpenOptions};
 use crate::frontend::nbd::{serve_exports, Listener, NbdError, ServerConfig};
-use crate::volume::Volume;
 use crate::nbd::TlsAcceptor;
+use crate::volume::Volume;
 
 /// What the daemon serves.
 pub enum EngineSource {
@@ -435,7 +435,9 @@ fn refuse_one_volume_frontends(engine: &Engine, name: &str, cfg: &DaemonConfig) 
     Err(DaemonError::OneVolumeOnly {
         name: name.to_string(),
         volumes: volumes.len(),
-        names: (volumes.iter().map(|v| v.0.as_str())).collect::<Vec<_>>().join(", "),
+        names: (volumes.iter().map(|v| v.0.as_str()))
+            .collect::<Vec<_>>()
+            .join(", "),
         what,
     })
 }

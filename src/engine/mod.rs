@@ -226,6 +226,26 @@ impl Engine {
             .collect()
     }
 
+    /// The index of the volume named `name`.
+    pub fn volume_index(&self, name: &str) -> EngineResult<usize> {
+        let mut names = self.origins.iter().map(|o| o.name());
+        names.position(|n| n == name).ok_or_else(|| {
+            let all: Vec<&str> = self.origins.iter().map(|o| o.name()).collect();
+            EngineError::Config(format!(
+                "no volume named '{name}' in this cache (its volumes: {})",
+                all.join(", ")
+            ))
+        })
+    }
+
+    /// The refusal of a volume index the cache does not have.
+    fn no_volume(&self, v: usize) -> EngineError {
+        EngineError::Config(format!(
+            "no volume {v} in this cache (it has {})",
+            self.origins.len()
+        ))
+    }
+
     /// Which bytes of `[offset, offset + len)` (an address) the cache holds
     /// and which of those are dirty, as extents (`table/introspect.rs`).
     pub fn cache_state(&self, offset: u64, len: u64) -> Vec<crate::volume::Extent> {

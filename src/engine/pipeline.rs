@@ -259,6 +259,19 @@ impl Engine {
         Ok(())
     }
 
+    /// `warm` of `len` bytes at `offset` of volume `v`.
+    pub fn warm_volume(
+        &self,
+        v: usize,
+        offset: u64,
+        len: u64,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> EngineResult<()> {
+        let origin = self.origins.get(v).ok_or_else(|| self.no_volume(v))?;
+        let at = super::origin::address::in_volume(origin.base(), offset);
+        self.warm(at, len, progress)
+    }
+
     /// Promotes `len` bytes at `offset` into the cache ahead of use (see
     /// `ReadKind::Warm`), in requests of `WARM_CHUNK_BYTES` so that block
     /// locks are held briefly; `progress` gets (bytes done, bytes to do).

@@ -77,14 +77,18 @@ impl RegionCounts {
 
     /// A block became cached (`up`) or stopped being cached.
     pub fn cached(&mut self, key: u64, up: bool) {
-        let Some((map, r)) = self.region(key) else { return };
+        let Some((map, r)) = self.region(key) else {
+            return;
+        };
         step(&mut map.cached[r], up);
         step_total(&mut map.cached_total, up);
     }
 
     /// A cached block became dirty (`up`) or clean.
     pub fn dirty(&mut self, key: u64, up: bool) {
-        let Some((map, r)) = self.region(key) else { return };
+        let Some((map, r)) = self.region(key) else {
+            return;
+        };
         step(&mut map.dirty[r], up);
         step_total(&mut map.dirty_total, up);
     }

@@ -139,7 +139,6 @@ impl MetaLock {
         }
     }
 
-
     /// Records wait for a commit; the crash log is half full.
     pub(crate) fn commit_pressure(&self) -> (bool, bool) {
         let m = self.0.lock();

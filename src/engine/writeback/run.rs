@@ -758,6 +758,32 @@ impl Engine {
     /// ends. (`tiercache flush` and lvmcache's flush mean this; the NBD
     /// FLUSH command, `Engine::flush`, only makes completed writes durable.)
     pub fn write_back_all(&self, progress: &mut dyn FnMut(u64, u64)) -> EngineResult<()> {
+        self.write_back_where(&|_| true, progress)
+    }
+
+    /// `write_back_all` for volume `v` alone (`Engine::volume_index` finds
+    /// it by name): the other volumes' dirty blocks stay. In flush order
+    /// the groups hold every volume's writes and go to the origins whole,
+    /// in order, so every volume is written back.
+    pub fn write_back_volume(
+        &self,
+        v: usize,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> EngineResult<()> {
+        let origin = self.origins.get(v).ok_or_else(|| self.no_volume(v))?;
+        if self.ordered() {
+            return self.write_back_all(progress);
+        }
+        self.write_back_where(&|key| origin.cacheable(key), progress)
+    }
+
+    /// Writes back the dirty blocks whose keys `wanted` accepts, as
+    /// `write_back_all` says.
+    fn write_back_where(
+        &self,
+        wanted: &dyn Fn(u64) -> bool,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> EngineResult<()> {
         for _pass in 0..16 {
             if self.ordered() {
                 self.write_back_groups(progress)?;
@@ -766,7 +792,8 @@ impl Engine {
                 }
                 continue;
             }
-            let snapshot: Vec<u64> = self.meta.all_dirty();
+            let mut snapshot: Vec<u64> = self.meta.all_dirty();
+            snapshot.retain(|&k| wanted(k));
             let total = snapshot.len() as u64;
             progress(0, total);
             let mut stalled = 0;
@@ -784,7 +811,8 @@ impl Engine {
                 wait_if_stalled(&mut stalled, next.len() < remaining.len())?;
                 remaining = next;
             }
-            if self.mode().holds_dirty() || self.dirty_blocks() == 0 {
+            let left = || self.meta.all_dirty().into_iter().any(wanted);
+            if self.mode().holds_dirty() || !left() {
                 break;
             }
         }

@@ -277,7 +277,6 @@ impl Negotiation {
             let name = export.name.as_bytes();
             let mut entry = U32::new(name.len() as u32).as_bytes().to_vec();
             entry.extend_from_slice(name);
-            entry.extend_from_slice(export.description.as_bytes());
             proto::put_option_reply(out, option, proto::REP_SERVER, &entry);
         }
         proto::put_option_reply(out, option, proto::REP_ACK, &[]);
@@ -720,6 +719,7 @@ mod tests {
                 structured_replies: false,
                 min_block_bytes: 512,
                 contexts: MetaContexts::default(),
+                export: 0,
             })
         );
     }

@@ -284,7 +284,9 @@ fn check_export_names<V>(volumes: &[(String, Arc<V>)]) -> Result<(), NbdError> {
     }
     for (i, (name, _)) in volumes.iter().enumerate() {
         if name.len() > proto::STRING_BYTES_MAX || name.contains('\0') {
-            return bad(format!("export name {name:?}: at most 4096 bytes without NUL"));
+            return bad(format!(
+                "export name {name:?}: at most 4096 bytes without NUL"
+            ));
         }
         if volumes[..i].iter().any(|(n, _)| n == name) {
             return bad(format!("two exports are named {name:?}"));
