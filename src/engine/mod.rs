@@ -288,6 +288,8 @@ impl Engine {
         let writeback = self.writeback.settings();
         let stale = self.stale_ranges();
         let stale_blocks = stale.iter().map(|(_, n)| n).sum();
+        // Before the metadata lock: a device's health takes its own lock.
+        let health = self.origins.iter().map(|o| o.device().health()).collect();
         let set = self.io.cache().as_cache_set();
         let mut members = set.map(|s| s.members()).unwrap_or_default();
         let mut m = self.meta.lock();
@@ -298,7 +300,7 @@ impl Engine {
         let stats = self.stats.snapshot();
         let errors = stats.cache_errors;
         let dirty = m.table().dirty_count();
-        let volumes = self.volume_statuses(m.table().regions.totals(), stale);
+        let volumes = self.volume_statuses(m.table().regions.totals(), stale, health);
         if let Some(set) = set {
             member_usage(&m, set, &mut members, dirty);
         }
@@ -354,24 +356,27 @@ impl Engine {
         }
     }
 
-    /// Each volume's status, from its (cached, dirty) blocks and its
-    /// stale (ranges, blocks), both by volume.
+    /// Each volume's status, from its (cached, dirty) blocks, its stale
+    /// (ranges, blocks) and its origin's health, all by volume.
     fn volume_statuses(
         &self,
         counts: Vec<(u64, u64)>,
         stale: Vec<(Vec<(u64, u64)>, u64)>,
+        health: Vec<Option<crate::device::DeviceHealth>>,
     ) -> Vec<VolumeStatus> {
-        let each = self.origins.iter().zip(counts).zip(stale);
-        each.map(|((o, (used, dirty)), (ranges, blocks))| VolumeStatus {
-            name: o.name().to_string(),
-            origin: o.device().name().into(),
-            bytes: o.bytes(),
-            origin_health: o.device().health(),
-            cache_blocks_used: used,
-            cache_blocks_dirty: dirty,
-            stale_ranges: ranges,
-            stale_blocks: blocks,
-        })
+        let each = self.origins.iter().zip(counts).zip(stale).zip(health);
+        each.map(
+            |(((o, (used, dirty)), (ranges, blocks)), origin_health)| VolumeStatus {
+                name: o.name().to_string(),
+                origin: o.device().name().into(),
+                bytes: o.bytes(),
+                origin_health,
+                cache_blocks_used: used,
+                cache_blocks_dirty: dirty,
+                stale_ranges: ranges,
+                stale_blocks: blocks,
+            },
+        )
         .collect()
     }
 
