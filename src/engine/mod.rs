@@ -282,7 +282,6 @@ impl Engine {
     }
 
     pub fn status(&self) -> Status {
-        let origin_health = self.origins.first().device().health();
         let stopped = self.io.admission_stopped();
         let limit = self.io.cache_error_limit();
         let writeback = self.writeback.settings();
@@ -317,12 +316,7 @@ impl Engine {
             admission_settings: self.admission.settings(),
             mrc: self.observe.mrc(),
             guard_engaged: self.admission.guard_engaged(),
-            state: if self.closed.load(Ordering::Acquire) {
-                "closed"
-            } else {
-                "running"
-            }
-            .into(),
+            state: ["running", "closed"][usize::from(self.closed.load(Ordering::Acquire))].into(),
             mode: self.mode(),
             policy: m.policy_kind().name().into(),
             placement: self.placement,
@@ -331,9 +325,9 @@ impl Engine {
             free_segments: m.pools().all_segments().map(|s| s.whole() as u64).sum(),
             scattered_slots: m.pools().all_segments().map(|s| s.scattered).sum(),
             block_bytes: self.block_bytes as u32,
-            volume_bytes: self.origins.first().bytes(),
-            origin: self.origins.first().device().name().into(),
-            origin_health,
+            volume_bytes: volumes[0].bytes,
+            origin: volumes[0].origin.clone(),
+            origin_health: volumes[0].origin_health.clone(),
             cache: self.io.cache().name().into(),
             cache_blocks_total: m.table().slot_count(),
             cache_blocks_used: m.table().used(),
@@ -347,11 +341,8 @@ impl Engine {
             stale_blocks,
             volumes,
             cache_set_state: set.map(|s| s.state_name().to_string()),
-            dirty_at_risk: if set.is_some_and(|s| s.degraded()) {
-                dirty
-            } else {
-                0
-            },
+            // On one cache device every dirty block has one copy: 0.
+            dirty_at_risk: dirty * u64::from(set.is_some_and(|s| s.degraded())),
             stats,
         }
     }
