@@ -89,7 +89,13 @@ struct Workload {
     ops: usize,
     /// Origins (volumes) of the one cache.
     origins: usize,
+    /// Volume `v > 0` gets `MIXED_MODES[v % 3]` after create (volume 0
+    /// keeps `mode`): the volumes of one cache in different modes.
+    mixed_modes: bool,
 }
+
+/// The modes of the volumes of a `mixed_modes` workload.
+const MIXED_MODES: [Mode; 3] = [Mode::Writeback, Mode::Writethrough, Mode::Writearound];
 
 /// Runs the workload on recording devices and returns the log.
 fn record(w: &Workload) -> Recorded {
@@ -121,10 +127,11 @@ fn record(w: &Workload) -> Recorded {
     let named = (0..w.origins)
         .map(|v| (format!("vol{v}"), origins0[v].clone() as DeviceRef))
         .collect();
-    Engine::create_volumes(cache0_ref, named, &opts, &open_opts)
-        .unwrap()
-        .close()
-        .unwrap();
+    let created = Engine::create_volumes(cache0_ref, named, &opts, &open_opts).unwrap();
+    for v in (1..w.origins).filter(|_| w.mixed_modes) {
+        created.set_volume_mode(v, MIXED_MODES[v % 3]).unwrap();
+    }
+    created.close().unwrap();
     let mut initial = vec![cache0.snapshot_current()];
     initial.extend(origins0.iter().map(|o| o.snapshot_current()));
 
@@ -414,6 +421,17 @@ fn run(mode: Mode, salt: u64, workloads: u64, ops: usize) {
 }
 
 fn run_with(mode: Mode, salt: u64, workloads: u64, ops: usize, origins: usize) {
+    run_volumes(mode, salt, workloads, ops, origins, false)
+}
+
+fn run_volumes(
+    mode: Mode,
+    salt: u64,
+    workloads: u64,
+    ops: usize,
+    origins: usize,
+    mixed_modes: bool,
+) {
     let random_variants = common::scaled(3, 4);
     let counts = Counts::default();
     let seeds: Vec<u64> = match std::env::var("TIERCACHE_SEED") {
@@ -433,11 +451,13 @@ fn run_with(mode: Mode, salt: u64, workloads: u64, ops: usize, origins: usize) {
             },
             ops,
             origins,
+            mixed_modes,
         };
         verify_workload(&w, random_variants, &counts);
     }
     eprintln!(
-        "power-loss {mode}, {origins} origins: {} workloads, {} flush points, {} crash images recovered and verified (all written back and detached, {} also restarted cleanly)",
+        "power-loss {mode}{}, {origins} origins: {} workloads, {} flush points, {} crash images recovered and verified (all written back and detached, {} also restarted cleanly)",
+        if mixed_modes { " (and others)" } else { "" },
         counts.workloads.load(Ordering::Relaxed),
         counts.flush_points.load(Ordering::Relaxed),
         counts.images.load(Ordering::Relaxed),
@@ -496,6 +516,19 @@ fn power_loss_at_every_flush_two_origins_writeback() {
         common::scaled(4, 30),
         common::scaled(200, 400) as usize,
         2,
+    );
+}
+
+/// Three volumes in writeback, writethrough and writearound.
+#[test]
+fn power_loss_at_every_flush_three_origins_in_three_modes() {
+    run_volumes(
+        Mode::Writeback,
+        13,
+        common::scaled(1, 15),
+        common::scaled(200, 400) as usize,
+        3,
+        true,
     );
 }
 

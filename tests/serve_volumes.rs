@@ -8,6 +8,8 @@
 mod common;
 #[path = "common/daemon.rs"]
 mod daemon;
+#[path = "common/web.rs"]
+mod web;
 
 use std::path::Path;
 use std::process::Command;
@@ -62,6 +64,14 @@ fn pattern(path: &Path, tag: &str, bytes: u64) {
         v.extend_from_slice(&s);
     }
     std::fs::write(path, v).unwrap();
+}
+
+/// The value of metric `name`'s series for `volume` in a metrics text.
+fn series_in(text: &str, name: &str, volume: &str) -> Option<f64> {
+    let l = (text.lines()).find(|l| {
+        l.starts_with(&format!("{name}{{")) && l.contains(&format!("volume=\"{volume}\""))
+    })?;
+    l.rsplit(' ').next()?.parse().ok()
 }
 
 fn export_uri(s: &Setup, export: &str) -> String {
@@ -179,7 +189,9 @@ fn flush_and_warm_take_a_volume() {
         "logs",
     ];
     assert!(create_two(&s, &quiet).status.success());
-    let mut server = s.serve();
+    let metrics = format!("127.0.0.1:{}", daemon::free_port());
+    let mut server = s.serve_with(&["--metrics", &metrics]);
+    web::wait_http(&metrics, "/metrics");
     let one_mib = s.path("one.in");
     pattern(&one_mib, "one", 1 << 20);
     nbdcopy(&one_mib, export_uri(&s, "data"));
@@ -218,6 +230,44 @@ fn flush_and_warm_take_a_volume() {
     assert_eq!((used(&s, 0), used(&s, 1)), (before.0, before.1 + 512));
     let out = s.cli_output(&["warm", "--volume", "logs", "--offset", "8M"]);
     assert!(!out.status.success(), "an offset at logs' end is refused");
+    // logs leaves writeback alone; data keeps its dirty blocks and mode.
+    nbdcopy(&one_mib, export_uri(&s, "logs"));
+    let said = s.cli(&["set-mode", "writethrough", "--volume", "logs"]);
+    assert!(
+        said.contains("volume 'logs'") && said.contains("writeback -> writethrough"),
+        "{said}"
+    );
+    let st = s.status();
+    assert_eq!(st["volumes"][0]["mode"], "writeback");
+    assert_eq!(st["volumes"][1]["mode"], "writethrough");
+    assert_eq!(dirty(&s), vec![256, 0]);
+    let text = s.cli(&["status"]);
+    assert!(
+        text.contains("per volume: data writeback, logs writethrough"),
+        "{text}"
+    );
+    // The metrics have a series per volume (taken every second or so: the
+    // first copy that shows data's dirty blocks).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let text = loop {
+        let (code, text) = web::get(&metrics, "/metrics").unwrap();
+        assert_eq!(code, 200);
+        let data_dirty = series_in(&text, "tiercache_volume_dirty_blocks", "data");
+        if data_dirty == Some(256.0) || std::time::Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let series = |name: &str, volume: &str| -> f64 {
+        series_in(&text, name, volume).unwrap_or_else(|| panic!("no {name} of {volume} in {text}"))
+    };
+    assert_eq!(series("tiercache_volume_dirty_blocks", "data"), 256.0);
+    assert_eq!(series("tiercache_volume_dirty_blocks", "logs"), 0.0);
+    assert_eq!(
+        series("tiercache_volume_size_bytes", "logs"),
+        LOGS_BYTES as f64
+    );
+    assert!(text.contains("mode=\"writethrough\""), "{text}");
     s.cli(&["flush"]);
     assert_eq!(dirty(&s), vec![0, 0]);
     sigterm(&mut server);

@@ -329,3 +329,68 @@ fn create_refuses_one_origin_twice_and_bad_names() {
     // Nothing was formatted: the device holds no cache.
     assert!(rig.cache.snapshot_current().iter().all(|&b| b == 0));
 }
+
+/// Each volume has its mode: writeback on one origin, writethrough on the
+/// other. Switching one volume out of writeback writes back its dirty
+/// blocks only; the modes are on disk (format 3's records) and come back
+/// at open; `set_mode` gives every volume the one mode again.
+#[test]
+fn each_volume_has_its_own_mode_kept_across_a_restart() {
+    let rig = Rig::new(64, &[1 << 20, 1 << 20]);
+    let engine = rig.create(&["db", "logs"], Mode::Writeback).unwrap();
+    let (a, b) = (engine.volumes()[0].1, engine.volumes()[1].1);
+    engine.write(a, &block(0xA1), false).unwrap();
+    engine.write(b, &block(0xB1), false).unwrap();
+    assert_eq!(engine.dirty_blocks(), 2);
+    // logs leaves writeback: its block is written back, db's stays dirty.
+    engine.set_volume_mode(1, Mode::Writethrough).unwrap();
+    assert_eq!(engine.dirty_blocks(), 1);
+    assert_eq!(rig.origin_bytes(1, 0, BS as usize), block(0xB1));
+    assert_eq!(rig.origin_bytes(0, 0, 4), vec![0x10; 4]);
+    // Now a write to logs reaches its origin at once; one to db does not.
+    engine.write(b + BS, &block(0xB2), false).unwrap();
+    engine.write(a + BS, &block(0xA2), false).unwrap();
+    assert_eq!(rig.origin_bytes(1, BS, BS as usize), block(0xB2));
+    assert_eq!(rig.origin_bytes(0, BS, 4), vec![0x10; 4]);
+    assert_eq!(engine.dirty_blocks(), 2);
+    let st = engine.status();
+    let modes: Vec<Mode> = st.volumes.iter().map(|v| v.mode).collect();
+    assert_eq!(modes, vec![Mode::Writeback, Mode::Writethrough]);
+    assert_eq!(st.mode, Mode::Writeback, "the cache's (volume 0's) mode");
+    assert_eq!(st.volumes[0].cache_blocks_dirty, 2);
+    assert_eq!(st.volumes[1].cache_blocks_dirty, 0);
+    assert!(engine.set_volume_mode(2, Mode::Writethrough).is_err());
+
+    // On disk: a power loss keeps both modes and db's dirty blocks.
+    engine.abandon();
+    drop(engine);
+    let sb = rig.superblock();
+    let recorded: Vec<Option<Mode>> = sb.volume_list().iter().map(|v| v.mode).collect();
+    assert_eq!(recorded, vec![None, Some(Mode::Writethrough)]);
+    let engine = rig.open().unwrap();
+    let modes: Vec<Mode> = engine.status().volumes.iter().map(|v| v.mode).collect();
+    assert_eq!(modes, vec![Mode::Writeback, Mode::Writethrough]);
+    assert_eq!(engine.dirty_blocks(), 2);
+    engine.write(b + 2 * BS, &block(0xB3), false).unwrap();
+    assert_eq!(rig.origin_bytes(1, 2 * BS, BS as usize), block(0xB3));
+
+    // One mode for all again: db's dirty blocks go back first, and no
+    // volume keeps a mode of its own.
+    engine.set_mode(Mode::Writearound).unwrap();
+    assert_eq!(engine.dirty_blocks(), 0);
+    assert_eq!(rig.origin_bytes(0, BS, BS as usize), block(0xA2));
+    engine.close().unwrap();
+    let recorded: Vec<Option<Mode>> = rig
+        .superblock()
+        .volume_list()
+        .iter()
+        .map(|v| v.mode)
+        .collect();
+    assert_eq!(recorded, vec![None, None]);
+    let engine = rig.open().unwrap();
+    let modes: Vec<Mode> = engine.status().volumes.iter().map(|v| v.mode).collect();
+    assert_eq!(modes, vec![Mode::Writearound, Mode::Writearound]);
+    engine.close().unwrap();
+    let report = check(&(rig.cache.clone() as DeviceRef), None);
+    assert!(report.ok, "{:?}", report.findings);
+}

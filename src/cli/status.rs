@@ -272,7 +272,7 @@ fn volume_rows(s: &Status) -> Rows {
     rows.push(("cache", s.cache.clone()));
     rows.extend(set_rows(s));
     rows.extend([
-        ("mode", s.mode.name().to_string()),
+        ("mode", mode(s)),
         ("policy", s.policy.clone()),
         ("placement", placement(s)),
         ("writeback order", writeback_order(s)),
@@ -300,6 +300,17 @@ fn volume_rows(s: &Status) -> Rows {
     rows
 }
 
+/// The cache mode, or each volume's when they differ.
+fn mode(s: &Status) -> String {
+    if s.volumes.iter().all(|v| v.mode == s.mode) {
+        return s.mode.name().to_string();
+    }
+    let each: Vec<String> = (s.volumes.iter())
+        .map(|v| format!("{} {}", v.name, v.mode.name()))
+        .collect();
+    format!("per volume: {}", each.join(", "))
+}
+
 /// The origin, or with several, a row per volume: its name (the NBD export
 /// it is served as), origin, size and what the cache holds of it.
 fn origin_rows(s: &Status) -> Rows {
@@ -320,10 +331,11 @@ fn origin_rows(s: &Status) -> Rows {
         rows.push((
             "volume",
             format!(
-                "{}: {} ({}), {} blocks cached, {} dirty{stale}",
+                "{}: {} ({}), {} mode, {} blocks cached, {} dirty{stale}",
                 v.name,
                 v.origin,
                 human_bytes(v.bytes),
+                v.mode.name(),
                 v.cache_blocks_used,
                 v.cache_blocks_dirty
             ),

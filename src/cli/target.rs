@@ -107,15 +107,21 @@ impl Target {
         }
     }
 
-    pub fn set_mode(&self, mode: Mode) -> Result<()> {
+    /// Switches every volume's mode, or `volume`'s.
+    pub fn set_mode(&self, volume: Option<&str>, mode: Mode) -> Result<()> {
+        let what = || format!("switching to {} mode", mode.name());
+        let request = Request::SetMode {
+            mode,
+            volume: volume.map(String::from),
+        };
         match self {
-            Target::Offline(e) => e
-                .set_mode(mode)
-                .with_context(|| format!("switching to {} mode", mode.name())),
+            Target::Offline(e) => match volume {
+                None => e.set_mode(mode),
+                Some(name) => (e.volume_index(name)).and_then(|v| e.set_volume_mode(v, mode)),
+            }
+            .with_context(what),
             Target::ReadOnly(_) => Err(read_only()),
-            Target::Daemon(p) => control::call(p, &Request::SetMode { mode })
-                .map(|_| ())
-                .with_context(|| format!("switching to {} mode", mode.name())),
+            Target::Daemon(p) => control::call(p, &request).map(|_| ()).with_context(what),
         }
     }
 

@@ -67,8 +67,11 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         volume: Option<String>,
     },
+    /// Every volume's mode, or the named volume's.
     SetMode {
         mode: Mode,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        volume: Option<String>,
     },
     SetWriteback {
         settings: WritebackSettings,
@@ -300,7 +303,11 @@ fn carry_out(
             Err(e) => Err(e.to_string()),
         },
         Request::GiveUpCache => status(engine.give_up_cache().map(|_| ())),
-        Request::SetMode { mode } => done(engine.set_mode(mode)),
+        Request::SetMode { mode, volume: None } => done(engine.set_mode(mode)),
+        Request::SetMode {
+            mode,
+            volume: Some(name),
+        } => done((engine.volume_index(&name)).and_then(|v| engine.set_volume_mode(v, mode))),
         Request::SetWriteback { settings } => done(engine.set_writeback(settings)),
         Request::SetAdmission { settings } => done(engine.set_admission(settings)),
         Request::SetPolicy { policy } => match PolicyKind::parse(&policy) {

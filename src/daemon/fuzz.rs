@@ -107,7 +107,8 @@ pub fn control_request(data: &[u8]) {
             known && (end <= *offset || (offset % 512 == 0 && end % 512 == 0))
         }
         Request::Flush { volume } => volume.as_deref().is_none_or(|v| v == "vol0"),
-        Request::Status | Request::SetMode { .. } => true,
+        Request::SetMode { volume, .. } => volume.as_deref().is_none_or(|v| v == "vol0"),
+        Request::Status => true,
     };
     let served = Served::new(Frontends::default(), Arc::default());
     answer(engine(), &served, &line, ours, &|| {

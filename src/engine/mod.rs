@@ -69,7 +69,7 @@ pub mod table;
 pub mod write;
 pub mod writeback;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
 use crate::device::DeviceRef;
@@ -109,12 +109,6 @@ pub struct Engine {
     /// settings and cursors, writes waiting for a slot.
     writeback: writeback::Writeback,
     observe: observe::Observe,
-    /// The cache mode (`Mode::to_u32`), read once per request. A switch
-    /// stores it before taking the metadata lock to look for dirty blocks,
-    /// and a write loads it after appending its dirtying records under
-    /// that lock: either the write sees the new mode or the switch sees
-    /// its dirty blocks (`write_back_if_mode_changed`).
-    mode: AtomicU32,
     /// Time for every decision taken by time (clock.rs).
     clock: clock::Clock,
     closed: AtomicBool,
@@ -262,14 +256,21 @@ impl Engine {
         self.block_bytes as u32
     }
 
+    /// Volume 0's mode (of a cache of one origin: the cache's).
     pub fn mode(&self) -> Mode {
-        Mode::from_u32(self.mode.load(Ordering::SeqCst)).expect("only modes are stored")
+        self.origins.first().mode()
     }
 
-    /// Sets the mode in memory; returns the old one.
-    pub(crate) fn swap_mode(&self, mode: Mode) -> Mode {
-        Mode::from_u32(self.mode.swap(mode.to_u32(), Ordering::SeqCst))
-            .expect("only modes are stored")
+    /// Sets every volume's mode in memory; returns the old ones, by volume.
+    pub(crate) fn swap_mode(&self, mode: Mode) -> Vec<Mode> {
+        self.origins.iter().map(|o| o.swap_mode(mode)).collect()
+    }
+
+    /// Puts back the modes `swap_mode` returned.
+    pub(crate) fn restore_modes(&self, old: Vec<Mode>) {
+        for (o, mode) in self.origins.iter().zip(old) {
+            o.swap_mode(mode);
+        }
     }
 
     pub fn cache_device(&self) -> &DeviceRef {
@@ -361,6 +362,7 @@ impl Engine {
                 name: o.name().to_string(),
                 origin: o.device().name().into(),
                 bytes: o.bytes(),
+                mode: o.mode(),
                 origin_health,
                 cache_blocks_used: used,
                 cache_blocks_dirty: dirty,
@@ -433,10 +435,25 @@ impl Engine {
         self.meta.dirty_count()
     }
 
-    /// Switches the cache mode on a live cache. Leaving a mode that holds
-    /// dirty data writes all of it back first; if that fails the old mode
-    /// stays.
+    /// Switches the cache mode on a live cache, for every volume (none
+    /// keeps a mode of its own). Leaving a mode that holds dirty data
+    /// writes all of it back first; if that fails the old modes stay.
     pub fn set_mode(&self, mode: Mode) -> EngineResult<()> {
+        self.switch_mode(None, mode)
+    }
+
+    /// Switches volume `v`'s mode; the others keep theirs. Leaving a mode
+    /// that holds dirty data writes that volume's back first.
+    pub fn set_volume_mode(&self, v: usize, mode: Mode) -> EngineResult<()> {
+        self.origins.get(v).ok_or_else(|| self.no_volume(v))?;
+        match self.origins.len() {
+            1 => self.switch_mode(None, mode),
+            _ => self.switch_mode(Some(v), mode),
+        }
+    }
+
+    /// `set_mode` (`v` `None`) or `set_volume_mode`.
+    fn switch_mode(&self, v: Option<usize>, mode: Mode) -> EngineResult<()> {
         self.check_open()?;
         if self.failed_over() {
             return Err(EngineError::Config(
@@ -449,21 +466,37 @@ impl Engine {
                 mode: mode.name().into(),
             });
         }
-        // An error leaves the old mode, in memory and on disk.
+        let on_disk = |sb: &mut format::Superblock| match v {
+            None => sb.set_mode_everywhere(mode),
+            Some(v) => sb.set_volume_mode(v, Some(mode)),
+        };
+        let targets: Vec<&origin::Origin> = match v {
+            None => self.origins.iter().collect(),
+            Some(v) => self.origins.get(v).into_iter().collect(),
+        };
+        // An error leaves the old modes, in memory and on disk.
         if mode.holds_dirty() {
             // On disk first: memory must never hold dirty blocks under a
             // mode that a restart would open without them in mind.
-            self.update_superblock_then(|sb| sb.mode.set(mode.to_u32()), || self.swap_mode(mode))?;
-            return Ok(());
+            let swap = || {
+                targets.iter().for_each(|o| {
+                    o.swap_mode(mode);
+                })
+            };
+            return self.update_superblock_then(on_disk, swap);
         }
-        // In memory first, so that no new dirty block appears while
-        // write_back_all writes back the ones there are.
-        let old = self.swap_mode(mode);
-        let persisted = self
-            .write_back_all(&mut |_, _| {})
-            .and_then(|()| self.update_superblock(|sb| sb.mode.set(mode.to_u32())));
+        // In memory first, so that no new dirty block appears while the
+        // write back writes back the ones there are.
+        let old: Vec<Mode> = targets.iter().map(|o| o.swap_mode(mode)).collect();
+        let written = match v {
+            None => self.write_back_all(&mut |_, _| {}),
+            Some(v) => self.write_back_volume(v, &mut |_, _| {}),
+        };
+        let persisted = written.and_then(|()| self.update_superblock(on_disk));
         if persisted.is_err() {
-            self.swap_mode(old);
+            targets.iter().zip(old).for_each(|(o, m)| {
+                o.swap_mode(m);
+            });
         }
         persisted
     }
@@ -599,7 +632,7 @@ impl Engine {
         self.check_open()?;
         let old = self.swap_mode(Mode::Passthrough);
         if let Err(e) = self.write_back_all(&mut |_, _| {}) {
-            self.swap_mode(old);
+            self.restore_modes(old);
             return Err(e);
         }
         self.closed.store(true, Ordering::Release);

@@ -157,7 +157,8 @@ impl Engine {
         if let Some(plan) = req.plan {
             return plan;
         }
-        let mode = self.mode();
+        // The request's volume's mode (a request never crosses a volume).
+        let mode = self.origins.at(req.offset).mode();
         let admission = self.admission_for(req);
         match admission {
             Decision::Sequential => bump(&self.stats.sequential_bypasses, 1),

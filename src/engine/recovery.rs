@@ -1,7 +1,7 @@
 //! Formatting a cache device, opening it (validation and journal replay),
 //! dissolving it on detach, and the offline metadata check.
 
-use std::sync::atomic::{AtomicBool, AtomicU32};
+use std::sync::atomic::AtomicBool;
 
 use super::origin::address::KeySpace;
 use super::origin::{checks, Origins};
@@ -827,14 +827,20 @@ fn build_engine(
     loaded: Loaded,
     clock: Clock,
 ) -> Engine {
-    let mode = Mode::from_u32(sb.mode.get()).expect("validated");
     let layout = loaded.layout;
     let block_bytes = layout.block_bytes as u64;
     // A RAM cache takes a write at memory speed: nothing to gather (the
     // hand-over between threads would only cost).
     let gather = sb.flags.get() & SB_FLAG_LOG_PLACEMENT != 0 && !cache.is_volatile();
-    let names = sb.volume_list().into_iter().map(|v| v.name);
+    let volumes = sb.volume_list();
+    let modes = volumes
+        .iter()
+        .map(|v| sb.volume_mode(v).expect("validated"));
+    let names = volumes.iter().map(|v| v.name.clone());
     let origins = Origins::new(names.zip(origins).collect(), block_bytes);
+    for (o, mode) in origins.iter().zip(modes) {
+        o.swap_mode(mode);
+    }
     let keys = origins.key_space().clone();
     Engine {
         layout,
@@ -859,7 +865,6 @@ fn build_engine(
             .with_clock(clock.clone()),
         writeback: super::writeback::Writeback::new(sb.writeback()),
         observe: super::observe::Observe::new(layout.slot_count, &keys),
-        mode: AtomicU32::new(mode.to_u32()),
         writeback_order: if sb.flags.get() & SB_FLAG_FLUSH_ORDER != 0 {
             WritebackOrder::Flush
         } else {

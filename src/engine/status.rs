@@ -117,6 +117,8 @@ pub struct VolumeStatus {
     /// Its origin device.
     pub origin: String,
     pub bytes: u64,
+    /// Its cache mode (`set-mode --volume`; else the cache's).
+    pub mode: Mode,
     #[serde(default)]
     pub origin_health: Option<crate::device::DeviceHealth>,
     pub cache_blocks_used: u64,

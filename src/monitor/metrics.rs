@@ -407,6 +407,73 @@ fn encode_members(e: &mut DescriptorEncoder, s: &crate::engine::Status) -> std::
     Ok(())
 }
 
+/// (name, help, the value of a volume).
+type VolumeGauge = (
+    &'static str,
+    &'static str,
+    fn(&crate::engine::VolumeStatus) -> f64,
+);
+
+/// The gauges of each volume.
+fn volume_gauges() -> [VolumeGauge; 5] {
+    [
+        (
+            "volume_size_bytes",
+            "Size of the volume (its origin's).",
+            |v| v.bytes as f64,
+        ),
+        (
+            "volume_cached_blocks",
+            "Cache blocks holding the volume's data.",
+            |v| v.cache_blocks_used as f64,
+        ),
+        (
+            "volume_dirty_blocks",
+            "Cache blocks holding the volume's data not yet written back.",
+            |v| v.cache_blocks_dirty as f64,
+        ),
+        (
+            "volume_stale_origin_blocks",
+            "Blocks of the volume's origin whose data was lost with a failed cache device.",
+            |v| v.stale_blocks as f64,
+        ),
+        (
+            "volume_origin_reachable",
+            "1 while the volume's origin can be reached, 0 during an outage.",
+            |v| {
+                f64::from(u8::from(
+                    v.origin_health.as_ref().is_none_or(|h| h.reachable),
+                ))
+            },
+        ),
+    ]
+}
+
+/// Each volume (origin) of the cache, one labelled series each (`volume`,
+/// `origin`; the mode gauge also `mode`).
+fn encode_volumes(e: &mut DescriptorEncoder, s: &crate::engine::Status) -> std::fmt::Result {
+    let labels = |v: &crate::engine::VolumeStatus| -> Labels {
+        vec![("volume", v.name.clone()), ("origin", v.origin.clone())]
+    };
+    for (name, help, f) in volume_gauges() {
+        let series: Vec<(Labels, f64)> = s.volumes.iter().map(|v| (labels(v), f(v))).collect();
+        gauges(e, name, help, &series)?;
+    }
+    let modes: Vec<(Labels, f64)> = (s.volumes.iter())
+        .map(|v| {
+            let mut l = labels(v);
+            l.push(("mode", v.mode.name().to_string()));
+            (l, 1.0)
+        })
+        .collect();
+    gauges(
+        e,
+        "volume_mode",
+        "The volume's cache mode (label mode).",
+        &modes,
+    )
+}
+
 /// Whether the origin can be reached (an origin without connections, a
 /// local device, always can) and its reconnects.
 fn encode_origin(e: &mut DescriptorEncoder, s: &crate::engine::Status) -> std::fmt::Result {
@@ -468,6 +535,7 @@ impl Collector for Exposition {
         }
         encode_latency(e, t)?;
         encode_mrc(e, t)?;
+        encode_volumes(e, s)?;
         encode_members(e, s)?;
         encode_origin(e, s)?;
         gauge(

@@ -10,6 +10,7 @@ use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
 use super::admission::AdmissionSettings;
+use super::modes::Mode;
 use super::sectors::{SectorRun, SectorSet, SECTOR_BYTES};
 
 pub const PAGE_BYTES: u64 = 4096;
@@ -186,6 +187,34 @@ impl Superblock {
         self.origin_bytes = U64::new(volumes[0].bytes);
         self.origin_identity = U64::new(volumes[0].identity);
         self.volumes.set(volumes);
+    }
+
+    /// Volume `v`'s mode becomes `mode` (`None`: the cache's). A lone
+    /// volume has the cache's mode, which changes instead (its table stays
+    /// empty, the superblock at version 2).
+    pub fn set_volume_mode(&mut self, v: usize, mode: Option<Mode>) {
+        let mut list = self.volume_list();
+        if list.len() == 1 {
+            if let Some(m) = mode {
+                self.mode.set(m.to_u32());
+            }
+            return;
+        }
+        list[v].mode = mode;
+        self.volumes.set(&list);
+    }
+
+    /// Every volume has the cache's mode, which becomes `mode`.
+    pub fn set_mode_everywhere(&mut self, mode: Mode) {
+        self.mode.set(mode.to_u32());
+        let mut list = self.volume_list();
+        list.iter_mut().for_each(|v| v.mode = None);
+        self.volumes.set(&list);
+    }
+
+    /// Volume `v`'s mode: its own, else the cache's.
+    pub fn volume_mode(&self, v: &VolumeEntry) -> Option<Mode> {
+        v.mode.or_else(|| Mode::from_u32(self.mode.get()))
     }
 
     /// The volumes it records (volume 0 first).

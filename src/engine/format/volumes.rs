@@ -4,12 +4,15 @@
 //! A cache of one origin named `vol0` has no table (count 0) and is
 //! written as format version 2, as before volumes existed, so a tiercache
 //! from before them still opens it. Any other cache has a table and is
-//! written as version 3. Volume 0's size, identity and mode stay in the
-//! superblock's own fields; its record holds only its name.
+//! written as version 3. Volume 0's size and identity stay in the
+//! superblock's own fields; its record holds its name. The superblock's
+//! mode is the cache's: a volume has it unless its record names a mode of
+//! its own.
 
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
+use crate::engine::modes::Mode;
 use crate::engine::origin::address::MAX_VOLUME_BYTES;
 
 /// Volumes one cache can hold (records that fit in the page).
@@ -33,7 +36,10 @@ pub struct VolumeRecord {
     pub identity: U64,
     /// Bit 0: the record is in use.
     pub flags: U32,
-    pub reserved: [u8; 12],
+    /// The volume's cache mode (`Mode::to_u32`), or 0: the cache's (the
+    /// superblock's `mode`).
+    pub mode: U32,
+    pub reserved: [u8; 8],
 }
 const _: () = assert!(std::mem::size_of::<VolumeRecord>() == 64);
 
@@ -60,6 +66,8 @@ pub struct VolumeEntry {
     pub name: String,
     pub bytes: u64,
     pub identity: u64,
+    /// A mode of its own; `None`: the cache's.
+    pub mode: Option<Mode>,
 }
 
 /// Names are 1..=32 bytes of ASCII letters, digits, `.`, `_` and `-`, not
@@ -92,7 +100,8 @@ impl VolumeTable {
     /// a lone `vol0`.
     pub fn set(&mut self, volumes: &[VolumeEntry]) {
         *self = VolumeTable::new_zeroed();
-        let lone_default = volumes.len() == 1 && volumes[0].name == default_name(0);
+        let lone_default =
+            volumes.len() == 1 && volumes[0].name == default_name(0) && volumes[0].mode.is_none();
         if lone_default {
             return;
         }
@@ -104,6 +113,7 @@ impl VolumeTable {
                 r.identity = U64::new(v.identity);
             }
             r.flags = U32::new(VOLUME_IN_USE);
+            r.mode = U32::new(v.mode.map_or(0, Mode::to_u32));
         }
         self.crc = U32::new(self.compute_crc());
     }
@@ -121,6 +131,7 @@ impl VolumeTable {
             name: default_name(0),
             bytes: origin_bytes,
             identity: origin_identity,
+            mode: None,
         };
         if count == 0 {
             return Ok(vec![first]);
@@ -181,10 +192,15 @@ fn record_entry(i: usize, r: &VolumeRecord, first: &VolumeEntry) -> Result<Volum
             "volume record {i} has {bytes} bytes (1 to {MAX_VOLUME_BYTES})"
         ));
     }
+    let mode = match r.mode.get() {
+        0 => None,
+        m => Some(Mode::from_u32(m).ok_or(format!("volume record {i}: unknown mode {m}"))?),
+    };
     Ok(VolumeEntry {
         name,
         bytes,
         identity,
+        mode,
     })
 }
 
@@ -200,6 +216,7 @@ mod tests {
                 name: n.to_string(),
                 bytes: 1 << (20 + i),
                 identity: 100 + i as u64,
+                mode: (i == 1).then_some(Mode::Writethrough),
             })
             .collect()
     }

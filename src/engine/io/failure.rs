@@ -184,7 +184,7 @@ impl Engine {
         }
         {
             let m = self.meta.lock();
-            if self.mode().holds_dirty() || m.table().dirty_count() > 0 {
+            if self.origins.any_holds_dirty() || m.table().dirty_count() > 0 {
                 return false;
             }
         }

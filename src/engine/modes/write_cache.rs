@@ -193,7 +193,11 @@ impl Engine {
     /// under the metadata lock: either this sees the new mode, or the
     /// switch's first dirty snapshot sees these blocks.)
     fn write_back_if_mode_changed(&self, segs: &[Segment]) -> EngineResult<()> {
-        if self.mode().holds_dirty() {
+        // One request's segments are of one volume.
+        let Some(first) = segs.first() else {
+            return Ok(());
+        };
+        if self.origins.of_key(first.block).mode().holds_dirty() {
             return Ok(());
         }
         for seg in segs {

@@ -52,6 +52,7 @@ pub(crate) fn new_volumes(
             name: name.clone(),
             bytes,
             identity: origin.identity(),
+            mode: None,
         });
     }
     Ok(out)

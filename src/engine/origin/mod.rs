@@ -24,6 +24,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use super::error::{EngineError, EngineResult};
+use super::modes::Mode;
 use super::stats::{bump, Stats};
 use crate::device::DeviceRef;
 use crate::sync::{Mutex, Rank};
@@ -61,6 +62,12 @@ pub(crate) struct Origin {
     /// (engine ms): writeback yields to them.
     in_flight: AtomicU32,
     last_end_ms: AtomicU64,
+    /// The volume's cache mode (`Mode::to_u32`), read once per request. A
+    /// switch stores it before taking the metadata lock to look for dirty
+    /// blocks, and a write loads it after appending its dirtying records
+    /// under that lock: either the write sees the new mode or the switch
+    /// sees its dirty blocks (`write_back_if_mode_changed`).
+    mode: AtomicU32,
 }
 
 impl Origin {
@@ -84,6 +91,7 @@ impl Origin {
             any_stale: AtomicBool::new(false),
             in_flight: AtomicU32::new(0),
             last_end_ms: AtomicU64::new(0),
+            mode: AtomicU32::new(Mode::Writeback.to_u32()),
         }
     }
 
@@ -109,6 +117,17 @@ impl Origin {
     /// True if `key` is one of this volume's blocks that can be cached.
     pub(crate) fn cacheable(&self, key: u64) -> bool {
         key >= self.base_key && key - self.base_key < self.blocks
+    }
+
+    /// The volume's cache mode.
+    pub(crate) fn mode(&self) -> Mode {
+        Mode::from_u32(self.mode.load(Ordering::SeqCst)).expect("only modes are stored")
+    }
+
+    /// Sets the volume's mode in memory; returns the old one.
+    pub(crate) fn swap_mode(&self, mode: Mode) -> Mode {
+        Mode::from_u32(self.mode.swap(mode.to_u32(), Ordering::SeqCst))
+            .expect("only modes are stored")
     }
 
     /// The volume's size in bytes.
@@ -299,6 +318,11 @@ impl Origins {
             .collect();
         let keys = address::KeySpace::new(block_bytes, list.iter().map(|o| o.blocks).collect());
         Origins { list, keys }
+    }
+
+    /// True if some volume's mode keeps dirty data.
+    pub(crate) fn any_holds_dirty(&self) -> bool {
+        self.list.iter().any(|o| o.mode().holds_dirty())
     }
 
     /// The origin of address `addr` (a request's, checked at the door).

@@ -735,7 +735,7 @@ impl Engine {
     /// mode keeps no dirty data, or when no background thread runs. The
     /// caller may hold block locks: writeback only try-locks.
     pub(crate) fn wait_for_slots(&self) -> bool {
-        if !self.mode().holds_dirty() || self.meta.dirty_count() == 0 {
+        if !self.origins.any_holds_dirty() || self.meta.dirty_count() == 0 {
             return false;
         }
         if !self.writeback.has_thread() || self.origins.iter().all(|o| o.unreachable()) {
@@ -787,7 +787,7 @@ impl Engine {
         for _pass in 0..16 {
             if self.ordered() {
                 self.write_back_groups(progress)?;
-                if self.mode().holds_dirty() || self.dirty_blocks() == 0 {
+                if self.settled(wanted) {
                     break;
                 }
                 continue;
@@ -811,12 +811,23 @@ impl Engine {
                 wait_if_stalled(&mut stalled, next.len() < remaining.len())?;
                 remaining = next;
             }
-            let left = || self.meta.all_dirty().into_iter().any(wanted);
-            if self.mode().holds_dirty() || !left() {
+            if self.settled(wanted) {
                 break;
             }
         }
         self.commit()
+    }
+
+    /// A write back of the blocks `wanted` accepts is done: every dirty one
+    /// left belongs to a volume whose mode keeps dirty data (writes that
+    /// came meanwhile). A volume whose mode keeps none (a mode switch under
+    /// way) must have none left.
+    fn settled(&self, wanted: &dyn Fn(u64) -> bool) -> bool {
+        if self.origins.iter().all(|o| o.mode().holds_dirty()) {
+            return true;
+        }
+        let dirty = self.meta.all_dirty();
+        !(dirty.into_iter()).any(|k| wanted(k) && !self.origins.of_key(k).mode().holds_dirty())
     }
 }
 
