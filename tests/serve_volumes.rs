@@ -322,3 +322,80 @@ fn one_volume_front_ends_are_refused_for_several_volumes() {
         "{err}"
     );
 }
+
+/// `add-origin` puts a second origin behind a cache of one (format 2
+/// becomes 3): the first volume's data, dirty blocks included, stays;
+/// the new volume is served under its name in its own mode. A cut between
+/// the superblock and the registry (emulated: the registry entry put back
+/// as it was) is refused at open, naming the command, and running it
+/// again finishes it.
+#[test]
+fn add_origin_adds_a_volume_and_finishes_when_run_again() {
+    need("nbdcopy", "libnbd-bin");
+    let s = two_origins();
+    let (data, logs, cache) = (
+        path_str(&s, "data.img"),
+        path_str(&s, "logs.img"),
+        path_str(&s, "cache.img"),
+    );
+    let quiet = ["--writeback-idle", "0", "--writeback-age", "3600"];
+    let mut args = vec!["create", "--origin", &data, "--cache", &cache];
+    args.extend_from_slice(&quiet);
+    s.cli(&args);
+    let mut server = s.serve();
+    let one_mib = s.path("one.in");
+    pattern(&one_mib, "one", 1 << 20);
+    nbdcopy(&one_mib, export_uri(&s, ""));
+    let out = s.cli_output(&["add-origin", "--origin", &logs]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("is served"), "{err}");
+    sigterm(&mut server);
+    assert!(server.wait().unwrap().success());
+    let entry = std::fs::read(s.state().join("caches/tc0.json")).unwrap();
+
+    let said = s.cli(&[
+        "add-origin",
+        "--origin",
+        &logs,
+        "--volume",
+        "logs",
+        "--mode",
+        "writethrough",
+    ]);
+    assert!(said.contains("volume logs added"), "{said}");
+    // The cut: the registry as it was before.
+    std::fs::write(s.state().join("caches/tc0.json"), &entry).unwrap();
+    let out = s.cli_output(&["status"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("run it again"),
+        "{err}"
+    );
+    let out = s.cli_output(&["add-origin", "--origin", &logs, "--volume", "other"]);
+    assert!(!out.status.success(), "another name does not finish it");
+    let said = s.cli(&["add-origin", "--origin", &logs, "--volume", "logs"]);
+    assert!(said.contains("cut short"), "{said}");
+    let again = s.cli_output(&["add-origin", "--origin", &logs]);
+    assert!(!again.status.success(), "the same origin twice");
+
+    let mut server = s.serve();
+    let st = s.status();
+    let volumes = st["volumes"].as_array().unwrap();
+    assert_eq!(volumes.len(), 2);
+    assert_eq!(volumes[0]["cache_blocks_dirty"], 256, "{st}");
+    assert_eq!(volumes[1]["name"], "logs");
+    assert_eq!(volumes[1]["mode"], "writethrough");
+    nbdcopy(&one_mib, export_uri(&s, "logs"));
+    let back = s.path("back.out");
+    nbdcopy(export_uri(&s, "vol0"), &back);
+    let want = std::fs::read(&one_mib).unwrap();
+    assert_eq!(std::fs::read(&back).unwrap()[..1 << 20], want[..]);
+    sigterm(&mut server);
+    assert!(server.wait().unwrap().success());
+    let check = s.cli(&["check"]);
+    assert!(check.contains("format 3"), "{check}");
+    s.cli(&["detach"]);
+    let head = |f: &str| std::fs::read(s.path(f)).unwrap()[..1 << 20].to_vec();
+    assert_eq!(head("data.img"), want);
+    assert_eq!(head("logs.img"), want);
+}

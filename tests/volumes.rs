@@ -361,7 +361,9 @@ fn each_volume_has_its_own_mode_kept_across_a_restart() {
     assert_eq!(st.volumes[1].cache_blocks_dirty, 0);
     assert!(engine.set_volume_mode(2, Mode::Writethrough).is_err());
 
-    // On disk: a power loss keeps both modes and db's dirty blocks.
+    // On disk: a power loss after a flush keeps both modes and db's
+    // dirty blocks.
+    engine.flush().unwrap();
     engine.abandon();
     drop(engine);
     let sb = rig.superblock();
@@ -393,4 +395,42 @@ fn each_volume_has_its_own_mode_kept_across_a_restart() {
     engine.close().unwrap();
     let report = check(&(rig.cache.clone() as DeviceRef), None);
     assert!(report.ok, "{:?}", report.findings);
+}
+
+/// A volume's clients see their own origin's trouble, not another's: once
+/// the second origin failed a flush after a writethrough write (it may
+/// have lost it), FLUSH on that volume fails until the write is written
+/// again, and FLUSH on the first volume succeeds (the first try may fail
+/// with the cache's commit; the one after does not).
+#[test]
+fn a_flush_fails_only_for_the_volume_whose_origin_lost_writes() {
+    let rig = Rig::new(64, &[1 << 20, 1 << 20]);
+    let engine = rig.create(&["db", "logs"], Mode::Writethrough).unwrap();
+    let (a, b) = (engine.volumes()[0].1, engine.volumes()[1].1);
+    engine.flush().unwrap();
+    // logs' origin takes the next write, then fails everything.
+    rig.origins[1].fail_after_ops(1);
+    engine.write(b, &block(0xB1), false).unwrap();
+    engine.write(a, &block(0xA1), false).unwrap();
+    let first = engine.flush_volume(0);
+    let second = engine.flush_volume(0);
+    assert!(second.is_ok(), "db's flush: {first:?} then {second:?}");
+    let logs = engine.flush_volume(1).unwrap_err();
+    assert!(matches!(logs, EngineError::OriginWritesLost(_)), "{logs}");
+    assert!(
+        engine.flush().is_err(),
+        "the whole cache's flush covers logs"
+    );
+    // Through the frontends' volumes, the same.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let db = AsyncEngine::volume(engine.clone(), 0).unwrap();
+        let logs = AsyncEngine::volume(engine.clone(), 1).unwrap();
+        db.flush().await.unwrap();
+        assert!(logs.flush().await.is_err());
+    });
+    assert!(engine.flush_volume(2).is_err());
 }

@@ -8,6 +8,7 @@
 //! Errors: `anyhow` lives here and nowhere below. Every failure is printed as
 //! one line, `tiercache: error: ...`, and exits with 1 (2 for usage errors).
 
+mod add_origin;
 mod check;
 mod claims;
 mod create;
@@ -66,6 +67,9 @@ enum Command {
     /// Format a cache device for an origin and register it under a name
     /// (a device that holds something is formatted only with --wipe).
     Create(create::Args),
+    /// Put one more origin behind a cache, as a volume of its own (the
+    /// cache must not be served meanwhile).
+    AddOrigin(add_origin::Args),
     /// Show mode, occupancy, counters and settings of a cache (writes
     /// nothing: a cache no daemon serves is read in place).
     Status(status::Args),
@@ -133,6 +137,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let reg = Registry::new(cli.state_dir);
     match cli.command {
         Command::Create(a) => create::run(&reg, &a),
+        Command::AddOrigin(a) => add_origin::run(&reg, &a),
         Command::Status(a) => status::run(&reg, &a),
         Command::Flush(a) => flush::run(&reg, &a),
         Command::SetMode(a) => set_mode::run(&reg, &a),

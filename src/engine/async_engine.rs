@@ -94,7 +94,8 @@ impl Volume for AsyncEngine {
     }
 
     async fn flush(&self) -> VolumeResult<()> {
-        run(&self.engine, |e| e.flush()).await
+        let v = crate::engine::origin::address::volume_of(self.base);
+        run(&self.engine, move |e| e.flush_volume(v)).await
     }
 
     async fn trim(&self, offset: u64, len: u64, fua: bool) -> VolumeResult<()> {

@@ -197,4 +197,8 @@ pub struct OpenOptions {
     pub crash_log: Option<std::path::PathBuf>,
     /// The engine's time (clock.rs): real unless a test simulates it.
     pub clock: clock::Clock,
+    /// Volumes this open adds, by name: the last origins given are new
+    /// ones, appended to the cache's volumes. The superblock records them
+    /// at the open's first write, before any request (`add-origin`).
+    pub add_volumes: Vec<String>,
 }

@@ -64,6 +64,11 @@ pub(crate) fn read_superblocks(cache: &DeviceRef) -> EngineResult<[Result<Superb
 }
 
 /// The current superblock: the valid copy with the highest generation.
+/// The volumes the cache's current superblock records (volume 0 first).
+pub fn recorded_volumes(cache: &DeviceRef) -> EngineResult<Vec<super::format::VolumeEntry>> {
+    Ok(current_superblock(cache)?.volume_list())
+}
+
 pub(crate) fn current_superblock(cache: &DeviceRef) -> EngineResult<Superblock> {
     let [a, b] = read_superblocks(cache)?;
     match (a, b) {
@@ -693,21 +698,29 @@ fn check_journal_end(
     })
 }
 
+/// The current superblock; of a cache set, after its metadata copies
+/// were compared and mended up to the journal's end.
+fn superblock_scrubbed(cache: &DeviceRef) -> EngineResult<Superblock> {
+    if let Some(set) = cache.as_cache_set() {
+        set.set_meta_check(super::format::meta_page_intact);
+    }
+    let sb = current_superblock(cache)?;
+    if let Some(set) = cache.as_cache_set() {
+        let journal_end = sb.journal_offset.get() + sb.journal_pages.get() * PAGE_BYTES;
+        let range = 0..journal_end.min(set.geometry().meta_bytes);
+        set.scrub_meta(range, sb.clean_shutdown.get() == 1);
+    }
+    Ok(sb)
+}
+
 /// Opens `cache` with `origins`, volume `i` on `origins[i]`.
 pub(crate) fn open(
     cache: DeviceRef,
     origins: Vec<DeviceRef>,
     opts: &OpenOptions,
 ) -> EngineResult<Engine> {
-    if let Some(set) = cache.as_cache_set() {
-        set.set_meta_check(super::format::meta_page_intact);
-    }
-    let sb = current_superblock(&cache)?;
-    if let Some(set) = cache.as_cache_set() {
-        let journal_end = sb.journal_offset.get() + sb.journal_pages.get() * PAGE_BYTES;
-        let range = 0..journal_end.min(set.geometry().meta_bytes);
-        set.scrub_meta(range, sb.clean_shutdown.get() == 1);
-    }
+    let sb = superblock_scrubbed(&cache)?;
+    let sb = checks::add_volumes(sb, &origins, &opts.add_volumes)?;
     checks::check_origins(&sb, &origins, opts)?;
     // The log is locked before anything is read: a second process opening
     // the same cache stops here.

@@ -118,6 +118,30 @@ impl Engine {
         })
     }
 
+    /// `flush` for the clients of volume `v`. The commit is the cache's, but
+    /// only volume `v`'s origin losing writes fails it: another volume's
+    /// origin in trouble is for that volume's clients to see. Such an
+    /// origin failing its flush fails the commit once; its writes are then
+    /// its own to report (`writes_lost`), and the commit is tried again
+    /// without them.
+    pub fn flush_volume(&self, v: usize) -> EngineResult<()> {
+        self.check_open()?;
+        let origin = self.origins.get(v).ok_or_else(|| self.no_volume(v))?;
+        bump(&self.stats.flush_requests, 1);
+        self.close_group();
+        self.timed_request(Op::Flush, || {
+            let others_lost = || self.origins.iter().any(|o| o.writes_lost().is_err());
+            let committed = self.commit().or_else(|e| {
+                if origin.writes_lost().is_ok() && others_lost() {
+                    return self.commit();
+                }
+                Err(e)
+            });
+            committed?;
+            origin.writes_lost()
+        })
+    }
+
     /// Writes back dirty blocks among `segs` (rare outside writeback modes:
     /// only after a failed writeback), then drops every cached copy in them;
     /// `origin_write` makes the drops durable before the origin changes.

@@ -58,6 +58,39 @@ pub(crate) fn new_volumes(
     Ok(out)
 }
 
+/// The superblock with volumes `names` appended for the last origins of
+/// `origins` (the others are the cache's, in its order), each checked as
+/// a new cache's are (`new_volumes`): names valid and distinct from every
+/// volume's, sizes of one block to 4 PiB, no device twice.
+pub(crate) fn add_volumes(
+    mut sb: Superblock,
+    origins: &[DeviceRef],
+    names: &[String],
+) -> EngineResult<Superblock> {
+    if names.is_empty() {
+        return Ok(sb);
+    }
+    let mut volumes = sb.volume_list();
+    if volumes.len() + names.len() != origins.len() {
+        return Err(EngineError::Config(format!(
+            "adding {} volumes to a cache of {} takes {} origins, not {}",
+            names.len(),
+            volumes.len(),
+            volumes.len() + names.len(),
+            origins.len()
+        )));
+    }
+    // The cache's volumes as they are, then the new ones, checked together.
+    let named: Vec<(String, DeviceRef)> = (volumes.iter().map(|v| v.name.clone()))
+        .chain(names.iter().cloned())
+        .zip(origins.iter().cloned())
+        .collect();
+    let checked = new_volumes(&named, sb.block_bytes.get())?;
+    volumes.extend(checked.into_iter().skip(volumes.len()));
+    sb.set_volume_list(&volumes);
+    Ok(sb)
+}
+
 /// The origins must be the ones the cache was made for, in its order:
 /// same identity unless forced, same size unless the operator says they
 /// grew (`origin_grew`: the volume then has its new size from this open
@@ -71,9 +104,13 @@ pub(crate) fn check_origins(
     let recorded = sb.volume_list();
     if recorded.len() != origins.len() {
         let names: Vec<&str> = recorded.iter().map(|v| v.name.as_str()).collect();
+        let cut_short = match recorded.len().checked_sub(origins.len()) {
+            Some(1) => "; if `tiercache add-origin` was cut short, run it again to finish it",
+            _ => "",
+        };
         return Err(EngineError::OriginMismatch {
             what: format!(
-                "the cache holds {} volumes ({}) but {} origins were given",
+                "the cache holds {} volumes ({}) but {} origins were given{cut_short}",
                 recorded.len(),
                 names.join(", "),
                 origins.len()
