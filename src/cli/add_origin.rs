@@ -114,18 +114,12 @@ fn add(
     name: &str,
     mode: Option<tiercache::engine::Mode>,
 ) -> Result<u64> {
-    let mut origins = Vec::new();
-    for p in entry.origin_paths() {
-        origins.push(open_device(&p).with_context(|| format!("opening the origin {p}"))?);
-    }
+    let mut origins = super::target::open_origins(entry, open_device)?;
     let bytes = origin.size_bytes();
     origins.push(origin);
     let opts = OpenOptions {
-        no_background: true,
-        distrust_clean: entry.distrust_clean,
-        crash_log: Some(reg.crash_log_path(&entry.name)),
         add_volumes: vec![name.to_string()],
-        ..OpenOptions::default()
+        ..super::target::command_open_options(reg, entry)
     };
     let engine = Engine::open_volumes(cache, origins, &opts)
         .with_context(|| format!("adding volume {name} to cache '{}'", entry.name))?;

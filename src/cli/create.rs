@@ -201,32 +201,23 @@ fn engine_set_summary(status: &tiercache::engine::Status) -> Option<String> {
     ))
 }
 
-/// The volumes' names: `--volume` once per `--origin`, or the defaults.
+/// The volumes' names: `--volume` once per `--origin`, or the defaults;
+/// checked as the engine will (here, before any device is wiped).
 fn volume_names(a: &Args) -> Result<Vec<String>> {
-    use tiercache::engine::format::volumes::{default_name, name_valid, MAX_VOLUMES};
-    if a.origin.len() > MAX_VOLUMES {
-        bail!(
-            "{} origins given; one cache holds at most {MAX_VOLUMES}",
-            a.origin.len()
-        );
-    }
-    if a.volume.is_empty() {
-        return Ok((0..a.origin.len()).map(default_name).collect());
-    }
-    if a.volume.len() != a.origin.len() {
+    use tiercache::engine::format::volumes::{default_name, names_valid};
+    let names = if a.volume.is_empty() {
+        (0..a.origin.len()).map(default_name).collect()
+    } else if a.volume.len() == a.origin.len() {
+        a.volume.clone()
+    } else {
         bail!(
             "{} --volume names for {} --origin devices: name every volume, in the order of the origins, or none",
             a.volume.len(),
             a.origin.len()
         );
-    }
-    for (i, name) in a.volume.iter().enumerate() {
-        name_valid(name).map_err(anyhow::Error::msg)?;
-        if a.volume[..i].contains(name) {
-            bail!("two volumes are named '{name}'");
-        }
-    }
-    Ok(a.volume.clone())
+    };
+    names_valid(&names).map_err(anyhow::Error::msg)?;
+    Ok(names)
 }
 
 /// The arguments, checked: the cache's options and the devices' absolute

@@ -66,24 +66,13 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         "cache '{}' detached: {written} blocks written back",
         entry.name
     );
+    let (origins, s) = match entry.more_origins.is_empty() {
+        true => ("the origin", "s"),
+        false => ("the origins", ""),
+    };
     println!(
-        "{} {} now stand{} alone and hold{} all data; {} no longer holds a cache",
-        if entry.more_origins.is_empty() {
-            "the origin"
-        } else {
-            "the origins"
-        },
+        "{origins} {} now stand{s} alone and hold{s} all data; {} no longer holds a cache",
         entry.origin_paths().join(", "),
-        if entry.more_origins.is_empty() {
-            "s"
-        } else {
-            ""
-        },
-        if entry.more_origins.is_empty() {
-            "s"
-        } else {
-            ""
-        },
         entry.cache_paths().join(" + ")
     );
     Ok(())

@@ -24,12 +24,10 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     let status = opened.target.status()?;
     opened.finish()?;
     let cache = format!("cache '{}'", opened.entry.name);
-    let (what, dirty) = match &a.volume {
-        Some(name) => {
-            let v = super::status::volume(&status, Some(name))?;
-            (format!("volume '{name}' of {cache}"), v.cache_blocks_dirty)
-        }
-        None => (cache, status.cache_blocks_dirty),
+    let dirty = super::status::dirty_blocks(&status, a.volume.as_deref())?;
+    let what = match &a.volume {
+        Some(name) => format!("volume '{name}' of {cache}"),
+        None => cache,
     };
     println!(
         "{what}: flushed, {written} blocks ({}) written back; {dirty} dirty",
@@ -42,10 +40,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
 /// stderr is a terminal. Returns the number of blocks written back.
 pub fn flush_with_progress(target: &Target, volume: Option<&str>) -> Result<u64> {
     let before = target.status()?;
-    let dirty = match volume {
-        Some(name) => super::status::volume(&before, Some(name))?.cache_blocks_dirty,
-        None => before.cache_blocks_dirty,
-    };
+    let dirty = super::status::dirty_blocks(&before, volume)?;
     // Nothing dirty: no bar to flash up.
     let bar = if dirty > 0 {
         progress::bar("writing back", dirty, Unit::Blocks)

@@ -75,6 +75,14 @@ pub fn volume<'a>(s: &'a Status, name: Option<&str>) -> Result<&'a VolumeStatus>
     })
 }
 
+/// Dirty blocks of volume `name`, or of the whole cache.
+pub fn dirty_blocks(s: &Status, name: Option<&str>) -> Result<u64> {
+    match name {
+        Some(_) => Ok(volume(s, name)?.cache_blocks_dirty),
+        None => Ok(s.cache_blocks_dirty),
+    }
+}
+
 /// Where a daemon serves the cache, one row per front end.
 fn served_rows(f: &Frontends) -> String {
     let mut rows = Vec::new();

@@ -69,11 +69,9 @@ impl Target {
             volume: volume.map(String::from),
         };
         match self {
-            Target::Offline(e) => match volume {
-                None => e.write_back_all(progress),
-                Some(name) => (e.volume_index(name)).and_then(|v| e.write_back_volume(v, progress)),
-            }
-            .context("writing back dirty data"),
+            Target::Offline(e) => e
+                .write_back_named(volume, progress)
+                .context("writing back dirty data"),
             Target::ReadOnly(_) => Err(read_only()),
             Target::Daemon(p) => control::call_with_progress(p, &request, progress)
                 .map(|_| ())
@@ -97,8 +95,7 @@ impl Target {
         };
         match self {
             Target::Offline(e) => {
-                let v = volume.map_or(Ok(0), |name| e.volume_index(name));
-                (v.and_then(|v| e.warm_volume(v, offset, length, progress))).context("warming")
+                (e.warm_named(volume, offset, length, progress)).context("warming")
             }
             Target::ReadOnly(_) => Err(read_only()),
             Target::Daemon(p) => control::call_with_progress(p, &request, progress)
@@ -115,11 +112,7 @@ impl Target {
             volume: volume.map(String::from),
         };
         match self {
-            Target::Offline(e) => match volume {
-                None => e.set_mode(mode),
-                Some(name) => (e.volume_index(name)).and_then(|v| e.set_volume_mode(v, mode)),
-            }
-            .with_context(what),
+            Target::Offline(e) => e.set_mode_named(volume, mode).with_context(what),
             Target::ReadOnly(_) => Err(read_only()),
             Target::Daemon(p) => control::call(p, &request).map(|_| ()).with_context(what),
         }
@@ -328,7 +321,7 @@ pub(super) fn open_engine_read_only(reg: &Registry, entry: &Entry) -> Result<Arc
 }
 
 /// Every origin of `entry`, volume 0's first, each opened with `open`.
-fn open_origins(
+pub(super) fn open_origins(
     entry: &Entry,
     open: impl Fn(&str) -> tiercache::device::DeviceResult<DeviceRef>,
 ) -> Result<Vec<DeviceRef>> {
@@ -350,7 +343,7 @@ fn open_origins(
 /// daemon runs it). A daemon killed before this command may have left
 /// writes only its crash log knows about: a writing open takes them, a
 /// read-only one shows them as the next open would apply them.
-fn command_open_options(reg: &Registry, entry: &Entry) -> OpenOptions {
+pub(super) fn command_open_options(reg: &Registry, entry: &Entry) -> OpenOptions {
     OpenOptions {
         no_background: true,
         distrust_clean: entry.distrust_clean,

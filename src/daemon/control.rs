@@ -285,29 +285,20 @@ fn carry_out(
     let done = |r: crate::engine::EngineResult<()>| r.map(|_| None).map_err(|e| e.to_string());
     let result = match req {
         Request::Status => Ok(Some(engine.status())),
-        Request::Flush { volume } => status(match volume {
-            None => engine.write_back_all(&mut progress_lines(out)),
-            Some(name) => (engine.volume_index(&name))
-                .and_then(|v| engine.write_back_volume(v, &mut progress_lines(out))),
-        }),
+        Request::Flush { volume } => {
+            status(engine.write_back_named(volume.as_deref(), &mut progress_lines(out)))
+        }
         Request::Warm {
             offset,
             length,
             volume,
-        } => {
-            let v = volume.map_or(Ok(0), |name| engine.volume_index(&name));
-            status(v.and_then(|v| engine.warm_volume(v, offset, length, &mut progress_lines(out))))
-        }
+        } => status(engine.warm_named(volume.as_deref(), offset, length, &mut progress_lines(out))),
         Request::ReplaceCache { member, device } => match crate::device::open_device(&device) {
             Ok(dev) => status(engine.replace_cache_member(member, dev, &mut progress_lines(out))),
             Err(e) => Err(e.to_string()),
         },
         Request::GiveUpCache => status(engine.give_up_cache().map(|_| ())),
-        Request::SetMode { mode, volume: None } => done(engine.set_mode(mode)),
-        Request::SetMode {
-            mode,
-            volume: Some(name),
-        } => done((engine.volume_index(&name)).and_then(|v| engine.set_volume_mode(v, mode))),
+        Request::SetMode { mode, volume } => done(engine.set_mode_named(volume.as_deref(), mode)),
         Request::SetWriteback { settings } => done(engine.set_writeback(settings)),
         Request::SetAdmission { settings } => done(engine.set_admission(settings)),
         Request::SetPolicy { policy } => match PolicyKind::parse(&policy) {

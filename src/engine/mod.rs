@@ -232,6 +232,40 @@ impl Engine {
         })
     }
 
+    /// By a volume's name, as commands give it (`--volume`): `None` is
+    /// every volume (`write_back_all`), else `write_back_volume`.
+    pub fn write_back_named(
+        &self,
+        volume: Option<&str>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> EngineResult<()> {
+        match volume {
+            None => self.write_back_all(progress),
+            Some(name) => self.write_back_volume(self.volume_index(name)?, progress),
+        }
+    }
+
+    /// By a volume's name: `None` is the first volume (`warm_volume`).
+    pub fn warm_named(
+        &self,
+        volume: Option<&str>,
+        offset: u64,
+        len: u64,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> EngineResult<()> {
+        let v = volume.map_or(Ok(0), |name| self.volume_index(name))?;
+        self.warm_volume(v, offset, len, progress)
+    }
+
+    /// By a volume's name: `None` is every volume (`set_mode`), else
+    /// `set_volume_mode`.
+    pub fn set_mode_named(&self, volume: Option<&str>, mode: Mode) -> EngineResult<()> {
+        match volume {
+            None => self.set_mode(mode),
+            Some(name) => self.set_volume_mode(self.volume_index(name)?, mode),
+        }
+    }
+
     /// The refusal of a volume index the cache does not have.
     fn no_volume(&self, v: usize) -> EngineError {
         EngineError::Config(format!(

@@ -190,16 +190,10 @@ impl Superblock {
     }
 
     /// Volume `v`'s mode becomes `mode` (`None`: the cache's). A lone
-    /// volume has the cache's mode, which changes instead (its table stays
-    /// empty, the superblock at version 2).
+    /// volume switches with the cache's mode instead (`set_mode_everywhere`:
+    /// `Engine::set_volume_mode`), which keeps it at version 2.
     pub fn set_volume_mode(&mut self, v: usize, mode: Option<Mode>) {
         let mut list = self.volume_list();
-        if list.len() == 1 {
-            if let Some(m) = mode {
-                self.mode.set(m.to_u32());
-            }
-            return;
-        }
         list[v].mode = mode;
         self.volumes.set(&list);
     }

@@ -88,6 +88,24 @@ pub fn name_valid(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The names of a cache's volumes, in order: 1 to `MAX_VOLUMES` of them,
+/// each valid (`name_valid`), no two alike.
+pub fn names_valid(names: &[String]) -> Result<(), String> {
+    if names.is_empty() || names.len() > MAX_VOLUMES {
+        return Err(format!(
+            "a cache holds 1 to {MAX_VOLUMES} origins, not {}",
+            names.len()
+        ));
+    }
+    for (i, name) in names.iter().enumerate() {
+        name_valid(name)?;
+        if names[..i].contains(name) {
+            return Err(format!("two volumes are named '{name}'"));
+        }
+    }
+    Ok(())
+}
+
 impl VolumeTable {
     pub fn compute_crc(&self) -> u32 {
         let mut t = *self;

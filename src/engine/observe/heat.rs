@@ -1,6 +1,7 @@
 //! The LBA heat map: each volume in `REGIONS` equal regions, and per
 //! region how many blocks are cached, how many dirty, and how many accesses
-//! it has seen; with each volume's cached and dirty totals. Cached and dirty counts live in the table and change with
+//! it has seen (a volume's totals are their sums). Cached and dirty counts
+//! live in the table and change with
 //! every record under the metadata lock (O(1) each); accesses are relaxed
 //! atomics bumped by requests. A snapshot copies 2 x 1024 counters under
 //! the metadata lock (about a microsecond) and the accesses without it.
@@ -23,8 +24,7 @@ fn region_of(block: u64, region_blocks: u64) -> usize {
     ((block / region_blocks) as usize).min(REGIONS - 1)
 }
 
-/// Cached and dirty blocks per region of each volume, and each volume's
-/// totals (kept by `Table`).
+/// Cached and dirty blocks per region of each volume (kept by `Table`).
 pub struct RegionCounts {
     keys: KeySpace,
     volumes: Vec<VolumeRegions>,
@@ -36,16 +36,9 @@ pub struct VolumeRegions {
     region_blocks: u64,
     pub cached: Vec<u32>,
     pub dirty: Vec<u32>,
-    /// Cached and dirty blocks of the whole volume.
-    pub cached_total: u64,
-    pub dirty_total: u64,
 }
 
 fn step(n: &mut u32, up: bool) {
-    *n = if up { *n + 1 } else { *n - 1 };
-}
-
-fn step_total(n: &mut u64, up: bool) {
     *n = if up { *n + 1 } else { *n - 1 };
 }
 
@@ -57,8 +50,6 @@ impl RegionCounts {
                 region_blocks: region_blocks(keys.blocks(v)),
                 cached: vec![0; REGIONS],
                 dirty: vec![0; REGIONS],
-                cached_total: 0,
-                dirty_total: 0,
             })
             .collect();
         RegionCounts {
@@ -81,7 +72,6 @@ impl RegionCounts {
             return;
         };
         step(&mut map.cached[r], up);
-        step_total(&mut map.cached_total, up);
     }
 
     /// A cached block became dirty (`up`) or clean.
@@ -90,7 +80,6 @@ impl RegionCounts {
             return;
         };
         step(&mut map.dirty[r], up);
-        step_total(&mut map.dirty_total, up);
     }
 
     /// Volume `v`'s map.
@@ -98,10 +87,12 @@ impl RegionCounts {
         self.volumes.get(v)
     }
 
-    /// (cached, dirty) blocks of each volume.
+    /// (cached, dirty) blocks of each volume: its regions' sums (2 x
+    /// 1024 adds a volume, under the metadata lock).
     pub fn totals(&self) -> Vec<(u64, u64)> {
+        let sum = |counts: &[u32]| counts.iter().map(|&c| u64::from(c)).sum::<u64>();
         (self.volumes.iter())
-            .map(|m| (m.cached_total, m.dirty_total))
+            .map(|m| (sum(&m.cached), sum(&m.dirty)))
             .collect()
     }
 

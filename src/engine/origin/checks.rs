@@ -4,7 +4,7 @@
 
 use crate::device::DeviceRef;
 use crate::engine::error::{EngineError, EngineResult};
-use crate::engine::format::volumes::{name_valid, VolumeEntry, MAX_VOLUMES};
+use crate::engine::format::volumes::{names_valid, VolumeEntry};
 use crate::engine::format::Superblock;
 use crate::engine::options::OpenOptions;
 
@@ -19,15 +19,10 @@ pub(crate) fn new_volumes(
     block_bytes: u32,
 ) -> EngineResult<Vec<VolumeEntry>> {
     let config = |m: String| Err(EngineError::Config(m));
-    if origins.is_empty() || origins.len() > MAX_VOLUMES {
-        return config(format!(
-            "a cache holds 1 to {MAX_VOLUMES} origins, not {}",
-            origins.len()
-        ));
-    }
+    let names: Vec<String> = origins.iter().map(|(n, _)| n.clone()).collect();
+    names_valid(&names).map_err(EngineError::Config)?;
     let mut out: Vec<VolumeEntry> = Vec::with_capacity(origins.len());
     for (name, origin) in origins {
-        name_valid(name).map_err(EngineError::Config)?;
         let bytes = origin.size_bytes();
         if bytes < block_bytes as u64 || bytes > MAX_VOLUME_BYTES {
             return config(format!(
@@ -35,9 +30,6 @@ pub(crate) fn new_volumes(
                  ({block_bytes} bytes) and at most {MAX_VOLUME_BYTES}",
                 origin.name(),
             ));
-        }
-        if let Some(v) = out.iter().find(|v| v.name == *name) {
-            return config(format!("two volumes are named {:?}", v.name));
         }
         // Identity 0: a device that cannot say (a RAM device).
         let same = |v: &&VolumeEntry| origin.identity() != 0 && v.identity == origin.identity();
