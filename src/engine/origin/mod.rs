@@ -68,6 +68,9 @@ pub(crate) struct Origin {
     /// under that lock: either the write sees the new mode or the switch
     /// sees its dirty blocks (`write_back_if_mode_changed`).
     mode: AtomicU32,
+    /// Where background writeback's next watermark batch starts in this
+    /// volume (a key): it sweeps the volume in address order.
+    writeback_cursor: AtomicU64,
 }
 
 impl Origin {
@@ -92,6 +95,7 @@ impl Origin {
             in_flight: AtomicU32::new(0),
             last_end_ms: AtomicU64::new(0),
             mode: AtomicU32::new(Mode::Writeback.to_u32()),
+            writeback_cursor: AtomicU64::new(base / block_bytes),
         }
     }
 
@@ -112,6 +116,16 @@ impl Origin {
     pub(crate) fn local(&self, addr: u64) -> u64 {
         debug_assert_eq!(address::volume_of(addr), self.volume);
         addr - self.base
+    }
+
+    /// Where background writeback's next batch starts (a key).
+    pub(crate) fn writeback_cursor(&self) -> u64 {
+        self.writeback_cursor.load(Ordering::Relaxed)
+    }
+
+    /// A batch ended at `key`: the next one starts after it.
+    pub(crate) fn writeback_went_to(&self, key: u64) {
+        self.writeback_cursor.store(key + 1, Ordering::Relaxed);
     }
 
     /// True if `key` is one of this volume's blocks that can be cached.

@@ -294,16 +294,21 @@ impl Table {
         self.dirty_count
     }
 
-    /// Up to `want` dirty blocks, ascending from `cursor` and wrapping
-    /// around to the lowest ones. One pass over the entries.
-    pub fn dirty_from(&self, cursor: u64, want: usize) -> Vec<u64> {
-        if want == 0 || self.dirty_count == 0 {
+    /// Up to `want[v]` dirty blocks of each volume `v`, the ones from
+    /// `cursors[v]` on first and then, wrapping around, the volume's lowest
+    /// ones; all of them ascending. One pass over the entries: a batch of
+    /// background writeback takes its share of every volume's dirty blocks
+    /// at once, so the volumes drain side by side.
+    pub fn dirty_from_each(&self, cursors: &[u64], want: &[usize]) -> Vec<u64> {
+        if self.dirty_count == 0 {
             return Vec::new();
         }
-        // The `want` smallest keys, where blocks below the cursor sort after
-        // every block at or above it.
-        let key = |b: u64| (b < cursor, b);
-        let mut heap: BinaryHeap<(bool, u64)> = BinaryHeap::with_capacity(want + 1);
+        // Each volume's `want` smallest keys, where its blocks below its
+        // cursor sort after every block at or above it.
+        let mut heaps: Vec<BinaryHeap<(bool, u64)>> = want
+            .iter()
+            .map(|&w| BinaryHeap::with_capacity(w + 1))
+            .collect();
         for e in self.entries.iter() {
             if e & ENTRY_DIRTY == 0 {
                 continue;
@@ -311,16 +316,25 @@ impl Table {
             let Some((b, _)) = entry_decode(e) else {
                 continue;
             };
-            if heap.len() < want {
-                heap.push(key(b));
-            } else if key(b) < *heap.peek().expect("heap is full") {
+            let v = self.keys.split(b).0;
+            let (Some(heap), Some(&w), Some(&c)) = (heaps.get_mut(v), want.get(v), cursors.get(v))
+            else {
+                continue;
+            };
+            let key = (b < c, b);
+            if heap.len() < w {
+                heap.push(key);
+            } else if heap.peek().is_some_and(|&top| key < top) {
                 heap.pop();
-                heap.push(key(b));
+                heap.push(key);
             }
         }
-        let mut v: Vec<(bool, u64)> = heap.into_vec();
+        let mut v: Vec<u64> = heaps
+            .into_iter()
+            .flat_map(|h| h.into_vec().into_iter().map(|(_, b)| b))
+            .collect();
         v.sort_unstable();
-        v.into_iter().map(|(_, b)| b).collect()
+        v
     }
 
     /// Every dirty block, ascending.
@@ -578,12 +592,37 @@ mod tests {
             });
         }
         assert_eq!(t.dirty_count(), 4);
-        assert_eq!(t.dirty_from(0, 10), vec![10, 30, 50, 90]);
-        assert_eq!(t.dirty_from(40, 2), vec![50, 90]);
-        assert_eq!(t.dirty_from(40, 3), vec![50, 90, 10]);
-        assert_eq!(t.dirty_from(95, 10), vec![10, 30, 50, 90]);
+        let from = |c: u64, w: usize| t.dirty_from_each(&[c], &[w]);
+        assert_eq!(from(0, 10), vec![10, 30, 50, 90]);
+        assert_eq!(from(40, 2), vec![50, 90]);
+        assert_eq!(from(40, 3), vec![10, 50, 90]);
+        assert_eq!(from(95, 10), vec![10, 30, 50, 90]);
+        assert_eq!(from(40, 0), Vec::<u64>::new());
         assert_eq!(t.all_dirty(), vec![10, 30, 50, 90]);
         assert!(t.is_dirty(30) && !t.is_dirty(70) && !t.is_dirty(71));
+    }
+
+    #[test]
+    fn dirty_from_each_takes_a_share_of_every_volume() {
+        let keys = KeySpace::new(4096, vec![100, 100]);
+        let v1 = keys.base_key(1);
+        let mut t = Table::new(8, keys, 8);
+        for (slot, block) in [(0u32, 10u64), (1, 20), (2, 30), (3, v1 + 5), (4, v1 + 6)] {
+            t.apply(&Record::Map {
+                slot,
+                block,
+                dirty: true,
+            });
+        }
+        // Each volume from its own cursor, wrapping inside itself.
+        assert_eq!(t.dirty_from_each(&[15, v1], &[2, 1]), vec![20, 30, v1 + 5]);
+        assert_eq!(
+            t.dirty_from_each(&[25, v1 + 6], &[2, 2]),
+            vec![10, 30, v1 + 5, v1 + 6]
+        );
+        // A volume that wants none gives none; a missing one is skipped.
+        assert_eq!(t.dirty_from_each(&[0, 0], &[0, 8]), vec![v1 + 5, v1 + 6]);
+        assert_eq!(t.dirty_from_each(&[0], &[1]), vec![10]);
     }
 
     fn run(first: usize, count: usize) -> SectorRun {

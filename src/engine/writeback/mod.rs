@@ -49,8 +49,7 @@ struct State {
     /// when the last scan that found them all ran.
     aged_scan_cursor: u32,
     aged_scan_done_s: Option<u64>,
-    /// Where the next watermark sweep starts (ascending origin blocks).
-    cursor: u64,
+    /// (Each volume's watermark sweep keeps its place in its `Origin`.)
     /// Watermark writeback is running (set above high, cleared at low).
     active: bool,
     /// Client requests counted when the writeback thread last looked, and
@@ -68,7 +67,6 @@ impl Writeback {
                     settings,
                     aged_scan_cursor: 0,
                     aged_scan_done_s: None,
-                    cursor: 0,
                     active: false,
                     client_requests_seen: (0, 0),
                 },
