@@ -399,3 +399,121 @@ fn add_origin_adds_a_volume_and_finishes_when_run_again() {
     assert_eq!(head("data.img"), want);
     assert_eq!(head("logs.img"), want);
 }
+
+/// The sizes `nbdinfo --list --json` reports for the exports, by name.
+fn export_sizes(s: &Setup) -> Vec<(String, u64)> {
+    let list = Command::new("nbdinfo")
+        .args(["--list", "--json", &s.uri()])
+        .output()
+        .unwrap();
+    assert!(
+        list.status.success(),
+        "{}",
+        String::from_utf8_lossy(&list.stderr)
+    );
+    let list: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+    (list["exports"].as_array().unwrap().iter())
+        .map(|e| {
+            let name = e["export-name"].as_str().unwrap().to_string();
+            (name, e["export-size"].as_u64().unwrap())
+        })
+        .collect()
+}
+
+/// `tiercache resize` takes an origin that grew: served, online (a new
+/// NBD connection sees the new size and can write at its end, which
+/// reaches the origin); not served, at the open. An origin that shrank is
+/// refused with a clear error, the volume left at its size. Without
+/// resize, a restart refuses the grown origin (it could be another one).
+#[test]
+fn resize_takes_a_grown_origin_online_and_refuses_a_shrunk_one() {
+    need("nbdinfo", "libnbd-bin");
+    need("nbdsh", "libnbd-bin");
+    need("nbdcopy", "libnbd-bin");
+    let s = two_origins();
+    let out = create_two(&s, &["--volume", "data", "--volume", "logs"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let grow = |name: &str, bytes: u64| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(s.path(name))
+            .unwrap()
+            .set_len(bytes)
+            .unwrap()
+    };
+    let mut server = s.serve();
+    grow("logs.img", 2 * LOGS_BYTES);
+    let said = s.cli(&["resize", "--volume", "logs"]);
+    assert!(
+        said.contains("volume 'logs'") && said.contains("-> 16 MiB"),
+        "{said}"
+    );
+    assert_eq!(
+        export_sizes(&s),
+        vec![("data".into(), DATA_BYTES), ("logs".into(), 2 * LOGS_BYTES)]
+    );
+    // A write at the new end, through a connection made after the resize.
+    let tail = s.path("tail.in");
+    pattern(&tail, "tail", 1 << 20);
+    let at_end = format!("nbd+unix:///logs?socket={}", s.nbd_socket().display());
+    let status = Command::new("nbdsh")
+        .args(["-u", &at_end, "-c"])
+        .arg(format!(
+            "h.pwrite(open('{}', 'rb').read(), {}); h.flush()",
+            tail.display(),
+            2 * LOGS_BYTES - (1 << 20)
+        ))
+        .env("PATH", "/usr/bin:/bin")
+        .status()
+        .unwrap();
+    assert!(status.success(), "nbdsh pwrite at the new end");
+    let st = s.status();
+    assert_eq!(st["volumes"][1]["bytes"], 2 * LOGS_BYTES, "{st}");
+    // Shrunk: refused, nothing changes.
+    grow("data.img", DATA_BYTES / 2);
+    let out = s.cli_output(&["resize"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("not shrink"), "{err}");
+    assert_eq!(s.status()["volumes"][0]["bytes"], DATA_BYTES);
+    grow("data.img", DATA_BYTES);
+    sigterm(&mut server);
+    assert!(server.wait().unwrap().success());
+    s.cli(&["flush"]);
+    let back = std::fs::read(s.path("logs.img")).unwrap();
+    let want = std::fs::read(&tail).unwrap();
+    assert_eq!(back[(2 * LOGS_BYTES - (1 << 20)) as usize..], want[..]);
+
+    // Offline: a grown origin is refused at open until resize takes it.
+    grow("data.img", 2 * DATA_BYTES);
+    let out = s.cli_output(&["flush"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("grown"), "{err}");
+    let said = s.cli(&["resize"]);
+    assert!(
+        said.contains("volume 'data'") && said.contains("-> 48 MiB"),
+        "{said}"
+    );
+    assert!(
+        said.contains("volume 'logs'") && said.contains("unchanged"),
+        "{said}"
+    );
+    let mut server = s.serve();
+    assert_eq!(
+        export_sizes(&s),
+        vec![
+            ("data".into(), 2 * DATA_BYTES),
+            ("logs".into(), 2 * LOGS_BYTES)
+        ]
+    );
+    sigterm(&mut server);
+    assert!(server.wait().unwrap().success());
+    let check = s.cli(&["check"]);
+    assert!(
+        check.contains("no problems") || check.contains("ok"),
+        "{check}"
+    );
+}

@@ -580,3 +580,131 @@ fn each_origins_writeback_runs_beside_the_others() {
         }
     }
 }
+
+/// A volume grows online (`Engine::grow_volume`, what `tiercache resize`
+/// runs): blocks past the old end are refused before and cached after,
+/// the other volume is untouched, the size is recorded (a restart needs no
+/// word that it grew) and what was written past the old end reaches the
+/// origin. Measuring an origin that did not grow changes nothing.
+#[test]
+fn a_volume_grows_online_and_keeps_its_new_blocks_across_a_restart() {
+    const MIB: u64 = 1 << 20;
+    let rig = Rig::new(64, &[MIB, MIB]);
+    let engine = rig.create(&["a", "b"], Mode::Writeback).unwrap();
+    let b = engine.volumes()[1].1;
+    assert_eq!(engine.grow_volume(1).unwrap(), (MIB, MIB));
+    rig.origins[1].grow(2 * MIB);
+    let past = b + MIB + 64 * 1024;
+    assert!(
+        engine.write(past, &block(0xB7), false).is_err(),
+        "not yet taken"
+    );
+    assert_eq!(engine.grow_volume(1).unwrap(), (MIB, 2 * MIB));
+    assert_eq!(engine.volume_size(1), 2 * MIB);
+    assert_eq!(engine.volume_size(0), MIB);
+    let v1 = AsyncEngine::volume(engine.clone(), 1).unwrap();
+    assert_eq!(v1.size_bytes(), 2 * MIB);
+    engine.write(past, &block(0xB7), false).unwrap();
+    let held = engine.cache_state(past, BS);
+    let both = tiercache::volume::CACHE_CACHED | tiercache::volume::CACHE_DIRTY;
+    assert!(held.iter().any(|e| e.flags & both == both), "{held:?}");
+    let st = engine.status();
+    assert_eq!(st.volumes[1].bytes, 2 * MIB);
+    assert_eq!(
+        st.volumes[1].cache_blocks_dirty, 1,
+        "the heat map counts it"
+    );
+    engine.flush().unwrap();
+    engine.close().unwrap();
+    drop(engine);
+
+    let engine = rig.open().unwrap();
+    assert_eq!(engine.volume_size(1), 2 * MIB);
+    assert_eq!(engine.read(past, BS).unwrap().to_vec(), block(0xB7));
+    engine.write_back_all(&mut |_, _| {}).unwrap();
+    assert_eq!(
+        rig.origin_bytes(1, MIB + 64 * 1024, BS as usize),
+        block(0xB7)
+    );
+    assert_eq!(rig.origin_bytes(1, MIB - BS, BS as usize), block(0x11));
+}
+
+/// Power lost at every write a grow makes: the cache opens at the old size
+/// (refused without the word that the origin grew, `serve --origin-grew`
+/// or `resize`, and then taken) or at the new one, its data whole either
+/// way.
+#[test]
+fn a_power_loss_at_every_write_of_a_grow_opens_at_one_size_or_the_other() {
+    use tiercache::device::fault::CrashSwitch;
+    const MIB: u64 = 1 << 20;
+    for n in 1.. {
+        let switch = CrashSwitch::new();
+        let rig = Rig::new(64, &[MIB, MIB]);
+        let cache = FaultDevice::from_image("cache", rig.cache.durable_image(), 1)
+            .with_crash_switch(switch.clone());
+        let origins: Vec<Arc<FaultDevice>> = (0..2)
+            .map(|v| {
+                let o =
+                    FaultDevice::from_image(&format!("o{v}"), rig.origins[v].durable_image(), 2);
+                Arc::new(o.with_crash_switch(switch.clone()))
+            })
+            .collect();
+        let rig = Rig {
+            cache: Arc::new(cache),
+            origins,
+        };
+        let engine = rig.create(&["a", "b"], Mode::Writeback).unwrap();
+        let b = engine.volumes()[1].1;
+        engine.write(b + 8 * BS, &block(0xB1), false).unwrap();
+        engine.flush().unwrap();
+        rig.origins[1].grow(2 * MIB);
+        switch.arm_after_writes(n);
+        let grown = engine.grow_volume(1);
+        let finished = !switch.is_tripped();
+        assert!(grown.is_ok() || !finished, "{grown:?}");
+        drop(engine);
+        let images = Rig {
+            cache: Arc::new(FaultDevice::from_image(
+                "cache",
+                rig.cache.power_loss_image(),
+                1,
+            )),
+            origins: (0..2)
+                .map(|v| {
+                    let image = rig.origins[v].power_loss_image();
+                    Arc::new(FaultDevice::from_image(
+                        &format!("o{v}"),
+                        image,
+                        2 + v as u64,
+                    ))
+                })
+                .collect(),
+        };
+        let engine = match images.open() {
+            Ok(e) => e,
+            Err(e) => {
+                assert!(
+                    matches!(e, EngineError::OriginMismatch { .. }) && !finished,
+                    "crash after {n} writes: {e}"
+                );
+                let told = tiercache::engine::OpenOptions {
+                    origin_grew: true,
+                    ..common::no_bg()
+                };
+                Engine::open_volumes(images.cache.clone(), images.origin_refs(), &told).unwrap()
+            }
+        };
+        assert_eq!(engine.volume_size(1), 2 * MIB, "crash after {n} writes");
+        let back = engine.read(b + 8 * BS, BS).unwrap().to_vec();
+        assert_eq!(back, block(0xB1), "crash after {n} writes");
+        engine.write(b + MIB + BS, &block(0xB2), false).unwrap();
+        if finished {
+            assert!(n > 1, "a grow writes the superblock");
+            eprintln!(
+                "grow: power lost at each of its {} writes, and after",
+                n - 1
+            );
+            return;
+        }
+    }
+}

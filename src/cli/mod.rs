@@ -18,6 +18,7 @@ mod flush;
 mod give_up;
 mod progress;
 mod replace_cache;
+mod resize;
 mod serve;
 mod set_admission;
 mod set_mode;
@@ -92,6 +93,9 @@ enum Command {
     /// Replace a cache set's member (failed, missing or retiring) with a new
     /// device and rebuild its copies online.
     ReplaceCache(replace_cache::Args),
+    /// Take an origin that grew (lvextend, a longer file, rbd resize) as
+    /// its volume's new size, online when served.
+    Resize(resize::Args),
     /// Give up a cache device that is gone for good (its dirty data is lost):
     /// serve on from the origin, failing reads of the stale ranges.
     GiveUpCache(give_up::Args),
@@ -148,6 +152,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Check(a) => check::run(&reg, &a),
         Command::Warm(a) => warm::run(&reg, &a),
         Command::ReplaceCache(a) => replace_cache::run(&reg, &a),
+        Command::Resize(a) => resize::run(&reg, &a),
         Command::GiveUpCache(a) => give_up::run(&reg, &a),
         Command::Top(a) => top::run(&reg, &a),
         Command::Demo(a) => demo::run(&a),

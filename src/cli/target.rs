@@ -118,6 +118,26 @@ impl Target {
         }
     }
 
+    /// Measures every volume's origin again, or `volume`'s, and takes a
+    /// larger one (`Engine::grow_named`); the status after.
+    pub fn resize(&self, volume: Option<&str>) -> Result<Status> {
+        let what = "taking the origin's new size";
+        match self {
+            Target::Offline(e) => {
+                e.grow_named(volume).context(what)?;
+                Ok(e.status())
+            }
+            Target::ReadOnly(_) => Err(read_only()),
+            Target::Daemon(p) => {
+                let request = Request::Resize {
+                    volume: volume.map(String::from),
+                };
+                let resp = control::call(p, &request).context(what)?;
+                resp.status.context("the daemon sent no status")
+            }
+        }
+    }
+
     pub fn set_writeback(&self, w: WritebackSettings) -> Result<()> {
         match self {
             Target::Offline(e) => e.set_writeback(w).context("changing writeback settings"),
@@ -249,6 +269,32 @@ impl Opened {
         Opened::open_by(reg, name, |entry| {
             let engine = open_engine(reg, entry, degraded)
                 .with_context(|| format!("cache '{}'", entry.name))?;
+            super::registry::record_distrust(reg, entry, &engine)?;
+            Ok(Target::Offline(engine))
+        })
+    }
+
+    /// `open`, for `resize`: a cache no daemon serves is opened with the
+    /// operator's word that its origins grew (`OpenOptions::origin_grew`),
+    /// and `recorded` gets the volumes (and sizes) it had recorded before.
+    pub fn open_grown(
+        reg: &Registry,
+        name: Option<&str>,
+        recorded: &mut Vec<tiercache::engine::format::VolumeEntry>,
+    ) -> Result<Opened> {
+        Opened::open_by(reg, name, |entry| {
+            let opening = || format!("cache '{}'", entry.name);
+            let cache = (entry.open_cache(false))
+                .context("opening the cache device")
+                .with_context(opening)?;
+            *recorded =
+                tiercache::engine::recovery::recorded_volumes(&cache).with_context(opening)?;
+            let origins = open_origins(entry, open_device).with_context(opening)?;
+            let opts = OpenOptions {
+                origin_grew: true,
+                ..command_open_options(reg, entry)
+            };
+            let engine = Engine::open_volumes(cache, origins, &opts).with_context(opening)?;
             super::registry::record_distrust(reg, entry, &engine)?;
             Ok(Target::Offline(engine))
         })

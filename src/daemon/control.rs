@@ -95,6 +95,13 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         volume: Option<String>,
     },
+    /// Every volume's origin (or the named one's) is measured again and a
+    /// grown one taken online (`Engine::grow_named`); the reply's status
+    /// has the sizes now.
+    Resize {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        volume: Option<String>,
+    },
     /// The cache device is gone for good: its dirty blocks are lost, their
     /// origin ranges stale (`Engine::give_up_cache`).
     GiveUpCache,
@@ -298,6 +305,7 @@ fn carry_out(
             Err(e) => Err(e.to_string()),
         },
         Request::GiveUpCache => status(engine.give_up_cache().map(|_| ())),
+        Request::Resize { volume } => status(engine.grow_named(volume.as_deref()).map(|_| ())),
         Request::SetMode { mode, volume } => done(engine.set_mode_named(volume.as_deref(), mode)),
         Request::SetWriteback { settings } => done(engine.set_writeback(settings)),
         Request::SetAdmission { settings } => done(engine.set_admission(settings)),

@@ -30,6 +30,11 @@ pub struct Frontends {
     /// The ublk block device (`/dev/ublkbN`), when ublk is served.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ublk_device: Option<String>,
+    /// The ublk device's size, fixed when it was made: a volume grown
+    /// online since (`tiercache resize`) keeps the old size on it until
+    /// the daemon restarts (Linux 6.12 cannot resize a live ublk device).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ublk_bytes: Option<u64>,
 }
 
 /// The daemon's live view: fixed addresses and the server's client count.

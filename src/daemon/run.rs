@@ -352,6 +352,9 @@ async fn serve_until_stopped(
     if engine.volumes().len() > 1 && cfg.ublk.is_none() {
         fixed.nbd_exports = engine.volumes().into_iter().map(|v| v.0).collect();
     }
+    if fixed.ublk_device.is_some() {
+        fixed.ublk_bytes = Some(engine.volume_bytes());
+    }
     let served = Arc::new(Served::new(fixed, cfg.nbd.clients_connected.clone()));
     start_control(engine, &served, control_path, &tx)?;
     start_malloc_trim();

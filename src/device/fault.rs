@@ -238,7 +238,9 @@ struct State {
 /// see the fault model at the top of this file.
 pub struct FaultDevice {
     name: String,
-    size_bytes: u64,
+    /// As of creation or the last `refresh_size` (`grow` makes the image
+    /// longer first, as lvextend does under an open device).
+    size_bytes: std::sync::atomic::AtomicU64,
     seed: u64,
     crash_switch: Option<CrashSwitch>,
     state: Mutex<State>,
@@ -262,6 +264,23 @@ impl FaultDevice {
         Self::from_image(name, vec![0u8; len], seed)
     }
 
+    /// The device grows to `bytes` (a multiple of 512, not smaller than
+    /// now), zeroes at its new end, durably, as an extended logical volume
+    /// does. Its users see the new size after `refresh_size`.
+    ///
+    /// # Panics
+    /// If `bytes` is smaller than the image or not a multiple of 512.
+    pub fn grow(&self, bytes: u64) {
+        assert!(bytes.is_multiple_of(SECTOR_BYTES), "grow to whole sectors");
+        let mut st = self.state.lock();
+        assert!(
+            bytes as usize >= st.durable.len(),
+            "a FaultDevice only grows"
+        );
+        st.durable.resize(bytes as usize, 0);
+        st.current.resize(bytes as usize, 0);
+    }
+
     /// A device whose durable content is `image`, e.g. a
     /// [`FaultDevice::power_loss_image`] for the restart after a crash.
     ///
@@ -275,7 +294,7 @@ impl FaultDevice {
         );
         FaultDevice {
             name: name.to_string(),
-            size_bytes: image.len() as u64,
+            size_bytes: (image.len() as u64).into(),
             seed,
             crash_switch: None,
             state: Mutex::new(
@@ -471,7 +490,13 @@ impl FaultDevice {
 
 impl BlockDevice for FaultDevice {
     fn size_bytes(&self) -> u64 {
-        self.size_bytes
+        self.size_bytes.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn refresh_size(&self) -> DeviceResult<u64> {
+        let now = self.state.lock().durable.len() as u64;
+        (self.size_bytes).store(now, std::sync::atomic::Ordering::Release);
+        Ok(now)
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> DeviceResult<()> {

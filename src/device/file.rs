@@ -13,7 +13,7 @@ use std::io;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::buf::{is_aligned_ptr, AlignedBuf, BUF_ALIGN_BYTES};
 use super::claim::{self, Access};
@@ -46,7 +46,8 @@ pub struct FileDevice {
     name: String,
     file: File,
     kind: Kind,
-    size_bytes: u64,
+    /// Whole sectors, as of the open or the last `refresh_size`.
+    size_bytes: AtomicU64,
     direct: bool,
     identity: u64,
     /// Failed flushes (`BlockDevice::loss_epoch`): after one, the kernel
@@ -119,7 +120,7 @@ impl FileDevice {
             name: path.to_string(),
             file,
             kind,
-            size_bytes,
+            size_bytes: AtomicU64::new(size_bytes),
             direct,
             identity,
             failed_flushes: Default::default(),
@@ -190,7 +191,7 @@ impl FileDevice {
             format!(
                 "end of file inside {offset}+{len}; the file is shorter than the \
                  {} bytes it had when opened",
-                self.size_bytes
+                self.size_bytes()
             ),
         );
         self.io_err("read", source)
@@ -487,7 +488,21 @@ fn is_discard_unsupported(e: &io::Error) -> bool {
 
 impl BlockDevice for FileDevice {
     fn size_bytes(&self) -> u64 {
-        self.size_bytes
+        self.size_bytes.load(Ordering::Acquire)
+    }
+
+    fn refresh_size(&self) -> DeviceResult<u64> {
+        let now = self
+            .file
+            .metadata()
+            .map_err(|e| e.to_string())
+            .and_then(|meta| device_size_bytes(&self.file, self.kind, &meta))
+            .map_err(|reason| DeviceError::Open {
+                spec: self.name.clone(),
+                reason,
+            })?;
+        self.size_bytes.store(now, Ordering::Release);
+        Ok(now)
     }
 
     fn as_file(&self) -> Option<&FileDevice> {

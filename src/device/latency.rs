@@ -40,6 +40,9 @@ impl BlockDevice for LatencyDevice {
     fn size_bytes(&self) -> u64 {
         self.inner.size_bytes()
     }
+    fn refresh_size(&self) -> DeviceResult<u64> {
+        self.inner.refresh_size()
+    }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> DeviceResult<()> {
         let _g = self.wait();
         self.inner.read_at(buf, offset)

@@ -139,6 +139,14 @@ pub trait BlockDevice: Send + Sync {
     fn loss_epoch(&self) -> u64 {
         0
     }
+    /// Reads the device's size again and keeps it from now on (a file or
+    /// block device grown by truncate or lvextend, an image `rbd resize`d):
+    /// requests may then reach the new end. Returns the size now. A device
+    /// that cannot learn a new size while it is open keeps the one it had
+    /// (RAM; an NBD export, whose size is its handshake's).
+    fn refresh_size(&self) -> DeviceResult<u64> {
+        Ok(self.size_bytes())
+    }
     /// Releases what the device holds outside this process once no more
     /// requests will come (an RBD image's watch on the OSDs); requests
     /// after it fail. The engine closes its origin when it is closed or

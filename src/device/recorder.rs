@@ -133,6 +133,9 @@ impl BlockDevice for RecordingDevice {
     fn size_bytes(&self) -> u64 {
         self.inner.size_bytes()
     }
+    fn refresh_size(&self) -> DeviceResult<u64> {
+        self.inner.refresh_size()
+    }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> DeviceResult<()> {
         self.inner.read_at(buf, offset)

@@ -25,9 +25,9 @@ use crate::volume::{ErrorKind, Extent, Volume, VolumeError, VolumeResult};
 #[derive(Clone)]
 pub struct AsyncEngine {
     pub engine: Arc<Engine>,
-    /// The address of the volume's byte 0, and its size.
+    /// The volume's index and the address of its byte 0.
+    v: usize,
     base: u64,
-    bytes: u64,
 }
 
 impl AsyncEngine {
@@ -38,12 +38,8 @@ impl AsyncEngine {
 
     /// Volume `v`, if the cache has it.
     pub fn volume(engine: Arc<Engine>, v: usize) -> Option<AsyncEngine> {
-        let (_, base, bytes) = engine.volumes().into_iter().nth(v)?;
-        Some(AsyncEngine {
-            engine,
-            base,
-            bytes,
-        })
+        let (_, base, _) = engine.volumes().into_iter().nth(v)?;
+        Some(AsyncEngine { engine, v, base })
     }
 }
 
@@ -62,8 +58,9 @@ async fn run<T: Send + 'static>(
 }
 
 impl Volume for AsyncEngine {
+    /// The volume's size now: it may grow online (`Engine::grow_volume`).
     fn size_bytes(&self) -> u64 {
-        self.bytes
+        self.engine.volume_size(self.v)
     }
 
     fn preferred_block_bytes(&self) -> u32 {

@@ -211,6 +211,11 @@ impl Engine {
         self.origins.first().bytes()
     }
 
+    /// Volume `v`'s size now (0 for no such volume).
+    pub fn volume_size(&self, v: usize) -> u64 {
+        self.origins.get(v).map_or(0, |o| o.bytes())
+    }
+
     /// The volumes: (name, address of byte 0, bytes), by index
     /// (origin/address.rs: a request for volume `v` adds its base to its
     /// offset).
@@ -264,6 +269,67 @@ impl Engine {
             None => self.set_mode(mode),
             Some(name) => self.set_volume_mode(self.volume_index(name)?, mode),
         }
+    }
+
+    /// By a volume's name: `None` is every volume. Returns each grown
+    /// volume's name, bytes before and bytes now (`grow_volume`); a volume
+    /// that did not grow is left out.
+    pub fn grow_named(&self, volume: Option<&str>) -> EngineResult<Vec<(String, u64, u64)>> {
+        let which: Vec<usize> = match volume {
+            Some(name) => vec![self.volume_index(name)?],
+            None => (0..self.origins.len()).collect(),
+        };
+        let mut grown = Vec::new();
+        for v in which {
+            let (was, now) = self.grow_volume(v)?;
+            if now != was {
+                grown.push((
+                    self.origins.get(v).map_or("", |o| o.name()).to_string(),
+                    was,
+                    now,
+                ));
+            }
+        }
+        Ok(grown)
+    }
+
+    /// Volume `v`'s origin grew (lvextend, a longer file, `rbd resize`):
+    /// reads its size again and takes a larger one online. Returns the
+    /// bytes before and now (equal: it did not grow). A smaller size is
+    /// refused, the volume left as it was.
+    ///
+    /// The origin is flushed first, so its new length is durable before
+    /// the superblock records it; the table's keys, the heat map and the
+    /// origin's end follow, in that order, so a request that reaches the
+    /// new end finds its blocks cacheable. Until the superblock write a
+    /// crash leaves the old size, and the next open is told again
+    /// (`serve --origin-grew`) or `resize` run once more.
+    pub fn grow_volume(&self, v: usize) -> EngineResult<(u64, u64)> {
+        self.check_open()?;
+        let origin = self.origins.get(v).ok_or_else(|| self.no_volume(v))?;
+        let was = origin.bytes();
+        let now = origin.device().refresh_size()?;
+        origin::checks::check_growth(origin.device(), origin.name(), was, now)?;
+        if now == was {
+            return Ok((was, now));
+        }
+        origin.flush(&self.stats)?;
+        let blocks = now / self.block_bytes;
+        self.update_superblock_then(
+            |sb| sb.set_volume_bytes(v, now),
+            || {
+                self.meta.grow_volume(v, blocks);
+                self.origins.key_space().grow(v, blocks);
+                self.observe.accesses.volume_grew(v);
+                origin.took_size(now);
+            },
+        )?;
+        log::info!(
+            "{}: the origin of volume {} grew from {was} to {now} bytes, taken online",
+            origin.device().name(),
+            origin.name()
+        );
+        Ok((was, now))
     }
 
     /// The refusal of a volume index the cache does not have.

@@ -57,7 +57,8 @@ const BOUNDS: [(&str, f64, &str); 1] = [("client_mount_timeout", 300.0, "30")];
 pub struct RbdDevice {
     name: String,
     identity: u64,
-    size_bytes: u64,
+    /// As of the open or the last `refresh_size` (`rbd resize`).
+    size_bytes: std::sync::atomic::AtomicU64,
     /// `None` once closed. Requests hold it shared for their call into
     /// librbd; closing holds it exclusively (module comment).
     handles: RwLock<Option<Handles>>,
@@ -171,7 +172,7 @@ impl RbdDevice {
             Ok(RbdDevice {
                 name: uri.to_string(),
                 identity,
-                size_bytes,
+                size_bytes: size_bytes.into(),
                 handles: RwLock::new(Some(h)),
                 health: Default::default(),
                 failed_flushes: Default::default(),
@@ -324,7 +325,22 @@ fn read_string(mut f: impl FnMut(*mut c_char, usize) -> i32) -> io::Result<Strin
 
 impl BlockDevice for RbdDevice {
     fn size_bytes(&self) -> u64 {
-        self.size_bytes
+        self.size_bytes.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn refresh_size(&self) -> DeviceResult<u64> {
+        let mut now = 0u64;
+        self.with_image("size", |h| {
+            // SAFETY: a live image handle; librbd writes the u64.
+            let ret = unsafe { (h.api.rbd_get_size)(h.image, &mut now) };
+            if ret < 0 {
+                return Err(self.io_err("size", errno_error(ret.into())));
+            }
+            Ok(())
+        })?;
+        let now = now / SECTOR_BYTES * SECTOR_BYTES;
+        (self.size_bytes).store(now, std::sync::atomic::Ordering::Release);
+        Ok(now)
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> DeviceResult<()> {

@@ -189,6 +189,15 @@ impl Superblock {
         self.volumes.set(volumes);
     }
 
+    /// Volume `v`'s origin has `bytes` bytes (it grew online).
+    pub fn set_volume_bytes(&mut self, v: usize, bytes: u64) {
+        let mut list = self.volume_list();
+        if let Some(entry) = list.get_mut(v) {
+            entry.bytes = bytes;
+        }
+        self.set_volume_list(&list);
+    }
+
     /// Volume `v`'s mode becomes `mode` (`None`: the cache's). A lone
     /// volume switches with the cache's mode instead (`set_mode_everywhere`:
     /// `Engine::set_volume_mode`), which keeps it at version 2.

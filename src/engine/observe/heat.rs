@@ -105,7 +105,8 @@ impl RegionCounts {
 /// Accesses per region of each volume.
 pub struct Accesses {
     keys: KeySpace,
-    volumes: Vec<(u64, Vec<AtomicU64>)>,
+    /// Each volume's blocks a region, and its counts.
+    volumes: Vec<(AtomicU64, Vec<AtomicU64>)>,
 }
 
 impl Accesses {
@@ -114,7 +115,7 @@ impl Accesses {
         let volumes = (0..keys.volumes())
             .map(|v| {
                 let counts = (0..REGIONS).map(|_| AtomicU64::new(0)).collect();
-                (region_blocks(keys.blocks(v)), counts)
+                (AtomicU64::new(region_blocks(keys.blocks(v))), counts)
             })
             .collect();
         Accesses {
@@ -128,7 +129,17 @@ impl Accesses {
         let Some((region_blocks, counts)) = self.volumes.get(v) else {
             return;
         };
-        counts[region_of(b, *region_blocks)].fetch_add(1, Ordering::Relaxed);
+        let r = region_of(b, region_blocks.load(Ordering::Relaxed));
+        counts[r].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Volume `v` grew (the key space has its new size): its regions are
+    /// cut again and their counts start over.
+    pub fn volume_grew(&self, v: usize) {
+        if let Some((region, counts)) = self.volumes.get(v) {
+            region.store(region_blocks(self.keys.blocks(v)), Ordering::Relaxed);
+            counts.iter().for_each(|c| c.store(0, Ordering::Relaxed));
+        }
     }
 
     /// Volume `v`'s accesses per region (empty for no such volume).

@@ -10,6 +10,9 @@
 //! A request never crosses a volume's end (`Engine::check_span`), so the
 //! blocks of one request are consecutive keys of one volume.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 /// Bits of a volume's byte offset: each volume has 4 PiB of address space.
 pub const VOLUME_SHIFT: u32 = 52;
 /// The largest origin a volume can have.
@@ -41,19 +44,43 @@ pub fn base(v: usize) -> u64 {
 
 /// The blocks that can be cached in each volume, and how keys map to
 /// them: what the table checks a key against.
-#[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// Clones share the volumes' sizes: a volume that grows online
+/// (`Engine::grow_volume`) grows for every holder of a clone at once.
+#[derive(Clone, Debug)]
 pub struct KeySpace {
     /// log2 of the keys in one volume's space.
     shift: u32,
-    blocks: Vec<u64>,
+    blocks: Arc<[AtomicU64]>,
 }
+
+impl PartialEq for KeySpace {
+    fn eq(&self, other: &KeySpace) -> bool {
+        self.shift == other.shift && self.sizes() == other.sizes()
+    }
+}
+
+impl Eq for KeySpace {}
 
 impl KeySpace {
     /// Volumes of `blocks[v]` whole blocks of `block_bytes` (a power of two).
     pub fn new(block_bytes: u64, blocks: Vec<u64>) -> KeySpace {
         KeySpace {
             shift: VOLUME_SHIFT - block_bytes.trailing_zeros(),
-            blocks,
+            blocks: blocks.into_iter().map(AtomicU64::new).collect(),
+        }
+    }
+
+    /// Every volume's blocks.
+    fn sizes(&self) -> Vec<u64> {
+        (0..self.volumes()).map(|v| self.blocks(v)).collect()
+    }
+
+    /// Volume `v` has `blocks` blocks from now on, for every clone (it
+    /// only grows: a smaller count is ignored).
+    pub fn grow(&self, v: usize, blocks: u64) {
+        if let Some(n) = self.blocks.get(v) {
+            n.fetch_max(blocks, Ordering::AcqRel);
         }
     }
 
@@ -61,10 +88,7 @@ impl KeySpace {
     /// tests of the table alone.
     #[cfg(any(test, feature = "testing"))]
     pub fn one(blocks: u64) -> KeySpace {
-        KeySpace {
-            shift: VOLUME_SHIFT - 12,
-            blocks: vec![blocks],
-        }
+        KeySpace::new(4096, vec![blocks])
     }
 
     /// The volume of `key` and its block in it.
@@ -80,14 +104,14 @@ impl KeySpace {
     /// True if `key` is a cacheable block of some volume.
     pub fn contains(&self, key: u64) -> bool {
         let (v, b) = self.split(key);
-        self.blocks.get(v).is_some_and(|&n| b < n)
+        b < self.blocks(v)
     }
 
     /// One past the highest key any volume has.
     pub fn end(&self) -> u64 {
         match self.blocks.len() {
             0 => 0,
-            n => self.base_key(n - 1) + self.blocks[n - 1],
+            n => self.base_key(n - 1) + self.blocks(n - 1),
         }
     }
 
@@ -97,22 +121,22 @@ impl KeySpace {
 
     /// Volume `v`'s blocks (0 for no such volume).
     pub fn blocks(&self, v: usize) -> u64 {
-        self.blocks.get(v).copied().unwrap_or(0)
+        self.blocks.get(v).map_or(0, |n| n.load(Ordering::Acquire))
     }
 
     /// Why `key` is not a block of any volume, for a damage report.
     pub fn describe_outside(&self, key: u64) -> String {
         let (v, b) = self.split(key);
-        match self.blocks.get(v) {
+        match self.blocks.get(v).map(|n| n.load(Ordering::Acquire)) {
             None if self.blocks.len() == 1 => format!(
                 "origin block {key} beyond the origin ({} blocks)",
-                self.blocks[0]
+                self.blocks(0)
             ),
             None => format!("block {b} of volume {v}, which the cache does not have"),
-            Some(&n) if self.blocks.len() == 1 => {
+            Some(n) if self.blocks.len() == 1 => {
                 format!("origin block {b} beyond the origin ({n} blocks)")
             }
-            Some(&n) => format!("block {b} beyond volume {v}'s end ({n} blocks)"),
+            Some(n) => format!("block {b} beyond volume {v}'s end ({n} blocks)"),
         }
     }
 }
@@ -146,5 +170,18 @@ mod tests {
         assert!(KeySpace::one(9)
             .describe_outside(12)
             .contains("beyond the origin"));
+    }
+
+    #[test]
+    fn a_volume_grows_for_every_clone_and_never_shrinks() {
+        let k = KeySpace::new(4096, vec![10, 20]);
+        let held = k.clone();
+        let key = k.base_key(1) + 25;
+        assert!(!held.contains(key));
+        k.grow(1, 30);
+        assert!(held.contains(key) && held.blocks(1) == 30 && held.blocks(0) == 10);
+        k.grow(1, 5);
+        k.grow(9, 5);
+        assert_eq!(held, KeySpace::new(4096, vec![10, 30]));
     }
 }

@@ -160,6 +160,33 @@ fn check_origin(
     Ok(())
 }
 
+/// An origin's size read again while it is served (`Engine::grow_volume`):
+/// `now` must not be below `was` (what was cached past the new end would
+/// have nowhere to go) nor past a volume's 4 PiB.
+pub(crate) fn check_growth(
+    origin: &DeviceRef,
+    volume: &str,
+    was: u64,
+    now: u64,
+) -> EngineResult<()> {
+    let refuse = |what: String| Err(EngineError::Config(what));
+    if now < was {
+        return refuse(format!(
+            "{} (volume {volume}) now has {now} bytes, fewer than its {was}: an origin may \
+             grow under a cache but not shrink (what was cached past its new end would be \
+             lost); give it its size back",
+            origin.name()
+        ));
+    }
+    if now > MAX_VOLUME_BYTES {
+        return refuse(format!(
+            "{} (volume {volume}) now has {now} bytes, more than a volume's {MAX_VOLUME_BYTES}",
+            origin.name()
+        ));
+    }
+    Ok(())
+}
+
 /// The superblock with the origins' sizes now (`check_origins` let only
 /// grown ones through). A writing open flushes a grown origin first, so
 /// its new length is durable before the cache records it, then writes the

@@ -45,12 +45,13 @@ pub(crate) struct Origin {
     base: u64,
     base_key: u64,
     device: DeviceRef,
-    /// The volume's size: the origin's, read at open.
-    bytes: u64,
+    /// The volume's size: the origin's, read at open or when it grew
+    /// online (`took_size`).
+    bytes: AtomicU64,
     /// The cache's block size, which the origin is cut into.
     block_bytes: u64,
     /// Origin blocks that can be cached (a partial last block never is).
-    blocks: u64,
+    blocks: AtomicU64,
     locks: BlockLocks,
     flights: Flights,
     sync: sync::OriginSync,
@@ -84,9 +85,9 @@ impl Origin {
             base,
             base_key: base / block_bytes,
             device,
-            bytes,
+            bytes: AtomicU64::new(bytes),
             block_bytes,
-            blocks: bytes / block_bytes,
+            blocks: AtomicU64::new(bytes / block_bytes),
             locks: BlockLocks::new(),
             flights: Flights::default(),
             sync: Default::default(),
@@ -130,7 +131,7 @@ impl Origin {
 
     /// True if `key` is one of this volume's blocks that can be cached.
     pub(crate) fn cacheable(&self, key: u64) -> bool {
-        key >= self.base_key && key - self.base_key < self.blocks
+        key >= self.base_key && key - self.base_key < self.blocks()
     }
 
     /// The volume's cache mode.
@@ -146,7 +147,15 @@ impl Origin {
 
     /// The volume's size in bytes.
     pub(crate) fn bytes(&self) -> u64 {
-        self.bytes
+        self.bytes.load(Ordering::Acquire)
+    }
+
+    /// The origin grew online to `bytes` (`Engine::grow_volume`, after the
+    /// table's keys): requests may reach the new end from now on.
+    pub(crate) fn took_size(&self, bytes: u64) {
+        self.blocks
+            .store(bytes / self.block_bytes, Ordering::Release);
+        self.bytes.store(bytes, Ordering::Release);
     }
 
     /// The block size the origin is cut into (the cache's).
@@ -156,7 +165,7 @@ impl Origin {
 
     /// Whole blocks, the ones that can be cached.
     pub(crate) fn blocks(&self) -> u64 {
-        self.blocks
+        self.blocks.load(Ordering::Acquire)
     }
 
     /// The first and last block `len > 0` bytes at `offset` touch.
@@ -330,7 +339,7 @@ impl Origins {
             .enumerate()
             .map(|(i, (name, d))| Origin::new(i, name, d, block_bytes))
             .collect();
-        let keys = address::KeySpace::new(block_bytes, list.iter().map(|o| o.blocks).collect());
+        let keys = address::KeySpace::new(block_bytes, list.iter().map(|o| o.blocks()).collect());
         Origins { list, keys }
     }
 

@@ -73,6 +73,17 @@ impl Entries {
         }
     }
 
+    /// Makes room for blocks below `origin_blocks` (an origin grown
+    /// online): a narrow table whose blocks no longer fit in 31 bits
+    /// becomes wide, its entries the same.
+    pub fn fit(&mut self, origin_blocks: u64) {
+        if let Entries::Narrow(v) = self {
+            if origin_blocks >= NARROW_DIRTY as u64 {
+                *self = Entries::Wide(v.iter().map(|&e| widen(e)).collect());
+            }
+        }
+    }
+
     /// Every entry in slot order, in the on-disk encoding.
     pub fn iter(&self) -> impl Iterator<Item = u64> + '_ {
         let (narrow, wide): (&[u32], &[u64]) = match self {

@@ -130,6 +130,11 @@ impl MetaLock {
         }
     }
 
+    /// Volume `v` grew to `blocks` blocks online (`Table::grow_volume`).
+    pub(crate) fn grow_volume(&self, v: usize, blocks: u64) {
+        self.0.lock().grow_volume(v, blocks)
+    }
+
     /// Volume `v`'s heat map counts: cached and dirty blocks per region.
     pub(crate) fn regions(&self, v: usize) -> (Vec<u32>, Vec<u32>) {
         let m = self.0.lock();

@@ -127,6 +127,25 @@ impl Table {
             + self.partial.heap_bytes()
     }
 
+    /// Volume `v` grew to `blocks` blocks (online, under the metadata
+    /// lock): its keys reach further for every holder of the key space,
+    /// the entries widen if they must, and the volumes' heat-map regions
+    /// are cut again and recounted from the entries.
+    pub fn grow_volume(&mut self, v: usize, blocks: u64) {
+        self.keys.grow(v, blocks);
+        self.entries.fit(self.keys.end());
+        let mut regions = RegionCounts::new(&self.keys);
+        for e in self.entries.iter() {
+            if let Some((block, dirty)) = entry_decode(e) {
+                regions.cached(block, true);
+                if dirty {
+                    regions.dirty(block, true);
+                }
+            }
+        }
+        self.regions = regions;
+    }
+
     /// Builds a table from a checkpoint, checking its invariants.
     pub fn from_checkpoint(
         data: CheckpointData,

@@ -240,6 +240,11 @@ impl Meta {
         self.free.trim_done(segment)
     }
 
+    /// Volume `v` grew to `blocks` blocks online (`Table::grow_volume`).
+    pub(crate) fn grow_volume(&mut self, v: usize, blocks: u64) {
+        self.table.grow_volume(v, blocks)
+    }
+
     /// The mappings, to read.
     pub(crate) fn table(&self) -> &Table {
         &self.table

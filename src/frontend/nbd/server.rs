@@ -270,8 +270,17 @@ impl<V: Volume> Shared<V> {
         Shared { config, exports }
     }
 
+    /// The exports as a new client's handshake tells them: each volume's
+    /// size as of now (a volume that grew online, `tiercache resize`, is
+    /// told to connections made after it; one made before keeps the size it
+    /// was told, as the NBD protocol has it).
     fn infos(&self) -> Vec<ExportInfo> {
-        self.exports.iter().map(|e| e.info.clone()).collect()
+        (self.exports.iter())
+            .map(|e| ExportInfo {
+                size_bytes: e.shared.volume.size_bytes(),
+                ..e.info.clone()
+            })
+            .collect()
     }
 }
 
@@ -652,7 +661,8 @@ async fn serve_connection<S: PlainStream, V: Volume>(
         served.info.name, mode.structured_replies, mode.min_block_bytes
     );
     let export = ExportLimits {
-        size_bytes: served.info.size_bytes,
+        // As told in the handshake, or larger if the volume grew since.
+        size_bytes: served.shared.volume.size_bytes(),
         read_only: cfg.read_only,
         max_request_bytes: cfg.max_request_bytes,
         min_block_bytes: mode.min_block_bytes,
