@@ -517,3 +517,81 @@ fn resize_takes_a_grown_origin_online_and_refuses_a_shrunk_one() {
         "{check}"
     );
 }
+
+/// `tiercache remove-origin --volume data` takes the first of two volumes
+/// out of a cache no daemon serves (refused while served): its dirty data
+/// reaches data.img, which stands alone, and the cache serves logs alone
+/// (under the empty export name). Cut between the cache's change and the
+/// registry's, every open refuses naming the command, and running it
+/// again finishes it.
+#[test]
+fn remove_origin_leaves_the_origin_alone_and_finishes_when_run_again() {
+    need("nbdcopy", "libnbd-bin");
+    let s = two_origins();
+    let quiet = [
+        "--volume",
+        "data",
+        "--volume",
+        "logs",
+        "--writeback-idle",
+        "0",
+        "--writeback-age",
+        "3600",
+    ];
+    let out = create_two(&s, &quiet);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut server = s.serve();
+    let one_mib = s.path("one.in");
+    pattern(&one_mib, "one", 1 << 20);
+    nbdcopy(&one_mib, export_uri(&s, "data"));
+    nbdcopy(&one_mib, export_uri(&s, "logs"));
+    let out = s.cli_output(&["remove-origin", "--volume", "data"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("is served"), "{err}");
+    sigterm(&mut server);
+    assert!(server.wait().unwrap().success());
+    let entry = std::fs::read(s.state().join("caches/tc0.json")).unwrap();
+    let out = s.cli_output(&["remove-origin", "--volume", "nothere"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("no volume 'nothere'"),
+        "{err}"
+    );
+
+    let said = s.cli(&["remove-origin", "--volume", "data"]);
+    assert!(
+        said.contains("volume data removed") && said.contains("stands alone"),
+        "{said}"
+    );
+    let want = std::fs::read(&one_mib).unwrap();
+    let head = |f: &str| std::fs::read(s.path(f)).unwrap()[..1 << 20].to_vec();
+    assert_eq!(head("data.img"), want, "written back before it was removed");
+    // The cut: the registry as it was before.
+    std::fs::write(s.state().join("caches/tc0.json"), &entry).unwrap();
+    let out = s.cli_output(&["status"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("remove-origin"),
+        "{err}"
+    );
+    let said = s.cli(&["remove-origin", "--volume", "data"]);
+    assert!(said.contains("cut short"), "{said}");
+
+    let mut server = s.serve();
+    let st = s.status();
+    let volumes = st["volumes"].as_array().unwrap();
+    assert_eq!(volumes.len(), 1, "{st}");
+    assert_eq!(volumes[0]["name"], "logs");
+    assert_eq!(volumes[0]["cache_blocks_dirty"], 256, "{st}");
+    let back = s.path("back.out");
+    nbdcopy(export_uri(&s, ""), &back);
+    assert_eq!(std::fs::read(&back).unwrap()[..1 << 20], want[..]);
+    sigterm(&mut server);
+    assert!(server.wait().unwrap().success());
+    s.cli(&["detach"]);
+    assert_eq!(head("logs.img"), want);
+}

@@ -708,3 +708,179 @@ fn a_power_loss_at_every_write_of_a_grow_opens_at_one_size_or_the_other() {
         }
     }
 }
+
+/// `Engine::remove_volume` (what `tiercache remove-origin` runs) takes the
+/// middle of three volumes out: its dirty data reaches its origin, the
+/// engine closes, and the cache opens with the two origins left, the third
+/// volume now second with its cached and dirty blocks (their keys moved
+/// down one place). Then the first is taken out too, leaving one volume
+/// with its own name. The only volume is refused.
+#[test]
+fn removing_a_volume_writes_it_back_and_the_volumes_after_it_move_down() {
+    const MIB: u64 = 1 << 20;
+    let rig = Rig::new(64, &[MIB, MIB, MIB]);
+    let engine = rig.create(&["a", "b", "c"], Mode::Writeback).unwrap();
+    let bases: Vec<u64> = engine.volumes().iter().map(|v| v.1).collect();
+    for (v, &base) in bases.iter().enumerate() {
+        for k in 0..4u64 {
+            engine
+                .write(
+                    base + k * BS,
+                    &block(0xA0 + 0x10 * v as u8 + k as u8),
+                    false,
+                )
+                .unwrap();
+        }
+    }
+    engine.flush().unwrap();
+    engine.remove_volume(1, &mut |_, _| {}).unwrap();
+    assert!(engine.write(bases[0], &block(1), false).is_err(), "closed");
+    drop(engine);
+    for k in 0..4u64 {
+        assert_eq!(
+            rig.origin_bytes(1, k * BS, BS as usize),
+            block(0xB0 + k as u8)
+        );
+    }
+    let left = Rig {
+        cache: rig.cache.clone(),
+        origins: vec![rig.origins[0].clone(), rig.origins[2].clone()],
+    };
+    assert!(
+        rig.open().is_err(),
+        "the removed origin is not the cache's any more"
+    );
+    let engine = left.open().unwrap();
+    let names: Vec<String> = engine.volumes().into_iter().map(|v| v.0).collect();
+    assert_eq!(names, ["a", "c"]);
+    let st = engine.status();
+    assert_eq!(
+        (
+            st.volumes[0].cache_blocks_dirty,
+            st.volumes[1].cache_blocks_dirty
+        ),
+        (4, 4)
+    );
+    let c = engine.volumes()[1].1;
+    for k in 0..4u64 {
+        assert_eq!(
+            engine.read(c + k * BS, BS).unwrap().to_vec(),
+            block(0xC0 + k as u8)
+        );
+    }
+    assert_eq!(engine.read(c + 9 * BS, BS).unwrap().to_vec(), block(0x12));
+    engine.remove_volume(0, &mut |_, _| {}).unwrap();
+    drop(engine);
+    assert_eq!(rig.origin_bytes(0, 3 * BS, BS as usize), block(0xA3));
+    let alone = Rig {
+        cache: rig.cache.clone(),
+        origins: vec![rig.origins[2].clone()],
+    };
+    let engine = alone.open().unwrap();
+    assert_eq!(engine.volumes()[0].0, "c");
+    assert_eq!(engine.read(BS, BS).unwrap().to_vec(), block(0xC1));
+    assert!(
+        engine.remove_volume(0, &mut |_, _| {}).is_err(),
+        "the only volume"
+    );
+    engine.write_back_all(&mut |_, _| {}).unwrap();
+    assert_eq!(rig.origin_bytes(2, 2 * BS, BS as usize), block(0xC2));
+    let cache: DeviceRef = rig.cache.clone();
+    let report = check(&cache, Some(MIB));
+    assert!(report.ok, "{:?}", report.findings);
+}
+
+/// Power lost at every write a removal makes (the removed volume's
+/// writeback to its origin, the journal, the checkpoint, the superblock):
+/// the images open with all three origins (nothing removed yet; the middle
+/// volume's data read back whole, from the cache or its origin) or with
+/// the two left (removed; the middle origin holds its data), never
+/// neither, and every other volume's data is whole.
+#[test]
+fn a_power_loss_at_every_write_of_a_removal_leaves_the_volume_in_or_out() {
+    use tiercache::device::fault::CrashSwitch;
+    const MIB: u64 = 1 << 20;
+    let mut outcomes = [0u32; 2];
+    for n in 1.. {
+        let switch = CrashSwitch::new();
+        let dev = |name: &str, bytes: u64, fill: u8| {
+            let d = FaultDevice::from_image(name, vec![fill; bytes as usize], 1);
+            Arc::new(d.with_crash_switch(switch.clone()))
+        };
+        let rig = Rig {
+            cache: dev("cache", common::cache_bytes_for(64, BS as u32), 0),
+            origins: (0..3)
+                .map(|v| dev(&format!("o{v}"), MIB, 0x10 + v as u8))
+                .collect(),
+        };
+        let engine = rig.create(&["a", "b", "c"], Mode::Writeback).unwrap();
+        let bases: Vec<u64> = engine.volumes().iter().map(|v| v.1).collect();
+        for (v, &base) in bases.iter().enumerate() {
+            for k in 0..3u64 {
+                engine
+                    .write(
+                        base + k * BS,
+                        &block(0xA0 + 0x10 * v as u8 + k as u8),
+                        false,
+                    )
+                    .unwrap();
+            }
+        }
+        engine.flush().unwrap();
+        switch.arm_after_writes(n);
+        let removed = engine.remove_volume(1, &mut |_, _| {});
+        let finished = !switch.is_tripped();
+        assert!(removed.is_ok() || !finished, "{removed:?}");
+        drop(engine);
+        let image = |d: &FaultDevice, name: &str| {
+            Arc::new(FaultDevice::from_image(name, d.power_loss_image(), 1))
+        };
+        let after = Rig {
+            cache: image(&rig.cache, "cache"),
+            origins: (0..3)
+                .map(|v| image(&rig.origins[v], &format!("o{v}")))
+                .collect(),
+        };
+        let two = Rig {
+            cache: after.cache.clone(),
+            origins: vec![after.origins[0].clone(), after.origins[2].clone()],
+        };
+        let (engine, kept) = match after.open() {
+            Ok(e) => (e, vec![0, 1, 2]),
+            Err(_) => match two.open() {
+                Ok(e) => (e, vec![0, 2]),
+                Err(e) => panic!("power lost after {n} writes: opens with neither: {e}"),
+            },
+        };
+        outcomes[(kept.len() == 2) as usize] += 1;
+        if kept.len() == 2 {
+            for k in 0..3u64 {
+                let on_origin = after.origin_bytes(1, k * BS, BS as usize);
+                assert_eq!(
+                    on_origin,
+                    block(0xB0 + k as u8),
+                    "power lost after {n} writes"
+                );
+            }
+        }
+        for (i, &v) in kept.iter().enumerate() {
+            let base = engine.volumes()[i].1;
+            for k in 0..3u64 {
+                let back = engine.read(base + k * BS, BS).unwrap().to_vec();
+                assert_eq!(
+                    back,
+                    block(0xA0 + 0x10 * v as u8 + k as u8),
+                    "power lost after {n} writes"
+                );
+            }
+        }
+        if finished {
+            assert_eq!(kept.len(), 2);
+            eprintln!(
+                "remove_volume: power lost at each of its {} writes ({} images still had the volume, {} had not), and after",
+                n - 1, outcomes[0], outcomes[1] - 1
+            );
+            return;
+        }
+    }
+}

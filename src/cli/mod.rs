@@ -17,6 +17,7 @@ mod detach;
 mod flush;
 mod give_up;
 mod progress;
+mod remove_origin;
 mod replace_cache;
 mod resize;
 mod serve;
@@ -71,6 +72,9 @@ enum Command {
     /// Put one more origin behind a cache, as a volume of its own (the
     /// cache must not be served meanwhile).
     AddOrigin(add_origin::Args),
+    /// Take one origin out of a cache of several: its dirty data is written
+    /// back and it stands alone (the cache must not be served meanwhile).
+    RemoveOrigin(remove_origin::Args),
     /// Show mode, occupancy, counters and settings of a cache (writes
     /// nothing: a cache no daemon serves is read in place).
     Status(status::Args),
@@ -142,6 +146,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Create(a) => create::run(&reg, &a),
         Command::AddOrigin(a) => add_origin::run(&reg, &a),
+        Command::RemoveOrigin(a) => remove_origin::run(&reg, &a),
         Command::Status(a) => status::run(&reg, &a),
         Command::Flush(a) => flush::run(&reg, &a),
         Command::SetMode(a) => set_mode::run(&reg, &a),

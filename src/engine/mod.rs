@@ -332,6 +332,51 @@ impl Engine {
         Ok((was, now))
     }
 
+    /// Takes volume `v` out of the cache (`tiercache remove-origin`): its
+    /// dirty blocks are written back (in flush order, every volume's) and
+    /// its blocks dropped, then one checkpoint without it becomes current
+    /// with the superblock's volume list (`checkpoint_without_volume`): the
+    /// volumes after it move down one place. Its origin holds all its data.
+    /// Refused for the only volume (`detach` takes a cache apart) and for a
+    /// volume with stale ranges (its origin lacks data a lost cache held).
+    /// The engine is closed after, whatever the outcome; the next open is
+    /// given the origins left.
+    pub fn remove_volume(&self, v: usize, progress: &mut dyn FnMut(u64, u64)) -> EngineResult<()> {
+        self.check_open()?;
+        let origin = self.origins.get(v).ok_or_else(|| self.no_volume(v))?;
+        if self.origins.len() == 1 {
+            return Err(EngineError::Config(format!(
+                "volume {} is the cache's only one: `tiercache detach` takes the cache apart",
+                origin.name()
+            )));
+        }
+        let (stale, blocks) = origin.stale_ranges();
+        if !stale.is_empty() {
+            return Err(EngineError::Config(format!(
+                "volume {} has {blocks} stale blocks in {} ranges: its origin lacks data a lost \
+                 cache held, and removing the volume would lift the guard on them",
+                origin.name(),
+                stale.len()
+            )));
+        }
+        self.write_back_volume(v, progress)?;
+        if self.ordered() && self.meta.dirty_count() > 0 {
+            return Err(EngineError::Config(
+                "flush order: dirty blocks are left after the write back; nothing was removed"
+                    .into(),
+            ));
+        }
+        self.drop_volume_blocks(v)?;
+        writeback::stop_background(self);
+        self.closed.store(true, Ordering::Release);
+        let removed = self.checkpoint_without_volume(v);
+        if removed.is_ok() {
+            self.remove_crash_log();
+        }
+        self.close_origin();
+        removed
+    }
+
     /// The refusal of a volume index the cache does not have.
     fn no_volume(&self, v: usize) -> EngineError {
         EngineError::Config(format!(

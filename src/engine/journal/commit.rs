@@ -26,11 +26,13 @@ use super::crash_log::{self, CrashLog, Point};
 use super::CommitState;
 use crate::device::AlignedBuf;
 use crate::engine::format::{
-    checkpoint_page, journal_page, CheckpointData, Record, PAGE_BYTES, RECORDS_PER_PAGE,
+    checkpoint_page, entry_decode, entry_encode, journal_page, CheckpointData, Record, PAGE_BYTES,
+    RECORDS_PER_PAGE,
 };
 use crate::engine::format::{Superblock, SB_FLAG_DISTRUST_CLEAN};
 use crate::engine::stats::bump;
 use crate::engine::table::Batch;
+use crate::engine::EngineError;
 use crate::engine::{Engine, EngineResult, Meta};
 
 /// Checkpoint pages written per device request.
@@ -287,6 +289,37 @@ impl Engine {
         cs.journal_written_end = replay_seq;
         bump(&self.stats.checkpoints, 1);
         Ok(())
+    }
+
+    /// Makes everything durable, then writes a clean checkpoint of the
+    /// table without volume `v` (whose blocks are all dropped:
+    /// `Engine::remove_volume`), the volumes after it moved down one place
+    /// with their keys, and with it the superblock without `v`'s record:
+    /// the one superblock write that makes the checkpoint current changes
+    /// both, so a crash leaves the cache with `v` or without it, whole.
+    /// The engine is closed: its volumes are not the cache's any more.
+    pub(crate) fn checkpoint_without_volume(&self, v: usize) -> EngineResult<()> {
+        let mut cs = self.journal.state.lock();
+        self.commit_locked(&mut cs, Some(false))?;
+        let mut data = self.meta.snapshot();
+        let keys = self.origins.key_space();
+        for (slot, e) in data.entries.iter_mut().enumerate() {
+            let Some((block, dirty)) = entry_decode(*e) else {
+                continue;
+            };
+            let Some(key) = keys.key_without(v, block) else {
+                return Err(EngineError::Config(format!(
+                    "slot {slot} still holds a block of the volume being removed"
+                )));
+            };
+            *e = entry_encode(key, dirty);
+        }
+        let mut list = cs.sb.volume_list();
+        list.remove(v);
+        // Written by the checkpoint's superblock write below.
+        cs.sb.set_volume_list(&list);
+        let replay = cs.next_page_seq;
+        self.write_checkpoint(&mut cs, &data, replay, true)
     }
 
     /// Writes the superblock copy not holding the current generation, then

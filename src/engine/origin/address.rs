@@ -76,6 +76,17 @@ impl KeySpace {
         (0..self.volumes()).map(|v| self.blocks(v)).collect()
     }
 
+    /// `key`'s key once volume `v` is taken out (`Engine::remove_volume`):
+    /// the volumes after `v` move down one place; `None` for one of `v`'s.
+    pub fn key_without(&self, v: usize, key: u64) -> Option<u64> {
+        let (kv, b) = self.split(key);
+        match kv.cmp(&v) {
+            std::cmp::Ordering::Less => Some(key),
+            std::cmp::Ordering::Equal => None,
+            std::cmp::Ordering::Greater => Some(self.base_key(kv - 1) + b),
+        }
+    }
+
     /// Volume `v` has `blocks` blocks from now on, for every clone (it
     /// only grows: a smaller count is ignored).
     pub fn grow(&self, v: usize, blocks: u64) {

@@ -98,6 +98,9 @@ pub(crate) fn check_origins(
         let names: Vec<&str> = recorded.iter().map(|v| v.name.as_str()).collect();
         let cut_short = match recorded.len().checked_sub(origins.len()) {
             Some(1) => "; if `tiercache add-origin` was cut short, run it again to finish it",
+            None if origins.len() == recorded.len() + 1 => {
+                "; if `tiercache remove-origin` was cut short, run it again to finish it"
+            }
             _ => "",
         };
         return Err(EngineError::OriginMismatch {

@@ -8,7 +8,7 @@ use crate::engine::policy::Verdict;
 use super::Meta;
 use crate::device::DeviceError;
 use crate::engine::stats::bump;
-use crate::engine::{Engine, EngineResult};
+use crate::engine::{Engine, EngineError, EngineResult};
 
 /// Clean blocks evicted at once when no slot is free.
 const EVICT_BATCH: usize = 64;
@@ -185,6 +185,32 @@ impl Engine {
             }
         }
         n
+    }
+
+    /// Drops every block of volume `v` (`Engine::remove_volume`, after
+    /// its write back): each must be clean. Fails, dropping none, naming
+    /// how many are still dirty.
+    pub(crate) fn drop_volume_blocks(&self, v: usize) -> EngineResult<()> {
+        let origin = self.origins.get(v).ok_or_else(|| self.no_volume(v))?;
+        let mut m = self.meta.lock();
+        let held: Vec<(u32, bool)> = (0..m.table.slot_count() as u32)
+            .filter_map(|slot| {
+                let (block, dirty) = m.table.slot_block(slot)?;
+                origin.cacheable(block).then_some((slot, dirty))
+            })
+            .collect();
+        let dirty = held.iter().filter(|&&(_, d)| d).count();
+        if dirty > 0 {
+            return Err(EngineError::Config(format!(
+                "volume {} still holds {dirty} dirty blocks after its write back (blocks busy?): \
+                 nothing was removed; try again",
+                origin.name()
+            )));
+        }
+        for (slot, _) in held {
+            self.append(&mut m, Record::Unmap { slot });
+        }
+        Ok(())
     }
 
     /// Makes the slots of `ranges` (a cache set's members that are not
