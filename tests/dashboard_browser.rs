@@ -248,3 +248,105 @@ fn the_dashboard_lists_each_device_of_a_cache_set() {
     drop(b);
     sigterm(&mut serve);
 }
+
+/// A cache of two origins: the heat map has a volume picker; written
+/// through the second volume's export, its regions are dirty on its map
+/// and the first volume's map stays empty.
+#[test]
+fn the_dashboard_picks_the_volume_whose_heat_map_it_shows() {
+    need("fio", "fio");
+    if let Ok(why) = std::env::var("TIERCACHE_SKIP_BROWSER") {
+        eprintln!("SKIPPED: the dashboard browser test: {why}");
+        return;
+    }
+    assert!(
+        web::have_chromium(),
+        "chromium is missing (scripts/test.sh installs it)"
+    );
+    let extra = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let second = extra.path().join("logs.img");
+    std::fs::File::create(&second)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let s = Setup::with_sizes(
+        64 << 20,
+        16 << 20,
+        &[
+            "--mode",
+            "writeback",
+            "--origin",
+            second.to_str().unwrap(),
+            "--volume",
+            "data",
+            "--volume",
+            "logs",
+            "--writeback-idle",
+            "0",
+            "--writeback-age",
+            "3600",
+        ],
+    );
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut serve = s.serve_with(&["--http", &addr]);
+    wait_http(&addr, "/api/snapshot");
+    let mut b = Browser::start();
+    b.call("Runtime.enable", json!({}));
+    b.call("Log.enable", json!({}));
+    b.call("Page.enable", json!({}));
+    b.call("Page.navigate", json!({"url": format!("http://{addr}/")}));
+    b.wait_for(
+        "typeof tc === 'object' && tc.snapshots >= 2",
+        20,
+        "two snapshots",
+    );
+    assert_eq!(
+        b.eval(
+            "(() => { const p = document.getElementById('heat-volume');
+               return !p.hidden && [...p.options].map(o => o.textContent).join(','); })()"
+        ),
+        json!("data,logs"),
+        "the picker lists both volumes"
+    );
+    let uri = format!("nbd+unix:///logs?socket={}", s.nbd_socket().display());
+    let out = Command::new("fio")
+        .args([
+            "--name=dash",
+            "--ioengine=nbd",
+            "--thread",
+            "--rw=write",
+            "--bs=64k",
+        ])
+        .arg(format!("--uri={uri}"))
+        .arg(format!("--size={WRITTEN_BYTES}"))
+        .output()
+        .expect("running fio");
+    assert!(
+        out.status.success(),
+        "fio: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    b.wait_for(
+        "tc.last.heats.length === 2 && tc.last.heats[1].dirty.slice(0, 64).every(d => d > 0)",
+        15,
+        "the logs volume's map dirty in the snapshot",
+    );
+    assert_eq!(
+        b.eval(&format!(
+            "[...Array({WRITTEN_REGIONS}).keys()].every(i => tc.cellState(i) === 'empty')"
+        )),
+        json!(true),
+        "the data volume's map (shown first) stays empty"
+    );
+    b.eval("tc.selectVolume(1)");
+    b.wait_for(
+        &regions_drawn("dirty", 0),
+        15,
+        "the logs volume's regions dirty",
+    );
+    assert_eq!(b.eval("tc.failures"), json!(0), "failed polls");
+    let errors = b.errors();
+    assert!(errors.is_empty(), "the page logged errors: {errors:#?}");
+    drop(b);
+    sigterm(&mut serve);
+}

@@ -62,6 +62,8 @@ for t in $TC_TESTS; do
         # Ten kill -9 and recovery cycles under an ext4 writer: ~2-3 min.
         ublk_ext4_recover_writeback|ublk_ext4_recover_writethrough)
             TEST_TIMEOUT_S=600 run_test "$t" "test_ublk_ext4_recover ${t#ublk_ext4_recover_} 10" ;;
+        # One cache, two origins, two ublk devices (issue 33).
+        ublk_two_volumes) TEST_TIMEOUT_S=600 run_test "$t" "test_ublk_two_volumes" ;;
         compare) TEST_TIMEOUT_S=2300 run_test compare "compare_all" ;;
         *) echo "FAIL $t 0 (unknown test)" >>$RESULTS/summary ;;
     esac

@@ -364,6 +364,107 @@ test_ublk_ext4_recover() { # MODE [CYCLES]
     serve_stop
 }
 
+# --- one cache in front of two origins, over ublk (issue 33)
+
+ublk_wait_dev() { # DEV: wait for it to have a size
+    local i
+    for i in $(seq 200); do
+        [ "$(blockdev --getsize64 "$1" 2>/dev/null || echo 0)" -gt 0 ] && return 0
+        kill -0 "$SERVE_PID" 2>/dev/null || { cat /run/serve-tc0.log; fail "tiercache serve --ublk exited"; }
+        sleep 0.1
+    done
+    cat /run/serve-tc0.log
+    fail "$1 did not appear"
+}
+
+# Waits until the serve log says DEV was recovered more than N times.
+ublk_recovered_after() { # DEV N
+    local i
+    for i in $(seq 300); do
+        [ "$(grep -c "recovered $1\$" /run/serve-tc0.log)" -gt "$2" ] && return 0
+        kill -0 "$SERVE_PID" 2>/dev/null || { tail -5 /run/serve-tc0.log; fail "the restarted daemon exited"; }
+        sleep 0.1
+    done
+    tail -5 /run/serve-tc0.log
+    fail "$1 was not recovered within 30 s"
+}
+
+# The origin disk cut in two with dm-linear, volumes db and logs of one
+# writeback cache, served over ublk as /dev/ublkb0 and /dev/ublkb1. fio
+# verify runs on both at once. Then ext4 on each with an fsync'ing writer;
+# tiercache serve is killed with -9 under both writers twice and started
+# again, each device taken over (user recovery): no writer sees an error,
+# every file whose fsync returned is there, each filesystem is clean, and
+# the data of one volume never shows on the other. A clean stop removes
+# both devices.
+test_ublk_two_volumes() {
+    local half d cycle
+    half=$(( $(blockdev --getsz "$(disk origin)") / 2 ))
+    dmsetup create tcdb --table "0 $half linear $(disk origin) 0"
+    dmsetup create tclogs --table "0 $half linear $(disk origin) $half"
+    tc create --origin /dev/mapper/tcdb --origin /dev/mapper/tclogs --volume db --volume logs \
+        --cache "$(disk cache)" --mode writeback --force --wipe --lose-dirty-data >/dev/null
+    log "created a writeback cache of two volumes: db and logs, halves of $(disk origin)"
+    serve_start tc0 --ublk
+    ublk_wait_dev /dev/ublkb0
+    ublk_wait_dev /dev/ublkb1
+    tc status | grep -q 'ublk /dev/ublkb0, /dev/ublkb1' || { tc status; fail "status does not show both devices"; }
+    local f0 f1
+    fio --name=db --filename=/dev/ublkb0 "${FIO_VERIFY[@]}" --output=$WORK/fio0.out & f0=$!
+    fio --name=logs --filename=/dev/ublkb1 "${FIO_VERIFY[@]}" --output=$WORK/fio1.out & f1=$!
+    echo "$f0 $f1" >>$PIDS
+    wait $f0 || { cat $WORK/fio0.out; fail "fio verify on /dev/ublkb0"; }
+    wait $f1 || { cat $WORK/fio1.out; fail "fio verify on /dev/ublkb1"; }
+    for d in 0 1; do
+        grep -q 'err= 0' $WORK/fio$d.out || { cat $WORK/fio$d.out; fail "fio reported errors on /dev/ublkb$d"; }
+        log "fio verify on /dev/ublkb$d, beside the other: $(grep -E '^ *(write|read):' $WORK/fio$d.out | sed 's/^ *//; s/,.*//' | tr '\n' ' ')"
+    done
+    rm -f $WORK/stop-writer
+    local writers=()
+    for d in 0 1; do
+        mkfs.ext4 -q -E nodiscard /dev/ublkb$d
+        mkdir -p $MNT/v$d
+        mount -o noatime /dev/ublkb$d $MNT/v$d
+        write_files "v$d/a" $WORK/manifest
+        : >$WORK/manifest-b$d
+        ( round=0
+          while ! [ -e $WORK/stop-writer ]; do
+              round=$((round + 1))
+              write_files "v$d/b$round" $WORK/manifest-b$d || exit 1
+          done ) &
+        writers+=($!)
+        echo $! >>$PIDS
+    done
+    for cycle in 1 2; do
+        sleep 3
+        log "cycle $cycle: kill -9 tiercache serve with $(cat $WORK/manifest-b0 $WORK/manifest-b1 | wc -l) more files fsync'ed"
+        local before0 before1
+        before0=$(grep -c 'recovered /dev/ublkb0$' /run/serve-tc0.log || true)
+        before1=$(grep -c 'recovered /dev/ublkb1$' /run/serve-tc0.log || true)
+        kill -9 "$SERVE_PID"
+        wait "$SERVE_PID" 2>/dev/null || true
+        serve_start tc0 --ublk
+        ublk_recovered_after /dev/ublkb0 "$before0"
+        ublk_recovered_after /dev/ublkb1 "$before1"
+    done
+    sleep 2
+    touch $WORK/stop-writer
+    for d in 0 1; do
+        wait "${writers[$d]}" || fail "the writer on /dev/ublkb$d saw an error across the restarts"
+        cat $WORK/manifest-b$d >>$WORK/manifest
+    done
+    verify_files $WORK/manifest "two volumes, across kill -9 and recovery"
+    for d in 0 1; do
+        umount $MNT/v$d
+        e2fsck -f -n /dev/ublkb$d >$WORK/fsck.log 2>&1 || { cat $WORK/fsck.log; fail "e2fsck on /dev/ublkb$d"; }
+    done
+    log "e2fsck -f clean on both"
+    dmesg | grep -E 'ublkb[01].*error|EXT4-fs error' && fail "the kernel logged errors"
+    serve_stop
+    [ -e /dev/ublkb0 ] || [ -e /dev/ublkb1 ] && fail "a ublk device is still there after a clean stop"
+    log "a clean stop removed both devices"
+}
+
 # --- a cache set that loses a member, then the daemon (issue 32)
 
 # SQLite on ext4 over a cache set of two dm-linear members, served as

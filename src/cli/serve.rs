@@ -83,7 +83,8 @@ pub struct Args {
     /// it is taken over (user recovery): its requests are reissued here.
     #[arg(long)]
     ublk: bool,
-    /// The ublk device number N.
+    /// The ublk device number N; a cache of several volumes gets one
+    /// device per volume, /dev/ublkb<N+v> for volume v.
     #[arg(long, default_value_t = 0, requires = "ublk")]
     ublk_id: i32,
     /// ublk queues (one thread each).

@@ -103,7 +103,12 @@ fn served_rows(f: &Frontends, volume_bytes: u64) -> String {
     if f.nbd_socket.is_some() || f.nbd_tcp.is_some() {
         rows.push(format!("NBD clients connected: {}", f.nbd_clients));
     }
-    if let Some(dev) = &f.ublk_device {
+    if !f.ublk_devices.is_empty() {
+        rows.push(format!(
+            "ublk {} (one per volume)",
+            f.ublk_devices.join(", ")
+        ));
+    } else if let Some(dev) = &f.ublk_device {
         rows.push(format!("ublk {dev}"));
         if let Some(bytes) = f.ublk_bytes.filter(|&b| b < volume_bytes) {
             rows.push(format!(

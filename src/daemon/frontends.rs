@@ -27,9 +27,14 @@ pub struct Frontends {
     /// names; the empty name is the first); empty for one volume.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nbd_exports: Vec<String>,
-    /// The ublk block device (`/dev/ublkbN`), when ublk is served.
+    /// The ublk block device (`/dev/ublkbN`), when ublk is served; of a
+    /// cache of several volumes, volume 0's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ublk_device: Option<String>,
+    /// Of a cache of several volumes served over ublk: every volume's
+    /// device, in volume order (`/dev/ublkb<N+v>`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ublk_devices: Vec<String>,
     /// The ublk device's size, fixed when it was made: a volume grown
     /// online since (`tiercache resize`) keeps the old size on it until
     /// the daemon restarts (Linux 6.12 cannot resize a live ublk device).
@@ -80,7 +85,7 @@ pub const CLIENT_LEAVE_WAIT: Duration = Duration::from_secs(2);
 /// /proc/self/mountinfo) or held open exclusively (an `O_EXCL` open fails
 /// with EBUSY: a mount, device-mapper, another `O_EXCL` opener).
 pub fn teardown_refusal(f: &Frontends) -> Option<String> {
-    if let Some(dev) = &f.ublk_device {
+    for dev in f.ublk_device.iter().chain(&f.ublk_devices) {
         if let Some(why) = block_device_in_use(dev) {
             return Some(format!(
                 "{dev} is {why}; unmount it (or close it) first, or pass --force"

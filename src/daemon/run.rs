@@ -148,8 +148,8 @@ pub enum DaemonError {
     UblkPanic,
     /// A front end that serves one volume, for a cache of several.
     #[error(
-        "cache '{name}' holds {volumes} volumes ({names}): {what} serves one; serve it over NBD, \
-         where each volume is the export of its name"
+        "cache '{name}' holds {volumes} volumes ({names}): {what} names one; over NBD each \
+         volume is the export of its name, and over ublk each gets a device"
     )]
     OneVolumeOnly {
         name: String,
@@ -349,12 +349,7 @@ async fn serve_until_stopped(
     let tx = Arc::new(tx);
     start_signal_handler(&tx);
     let (listeners, mut fixed) = bind_listeners(&cfg, nbd_path).await?;
-    if engine.volumes().len() > 1 && cfg.ublk.is_none() {
-        fixed.nbd_exports = engine.volumes().into_iter().map(|v| v.0).collect();
-    }
-    if fixed.ublk_device.is_some() {
-        fixed.ublk_bytes = Some(engine.volume_bytes());
-    }
+    volumes_served(engine, &cfg, &mut fixed);
     let served = Arc::new(Served::new(fixed, cfg.nbd.clients_connected.clone()));
     start_control(engine, &served, control_path, &tx)?;
     start_malloc_trim();
@@ -379,13 +374,15 @@ async fn serve_until_stopped(
         })?;
     }
     if let Some(u) = &cfg.ublk {
-        eprintln!(
-            "tiercache: serving '{name}' ({} bytes, {} mode) as /dev/ublkb{}; control socket {}",
-            engine.volume_bytes(),
-            engine.mode(),
-            u.dev_id,
-            control_path.display()
-        );
+        for (v, (volume, _, bytes)) in engine.volumes().into_iter().enumerate() {
+            eprintln!(
+                "tiercache: serving '{name}' volume {volume} ({bytes} bytes, {} mode) as \
+                 /dev/ublkb{}; control socket {}",
+                engine.volume_mode(v),
+                u.dev_id + v as i32,
+                control_path.display()
+            );
+        }
         return serve_ublk(engine, u, rx).await;
     }
     let exports = nbd_exports(engine, &cfg.nbd.export_name);
@@ -405,6 +402,26 @@ async fn serve_until_stopped(
         .map_err(DaemonError::Nbd)
 }
 
+/// What `status` shows of a cache of several volumes: its NBD exports or
+/// its ublk devices; and the size a ublk device was made with.
+fn volumes_served(engine: &Engine, cfg: &DaemonConfig, fixed: &mut Frontends) {
+    let volumes = engine.volumes();
+    match &cfg.ublk {
+        Some(u) if volumes.len() > 1 => {
+            fixed.ublk_devices = (0..volumes.len())
+                .map(|v| format!("/dev/ublkb{}", u.dev_id + v as i32))
+                .collect();
+        }
+        None if volumes.len() > 1 => {
+            fixed.nbd_exports = volumes.into_iter().map(|v| v.0).collect();
+        }
+        _ => {}
+    }
+    if fixed.ublk_device.is_some() {
+        fixed.ublk_bytes = Some(engine.volume_bytes());
+    }
+}
+
 /// The NBD exports: a cache of one origin is served under `export_name`;
 /// of several, each volume under its own name, the first also under "".
 fn nbd_exports(engine: &Arc<Engine>, export_name: &str) -> Vec<(String, Arc<AsyncEngine>)> {
@@ -421,20 +438,14 @@ fn nbd_exports(engine: &Arc<Engine>, export_name: &str) -> Vec<(String, Arc<Asyn
         .collect()
 }
 
-/// What serves one volume (ublk, an export name of the operator's) is
-/// refused for a cache of several.
+/// What names one volume (an export name of the operator's) is refused
+/// for a cache of several.
 fn refuse_one_volume_frontends(engine: &Engine, name: &str, cfg: &DaemonConfig) -> Result<()> {
     let volumes = engine.volumes();
-    let what = if cfg.ublk.is_some() {
-        "--ublk"
-    } else if !cfg.nbd.export_name.is_empty() {
-        "--export-name"
-    } else {
-        return Ok(());
-    };
-    if volumes.len() == 1 {
+    if cfg.ublk.is_some() || cfg.nbd.export_name.is_empty() || volumes.len() == 1 {
         return Ok(());
     }
+    let what = "--export-name";
     Err(DaemonError::OneVolumeOnly {
         name: name.to_string(),
         volumes: volumes.len(),
@@ -561,17 +572,54 @@ async fn serve_ublk(
     Err(DaemonError::NoUblk)
 }
 
-/// Serves the engine as /dev/ublkb<id> until shutdown is asked for, then
-/// deletes the device. A daemon killed without that leaves the device to
-/// the next `serve --ublk` with the same id (user recovery).
+/// Serves each volume `v` as /dev/ublkb<id + v> until shutdown is asked
+/// for, then deletes the devices. A daemon killed without that leaves them
+/// to the next `serve --ublk` with the same id (user recovery).
 #[cfg(feature = "ublk")]
 async fn serve_ublk(
     engine: &Arc<Engine>,
     u: &UblkSettings,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<()> {
+    let n = engine.volumes().len();
+    let waiting = Arc::new(std::sync::atomic::AtomicUsize::new(n));
+    let mut devices = Vec::with_capacity(n);
+    for v in 0..n {
+        let id = u.dev_id + v as i32;
+        match start_ublk(engine, u, v, id, waiting.clone()) {
+            Ok(thread) => devices.push((id, thread)),
+            Err(e) => {
+                stop_ublk(devices).await?;
+                return Err(e);
+            }
+        }
+    }
+    // Until shutdown is asked for, or a device ends on its own (an error,
+    // or `ublk del`).
+    while !*shutdown.borrow() && !devices.iter().any(|(_, t)| t.is_finished()) {
+        tokio::select! {
+            r = shutdown.changed() => if r.is_err() { break },
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+    }
+    stop_ublk(devices).await
+}
+
+#[cfg(feature = "ublk")]
+type UblkThread =
+    std::thread::JoinHandle<std::result::Result<(), crate::frontend::ublk::UblkFrontendError>>;
+
+/// Starts volume `v`'s device `id` on a thread of its own; the last of the
+/// `waiting` devices to start tells systemd the daemon is ready.
+#[cfg(feature = "ublk")]
+fn start_ublk(
+    engine: &Arc<Engine>,
+    u: &UblkSettings,
+    v: usize,
+    id: i32,
+    waiting: Arc<std::sync::atomic::AtomicUsize>,
+) -> Result<UblkThread> {
     use crate::frontend::ublk;
-    let id = u.dev_id;
     let recover = std::path::Path::new(&format!("/dev/ublkc{id}")).exists();
     let cfg = ublk::UblkConfig {
         dev_id: Some(id),
@@ -580,10 +628,10 @@ async fn serve_ublk(
         recover,
         durable_writes: u.durable_writes,
     };
-    let volume = Arc::new(AsyncEngine::new(engine.clone()));
+    let volume = Arc::new(AsyncEngine::volume(engine.clone(), v).ok_or(DaemonError::UblkPanic)?);
     let rt = tokio::runtime::Handle::current();
-    let thread = std::thread::Builder::new()
-        .name("tiercache-ublk".into())
+    std::thread::Builder::new()
+        .name(format!("tiercache-ublk{v}"))
         .spawn(move || {
             ublk::serve(volume, rt, &cfg, move |ctrl| {
                 eprintln!(
@@ -591,33 +639,48 @@ async fn serve_ublk(
                     if recover { "recovered" } else { "serving on" },
                     ctrl.dev_info().dev_id
                 );
-                notify_or_log(READY);
+                if waiting.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
+                    notify_or_log(READY);
+                }
             })
         })
         .map_err(|source| DaemonError::Start {
             what: "the ublk thread",
             source,
-        })?;
-    // Until shutdown is asked for, or the device ends on its own (an
-    // error, or `ublk del`).
-    while !*shutdown.borrow() && !thread.is_finished() {
-        tokio::select! {
-            r = shutdown.changed() => if r.is_err() { break },
-            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+        })
+}
+
+/// Deletes the devices still served and waits for their threads: the
+/// first error, once every one is stopped.
+#[cfg(feature = "ublk")]
+async fn stop_ublk(devices: Vec<(i32, UblkThread)>) -> Result<()> {
+    use crate::frontend::ublk;
+    let mut first: Result<()> = Ok(());
+    for (id, thread) in devices {
+        if !thread.is_finished() {
+            if let Err(source) = ublk::delete(id) {
+                if first.is_ok() {
+                    first = Err(DaemonError::Ublk {
+                        what: "deleting the ublk device",
+                        source,
+                    });
+                }
+                continue;
+            }
+        }
+        let ended = tokio::task::spawn_blocking(move || thread.join())
+            .await
+            .map_err(|_| DaemonError::UblkPanic)
+            .and_then(|j| j.map_err(|_| DaemonError::UblkPanic))
+            .and_then(|r| {
+                r.map_err(|source| DaemonError::Ublk {
+                    what: "ublk",
+                    source,
+                })
+            });
+        if first.is_ok() {
+            first = ended;
         }
     }
-    if !thread.is_finished() {
-        ublk::delete(id).map_err(|source| DaemonError::Ublk {
-            what: "deleting the ublk device",
-            source,
-        })?;
-    }
-    tokio::task::spawn_blocking(move || thread.join())
-        .await
-        .map_err(|_| DaemonError::UblkPanic)?
-        .map_err(|_| DaemonError::UblkPanic)?
-        .map_err(|source| DaemonError::Ublk {
-            what: "ublk",
-            source,
-        })
+    first
 }

@@ -211,6 +211,11 @@ impl Engine {
         self.origins.first().bytes()
     }
 
+    /// Volume `v`'s cache mode (the first volume's for no such volume).
+    pub fn volume_mode(&self, v: usize) -> Mode {
+        self.origins.get(v).map_or(self.mode(), |o| o.mode())
+    }
+
     /// Volume `v`'s size now (0 for no such volume).
     pub fn volume_size(&self, v: usize) -> u64 {
         self.origins.get(v).map_or(0, |o| o.bytes())
@@ -561,6 +566,11 @@ impl Engine {
             latency: self.observe.latency.snapshot(),
             mrc: self.observe.mrc(),
         }
+    }
+
+    /// Every volume's heat map, by volume index.
+    pub fn heat_maps(&self) -> Vec<observe::heat::HeatMap> {
+        (0..self.origins.len()).map(|v| self.heat_map(v)).collect()
     }
 
     /// Volume `v`'s heat map (empty for no such volume).

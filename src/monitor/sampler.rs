@@ -5,7 +5,8 @@
 //! copy, never across anything else), on its own thread, so a slow or
 //! stuck HTTP client cannot delay it and it never delays a request.
 //!
-//! Memory is fixed: `HISTORY` samples and one float per region.
+//! Memory is fixed: `HISTORY` samples and one float per region of each
+//! volume.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -51,13 +52,15 @@ struct Previous {
     at: Instant,
     stats: StatsSnapshot,
     latency: LatencySnapshot,
-    accesses: Vec<u64>,
+    /// Each volume's accesses per region.
+    accesses: Vec<Vec<u64>>,
 }
 
 struct State {
     history: VecDeque<Sample>,
-    /// Accesses per second per region, decayed by `HEAT_DECAY` a second.
-    heat: Vec<f64>,
+    /// Each volume's accesses per second per region, decayed by
+    /// `HEAT_DECAY` a second.
+    heat: Vec<Vec<f64>>,
     previous: Option<Previous>,
 }
 
@@ -122,11 +125,15 @@ impl Sampler {
     pub fn sample(&self, engine: &Engine) {
         let status = engine.status();
         let obs = engine.observations();
+        let accesses: Vec<Vec<u64>> = (engine.heat_maps().into_iter())
+            .map(|h| h.accesses)
+            .collect();
         let now = Instant::now();
         let mut guard = self.state.lock();
         let st = &mut *guard;
-        if st.heat.len() != obs.heat.accesses.len() {
-            st.heat = vec![0.0; obs.heat.accesses.len()];
+        st.heat.resize(accesses.len(), Vec::new());
+        for (heat, counts) in st.heat.iter_mut().zip(&accesses) {
+            heat.resize(counts.len(), 0.0);
         }
         if let Some(prev) = &st.previous {
             let dt = now.duration_since(prev.at).as_secs_f64().max(1e-3);
@@ -153,10 +160,14 @@ impl Sampler {
                 write_p50_s: write.quantile_s(0.5),
                 write_p99_s: write.quantile_s(0.99),
             };
-            for (i, h) in st.heat.iter_mut().enumerate() {
-                let now_n = obs.heat.accesses[i];
-                let was = prev.accesses.get(i).copied().unwrap_or(now_n);
-                *h = *h * HEAT_DECAY + now_n.saturating_sub(was) as f64 / dt * (1.0 - HEAT_DECAY);
+            for (v, heat) in st.heat.iter_mut().enumerate() {
+                let before = prev.accesses.get(v);
+                for (i, h) in heat.iter_mut().enumerate() {
+                    let now_n = accesses[v][i];
+                    let was = before.and_then(|b| b.get(i)).copied().unwrap_or(now_n);
+                    let rate = now_n.saturating_sub(was) as f64 / dt;
+                    *h = *h * HEAT_DECAY + rate * (1.0 - HEAT_DECAY);
+                }
             }
             if st.history.len() == HISTORY {
                 st.history.pop_front();
@@ -167,7 +178,7 @@ impl Sampler {
             at: now,
             stats: status.stats,
             latency: obs.latency,
-            accesses: obs.heat.accesses,
+            accesses,
         });
     }
 
@@ -183,8 +194,8 @@ impl Sampler {
         self.state.lock().history.back().cloned()
     }
 
-    /// Accesses per second per heat-map region, recently.
-    pub fn heat(&self) -> Vec<f64> {
+    /// Each volume's accesses per second per heat-map region, recently.
+    pub fn heat(&self) -> Vec<Vec<f64>> {
         self.state.lock().heat.clone()
     }
 

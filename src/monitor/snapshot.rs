@@ -5,6 +5,7 @@ use serde::Serialize;
 
 use super::sampler::Sample;
 use super::Taken;
+use crate::engine::observe::heat::HeatMap;
 use crate::engine::observe::Mrc;
 use crate::engine::Status;
 
@@ -13,7 +14,10 @@ struct Snapshot<'a> {
     name: &'a str,
     uptime_s: f64,
     status: &'a Status,
+    /// Volume 0's heat map.
     heat: Heat<'a>,
+    /// Every volume's, by index (`status.volumes` names them).
+    heats: Vec<Heat<'a>>,
     latency: Vec<Quantiles>,
     mrc: &'a Mrc,
     history: &'a [Sample],
@@ -43,23 +47,30 @@ struct Quantiles {
     p99_s: Option<f64>,
 }
 
+/// Volume `v`'s map, its rates rounded to hundredths.
+fn heat<'a>(t: &'a Taken, map: &'a HeatMap, v: usize) -> Heat<'a> {
+    let rates = t.heat_rate.get(v).map_or(&[][..], |r| &r[..]);
+    Heat {
+        region_blocks: map.region_blocks,
+        block_bytes: map.block_bytes,
+        cached: &map.cached,
+        dirty: &map.dirty,
+        hot: (0..map.cached.len())
+            .map(|i| rates.get(i).map_or(0.0, |h| (h * 100.0).round() / 100.0))
+            .collect(),
+    }
+}
+
 pub fn render(t: &Taken) -> String {
     let o = &t.observations;
     let snap = Snapshot {
         name: &t.name,
         uptime_s: t.uptime_s,
         status: &t.status,
-        heat: Heat {
-            region_blocks: o.heat.region_blocks,
-            block_bytes: o.heat.block_bytes,
-            cached: &o.heat.cached,
-            dirty: &o.heat.dirty,
-            hot: t
-                .heat_rate
-                .iter()
-                .map(|h| (h * 100.0).round() / 100.0)
-                .collect(),
-        },
+        heat: heat(t, &o.heat, 0),
+        heats: (t.heats.iter().enumerate())
+            .map(|(v, map)| heat(t, map, v))
+            .collect(),
         latency: o
             .latency
             .requests

@@ -15,8 +15,15 @@ const tc = {
   snapshots: 0,
   failures: 0,
   last: null,
+  // The volume the heat map shows (a cache of several origins: the picker).
+  volume: 0,
   // Per region as last drawn: "empty", "cached" or "dirty".
   cells: [],
+  selectVolume(v) {
+    this.volume = v;
+    $("heat-volume").value = String(v);
+    if (this.last) drawHeat(this.last);
+  },
   cellRect(i) {
     const c = $("c-heat");
     const rows = Math.ceil(this.cells.length / COLS) || 1;
@@ -133,11 +140,33 @@ function drawCharts(snap) {
   ], { max: 1, fmt: (v) => (v * 100).toFixed(0) + "%" });
 }
 
+// The picked volume's map and size (volume 0 for a cache of one origin).
+function pickedHeat(snap) {
+  const heats = snap.heats || [snap.heat];
+  const v = Math.min(tc.volume, heats.length - 1);
+  const vol = (snap.status.volumes || [])[v];
+  return { heat: heats[v], bytes: vol ? vol.bytes : snap.status.volume_bytes };
+}
+
+// The picker lists the volumes of a cache of several origins.
+function fillPicker(snap) {
+  const p = $("heat-volume");
+  const vols = snap.status.volumes || [];
+  p.hidden = vols.length < 2;
+  const names = vols.map((v) => v.name).join("\n");
+  if (p.dataset.names !== names) {
+    p.dataset.names = names;
+    p.innerHTML = vols.map((v, i) => `<option value="${i}">${esc(v.name)}</option>`).join("");
+    p.value = String(Math.min(tc.volume, Math.max(0, vols.length - 1)));
+  }
+}
+
 function drawHeat(snap) {
-  const heat = snap.heat;
+  fillPicker(snap);
+  const { heat, bytes } = pickedHeat(snap);
   const c = $("c-heat"), g = c.getContext("2d");
   const n = heat.cached.length;
-  const volumeBlocks = Math.ceil(snap.status.volume_bytes / heat.block_bytes);
+  const volumeBlocks = Math.ceil(bytes / heat.block_bytes);
   tc.cells = new Array(n);
   const rows = Math.ceil(n / COLS);
   const w = c.width / COLS, hh = c.height / rows;
@@ -281,14 +310,17 @@ $("c-heat").addEventListener("mousemove", (ev) => {
   const snap = tc.last;
   if (!snap) return;
   const c = $("c-heat"), b = c.getBoundingClientRect();
-  const rows = Math.ceil(snap.heat.cached.length / COLS);
+  const h = pickedHeat(snap).heat;
+  const rows = Math.ceil(h.cached.length / COLS);
   const col = Math.floor(((ev.clientX - b.left) / b.width) * COLS);
   const row = Math.floor(((ev.clientY - b.top) / b.height) * rows);
-  const i = row * COLS + col, h = snap.heat;
+  const i = row * COLS + col;
   if (i < 0 || i >= h.cached.length) return;
   const from = i * h.region_blocks * h.block_bytes;
   $("heat-hover").textContent = `region ${i}: bytes ${fmtBytes(from)}..${fmtBytes(from + h.region_blocks * h.block_bytes)}, ` +
     `${h.cached[i]} of ${h.region_blocks} blocks cached, ${h.dirty[i]} dirty, ${h.hot[i].toFixed(1)} accesses/s`;
 });
+
+$("heat-volume").addEventListener("change", (ev) => tc.selectVolume(Number(ev.target.value)));
 
 poll();
