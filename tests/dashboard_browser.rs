@@ -37,6 +37,39 @@ fn fio(s: &Setup, args: &[&str]) {
     );
 }
 
+/// True if the browser tests can run here: fio and Chromium are
+/// installed, and the run did not say to skip them (scripts/test.sh sets
+/// TIERCACHE_SKIP_BROWSER when it cannot install Chromium).
+fn browser_here() -> bool {
+    need("fio", "fio");
+    if let Ok(why) = std::env::var("TIERCACHE_SKIP_BROWSER") {
+        eprintln!("SKIPPED: the dashboard browser test: {why}");
+        return false;
+    }
+    assert!(
+        web::have_chromium(),
+        "chromium is missing: install the Debian package chromium (scripts/test.sh does, and \
+         sets TIERCACHE_SKIP_BROWSER when it cannot)"
+    );
+    true
+}
+
+/// Headless Chromium on the dashboard at `addr`, once it drew two
+/// snapshots.
+fn open_dashboard(addr: &str) -> Browser {
+    let mut b = Browser::start();
+    b.call("Runtime.enable", json!({}));
+    b.call("Log.enable", json!({}));
+    b.call("Page.enable", json!({}));
+    b.call("Page.navigate", json!({"url": format!("http://{addr}/")}));
+    b.wait_for(
+        "typeof tc === 'object' && tc.snapshots >= 2",
+        20,
+        "two snapshots",
+    );
+    b
+}
+
 /// JavaScript: every written region is drawn in state `state`, in a colour
 /// whose `channel` (0 red, 2 blue) leads.
 fn regions_drawn(state: &str, channel: usize) -> String {
@@ -52,16 +85,9 @@ fn regions_drawn(state: &str, channel: usize) -> String {
 
 #[test]
 fn the_dashboard_shows_writes_dirty_then_clean_in_chromium() {
-    need("fio", "fio");
-    if let Ok(why) = std::env::var("TIERCACHE_SKIP_BROWSER") {
-        eprintln!("SKIPPED: the dashboard browser test: {why}");
+    if !browser_here() {
         return;
     }
-    assert!(
-        web::have_chromium(),
-        "chromium is missing: install the Debian package chromium (scripts/test.sh does, and \
-         sets TIERCACHE_SKIP_BROWSER when it cannot)"
-    );
     // Writeback only when asked: no idle drain, no age, high watermark.
     let s = Setup::with_sizes(
         64 << 20,
@@ -83,16 +109,7 @@ fn the_dashboard_shows_writes_dirty_then_clean_in_chromium() {
     let mut serve = s.serve_with(&["--http", &addr]);
     wait_http(&addr, "/api/snapshot");
 
-    let mut b = Browser::start();
-    b.call("Runtime.enable", json!({}));
-    b.call("Log.enable", json!({}));
-    b.call("Page.enable", json!({}));
-    b.call("Page.navigate", json!({"url": format!("http://{addr}/")}));
-    b.wait_for(
-        "typeof tc === 'object' && tc.snapshots >= 2",
-        20,
-        "two snapshots",
-    );
+    let mut b = open_dashboard(&addr);
     assert_eq!(
         b.eval(&format!(
             "[...Array({WRITTEN_REGIONS}).keys()].every(i => tc.cellState(i) === 'empty')"
@@ -164,15 +181,9 @@ fn the_dashboard_shows_writes_dirty_then_clean_in_chromium() {
 /// (the test above) shows no such table.
 #[test]
 fn the_dashboard_lists_each_device_of_a_cache_set() {
-    need("fio", "fio");
-    if let Ok(why) = std::env::var("TIERCACHE_SKIP_BROWSER") {
-        eprintln!("SKIPPED: the dashboard browser test: {why}");
+    if !browser_here() {
         return;
     }
-    assert!(
-        web::have_chromium(),
-        "chromium is missing (scripts/test.sh installs it)"
-    );
     let extra = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let second = extra.path().join("cache2.img");
     std::fs::File::create(&second)
@@ -196,16 +207,7 @@ fn the_dashboard_lists_each_device_of_a_cache_set() {
     let addr = format!("127.0.0.1:{}", free_port());
     let mut serve = s.serve_with(&["--http", &addr]);
     wait_http(&addr, "/api/snapshot");
-    let mut b = Browser::start();
-    b.call("Runtime.enable", json!({}));
-    b.call("Log.enable", json!({}));
-    b.call("Page.enable", json!({}));
-    b.call("Page.navigate", json!({"url": format!("http://{addr}/")}));
-    b.wait_for(
-        "typeof tc === 'object' && tc.snapshots >= 2",
-        20,
-        "two snapshots",
-    );
+    let mut b = open_dashboard(&addr);
     fio(&s, &["--rw=write", "--bs=64k", "--size=1M"]);
     // Rows: a header, then one per device; column 5 is its dirty blocks.
     b.wait_for(
@@ -254,15 +256,9 @@ fn the_dashboard_lists_each_device_of_a_cache_set() {
 /// and the first volume's map stays empty.
 #[test]
 fn the_dashboard_picks_the_volume_whose_heat_map_it_shows() {
-    need("fio", "fio");
-    if let Ok(why) = std::env::var("TIERCACHE_SKIP_BROWSER") {
-        eprintln!("SKIPPED: the dashboard browser test: {why}");
+    if !browser_here() {
         return;
     }
-    assert!(
-        web::have_chromium(),
-        "chromium is missing (scripts/test.sh installs it)"
-    );
     let extra = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let second = extra.path().join("logs.img");
     std::fs::File::create(&second)
@@ -290,16 +286,7 @@ fn the_dashboard_picks_the_volume_whose_heat_map_it_shows() {
     let addr = format!("127.0.0.1:{}", free_port());
     let mut serve = s.serve_with(&["--http", &addr]);
     wait_http(&addr, "/api/snapshot");
-    let mut b = Browser::start();
-    b.call("Runtime.enable", json!({}));
-    b.call("Log.enable", json!({}));
-    b.call("Page.enable", json!({}));
-    b.call("Page.navigate", json!({"url": format!("http://{addr}/")}));
-    b.wait_for(
-        "typeof tc === 'object' && tc.snapshots >= 2",
-        20,
-        "two snapshots",
-    );
+    let mut b = open_dashboard(&addr);
     assert_eq!(
         b.eval(
             "(() => { const p = document.getElementById('heat-volume');

@@ -96,27 +96,8 @@ fn two_origins_are_two_exports_and_each_keeps_its_own_data() {
     );
     let mut server = s.serve();
     // Both exports are listed, each with its own size.
-    let list = Command::new("nbdinfo")
-        .args(["--list", "--json", &s.uri()])
-        .output()
-        .unwrap();
-    assert!(
-        list.status.success(),
-        "{}",
-        String::from_utf8_lossy(&list.stderr)
-    );
-    let list: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
-    let exports: Vec<(String, u64)> = list["exports"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            let name = e["export-name"].as_str().unwrap().to_string();
-            (name, e["export-size"].as_u64().unwrap())
-        })
-        .collect();
     assert_eq!(
-        exports,
+        export_sizes(&s),
         vec![("data".into(), DATA_BYTES), ("logs".into(), LOGS_BYTES)]
     );
     // The same sectors of both volumes get different data; the empty

@@ -709,6 +709,19 @@ fn a_power_loss_at_every_write_of_a_grow_opens_at_one_size_or_the_other() {
     }
 }
 
+/// Writes blocks 0..n of every volume `v` with `0xA0 + 0x10 v + k` (block
+/// `k`); returns the volumes' base addresses.
+fn stamp_volumes(engine: &Engine, n: u64) -> Vec<u64> {
+    let bases: Vec<u64> = engine.volumes().iter().map(|v| v.1).collect();
+    for (v, &base) in bases.iter().enumerate() {
+        for k in 0..n {
+            let data = block(0xA0 + 0x10 * v as u8 + k as u8);
+            engine.write(base + k * BS, &data, false).unwrap();
+        }
+    }
+    bases
+}
+
 /// `Engine::remove_volume` (what `tiercache remove-origin` runs) takes the
 /// middle of three volumes out: its dirty data reaches its origin, the
 /// engine closes, and the cache opens with the two origins left, the third
@@ -720,18 +733,7 @@ fn removing_a_volume_writes_it_back_and_the_volumes_after_it_move_down() {
     const MIB: u64 = 1 << 20;
     let rig = Rig::new(64, &[MIB, MIB, MIB]);
     let engine = rig.create(&["a", "b", "c"], Mode::Writeback).unwrap();
-    let bases: Vec<u64> = engine.volumes().iter().map(|v| v.1).collect();
-    for (v, &base) in bases.iter().enumerate() {
-        for k in 0..4u64 {
-            engine
-                .write(
-                    base + k * BS,
-                    &block(0xA0 + 0x10 * v as u8 + k as u8),
-                    false,
-                )
-                .unwrap();
-        }
-    }
+    let bases = stamp_volumes(&engine, 4);
     engine.flush().unwrap();
     engine.remove_volume(1, &mut |_, _| {}).unwrap();
     assert!(engine.write(bases[0], &block(1), false).is_err(), "closed");
@@ -814,18 +816,7 @@ fn a_power_loss_at_every_write_of_a_removal_leaves_the_volume_in_or_out() {
                 .collect(),
         };
         let engine = rig.create(&["a", "b", "c"], Mode::Writeback).unwrap();
-        let bases: Vec<u64> = engine.volumes().iter().map(|v| v.1).collect();
-        for (v, &base) in bases.iter().enumerate() {
-            for k in 0..3u64 {
-                engine
-                    .write(
-                        base + k * BS,
-                        &block(0xA0 + 0x10 * v as u8 + k as u8),
-                        false,
-                    )
-                    .unwrap();
-            }
-        }
+        stamp_volumes(&engine, 3);
         engine.flush().unwrap();
         switch.arm_after_writes(n);
         let removed = engine.remove_volume(1, &mut |_, _| {});
