@@ -557,20 +557,15 @@ impl Engine {
         }
     }
 
-    /// The heat map, latency histograms and miss-ratio curve, for the
-    /// metrics endpoint and the dashboard. Holds the metadata lock only to
-    /// copy the heat map's 2 x 1024 counters.
+    /// Every volume's heat map, the latency histograms and the miss-ratio
+    /// curve, for the metrics endpoint and the dashboard. Holds the
+    /// metadata lock only to copy each heat map's 2 x 1024 counters.
     pub fn observations(&self) -> Observations {
         Observations {
-            heat: self.heat_map(0),
+            heats: (0..self.origins.len()).map(|v| self.heat_map(v)).collect(),
             latency: self.observe.latency.snapshot(),
             mrc: self.observe.mrc(),
         }
-    }
-
-    /// Every volume's heat map, by volume index.
-    pub fn heat_maps(&self) -> Vec<observe::heat::HeatMap> {
-        (0..self.origins.len()).map(|v| self.heat_map(v)).collect()
     }
 
     /// Volume `v`'s heat map (empty for no such volume).

@@ -12,7 +12,8 @@ use super::{observe, table};
 /// What the engine shows beyond `status`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Observations {
-    pub heat: observe::heat::HeatMap,
+    /// Every volume's heat map, by volume index.
+    pub heats: Vec<observe::heat::HeatMap>,
     pub latency: observe::latency::LatencySnapshot,
     pub mrc: observe::Mrc,
 }

@@ -63,9 +63,6 @@ pub struct Taken {
     /// The sampler's latest interval (rates), if it has one.
     pub latest: Option<Sample>,
     pub history: Vec<Sample>,
-    /// Every volume's heat map, by volume index (`observations.heat` is
-    /// volume 0's).
-    pub heats: Vec<crate::engine::observe::heat::HeatMap>,
     /// Each volume's accesses per second per heat-map region, recently.
     pub heat_rate: Vec<Vec<f64>>,
     metrics: OnceLock<String>,
@@ -152,7 +149,6 @@ fn take(engine: &Engine, sampler: &Sampler, name: String) -> Taken {
         uptime_s: sampler.uptime_s(),
         status: engine.status(),
         observations: engine.observations(),
-        heats: engine.heat_maps(),
         latest: sampler.latest(),
         history: sampler.history(HISTORY_SENT),
         heat_rate: sampler.heat(),

@@ -125,9 +125,7 @@ impl Sampler {
     pub fn sample(&self, engine: &Engine) {
         let status = engine.status();
         let obs = engine.observations();
-        let accesses: Vec<Vec<u64>> = (engine.heat_maps().into_iter())
-            .map(|h| h.accesses)
-            .collect();
+        let accesses: Vec<Vec<u64>> = (obs.heats.into_iter()).map(|h| h.accesses).collect();
         let now = Instant::now();
         let mut guard = self.state.lock();
         let st = &mut *guard;

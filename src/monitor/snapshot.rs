@@ -67,8 +67,8 @@ pub fn render(t: &Taken) -> String {
         name: &t.name,
         uptime_s: t.uptime_s,
         status: &t.status,
-        heat: heat(t, &o.heat, 0),
-        heats: (t.heats.iter().enumerate())
+        heat: heat(t, &o.heats[0], 0),
+        heats: (o.heats.iter().enumerate())
             .map(|(v, map)| heat(t, map, v))
             .collect(),
         latency: o
