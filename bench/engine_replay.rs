@@ -26,7 +26,10 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
+#[path = "trace_csv.rs"]
+mod trace_csv;
+
+use anyhow::{bail, Result};
 use tiercache::device::ram::RamDevice;
 use tiercache::device::DeviceRef;
 use tiercache::engine::format::Layout;
@@ -34,35 +37,7 @@ use tiercache::engine::policy::PolicyKind;
 use tiercache::engine::{
     AdmissionSettings, CreateOptions, Engine, Mode, OpenOptions, Placement, WritebackOrder,
 };
-
-struct Req {
-    write: bool,
-    offset: u64,
-    len: u64,
-}
-
-fn read_trace(path: &str) -> Result<Vec<Req>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
-    let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let f: Vec<&str> = line.split(',').collect();
-        if f.len() < 6 || f[0].eq_ignore_ascii_case("timestamp") {
-            continue;
-        }
-        let write = match f[3] {
-            "Write" => true,
-            "Read" => false,
-            t => bail!("{path}:{}: type {t:?}", i + 1),
-        };
-        let offset: u64 = f[4].parse().with_context(|| format!("{path}:{}", i + 1))?;
-        let len: u64 = f[5].parse().with_context(|| format!("{path}:{}", i + 1))?;
-        if len == 0 || !offset.is_multiple_of(512) || !len.is_multiple_of(512) {
-            continue;
-        }
-        out.push(Req { write, offset, len });
-    }
-    Ok(out)
-}
+use trace_csv::{footprint_blocks, origin_bytes_for, read_trace};
 
 fn arg(args: &[String], name: &str) -> Option<String> {
     args.iter()
@@ -89,13 +64,9 @@ fn main() -> Result<()> {
     let placements = arg(&args, "--placements").unwrap_or_else(|| "in-place".into());
     let orders = arg(&args, "--orders").unwrap_or_else(|| "address".into());
     let flush_every: usize = arg(&args, "--flush-every").map_or(Ok(0), |v| v.parse())?;
-    let end = reqs.iter().map(|r| r.offset + r.len).max().unwrap_or(0);
-    let origin_bytes = end.div_ceil(1 << 20) << 20;
-    let blocks: HashSet<u64> = reqs
-        .iter()
-        .flat_map(|r| r.offset / 4096..(r.offset + r.len).div_ceil(4096))
-        .collect();
-    let slots = ((blocks.len() as f64 * ratio) as u64).max(64);
+    let origin_bytes = origin_bytes_for(&reqs);
+    let footprint = footprint_blocks(&reqs);
+    let slots = ((footprint as f64 * ratio) as u64).max(64);
     // A read of a never-touched sector must go to the origin: the bound.
     let mut touched: HashSet<u64> = HashSet::new();
     let mut compulsory = 0u64;
@@ -109,7 +80,7 @@ fn main() -> Result<()> {
     println!(
         "{path}: {} requests, footprint {} blocks, cache {slots} blocks ({ratio}x), {mode:?}, admission {}; compulsory read misses {compulsory}",
         reqs.len(),
-        blocks.len(),
+        footprint,
         if admit_all { "admits everything" } else { "default" }
     );
     println!("| policy | origin reads | origin writes (after the run) | origin writes incl. flush | origin writes per 1000 writes | read hits | read misses | x LRU reads | groups written back | older versions kept (peak) |");

@@ -331,6 +331,12 @@ fn the_dashboard_picks_the_volume_whose_heat_map_it_shows() {
         15,
         "the logs volume's regions dirty",
     );
+    // The curve beside the map is the picked volume's own.
+    assert_eq!(
+        b.eval("document.getElementById('mrc-note').textContent.includes(\"volume logs's reads\")"),
+        json!(true),
+        "the curve is the logs volume's"
+    );
     assert_eq!(b.eval("tc.failures"), json!(0), "failed polls");
     let errors = b.errors();
     assert!(errors.is_empty(), "the page logged errors: {errors:#?}");

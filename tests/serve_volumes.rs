@@ -576,3 +576,57 @@ fn remove_origin_leaves_the_origin_alone_and_finishes_when_run_again() {
     s.cli(&["detach"]);
     assert_eq!(head("logs.img"), want);
 }
+
+#[test]
+fn set_share_changes_shares_offline_and_live_and_refuses_what_cannot_hold() {
+    let s = two_origins();
+    let out = create_two(&s, &["--volume", "data", "--volume", "logs"]);
+    assert!(out.status.success());
+    let said = s.cli(&["set-share", "--volume", "data", "--min", "25%"]);
+    assert!(said.contains("sharing global"), "{said}");
+    assert!(
+        said.contains("data") && said.contains("min 25%, max none"),
+        "{said}"
+    );
+    let refused = |args: &[&str], why: &str| {
+        let out = s.cli_output(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(why),
+            "{args:?}: {err}"
+        );
+    };
+    refused(
+        &["set-share", "--volume", "data", "--min", "120"],
+        "0 to 100",
+    );
+    refused(&["set-share"], "nothing to change");
+    refused(&["set-share", "--min", "10"], "--volume");
+    refused(&["set-share", "--sharing", "fair"], "global, curve");
+    refused(
+        &["set-share", "--volume", "logs", "--min", "80"],
+        "guaranteed 25% of the cache",
+    );
+    refused(
+        &["set-share", "--volume", "data", "--max", "20"],
+        "above the maximum",
+    );
+
+    let mut server = s.serve();
+    let said = s.cli(&["set-share", "--sharing", "curve"]);
+    assert!(said.contains("sharing curve"), "{said}");
+    s.cli(&["set-share", "--volume", "logs", "--max", "50"]);
+    let st = s.status();
+    assert_eq!(st["sharing"], "curve", "{st}");
+    assert_eq!(st["volumes"][0]["share"]["min_permille"], 250, "{st}");
+    assert_eq!(st["volumes"][1]["share"]["max_permille"], 500, "{st}");
+    let text = s.cli(&["status"]);
+    assert!(text.contains("share") && text.contains("sharing"), "{text}");
+    sigterm(&mut server);
+    assert!(server.wait().unwrap().success());
+    // Recorded: the next open has them.
+    let st = s.status();
+    assert_eq!(st["sharing"], "curve", "{st}");
+    assert_eq!(st["volumes"][1]["share"]["max_permille"], 500, "{st}");
+    s.cli(&["check"]);
+}

@@ -24,6 +24,7 @@ mod serve;
 mod set_admission;
 mod set_mode;
 mod set_policy;
+mod set_share;
 mod set_writeback;
 mod status;
 mod target;
@@ -88,6 +89,9 @@ enum Command {
     SetAdmission(set_admission::Args),
     /// Switch the replacement policy (s3fifo, lru, fifo), live.
     SetPolicy(set_policy::Args),
+    /// How the volumes of a cache share it: one ranking or curve-set
+    /// floors, and each volume's minimum and maximum share, live.
+    SetShare(set_share::Args),
     /// Write everything back, dissolve the cache and unregister it.
     Detach(detach::Args),
     /// Check a cache device's metadata offline, without writing anything.
@@ -153,6 +157,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::SetWriteback(a) => set_writeback::run(&reg, &a),
         Command::SetAdmission(a) => set_admission::run(&reg, &a),
         Command::SetPolicy(a) => set_policy::run(&reg, &a),
+        Command::SetShare(a) => set_share::run(&reg, &a),
         Command::Detach(a) => detach::run(&reg, &a),
         Command::Check(a) => check::run(&reg, &a),
         Command::Warm(a) => warm::run(&reg, &a),

@@ -361,7 +361,13 @@ fn origin_rows(s: &Status) -> Rows {
             ),
         ));
         rows.extend((v.origin_health.as_ref()).map(|h| ("  connection", origin_connection(h))));
+        rows.push((
+            "  share",
+            super::set_share::share_line(v, s.cache_blocks_total),
+        ));
+        rows.extend((v.mrc.as_ref()).map(|m| ("  size curve", size_curve(m))));
     }
+    rows.push(("sharing", s.sharing.name().to_string()));
     rows
 }
 

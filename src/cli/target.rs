@@ -10,6 +10,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use tiercache::daemon::Frontends;
 use tiercache::device::{open_device, open_device_read_only, DeviceRef};
+use tiercache::engine::policy::share::ShareChange;
 use tiercache::engine::policy::PolicyKind;
 use tiercache::engine::{AdmissionSettings, Engine, Mode, OpenOptions, Status, WritebackSettings};
 
@@ -134,6 +135,21 @@ impl Target {
                 };
                 let resp = control::call(p, &request).context(what)?;
                 resp.status.context("the daemon sent no status")
+            }
+        }
+    }
+
+    /// How the volumes share the cache (`Engine::change_share`).
+    pub fn set_share(&self, change: &ShareChange) -> Result<()> {
+        let what = "changing the volumes' shares";
+        match self {
+            Target::Offline(e) => e.change_share(change).context(what),
+            Target::ReadOnly(_) => Err(read_only()),
+            Target::Daemon(p) => {
+                let request = Request::SetShare {
+                    change: change.clone(),
+                };
+                control::call(p, &request).map(|_| ()).context(what)
             }
         }
     }

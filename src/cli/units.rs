@@ -1,9 +1,10 @@
 //! Parsing and printing the values operators type and read: sizes, modes,
 //! policies, percentages.
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use tiercache::device::parse_size;
 use tiercache::engine::format::{block_bytes_valid, MAX_BLOCK_BYTES, MIN_BLOCK_BYTES};
+use tiercache::engine::policy::share::Sharing;
 use tiercache::engine::policy::PolicyKind;
 use tiercache::engine::{Mode, Placement, WritebackOrder, WritebackSettings};
 
@@ -29,6 +30,29 @@ pub fn parse_block_size(s: &str) -> Result<u32> {
 
 pub fn parse_mode(s: &str) -> Result<Mode> {
     one_of(s, "cache mode", Mode::parse(s), Mode::ALL.map(|m| m.name()))
+}
+
+pub fn parse_sharing(s: &str) -> Result<Sharing> {
+    one_of(
+        s,
+        "sharing",
+        Sharing::parse(s),
+        Sharing::ALL.map(|k| k.name()),
+    )
+}
+
+/// A share of the cache: `25`, `25%` or `12.5%` (thousandths, 0..=1000);
+/// `none` is 0 (no minimum, no maximum).
+pub fn parse_share(s: &str) -> Result<u16> {
+    if s == "none" {
+        return Ok(0);
+    }
+    let pct: f64 = (s.strip_suffix('%').unwrap_or(s).parse().ok())
+        .filter(|p: &f64| (0.0..=100.0).contains(p))
+        .with_context(|| {
+            format!("share '{s}' is not a percentage of the cache (0 to 100, or none)")
+        })?;
+    Ok((pct * 10.0).round() as u16)
 }
 
 pub fn parse_policy(s: &str) -> Result<PolicyKind> {

@@ -2,7 +2,7 @@
 //! line, answered by one JSON response line (a flush first sends progress
 //! lines, `{"ok":true,"progress":[done,total]}`, at most ten a second; so
 //! does a warm, in bytes). `status`, `flush`, `warm`, `set-mode`,
-//! `set-writeback`, `set-admission`, `set-policy` and `detach` given for a
+//! `set-writeback`, `set-admission`, `set-policy`, `set-share` and `detach` given for a
 //! served cache travel this way,
 //! so they act on the live engine and print what they print offline.
 //! Who may connect, how many at once and for how long:
@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::frontends::{Frontends, Served};
+use crate::engine::policy::share::ShareChange;
 use crate::engine::policy::PolicyKind;
 use crate::engine::{AdmissionSettings, Engine, Mode, Status, WritebackSettings};
 
@@ -81,6 +82,10 @@ pub enum Request {
     },
     SetPolicy {
         policy: String,
+    },
+    /// How the volumes share the cache (`Engine::change_share`).
+    SetShare {
+        change: ShareChange,
     },
     /// Refused while a front end's device is in use, unless `force`.
     Detach {
@@ -308,6 +313,7 @@ fn carry_out(
         Request::Resize { volume } => status(engine.grow_named(volume.as_deref()).map(|_| ())),
         Request::SetMode { mode, volume } => done(engine.set_mode_named(volume.as_deref(), mode)),
         Request::SetWriteback { settings } => done(engine.set_writeback(settings)),
+        Request::SetShare { change } => done(engine.change_share(&change)),
         Request::SetAdmission { settings } => done(engine.set_admission(settings)),
         Request::SetPolicy { policy } => match PolicyKind::parse(&policy) {
             Some(p) => done(engine.set_policy(p)),

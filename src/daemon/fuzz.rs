@@ -98,6 +98,8 @@ pub fn control_request(data: &[u8]) {
         Request::SetWriteback { settings } => settings.validate().is_ok(),
         Request::SetAdmission { settings } => settings.validate().is_ok(),
         Request::SetPolicy { policy } => PolicyKind::parse(policy).is_some(),
+        // One volume shares with nobody: only a change of nothing passes.
+        Request::SetShare { change } => *change == Default::default(),
         // A range cut at the volume's end, refused unless sector-aligned.
         Request::Warm {
             offset,

@@ -81,6 +81,7 @@ pub use options::{
     CreateOptions, OpenOptions, Placement, WritebackOrder, WritebackSettings,
     DEFAULT_CACHE_ERROR_LIMIT, MAX_AGE_SECS,
 };
+use policy::share::{Share, ShareChange, Sharing};
 use policy::PolicyKind;
 pub use request::{Fast, Request};
 use stats::Stats;
@@ -491,6 +492,7 @@ impl Engine {
             stale_ranges: volumes[0].stale_ranges.clone(),
             stale_blocks,
             volumes,
+            sharing: self.origins.sharing(),
             cache_set_state: set.map(|s| s.state_name().to_string()),
             // On one cache device every dirty block has one copy: 0.
             dirty_at_risk: dirty * u64::from(set.is_some_and(|s| s.degraded())),
@@ -507,8 +509,9 @@ impl Engine {
         health: Vec<Option<crate::device::DeviceHealth>>,
     ) -> Vec<VolumeStatus> {
         let each = self.origins.iter().zip(counts).zip(stale).zip(health);
+        let each = each.enumerate();
         each.map(
-            |(((o, (used, dirty)), (ranges, blocks)), origin_health)| VolumeStatus {
+            |(v, (((o, (used, dirty)), (ranges, blocks)), origin_health))| VolumeStatus {
                 name: o.name().to_string(),
                 origin: o.device().name().into(),
                 bytes: o.bytes(),
@@ -518,6 +521,9 @@ impl Engine {
                 cache_blocks_dirty: dirty,
                 stale_ranges: ranges,
                 stale_blocks: blocks,
+                share: o.share().get(),
+                share_floor_blocks: o.share().floor_blocks(self.layout.slot_count),
+                mrc: self.observe.volume_mrc(v),
             },
         )
         .collect()
@@ -600,6 +606,77 @@ impl Engine {
             1 => self.switch_mode(None, mode),
             _ => self.switch_mode(Some(v), mode),
         }
+    }
+
+    /// Volume `v`'s share of the cache's slots becomes `share`
+    /// (policy/share.rs), recorded in the superblock first. Refused for a
+    /// lone volume and where the volumes' minimums would add up past the
+    /// whole cache.
+    pub fn set_share(&self, v: usize, share: Share) -> EngineResult<()> {
+        self.check_open()?;
+        let origin = self.origins.get(v).ok_or_else(|| self.no_volume(v))?;
+        share.valid().map_err(EngineError::Config)?;
+        if self.origins.len() < 2 {
+            return Err(EngineError::Config(
+                "a cache of one volume shares with nobody: shares need several origins".into(),
+            ));
+        }
+        let others: u32 = (self.origins.iter().enumerate())
+            .filter(|&(i, _)| i != v)
+            .map(|(_, o)| u32::from(o.share().get().min_permille))
+            .sum();
+        if others + u32::from(share.min_permille) > u32::from(policy::share::WHOLE) {
+            return Err(EngineError::Config(format!(
+                "the other volumes are guaranteed {}% of the cache: {}% more would pass the whole",
+                f64::from(others) / 10.0,
+                policy::share::pct(share.min_permille)
+            )));
+        }
+        let slots = self.layout.slot_count;
+        self.update_superblock_then(
+            |sb| sb.set_volume_share(v, share),
+            || {
+                origin.share().set(share);
+                self.origins
+                    .share_as(self.origins.sharing(), &self.observe, slots);
+            },
+        )
+    }
+
+    /// The volumes share the cache as `sharing` from now on (recorded in
+    /// the superblock first). Refused for a lone volume.
+    pub fn set_sharing(&self, sharing: Sharing) -> EngineResult<()> {
+        self.check_open()?;
+        if self.origins.len() < 2 {
+            return Err(EngineError::Config(
+                "a cache of one volume shares with nobody: sharing needs several origins".into(),
+            ));
+        }
+        let slots = self.layout.slot_count;
+        self.update_superblock_then(
+            |sb| sb.set_sharing(sharing),
+            || self.origins.share_as(sharing, &self.observe, slots),
+        )
+    }
+
+    /// `set_sharing` and `set_share` as `change` asks (the sharing
+    /// first); a minimum or maximum needs a volume.
+    pub fn change_share(&self, change: &ShareChange) -> EngineResult<()> {
+        let limits = change.min_permille.is_some() || change.max_permille.is_some();
+        if limits && change.volume.is_none() {
+            return Err(EngineError::Config(
+                "a minimum or maximum share is a volume's: name it (--volume)".into(),
+            ));
+        }
+        if let Some(sharing) = change.sharing {
+            self.set_sharing(sharing)?;
+        }
+        if let Some(name) = change.volume.as_deref() {
+            let v = self.volume_index(name)?;
+            let share = change.applied_to(self.origins.get(v).expect("indexed").share().get());
+            self.set_share(v, share)?;
+        }
+        Ok(())
     }
 
     /// `set_mode` (`v` `None`) or `set_volume_mode`.

@@ -846,14 +846,13 @@ fn build_engine(
     // hand-over between threads would only cost).
     let gather = sb.flags.get() & SB_FLAG_LOG_PLACEMENT != 0 && !cache.is_volatile();
     let volumes = sb.volume_list();
-    let modes = volumes
-        .iter()
-        .map(|v| sb.volume_mode(v).expect("validated"));
     let names = volumes.iter().map(|v| v.name.clone());
     let origins = Origins::new(names.zip(origins).collect(), block_bytes);
-    for (o, mode) in origins.iter().zip(modes) {
-        o.swap_mode(mode);
+    for (o, v) in origins.iter().zip(&volumes) {
+        o.swap_mode(sb.volume_mode(v).expect("validated"));
+        o.share().set(v.share);
     }
+    origins.set_sharing(sb.sharing());
     let keys = origins.key_space().clone();
     Engine {
         layout,

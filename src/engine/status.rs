@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use super::admission::AdmissionSettings;
 use super::modes::Mode;
 use super::options::{Placement, WritebackOrder, WritebackSettings};
+use super::policy::share::{Share, Sharing};
 use super::stats::StatsSnapshot;
 use super::{observe, table};
 
@@ -107,6 +108,9 @@ pub struct Status {
     /// origin (`origin`, `volume_bytes`, `stale_ranges`) are volume 0's.
     #[serde(default)]
     pub volumes: Vec<VolumeStatus>,
+    /// How the volumes share the cache.
+    #[serde(default)]
+    pub sharing: Sharing,
     pub stats: StatsSnapshot,
 }
 
@@ -129,4 +133,13 @@ pub struct VolumeStatus {
     pub stale_ranges: Vec<(u64, u64)>,
     #[serde(default)]
     pub stale_blocks: u64,
+    /// Its share setting, and the blocks eviction leaves it whatever else
+    /// goes (its minimum, or the curve split's part: policy/share.rs).
+    #[serde(default)]
+    pub share: Share,
+    #[serde(default)]
+    pub share_floor_blocks: u64,
+    /// Its own miss-ratio curve (a cache of several volumes).
+    #[serde(default)]
+    pub mrc: Option<observe::Mrc>,
 }

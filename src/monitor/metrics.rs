@@ -415,7 +415,7 @@ type VolumeGauge = (
 );
 
 /// The gauges of each volume.
-fn volume_gauges() -> [VolumeGauge; 5] {
+fn volume_gauges() -> [VolumeGauge; 6] {
     [
         (
             "volume_size_bytes",
@@ -431,6 +431,11 @@ fn volume_gauges() -> [VolumeGauge; 5] {
             "volume_dirty_blocks",
             "Cache blocks holding the volume's data not yet written back.",
             |v| v.cache_blocks_dirty as f64,
+        ),
+        (
+            "volume_share_floor_blocks",
+            "Cache blocks eviction leaves the volume (its minimum share or its curve part).",
+            |v| v.share_floor_blocks as f64,
         ),
         (
             "volume_stale_origin_blocks",

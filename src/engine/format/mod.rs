@@ -11,6 +11,7 @@ use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
 use super::admission::AdmissionSettings;
 use super::modes::Mode;
+use super::policy::share::{Share, Sharing};
 use super::sectors::{SectorRun, SectorSet, SECTOR_BYTES};
 
 pub const PAGE_BYTES: u64 = 4096;
@@ -212,6 +213,26 @@ impl Superblock {
         self.mode.set(mode.to_u32());
         let mut list = self.volume_list();
         list.iter_mut().for_each(|v| v.mode = None);
+        self.volumes.set(&list);
+    }
+
+    /// Volume `v`'s share becomes `share`.
+    pub fn set_volume_share(&mut self, v: usize, share: Share) {
+        let mut list = self.volume_list();
+        list[v].share = share;
+        self.volumes.set(&list);
+    }
+
+    /// How the volumes share the cache (a lone volume: `Global`).
+    pub fn sharing(&self) -> Sharing {
+        Sharing::from_u32(self.volumes.sharing.get()).expect("validated")
+    }
+
+    /// The volumes share the cache as `sharing` (kept only with a volume
+    /// table: a lone volume has none, and shares with nobody).
+    pub fn set_sharing(&mut self, sharing: Sharing) {
+        let list = self.volume_list();
+        self.volumes.sharing = U32::new(sharing.to_u32());
         self.volumes.set(&list);
     }
 

@@ -9,11 +9,12 @@
 //! mode is the cache's: a volume has it unless its record names a mode of
 //! its own.
 
-use zerocopy::little_endian::{U32, U64};
+use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
 use crate::engine::modes::Mode;
 use crate::engine::origin::address::MAX_VOLUME_BYTES;
+use crate::engine::policy::share::{Share, Sharing};
 
 /// Volumes one cache can hold (records that fit in the page).
 pub const MAX_VOLUMES: usize = 59;
@@ -39,7 +40,13 @@ pub struct VolumeRecord {
     /// The volume's cache mode (`Mode::to_u32`), or 0: the cache's (the
     /// superblock's `mode`).
     pub mode: U32,
-    pub reserved: [u8; 8],
+    /// Its guaranteed share of the cache's slots, in thousandths (0: none;
+    /// policy/share.rs).
+    pub share_min_permille: U16,
+    /// The most of the cache's slots it may hold, in thousandths (0: no
+    /// limit).
+    pub share_max_permille: U16,
+    pub reserved: [u8; 4],
 }
 const _: () = assert!(std::mem::size_of::<VolumeRecord>() == 64);
 
@@ -54,7 +61,10 @@ pub struct VolumeTable {
     pub count: U32,
     /// CRC32C of the table's 3840 bytes with this field zero.
     pub crc: U32,
-    pub reserved: [u8; 8],
+    /// How the volumes share the cache (`Sharing::to_u32`; 0: one ranking
+    /// of every volume's blocks).
+    pub sharing: U32,
+    pub reserved: [u8; 4],
     pub records: [VolumeRecord; MAX_VOLUMES],
     pub tail: [u8; 48],
 }
@@ -68,6 +78,8 @@ pub struct VolumeEntry {
     pub identity: u64,
     /// A mode of its own; `None`: the cache's.
     pub mode: Option<Mode>,
+    /// Its share of the cache's slots (none by default).
+    pub share: Share,
 }
 
 /// Names are 1..=32 bytes of ASCII letters, digits, `.`, `_` and `-`, not
@@ -116,14 +128,19 @@ impl VolumeTable {
     /// Fills the table for `volumes` (volume 0's size and identity are the
     /// superblock's, so its record keeps only the name), or empties it for
     /// a lone `vol0`.
+    /// The table's `sharing` is kept (a lone volume shares with nobody).
     pub fn set(&mut self, volumes: &[VolumeEntry]) {
+        let sharing = self.sharing;
         *self = VolumeTable::new_zeroed();
-        let lone_default =
-            volumes.len() == 1 && volumes[0].name == default_name(0) && volumes[0].mode.is_none();
+        let lone_default = volumes.len() == 1
+            && volumes[0].name == default_name(0)
+            && volumes[0].mode.is_none()
+            && volumes[0].share == Share::default();
         if lone_default {
             return;
         }
         self.count = U32::new(volumes.len() as u32);
+        self.sharing = sharing;
         for (i, (r, v)) in self.records.iter_mut().zip(volumes).enumerate() {
             r.name[..v.name.len()].copy_from_slice(v.name.as_bytes());
             if i > 0 {
@@ -132,6 +149,8 @@ impl VolumeTable {
             }
             r.flags = U32::new(VOLUME_IN_USE);
             r.mode = U32::new(v.mode.map_or(0, Mode::to_u32));
+            r.share_min_permille = U16::new(v.share.min_permille);
+            r.share_max_permille = U16::new(v.share.max_permille);
         }
         self.crc = U32::new(self.compute_crc());
     }
@@ -150,6 +169,7 @@ impl VolumeTable {
             bytes: origin_bytes,
             identity: origin_identity,
             mode: None,
+            share: Share::default(),
         };
         if count == 0 {
             return Ok(vec![first]);
@@ -160,6 +180,12 @@ impl VolumeTable {
         if count > MAX_VOLUMES {
             return Err(format!(
                 "volume table claims {count} volumes (at most {MAX_VOLUMES})"
+            ));
+        }
+        if Sharing::from_u32(self.sharing.get()).is_none() || self.reserved != [0; 4] {
+            return Err(format!(
+                "volume table: unknown sharing {} or reserved bytes set",
+                self.sharing.get()
             ));
         }
         let mut out: Vec<VolumeEntry> = Vec::with_capacity(count);
@@ -214,11 +240,19 @@ fn record_entry(i: usize, r: &VolumeRecord, first: &VolumeEntry) -> Result<Volum
         0 => None,
         m => Some(Mode::from_u32(m).ok_or(format!("volume record {i}: unknown mode {m}"))?),
     };
+    let share = Share {
+        min_permille: r.share_min_permille.get(),
+        max_permille: r.share_max_permille.get(),
+    };
+    share
+        .valid()
+        .map_err(|e| format!("volume record {i}: {e}"))?;
     Ok(VolumeEntry {
         name,
         bytes,
         identity,
         mode,
+        share,
     })
 }
 
@@ -235,6 +269,10 @@ mod tests {
                 bytes: 1 << (20 + i),
                 identity: 100 + i as u64,
                 mode: (i == 1).then_some(Mode::Writethrough),
+                share: Share {
+                    min_permille: (i == 2) as u16 * 250,
+                    max_permille: (i == 1) as u16 * 500,
+                },
             })
             .collect()
     }

@@ -36,6 +36,8 @@ pub struct VolumeRegions {
     region_blocks: u64,
     pub cached: Vec<u32>,
     pub dirty: Vec<u32>,
+    /// Cached blocks in all its regions (what its share is measured by).
+    held: u64,
 }
 
 fn step(n: &mut u32, up: bool) {
@@ -50,6 +52,7 @@ impl RegionCounts {
                 region_blocks: region_blocks(keys.blocks(v)),
                 cached: vec![0; REGIONS],
                 dirty: vec![0; REGIONS],
+                held: 0,
             })
             .collect();
         RegionCounts {
@@ -72,6 +75,12 @@ impl RegionCounts {
             return;
         };
         step(&mut map.cached[r], up);
+        map.held = if up { map.held + 1 } else { map.held - 1 };
+    }
+
+    /// Volume `v`'s cached blocks (0 for no such volume), in O(1).
+    pub fn held(&self, v: usize) -> u64 {
+        self.volumes.get(v).map_or(0, |m| m.held)
     }
 
     /// A cached block became dirty (`up`) or clean.
@@ -122,6 +131,11 @@ impl Accesses {
             keys: keys.clone(),
             volumes,
         }
+    }
+
+    /// The volume of `key`.
+    pub fn volume_of(&self, key: u64) -> usize {
+        self.keys.split(key).0
     }
 
     pub fn accessed(&self, key: u64) {

@@ -9,6 +9,9 @@ pub mod heat;
 pub mod latency;
 pub mod mrc;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::engine::origin::address::KeySpace;
 use crate::sync::{Mutex, Rank};
 use serde::{Deserialize, Serialize};
 
@@ -18,6 +21,12 @@ use mrc::Shards;
 
 /// Blocks the miss-ratio sampler tracks at most (about 0.4 MiB).
 const MRC_MAX_TRACKED: usize = 8192;
+/// Blocks each volume's own sampler tracks at most (about 0.2 MiB a
+/// volume, kept only for a cache of several), and its initial rate: 10%,
+/// so that a small volume's working set is sampled too (the rate falls
+/// by itself once more blocks than that are tracked).
+const VOLUME_MRC_MAX_TRACKED: usize = 4096;
+const VOLUME_MRC_RATE: f64 = 0.1;
 /// Initial sampling rate: 1% of blocks.
 const MRC_RATE: f64 = 0.01;
 /// Cache sizes of the curve, as multiples of the cache's own size.
@@ -27,12 +36,47 @@ pub const MRC_SIZES: [f64; 7] = [0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0];
 pub struct Observe {
     pub latency: Histograms,
     pub accesses: Accesses,
-    mrc: Mutex<Shards>,
-    /// `Shards::threshold`, read without the lock to skip unsampled blocks.
-    mrc_threshold: std::sync::atomic::AtomicU64,
-    /// Every block access counted, sampled or not.
-    all_refs: std::sync::atomic::AtomicU64,
+    /// The whole cache's curve.
+    whole: Curve,
     slot_count: u64,
+    /// Each volume's own curve, for a cache of several (the shares'
+    /// split, policy/share.rs); empty for one.
+    curves: Vec<Curve>,
+}
+
+/// One sampled curve: the sampler, its threshold (`Shards::threshold`,
+/// read without the lock to skip unsampled blocks), and every read it is a
+/// curve of, sampled or not.
+struct Curve {
+    shards: Mutex<Shards>,
+    threshold: AtomicU64,
+    reads: AtomicU64,
+}
+
+impl Curve {
+    fn new(rate: f64, max_tracked: usize, max_size_blocks: u64) -> Curve {
+        let shards = Shards::new(rate, max_tracked, max_size_blocks);
+        Curve {
+            threshold: AtomicU64::new(shards.threshold()),
+            shards: Mutex::new(Rank::Mrc, shards),
+            reads: AtomicU64::new(0),
+        }
+    }
+
+    fn accessed(&self, block: u64, read: bool) {
+        if read {
+            self.reads.fetch_add(1, Ordering::Relaxed);
+        }
+        if Shards::sampled(self.threshold.load(Ordering::Relaxed), block) {
+            let mut m = self.shards.lock();
+            if read {
+                m.access(block);
+            } else {
+                m.write(block);
+            }
+            self.threshold.store(m.threshold(), Ordering::Relaxed);
+        }
+    }
 }
 
 /// One point of the miss-ratio curve.
@@ -57,16 +101,39 @@ pub struct Mrc {
 
 impl Observe {
     /// For a cache of `slot_count` slots over the volumes of `keys`.
-    pub fn new(slot_count: u64, keys: &crate::engine::origin::address::KeySpace) -> Observe {
-        let shards = Shards::new(MRC_RATE, MRC_MAX_TRACKED, slot_count * 8);
+    pub fn new(slot_count: u64, keys: &KeySpace) -> Observe {
+        let several = keys.volumes() > 1;
         Observe {
             latency: Histograms::default(),
             accesses: Accesses::new(keys),
-            mrc_threshold: std::sync::atomic::AtomicU64::new(shards.threshold()),
-            mrc: Mutex::new(Rank::Mrc, shards),
-            all_refs: Default::default(),
+            whole: Curve::new(MRC_RATE, MRC_MAX_TRACKED, slot_count * 8),
             slot_count,
+            curves: (0..keys.volumes())
+                .filter(|_| several)
+                .map(|_| Curve::new(VOLUME_MRC_RATE, VOLUME_MRC_MAX_TRACKED, slot_count))
+                .collect(),
         }
+    }
+
+    /// Volume `v`'s reads so far and its estimated LRU hit ratio at each
+    /// of `sizes` (blocks; 0 where nothing is known yet); `None` for a
+    /// cache of one volume (the cache's curve is its own).
+    pub fn volume_curve(&self, v: usize, sizes: &[u64]) -> Option<(u64, Vec<f64>)> {
+        let c = self.curves.get(v)?;
+        let reads = c.reads.load(Ordering::Relaxed);
+        let m = c.shards.lock();
+        let hits = sizes.iter().map(|&b| m.hit_ratio(b, reads).unwrap_or(0.0));
+        Some((reads, hits.collect()))
+    }
+
+    /// Volume `v`'s curve at the cache's sizes up to the whole cache (its
+    /// sampler counts no further), as `status` shows it.
+    pub fn volume_mrc(&self, v: usize) -> Option<Mrc> {
+        let c = self.curves.get(v)?;
+        let reads = c.reads.load(Ordering::Relaxed);
+        let mut mrc = curve_points(&c.shards.lock(), reads, self.slot_count);
+        mrc.points.retain(|p| p.size_factor <= 1.0);
+        Some(mrc)
     }
 
     /// An access of `block` by a request, for the curve and the heat map.
@@ -74,47 +141,44 @@ impl Observe {
     /// but is not counted.
     pub fn accessed(&self, block: u64, read: bool) {
         self.accesses.accessed(block);
-        if read {
-            self.all_refs
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Some(c) = self.curves.get(self.accesses.volume_of(block)) {
+            c.accessed(block, read);
         }
-        let t = self
-            .mrc_threshold
-            .load(std::sync::atomic::Ordering::Relaxed);
-        if Shards::sampled(t, block) {
-            let mut m = self.mrc.lock();
-            if read {
-                m.access(block);
-            } else {
-                m.write(block);
-            }
-            self.mrc_threshold
-                .store(m.threshold(), std::sync::atomic::Ordering::Relaxed);
-        }
+        self.whole.accessed(block, read);
     }
 
     pub fn mrc(&self) -> Mrc {
-        let all = self.all_refs.load(std::sync::atomic::Ordering::Relaxed);
-        let m = self.mrc.lock();
-        Mrc {
-            points: MRC_SIZES
-                .iter()
-                .filter_map(|&f| {
-                    let size_blocks = (self.slot_count as f64 * f) as u64;
-                    m.hit_ratio(size_blocks, all).map(|hit_ratio| MrcPoint {
-                        size_factor: f,
-                        size_blocks,
-                        hit_ratio,
-                    })
-                })
-                .collect(),
-            sample_rate: m.rate(),
-            tracked_blocks: m.tracked() as u64,
-            memory_bytes: m.heap_bytes(),
-        }
+        let all = self.whole.reads.load(Ordering::Relaxed);
+        curve_points(&self.whole.shards.lock(), all, self.slot_count)
     }
 
     pub fn heap_bytes(&self) -> u64 {
-        self.mrc.lock().heap_bytes() + self.accesses.heap_bytes()
+        let curves: u64 = self
+            .curves
+            .iter()
+            .map(|c| c.shards.lock().heap_bytes())
+            .sum();
+        self.whole.shards.lock().heap_bytes() + self.accesses.heap_bytes() + curves
+    }
+}
+
+/// The curve of `m` (of `all` reads) at `MRC_SIZES` of a cache of
+/// `slot_count`.
+fn curve_points(m: &Shards, all: u64, slot_count: u64) -> Mrc {
+    Mrc {
+        points: MRC_SIZES
+            .iter()
+            .filter_map(|&f| {
+                let size_blocks = (slot_count as f64 * f) as u64;
+                m.hit_ratio(size_blocks, all).map(|hit_ratio| MrcPoint {
+                    size_factor: f,
+                    size_blocks,
+                    hit_ratio,
+                })
+            })
+            .collect(),
+        sample_rate: m.rate(),
+        tracked_blocks: m.tracked() as u64,
+        memory_bytes: m.heap_bytes(),
     }
 }

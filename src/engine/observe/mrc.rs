@@ -227,8 +227,10 @@ impl Shards {
             return None;
         }
         // A reference with distance d hits a cache of more than d blocks.
+        // The last bucket holds every distance past the histogram's range
+        // too: never hits.
         let full = (size_blocks / self.bucket_blocks) as usize;
-        let hits: f64 = self.hist[..full.min(BUCKETS)].iter().sum();
+        let hits: f64 = self.hist[..full.min(BUCKETS - 1)].iter().sum();
         let adjust = all_refs as f64 - self.total_weight;
         Some(((hits + adjust) / all_refs as f64).clamp(0.0, 1.0))
     }

@@ -45,6 +45,7 @@ pub(crate) fn new_volumes(
             bytes,
             identity: origin.identity(),
             mode: None,
+            share: Default::default(),
         });
     }
     Ok(out)

@@ -17,6 +17,7 @@ pub mod address;
 pub(crate) mod checks;
 pub mod flights;
 pub mod locks;
+mod shares;
 pub(crate) mod stale;
 pub(crate) mod sync;
 
@@ -25,6 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use super::error::{EngineError, EngineResult};
 use super::modes::Mode;
+use super::policy::share::{Sharing, VolumeShare};
 use super::stats::{bump, Stats};
 use crate::device::DeviceRef;
 use crate::sync::{Mutex, Rank};
@@ -72,6 +74,8 @@ pub(crate) struct Origin {
     /// Where background writeback's next watermark batch starts in this
     /// volume (a key): it sweeps the volume in address order.
     writeback_cursor: AtomicU64,
+    /// Its share of the cache's slots (policy/share.rs).
+    share: VolumeShare,
 }
 
 impl Origin {
@@ -97,7 +101,13 @@ impl Origin {
             last_end_ms: AtomicU64::new(0),
             mode: AtomicU32::new(Mode::Writeback.to_u32()),
             writeback_cursor: AtomicU64::new(base / block_bytes),
+            share: VolumeShare::default(),
         }
+    }
+
+    /// Its share of the cache's slots.
+    pub(crate) fn share(&self) -> &VolumeShare {
+        &self.share
     }
 
     pub(crate) fn device(&self) -> &DeviceRef {
@@ -329,6 +339,10 @@ impl Origin {
 pub(crate) struct Origins {
     list: Vec<Origin>,
     keys: address::KeySpace,
+    /// How they share the cache (`Sharing::to_u32`), and when the curve
+    /// split last ran (engine seconds; 0: never). `shares.rs`.
+    sharing: AtomicU32,
+    rebalanced_s: AtomicU64,
 }
 
 impl Origins {
@@ -340,7 +354,21 @@ impl Origins {
             .map(|(i, (name, d))| Origin::new(i, name, d, block_bytes))
             .collect();
         let keys = address::KeySpace::new(block_bytes, list.iter().map(|o| o.blocks()).collect());
-        Origins { list, keys }
+        Origins {
+            list,
+            keys,
+            sharing: AtomicU32::new(Sharing::Global.to_u32()),
+            rebalanced_s: AtomicU64::new(0),
+        }
+    }
+
+    /// How the volumes share the cache.
+    pub(crate) fn sharing(&self) -> Sharing {
+        Sharing::from_u32(self.sharing.load(Ordering::Relaxed)).expect("only kinds are stored")
+    }
+
+    pub(crate) fn set_sharing(&self, sharing: Sharing) {
+        self.sharing.store(sharing.to_u32(), Ordering::Relaxed);
     }
 
     /// True if some volume's mode keeps dirty data.

@@ -11,6 +11,7 @@ pub mod fifo;
 pub mod ghost;
 pub mod lru;
 pub mod s3fifo;
+pub mod share;
 
 /// The policy's verdict on a candidate victim, given by the engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

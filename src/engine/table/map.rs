@@ -740,6 +740,7 @@ mod tests {
         let dirty: u64 = map.dirty.iter().map(|&c| c as u64).sum();
         assert_eq!((cached, dirty), (t.used(), t.dirty_count()));
         assert_eq!(t.regions.totals(), vec![(cached, dirty)]);
+        assert_eq!(t.regions.held(0), cached);
     }
 
     #[test]

@@ -19,6 +19,7 @@
 //! - `segments.rs`: the log placement's segments, filled in order.
 //! - `releases.rs`: removed mappings not yet durable (freed slots, released
 //!   blocks).
+//! - `share.rs`: the volumes' shares at eviction (floors, maximums).
 //! - `slots.rs`: appending records, allocating and evicting slots, storing
 //!   data in new slots (`impl Engine`).
 
@@ -33,6 +34,7 @@ pub mod pools;
 pub(crate) mod releases;
 pub mod sectors;
 pub mod segments;
+pub(crate) mod share;
 pub mod slots;
 
 use std::ops::RangeInclusive;

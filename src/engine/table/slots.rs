@@ -5,7 +5,7 @@ use super::sectors::{SectorSet, SECTOR_BYTES};
 use crate::engine::format::Record;
 use crate::engine::policy::Verdict;
 
-use super::Meta;
+use super::{share, Meta};
 use crate::device::DeviceError;
 use crate::engine::stats::bump;
 use crate::engine::{Engine, EngineError, EngineResult};
@@ -113,14 +113,20 @@ impl Engine {
         }
     }
 
-    /// Up to `n` slots free on disk for data this `dirty` (adjacent where
-    /// the free slots allow; dirty data only in slots that may hold it:
-    /// `pools.rs`), evicting clean blocks (and committing their release)
-    /// if none is free. Empty if every such block is dirty or busy.
-    pub(crate) fn alloc_slots(&self, n: usize, dirty: bool) -> EngineResult<Vec<u32>> {
+    /// Up to `n` slots free on disk for data this `dirty`, to hold blocks
+    /// from `key` on (adjacent where the free slots allow; dirty data only
+    /// in slots that may hold it: `pools.rs`), evicting clean blocks (and
+    /// committing their release) if none is free. A volume at its maximum
+    /// share evicts its own first (`share.rs`). Empty if every such block
+    /// is dirty or busy.
+    pub(crate) fn alloc_slots(&self, n: usize, dirty: bool, key: u64) -> EngineResult<Vec<u32>> {
         for _ in 0..3 {
             {
                 let mut m = self.meta.lock();
+                let own = self.evict_own_if_full(&mut m, n, key);
+                if own == Some(0) {
+                    return Ok(Vec::new());
+                }
                 if m.free.has_free(dirty) {
                     let before = m.free_slots();
                     let slots = m.free.take(n, dirty);
@@ -136,6 +142,7 @@ impl Engine {
                 }
                 let within = dirty.then(|| m.table.dirty_slots());
                 if m.releases.waiting_slots() == 0
+                    && own.is_none()
                     && self.evict_below(&mut m, EVICT_BATCH, within) == 0
                 {
                     return Ok(Vec::new());
@@ -146,6 +153,31 @@ impl Engine {
         Ok(self.meta.lock().free.take(n, dirty))
     }
 
+    /// If `n` new blocks would take `key`'s volume past its maximum share,
+    /// evicts up to `n` of its own clean blocks and says how many; `None`
+    /// if it has room.
+    fn evict_own_if_full(&self, m: &mut Meta, n: usize, key: u64) -> Option<usize> {
+        let v = self.origins.key_space().split(key).0;
+        let share = self.origins.get(v)?.share();
+        if !share::over_max(&m.table, self.origins.len(), v, share, n as u64) {
+            return None;
+        }
+        let keys = self.origins.key_space();
+        let Meta { table, policy, .. } = &mut *m;
+        let victims = policy.select(n, EVICT_SCAN, &mut |slot| match table.slot_block(slot) {
+            Some((block, false)) if keys.split(block).0 == v => {
+                if self.origins.of_key(block).locks().try_lock(block) {
+                    Verdict::Take
+                } else {
+                    Verdict::Skip
+                }
+            }
+            Some((block, true)) if keys.split(block).0 == v => Verdict::Rotate,
+            _ => Verdict::Skip,
+        });
+        Some(self.unmap_victims(m, victims))
+    }
+
     /// Evicts up to `want` clean, unlocked blocks from slots that may take
     /// dirty data (the background's reserve: `Meta::free_slots`); returns
     /// how many. Their slots become reusable after the next commit.
@@ -154,9 +186,12 @@ impl Engine {
         self.evict_below(m, want, Some(dirty_capable))
     }
 
-    /// `evict`, of blocks in slots below `limit` only (if given).
+    /// `evict`, of blocks in slots below `limit` only (if given); a
+    /// volume at or below its share's floor keeps its blocks (`share.rs`).
     fn evict_below(&self, m: &mut Meta, want: usize, limit: Option<u32>) -> usize {
-        let Meta { table, policy, .. } = m;
+        let mut floors = share::Floors::of(&m.table, self.origins.iter().map(|o| o.share()));
+        let keys = self.origins.key_space();
+        let Meta { table, policy, .. } = &mut *m;
         let limit = limit.unwrap_or(u32::MAX);
         let victims = policy.select(want, EVICT_SCAN, &mut |slot| {
             if slot >= limit {
@@ -166,14 +201,26 @@ impl Engine {
                 None => Verdict::Take,
                 Some((_, true)) => Verdict::Rotate,
                 Some((block, false)) => {
-                    if self.origins.of_key(block).locks().try_lock(block) {
-                        Verdict::Take
-                    } else {
-                        Verdict::Skip
+                    let v = keys.split(block).0;
+                    if floors.as_ref().is_some_and(|f| f.keeps(v)) {
+                        return Verdict::Rotate;
                     }
+                    if !self.origins.of_key(block).locks().try_lock(block) {
+                        return Verdict::Skip;
+                    }
+                    if let Some(f) = floors.as_mut() {
+                        f.took(v);
+                    }
+                    Verdict::Take
                 }
             }
         });
+        self.unmap_victims(m, victims)
+    }
+
+    /// Unmaps the blocks of `victims` (each locked by the selection, and
+    /// unlocked here); returns how many.
+    fn unmap_victims(&self, m: &mut Meta, victims: Vec<u32>) -> usize {
         let mut n = 0;
         for slot in victims {
             if let Some((block, _)) = m.table.slot_block(slot) {
@@ -260,7 +307,7 @@ impl Engine {
             // full cache (write around it, skip the promotion).
             return Ok((0, Stored::NoSlot));
         }
-        let slots = self.alloc_slots(n, dirty)?;
+        let slots = self.alloc_slots(n, dirty, first_block)?;
         if slots.is_empty() {
             return Ok((0, Stored::NoSlot));
         }
@@ -315,7 +362,7 @@ impl Engine {
         if !self.admitting() {
             return Ok(Stored::NoSlot);
         }
-        let Some(&slot) = self.alloc_slots(1, dirty)?.first() else {
+        let Some(&slot) = self.alloc_slots(1, dirty, block)?.first() else {
             return Ok(Stored::NoSlot);
         };
         if let Err(e) = self.cache_write(slot, hull.first as u64 * SECTOR_BYTES, bytes) {

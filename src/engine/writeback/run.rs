@@ -105,12 +105,15 @@ impl Engine {
         }
     }
 
-    /// One round of background work: writeback batches until nothing is
-    /// due (at most 64), the free-slot reserve, a commit when one is due,
-    /// and giving back the crash log's durable pages. Each is a step of its
-    /// own below, so a deterministic test can schedule them one by one.
+    /// One round of background work: the curve split of the cache when
+    /// due (origin/shares.rs), writeback batches until nothing is due (at
+    /// most 64), the free-slot reserve, a commit when one is due, and
+    /// giving back the crash log's durable pages. Each is a step of its own
+    /// below, so a deterministic test can schedule them one by one.
     pub fn background_tick(&self) {
         self.follow_cache_set();
+        let now_s = self.now_ms() / 1000;
+        (self.origins).rebalance_if_due(&self.observe, self.layout.slot_count, now_s);
         for _ in 0..64 {
             if self.closed.load(std::sync::atomic::Ordering::Acquire) {
                 return;

@@ -15,15 +15,21 @@ const tc = {
   snapshots: 0,
   failures: 0,
   last: null,
-  // The volume the heat map shows (a cache of several origins: the picker).
+  // The volume the heat map and the curve show (a cache of several
+  // origins: the picker).
   volume: 0,
   // Per region as last drawn: "empty", "cached" or "dirty".
   cells: [],
   selectVolume(v) {
     this.volume = v;
     $("heat-volume").value = String(v);
-    if (this.last) drawHeat(this.last);
+    if (this.last) {
+      drawHeat(this.last);
+      drawMrc(this.last);
+    }
   },
+  // The curve drawn now: its points and whose it is.
+  mrcShown() { return this.last ? mrcShown(this.last) : null; },
   cellRect(i) {
     const c = $("c-heat");
     const rows = Math.ceil(this.cells.length / COLS) || 1;
@@ -202,10 +208,18 @@ function drawHeat(snap) {
   $("heat-note").textContent = `(${n} regions of ${fmtBytes(regionBytes)})`;
 }
 
+// The picked volume's own curve (a cache of several), else the cache's.
+function mrcShown(snap) {
+  const vols = snap.status.volumes || [];
+  const vol = vols[Math.min(tc.volume, Math.max(0, vols.length - 1))];
+  return vol && vol.mrc ? { m: vol.mrc, of: `volume ${vol.name}'s reads, ` } : { m: snap.mrc, of: "" };
+}
+
 function drawMrc(snap) {
   const c = $("c-mrc"), g = c.getContext("2d");
   const W = c.width, H = c.height, L = 40, B = 22, T = 8, R = 12;
-  const pts = snap.mrc.points;
+  const shown = mrcShown(snap);
+  const pts = shown.m.points;
   g.clearRect(0, 0, W, H);
   g.fillStyle = "#fff"; g.fillRect(0, 0, W, H);
   const x = (f) => L + ((Math.log2(f) + 3) / 6) * (W - L - R);
@@ -232,8 +246,8 @@ function drawMrc(snap) {
   } else {
     g.fillText("no requests yet", L + 10, T + 20);
   }
-  const m = snap.mrc;
-  $("mrc-note").textContent = `(${(m.sample_rate * 100).toFixed(2)}% of blocks sampled, ${m.tracked_blocks} tracked, ${fmtBytes(m.memory_bytes)})`;
+  const m = shown.m;
+  $("mrc-note").textContent = `(${shown.of}${(m.sample_rate * 100).toFixed(2)}% of blocks sampled, ${m.tracked_blocks} tracked, ${fmtBytes(m.memory_bytes)})`;
 }
 
 function fillTables(snap) {
