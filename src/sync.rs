@@ -90,6 +90,9 @@ pub enum Rank {
     /// The NBD server's byte-range table (frontend/nbd/ranges.rs): held
     /// only to register, grant or drop a range, never across an await.
     NbdRanges,
+    /// The NBD server's export list (frontend/nbd/server.rs): held only to
+    /// copy it or append a volume added online.
+    NbdExports,
     /// The metrics sampler's history and its wake-up (monitor/sampler.rs).
     Sampler,
 }

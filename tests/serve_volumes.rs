@@ -327,9 +327,6 @@ fn add_origin_adds_a_volume_and_finishes_when_run_again() {
     let one_mib = s.path("one.in");
     pattern(&one_mib, "one", 1 << 20);
     nbdcopy(&one_mib, export_uri(&s, ""));
-    let out = s.cli_output(&["add-origin", "--origin", &logs]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("is served"), "{err}");
     sigterm(&mut server);
     assert!(server.wait().unwrap().success());
     let entry = std::fs::read(s.state().join("caches/tc0.json")).unwrap();
@@ -629,4 +626,83 @@ fn set_share_changes_shares_offline_and_live_and_refuses_what_cannot_hold() {
     assert_eq!(st["sharing"], "curve", "{st}");
     assert_eq!(st["volumes"][1]["share"]["max_permille"], 500, "{st}");
     s.cli(&["check"]);
+}
+
+/// `add-origin` of a served cache: the daemon adds the volume and exports
+/// it at once, while a client of the first volume stays connected and
+/// writing; the cache of one origin becomes one of two (format 3), its
+/// first volume gaining the export of its name. A run cut short after the
+/// daemon's add (the registry as before) finishes when run again, still
+/// served, and a restart serves both.
+#[test]
+fn add_origin_while_served_exports_the_volume_at_once_beside_a_connected_client() {
+    need("nbdsh", "libnbd-bin");
+    need("nbdinfo", "libnbd-bin");
+    need("nbdcopy", "libnbd-bin");
+    let s = two_origins();
+    let (data, logs, cache) = (
+        path_str(&s, "data.img"),
+        path_str(&s, "logs.img"),
+        path_str(&s, "cache.img"),
+    );
+    s.cli(&["create", "--origin", &data, "--cache", &cache]);
+    let mut server = s.serve();
+    let entry = std::fs::read(s.state().join("caches/tc0.json")).unwrap();
+    // A client of the first volume writes, waits through the add, writes
+    // again on the same connection and reads both back.
+    let script = "import time\n\
+        h.pwrite(b'A' * 65536, 0)\n\
+        time.sleep(2)\n\
+        h.pwrite(b'B' * 65536, 65536)\n\
+        h.flush()\n\
+        assert h.pread(131072, 0) == b'A' * 65536 + b'B' * 65536";
+    let client = Command::new("nbdsh")
+        .args(["-u", &export_uri(&s, ""), "-c", script])
+        .env("PATH", "/usr/bin:/bin")
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let said = s.cli(&[
+        "add-origin",
+        "--origin",
+        &logs,
+        "--volume",
+        "logs",
+        "--mode",
+        "writethrough",
+    ]);
+    assert!(said.contains("added while served"), "{said}");
+    let out = client.wait_with_output().unwrap();
+    assert!(out.status.success(), "the first volume's client: {out:?}");
+    let mut names: Vec<String> = export_sizes(&s).into_iter().map(|e| e.0).collect();
+    names.sort();
+    assert_eq!(names, ["", "logs", "vol0"]);
+    let tail = s.path("logs.in");
+    pattern(&tail, "logs", 1 << 20);
+    nbdcopy(&tail, export_uri(&s, "logs"));
+    let want = std::fs::read(&tail).unwrap();
+    assert_eq!(
+        std::fs::read(s.path("logs.img")).unwrap()[..1 << 20],
+        want[..],
+        "writethrough"
+    );
+    let st = s.status();
+    assert_eq!(st["volumes"][1]["mode"], "writethrough", "{st}");
+    // Cut short after the daemon's add: run again, it only registers.
+    std::fs::write(s.state().join("caches/tc0.json"), &entry).unwrap();
+    let said = s.cli(&["add-origin", "--origin", &logs, "--volume", "logs"]);
+    assert!(said.contains("cut short"), "{said}");
+    let out = s.cli_output(&["add-origin", "--origin", &logs, "--volume", "again"]);
+    assert!(!out.status.success(), "the same origin twice");
+    sigterm(&mut server);
+    assert!(server.wait().unwrap().success());
+
+    let mut server = s.serve();
+    let back = s.path("back.out");
+    nbdcopy(export_uri(&s, "logs"), &back);
+    assert_eq!(std::fs::read(&back).unwrap()[..1 << 20], want[..]);
+    sigterm(&mut server);
+    assert!(server.wait().unwrap().success());
+    let check = s.cli(&["check"]);
+    assert!(check.contains("format 3"), "{check}");
 }

@@ -875,3 +875,178 @@ fn a_power_loss_at_every_write_of_a_removal_leaves_the_volume_in_or_out() {
         }
     }
 }
+
+/// `add_volume` while another thread writes: the cache of one origin
+/// (format 2, 4-byte entries) takes a second and a third volume online,
+/// its entries widening under the writer; each new volume serves at once,
+/// in its own mode, and all of it is there after a power loss.
+#[test]
+fn volumes_added_online_serve_at_once_beside_a_writer_and_stay_after_a_power_loss() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const MIB: u64 = 1 << 20;
+    let rig = Rig::new(64, &[MIB, MIB, 2 * MIB]);
+    let engine = rig.create(&["vol0"], Mode::Writeback).unwrap();
+    assert_eq!(rig.superblock().version.get(), 2);
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (engine, stop) = (engine.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut round = 0u64;
+            while !stop.load(Ordering::Acquire) || round < 4 {
+                for k in 0..16 {
+                    let stamp = (round as u8).wrapping_mul(16).wrapping_add(k as u8);
+                    engine.write(k * BS, &block(stamp), false).unwrap();
+                }
+                round += 1;
+            }
+            round - 1
+        })
+    };
+    let b = engine
+        .add_volume("b", rig.origins[1].clone(), None)
+        .unwrap();
+    let c = engine
+        .add_volume("c", rig.origins[2].clone(), Some(Mode::Writethrough))
+        .unwrap();
+    assert_eq!((b, c), (1, 2));
+    let vols = engine.volumes();
+    engine
+        .write(vols[1].1 + 5 * BS, &block(0xB5), false)
+        .unwrap();
+    engine
+        .write(vols[2].1 + 7 * BS, &block(0xC7), false)
+        .unwrap();
+    assert_eq!(
+        rig.origin_bytes(2, 7 * BS, BS as usize),
+        block(0xC7),
+        "writethrough"
+    );
+    stop.store(true, Ordering::Release);
+    let last = writer.join().unwrap();
+    engine.flush().unwrap();
+    let st = engine.status();
+    let modes: Vec<Mode> = st.volumes.iter().map(|v| v.mode).collect();
+    assert_eq!(
+        modes,
+        [Mode::Writeback, Mode::Writeback, Mode::Writethrough]
+    );
+    // Refused: a device the cache has, a name it has, more than it holds.
+    let e = engine
+        .add_volume("d", rig.origins[1].clone(), None)
+        .unwrap_err();
+    assert!(e.to_string().contains("given twice"), "{e}");
+    let spare: DeviceRef = Arc::new(FaultDevice::new("spare", MIB, 9));
+    let e = engine.add_volume("b", spare, None).unwrap_err();
+    assert!(e.to_string().contains("two volumes are named"), "{e}");
+    assert_eq!(engine.volumes().len(), 3);
+
+    engine.abandon();
+    drop(engine);
+    assert_eq!(rig.superblock().version.get(), 3);
+    let engine = rig.open().unwrap();
+    let vols = engine.volumes();
+    let names: Vec<&str> = vols.iter().map(|v| v.0.as_str()).collect();
+    assert_eq!(names, ["vol0", "b", "c"]);
+    assert_eq!(engine.status().volumes[2].mode, Mode::Writethrough);
+    for k in 0..16u64 {
+        let stamp = (last as u8).wrapping_mul(16).wrapping_add(k as u8);
+        assert_eq!(
+            engine.read(k * BS, BS).unwrap().to_vec(),
+            block(stamp),
+            "vol0 block {k}"
+        );
+    }
+    assert_eq!(
+        engine.read(vols[1].1 + 5 * BS, BS).unwrap().to_vec(),
+        block(0xB5)
+    );
+    assert_eq!(
+        engine.read(vols[2].1 + 7 * BS, BS).unwrap().to_vec(),
+        block(0xC7)
+    );
+    engine.close().unwrap();
+    let report = check(&(rig.cache.clone() as DeviceRef), None);
+    assert!(report.ok, "{:?}", report.findings);
+}
+
+/// Power lost at every write an online add makes: the cache opens with
+/// the new volume (all three origins given) or without it (the first two),
+/// the others' flushed data whole either way.
+#[test]
+fn a_power_loss_at_every_write_of_an_online_add_leaves_the_volume_in_or_out() {
+    use tiercache::device::fault::CrashSwitch;
+    const MIB: u64 = 1 << 20;
+    for n in 1.. {
+        let switch = CrashSwitch::new();
+        let made = Rig::new(64, &[MIB, MIB, MIB]);
+        let fault = |name: &str, image: Vec<u8>, seed: u64| {
+            Arc::new(FaultDevice::from_image(name, image, seed).with_crash_switch(switch.clone()))
+        };
+        let rig = Rig {
+            cache: fault("cache", made.cache.durable_image(), 1),
+            origins: (0..3)
+                .map(|v| {
+                    fault(
+                        &format!("o{v}"),
+                        made.origins[v].durable_image(),
+                        2 + v as u64,
+                    )
+                })
+                .collect(),
+        };
+        let engine = rig.create(&["a", "b"], Mode::Writeback).unwrap();
+        let bases = stamp_volumes(&engine, 4);
+        engine.flush().unwrap();
+        switch.arm_after_writes(n);
+        let added = engine.add_volume("c", rig.origins[2].clone(), None);
+        let finished = !switch.is_tripped();
+        assert!(added.is_ok() || !finished, "{added:?}");
+        drop(engine);
+        let images = Rig {
+            cache: Arc::new(FaultDevice::from_image(
+                "cache",
+                rig.cache.power_loss_image(),
+                1,
+            )),
+            origins: (0..3)
+                .map(|v| {
+                    let image = rig.origins[v].power_loss_image();
+                    Arc::new(FaultDevice::from_image(
+                        &format!("o{v}"),
+                        image,
+                        2 + v as u64,
+                    ))
+                })
+                .collect(),
+        };
+        let engine = match images.open() {
+            Ok(e) => e,
+            Err(e) => {
+                assert!(!finished, "crash after {n} writes: {e}");
+                let two: Vec<DeviceRef> = images.origin_refs().into_iter().take(2).collect();
+                Engine::open_volumes(images.cache.clone(), two, &common::no_bg())
+                    .unwrap_or_else(|e| panic!("crash after {n} writes, without c: {e}"))
+            }
+        };
+        for (v, &base) in bases.iter().enumerate() {
+            for k in 0..4 {
+                let want = block(0xA0 + 0x10 * v as u8 + k as u8);
+                let got = engine.read(base + k * BS, BS).unwrap().to_vec();
+                assert_eq!(got, want, "crash after {n} writes: volume {v} block {k}");
+            }
+        }
+        if engine.volumes().len() == 3 {
+            engine
+                .write(engine.volumes()[2].1, &block(0xC0), false)
+                .unwrap();
+        }
+        if finished {
+            assert!(n > 1, "an add writes the superblock");
+            eprintln!(
+                "online add: power lost at each of its {} writes, and after",
+                n - 1
+            );
+            return;
+        }
+    }
+}

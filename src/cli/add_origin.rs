@@ -1,19 +1,23 @@
 //! `tiercache add-origin`: one more origin behind a registered cache, as a
 //! volume of its own (docs/engine.md, "Volumes").
 //!
-//! The cache is opened with every origin it has and the new one last; the
-//! open records the new volume in the superblock before anything else
-//! (`OpenOptions::add_volumes`), and the registry then lists the origin.
-//! A cut between the two leaves a cache that records one volume more than
-//! the registry lists, which every open refuses, naming this command: run
-//! again with the same origin and name, it finds the volume recorded and
-//! finishes by registering the origin. Nothing is written to the origin.
+//! Not served, the cache is opened with every origin it has and the new
+//! one last; the open records the new volume in the superblock before
+//! anything else (`OpenOptions::add_volumes`). Served, the daemon adds it
+//! (`Engine::add_volume`, the superblock first) and serves it at once, the
+//! other volumes serving on. Either way the registry then lists the
+//! origin. A cut between the two leaves a cache that records one volume
+//! more than the registry lists: every open refuses it, naming this
+//! command, and a daemon that still runs serves it. Run again with the
+//! same origin and name, it finds the volume recorded and finishes by
+//! registering the origin. Nothing is written to the origin.
 
 use anyhow::{bail, Context, Result};
 use tiercache::device::{open_device, DeviceRef};
 use tiercache::engine::format::volumes::default_name;
 use tiercache::engine::{recovery, Engine, OpenOptions};
 
+use super::control::{self, Request};
 use super::registry::{self, Entry, Registry};
 use super::units::{human_bytes, parse_mode};
 use super::NameArg;
@@ -44,22 +48,19 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     }
     reg.prepare()?;
     let entry = reg.resolve(a.name.name.as_deref())?;
-    if super::control::daemon_listening(&reg.socket_path(&entry.name)) {
-        bail!(
-            "cache '{}' is served: stop its daemon (systemctl stop tiercache@{}), add the origin, \
-             start it again; adding one while served is not there yet",
-            entry.name,
-            entry.name
-        );
-    }
-    let _lock = reg.lock(&entry.name)?;
     let path = registry::absolute(&a.origin)?;
-    refuse_used(reg, &path)?;
-    let origin = open_device(&path).context("opening the new origin")?;
     let name = a
         .volume
         .clone()
         .unwrap_or_else(|| default_name(entry.origin_paths().len()));
+    let socket = reg.socket_path(&entry.name);
+    if super::control::daemon_listening(&socket) {
+        refuse_used(reg, &path)?;
+        return add_served(reg, &entry, &socket, &path, &name, mode);
+    }
+    let _lock = reg.lock(&entry.name)?;
+    refuse_used(reg, &path)?;
+    let origin = open_device(&path).context("opening the new origin")?;
     let cache = entry
         .open_cache(false)
         .context("opening the cache device")?;
@@ -84,6 +85,47 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         .context("registering the new origin")?;
     println!(
         "cache '{}': {how}volume {name} added: {path} ({})",
+        entry.name,
+        human_bytes(bytes)
+    );
+    Ok(())
+}
+
+/// `add-origin` of a cache its daemon serves: the daemon adds and serves
+/// the volume; then the registry lists the origin. A volume of this name
+/// and origin that the daemon has already (a run cut short after the
+/// daemon's add) is only registered.
+fn add_served(
+    reg: &Registry,
+    entry: &Entry,
+    socket: &std::path::Path,
+    path: &str,
+    name: &str,
+    mode: Option<tiercache::engine::Mode>,
+) -> Result<()> {
+    let status =
+        (control::call(socket, &Request::Status)?.status).context("the daemon sent no status")?;
+    let had =
+        (status.volumes.iter()).find(|v| v.name == name && registry::same_file(path, &v.origin));
+    let (bytes, how) = match had {
+        Some(v) => (v.bytes, "finished an add-origin that was cut short: "),
+        None => {
+            let request = Request::AddOrigin {
+                origin: path.to_string(),
+                volume: name.to_string(),
+                mode,
+            };
+            let reply = control::call(socket, &request)
+                .with_context(|| format!("adding volume {name} to cache '{}'", entry.name))?;
+            let after = reply.status.context("the daemon sent no status")?;
+            let added = after.volumes.iter().find(|v| v.name == name);
+            (added.map_or(0, |v| v.bytes), "")
+        }
+    };
+    reg.update(&entry.name, |e| e.more_origins.push(path.to_string()))
+        .context("registering the new origin")?;
+    println!(
+        "cache '{}': {how}volume {name} added while served: {path} ({}), exported as {name}",
         entry.name,
         human_bytes(bytes)
     );

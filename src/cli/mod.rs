@@ -70,8 +70,8 @@ enum Command {
     /// Format a cache device for an origin and register it under a name
     /// (a device that holds something is formatted only with --wipe).
     Create(create::Args),
-    /// Put one more origin behind a cache, as a volume of its own (the
-    /// cache must not be served meanwhile).
+    /// Put one more origin behind a cache, as a volume of its own (served:
+    /// online, exported at once under its name).
     AddOrigin(add_origin::Args),
     /// Take one origin out of a cache of several: its dirty data is written
     /// back and it stands alone (the cache must not be served meanwhile).

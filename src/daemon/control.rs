@@ -2,7 +2,8 @@
 //! line, answered by one JSON response line (a flush first sends progress
 //! lines, `{"ok":true,"progress":[done,total]}`, at most ten a second; so
 //! does a warm, in bytes). `status`, `flush`, `warm`, `set-mode`,
-//! `set-writeback`, `set-admission`, `set-policy`, `set-share` and `detach` given for a
+//! `set-writeback`, `set-admission`, `set-policy`, `set-share`,
+//! `add-origin` and `detach` given for a
 //! served cache travel this way,
 //! so they act on the live engine and print what they print offline.
 //! Who may connect, how many at once and for how long:
@@ -86,6 +87,14 @@ pub enum Request {
     /// How the volumes share the cache (`Engine::change_share`).
     SetShare {
         change: ShareChange,
+    },
+    /// Put the device `origin` behind the cache as volume `volume` (in
+    /// `mode`, else the cache's) and serve it (`Engine::add_volume`).
+    AddOrigin {
+        origin: String,
+        volume: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mode: Option<Mode>,
     },
     /// Refused while a front end's device is in use, unless `force`.
     Detach {
@@ -224,6 +233,30 @@ pub fn call_with_progress(
     }
 }
 
+/// `add-origin` of a served cache: refused before anything is opened
+/// when the front end cannot serve a new volume (ublk, a custom export
+/// name); else the device is opened (claimed as every origin is), added
+/// (`Engine::add_volume`: recorded before it serves) and served.
+fn add_origin(
+    engine: &Engine,
+    served: &Served,
+    origin: &str,
+    volume: &str,
+    mode: Option<Mode>,
+) -> std::result::Result<(), String> {
+    if !served.can_serve_added() {
+        return Err(
+            "this daemon cannot serve a volume added while it runs (ublk makes its \
+                    devices at the start, and --export-name names a single volume): stop it, \
+                    add the origin, start it again"
+                .into(),
+        );
+    }
+    let device = crate::device::open_device(origin).map_err(|e| e.to_string())?;
+    let v = (engine.add_volume(volume, device, mode)).map_err(|e| e.to_string())?;
+    served.serve_added(v)
+}
+
 /// A progress callback that sends progress lines, at most one per
 /// `PROGRESS_INTERVAL` (and the last); a client that went away or stopped
 /// reading (a write timed out) does not stop the work, and is sent no
@@ -314,6 +347,11 @@ fn carry_out(
         Request::SetMode { mode, volume } => done(engine.set_mode_named(volume.as_deref(), mode)),
         Request::SetWriteback { settings } => done(engine.set_writeback(settings)),
         Request::SetShare { change } => done(engine.change_share(&change)),
+        Request::AddOrigin {
+            origin,
+            volume,
+            mode,
+        } => add_origin(engine, served, &origin, &volume, mode).map(|_| Some(engine.status())),
         Request::SetAdmission { settings } => done(engine.set_admission(settings)),
         Request::SetPolicy { policy } => match PolicyKind::parse(&policy) {
             Some(p) => done(engine.set_policy(p)),

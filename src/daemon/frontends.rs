@@ -42,22 +42,55 @@ pub struct Frontends {
     pub ublk_bytes: Option<u64>,
 }
 
-/// The daemon's live view: fixed addresses and the server's client count.
+/// Serves volume `v`, added online, on the daemon's front end; returns
+/// the NBD exports that are new (its name; with the cache's second volume
+/// also the first's), or why it cannot be.
+pub type ServeAdded = Box<dyn Fn(usize) -> Result<Vec<String>, String> + Send + Sync>;
+
+/// The daemon's live view: its addresses, exports and devices (more
+/// exports as volumes are added online), and the server's client count.
 pub struct Served {
-    fixed: Frontends,
+    fixed: parking_lot::Mutex<Frontends>,
     nbd_clients: Arc<AtomicUsize>,
+    /// How a volume added online is served: set once the front end runs
+    /// (`serve_added`).
+    serve_added: std::sync::OnceLock<ServeAdded>,
 }
 
 impl Served {
     pub fn new(fixed: Frontends, nbd_clients: Arc<AtomicUsize>) -> Served {
-        Served { fixed, nbd_clients }
+        Served {
+            fixed: parking_lot::Mutex::new(fixed),
+            nbd_clients,
+            serve_added: std::sync::OnceLock::new(),
+        }
     }
 
     pub fn snapshot(&self) -> Frontends {
         Frontends {
             nbd_clients: self.nbd_clients.load(Ordering::Relaxed),
-            ..self.fixed.clone()
+            ..self.fixed.lock().clone()
         }
+    }
+
+    /// From now on a volume added online is served by `f`.
+    pub fn set_serve_added(&self, f: ServeAdded) {
+        let _ = self.serve_added.set(f);
+    }
+
+    /// True if a volume added now would be served at once (NBD: yes; ublk
+    /// makes its devices at the start).
+    pub fn can_serve_added(&self) -> bool {
+        self.serve_added.get().is_some()
+    }
+
+    /// Serves volume `v`, just added, as `set_serve_added` said; the
+    /// exports it is served as join `status`'s list.
+    pub fn serve_added(&self, v: usize) -> Result<(), String> {
+        let serve = (self.serve_added.get()).ok_or("no front end serves added volumes")?;
+        let exports = serve(v)?;
+        self.fixed.lock().nbd_exports.extend(exports);
+        Ok(())
     }
 
     /// [`teardown_refusal`], after giving NBD clients that are leaving up to

@@ -12,14 +12,14 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::frontends::{Frontends, Served};
+use super::frontends::{Frontends, ServeAdded, Served};
 use super::notify::{notify_or_log, READY, STOPPING};
 use super::registry::{self, Registry, RegistryError};
 use super::{control, control_listener, socket};
 use crate::device::{open_device, DeviceError};
 use crate::engine::async_engine::AsyncEngine;
 use crate::engine::{CreateOptions, Engine, EngineError, OpenOptions};
-use crate::frontend::nbd::{serve_exports, Listener, NbdError, ServerConfig};
+use crate::frontend::nbd::{serve_export_set, Exports, Listener, NbdError, ServerConfig};
 use crate::nbd::TlsAcceptor;
 use crate::volume::Volume;
 
@@ -396,10 +396,31 @@ async fn serve_until_stopped(
             control_path.display()
         );
     }
+    let named_one = !cfg.nbd.export_name.is_empty();
+    let exports = Arc::new(Exports::new(exports, cfg.nbd).map_err(DaemonError::Nbd)?);
+    (!named_one).then(|| served.set_serve_added(serve_added_over_nbd(engine, &exports)));
     notify_or_log(READY);
-    serve_exports(exports, listeners, cfg.nbd, rx)
+    serve_export_set(&exports, listeners, rx)
         .await
         .map_err(DaemonError::Nbd)
+}
+
+/// How a volume added online is served over NBD: as the export of its
+/// name. A cache's second volume also gives the first its name's export
+/// (a cache of one is served as ""), as a cache of several has.
+fn serve_added_over_nbd(engine: &Arc<Engine>, exports: &Arc<Exports<AsyncEngine>>) -> ServeAdded {
+    let (engine, exports) = (engine.clone(), exports.clone());
+    Box::new(move |v| {
+        let mut added = Vec::new();
+        for v in (v == 1).then_some(0).into_iter().chain([v]) {
+            let volume = AsyncEngine::volume(engine.clone(), v).ok_or("no such volume")?;
+            let name = engine.volumes()[v].0.clone();
+            (exports.add(name.clone(), Arc::new(volume))).map_err(|e| e.to_string())?;
+            eprintln!("tiercache: volume {name} added: serving it on NBD export {name}");
+            added.push(name);
+        }
+        Ok(added)
+    })
 }
 
 /// What `status` shows of a cache of several volumes: its NBD exports or

@@ -81,6 +81,7 @@ pub use options::{
     CreateOptions, OpenOptions, Placement, WritebackOrder, WritebackSettings,
     DEFAULT_CACHE_ERROR_LIMIT, MAX_AGE_SECS,
 };
+use origin::checks;
 use policy::share::{Share, ShareChange, Sharing};
 use policy::PolicyKind;
 pub use request::{Fast, Request};
@@ -336,6 +337,55 @@ impl Engine {
             origin.name()
         );
         Ok((was, now))
+    }
+
+    /// Adds `origin` as volume `name` while requests run (`tiercache
+    /// add-origin` of a served cache), in `mode` or else the cache's;
+    /// returns its index. It is checked as a new cache's volumes are
+    /// (`checks::add_volumes`: a valid, new name; one block to 4 PiB; not
+    /// a device the cache has). The superblock records it first, then the
+    /// table's keys, the access counts and curves, and last the origin:
+    /// nothing can name the volume before it is whole, and no request
+    /// reaches it before the caller serves it. A crash after the superblock
+    /// write leaves the cache with a volume its registry lacks, which
+    /// every open refuses, naming `add-origin`; run again, it finishes.
+    pub fn add_volume(
+        &self,
+        name: &str,
+        origin: DeviceRef,
+        mode: Option<Mode>,
+    ) -> EngineResult<usize> {
+        self.check_open()?;
+        let blocks = origin.size_bytes() / self.block_bytes;
+        let device = origin.clone();
+        // The cache's mode, read from the superblock under the commit lock.
+        let cache_mode = std::cell::Cell::new(Mode::Writeback);
+        let v = self.update_superblock_checked(
+            |sb| {
+                cache_mode.set(Mode::from_u32(sb.mode.get()).expect("a valid superblock"));
+                let devices: Vec<DeviceRef> = (self.origins.iter())
+                    .map(|o| o.device().clone())
+                    .chain([device])
+                    .collect();
+                checks::add_volumes(*sb, &devices, &[name.to_string()])
+            },
+            || {
+                let v = self.meta.add_volume(blocks);
+                assert_eq!(self.origins.key_space().add(blocks), v, "one count");
+                self.observe.accesses.volume_added(v);
+                self.observe.volumes_now(v + 1);
+                let o = origin::Origin::new(v, name.to_string(), origin, self.block_bytes);
+                o.swap_mode(cache_mode.get());
+                o.share().set(Share::default());
+                self.origins.push(o);
+                v
+            },
+        )?;
+        log::info!("volume {name} added online as volume {v}");
+        if let Some(mode) = mode {
+            self.set_volume_mode(v, mode)?;
+        }
+        Ok(v)
     }
 
     /// Takes volume `v` out of the cache (`tiercache remove-origin`): its

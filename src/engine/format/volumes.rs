@@ -17,7 +17,7 @@ use crate::engine::origin::address::MAX_VOLUME_BYTES;
 use crate::engine::policy::share::{Share, Sharing};
 
 /// Volumes one cache can hold (records that fit in the page).
-pub const MAX_VOLUMES: usize = 59;
+pub use crate::engine::origin::address::MAX_VOLUMES;
 /// Bytes of a volume name.
 pub const NAME_BYTES: usize = 32;
 /// The name of volume `i` when none is given.

@@ -380,6 +380,20 @@ impl Engine {
         Ok(then())
     }
 
+    /// `update_superblock_then` with a change that may be refused: `change`
+    /// gets the current superblock and returns the next one or an error,
+    /// under the commit lock, so no other change slips in between.
+    pub(crate) fn update_superblock_checked<T>(
+        &self,
+        change: impl FnOnce(&Superblock) -> EngineResult<Superblock>,
+        then: impl FnOnce() -> T,
+    ) -> EngineResult<T> {
+        let mut cs = self.journal.state.lock();
+        let next = change(&cs.sb)?;
+        self.write_superblock(&mut cs, |sb| *sb = next)?;
+        Ok(then())
+    }
+
     /// Makes the opened state durable before any request: a clean cache is
     /// marked in use; a recovered one gets a checkpoint that restarts the
     /// journal a full ring later. The crash log then starts empty at that

@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::origin::address::KeySpace;
+use std::sync::OnceLock;
+
+use crate::engine::origin::address::{KeySpace, MAX_VOLUMES};
 
 /// Regions of the heat map.
 pub const REGIONS: usize = 1024;
@@ -111,26 +113,37 @@ impl RegionCounts {
     }
 }
 
+/// One volume's blocks a region, and its counts.
+type VolumeAccesses = (AtomicU64, Vec<AtomicU64>);
+
 /// Accesses per region of each volume.
 pub struct Accesses {
     keys: KeySpace,
-    /// Each volume's blocks a region, and its counts.
-    volumes: Vec<(AtomicU64, Vec<AtomicU64>)>,
+    /// A slot per volume the cache can hold, set when it is added (read
+    /// without a lock by every request).
+    volumes: Box<[OnceLock<Box<VolumeAccesses>>]>,
 }
 
 impl Accesses {
     /// As `RegionCounts::new`.
     pub fn new(keys: &KeySpace) -> Accesses {
-        let volumes = (0..keys.volumes())
-            .map(|v| {
-                let counts = (0..REGIONS).map(|_| AtomicU64::new(0)).collect();
-                (AtomicU64::new(region_blocks(keys.blocks(v))), counts)
-            })
-            .collect();
-        Accesses {
+        let a = Accesses {
             keys: keys.clone(),
-            volumes,
-        }
+            volumes: (0..MAX_VOLUMES).map(|_| OnceLock::new()).collect(),
+        };
+        (0..keys.volumes()).for_each(|v| a.volume_added(v));
+        a
+    }
+
+    /// Volume `v` is in the key space now: its counts start.
+    pub fn volume_added(&self, v: usize) {
+        let counts = (0..REGIONS).map(|_| AtomicU64::new(0)).collect();
+        let region = AtomicU64::new(region_blocks(self.keys.blocks(v)));
+        let _ = self.volumes[v].set(Box::new((region, counts)));
+    }
+
+    fn volume(&self, v: usize) -> Option<&VolumeAccesses> {
+        self.volumes.get(v)?.get().map(|a| &**a)
     }
 
     /// The volume of `key`.
@@ -140,7 +153,7 @@ impl Accesses {
 
     pub fn accessed(&self, key: u64) {
         let (v, b) = self.keys.split(key);
-        let Some((region_blocks, counts)) = self.volumes.get(v) else {
+        let Some((region_blocks, counts)) = self.volume(v) else {
             return;
         };
         let r = region_of(b, region_blocks.load(Ordering::Relaxed));
@@ -150,7 +163,7 @@ impl Accesses {
     /// Volume `v` grew (the key space has its new size): its regions are
     /// cut again and their counts start over.
     pub fn volume_grew(&self, v: usize) {
-        if let Some((region, counts)) = self.volumes.get(v) {
+        if let Some((region, counts)) = self.volume(v) {
             region.store(region_blocks(self.keys.blocks(v)), Ordering::Relaxed);
             counts.iter().for_each(|c| c.store(0, Ordering::Relaxed));
         }
@@ -158,14 +171,15 @@ impl Accesses {
 
     /// Volume `v`'s accesses per region (empty for no such volume).
     pub fn snapshot(&self, v: usize) -> Vec<u64> {
-        let Some((_, counts)) = self.volumes.get(v) else {
+        let Some((_, counts)) = self.volume(v) else {
             return Vec::new();
         };
         counts.iter().map(|c| c.load(Ordering::Relaxed)).collect()
     }
 
     pub fn heap_bytes(&self) -> u64 {
-        (self.volumes.len() * REGIONS * 8) as u64
+        let set = self.volumes.iter().filter(|v| v.get().is_some()).count();
+        (set * REGIONS * 8 + self.volumes.len() * 16) as u64
     }
 }
 

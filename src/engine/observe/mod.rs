@@ -10,8 +10,9 @@ pub mod latency;
 pub mod mrc;
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 
-use crate::engine::origin::address::KeySpace;
+use crate::engine::origin::address::{KeySpace, MAX_VOLUMES};
 use crate::sync::{Mutex, Rank};
 use serde::{Deserialize, Serialize};
 
@@ -40,8 +41,9 @@ pub struct Observe {
     whole: Curve,
     slot_count: u64,
     /// Each volume's own curve, for a cache of several (the shares'
-    /// split, policy/share.rs); empty for one.
-    curves: Vec<Curve>,
+    /// split, policy/share.rs): a slot per volume the cache can hold, set
+    /// once there are two; none for a cache of one.
+    curves: Box<[OnceLock<Curve>]>,
 }
 
 /// One sampled curve: the sampler, its threshold (`Shards::threshold`,
@@ -102,24 +104,38 @@ pub struct Mrc {
 impl Observe {
     /// For a cache of `slot_count` slots over the volumes of `keys`.
     pub fn new(slot_count: u64, keys: &KeySpace) -> Observe {
-        let several = keys.volumes() > 1;
-        Observe {
+        let o = Observe {
             latency: Histograms::default(),
             accesses: Accesses::new(keys),
             whole: Curve::new(MRC_RATE, MRC_MAX_TRACKED, slot_count * 8),
             slot_count,
-            curves: (0..keys.volumes())
-                .filter(|_| several)
-                .map(|_| Curve::new(VOLUME_MRC_RATE, VOLUME_MRC_MAX_TRACKED, slot_count))
-                .collect(),
+            curves: (0..MAX_VOLUMES).map(|_| OnceLock::new()).collect(),
+        };
+        o.volumes_now(keys.volumes());
+        o
+    }
+
+    /// The cache has `n` volumes now (one was added online): with two or
+    /// more, each has its own curve (a volume's starts when it is added,
+    /// or when the cache's second is).
+    pub fn volumes_now(&self, n: usize) {
+        if n < 2 {
+            return;
         }
+        for c in &self.curves[..n] {
+            c.get_or_init(|| Curve::new(VOLUME_MRC_RATE, VOLUME_MRC_MAX_TRACKED, self.slot_count));
+        }
+    }
+
+    fn curve(&self, v: usize) -> Option<&Curve> {
+        self.curves.get(v)?.get()
     }
 
     /// Volume `v`'s reads so far and its estimated LRU hit ratio at each
     /// of `sizes` (blocks; 0 where nothing is known yet); `None` for a
     /// cache of one volume (the cache's curve is its own).
     pub fn volume_curve(&self, v: usize, sizes: &[u64]) -> Option<(u64, Vec<f64>)> {
-        let c = self.curves.get(v)?;
+        let c = self.curve(v)?;
         let reads = c.reads.load(Ordering::Relaxed);
         let m = c.shards.lock();
         let hits = sizes.iter().map(|&b| m.hit_ratio(b, reads).unwrap_or(0.0));
@@ -129,7 +145,7 @@ impl Observe {
     /// Volume `v`'s curve at the cache's sizes up to the whole cache (its
     /// sampler counts no further), as `status` shows it.
     pub fn volume_mrc(&self, v: usize) -> Option<Mrc> {
-        let c = self.curves.get(v)?;
+        let c = self.curve(v)?;
         let reads = c.reads.load(Ordering::Relaxed);
         let mut mrc = curve_points(&c.shards.lock(), reads, self.slot_count);
         mrc.points.retain(|p| p.size_factor <= 1.0);
@@ -141,7 +157,7 @@ impl Observe {
     /// but is not counted.
     pub fn accessed(&self, block: u64, read: bool) {
         self.accesses.accessed(block);
-        if let Some(c) = self.curves.get(self.accesses.volume_of(block)) {
+        if let Some(c) = self.curve(self.accesses.volume_of(block)) {
             c.accessed(block, read);
         }
         self.whole.accessed(block, read);
@@ -153,9 +169,7 @@ impl Observe {
     }
 
     pub fn heap_bytes(&self) -> u64 {
-        let curves: u64 = self
-            .curves
-            .iter()
+        let curves: u64 = (self.curves.iter().filter_map(OnceLock::get))
             .map(|c| c.shards.lock().heap_bytes())
             .sum();
         self.whole.shards.lock().heap_bytes() + self.accesses.heap_bytes() + curves

@@ -10,11 +10,14 @@
 //! A request never crosses a volume's end (`Engine::check_span`), so the
 //! blocks of one request are consecutive keys of one volume.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Bits of a volume's byte offset: each volume has 4 PiB of address space.
 pub const VOLUME_SHIFT: u32 = 52;
+/// Volumes one cache can hold (as many as the superblock's volume table
+/// has records: format/volumes.rs).
+pub const MAX_VOLUMES: usize = 59;
 /// The largest origin a volume can have.
 pub const MAX_VOLUME_BYTES: u64 = 1 << VOLUME_SHIFT;
 const OFFSET_MASK: u64 = MAX_VOLUME_BYTES - 1;
@@ -45,13 +48,17 @@ pub fn base(v: usize) -> u64 {
 /// The blocks that can be cached in each volume, and how keys map to
 /// them: what the table checks a key against.
 ///
-/// Clones share the volumes' sizes: a volume that grows online
-/// (`Engine::grow_volume`) grows for every holder of a clone at once.
+/// Clones share the volumes' sizes and count: a volume that grows online
+/// (`Engine::grow_volume`) or is added (`Engine::add_volume`) does so for
+/// every holder of a clone at once.
 #[derive(Clone, Debug)]
 pub struct KeySpace {
     /// log2 of the keys in one volume's space.
     shift: u32,
+    /// Every volume's blocks, `MAX_VOLUMES` of them: 0 past the count, so
+    /// a key of a volume not (yet) there is outside without a look at it.
     blocks: Arc<[AtomicU64]>,
+    count: Arc<AtomicUsize>,
 }
 
 impl PartialEq for KeySpace {
@@ -65,10 +72,24 @@ impl Eq for KeySpace {}
 impl KeySpace {
     /// Volumes of `blocks[v]` whole blocks of `block_bytes` (a power of two).
     pub fn new(block_bytes: u64, blocks: Vec<u64>) -> KeySpace {
+        assert!(blocks.len() <= MAX_VOLUMES, "at most {MAX_VOLUMES} volumes");
+        let count = Arc::new(AtomicUsize::new(blocks.len()));
+        let sizes = blocks.into_iter().chain(std::iter::repeat(0));
         KeySpace {
             shift: VOLUME_SHIFT - block_bytes.trailing_zeros(),
-            blocks: blocks.into_iter().map(AtomicU64::new).collect(),
+            blocks: sizes.take(MAX_VOLUMES).map(AtomicU64::new).collect(),
+            count,
         }
+    }
+
+    /// One more volume of `blocks` blocks, for every clone: returns its
+    /// index. Its size is stored before the count that makes it a volume.
+    pub fn add(&self, blocks: u64) -> usize {
+        let v = self.count.load(Ordering::Acquire);
+        assert!(v < MAX_VOLUMES, "at most {MAX_VOLUMES} volumes");
+        self.blocks[v].store(blocks, Ordering::Release);
+        self.count.store(v + 1, Ordering::Release);
+        v
     }
 
     /// Every volume's blocks.
@@ -90,8 +111,8 @@ impl KeySpace {
     /// Volume `v` has `blocks` blocks from now on, for every clone (it
     /// only grows: a smaller count is ignored).
     pub fn grow(&self, v: usize, blocks: u64) {
-        if let Some(n) = self.blocks.get(v) {
-            n.fetch_max(blocks, Ordering::AcqRel);
+        if v < self.volumes() {
+            self.blocks[v].fetch_max(blocks, Ordering::AcqRel);
         }
     }
 
@@ -120,14 +141,14 @@ impl KeySpace {
 
     /// One past the highest key any volume has.
     pub fn end(&self) -> u64 {
-        match self.blocks.len() {
+        match self.volumes() {
             0 => 0,
             n => self.base_key(n - 1) + self.blocks(n - 1),
         }
     }
 
     pub fn volumes(&self) -> usize {
-        self.blocks.len()
+        self.count.load(Ordering::Acquire)
     }
 
     /// Volume `v`'s blocks (0 for no such volume).
@@ -138,13 +159,14 @@ impl KeySpace {
     /// Why `key` is not a block of any volume, for a damage report.
     pub fn describe_outside(&self, key: u64) -> String {
         let (v, b) = self.split(key);
-        match self.blocks.get(v).map(|n| n.load(Ordering::Acquire)) {
-            None if self.blocks.len() == 1 => format!(
+        let n = self.volumes();
+        match (v < n).then(|| self.blocks(v)) {
+            None if n == 1 => format!(
                 "origin block {key} beyond the origin ({} blocks)",
                 self.blocks(0)
             ),
             None => format!("block {b} of volume {v}, which the cache does not have"),
-            Some(n) if self.blocks.len() == 1 => {
+            Some(n) if self.volumes() == 1 => {
                 format!("origin block {b} beyond the origin ({n} blocks)")
             }
             Some(n) => format!("block {b} beyond volume {v}'s end ({n} blocks)"),
@@ -194,5 +216,10 @@ mod tests {
         k.grow(1, 5);
         k.grow(9, 5);
         assert_eq!(held, KeySpace::new(4096, vec![10, 30]));
+        // A volume added is there for every clone.
+        assert_eq!(k.add(7), 2);
+        assert!(held.contains(held.base_key(2) + 6) && !held.contains(held.base_key(2) + 7));
+        assert_eq!(held, KeySpace::new(4096, vec![10, 30, 7]));
+        assert_eq!(held.end(), held.base_key(2) + 7);
     }
 }

@@ -22,7 +22,8 @@ pub(crate) mod stale;
 pub(crate) mod sync;
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::OnceLock;
 
 use super::error::{EngineError, EngineResult};
 use super::modes::Mode;
@@ -336,8 +337,14 @@ impl Origin {
 }
 
 /// Every volume's origin, by volume index, and the keys they have.
+///
+/// Append-only (`push`: `Engine::add_volume` adds one while requests run):
+/// a slot per volume the cache can hold, each set once, so a reference to
+/// an origin stays good and a request takes no lock to find its origin.
 pub(crate) struct Origins {
-    list: Vec<Origin>,
+    list: Box<[OnceLock<Box<Origin>>]>,
+    /// Volumes set in `list` (the first `len` slots).
+    len: AtomicUsize,
     keys: address::KeySpace,
     /// How they share the cache (`Sharing::to_u32`), and when the curve
     /// split last ran (engine seconds; 0: never). `shares.rs`.
@@ -348,15 +355,18 @@ pub(crate) struct Origins {
 impl Origins {
     /// Volume `i` on `devices[i]`, with its name.
     pub(crate) fn new(devices: Vec<(String, DeviceRef)>, block_bytes: u64) -> Origins {
-        let list: Vec<Origin> = devices
-            .into_iter()
-            .enumerate()
-            .map(|(i, (name, d))| Origin::new(i, name, d, block_bytes))
-            .collect();
-        let keys = address::KeySpace::new(block_bytes, list.iter().map(|o| o.blocks()).collect());
+        let list: Box<[OnceLock<Box<Origin>>]> =
+            (0..address::MAX_VOLUMES).map(|_| OnceLock::new()).collect();
+        let mut sizes = Vec::with_capacity(devices.len());
+        for (i, (name, d)) in devices.into_iter().enumerate() {
+            let o = Origin::new(i, name, d, block_bytes);
+            sizes.push(o.blocks());
+            assert!(list[i].set(Box::new(o)).is_ok(), "set once");
+        }
         Origins {
+            len: AtomicUsize::new(sizes.len()),
+            keys: address::KeySpace::new(block_bytes, sizes),
             list,
-            keys,
             sharing: AtomicU32::new(Sharing::Global.to_u32()),
             rebalanced_s: AtomicU64::new(0),
         }
@@ -371,36 +381,48 @@ impl Origins {
         self.sharing.store(sharing.to_u32(), Ordering::Relaxed);
     }
 
+    /// Volume `origin.volume` from now on, the one after the last (its
+    /// keys already in the key space: `Engine::add_volume`).
+    pub(crate) fn push(&self, origin: Origin) {
+        let v = self.len();
+        assert_eq!(origin.volume, v, "volumes are added in order");
+        assert!(self.list[v].set(Box::new(origin)).is_ok(), "set once");
+        self.len.store(v + 1, Ordering::Release);
+    }
+
     /// True if some volume's mode keeps dirty data.
     pub(crate) fn any_holds_dirty(&self) -> bool {
-        self.list.iter().any(|o| o.mode().holds_dirty())
+        self.iter().any(|o| o.mode().holds_dirty())
     }
 
     /// The origin of address `addr` (a request's, checked at the door).
     pub(crate) fn at(&self, addr: u64) -> &Origin {
-        &self.list[address::volume_of(addr)]
+        self.get(address::volume_of(addr))
+            .expect("a volume's address")
     }
 
     /// The origin of block key `key` (the table's, checked at load).
     pub(crate) fn of_key(&self, key: u64) -> &Origin {
-        &self.list[self.keys.split(key).0]
+        self.get(self.keys.split(key).0).expect("a volume's key")
     }
 
     pub(crate) fn get(&self, volume: usize) -> Option<&Origin> {
-        self.list.get(volume)
+        self.list.get(volume)?.get().map(|o| &**o)
     }
 
     /// Volume 0's.
     pub(crate) fn first(&self) -> &Origin {
-        &self.list[0]
+        self.get(0).expect("a cache has a volume")
     }
 
-    pub(crate) fn iter(&self) -> std::slice::Iter<'_, Origin> {
-        self.list.iter()
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Origin> {
+        self.list[..self.len()]
+            .iter()
+            .filter_map(|o| o.get().map(|o| &**o))
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.list.len()
+        self.len.load(Ordering::Acquire)
     }
 
     /// The keys the table may hold.
@@ -410,7 +432,7 @@ impl Origins {
 
     /// `f` on every origin, every one tried: the first error.
     fn each(&self, f: impl Fn(usize, &Origin) -> EngineResult<()>) -> EngineResult<()> {
-        let results: Vec<_> = self.list.iter().enumerate().map(|(i, o)| f(i, o)).collect();
+        let results: Vec<_> = self.iter().enumerate().map(|(i, o)| f(i, o)).collect();
         results.into_iter().collect()
     }
 
@@ -426,7 +448,7 @@ impl Origins {
 
     /// Every origin's loss epoch, for `flush_since`.
     pub(crate) fn loss_epochs(&self) -> Vec<u64> {
-        self.list.iter().map(|o| o.loss_epoch()).collect()
+        self.iter().map(|o| o.loss_epoch()).collect()
     }
 
     /// `Origin::flush_since` on every origin, with the epochs
@@ -438,7 +460,7 @@ impl Origins {
     /// Fails while some origin's foreground writes a failed flush covered
     /// are not written again.
     pub(crate) fn writes_lost(&self) -> EngineResult<()> {
-        self.list.iter().try_for_each(|o| o.writes_lost())
+        self.iter().try_for_each(|o| o.writes_lost())
     }
 
     /// Splits sorted keys by volume: (origin, its keys).
@@ -446,7 +468,7 @@ impl Origins {
         &'a self,
         keys: &'a [u64],
     ) -> impl Iterator<Item = (&'a Origin, &'a [u64])> {
-        self.list.iter().enumerate().map(move |(v, o)| {
+        self.iter().enumerate().map(move |(v, o)| {
             let from = keys.partition_point(|&k| k < self.keys.base_key(v));
             let to = keys.partition_point(|&k| k < self.keys.base_key(v + 1));
             (o, &keys[from..to])

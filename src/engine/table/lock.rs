@@ -135,6 +135,11 @@ impl MetaLock {
         self.0.lock().grow_volume(v, blocks)
     }
 
+    /// A volume of `blocks` blocks was added online (`Table::add_volume`).
+    pub(crate) fn add_volume(&self, blocks: u64) -> usize {
+        self.0.lock().add_volume(blocks)
+    }
+
     /// Volume `v`'s heat map counts: cached and dirty blocks per region.
     pub(crate) fn regions(&self, v: usize) -> (Vec<u32>, Vec<u32>) {
         let m = self.0.lock();

@@ -133,6 +133,21 @@ impl Table {
     /// are cut again and recounted from the entries.
     pub fn grow_volume(&mut self, v: usize, blocks: u64) {
         self.keys.grow(v, blocks);
+        self.keys_changed();
+    }
+
+    /// One more volume, of `blocks` blocks, in the key space (online,
+    /// under the metadata lock: `Engine::add_volume`); returns its index.
+    /// The entries widen if its keys need it (a second volume's keys are
+    /// past any narrow entry's), and the heat-map regions are recounted.
+    pub fn add_volume(&mut self, blocks: u64) -> usize {
+        let v = self.keys.add(blocks);
+        self.keys_changed();
+        v
+    }
+
+    /// The key space grew: entries and regions follow.
+    fn keys_changed(&mut self) {
         self.entries.fit(self.keys.end());
         let mut regions = RegionCounts::new(&self.keys);
         for e in self.entries.iter() {

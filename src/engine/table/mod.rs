@@ -247,6 +247,11 @@ impl Meta {
         self.table.grow_volume(v, blocks)
     }
 
+    /// A volume of `blocks` blocks was added online (`Table::add_volume`).
+    pub(crate) fn add_volume(&mut self, blocks: u64) -> usize {
+        self.table.add_volume(blocks)
+    }
+
     /// The mappings, to read.
     pub(crate) fn table(&self) -> &Table {
         &self.table

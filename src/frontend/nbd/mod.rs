@@ -15,7 +15,7 @@ pub mod ranges;
 pub mod server;
 pub mod transmission;
 
-pub use server::{serve, serve_exports, Listener, ServerConfig};
+pub use server::{serve, serve_export_set, serve_exports, Exports, Listener, ServerConfig};
 
 /// Errors of the NBD layer. Per-connection errors end only that connection
 /// and are logged; `serve` itself returns only configuration errors.

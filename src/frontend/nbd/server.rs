@@ -31,6 +31,7 @@ use super::NbdError;
 use crate::device::SECTOR_BYTES;
 use crate::nbd::proto;
 use crate::nbd::tls::{BoxStream, TlsAcceptor};
+use crate::sync::{Mutex, Rank};
 use crate::volume::Volume;
 
 /// Server settings. Every field has a bound-keeping default.
@@ -223,8 +224,13 @@ pub fn transmission_flags<V: Volume>(volume: &V, config: &ServerConfig) -> u16 {
 
 struct Shared<V> {
     config: ServerConfig,
-    /// The exports, by index (`TransmissionMode::export`).
-    exports: Vec<Export<V>>,
+    /// The exports, by index (`TransmissionMode::export`): a volume added
+    /// online appends one (`Exports::add`). Copied on write: a handshake
+    /// takes the list as it is and holds the lock only to clone it.
+    exports: Mutex<Arc<Vec<Arc<Export<V>>>>>,
+    /// The buffer budgets every export's requests share.
+    buffered_total: Budget,
+    receiving: Budget,
 }
 
 /// One export: what clients are told of it and what serves it.
@@ -240,34 +246,48 @@ impl<V: Volume> Shared<V> {
     /// server's buffer budgets.
     fn new(volumes: Vec<(String, Arc<V>)>, config: ServerConfig) -> Shared<V> {
         let total = config.max_buffered_bytes_total;
-        let buffered_total = Budget::new(total);
-        let receiving = Budget::new((total / 2).max(1));
+        let shared = Shared {
+            exports: Mutex::new(Rank::NbdExports, Arc::new(Vec::new())),
+            buffered_total: Budget::new(total),
+            receiving: Budget::new((total / 2).max(1)),
+            config,
+        };
         let exports = (volumes.into_iter())
-            .map(|(name, volume)| {
-                let block_bytes = volume.preferred_block_bytes().max(SECTOR_BYTES as u32);
-                let info = ExportInfo {
-                    name,
-                    description: config.description.clone(),
-                    size_bytes: volume.size_bytes(),
-                    transmission_flags: transmission_flags(&*volume, &config),
-                    min_block_bytes: SECTOR_BYTES as u32,
-                    preferred_block_bytes: block_bytes.min(config.max_request_bytes),
-                    max_block_bytes: config.max_request_bytes,
-                };
-                let shared = SharedExport {
-                    volume,
-                    locks: RangeLocks::new(),
-                    buffered_total: buffered_total.clone(),
-                    receiving: receiving.clone(),
-                };
-                Export {
-                    info,
-                    shared,
-                    block_bytes,
-                }
-            })
+            .map(|(name, volume)| Arc::new(shared.export(name, volume)))
             .collect();
-        Shared { config, exports }
+        *shared.exports.lock() = Arc::new(exports);
+        shared
+    }
+
+    /// Export `name` of `volume`, charged to the server's budgets.
+    fn export(&self, name: String, volume: Arc<V>) -> Export<V> {
+        let config = &self.config;
+        let block_bytes = volume.preferred_block_bytes().max(SECTOR_BYTES as u32);
+        let info = ExportInfo {
+            name,
+            description: config.description.clone(),
+            size_bytes: volume.size_bytes(),
+            transmission_flags: transmission_flags(&*volume, config),
+            min_block_bytes: SECTOR_BYTES as u32,
+            preferred_block_bytes: block_bytes.min(config.max_request_bytes),
+            max_block_bytes: config.max_request_bytes,
+        };
+        let shared = SharedExport {
+            volume,
+            locks: RangeLocks::new(),
+            buffered_total: self.buffered_total.clone(),
+            receiving: self.receiving.clone(),
+        };
+        Export {
+            info,
+            shared,
+            block_bytes,
+        }
+    }
+
+    /// The exports now.
+    fn exports(&self) -> Arc<Vec<Arc<Export<V>>>> {
+        self.exports.lock().clone()
     }
 
     /// The exports as a new client's handshake tells them: each volume's
@@ -275,12 +295,42 @@ impl<V: Volume> Shared<V> {
     /// told to connections made after it; one made before keeps the size it
     /// was told, as the NBD protocol has it).
     fn infos(&self) -> Vec<ExportInfo> {
-        (self.exports.iter())
+        (self.exports().iter())
             .map(|e| ExportInfo {
                 size_bytes: e.shared.volume.size_bytes(),
                 ..e.info.clone()
             })
             .collect()
+    }
+}
+
+/// The exports of a server, which can take one more while it runs (a
+/// volume added online: `tiercache add-origin`).
+pub struct Exports<V>(Arc<Shared<V>>);
+
+impl<V: Volume> Exports<V> {
+    /// The exports `volumes` (name, volume) under `config`: at least one,
+    /// names distinct.
+    pub fn new(volumes: Vec<(String, Arc<V>)>, config: ServerConfig) -> Result<Self, NbdError> {
+        config.validate()?;
+        check_export_names(&volumes)?;
+        Ok(Exports(Arc::new(Shared::new(volumes, config))))
+    }
+
+    /// One more export, `name` of `volume`, for clients that connect from
+    /// now on; refused for a name in use.
+    pub fn add(&self, name: String, volume: Arc<V>) -> Result<(), NbdError> {
+        let export = Arc::new(self.0.export(name, volume));
+        let mut list = self.0.exports.lock();
+        let mut named: Vec<(String, Arc<V>)> = (list.iter())
+            .map(|e| (e.info.name.clone(), e.shared.volume.clone()))
+            .collect();
+        named.push((export.info.name.clone(), export.shared.volume.clone()));
+        check_export_names(&named)?;
+        let mut next: Vec<Arc<Export<V>>> = list.iter().cloned().collect();
+        next.push(export);
+        *list = Arc::new(next);
+        Ok(())
     }
 }
 
@@ -386,9 +436,17 @@ pub async fn serve_exports<V: Volume>(
     config: ServerConfig,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), NbdError> {
-    config.validate()?;
-    check_export_names(&volumes)?;
-    let shared = Arc::new(Shared::new(volumes, config));
+    let exports = Exports::new(volumes, config)?;
+    serve_export_set(&exports, listeners, shutdown).await
+}
+
+/// `serve_exports` of `exports`, which may take more while it serves.
+pub async fn serve_export_set<V: Volume>(
+    exports: &Exports<V>,
+    listeners: Vec<Listener>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), NbdError> {
+    let shared = exports.0.clone();
     let mut accept_loops = tokio::task::JoinSet::new();
     let mut all_slots = Vec::new();
     for listener in listeners {
@@ -655,7 +713,7 @@ async fn serve_connection<S: PlainStream, V: Volume>(
         _slot,
     } = admitted;
     let encrypted = matches!(stream, Negotiated::Tls(_));
-    let served = &shared.exports[mode.export];
+    let served = shared.exports()[mode.export].clone();
     info!(
         "{peer}: transmission of export {:?} (TLS: {encrypted}, structured replies: {}, minimum block: {})",
         served.info.name, mode.structured_replies, mode.min_block_bytes
