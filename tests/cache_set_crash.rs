@@ -31,6 +31,13 @@
 //! `a_write_cut_between_the_two_copies_reads_back_one_version` is the
 //! smallest case; it and the agreement checks failed before the resync.)
 //!
+//! With two origins (one set in front of both, a volume per origin, the
+//! second in another mode) the requests fall on both volumes, numbered as
+//! one model (volume `v`'s sector `s` is model sector `v * SECTORS + s`,
+//! stamped so), and every check above covers every volume and, after
+//! detach, every origin. A volume is drawn only when there are several, so
+//! the seeds of one origin replay as before volumes.
+//!
 //! An operation counts as acknowledged only if it returned before the
 //! switch tripped: a machine without power, or a killed process, sends no
 //! reply (the set may complete a request on one member after the other
@@ -56,6 +63,7 @@ use tiercache::device::fault::{CrashSwitch, FaultDevice};
 use tiercache::device::set::{CacheSet, MemberState, LABEL_BYTES};
 use tiercache::device::{BlockDevice, DeviceRef, DeviceResult};
 use tiercache::engine::format::Layout;
+use tiercache::engine::origin::address::base;
 use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions, Placement};
 
 use common::SectorModel;
@@ -68,6 +76,8 @@ const STEPS: usize = 300;
 const SET_ID: u64 = 0x5e7_c4a5;
 /// Blocks at the start of the volume that half the requests go to.
 const HOT_BLOCKS: u64 = 6;
+/// The modes of the volumes after the first of a cache of several origins.
+const MIXED_MODES: [Mode; 3] = [Mode::Writethrough, Mode::Writeback, Mode::Writearound];
 
 /// How the machine stops.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -223,7 +233,8 @@ fn member_bytes(block_bytes: u32) -> u64 {
 struct Machine {
     switch: CrashSwitch,
     members: Vec<Arc<FaultDevice>>,
-    origin: Arc<FaultDevice>,
+    /// One origin per volume.
+    origins: Vec<Arc<FaultDevice>>,
     watch: Arc<LossWatch>,
     log_path: PathBuf,
     /// The crash log's bytes at the instant the switch tripped (kill).
@@ -231,7 +242,10 @@ struct Machine {
 }
 
 impl Machine {
-    fn new(case: &Case, dir: &Path) -> Machine {
+    /// The set's members and `origins` origins. Volume `v`'s origin is
+    /// stamped as model sectors `v * SECTORS..`, so data on the wrong
+    /// origin reads as another sector's.
+    fn new(case: &Case, dir: &Path, origins: usize) -> Machine {
         let switch = CrashSwitch::new();
         let bytes = member_bytes(case.block_bytes);
         let members = (0..2)
@@ -240,11 +254,17 @@ impl Machine {
                 Arc::new(d.with_crash_switch(switch.clone()))
             })
             .collect();
-        let origin = FaultDevice::from_image(
-            "origin",
-            common::initial_origin(ORIGIN_BYTES),
-            case.seed ^ 0x55,
-        );
+        let origins = (0..origins as u64)
+            .map(|v| {
+                let image = common::stamped(v * SECTORS, SECTORS, 0);
+                let dev = FaultDevice::from_image(
+                    &common::origin_name(v as usize),
+                    image,
+                    case.seed ^ 0x55 ^ v,
+                );
+                Arc::new(dev.with_crash_switch(switch.clone()))
+            })
+            .collect();
         let crash_behind = match case.crash_point {
             CrashPoint::BehindLoss(n) => Some(n),
             _ => None,
@@ -255,7 +275,7 @@ impl Machine {
                 seen: AtomicBool::new(false),
                 crash_behind,
             }),
-            origin: Arc::new(origin.with_crash_switch(switch.clone())),
+            origins,
             switch,
             members,
             log_path: dir.join("live.crashlog"),
@@ -287,7 +307,11 @@ impl Machine {
         // event in every replay.
         set.write_copies_in_turn();
         let set: DeviceRef = Arc::new(set);
-        let origin: DeviceRef = self.origin.clone();
+        let origins: Vec<DeviceRef> = self
+            .origins
+            .iter()
+            .map(|o| o.clone() as DeviceRef)
+            .collect();
         let create = CreateOptions {
             mode: case.mode,
             block_bytes: case.block_bytes,
@@ -295,8 +319,19 @@ impl Machine {
             placement: case.placement,
             ..Default::default()
         };
-        let engine = Engine::create_with(set.clone(), origin.clone(), &create, &sim.open_options())
+        let named = (origins.iter().enumerate())
+            .map(|(v, o)| (format!("vol{v}"), o.clone()))
+            .collect();
+        let engine = Engine::create_volumes(set.clone(), named, &create, &sim.open_options())
             .map_err(|e| format!("create: {e}"))?;
+        // The volumes after the first in modes of their own (by seed, no
+        // draw): writeback beside writethrough or writearound.
+        for v in 1..origins.len() {
+            let mode = MIXED_MODES[(case.seed as usize + v) % MIXED_MODES.len()];
+            engine
+                .set_volume_mode(v, mode)
+                .map_err(|e| format!("set volume {v}'s mode: {e}"))?;
+        }
         if case.crash == Crash::PowerLoss {
             return Ok(engine);
         }
@@ -308,7 +343,7 @@ impl Machine {
             crash_log: Some(self.log_path.clone()),
             ..sim.open_options()
         };
-        let engine = Engine::open(set, origin, &opts)
+        let engine = Engine::open_volumes(set, origins, &opts)
             .map_err(|e| format!("open with the crash log: {e}"))?;
         // One thread: the trip happens inside one of its device calls, and
         // the log's file is what a process killed there leaves.
@@ -322,8 +357,10 @@ impl Machine {
 
 /// What the workload leaves for the restart.
 struct Stopped {
-    /// Crash images of member 0, member 1 and the origin.
-    images: [Vec<u8>; 3],
+    /// Crash images of member 0 and member 1.
+    members: [Vec<u8>; 2],
+    /// Crash images of the origins, by volume.
+    origins: Vec<Vec<u8>>,
     log: Option<Vec<u8>>,
     model: SectorModel,
     /// The set had recorded the loss (lost member failed, survivor healthy)
@@ -331,23 +368,77 @@ struct Stopped {
     recorded: bool,
     /// The lost member failed an I/O before the crash.
     lost_before_crash: bool,
-    /// `io_digest` of member 0, member 1 and the origin.
-    digests: [u64; 3],
+    /// `io_digest` of member 0, member 1 and each origin.
+    digests: Vec<u64>,
 }
 
 /// The client's view while the machine is up: the version each sector
-/// was last written with, `None` where a write failed (old or new).
+/// was last written with, `None` where a write failed (old or new). Its
+/// sectors are the model's: volume `v`'s sector `s` is `v * SECTORS + s`.
 struct Client {
+    origins: u64,
     model: SectorModel,
     latest: Vec<Option<u64>>,
 }
 
 impl Client {
-    fn new() -> Client {
+    fn new(origins: usize) -> Client {
+        let sectors = SECTORS * origins as u64;
         Client {
-            model: SectorModel::new(SECTORS),
-            latest: vec![Some(0); SECTORS as usize],
+            origins: origins as u64,
+            model: SectorModel::new(sectors),
+            latest: vec![Some(0); sectors as usize],
         }
+    }
+
+    /// A request's span: (model sector, sectors, engine address). With
+    /// several origins, a volume first (none drawn for one, so the seeds of
+    /// one origin replay as before volumes).
+    fn pick(&self, sim: &mut Sim, block_bytes: u64) -> (u64, u64, u64) {
+        let vol = if self.origins > 1 {
+            sim.rng().gen_range(0..self.origins)
+        } else {
+            0
+        };
+        let n = sim.rng().gen_range(1..=2 * block_bytes / 512);
+        // Half the requests go to a hot area of a few blocks (of each
+        // volume), so dirty blocks are overwritten in place and clean ones
+        // superseded.
+        let span = if sim.rng().gen_bool(0.5) {
+            HOT_BLOCKS * block_bytes / 512
+        } else {
+            SECTORS
+        };
+        let first = sim.rng().gen_range(0..=span - n);
+        (vol * SECTORS + first, n, base(vol as usize) + first * 512)
+    }
+
+    /// A stamped write of `span` (from `pick`); acknowledged if it returned
+    /// with the power on.
+    fn write(
+        &mut self,
+        sim: &mut Sim,
+        engine: &Engine,
+        m: &Machine,
+        (first, n, at): (u64, u64, u64),
+        fua: bool,
+        crash: Crash,
+    ) -> Result<(), tiercache::engine::EngineError> {
+        let v = self.model.issue_write(first, n);
+        let res = engine.write(at, &common::stamped(first, n, v), fua);
+        let acked = res.is_ok() && !m.switch.is_tripped();
+        let outcome = if acked {
+            "acknowledged"
+        } else {
+            "not acknowledged"
+        };
+        sim.note_write(v, first, n, fua, outcome);
+        let latest = res.is_ok().then_some(v);
+        self.latest[first as usize..(first + n) as usize].fill(latest);
+        if acked && (fua || crash == Crash::Kill) {
+            self.model.fua_done(v);
+        }
+        res.map(|_| ())
     }
 
     /// A read while the machine is up sees the last write of each sector.
@@ -387,35 +478,11 @@ fn step(
         };
     }
     sim.client_time();
-    let max_sectors = 2 * case.block_bytes as u64 / 512;
-    let n = sim.rng().gen_range(1..=max_sectors);
-    // Half the requests go to a hot area of a few blocks, so dirty blocks
-    // are overwritten in place and clean ones superseded.
-    let span = if sim.rng().gen_bool(0.5) {
-        HOT_BLOCKS * case.block_bytes as u64 / 512
-    } else {
-        SECTORS
-    };
-    let first = sim.rng().gen_range(0..=span - n);
+    let (first, n, at) = client.pick(sim, case.block_bytes as u64);
     let res = if r < 65 {
-        let fua = r < 28;
-        let v = client.model.issue_write(first, n);
-        let res = engine.write(first * 512, &common::stamped(first, n, v), fua);
-        let acked = res.is_ok() && up(m);
-        let outcome = if acked {
-            "acknowledged"
-        } else {
-            "not acknowledged"
-        };
-        sim.note_write(v, first, n, fua, outcome);
-        let latest = res.is_ok().then_some(v);
-        client.latest[first as usize..(first + n) as usize].fill(latest);
-        if acked && (fua || case.crash == Crash::Kill) {
-            client.model.fua_done(v);
-        }
-        res.map(|_| ())
+        client.write(sim, engine, m, (first, n, at), r < 28, case.crash)
     } else if r < 87 {
-        let res = engine.read(first * 512, n * 512);
+        let res = engine.read(at, n * 512);
         sim.note(format!("read sectors {first}+{n}: ok {}", res.is_ok()));
         if let (Ok(data), true) = (&res, up(m)) {
             client.check_read(first, data)?;
@@ -438,14 +505,15 @@ fn step(
     }
 }
 
-/// Runs the workload until the crash; `Err` is a rule broken before it.
-fn run_workload(sim: &mut Sim, case: &Case, dir: &Path) -> Result<Stopped, String> {
-    let m = Machine::new(case, dir);
+/// Runs the workload on a cache of `origins` volumes until the crash;
+/// `Err` is a rule broken before it.
+fn run_workload(sim: &mut Sim, case: &Case, dir: &Path, origins: usize) -> Result<Stopped, String> {
+    let m = Machine::new(case, dir, origins);
     let engine = m.start(case, sim)?;
     if let CrashPoint::AtEvent(n) = case.crash_point {
         m.switch.arm_after_events(n);
     }
-    let mut client = Client::new();
+    let mut client = Client::new(origins);
     let mut recorded = false;
     for i in 0..STEPS {
         if i == case.loss_step {
@@ -479,38 +547,45 @@ fn run_workload(sim: &mut Sim, case: &Case, dir: &Path) -> Result<Stopped, Strin
         Crash::Kill => d.snapshot_current(),
     };
     let log = m.saved_log.lock().take();
+    let devices = || m.members.iter().chain(&m.origins);
     Ok(Stopped {
-        images: [image(&m.members[0]), image(&m.members[1]), image(&m.origin)],
+        members: [image(&m.members[0]), image(&m.members[1])],
+        origins: m.origins.iter().map(|o| image(o)).collect(),
         log,
         model: client.model,
         recorded,
         lost_before_crash: m.watch.seen.load(Ordering::Acquire),
-        digests: [
-            m.members[0].io_digest(),
-            m.members[1].io_digest(),
-            m.origin.io_digest(),
-        ],
+        digests: devices().map(|d| d.io_digest()).collect(),
     })
 }
 
 /// The restarted machine's devices.
 struct Restarted {
     members: Vec<DeviceRef>,
-    origin: DeviceRef,
+    origins: Vec<DeviceRef>,
 }
 
 fn restart(case: &Case, s: &Stopped) -> Restarted {
     let members = (0..2)
         .map(|i| {
-            let (d, r) = common::restart_dev(&member_name(i), s.images[i].clone(), case.seed + 1);
+            let (d, r) = common::restart_dev(&member_name(i), s.members[i].clone(), case.seed + 1);
             if i == case.lost && case.back == Back::StillFailing {
                 d.fail_after_ops(0);
             }
             r
         })
         .collect();
-    let (_, origin) = common::restart_dev("origin", s.images[2].clone(), case.seed + 2);
-    Restarted { members, origin }
+    let origins = (s.origins.iter().enumerate())
+        .map(|(v, img)| {
+            common::restart_dev(
+                &common::origin_name(v),
+                img.clone(),
+                case.seed + 2 + v as u64,
+            )
+            .1
+        })
+        .collect();
+    Restarted { members, origins }
 }
 
 /// Whether the survivor's label names the lost member failed.
@@ -603,34 +678,38 @@ fn open_set(case: &Case, r: &Restarted, sim: &mut Sim) -> Result<Opened, String>
     }
 }
 
-fn read_volume(engine: &Engine, model: &SectorModel, when: &str) -> Result<Vec<u8>, String> {
-    let all = common::read_volume(engine)?;
+/// Every volume, one after the other, checked against the model.
+fn read_volumes(engine: &Engine, model: &SectorModel, when: &str) -> Result<Vec<u8>, String> {
+    let all = common::read_volumes(engine)?;
     model.verify(&all).map_err(|e| format!("{when}: {e}"))?;
     Ok(all)
 }
 
-/// Reads the volume again, each block twice in a row: the set serves a
+/// Reads every volume again, each block twice in a row: the set serves a
 /// mirrored block from its two copies in turn, so both copies are read,
-/// and each must hold what the first read showed.
+/// and each must hold what the first read (`first`, the volumes one after
+/// the other) showed.
 fn read_again(engine: &Engine, first: &[u8], bs: u64) -> Result<(), String> {
-    for b in 0..ORIGIN_BYTES / bs {
-        let want = &first[(b * bs) as usize..((b + 1) * bs) as usize];
+    let blocks = (engine.volumes().into_iter().enumerate())
+        .flat_map(|(v, (_, at, bytes))| (0..bytes / bs).map(move |b| (v as u64, at + b * bs)));
+    for (k, (v, at)) in blocks.enumerate() {
+        let want = &first[k * bs as usize..(k + 1) * bs as usize];
         for pass in 0..2 {
             let got = engine
-                .read(b * bs, bs)
-                .map_err(|e| format!("reading block {b} again: {e}"))?;
-            let Some(k) = (0..(bs / 512) as usize)
-                .find(|&k| got[k * 512..(k + 1) * 512] != want[k * 512..(k + 1) * 512])
+                .read(at, bs)
+                .map_err(|e| format!("reading volume {v}'s block at {at:#x} again: {e}"))?;
+            let Some(i) = (0..(bs / 512) as usize)
+                .find(|&i| got[i * 512..(i + 1) * 512] != want[i * 512..(i + 1) * 512])
             else {
                 continue;
             };
             let show = |d: &[u8]| {
-                common::decode_sector(&d[k * 512..(k + 1) * 512])
+                common::decode_sector(&d[i * 512..(i + 1) * 512])
                     .map_or("unstamped data".into(), |(sec, v)| format!("({sec}, v{v})"))
             };
             return Err(format!(
                 "sector {} read {} and then {} (read {} of its block since): the two copies differ",
-                b * bs / 512 + k as u64,
+                k as u64 * bs / 512 + i as u64,
                 show(want),
                 show(&got),
                 pass + 1
@@ -666,9 +745,9 @@ fn recover(
         crash_log: log,
         ..sim.open_options()
     };
-    let engine = Engine::open(Arc::new(set), r.origin.clone(), &opts)
+    let engine = Engine::open_volumes(Arc::new(set), r.origins.clone(), &opts)
         .map_err(|e| format!("recovery refused: {e}"))?;
-    let first = read_volume(&engine, &s.model, "after recovery")?;
+    let first = read_volumes(&engine, &s.model, "after recovery")?;
     read_again(&engine, &first, case.block_bytes as u64)?;
     // What recovery shows must stay: write back, restart (the labels now
     // name every member not present failed: no --degraded), detach.
@@ -678,20 +757,22 @@ fn recover(
     engine.close().map_err(|e| format!("close: {e}"))?;
     drop(engine);
     let set = CacheSet::open(devs, false).map_err(|e| format!("reopen after close: {e}"))?;
-    let engine = Engine::open(Arc::new(set), r.origin.clone(), &sim.open_options())
+    let engine = Engine::open_volumes(Arc::new(set), r.origins.clone(), &sim.open_options())
         .map_err(|e| format!("reopen after close: {e}"))?;
-    let second = read_volume(&engine, &s.model, "after a clean restart")?;
+    let second = read_volumes(&engine, &s.model, "after a clean restart")?;
     if first != second {
         return Err("the volume changed across a clean restart".into());
     }
     engine.detach().map_err(|e| format!("detach: {e}"))?;
-    let mut back = vec![0u8; ORIGIN_BYTES as usize];
-    r.origin.read_at(&mut back, 0).unwrap();
+    let mut back = vec![0u8; r.origins.len() * ORIGIN_BYTES as usize];
+    for (o, part) in r.origins.iter().zip(back.chunks_mut(ORIGIN_BYTES as usize)) {
+        o.read_at(part, 0).unwrap();
+    }
     s.model
         .verify(&back)
-        .map_err(|e| format!("the origin after detach: {e}"))?;
+        .map_err(|e| format!("the origins after detach: {e}"))?;
     if back != first {
-        return Err("the origin after detach differs from the recovered volume".into());
+        return Err("the origins after detach differ from the recovered volumes".into());
     }
     Ok((first, how))
 }
@@ -700,20 +781,28 @@ fn recover(
 struct Outcome {
     how: &'static str,
     trace: String,
-    digests: [u64; 3],
+    digests: Vec<u64>,
+    /// Every volume, one after the other.
     volume: Vec<u8>,
     lost_before_crash: bool,
     recorded: bool,
 }
 
-/// Runs one case; panics with the seed, the replay command and the last
-/// steps if a rule is broken.
-fn run_case(seed: u64, crash: Crash, test: &str) -> Outcome {
+/// Runs one case on a cache of `origins` volumes; panics with the seed,
+/// the replay command and the last steps if a rule is broken.
+fn run_case(seed: u64, crash: Crash, test: &str, origins: usize) -> Outcome {
     let mut sim = Sim::new(seed, sim::replay_command(FILE, test, seed));
     let case = Case::draw(seed, crash, &mut sim);
     sim.note(format!("{case:?}"));
+    if origins > 1 {
+        let modes = (1..origins).map(|v| MIXED_MODES[(seed as usize + v) % MIXED_MODES.len()]);
+        let modes: Vec<Mode> = modes.collect();
+        sim.note(format!(
+            "{origins} origins, the volumes after the first in {modes:?}"
+        ));
+    }
     let dir = tempfile::tempdir().unwrap();
-    let stopped = match run_workload(&mut sim, &case, dir.path()) {
+    let stopped = match run_workload(&mut sim, &case, dir.path(), origins) {
         Ok(s) => s,
         Err(e) => panic!("{}before the crash: {e}", sim.report(40)),
     };
@@ -730,7 +819,10 @@ fn run_case(seed: u64, crash: Crash, test: &str) -> Outcome {
     }
 }
 
-fn run(crash: fn(u64) -> Crash, cases: u64, salt: u64, test: &str) {
+/// `cases` seeds from `salt * 1_000_000` (the one of TIERCACHE_SEED if
+/// set), each crashed as `crash(seed)` says, on a cache of `origins`
+/// volumes.
+fn run(crash: fn(u64) -> Crash, cases: u64, salt: u64, test: &str, origins: usize) {
     let seeds: Vec<u64> = match std::env::var("TIERCACHE_SEED") {
         Ok(s) => vec![s.parse().expect("TIERCACHE_SEED must be a number")],
         Err(_) => (0..cases).map(|i| salt * 1_000_000 + i).collect(),
@@ -738,7 +830,7 @@ fn run(crash: fn(u64) -> Crash, cases: u64, salt: u64, test: &str) {
     let (mut lost, mut recorded) = (0, 0);
     let mut opened = std::collections::BTreeMap::new();
     for &seed in &seeds {
-        let o = run_case(seed, crash(seed), test);
+        let o = run_case(seed, crash(seed), test, origins);
         lost += u64::from(o.lost_before_crash);
         recorded += u64::from(o.recorded);
         *opened.entry(o.how).or_insert(0u64) += 1;
@@ -754,28 +846,45 @@ fn run(crash: fn(u64) -> Crash, cases: u64, salt: u64, test: &str) {
 #[test]
 fn power_loss_with_a_member_lost() {
     let test = "power_loss_with_a_member_lost";
-    run(|_| Crash::PowerLoss, common::scaled(250, 5000), 1, test);
+    run(|_| Crash::PowerLoss, common::scaled(250, 5000), 1, test, 1);
 }
 
 #[test]
 fn kill_with_a_member_lost() {
     let test = "kill_with_a_member_lost";
-    run(|_| Crash::Kill, common::scaled(120, 2500), 2, test);
+    run(|_| Crash::Kill, common::scaled(120, 2500), 2, test, 1);
+}
+
+/// One set in front of two origins (the second volume in another mode):
+/// every volume recovers, power loss (even seeds) or kill (odd).
+#[test]
+fn crash_with_a_member_lost_two_origins() {
+    let test = "crash_with_a_member_lost_two_origins";
+    let crash = |seed: u64| {
+        if seed.is_multiple_of(2) {
+            Crash::PowerLoss
+        } else {
+            Crash::Kill
+        }
+    };
+    run(crash, common::scaled(100, 2500), 3, test, 2);
 }
 
 /// A seed replays bit for bit: the same steps, the same device events,
-/// the same volume after recovery.
+/// the same volumes after recovery (one origin, then two).
 #[test]
 fn a_seed_replays_bit_for_bit() {
     let test = "a_seed_replays_bit_for_bit";
-    for (seed, crash) in [
-        (7_000_001u64, Crash::PowerLoss),
-        (7_000_002, Crash::PowerLoss),
-        (7_000_003, Crash::Kill),
-        (7_000_004, Crash::Kill),
+    for (seed, crash, origins) in [
+        (7_000_001u64, Crash::PowerLoss, 1),
+        (7_000_002, Crash::PowerLoss, 1),
+        (7_000_003, Crash::Kill, 1),
+        (7_000_004, Crash::Kill, 1),
+        (7_000_005, Crash::PowerLoss, 2),
+        (7_000_006, Crash::Kill, 2),
     ] {
-        let a = run_case(seed, crash, test);
-        let b = run_case(seed, crash, test);
+        let a = run_case(seed, crash, test, origins);
+        let b = run_case(seed, crash, test, origins);
         let rerun = sim::replay_command(FILE, test, seed);
         assert_eq!(a.trace, b.trace, "seed {seed}: the steps differ ({rerun})");
         assert_eq!(

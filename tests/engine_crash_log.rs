@@ -20,6 +20,14 @@
 //! workload, for what one thread cannot reach: records appended while a
 //! commit writes. A seed does not replay that one exactly.
 //!
+//! With several origins (one cache, a volume per origin, each volume in a
+//! mode drawn for it), the requests fall on every volume and the model
+//! numbers the volumes' sectors one after the other (volume `v`'s sector
+//! `s` is model sector `v * SECTORS + s`, stamped so): recovery must give
+//! back every volume's acknowledged writes, each on its own origin. A
+//! volume is drawn only when there are several, so the seeds of one
+//! origin replay as before volumes.
+//!
 //! The same images opened without the log must lose some acknowledged
 //! write in some case: the tests show they can fail.
 
@@ -37,6 +45,7 @@ use sim::Sim;
 use tiercache::device::fault::{CrashSwitch, FaultDevice};
 use tiercache::device::{BlockDevice, DeviceRef, DeviceResult};
 use tiercache::engine::crash_log::{LogImage, HEADER_BYTES};
+use tiercache::engine::origin::address::base;
 use tiercache::engine::recovery::{self, CrashLogs};
 use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions};
 
@@ -61,66 +70,87 @@ fn open_opts(log: Option<&Path>) -> OpenOptions {
 /// What one case left behind at the crash.
 struct Killed {
     cache: Vec<u8>,
-    origin: Vec<u8>,
+    /// Each origin's image, by volume.
+    origins: Vec<Vec<u8>>,
     log: Vec<u8>,
     model: common::SectorModel,
     acknowledged_writes: u64,
-    /// `FaultDevice::io_digest` of cache and origin at the end.
-    digests: (u64, u64),
+    /// `FaultDevice::io_digest` of the cache, then of each origin.
+    digests: Vec<u64>,
 }
 
 /// The devices of one case, on one crash switch.
 struct Machine {
     switch: CrashSwitch,
     cache: Arc<FaultDevice>,
-    origin: Arc<FaultDevice>,
+    /// One origin per volume.
+    origins: Vec<Arc<FaultDevice>>,
     log_path: PathBuf,
     /// The log's bytes at the instant the switch tripped.
     saved: Arc<Mutex<Option<Vec<u8>>>>,
 }
 
 impl Machine {
-    fn new(seed: u64, block_bytes: u32, dir: &Path) -> Machine {
+    /// A cache of `origins` volumes. Volume `v`'s sectors are stamped as
+    /// model sectors `v * SECTORS..`: data that lands on another volume
+    /// reads as another sector's.
+    fn new(seed: u64, block_bytes: u32, dir: &Path, origins: usize) -> Machine {
         let switch = CrashSwitch::new();
         let cache_bytes = common::cache_bytes_for(24, block_bytes);
         let cache = Arc::new(
             FaultDevice::new("cache", cache_bytes, seed).with_crash_switch(switch.clone()),
         );
-        let origin = Arc::new(
-            FaultDevice::from_image("origin", common::initial_origin(ORIGIN_BYTES), seed ^ 0x55)
-                .with_crash_switch(switch.clone()),
-        );
+        let origins = (0..origins as u64)
+            .map(|v| {
+                let image = common::stamped(v * SECTORS, SECTORS, 0);
+                let dev = FaultDevice::from_image(
+                    &common::origin_name(v as usize),
+                    image,
+                    seed ^ 0x55 ^ v,
+                );
+                Arc::new(dev.with_crash_switch(switch.clone()))
+            })
+            .collect();
         Machine {
             switch,
             cache,
-            origin,
+            origins,
             log_path: dir.join("live.crashlog"),
             saved: Arc::default(),
         }
     }
 
-    fn refs(&self) -> (DeviceRef, DeviceRef) {
-        (self.cache.clone(), self.origin.clone())
+    fn refs(&self) -> (DeviceRef, Vec<DeviceRef>) {
+        let origins = self.origins.iter().map(|o| o.clone() as DeviceRef);
+        (self.cache.clone(), origins.collect())
     }
 
-    /// Creates the cache, then opens it with the crash log and `opts`.
-    fn start(&self, seed: u64, mode: Mode, block_bytes: u32, opts: OpenOptions) -> Arc<Engine> {
-        let (cache, origin) = self.refs();
+    /// Creates the cache (volume `v` in `modes[v]`), then opens it with
+    /// the crash log and `opts`.
+    fn start(&self, seed: u64, modes: &[Mode], block_bytes: u32, opts: OpenOptions) -> Arc<Engine> {
+        let (cache, origins) = self.refs();
         let create = CreateOptions {
-            mode,
+            mode: modes[0],
             block_bytes,
             writeback: common::eager_writeback(),
             ..Default::default()
         };
-        let engine = Engine::create_with(cache.clone(), origin.clone(), &create, &opts)
+        let named = (origins.iter().enumerate())
+            .map(|(v, o)| (format!("vol{v}"), o.clone()))
+            .collect();
+        let engine = Engine::create_volumes(cache.clone(), named, &create, &opts)
             .unwrap_or_else(|e| panic!("seed {seed}: create: {e}"));
+        for (v, &mode) in modes.iter().enumerate().skip(1) {
+            engine.set_volume_mode(v, mode).unwrap();
+        }
         engine.close().unwrap();
         drop(engine);
         let opts = OpenOptions {
             crash_log: Some(self.log_path.clone()),
             ..opts
         };
-        Engine::open(cache, origin, &opts).unwrap_or_else(|e| panic!("seed {seed}: open: {e}"))
+        Engine::open_volumes(cache, origins, &opts)
+            .unwrap_or_else(|e| panic!("seed {seed}: open: {e}"))
     }
 
     /// The process dies: what the devices and the log hold now stays.
@@ -128,25 +158,91 @@ impl Machine {
         self.switch.trip();
         engine.abandon();
         drop(engine);
+        let origins = self.origins.iter();
         Killed {
             cache: self.cache.snapshot_current(),
-            origin: self.origin.snapshot_current(),
+            origins: origins.clone().map(|o| o.snapshot_current()).collect(),
             log: self.saved.lock().take().expect("the switch tripped"),
             model,
             acknowledged_writes: acknowledged,
-            digests: (self.cache.io_digest(), self.origin.io_digest()),
+            digests: std::iter::once(&self.cache)
+                .chain(origins)
+                .map(|d| d.io_digest())
+                .collect(),
         }
     }
 }
 
-/// One simulated case: one thread, the background's work as seeded steps.
-fn run_sim(seed: u64, dir: &Path, test: &str) -> (Killed, Sim) {
+/// The client of a simulated case: what it sent and what was acknowledged.
+struct Client {
+    origins: u64,
+    max_sectors: u64,
+    model: common::SectorModel,
+    acknowledged: u64,
+}
+
+impl Client {
+    /// A request's span: (model sector, sectors, engine address). With
+    /// several origins, a volume first (none drawn for one, so the seeds of
+    /// one origin replay as before volumes).
+    fn pick(&self, sim: &mut Sim) -> (u64, u64, u64) {
+        let vol = if self.origins > 1 {
+            sim.rng().gen_range(0..self.origins)
+        } else {
+            0
+        };
+        let n = sim.rng().gen_range(1..=self.max_sectors);
+        let first = sim.rng().gen_range(0..=SECTORS - n);
+        (vol * SECTORS + first, n, base(vol as usize) + first * 512)
+    }
+
+    /// One request (`r` from 25: a write, FUA below 30; a read; a flush).
+    fn request(&mut self, sim: &mut Sim, engine: &Engine, switch: &CrashSwitch, r: u32) {
+        if r < 75 {
+            let (first, n, at) = self.pick(sim);
+            let fua = r < 30;
+            let v = self.model.issue_write(first, n);
+            let res = engine.write(at, &common::stamped(first, n, v), fua);
+            // Acknowledged only if it returned before the kill.
+            let acked = res.is_ok() && !switch.is_tripped();
+            let outcome = if acked {
+                "acknowledged"
+            } else {
+                "under way at the kill"
+            };
+            sim.note_write(v, first, n, fua, outcome);
+            if acked {
+                self.model.fua_done(v);
+                self.acknowledged += 1;
+            }
+        } else if r < 88 {
+            let (first, n, at) = self.pick(sim);
+            let ok = engine.read(at, n * 512).is_ok();
+            sim.note(format!("read sectors {first}+{n}: ok {ok}"));
+        } else {
+            let ok = engine.flush().is_ok();
+            sim.note(format!("flush: ok {ok}"));
+        }
+    }
+}
+
+/// One simulated case on a cache of `origins` volumes: one thread, the
+/// background's work as seeded steps.
+fn run_sim(seed: u64, dir: &Path, test: &str, origins: usize) -> (Killed, Sim) {
     let mut sim = Sim::new(seed, sim::replay_command(FILE, test, seed));
-    let mode = MODES[sim.rng().gen_range(0..MODES.len())];
+    let mut modes = vec![MODES[sim.rng().gen_range(0..MODES.len())]];
     let block_bytes = [4096u32, 8192][sim.rng().gen_range(0..2)];
-    sim.note(format!("mode {mode}, {block_bytes}-byte blocks"));
-    let m = Machine::new(seed, block_bytes, dir);
-    let engine = m.start(seed, mode, block_bytes, sim.open_options());
+    sim.note(format!("mode {}, {block_bytes}-byte blocks", modes[0]));
+    // Each further volume a mode of its own: one cache, its volumes'
+    // dirty data, writeback and crash log records side by side.
+    for _ in 1..origins {
+        modes.push(MODES[sim.rng().gen_range(0..MODES.len())]);
+    }
+    if origins > 1 {
+        sim.note(format!("{origins} volumes in modes {modes:?}"));
+    }
+    let m = Machine::new(seed, block_bytes, dir, origins);
+    let engine = m.start(seed, &modes, block_bytes, sim.open_options());
     {
         // One thread: the trip happens inside one of its device calls, and
         // the log's file is what a process killed there leaves.
@@ -158,9 +254,12 @@ fn run_sim(seed: u64, dir: &Path, test: &str) -> (Killed, Sim) {
     let kill_at = sim.rng().gen_range(1..=400);
     sim.note(format!("kill at device event {kill_at}"));
     m.switch.arm_after_events(kill_at);
-    let mut model = common::SectorModel::new(SECTORS);
-    let mut acknowledged = 0;
-    let max_sectors = (3 * block_bytes / 512) as u64;
+    let mut client = Client {
+        origins: origins as u64,
+        max_sectors: (3 * block_bytes / 512) as u64,
+        model: common::SectorModel::new(SECTORS * origins as u64),
+        acknowledged: 0,
+    };
     for _ in 0..2000 {
         if m.switch.is_tripped() {
             break;
@@ -177,35 +276,9 @@ fn run_sim(seed: u64, dir: &Path, test: &str) -> (Killed, Sim) {
             continue;
         }
         sim.client_time();
-        if r < 75 {
-            let n = sim.rng().gen_range(1..=max_sectors);
-            let first = sim.rng().gen_range(0..=SECTORS - n);
-            let fua = r < 30;
-            let v = model.issue_write(first, n);
-            let res = engine.write(first * 512, &common::stamped(first, n, v), fua);
-            // Acknowledged only if it returned before the kill.
-            let acked = res.is_ok() && !m.switch.is_tripped();
-            let outcome = if acked {
-                "acknowledged"
-            } else {
-                "under way at the kill"
-            };
-            sim.note_write(v, first, n, fua, outcome);
-            if acked {
-                model.fua_done(v);
-                acknowledged += 1;
-            }
-        } else if r < 88 {
-            let n = sim.rng().gen_range(1..=max_sectors);
-            let first = sim.rng().gen_range(0..=SECTORS - n);
-            let ok = engine.read(first * 512, n * 512).is_ok();
-            sim.note(format!("read sectors {first}+{n}: ok {ok}"));
-        } else {
-            let ok = engine.flush().is_ok();
-            sim.note(format!("flush: ok {ok}"));
-        }
+        client.request(&mut sim, &engine, &m.switch, r);
     }
-    (m.kill(engine, model, acknowledged), sim)
+    (m.kill(engine, client.model, client.acknowledged), sim)
 }
 
 /// One case with a real background thread beside the workload.
@@ -217,8 +290,8 @@ fn run_threaded(seed: u64, dir: &Path) -> Killed {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mode = MODES[rng.gen_range(0..MODES.len())];
     let block_bytes = [4096u32, 8192][rng.gen_range(0..2)];
-    let m = Machine::new(seed, block_bytes, dir);
-    let engine = m.start(seed, mode, block_bytes, open_opts(None));
+    let m = Machine::new(seed, block_bytes, dir, 1);
+    let engine = m.start(seed, &[mode], block_bytes, open_opts(None));
     {
         let (saved, weak) = (m.saved.clone(), Arc::downgrade(&engine));
         // Another thread may be appending: copy under the metadata lock, so
@@ -279,20 +352,23 @@ fn run_threaded(seed: u64, dir: &Path) -> Killed {
 }
 
 /// Opens the killed images (with the saved log, or without) and checks
-/// every sector against the model; `Err` says what was wrong.
+/// every sector of every volume against the model; `Err` says what was
+/// wrong.
 fn recover(seed: u64, k: &Killed, log: Option<&Path>) -> Result<(), String> {
     let cache: DeviceRef = Arc::new(FaultDevice::from_image("cache", k.cache.clone(), seed + 1));
-    let origin: DeviceRef = Arc::new(FaultDevice::from_image(
-        "origin",
-        k.origin.clone(),
-        seed + 2,
-    ));
+    let origins: Vec<DeviceRef> = (k.origins.iter().enumerate())
+        .map(|(v, img)| {
+            let dev =
+                FaultDevice::from_image(&common::origin_name(v), img.clone(), seed + 2 + v as u64);
+            Arc::new(dev) as DeviceRef
+        })
+        .collect();
     if let Some(path) = log {
         std::fs::write(path, &k.log).unwrap();
     }
-    let engine = Engine::open(cache.clone(), origin.clone(), &open_opts(log))
+    let engine = Engine::open_volumes(cache.clone(), origins.clone(), &open_opts(log))
         .map_err(|e| format!("recovery refused: {e}"))?;
-    let all = common::read_volume(&engine)?;
+    let all = common::read_volumes(&engine)?;
     k.model.verify(&all)?;
     // What recovery shows must stay: write back, reopen, read again.
     engine
@@ -300,10 +376,11 @@ fn recover(seed: u64, k: &Killed, log: Option<&Path>) -> Result<(), String> {
         .map_err(|e| format!("write_back_all: {e}"))?;
     engine.close().map_err(|e| format!("close: {e}"))?;
     drop(engine);
-    let engine = Engine::open(cache, origin, &open_opts(None)).map_err(|e| e.to_string())?;
-    let again = common::read_volume(&engine)?;
+    let engine =
+        Engine::open_volumes(cache, origins, &open_opts(None)).map_err(|e| e.to_string())?;
+    let again = common::read_volumes(&engine)?;
     if again != all {
-        return Err("the volume changed across a clean restart".into());
+        return Err("the volumes changed across a clean restart".into());
     }
     engine.close().map_err(|e| e.to_string())?;
     Ok(())
@@ -319,20 +396,20 @@ fn check(seed: u64, k: &Killed, dir: &Path, report: impl Fn() -> String) -> bool
     recover(seed, k, None).is_err()
 }
 
-#[test]
-fn a_killed_process_loses_no_acknowledged_write() {
-    let test = "a_killed_process_loses_no_acknowledged_write";
+/// Simulated kills, `cases` seeds from the run's seed (one if
+/// TIERCACHE_SEED is set), each on a cache of `origins(seed)` volumes.
+fn simulated_kills(test: &str, cases: u64, origins: fn(u64) -> usize) {
     let base = common::seed();
     let cases = if std::env::var("TIERCACHE_SEED").is_ok() {
         1
     } else {
-        common::scaled(300, 20_000)
+        cases
     };
     let (mut lost_without_log, mut acknowledged, mut mid_commit) = (0, 0, 0);
     for i in 0..cases {
         let seed = base.wrapping_add(i);
         let dir = tempfile::tempdir().unwrap();
-        let (killed, sim) = run_sim(seed, dir.path(), test);
+        let (killed, sim) = run_sim(seed, dir.path(), test, origins(seed));
         acknowledged += killed.acknowledged_writes;
         if LogImage::parse(&killed.log).is_ok_and(|l| l.in_flight.is_some()) {
             mid_commit += 1;
@@ -342,13 +419,30 @@ fn a_killed_process_loses_no_acknowledged_write() {
         }
     }
     eprintln!(
-        "{cases} kills (simulated, seeds {base}..), {mid_commit} of them during a commit, \
+        "{test}: {cases} kills (simulated, seeds {base}..), {mid_commit} of them during a commit, \
          {acknowledged} acknowledged writes kept; without the log {lost_without_log} cases lost one"
     );
     assert!(
         cases == 1 || lost_without_log > 0,
         "no case lost an acknowledged write without the crash log: the test does not reach the window it guards"
     );
+}
+
+#[test]
+fn a_killed_process_loses_no_acknowledged_write() {
+    let test = "a_killed_process_loses_no_acknowledged_write";
+    simulated_kills(test, common::scaled(300, 20_000), |_| 1);
+}
+
+/// One cache of two or three origins (by seed), each volume in a mode
+/// drawn for it: the workload falls on every volume, and recovery with the
+/// log must give back every acknowledged write of each.
+#[test]
+fn a_killed_process_loses_no_acknowledged_write_with_several_origins() {
+    let test = "a_killed_process_loses_no_acknowledged_write_with_several_origins";
+    simulated_kills(test, common::scaled(150, 5000), |seed| {
+        2 + (seed % 2) as usize
+    });
 }
 
 #[test]
@@ -379,7 +473,7 @@ fn a_killed_process_loses_no_acknowledged_write_with_a_background_thread() {
 }
 
 /// A seed replays bit for bit: the same steps, the same device events,
-/// the same crash log.
+/// the same crash log; on one, two or three origins (by seed).
 #[test]
 fn a_seed_replays_bit_for_bit() {
     let base = common::seed();
@@ -387,7 +481,8 @@ fn a_seed_replays_bit_for_bit() {
         let seed = base.wrapping_add(i);
         let run = || {
             let dir = tempfile::tempdir().unwrap();
-            let (k, sim) = run_sim(seed, dir.path(), "a_seed_replays_bit_for_bit");
+            let origins = 1 + (seed % 3) as usize;
+            let (k, sim) = run_sim(seed, dir.path(), "a_seed_replays_bit_for_bit", origins);
             (k, sim.report(usize::MAX))
         };
         let (a, trace_a) = run();
@@ -399,7 +494,7 @@ fn a_seed_replays_bit_for_bit() {
         );
         assert!(a.log == b.log, "seed {seed}: the crash logs differ");
         assert!(
-            a.cache == b.cache && a.origin == b.origin,
+            a.cache == b.cache && a.origins == b.origins,
             "seed {seed}: the images differ"
         );
     }
@@ -456,14 +551,14 @@ impl BlockDevice for TripAfterWrite {
 #[test]
 fn a_write_returning_after_the_kill_was_never_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
-    let m = Machine::new(7, 4096, dir.path());
+    let m = Machine::new(7, 4096, dir.path(), 1);
     let tripper = Arc::new(TripAfterWrite {
         inner: m.cache.clone(),
         switch: m.switch.clone(),
         writes_left: Mutex::new(0),
     });
     let cache: DeviceRef = tripper.clone();
-    let origin: DeviceRef = m.origin.clone();
+    let origin: DeviceRef = m.origins[0].clone();
     let create = CreateOptions::default();
     let engine =
         Engine::create_with(cache.clone(), origin.clone(), &create, &open_opts(None)).unwrap();
@@ -495,10 +590,10 @@ fn a_write_returning_after_the_kill_was_never_acknowledged() {
     let old = Killed {
         model: old_judgement,
         cache: k.cache.clone(),
-        origin: k.origin.clone(),
+        origins: k.origins.clone(),
         log: k.log.clone(),
         acknowledged_writes: 1,
-        digests: k.digests,
+        digests: k.digests.clone(),
     };
     let err = recover(1, &old, Some(&replay)).expect_err("the old judgement calls it lost");
     assert!(err.contains("a durable write was lost"), "{err}");

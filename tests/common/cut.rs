@@ -17,6 +17,9 @@ use crate::common::decode_sector;
 pub struct FlushGroups {
     /// Sectors of the image checked (from sector 0).
     pub sectors: u64,
+    /// The sector the stamp of the image's sector 0 names (`of_sectors`:
+    /// one origin's part of the writes to a cache of several).
+    pub first_stamp: u64,
     /// Per group: (first sector, sectors, version) of each write. The last
     /// group is the one open (no flush has ended it).
     pub writes: Vec<Vec<(u64, u64, u64)>>,
@@ -30,8 +33,34 @@ impl FlushGroups {
     pub fn new(sectors: u64) -> FlushGroups {
         FlushGroups {
             sectors,
+            first_stamp: 0,
             writes: vec![Vec::new()],
             engine_group: vec![0],
+        }
+    }
+
+    /// The writes to sectors `first..first + sectors` alone, in the same
+    /// groups, renumbered from 0 for an image of those sectors alone: one
+    /// origin's part of the writes to a cache of several (a write never
+    /// spans two origins).
+    pub fn of_sectors(&self, first: u64, sectors: u64) -> FlushGroups {
+        let end = first + sectors;
+        let writes = (self.writes.iter())
+            .map(|g| {
+                let inside = g.iter().filter(|&&(f, n, _)| f < end && f + n > first);
+                inside
+                    .map(|&(f, n, v)| {
+                        assert!(f >= first && f + n <= end, "a write spans two origins");
+                        (f - first, n, v)
+                    })
+                    .collect()
+            })
+            .collect();
+        FlushGroups {
+            sectors,
+            first_stamp: self.first_stamp + first,
+            writes,
+            engine_group: self.engine_group.clone(),
         }
     }
 
@@ -86,8 +115,11 @@ impl FlushGroups {
             let Some((sector, v)) = decode_sector(data) else {
                 return Err(format!("sector {s} holds bytes no write put there"));
             };
-            if sector != s as u64 {
-                return Err(format!("sector {s} holds sector {sector}'s data"));
+            if sector != self.first_stamp + s as u64 {
+                let own = self.first_stamp + s as u64;
+                return Err(format!(
+                    "sector {s} (stamped {own}) holds sector {sector}'s data"
+                ));
             }
             if v != last[s] && !in_c[s].contains(&v) {
                 return Err(format!(

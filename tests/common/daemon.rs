@@ -50,23 +50,40 @@ impl Setup {
     /// Sparse origin and cache files of the given sizes; `create_args` are
     /// added to `tiercache create` (mode, block size, watermarks).
     pub fn with_sizes(origin_bytes: u64, cache_bytes: u64, create_args: &[&str]) -> Setup {
+        Setup::with_origins(1, origin_bytes, cache_bytes, create_args)
+    }
+
+    /// `with_sizes` for a cache of `origins` origins of `origin_bytes`
+    /// each (`origin.img`, then `origin1.img`, ...: volumes `vol0`, `vol1`, ...).
+    pub fn with_origins(
+        origins: usize,
+        origin_bytes: u64,
+        cache_bytes: u64,
+        create_args: &[&str],
+    ) -> Setup {
         let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
         let s = Setup { dir };
-        for (name, bytes) in [("origin.img", origin_bytes), ("cache.img", cache_bytes)] {
+        let names: Vec<String> = (0..origins)
+            .map(|v| match v {
+                0 => "origin.img".to_string(),
+                v => format!("origin{v}.img"),
+            })
+            .collect();
+        let files = names.iter().map(|n| (n.as_str(), origin_bytes));
+        for (name, bytes) in files.chain([("cache.img", cache_bytes)]) {
             std::fs::File::create(s.path(name))
                 .unwrap()
                 .set_len(bytes)
                 .unwrap();
         }
-        let origin = s.path("origin.img");
-        let cache = s.path("cache.img");
-        let mut args = vec![
-            "create",
-            "--origin",
-            origin.to_str().unwrap(),
-            "--cache",
-            cache.to_str().unwrap(),
-        ];
+        let paths: Vec<String> = (names.iter().chain([&"cache.img".to_string()]))
+            .map(|n| s.path(n).to_str().unwrap().to_string())
+            .collect();
+        let mut args = vec!["create"];
+        for origin in &paths[..origins] {
+            args.extend(["--origin", origin]);
+        }
+        args.extend(["--cache", &paths[origins]]);
         args.extend_from_slice(create_args);
         s.cli(&args);
         s
@@ -82,7 +99,15 @@ impl Setup {
         self.state().join("tc0.nbd")
     }
     pub fn uri(&self) -> String {
-        format!("nbd+unix:///?socket={}", self.nbd_socket().display())
+        self.export_uri("")
+    }
+    /// The URI of the NBD export named `export` (a volume's name; the empty
+    /// name is the first volume).
+    pub fn export_uri(&self, export: &str) -> String {
+        format!(
+            "nbd+unix:///{export}?socket={}",
+            self.nbd_socket().display()
+        )
     }
 
     /// Runs the CLI and returns its output, whatever the exit status.

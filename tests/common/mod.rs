@@ -116,12 +116,36 @@ pub fn restart_dev(name: &str, image: Vec<u8>, seed: u64) -> (Arc<FaultDevice>, 
     (d, r)
 }
 
+/// Origin `v`'s device name in a cache of several (FaultDevice identities
+/// come from names): the first keeps the name of a cache of one.
+pub fn origin_name(v: usize) -> String {
+    if v == 0 {
+        "origin".into()
+    } else {
+        format!("origin{v}")
+    }
+}
+
 /// Reads the whole volume.
 pub fn read_volume(engine: &Engine) -> Result<Vec<u8>, String> {
     engine
         .read(0, engine.volume_bytes())
         .map(|b| b.to_vec())
         .map_err(|e| format!("reading the volume: {e}"))
+}
+
+/// Every volume of the engine, one after the other (a model of several
+/// volumes numbers their sectors so: volume `v`'s sector `s` is model
+/// sector `v * its sectors + s`, when the volumes are of one size).
+pub fn read_volumes(engine: &Engine) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    for (name, base, bytes) in engine.volumes() {
+        let data = engine
+            .read(base, bytes)
+            .map_err(|e| format!("reading volume {name}: {e}"))?;
+        out.extend_from_slice(&data);
+    }
+    Ok(out)
 }
 
 /// Version marker of a trim: the sector may read as any version ever
@@ -244,8 +268,17 @@ impl SectorModel {
         ))
     }
 
-    /// Checks a whole volume image (sector `i` at byte `i * 512`).
+    /// Checks a whole volume image (sector `i` at byte `i * 512`). An
+    /// image shorter or longer than the model fails: a volume left out
+    /// must not pass unseen.
     pub fn verify(&self, volume: &[u8]) -> Result<(), String> {
+        if volume.len() as u64 != self.sectors() * 512 {
+            return Err(format!(
+                "the image holds {} sectors, the model {}",
+                volume.len() / 512,
+                self.sectors()
+            ));
+        }
         for (s, data) in volume.chunks(512).enumerate() {
             self.check_sector(s as u64, data)?;
         }
