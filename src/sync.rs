@@ -67,6 +67,9 @@ pub enum Rank {
     Mrc,
     /// The background thread's wake-up flag and its handle.
     Background,
+    /// A writeback lane's batch, and the list of lanes and their threads
+    /// (engine/writeback/lanes.rs): one at a time, never across I/O.
+    WritebackLane,
     /// The hook run when the cache fails over to the origin (it writes the
     /// registry).
     FailoverHook,

@@ -262,3 +262,88 @@ fn a_writeback_commit_without_origin_writes_sends_no_origin_flush() {
     assert!(origin.flushes.load(Ordering::SeqCst) > before);
     e.close().unwrap();
 }
+
+/// With two volumes, an origin frozen in the middle of a background
+/// writeback holds up its own volume's writeback and nothing else: the
+/// other volume's dirty blocks, written after the freeze, are written
+/// back by the background meanwhile (each origin has a lane of its own:
+/// writeback/lanes.rs), and a client's writes and FLUSH to either volume
+/// complete.
+#[test]
+fn a_frozen_origin_holds_up_only_its_own_volumes_background_writeback() {
+    let frozen = Origin::new();
+    let other = Arc::new(FaultDevice::new("other", ORIGIN_BYTES, 9));
+    let (_, cache) = common::fault_dev("cache", common::cache_bytes_for(512, BS as u32), 3);
+    let opts = CreateOptions {
+        mode: Mode::Writeback,
+        writeback: common::eager_writeback(),
+        ..Default::default()
+    };
+    let named = vec![
+        ("a".to_string(), other.clone() as DeviceRef),
+        ("b".to_string(), frozen.clone() as DeviceRef),
+    ];
+    let e = Engine::create_volumes(cache, named, &opts, &OpenOptions::default()).unwrap();
+    let (a, b) = (e.volumes()[0].1, e.volumes()[1].1);
+    for k in 0..100 {
+        e.write(b + k * BS, &block(k, 1), false).unwrap();
+    }
+    e.flush().unwrap();
+    frozen.freeze(true);
+    let t = Instant::now();
+    while frozen.stuck.load(Ordering::SeqCst) == 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "writeback never reached b's origin"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Volume a's writes come after b's origin froze under a writeback.
+    for k in 0..100 {
+        e.write(a + k * BS, &block(k, 2), false).unwrap();
+    }
+    e.flush().unwrap();
+    let a_dirty = |e: &Engine| e.status().volumes[0].cache_blocks_dirty;
+    let t = Instant::now();
+    while a_dirty(&e) > 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "volume a's {} dirty blocks wait behind b's frozen origin",
+            a_dirty(&e)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        e.status().volumes[1].cache_blocks_dirty > 0,
+        "b's origin is frozen"
+    );
+    let e2 = e.clone();
+    let done = within(Duration::from_secs(5), move || {
+        e2.write(b + 300 * BS, &block(300, 3), false)?;
+        e2.flush()
+    });
+    done.expect("a write and FLUSH to the frozen origin's volume hung")
+        .unwrap();
+    frozen.freeze(false);
+    e.write_back_all(&mut |_, _| {}).unwrap();
+    e.close().unwrap();
+    let image = other.durable_image();
+    for k in 0..100u64 {
+        let at = (k * BS) as usize;
+        assert_eq!(
+            &image[at..at + BS as usize],
+            &block(k, 2)[..],
+            "a's block {k}"
+        );
+    }
+    let image = frozen.inner.durable_image();
+    for k in (0..100u64).chain([300]) {
+        let v = if k < 100 { 1 } else { 3 };
+        let at = (k * BS) as usize;
+        assert_eq!(
+            &image[at..at + BS as usize],
+            &block(k, v)[..],
+            "b's block {k}"
+        );
+    }
+}

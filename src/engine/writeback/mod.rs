@@ -8,11 +8,14 @@
 //!
 //! - `run.rs`: the background's rounds and steps, `write_back_all`, and
 //!   writing a run of dirty blocks back (`impl Engine`).
+//! - `lanes.rs`: a lane per origin, so that background writeback to an
+//!   origin that hangs holds up that origin alone.
 //! - `order.rs`: writeback in flush order, group after group.
 //! - `clean.rs`: the log placement's cleaner, freeing and discarding whole
 //!   segments ahead of the cursor.
 
 pub mod clean;
+pub(crate) mod lanes;
 pub mod order;
 pub mod run;
 
@@ -40,6 +43,8 @@ pub(crate) struct Writeback {
     /// The background thread's wake-up flag and its handle.
     wake: (Mutex<bool>, Condvar),
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Each origin's lane (`lanes.rs`), started with the background.
+    lanes: lanes::Lanes,
 }
 
 /// What background writeback decides by, kept between its rounds.
@@ -76,6 +81,7 @@ impl Writeback {
             slots_freed: (Mutex::new(Rank::SlotsFreed, ()), Condvar::new()),
             wake: (Mutex::new(Rank::Background, false), Condvar::new()),
             thread: Mutex::new(Rank::Background, None),
+            lanes: lanes::Lanes::default(),
         }
     }
 

@@ -24,6 +24,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::lanes;
 use super::State;
 use crate::device::{AlignedBuf, DeviceError};
 use crate::engine::admission::Dev;
@@ -64,6 +65,7 @@ pub(crate) enum Pace {
 
 pub(crate) fn start_background(engine: &Arc<Engine>) {
     let weak = engine.weak();
+    start_lanes(engine);
     let handle = std::thread::Builder::new()
         .name("tiercache-bg".into())
         .spawn(move || loop {
@@ -85,6 +87,25 @@ pub(crate) fn start_background(engine: &Arc<Engine>) {
     *engine.writeback.thread.lock() = Some(handle);
 }
 
+/// Each origin's lane writes back its batches through the engine
+/// (lanes.rs), which it does not keep alive.
+fn start_lanes(engine: &Arc<Engine>) {
+    let (write, wake) = (engine.weak(), engine.weak());
+    engine.writeback.lanes.start(lanes::Runner {
+        write: Box::new(move |v, keys, pace| {
+            let Some(e) = write.upgrade() else { return };
+            if let Err(err) = e.writeback_lane_batch(v, keys, pace) {
+                BACKGROUND_WRITEBACK.warn(e.now_ms(), format_args!("background writeback: {err}"));
+            }
+        }),
+        wake: Box::new(move || {
+            if let Some(e) = wake.upgrade() {
+                e.writeback.wake();
+            }
+        }),
+    });
+}
+
 pub(crate) fn stop_background(engine: &Engine) {
     engine.writeback.wake();
     let handle = engine.writeback.thread.lock().take();
@@ -93,6 +114,7 @@ pub(crate) fn stop_background(engine: &Engine) {
             let _ = h.join();
         }
     }
+    engine.writeback.lanes.stop();
 }
 
 impl Engine {
@@ -139,7 +161,8 @@ impl Engine {
 
     /// One batch of background writeback: keeps the free-slot reserve,
     /// then writes back what the watermarks, ages and idle time call for
-    /// now. Returns the blocks written back (0: nothing was due).
+    /// now. Returns the blocks written back (0: nothing was due); with
+    /// lanes, those handed to them (`hand_to_lanes`).
     pub fn writeback_step(&self) -> EngineResult<usize> {
         // Between batches too: a round of writeback can take seconds
         // against a slow origin.
@@ -159,7 +182,38 @@ impl Engine {
             // Writeback is due; what goes is the oldest group's.
             return self.ordered_step(pace);
         }
+        if self.lanes_on() {
+            return Ok(self.hand_to_lanes(&cands, pace));
+        }
         self.writeback_blocks(&cands, pace)
+    }
+
+    /// Background batches go to the origins' lanes (lanes.rs): with
+    /// several volumes, a background thread, and side by side
+    /// (`side_by_side`: not in flush order, not on a simulated clock).
+    fn lanes_on(&self) -> bool {
+        self.origins.len() > 1 && self.side_by_side() && self.writeback.lanes.started()
+    }
+
+    /// Hands each volume's part of `blocks` to its origin's lane, passing
+    /// over a lane still at its last batch; returns the blocks handed.
+    fn hand_to_lanes(&self, blocks: &[u64], pace: Pace) -> usize {
+        let lanes = &self.writeback.lanes;
+        let parts = self.origins.split(blocks).enumerate();
+        (parts.filter(|(v, (_, keys))| !keys.is_empty() && lanes.hand(*v, keys.to_vec(), pace)))
+            .map(|(_, (_, keys))| keys.len())
+            .sum()
+    }
+
+    /// A lane's batch: volume `v`'s `keys` written back (lanes.rs).
+    pub(crate) fn writeback_lane_batch(
+        &self,
+        v: usize,
+        keys: &[u64],
+        pace: Pace,
+    ) -> EngineResult<usize> {
+        let origin = self.origins.get(v).ok_or_else(|| self.no_volume(v))?;
+        self.writeback_volume(origin, keys, pace, None)
     }
 
     /// A background commit is due: records wait and the last commit is a
