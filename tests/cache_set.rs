@@ -74,7 +74,9 @@ impl Rig {
 }
 
 fn set_of(engine: &Engine) -> &CacheSet {
-    engine.cache_device().as_cache_set().expect("a set")
+    (engine.cache_device().members().expect("a set").as_any())
+        .downcast_ref::<CacheSet>()
+        .expect("a cache set")
 }
 
 /// Random stamped writes of 1..16 sectors, and reads checked against the

@@ -528,7 +528,9 @@ fn run_workload(sim: &mut Sim, case: &Case, dir: &Path, origins: usize) -> Resul
         }
         step(sim, &engine, &m, &mut client, case)?;
         if !m.switch.is_tripped() {
-            let set = engine.cache_device().as_cache_set().expect("a set");
+            let set = (engine.cache_device().members().expect("a set").as_any())
+                .downcast_ref::<CacheSet>()
+                .expect("a cache set");
             let states = set.members();
             recorded |= states[case.lost].state == MemberState::Failed
                 && states[case.survivor()].state == MemberState::Healthy;

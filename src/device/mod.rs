@@ -16,6 +16,7 @@ pub mod file;
 #[cfg(any(test, feature = "testing"))]
 pub mod fuzz;
 pub mod latency;
+pub mod members;
 pub mod nbd;
 pub mod probe;
 pub mod ram;
@@ -165,8 +166,9 @@ pub trait BlockDevice: Send + Sync {
     fn identity(&self) -> u64 {
         0
     }
-    /// The cache set this device is (several cache devices as one).
-    fn as_cache_set(&self) -> Option<&set::CacheSet> {
+    /// What a device of several members (a cache set) tells the engine
+    /// and takes from it (`members.rs`); `None` for one device.
+    fn members(&self) -> Option<&dyn members::Members> {
         None
     }
     /// The file or block device this is, unwrapped (a cache set writes two

@@ -491,8 +491,8 @@ impl Engine {
         let stale_blocks = stale.iter().map(|(_, n)| n).sum();
         // Before the metadata lock: a device's health takes its own lock.
         let health = self.origins.iter().map(|o| o.device().health()).collect();
-        let set = self.io.cache().as_cache_set();
-        let mut members = set.map(|s| s.members()).unwrap_or_default();
+        let set = self.io.cache().members();
+        let mut members = set.map(|s| s.member_statuses()).unwrap_or_default();
         let mut m = self.meta.lock();
         // Under the metadata lock, as the counts below: an eviction counts
         // its demotion under it, so used blocks and demotions agree (a
@@ -940,8 +940,8 @@ impl Engine {
 /// only their own slots.
 fn member_usage(
     m: &Meta,
-    set: &crate::device::set::CacheSet,
-    members: &mut [crate::device::set::MemberStatus],
+    set: &dyn crate::device::members::Members,
+    members: &mut [crate::device::members::MemberStatus],
     dirty: u64,
 ) {
     let mirrored = m.used_in(0..set.mirror_slots() as u32);

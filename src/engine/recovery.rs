@@ -485,7 +485,7 @@ pub(crate) fn load(
     let bs = layout.block_bytes as u64;
     let keys = KeySpace::new(bs, sizes.iter().map(|s| s / bs).collect());
     let mut table = read_checkpoint(cache, &sb, &layout, keys, &mut damage)?;
-    if let Some(set) = cache.as_cache_set() {
+    if let Some(set) = cache.members() {
         table.set_dirty_slots(set.mirror_slots() as u32);
     }
     let mut groups = (sb.flags.get() & SB_FLAG_FLUSH_ORDER != 0)
@@ -701,13 +701,13 @@ fn check_journal_end(
 /// The current superblock; of a cache set, after its metadata copies
 /// were compared and mended up to the journal's end.
 fn superblock_scrubbed(cache: &DeviceRef) -> EngineResult<Superblock> {
-    if let Some(set) = cache.as_cache_set() {
+    if let Some(set) = cache.members() {
         set.set_meta_check(super::format::meta_page_intact);
     }
     let sb = current_superblock(cache)?;
-    if let Some(set) = cache.as_cache_set() {
+    if let Some(set) = cache.members() {
         let journal_end = sb.journal_offset.get() + sb.journal_pages.get() * PAGE_BYTES;
-        let range = 0..journal_end.min(set.geometry().meta_bytes);
+        let range = 0..journal_end.min(set.meta_bytes());
         set.scrub_meta(range, sb.clean_shutdown.get() == 1);
     }
     Ok(sb)

@@ -90,7 +90,7 @@ pub struct Status {
     pub guard_engaged: bool,
     /// A cache set's members (empty for one cache device).
     #[serde(default)]
-    pub cache_members: Vec<crate::device::set::MemberStatus>,
+    pub cache_members: Vec<crate::device::members::MemberStatus>,
     /// A cache set's state: "whole", "degraded" or "rebuilding".
     #[serde(default)]
     pub cache_set_state: Option<String>,

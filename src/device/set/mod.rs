@@ -718,7 +718,69 @@ impl BlockDevice for CacheSet {
         self.set_id
     }
 
-    fn as_cache_set(&self) -> Option<&CacheSet> {
+    fn members(&self) -> Option<&dyn crate::device::members::Members> {
         Some(self)
+    }
+}
+
+impl crate::device::members::Members for CacheSet {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+    fn set_name(&self) -> &str {
+        &self.name
+    }
+    fn epoch(&self) -> u64 {
+        CacheSet::epoch(self)
+    }
+    fn mirror_slots(&self) -> u64 {
+        CacheSet::mirror_slots(self)
+    }
+    fn unusable_slots(&self) -> Vec<Range<u32>> {
+        CacheSet::unusable_slots(self)
+    }
+    fn own_slots(&self, i: usize) -> Range<u32> {
+        CacheSet::own_slots(self, i)
+    }
+    fn member_statuses(&self) -> Vec<MemberStatus> {
+        CacheSet::members(self)
+    }
+    fn state_name(&self) -> &'static str {
+        CacheSet::state_name(self)
+    }
+    fn degraded(&self) -> bool {
+        CacheSet::degraded(self)
+    }
+    fn meta_bytes(&self) -> u64 {
+        self.geometry().meta_bytes
+    }
+    fn set_meta_check(&self, check: crate::device::members::MetaCheck) {
+        CacheSet::set_meta_check(self, check)
+    }
+    fn scrub_meta(&self, range: Range<u64>, clean: bool) -> u64 {
+        CacheSet::scrub_meta(self, range, clean)
+    }
+    fn count_meta_damage(&self) {
+        CacheSet::count_meta_damage(self)
+    }
+    fn begin_resync(&self) {
+        CacheSet::begin_resync(self)
+    }
+    fn resync_pending(&self) -> bool {
+        CacheSet::resync_pending(self)
+    }
+    fn resync(&self, progress: &mut dyn FnMut(u64, u64)) -> DeviceResult<()> {
+        CacheSet::resync(self, progress)
+    }
+    fn stop_resync(&self) {
+        CacheSet::stop_resync(self)
+    }
+    fn replace(
+        &self,
+        i: usize,
+        new: DeviceRef,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> DeviceResult<()> {
+        CacheSet::replace(self, i, new, progress)
     }
 }

@@ -79,7 +79,7 @@ impl Sums {
 
 /// Says whether a 4 KiB metadata page is intact by its own checksum (the
 /// engine's `format::meta_page_intact`).
-pub type MetaCheck = fn(&[u8]) -> bool;
+pub use crate::device::members::MetaCheck;
 
 const PAGE: usize = 4096;
 

@@ -51,7 +51,7 @@ impl Engine {
 
     /// The cache set's member-state epoch (0 for one cache device).
     fn cache_set_epoch(&self) -> u64 {
-        self.io.cache().as_cache_set().map_or(0, |s| s.epoch())
+        self.io.cache().members().map_or(0, |s| s.epoch())
     }
 
     pub(crate) fn cache_read(

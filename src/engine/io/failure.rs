@@ -22,7 +22,8 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::device::{BlockDevice, DeviceError};
+use crate::device::members::Members;
+use crate::device::DeviceError;
 use crate::engine::format::SB_FLAG_DISTRUST_CLEAN;
 use crate::engine::stats::bump;
 use crate::engine::{Engine, EngineError, EngineResult, FailoverHook};
@@ -58,7 +59,7 @@ impl Engine {
     /// from the origin again); those of members healthy again are free.
     /// Mirrored slots need nothing: the set serves them from the copy left.
     pub(crate) fn follow_cache_set(&self) {
-        let Some(set) = self.io.cache.as_cache_set() else {
+        let Some(set) = self.io.cache.members() else {
             return;
         };
         let epoch = set.epoch();
@@ -79,7 +80,7 @@ impl Engine {
     /// then), or at once without a background (`no_background`: tests,
     /// short-lived commands).
     pub(crate) fn cache_set_opened(&self, unclean: bool, background: bool) {
-        let Some(set) = self.io.cache.as_cache_set() else {
+        let Some(set) = self.io.cache.members() else {
             return;
         };
         set.count_meta_damage();
@@ -89,9 +90,9 @@ impl Engine {
         if !set.resync_pending() {
             return;
         }
-        let resync = |set: &crate::device::set::CacheSet| {
-            if let Err(e) = set.resync(|_, _| {}) {
-                log::warn!("{}: resync: {e}", set.name());
+        let resync = |set: &dyn Members| {
+            if let Err(e) = set.resync(&mut |_, _| {}) {
+                log::warn!("{}: resync: {e}", set.set_name());
             }
         };
         if !background {
@@ -101,16 +102,16 @@ impl Engine {
         let dev = self.io.cache.clone();
         let spawned = std::thread::Builder::new()
             .name("tc-resync".into())
-            .spawn(move || resync(dev.as_cache_set().expect("a cache set")));
+            .spawn(move || resync(dev.members().expect("a cache set")));
         match spawned {
             Ok(h) => *self.io.resync.lock() = Some(h),
-            Err(e) => log::warn!("{}: no resync thread: {e}", set.name()),
+            Err(e) => log::warn!("{}: no resync thread: {e}", set.set_name()),
         }
     }
 
     /// Stops and joins a running resync (close).
     pub(crate) fn stop_resync(&self) {
-        if let Some(set) = self.io.cache.as_cache_set() {
+        if let Some(set) = self.io.cache.members() {
             set.stop_resync();
         }
         let handle = self.io.resync.lock().take();
@@ -130,7 +131,7 @@ impl Engine {
         progress: &mut dyn FnMut(u64, u64),
     ) -> EngineResult<()> {
         self.check_open()?;
-        let Some(set) = self.io.cache.as_cache_set() else {
+        let Some(set) = self.io.cache.members() else {
             return Err(EngineError::Config(format!(
                 "{} is one cache device, not a cache set: there is no member to replace",
                 self.io.cache.name()
