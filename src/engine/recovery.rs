@@ -847,7 +847,8 @@ fn build_engine(
     let gather = sb.flags.get() & SB_FLAG_LOG_PLACEMENT != 0 && !cache.is_volatile();
     let volumes = sb.volume_list();
     let names = volumes.iter().map(|v| v.name.clone());
-    let origins = Origins::new(names.zip(origins).collect(), block_bytes);
+    let keys = loaded.table.keys().clone();
+    let origins = Origins::new(names.zip(origins).collect(), block_bytes, keys);
     for (o, v) in origins.iter().zip(&volumes) {
         o.swap_mode(sb.volume_mode(v).expect("validated"));
         o.share().set(v.share);

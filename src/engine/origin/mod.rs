@@ -353,8 +353,13 @@ pub(crate) struct Origins {
 }
 
 impl Origins {
-    /// Volume `i` on `devices[i]`, with its name.
-    pub(crate) fn new(devices: Vec<(String, DeviceRef)>, block_bytes: u64) -> Origins {
+    /// Volume `i` on `devices[i]`, with its name; their keys are `keys`
+    /// (the table's: one key space, shared, grows for both).
+    pub(crate) fn new(
+        devices: Vec<(String, DeviceRef)>,
+        block_bytes: u64,
+        keys: address::KeySpace,
+    ) -> Origins {
         let list: Box<[OnceLock<Box<Origin>>]> =
             (0..address::MAX_VOLUMES).map(|_| OnceLock::new()).collect();
         let mut sizes = Vec::with_capacity(devices.len());
@@ -363,9 +368,10 @@ impl Origins {
             sizes.push(o.blocks());
             assert!(list[i].set(Box::new(o)).is_ok(), "set once");
         }
+        debug_assert_eq!(keys, address::KeySpace::new(block_bytes, sizes.clone()));
         Origins {
             len: AtomicUsize::new(sizes.len()),
-            keys: address::KeySpace::new(block_bytes, sizes),
+            keys,
             list,
             sharing: AtomicU32::new(Sharing::Global.to_u32()),
             rebalanced_s: AtomicU64::new(0),

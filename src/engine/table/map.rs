@@ -96,6 +96,11 @@ impl Table {
         }
     }
 
+    /// The keys it may hold (shared with every clone: the origins' too).
+    pub fn keys(&self) -> &KeySpace {
+        &self.keys
+    }
+
     /// An empty table of the same shape.
     pub fn emptied(&self) -> Table {
         let mut t = Table::new(self.slot_count(), self.keys.clone(), self.sectors);
