@@ -556,7 +556,8 @@ fn remove_origin_leaves_the_origin_alone_and_finishes_when_run_again() {
         !out.status.success() && err.contains("remove-origin"),
         "{err}"
     );
-    let said = s.cli(&["remove-origin", "--volume", "data"]);
+    // `detach --volume` is the same command.
+    let said = s.cli(&["detach", "--volume", "data"]);
     assert!(said.contains("cut short"), "{said}");
 
     let mut server = s.serve();

@@ -20,6 +20,10 @@ pub struct Args {
     /// its users then see every request fail.
     #[arg(long)]
     force: bool,
+    /// Of a cache of several origins: detach this volume only, its origin
+    /// left standing alone (`tiercache remove-origin --volume NAME`).
+    #[arg(long, value_name = "NAME", conflicts_with = "force")]
+    volume: Option<String>,
 }
 
 /// Why the served device must not go away now, checked before the write
@@ -40,6 +44,9 @@ fn in_use(target: &Target) -> Result<Option<String>> {
 }
 
 pub fn run(reg: &Registry, a: &Args) -> Result<()> {
+    if let Some(volume) = &a.volume {
+        return super::remove_origin::remove_named(reg, a.name.name.as_deref(), volume);
+    }
     let opened = Opened::open(reg, a.name.name.as_deref())?;
     let entry = opened.entry.clone();
     if !a.force {

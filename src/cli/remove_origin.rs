@@ -30,7 +30,12 @@ pub struct Args {
 }
 
 pub fn run(reg: &Registry, a: &Args) -> Result<()> {
-    let entry = reg.resolve(a.name.name.as_deref())?;
+    remove_named(reg, a.name.name.as_deref(), &a.volume)
+}
+
+/// Takes volume `volume` out of cache `name` (also `detach --volume`).
+pub fn remove_named(reg: &Registry, name: Option<&str>, volume: &str) -> Result<()> {
+    let entry = reg.resolve(name)?;
     if super::control::daemon_listening(&reg.socket_path(&entry.name)) {
         bail!(
             "cache '{}' is served: stop its daemon (systemctl stop tiercache@{}), remove the \
@@ -48,20 +53,20 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     let (v, how) = if recorded.len() + 1 == paths.len() {
         drop(cache);
         (
-            removed_already(&entry, &recorded, &a.volume)?,
+            removed_already(&entry, &recorded, volume)?,
             "finished a remove-origin that was cut short: ",
         )
     } else {
-        let Some(v) = recorded.iter().position(|r| r.name == a.volume) else {
+        let Some(v) = recorded.iter().position(|r| r.name == volume) else {
             let names: Vec<&str> = recorded.iter().map(|r| r.name.as_str()).collect();
             bail!(
                 "cache '{}' has no volume '{}' (its volumes: {})",
                 entry.name,
-                a.volume,
+                volume,
                 names.join(", ")
             );
         };
-        remove(reg, &entry, cache, v, &a.volume)?;
+        remove(reg, &entry, cache, v, volume)?;
         (v, "")
     };
     reg.update(&entry.name, |e| match v {
@@ -71,7 +76,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     .context("dropping the origin from the registry")?;
     println!(
         "cache '{}': {how}volume {} removed; its origin {} stands alone, all its data on it",
-        entry.name, a.volume, paths[v]
+        entry.name, volume, paths[v]
     );
     Ok(())
 }
