@@ -64,11 +64,9 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
             ),
         }
     }
-    let ublk_behind = frontends
-        .as_ref()
-        .and_then(|f| Some((f.ublk_device.clone()?, f.ublk_bytes?)))
-        .filter(|&(_, bytes)| bytes < after.volume_bytes);
-    if let Some((dev, _)) = ublk_behind {
+    let sizes: Vec<u64> = after.volumes.iter().map(|v| v.bytes).collect();
+    let behind = frontends.as_ref().map(|f| f.ublk_behind(&sizes));
+    for (dev, _, _) in behind.unwrap_or_default() {
         println!(
             "{dev} keeps its old size until the daemon restarts (Linux cannot resize a live \
              ublk device): systemctl restart tiercache@{}",

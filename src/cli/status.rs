@@ -49,7 +49,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     } else {
         print!("{}", table(&opened.entry.name, &status));
         match &frontends {
-            Some(f) => print!("{}", served_rows(f, status.volume_bytes)),
+            Some(f) => print!("{}", served_rows(f, &volume_sizes(&status))),
             // Counters live in memory; an offline status reads the cache
             // at rest, writing nothing.
             None => println!("  (not served; read without writing, so I/O counters are zero; `tiercache serve` reports live ones)"),
@@ -83,9 +83,18 @@ pub fn dirty_blocks(s: &Status, name: Option<&str>) -> Result<u64> {
     }
 }
 
+/// Every volume's size now, in order (a status from before volumes: the
+/// one).
+fn volume_sizes(s: &Status) -> Vec<u64> {
+    match s.volumes.is_empty() {
+        true => vec![s.volume_bytes],
+        false => s.volumes.iter().map(|v| v.bytes).collect(),
+    }
+}
+
 /// Where a daemon serves the cache, one row per front end; `volume_bytes`
-/// is the (first) volume's size now.
-fn served_rows(f: &Frontends, volume_bytes: u64) -> String {
+/// are the volumes' sizes now.
+fn served_rows(f: &Frontends, volume_bytes: &[u64]) -> String {
     let mut rows = Vec::new();
     if let Some(socket) = &f.nbd_socket {
         rows.push(format!("NBD on {socket}"));
@@ -110,12 +119,12 @@ fn served_rows(f: &Frontends, volume_bytes: u64) -> String {
         ));
     } else if let Some(dev) = &f.ublk_device {
         rows.push(format!("ublk {dev}"));
-        if let Some(bytes) = f.ublk_bytes.filter(|&b| b < volume_bytes) {
-            rows.push(format!(
-                "restart pending: {dev} keeps {bytes} bytes, the volume has {volume_bytes} \
-                 (Linux cannot resize a live ublk device; `systemctl restart` makes it anew)"
-            ));
-        }
+    }
+    for (dev, bytes, now) in f.ublk_behind(volume_bytes) {
+        rows.push(format!(
+            "restart pending: {dev} keeps {bytes} bytes, the volume has {now} \
+             (Linux cannot resize a live ublk device; `systemctl restart` makes it anew)"
+        ));
     }
     rows.iter()
         .map(|r| format!("  {:<13} {r}\n", "served"))

@@ -40,6 +40,31 @@ pub struct Frontends {
     /// the daemon restarts (Linux 6.12 cannot resize a live ublk device).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ublk_bytes: Option<u64>,
+    /// Of a cache of several volumes served over ublk: the size each
+    /// device was made with, in volume order (as `ublk_bytes`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ublk_devices_bytes: Vec<u64>,
+}
+
+impl Frontends {
+    /// The ublk devices whose volume grew since they were made, with the
+    /// size each keeps and the volume's now: a restart makes them anew
+    /// (`volume_bytes`: every volume's size now, in order).
+    pub fn ublk_behind(&self, volume_bytes: &[u64]) -> Vec<(String, u64, u64)> {
+        let devices: Vec<(String, u64)> = if self.ublk_devices.is_empty() {
+            (self.ublk_device.clone().zip(self.ublk_bytes))
+                .into_iter()
+                .collect()
+        } else {
+            (self.ublk_devices.iter().cloned())
+                .zip(self.ublk_devices_bytes.iter().copied())
+                .collect()
+        };
+        (devices.into_iter().zip(volume_bytes))
+            .filter(|((_, made), &now)| *made < now)
+            .map(|((dev, made), &now)| (dev, made, now))
+            .collect()
+    }
 }
 
 /// Serves volume `v`, added online, on the daemon's front end; returns
@@ -174,6 +199,29 @@ fn mounted_on(mountinfo: &str, major: u32, minor: u32) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_ublk_device_behind_its_grown_volume_is_named() {
+        let one = Frontends {
+            ublk_device: Some("/dev/ublkb0".into()),
+            ublk_bytes: Some(100),
+            ..Default::default()
+        };
+        assert!(one.ublk_behind(&[100]).is_empty());
+        assert_eq!(one.ublk_behind(&[200]), [("/dev/ublkb0".into(), 100, 200)]);
+        let two = Frontends {
+            ublk_device: Some("/dev/ublkb4".into()),
+            ublk_bytes: Some(100),
+            ublk_devices: vec!["/dev/ublkb4".into(), "/dev/ublkb5".into()],
+            ublk_devices_bytes: vec![100, 300],
+            ..Default::default()
+        };
+        assert_eq!(
+            two.ublk_behind(&[100, 400]),
+            [("/dev/ublkb5".into(), 300, 400)]
+        );
+        assert!(Frontends::default().ublk_behind(&[1]).is_empty());
+    }
 
     #[test]
     fn mountinfo_lines() {

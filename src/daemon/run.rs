@@ -247,8 +247,15 @@ fn open_or_say(reg: &Registry, cfg: &DaemonConfig) -> Result<Opened> {
     opened
 }
 
+/// Says so for every device this daemon would take over (one a volume,
+/// from `id` on, as `serve_ublk` numbers them) that waits for a daemon.
 fn ublk_left_waiting(id: i32, e: &DaemonError) {
-    if !std::path::Path::new(&format!("/dev/ublkc{id}")).exists() {
+    let waiting =
+        |v: &usize| std::path::Path::new(&format!("/dev/ublkc{}", id + *v as i32)).exists();
+    let devices: Vec<usize> = (0..crate::engine::format::volumes::MAX_VOLUMES)
+        .take_while(waiting)
+        .collect();
+    if devices.is_empty() {
         return;
     }
     // The whole chain: the line must say why on its own.
@@ -258,11 +265,14 @@ fn ublk_left_waiting(id: i32, e: &DaemonError) {
         why = format!("{why}: {c}");
         cause = c.source();
     }
-    log::error!(
-        "/dev/ublkb{id} is waiting for a daemon: the kernel holds its requests (a filesystem on \
-         it hangs, it does not fail) until a `tiercache serve --ublk --ublk-id {id}` opens the \
-         cache and takes the device over, and this one cannot: {why}"
-    );
+    for v in devices {
+        let dev = id + v as i32;
+        log::error!(
+            "/dev/ublkb{dev} is waiting for a daemon: the kernel holds its requests (a filesystem \
+             on it hangs, it does not fail) until a `tiercache serve --ublk --ublk-id {id}` opens \
+             the cache and takes the device over, and this one cannot: {why}"
+        );
+    }
 }
 
 /// Runs the daemon in the foreground until it is told to stop; returns
@@ -432,6 +442,7 @@ fn volumes_served(engine: &Engine, cfg: &DaemonConfig, fixed: &mut Frontends) {
             fixed.ublk_devices = (0..volumes.len())
                 .map(|v| format!("/dev/ublkb{}", u.dev_id + v as i32))
                 .collect();
+            fixed.ublk_devices_bytes = volumes.iter().map(|v| v.2).collect();
         }
         None if volumes.len() > 1 => {
             fixed.nbd_exports = volumes.into_iter().map(|v| v.0).collect();
