@@ -15,8 +15,8 @@ use crate::engine::format::{
 use crate::engine::observe::heat::RegionCounts;
 use crate::engine::origin::address::KeySpace;
 
-/// In memory a cached block costs its entry (4 bytes, or 8 for origins of
-/// 2^31 blocks or more), an index bucket (4 bytes at most 4/5 full) and one
+/// In memory a cached block costs its entry (4 bytes, or 8 for volumes of
+/// 2^31 blocks or more in all: entries.rs), an index bucket (4 bytes at most 4/5 full) and one
 /// bit saying whether it is whole; dirty blocks are found by scanning
 /// entries, so being dirty costs nothing extra. Only slots that are not
 /// whole (some sectors without data, or some but not all dirty) keep sector
@@ -84,7 +84,7 @@ impl Cached {
 impl Table {
     pub fn new(slot_count: u64, keys: KeySpace, sectors: usize) -> Table {
         Table {
-            entries: Entries::new(slot_count, keys.end()),
+            entries: Entries::for_keys(slot_count, &keys),
             index: BlockIndex::new(slot_count),
             partial_bits: vec![0; (slot_count as usize).div_ceil(64)],
             partial: PartialMaps::new(sectors),
@@ -143,8 +143,9 @@ impl Table {
 
     /// One more volume, of `blocks` blocks, in the key space (online,
     /// under the metadata lock: `Engine::add_volume`); returns its index.
-    /// The entries widen if its keys need it (a second volume's keys are
-    /// past any narrow entry's), and the heat-map regions are recounted.
+    /// Narrow entries are placed anew (entries.rs: their dense indexes)
+    /// or widen if the volumes pass 2^31 blocks, and the heat-map regions
+    /// are recounted.
     pub fn add_volume(&mut self, blocks: u64) -> usize {
         let v = self.keys.add(blocks);
         self.keys_changed();
@@ -153,7 +154,7 @@ impl Table {
 
     /// The key space grew: entries and regions follow.
     fn keys_changed(&mut self) {
-        self.entries.fit(self.keys.end());
+        self.entries.fit_keys(&self.keys);
         let mut regions = RegionCounts::new(&self.keys);
         for e in self.entries.iter() {
             if let Some((block, dirty)) = entry_decode(e) {
