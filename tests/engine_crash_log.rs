@@ -45,7 +45,6 @@ use sim::Sim;
 use tiercache::device::fault::{CrashSwitch, FaultDevice};
 use tiercache::device::{BlockDevice, DeviceRef, DeviceResult};
 use tiercache::engine::crash_log::{LogImage, HEADER_BYTES};
-use tiercache::engine::origin::address::base;
 use tiercache::engine::recovery::{self, CrashLogs};
 use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions};
 
@@ -186,14 +185,7 @@ impl Client {
     /// several origins, a volume first (none drawn for one, so the seeds of
     /// one origin replay as before volumes).
     fn pick(&self, sim: &mut Sim) -> (u64, u64, u64) {
-        let vol = if self.origins > 1 {
-            sim.rng().gen_range(0..self.origins)
-        } else {
-            0
-        };
-        let n = sim.rng().gen_range(1..=self.max_sectors);
-        let first = sim.rng().gen_range(0..=SECTORS - n);
-        (vol * SECTORS + first, n, base(vol as usize) + first * 512)
+        sim::pick_span(sim, self.origins, SECTORS, self.max_sectors)
     }
 
     /// One request (`r` from 25: a write, FUA below 30; a read; a flush).

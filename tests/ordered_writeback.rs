@@ -42,7 +42,6 @@ use tiercache::device::fault::{CrashSwitch, FaultDevice};
 use tiercache::device::set::{CacheSet, LABEL_BYTES};
 use tiercache::device::{BlockDevice, DeviceRef};
 use tiercache::engine::format::Layout;
-use tiercache::engine::origin::address::base;
 use tiercache::engine::{CreateOptions, Engine, Mode, Placement, WritebackOrder};
 
 const ORIGIN_BYTES: u64 = 1 << 20;
@@ -271,14 +270,7 @@ impl Workload {
     /// several origins, a volume first (none drawn for one, so the seeds of
     /// one origin replay as before volumes).
     fn pick(&self, sim: &mut Sim) -> (u64, u64, u64) {
-        let vol = if self.origins > 1 {
-            sim.rng().gen_range(0..self.origins)
-        } else {
-            0
-        };
-        let n = sim.rng().gen_range(1..=self.max_sectors);
-        let first = sim.rng().gen_range(0..=SECTORS - n);
-        (vol * SECTORS + first, n, base(vol as usize) + first * 512)
+        sim::pick_span(sim, self.origins, SECTORS, self.max_sectors)
     }
 }
 

@@ -49,15 +49,6 @@ const SECTORS: u64 = ORIGIN_BYTES / 512;
 const CACHE: usize = 0;
 const ORIGIN: usize = 1;
 
-/// Origin `v`'s device name (FaultDevice identities come from names).
-fn origin_name(v: usize) -> String {
-    if v == 0 {
-        "origin".into()
-    } else {
-        format!("origin{v}")
-    }
-}
-
 /// What the workload did, in log-marker order.
 #[derive(Clone, Copy, Debug)]
 enum Op {
@@ -114,7 +105,7 @@ fn record(w: &Workload) -> Recorded {
     let origins0: Vec<Arc<FaultDevice>> = (0..w.origins)
         .map(|v| {
             let image = common::stamped(v as u64 * SECTORS, SECTORS, 0);
-            Arc::new(FaultDevice::from_image(&origin_name(v), image, 0))
+            Arc::new(FaultDevice::from_image(&common::origin_name(v), image, 0))
         })
         .collect();
     let opts = CreateOptions {
@@ -145,7 +136,11 @@ fn record(w: &Workload) -> Recorded {
     let mut origins: Vec<DeviceRef> = Vec::new();
     for v in 0..w.origins {
         let image = initial[ORIGIN + v].clone();
-        let o = log.record(Arc::new(FaultDevice::from_image(&origin_name(v), image, 0)));
+        let o = log.record(Arc::new(FaultDevice::from_image(
+            &common::origin_name(v),
+            image,
+            0,
+        )));
         assert_eq!(o.index(), ORIGIN + v);
         origins.push(Arc::new(o));
     }
@@ -271,7 +266,7 @@ struct Counts {
 fn verify_image(mut images: Vec<Vec<u8>>, model: &SectorModel, deep: bool) -> Result<(), String> {
     let (_, cache) = common::restart_dev("cache", images.remove(0), 1);
     let origins: Vec<DeviceRef> = (images.into_iter().enumerate())
-        .map(|(v, img)| common::restart_dev(&origin_name(v), img, 2 + v as u64).1)
+        .map(|(v, img)| common::restart_dev(&common::origin_name(v), img, 2 + v as u64).1)
         .collect();
     let report = check(&cache, Some(ORIGIN_BYTES));
     if !report.ok {
@@ -289,7 +284,7 @@ fn verify_image(mut images: Vec<Vec<u8>>, model: &SectorModel, deep: bool) -> Re
             report.cache_blocks_used
         ));
     }
-    let first = read_volumes(&engine)?;
+    let first = common::read_volumes(&engine)?;
     model
         .verify(&first)
         .map_err(|e| format!("after recovery: {e}"))?;
@@ -311,7 +306,7 @@ fn verify_image(mut images: Vec<Vec<u8>>, model: &SectorModel, deep: bool) -> Re
         }
         let engine = Engine::open_volumes(cache, origins.clone(), &common::no_bg())
             .map_err(|e| format!("reopen: {e}"))?;
-        let second = read_volumes(&engine)?;
+        let second = common::read_volumes(&engine)?;
         if first != second {
             return Err("the volume changed across a clean restart".into());
         }
@@ -344,18 +339,6 @@ fn verify_image(mut images: Vec<Vec<u8>>, model: &SectorModel, deep: bool) -> Re
         ));
     }
     Ok(())
-}
-
-/// Every volume, one after the other.
-fn read_volumes(engine: &Engine) -> Result<Vec<u8>, String> {
-    let mut out = Vec::new();
-    for (name, base, bytes) in engine.volumes() {
-        let data = engine
-            .read(base, bytes)
-            .map_err(|e| format!("reading volume {name}: {e}"))?;
-        out.extend_from_slice(&data);
-    }
-    Ok(out)
 }
 
 /// Replays the log of one workload and verifies every crash image.

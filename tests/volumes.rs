@@ -9,7 +9,7 @@ mod common;
 
 use std::sync::Arc;
 
-use tiercache::device::fault::FaultDevice;
+use tiercache::device::fault::{CrashSwitch, FaultDevice};
 use tiercache::device::{BlockDevice, DeviceRef};
 use tiercache::engine::async_engine::AsyncEngine;
 use tiercache::engine::format::Superblock;
@@ -77,6 +77,33 @@ impl Rig {
         self.origins[v].read_at(&mut buf, at).unwrap();
         buf.truncate(len);
         buf
+    }
+
+    /// The devices as they are now (durable), each tripped by `switch`
+    /// (the cache seeded 1, origin `v` `origin_seed(v)`).
+    fn under(&self, switch: &CrashSwitch, origin_seed: impl Fn(usize) -> u64) -> Rig {
+        let fault = |name: &str, image: Vec<u8>, seed: u64| {
+            Arc::new(FaultDevice::from_image(name, image, seed).with_crash_switch(switch.clone()))
+        };
+        Rig {
+            cache: fault("cache", self.cache.durable_image(), 1),
+            origins: (self.origins.iter().enumerate())
+                .map(|(v, o)| fault(&format!("o{v}"), o.durable_image(), origin_seed(v)))
+                .collect(),
+        }
+    }
+
+    /// The devices as a power loss leaves them (seeded as `under`).
+    fn power_lost(&self, origin_seed: impl Fn(usize) -> u64) -> Rig {
+        let image = |name: &str, d: &FaultDevice, seed: u64| {
+            Arc::new(FaultDevice::from_image(name, d.power_loss_image(), seed))
+        };
+        Rig {
+            cache: image("cache", &self.cache, 1),
+            origins: (self.origins.iter().enumerate())
+                .map(|(v, o)| image(&format!("o{v}"), o, origin_seed(v)))
+                .collect(),
+        }
     }
 
     fn superblock(&self) -> Superblock {
@@ -635,24 +662,10 @@ fn a_volume_grows_online_and_keeps_its_new_blocks_across_a_restart() {
 /// way.
 #[test]
 fn a_power_loss_at_every_write_of_a_grow_opens_at_one_size_or_the_other() {
-    use tiercache::device::fault::CrashSwitch;
     const MIB: u64 = 1 << 20;
     for n in 1.. {
         let switch = CrashSwitch::new();
-        let rig = Rig::new(64, &[MIB, MIB]);
-        let cache = FaultDevice::from_image("cache", rig.cache.durable_image(), 1)
-            .with_crash_switch(switch.clone());
-        let origins: Vec<Arc<FaultDevice>> = (0..2)
-            .map(|v| {
-                let o =
-                    FaultDevice::from_image(&format!("o{v}"), rig.origins[v].durable_image(), 2);
-                Arc::new(o.with_crash_switch(switch.clone()))
-            })
-            .collect();
-        let rig = Rig {
-            cache: Arc::new(cache),
-            origins,
-        };
+        let rig = Rig::new(64, &[MIB, MIB]).under(&switch, |_| 2);
         let engine = rig.create(&["a", "b"], Mode::Writeback).unwrap();
         let b = engine.volumes()[1].1;
         engine.write(b + 8 * BS, &block(0xB1), false).unwrap();
@@ -663,23 +676,7 @@ fn a_power_loss_at_every_write_of_a_grow_opens_at_one_size_or_the_other() {
         let finished = !switch.is_tripped();
         assert!(grown.is_ok() || !finished, "{grown:?}");
         drop(engine);
-        let images = Rig {
-            cache: Arc::new(FaultDevice::from_image(
-                "cache",
-                rig.cache.power_loss_image(),
-                1,
-            )),
-            origins: (0..2)
-                .map(|v| {
-                    let image = rig.origins[v].power_loss_image();
-                    Arc::new(FaultDevice::from_image(
-                        &format!("o{v}"),
-                        image,
-                        2 + v as u64,
-                    ))
-                })
-                .collect(),
-        };
+        let images = rig.power_lost(|v| 2 + v as u64);
         let engine = match images.open() {
             Ok(e) => e,
             Err(e) => {
@@ -800,7 +797,6 @@ fn removing_a_volume_writes_it_back_and_the_volumes_after_it_move_down() {
 /// neither, and every other volume's data is whole.
 #[test]
 fn a_power_loss_at_every_write_of_a_removal_leaves_the_volume_in_or_out() {
-    use tiercache::device::fault::CrashSwitch;
     const MIB: u64 = 1 << 20;
     let mut outcomes = [0u32; 2];
     for n in 1.. {
@@ -823,15 +819,7 @@ fn a_power_loss_at_every_write_of_a_removal_leaves_the_volume_in_or_out() {
         let finished = !switch.is_tripped();
         assert!(removed.is_ok() || !finished, "{removed:?}");
         drop(engine);
-        let image = |d: &FaultDevice, name: &str| {
-            Arc::new(FaultDevice::from_image(name, d.power_loss_image(), 1))
-        };
-        let after = Rig {
-            cache: image(&rig.cache, "cache"),
-            origins: (0..3)
-                .map(|v| image(&rig.origins[v], &format!("o{v}")))
-                .collect(),
-        };
+        let after = rig.power_lost(|_| 1);
         let two = Rig {
             cache: after.cache.clone(),
             origins: vec![after.origins[0].clone(), after.origins[2].clone()],
@@ -974,26 +962,10 @@ fn volumes_added_online_serve_at_once_beside_a_writer_and_stay_after_a_power_los
 /// the others' flushed data whole either way.
 #[test]
 fn a_power_loss_at_every_write_of_an_online_add_leaves_the_volume_in_or_out() {
-    use tiercache::device::fault::CrashSwitch;
     const MIB: u64 = 1 << 20;
     for n in 1.. {
         let switch = CrashSwitch::new();
-        let made = Rig::new(64, &[MIB, MIB, MIB]);
-        let fault = |name: &str, image: Vec<u8>, seed: u64| {
-            Arc::new(FaultDevice::from_image(name, image, seed).with_crash_switch(switch.clone()))
-        };
-        let rig = Rig {
-            cache: fault("cache", made.cache.durable_image(), 1),
-            origins: (0..3)
-                .map(|v| {
-                    fault(
-                        &format!("o{v}"),
-                        made.origins[v].durable_image(),
-                        2 + v as u64,
-                    )
-                })
-                .collect(),
-        };
+        let rig = Rig::new(64, &[MIB, MIB, MIB]).under(&switch, |v| 2 + v as u64);
         let engine = rig.create(&["a", "b"], Mode::Writeback).unwrap();
         let bases = stamp_volumes(&engine, 4);
         engine.flush().unwrap();
@@ -1002,23 +974,7 @@ fn a_power_loss_at_every_write_of_an_online_add_leaves_the_volume_in_or_out() {
         let finished = !switch.is_tripped();
         assert!(added.is_ok() || !finished, "{added:?}");
         drop(engine);
-        let images = Rig {
-            cache: Arc::new(FaultDevice::from_image(
-                "cache",
-                rig.cache.power_loss_image(),
-                1,
-            )),
-            origins: (0..3)
-                .map(|v| {
-                    let image = rig.origins[v].power_loss_image();
-                    Arc::new(FaultDevice::from_image(
-                        &format!("o{v}"),
-                        image,
-                        2 + v as u64,
-                    ))
-                })
-                .collect(),
-        };
+        let images = rig.power_lost(|v| 2 + v as u64);
         let engine = match images.open() {
             Ok(e) => e,
             Err(e) => {

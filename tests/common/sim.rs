@@ -155,6 +155,23 @@ impl Sim {
 }
 
 /// The replay command of test `name` in test file `file` for `seed`.
+/// A request's span among `origins` volumes of `sectors` each, of 1 to
+/// `max_sectors`: (model sector, sectors, engine address). The model
+/// numbers the volumes' sectors one after the other. With several
+/// origins a volume is drawn first; none for one, so the seeds of one
+/// origin replay as before volumes.
+pub fn pick_span(sim: &mut Sim, origins: u64, sectors: u64, max_sectors: u64) -> (u64, u64, u64) {
+    let vol = if origins > 1 {
+        sim.rng().gen_range(0..origins)
+    } else {
+        0
+    };
+    let n = sim.rng().gen_range(1..=max_sectors);
+    let first = sim.rng().gen_range(0..=sectors - n);
+    let base = tiercache::engine::origin::address::base(vol as usize);
+    (vol * sectors + first, n, base + first * 512)
+}
+
 pub fn replay_command(file: &str, name: &str, seed: u64) -> String {
     format!("TIERCACHE_SEED={seed} cargo test --test {file} {name}")
 }
