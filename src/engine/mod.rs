@@ -669,20 +669,28 @@ impl Engine {
                 "a cache of one volume shares with nobody: shares need several origins".into(),
             ));
         }
-        let others: u32 = (self.origins.iter().enumerate())
-            .filter(|&(i, _)| i != v)
-            .map(|(_, o)| u32::from(o.share().get().min_permille))
-            .sum();
-        if others + u32::from(share.min_permille) > u32::from(policy::share::WHOLE) {
-            return Err(EngineError::Config(format!(
-                "the other volumes are guaranteed {}% of the cache: {}% more would pass the whole",
-                f64::from(others) / 10.0,
-                policy::share::pct(share.min_permille)
-            )));
-        }
         let slots = self.layout.slot_count;
-        self.update_superblock_then(
-            |sb| sb.set_volume_share(v, share),
+        // The others' minimums as recorded, under the commit lock: two
+        // changes at once cannot both pass.
+        self.update_superblock_checked(
+            |sb| {
+                let list = sb.volume_list();
+                let others: u32 = (list.iter().enumerate())
+                    .filter(|&(i, _)| i != v)
+                    .map(|(_, e)| u32::from(e.share.min_permille))
+                    .sum();
+                if others + u32::from(share.min_permille) > u32::from(policy::share::WHOLE) {
+                    return Err(EngineError::Config(format!(
+                        "the other volumes are guaranteed {}% of the cache: {}% more would \
+                         pass the whole",
+                        f64::from(others) / 10.0,
+                        policy::share::pct(share.min_permille)
+                    )));
+                }
+                let mut next = *sb;
+                next.set_volume_share(v, share);
+                Ok(next)
+            },
             || {
                 origin.share().set(share);
                 self.origins
