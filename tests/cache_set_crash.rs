@@ -254,17 +254,7 @@ impl Machine {
                 Arc::new(d.with_crash_switch(switch.clone()))
             })
             .collect();
-        let origins = (0..origins as u64)
-            .map(|v| {
-                let image = common::stamped(v * SECTORS, SECTORS, 0);
-                let dev = FaultDevice::from_image(
-                    &common::origin_name(v as usize),
-                    image,
-                    case.seed ^ 0x55 ^ v,
-                );
-                Arc::new(dev.with_crash_switch(switch.clone()))
-            })
-            .collect();
+        let origins = common::stamped_origins(origins as u64, SECTORS, case.seed, &switch);
         let crash_behind = match case.crash_point {
             CrashPoint::BehindLoss(n) => Some(n),
             _ => None,

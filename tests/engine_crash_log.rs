@@ -99,17 +99,7 @@ impl Machine {
         let cache = Arc::new(
             FaultDevice::new("cache", cache_bytes, seed).with_crash_switch(switch.clone()),
         );
-        let origins = (0..origins as u64)
-            .map(|v| {
-                let image = common::stamped(v * SECTORS, SECTORS, 0);
-                let dev = FaultDevice::from_image(
-                    &common::origin_name(v as usize),
-                    image,
-                    seed ^ 0x55 ^ v,
-                );
-                Arc::new(dev.with_crash_switch(switch.clone()))
-            })
-            .collect();
+        let origins = common::stamped_origins(origins as u64, SECTORS, seed, &switch);
         Machine {
             switch,
             cache,

@@ -176,12 +176,7 @@ impl Machine {
         images: Vec<Vec<u8>>,
         seed_of: impl Fn(u64) -> u64,
     ) -> Machine {
-        let origins = (images.into_iter().enumerate())
-            .map(|(v, img)| {
-                let dev = FaultDevice::from_image(&common::origin_name(v), img, seed_of(v as u64));
-                Arc::new(dev.with_crash_switch(switch.clone()))
-            })
-            .collect();
+        let origins = common::switched_origins(images, seed_of, &switch);
         Machine {
             switch,
             cache,

@@ -331,15 +331,7 @@ fn add_origin_adds_a_volume_and_finishes_when_run_again() {
     assert!(server.wait().unwrap().success());
     let entry = std::fs::read(s.state().join("caches/tc0.json")).unwrap();
 
-    let said = s.cli(&[
-        "add-origin",
-        "--origin",
-        &logs,
-        "--volume",
-        "logs",
-        "--mode",
-        "writethrough",
-    ]);
+    let said = add_logs_writethrough(&s, &logs);
     assert!(said.contains("volume logs added"), "{said}");
     // The cut: the registry as it was before.
     std::fs::write(s.state().join("caches/tc0.json"), &entry).unwrap();
@@ -376,6 +368,20 @@ fn add_origin_adds_a_volume_and_finishes_when_run_again() {
     let head = |f: &str| std::fs::read(s.path(f)).unwrap()[..1 << 20].to_vec();
     assert_eq!(head("data.img"), want);
     assert_eq!(head("logs.img"), want);
+}
+
+/// `tiercache add-origin` of `logs` as volume logs in writethrough; what
+/// it printed.
+fn add_logs_writethrough(s: &Setup, logs: &str) -> String {
+    s.cli(&[
+        "add-origin",
+        "--origin",
+        logs,
+        "--volume",
+        "logs",
+        "--mode",
+        "writethrough",
+    ])
 }
 
 /// The sizes `nbdinfo --list --json` reports for the exports, by name.
@@ -663,15 +669,7 @@ fn add_origin_while_served_exports_the_volume_at_once_beside_a_connected_client(
         .spawn()
         .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(500));
-    let said = s.cli(&[
-        "add-origin",
-        "--origin",
-        &logs,
-        "--volume",
-        "logs",
-        "--mode",
-        "writethrough",
-    ]);
+    let said = add_logs_writethrough(&s, &logs);
     assert!(said.contains("added while served"), "{said}");
     let out = client.wait_with_output().unwrap();
     assert!(out.status.success(), "the first volume's client: {out:?}");

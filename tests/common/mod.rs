@@ -126,6 +126,34 @@ pub fn origin_name(v: usize) -> String {
     }
 }
 
+/// Origin devices on `switch`, volume `v` holding `images[v]`, named
+/// `origin_name(v)` and seeded `seed_of(v)`.
+pub fn switched_origins(
+    images: impl IntoIterator<Item = Vec<u8>>,
+    seed_of: impl Fn(u64) -> u64,
+    switch: &tiercache::device::fault::CrashSwitch,
+) -> Vec<Arc<FaultDevice>> {
+    (images.into_iter().enumerate())
+        .map(|(v, img)| {
+            let dev = FaultDevice::from_image(&origin_name(v), img, seed_of(v as u64));
+            Arc::new(dev.with_crash_switch(switch.clone()))
+        })
+        .collect()
+}
+
+/// `count` origins of `sectors` each on `switch`, volume `v`'s sectors
+/// stamped as model sectors `v * sectors ..` (version 0), seeded from
+/// `seed`: what the crash suites start from.
+pub fn stamped_origins(
+    count: u64,
+    sectors: u64,
+    seed: u64,
+    switch: &tiercache::device::fault::CrashSwitch,
+) -> Vec<Arc<FaultDevice>> {
+    let images = (0..count).map(|v| stamped(v * sectors, sectors, 0));
+    switched_origins(images, |v| seed ^ 0x55 ^ v, switch)
+}
+
 /// Reads the whole volume.
 pub fn read_volume(engine: &Engine) -> Result<Vec<u8>, String> {
     engine
