@@ -189,7 +189,11 @@ impl Engine {
     /// `evict`, of blocks in slots below `limit` only (if given); a
     /// volume at or below its share's floor keeps its blocks (`share.rs`).
     fn evict_below(&self, m: &mut Meta, want: usize, limit: Option<u32>) -> usize {
-        let mut floors = share::Floors::of(&m.table, self.origins.iter().map(|o| o.share()));
+        // A cache of one volume shares with nobody: nothing to gather.
+        let several = self.origins.len() > 1;
+        let mut floors = several
+            .then(|| share::Floors::of(&m.table, self.origins.iter().map(|o| o.share())))
+            .flatten();
         let keys = self.origins.key_space();
         let Meta { table, policy, .. } = &mut *m;
         let limit = limit.unwrap_or(u32::MAX);
