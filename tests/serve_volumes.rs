@@ -705,3 +705,68 @@ fn add_origin_while_served_exports_the_volume_at_once_beside_a_connected_client(
     let check = s.cli(&["check"]);
     assert!(check.contains("format 3"), "{check}");
 }
+
+/// `tiercache resize --cache`: a cache file that grew is taken by the
+/// daemon that serves it, with clients connected before and after: the
+/// new blocks hold data the old size could not, everything reads back
+/// through a restart, and `check` says format 4. Not served, a grown
+/// device is taken the same way. (A shrunk one: tests/cache_grow.rs.)
+#[test]
+fn resize_cache_takes_a_grown_cache_device_online_and_offline() {
+    need("nbdcopy", "libnbd-bin");
+    let s = two_origins();
+    let out = create_two(&s, &["--volume", "data", "--volume", "logs"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let set_len = |bytes: u64| {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(s.path("cache.img"));
+        f.unwrap().set_len(bytes).unwrap()
+    };
+    let mut server = s.serve();
+    let before = s.status()["cache_blocks_total"].as_u64().unwrap();
+    let (a, b) = (s.path("a.in"), s.path("b.in"));
+    pattern(&a, "first", DATA_BYTES);
+    pattern(&b, "second", DATA_BYTES);
+    nbdcopy(&a, export_uri(&s, "data"));
+    set_len(40 << 20);
+    let said = s.cli(&["resize", "--cache"]);
+    assert!(
+        said.contains("MiB -> ") && said.contains("blocks of 4 KiB"),
+        "{said}"
+    );
+    let after = s.status()["cache_blocks_total"].as_u64().unwrap();
+    assert!(after > 4 * before, "{before} -> {after} blocks");
+    // 24 MiB of data: more blocks than the cache had before the grow.
+    nbdcopy(&b, export_uri(&s, "data"));
+    let st = s.status();
+    assert!(st["cache_blocks_used"].as_u64().unwrap() > before, "{st}");
+    let back = s.path("back.out");
+    nbdcopy(export_uri(&s, "data"), &back);
+    assert_eq!(first_difference(&b, &back), None);
+    let again = s.cli(&["resize", "--cache"]);
+    assert!(again.contains("unchanged"), "{again}");
+    sigterm(&mut server);
+    assert!(server.wait().unwrap().success());
+    let checked = s.cli(&["check"]);
+    assert!(
+        checked.contains("format 4") || checked.contains("format version 4"),
+        "{checked}"
+    );
+
+    // Offline: grown again.
+    set_len(48 << 20);
+    let said = s.cli(&["resize", "--cache"]);
+    assert!(said.contains(" -> "), "{said}");
+    let mut server = s.serve();
+    assert!(s.status()["cache_blocks_total"].as_u64().unwrap() > after);
+    std::fs::remove_file(&back).unwrap();
+    nbdcopy(export_uri(&s, "data"), &back);
+    assert_eq!(first_difference(&b, &back), None);
+    sigterm(&mut server);
+    assert!(server.wait().unwrap().success());
+}

@@ -1,5 +1,7 @@
 //! `tiercache resize [--volume NAME]`: take an origin that grew (lvextend,
-//! a longer file, `rbd resize`) as the volume's new size.
+//! a longer file, `rbd resize`) as the volume's new size. `tiercache
+//! resize --cache`: take a cache device that grew the same way, served or
+//! not (`Engine::grow_cache`); one that shrank is refused.
 //!
 //! Served, the daemon measures the origins again and takes a larger one
 //! online (`Engine::grow_named`): NBD connections made from then on see
@@ -23,11 +25,18 @@ pub struct Args {
     /// Of a cache of several origins: this volume's origin only (without
     /// it, every volume's). A cache no daemon serves takes every grown
     /// origin at its open.
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", conflicts_with = "cache")]
     volume: Option<String>,
+    /// The cache device grew, not an origin: its new space becomes cache
+    /// blocks (the checkpoint areas move to its end). Online when served.
+    #[arg(long)]
+    cache: bool,
 }
 
 pub fn run(reg: &Registry, a: &Args) -> Result<()> {
+    if a.cache {
+        return grow_cache(reg, a);
+    }
     let mut recorded = Vec::new();
     let opened = Opened::open_grown(reg, a.name.name.as_deref(), &mut recorded)?;
     let (before, frontends) = opened.target.status_and_frontends()?;
@@ -72,6 +81,33 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
              ublk device): systemctl restart tiercache@{}",
             opened.entry.name
         );
+    }
+    Ok(())
+}
+
+/// `resize --cache`: the cache device measured again and its new space
+/// taken, by the daemon that serves it or here.
+fn grow_cache(reg: &Registry, a: &Args) -> Result<()> {
+    let opened = Opened::open(reg, a.name.name.as_deref())?;
+    let before = opened.target.status()?;
+    let after = opened.target.resize_cache()?;
+    opened.finish()?;
+    let bytes = |s: &tiercache::engine::Status| s.cache_blocks_total * u64::from(s.block_bytes);
+    let what = format!("cache '{}' on {}", opened.entry.name, after.cache);
+    match before.cache_blocks_total == after.cache_blocks_total {
+        true => println!(
+            "{what}: {} in {} blocks, unchanged",
+            human_bytes(bytes(&after)),
+            after.cache_blocks_total
+        ),
+        false => println!(
+            "{what}: {} -> {} ({} -> {} blocks of {})",
+            human_bytes(bytes(&before)),
+            human_bytes(bytes(&after)),
+            before.cache_blocks_total,
+            after.cache_blocks_total,
+            human_bytes(u64::from(after.block_bytes))
+        ),
     }
     Ok(())
 }

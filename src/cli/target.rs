@@ -122,16 +122,33 @@ impl Target {
     /// Measures every volume's origin again, or `volume`'s, and takes a
     /// larger one (`Engine::grow_named`); the status after.
     pub fn resize(&self, volume: Option<&str>) -> Result<Status> {
-        let what = "taking the origin's new size";
+        self.resize_as(volume, false)
+    }
+
+    /// Takes a cache device that grew (`Engine::grow_cache`).
+    pub fn resize_cache(&self) -> Result<Status> {
+        self.resize_as(None, true)
+    }
+
+    fn resize_as(&self, volume: Option<&str>, cache: bool) -> Result<Status> {
+        let what = match cache {
+            true => "taking the cache device's new size",
+            false => "taking the origin's new size",
+        };
         match self {
             Target::Offline(e) => {
-                e.grow_named(volume).context(what)?;
+                match cache {
+                    true => e.grow_cache().map(|_| ()),
+                    false => e.grow_named(volume).map(|_| ()),
+                }
+                .context(what)?;
                 Ok(e.status())
             }
             Target::ReadOnly(_) => Err(read_only()),
             Target::Daemon(p) => {
                 let request = Request::Resize {
                     volume: volume.map(String::from),
+                    cache,
                 };
                 let resp = control::call(p, &request).context(what)?;
                 resp.status.context("the daemon sent no status")

@@ -110,11 +110,14 @@ pub enum Request {
         volume: Option<String>,
     },
     /// Every volume's origin (or the named one's) is measured again and a
-    /// grown one taken online (`Engine::grow_named`); the reply's status
-    /// has the sizes now.
+    /// grown one taken online (`Engine::grow_named`); with `cache`, the
+    /// cache device instead (`Engine::grow_cache`). The reply's status has
+    /// the sizes now.
     Resize {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         volume: Option<String>,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        cache: bool,
     },
     /// The cache device is gone for good: its dirty blocks are lost, their
     /// origin ranges stale (`Engine::give_up_cache`).
@@ -343,7 +346,10 @@ fn carry_out(
             Err(e) => Err(e.to_string()),
         },
         Request::GiveUpCache => status(engine.give_up_cache().map(|_| ())),
-        Request::Resize { volume } => status(engine.grow_named(volume.as_deref()).map(|_| ())),
+        Request::Resize { volume, cache } => match cache {
+            true => status(engine.grow_cache().map(|_| ())),
+            false => status(engine.grow_named(volume.as_deref()).map(|_| ())),
+        },
         Request::SetMode { mode, volume } => done(engine.set_mode_named(volume.as_deref(), mode)),
         Request::SetWriteback { settings } => done(engine.set_writeback(settings)),
         Request::SetShare { change } => done(engine.change_share(&change)),

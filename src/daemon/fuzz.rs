@@ -111,10 +111,10 @@ pub fn control_request(data: &[u8]) {
             let end = offset.saturating_add(*length).min(engine().volume_bytes());
             known(volume) && (end <= *offset || (offset % 512 == 0 && end % 512 == 0))
         }
-        // The fuzz engine's origin (RAM) never grows: resize is a no-op.
+        // The fuzz engine's devices (RAM) never grow: resize is a no-op.
         Request::Flush { volume }
         | Request::SetMode { volume, .. }
-        | Request::Resize { volume } => known(volume),
+        | Request::Resize { volume, .. } => known(volume),
         Request::Status => true,
     };
     let served = Served::new(Frontends::default(), Arc::default());

@@ -75,7 +75,7 @@ use std::sync::{Arc, Weak};
 use crate::device::DeviceRef;
 pub use admission::AdmissionSettings;
 pub use error::{EngineError, EngineResult};
-use format::Layout;
+use format::Regions;
 pub use modes::Mode;
 pub use options::{
     CreateOptions, OpenOptions, Placement, WritebackOrder, WritebackSettings,
@@ -99,7 +99,9 @@ pub struct Engine {
     /// next flush covers. Volume `v`'s blocks are keys
     /// `origin::address::base(v) / block_bytes ..` in the table.
     origins: origin::Origins,
-    layout: Layout,
+    /// Where the journal and the data region are (the slot count and the
+    /// checkpoint areas grow with the cache device: the superblock's).
+    regions: Regions,
     block_bytes: u64,
     meta: MetaLock,
     /// The journal part (journal/): the commit lock's state, completed
@@ -338,6 +340,72 @@ impl Engine {
         Ok((was, now))
     }
 
+    /// Takes a cache device that grew (a longer file, a grown partition or
+    /// logical volume: `tiercache resize --cache`) while requests run.
+    /// It is measured again; one that shrank is refused (its last slots
+    /// may hold the only copy of dirty data). The new slots and the
+    /// checkpoint areas, which move past them, go in with one checkpoint
+    /// (`checkpoint_grown`); then the curves' size and the shares' floors
+    /// follow. A cache set does not grow (`replace-cache` swaps its
+    /// members). Returns the slots before and after.
+    pub fn grow_cache(&self) -> EngineResult<(u64, u64)> {
+        self.check_open()?;
+        let cache = self.io.cache().clone();
+        let refuse = |why: String| Err(EngineError::Config(why));
+        if cache.members().is_some() || self.failed_over() {
+            return refuse(match self.failed_over() {
+                true => "the cache failed over to its origin: it cannot grow until reopened".into(),
+                false => "a cache set does not grow: replace its members with larger ones \
+                          (`tiercache replace-cache`), one at a time"
+                    .into(),
+            });
+        }
+        let recorded = self.journal.superblock().cache_device_bytes.get();
+        let now = cache.refresh_size()?;
+        let slots = self.observe.slot_count();
+        if now < recorded {
+            return refuse(format!(
+                "{}: the cache device shrank from {recorded} to {now} bytes. A cache never \
+                 shrinks (its last blocks may hold the only copy of written data): give the \
+                 device its size back and run `tiercache resize --cache` again (blocks past \
+                 the end fail until then); for a smaller cache, detach and create it again",
+                cache.name()
+            ));
+        }
+        if now == recorded {
+            return Ok((slots, slots));
+        }
+        let (was, grown) = self.checkpoint_grown_after_groups(now)?;
+        self.observe.slots_grew(grown);
+        (self.origins).share_as(self.origins.sharing(), &self.observe, grown);
+        log::info!(
+            "{}: the cache device grew from {recorded} to {now} bytes: {was} -> {grown} blocks, \
+             taken online",
+            cache.name()
+        );
+        Ok((was, grown))
+    }
+
+    /// `checkpoint_grown`, after writing back the flush groups waiting for
+    /// the origin (writeback in flush order: a checkpoint keeps none), as
+    /// `close` does; groups that close meanwhile are written back too, a
+    /// few times over before the grow is refused.
+    fn checkpoint_grown_after_groups(&self, device_bytes: u64) -> EngineResult<(u64, u64)> {
+        for _ in 0..3 {
+            if self.meta.closed_pending().is_some() {
+                self.write_back_closed_groups()?;
+            }
+            if let Some(grown) = self.checkpoint_grown(device_bytes)? {
+                return Ok(grown);
+            }
+        }
+        Err(EngineError::Config(
+            "writeback in flush order keeps closing groups faster than they reach the origin, \
+             and a checkpoint cannot keep them: run `tiercache flush`, then resize again"
+                .into(),
+        ))
+    }
+
     /// Adds `origin` as volume `name` while requests run (`tiercache
     /// add-origin` of a served cache), in `mode` or else the cache's;
     /// returns its index. It is checked as a new cache's volumes are
@@ -570,7 +638,7 @@ impl Engine {
                 stale_ranges: ranges,
                 stale_blocks: blocks,
                 share: o.share().get(),
-                share_floor_blocks: o.share().floor_blocks(self.layout.slot_count),
+                share_floor_blocks: o.share().floor_blocks(self.observe.slot_count()),
                 mrc: self.observe.volume_mrc(v),
             },
         )
@@ -669,7 +737,7 @@ impl Engine {
                 "a cache of one volume shares with nobody: shares need several origins".into(),
             ));
         }
-        let slots = self.layout.slot_count;
+        let slots = self.observe.slot_count();
         // The others' minimums as recorded, under the commit lock: two
         // changes at once cannot both pass.
         self.update_superblock_checked(
@@ -708,7 +776,7 @@ impl Engine {
                 "a cache of one volume shares with nobody: sharing needs several origins".into(),
             ));
         }
-        let slots = self.layout.slot_count;
+        let slots = self.observe.slot_count();
         self.update_superblock_then(
             |sb| sb.set_sharing(sharing),
             || self.origins.share_as(sharing, &self.observe, slots),

@@ -15,7 +15,7 @@ use super::format::{
     block_bytes_valid, checkpoint_page, decode_entries, decode_maps, parse_checkpoint_page,
     parse_journal_page, sectors_per_block, whole_sets, CheckpointData, CheckpointHeader, Layout,
     ParsedJournalPage, Superblock, VolumeEntry, ENTRIES_PER_CHECKPOINT_PAGE, FORMAT_VERSION,
-    MAX_BLOCK_BYTES, MIN_BLOCK_BYTES, PAGE_BYTES, SB_FLAG_ALLOW_VOLATILE_WRITEBACK,
+    JOURNAL_OFFSET, MAX_BLOCK_BYTES, MIN_BLOCK_BYTES, PAGE_BYTES, SB_FLAG_ALLOW_VOLATILE_WRITEBACK,
     SB_FLAG_DISTRUST_CLEAN, SB_FLAG_FLUSH_ORDER, SB_FLAG_LOG_PLACEMENT, SEGMENT_BYTES,
     SUPERBLOCK_MAGIC,
 };
@@ -296,6 +296,39 @@ fn corrupt(cache: &DeviceRef, what: impl Into<String>) -> EngineError {
     }
 }
 
+/// The layout a device of `device_bytes` must have, given the one
+/// `recorded`: a pure function of the size and block size (`Layout::
+/// compute`), or, for a cache that grew (`Layout::grown`), of the size and
+/// where the data region begins (after the journal, on a block boundary).
+fn expected_layout(recorded: &Layout, device_bytes: u64) -> Result<Layout, String> {
+    let bs = recorded.block_bytes;
+    if !recorded.is_grown() {
+        return Layout::compute(device_bytes, bs);
+    }
+    let (j, d) = (recorded.journal_offset, recorded.data_offset);
+    let journal_end = recorded
+        .journal_pages
+        .saturating_mul(PAGE_BYTES)
+        .saturating_add(j);
+    if j != JOURNAL_OFFSET
+        || !(256..=65536).contains(&recorded.journal_pages)
+        || d % bs as u64 != 0
+        || d < journal_end
+        || d > device_bytes
+    {
+        return Err(format!(
+            "a grown layout with its journal at {j} ({} pages) and its data at {d} cannot be",
+            recorded.journal_pages
+        ));
+    }
+    Layout::grown(recorded, device_bytes).ok_or_else(|| {
+        format!(
+            "a grown layout of {} slots does not fit {device_bytes} bytes",
+            recorded.slot_count
+        )
+    })
+}
+
 /// Validates the superblock against the device and derives the layout.
 fn validate_superblock(cache: &DeviceRef, sb: &Superblock) -> EngineResult<Layout> {
     let bs = sb.block_bytes.get();
@@ -310,17 +343,9 @@ fn validate_superblock(cache: &DeviceRef, sb: &Superblock) -> EngineResult<Layou
             ),
         ));
     }
-    let layout = Layout::compute(sb.cache_device_bytes.get(), bs)
+    let recorded = sb.layout();
+    let layout = expected_layout(&recorded, sb.cache_device_bytes.get())
         .map_err(|e| corrupt(cache, format!("superblock: {e}")))?;
-    let recorded = Layout {
-        block_bytes: bs,
-        slot_count: sb.slot_count.get(),
-        journal_offset: sb.journal_offset.get(),
-        journal_pages: sb.journal_pages.get(),
-        checkpoint_offset: [sb.checkpoint_offset[0].get(), sb.checkpoint_offset[1].get()],
-        checkpoint_pages: sb.checkpoint_pages.get(),
-        data_offset: sb.data_offset.get(),
-    };
     if recorded != layout {
         return Err(corrupt(
             cache,
@@ -856,7 +881,7 @@ fn build_engine(
     origins.set_sharing(sb.sharing());
     let keys = origins.key_space().clone();
     Engine {
-        layout,
+        regions: layout.regions(),
         block_bytes,
         meta: MetaLock::new({
             let pool_slots = loaded.table.dirty_slots() as u64;
@@ -1041,14 +1066,14 @@ fn crash_log_notes(loaded: &mut Loaded, logs: &CrashLogs) -> Vec<String> {
         CrashLogs::None => Vec::new(),
         CrashLogs::Known(path) => crash_log_note(loaded, path).into_iter().collect(),
         CrashLogs::Search(files) => {
-            let ours = crash_log::Identity::of(&loaded.sb).cache;
+            let ours = crash_log::Identity::of(&loaded.sb);
             let notes: Vec<String> = files
                 .iter()
                 .filter(|p| {
                     crash_log::read_file(p)
                         .ok()
                         .and_then(|b| LogImage::parse(&b).ok())
-                        .is_some_and(|img| img.identity.cache == ours)
+                        .is_some_and(|img| img.identity.same_cache(&ours))
                 })
                 .filter_map(|p| crash_log_note(loaded, p))
                 // One log at most applies to a state.

@@ -15,6 +15,8 @@ use super::policy::share::{Share, Sharing};
 use super::sectors::{SectorRun, SectorSet, SECTOR_BYTES};
 
 pub const PAGE_BYTES: u64 = 4096;
+/// The journal follows the two superblock copies.
+pub const JOURNAL_OFFSET: u64 = 2 * PAGE_BYTES;
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"TIERCACH";
 /// Format 2 added sector-granular blocks (sector maps in checkpoints, run
 /// records in the journal, commit-atomic journal replay); format 3, the
@@ -23,6 +25,11 @@ pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"TIERCACH";
 pub const FORMAT_VERSION: u32 = 3;
 /// The version of a cache with no volume table.
 pub const FORMAT_VERSION_ONE_VOLUME: u32 = 2;
+/// Format 4: a cache whose device grew (`Layout::grown`): its checkpoint
+/// areas follow the data region. With or without a volume table (a count
+/// of 0 reads as version 2's one volume). Older releases refuse it by its
+/// version rather than misread it.
+pub const FORMAT_VERSION_GROWN: u32 = 4;
 
 pub mod volumes;
 pub use volumes::{VolumeEntry, VolumeTable, MAX_VOLUMES};
@@ -167,14 +174,42 @@ impl Superblock {
         crc32c::crc32c(&self.as_bytes()[..252])
     }
 
-    /// Sets the version the volume table calls for, then the CRC.
+    /// Sets the version the layout and the volume table call for, then
+    /// the CRC.
     pub fn seal(&mut self) {
-        self.version.set(if self.volumes.count.get() == 0 {
+        self.version.set(if self.layout().is_grown() {
+            FORMAT_VERSION_GROWN
+        } else if self.volumes.count.get() == 0 {
             FORMAT_VERSION_ONE_VOLUME
         } else {
             FORMAT_VERSION
         });
         self.crc = U32::new(self.compute_crc());
+    }
+
+    /// The layout as recorded (open checks it against the device:
+    /// recovery.rs `validate_superblock`).
+    pub fn layout(&self) -> Layout {
+        Layout {
+            block_bytes: self.block_bytes.get(),
+            slot_count: self.slot_count.get(),
+            journal_offset: self.journal_offset.get(),
+            journal_pages: self.journal_pages.get(),
+            checkpoint_offset: [
+                self.checkpoint_offset[0].get(),
+                self.checkpoint_offset[1].get(),
+            ],
+            checkpoint_pages: self.checkpoint_pages.get(),
+            data_offset: self.data_offset.get(),
+        }
+    }
+
+    /// Records `layout` (a grown one) and the device size it was made for.
+    pub fn set_layout(&mut self, layout: &Layout, device_bytes: u64) {
+        self.cache_device_bytes.set(device_bytes);
+        self.slot_count.set(layout.slot_count);
+        self.checkpoint_offset = layout.checkpoint_offset.map(U64::new);
+        self.checkpoint_pages.set(layout.checkpoint_pages);
     }
 
     /// The 4096-byte page.
@@ -265,10 +300,17 @@ impl Superblock {
             FORMAT_VERSION_ONE_VOLUME => sb.volumes = VolumeTable::new_zeroed(),
             FORMAT_VERSION if sb.volumes.count.get() > 0 => {}
             FORMAT_VERSION => return Err("format version 3 without a volume table".into()),
+            FORMAT_VERSION_GROWN if !sb.layout().is_grown() => {
+                return Err("format version 4 without a grown layout".into())
+            }
+            FORMAT_VERSION_GROWN if sb.volumes.count.get() == 0 => {
+                sb.volumes = VolumeTable::new_zeroed()
+            }
+            FORMAT_VERSION_GROWN => {}
             1 => {
                 return Err(
                     "format version 1, written by a tiercache older than sector-granular \
-                     blocks; this tiercache reads versions 2 and 3: write the cache back and \
+                     blocks; this tiercache reads versions 2 to 4: write the cache back and \
                      dissolve it with the tiercache that made it (`tiercache detach`), then \
                      create it again"
                         .into(),
@@ -276,7 +318,7 @@ impl Superblock {
             }
             v => {
                 return Err(format!(
-                    "unsupported format version {v}: this tiercache reads versions 2 and 3 \
+                    "unsupported format version {v}: this tiercache reads versions 2 to 4 \
                      (a newer tiercache made this cache)"
                 ))
             }
@@ -741,6 +783,39 @@ pub fn decode_maps(
         })
 }
 
+/// What of a layout never moves once a cache is made (a grown cache keeps
+/// them: `Layout::grown`): the block size, the journal and where the data
+/// region starts. What does move, the slot count and the checkpoint areas,
+/// is the superblock's to say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Regions {
+    pub block_bytes: u32,
+    pub journal_offset: u64,
+    pub journal_pages: u64,
+    pub data_offset: u64,
+}
+
+impl Regions {
+    pub fn slot_offset(&self, slot: u32) -> u64 {
+        self.data_offset + slot as u64 * self.block_bytes as u64
+    }
+
+    pub fn journal_page_offset(&self, seq: u64) -> u64 {
+        self.journal_offset + (seq % self.journal_pages) * PAGE_BYTES
+    }
+}
+
+/// Pages of one checkpoint area for `slot_count` slots: entry pages, then
+/// sector-map pages.
+fn checkpoint_pages(block_bytes: u32, slot_count: u64) -> u64 {
+    slot_count.div_ceil(ENTRIES_PER_CHECKPOINT_PAGE as u64)
+        + slot_count.div_ceil(maps_per_checkpoint_page(block_bytes) as u64)
+}
+
+/// The most slots a cache may have: slot numbers are `u32`, and
+/// `u32::MAX` marks "none" in the policy's links.
+pub const MAX_SLOTS: u64 = u32::MAX as u64 - 1;
+
 /// Where everything lives on a cache device of a given size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
@@ -757,9 +832,8 @@ pub struct Layout {
 impl Layout {
     fn with_slots(block_bytes: u32, slot_count: u64) -> Layout {
         let journal_pages = (slot_count / 128).clamp(256, 65536);
-        let checkpoint_pages = slot_count.div_ceil(ENTRIES_PER_CHECKPOINT_PAGE as u64)
-            + slot_count.div_ceil(maps_per_checkpoint_page(block_bytes) as u64);
-        let journal_offset = 2 * PAGE_BYTES;
+        let checkpoint_pages = checkpoint_pages(block_bytes, slot_count);
+        let journal_offset = JOURNAL_OFFSET;
         let cp0 = journal_offset + journal_pages * PAGE_BYTES;
         let cp1 = cp0 + checkpoint_pages * PAGE_BYTES;
         let meta_end = cp1 + checkpoint_pages * PAGE_BYTES;
@@ -780,8 +854,57 @@ impl Layout {
         self.slot_count.div_ceil(ENTRIES_PER_CHECKPOINT_PAGE as u64)
     }
 
+    /// Where the last region ends: the data region, or in a grown layout
+    /// the second checkpoint area.
     pub fn end_bytes(&self) -> u64 {
-        self.data_offset + self.slot_count * self.block_bytes as u64
+        let data_end = self.data_offset + self.slot_count * self.block_bytes as u64;
+        data_end.max(self.checkpoint_offset[1] + self.checkpoint_pages * PAGE_BYTES)
+    }
+
+    /// The layout of a cache grown to `device_bytes` (`Engine::grow_cache`):
+    /// the superblocks, the journal and the data region's start stay where
+    /// `base` has them; the data region takes the most slots for which two
+    /// checkpoint areas still fit after it, and the areas move there (the
+    /// areas before the data region are left unused). `None` when the
+    /// device cannot hold `base`'s slots that way. Grown again, a grown
+    /// layout of the same device is itself (open checks a recorded one so).
+    pub fn grown(base: &Layout, device_bytes: u64) -> Option<Layout> {
+        let bs = base.block_bytes as u64;
+        let with = |slots: u64| Layout::with_grown_slots(base, slots);
+        let fits = |slots: u64| with(slots).end_bytes() <= device_bytes;
+        let room = device_bytes.checked_sub(base.data_offset)? / bs;
+        let (mut lo, mut hi) = (base.slot_count, room.min(MAX_SLOTS) + 1);
+        if lo >= hi || !fits(lo) {
+            return None;
+        }
+        while lo + 1 < hi {
+            let mid = lo + (hi - lo) / 2;
+            if fits(mid) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        Some(with(lo))
+    }
+
+    /// `base` grown to `slot_count` slots, its checkpoint areas after them
+    /// (`grown`).
+    pub fn with_grown_slots(base: &Layout, slot_count: u64) -> Layout {
+        let checkpoint_pages = checkpoint_pages(base.block_bytes, slot_count);
+        let data_end = base.data_offset + slot_count * base.block_bytes as u64;
+        let cp0 = data_end.next_multiple_of(PAGE_BYTES);
+        Layout {
+            slot_count,
+            checkpoint_offset: [cp0, cp0 + checkpoint_pages * PAGE_BYTES],
+            checkpoint_pages,
+            ..*base
+        }
+    }
+
+    /// The checkpoint areas follow the data region (`grown`).
+    pub fn is_grown(&self) -> bool {
+        self.data_offset > 0 && self.checkpoint_offset[0] >= self.data_offset
     }
 
     /// The layout with the most slots that fits in `device_bytes`, or an
@@ -876,12 +999,21 @@ impl Layout {
         Ok(g)
     }
 
+    pub fn regions(&self) -> Regions {
+        Regions {
+            block_bytes: self.block_bytes,
+            journal_offset: self.journal_offset,
+            journal_pages: self.journal_pages,
+            data_offset: self.data_offset,
+        }
+    }
+
     pub fn slot_offset(&self, slot: u32) -> u64 {
-        self.data_offset + slot as u64 * self.block_bytes as u64
+        self.regions().slot_offset(slot)
     }
 
     pub fn journal_page_offset(&self, seq: u64) -> u64 {
-        self.journal_offset + (seq % self.journal_pages) * PAGE_BYTES
+        self.regions().journal_page_offset(seq)
     }
 }
 
@@ -1070,5 +1202,30 @@ mod tests {
             }
         }
         assert!(Layout::compute(64 << 10, 4096).is_err());
+    }
+
+    #[test]
+    fn a_grown_layout_fits_keeps_its_regions_and_is_its_own_growth() {
+        for bs in [4096u32, 65536] {
+            let base = Layout::compute(8 << 20, bs).unwrap();
+            for dev in [(8 << 20) + 4096, 9 << 20, 64 << 20, 1 << 30] {
+                let Some(g) = Layout::grown(&base, dev) else {
+                    assert!(dev < (9 << 20), "{dev} bytes grow nothing");
+                    continue;
+                };
+                assert!(g.is_grown() && !base.is_grown());
+                assert_eq!(g.regions(), base.regions());
+                assert!(g.slot_count >= base.slot_count);
+                assert!(g.end_bytes() <= dev);
+                let data_end = g.data_offset + g.slot_count * bs as u64;
+                assert!(g.checkpoint_offset[0] >= data_end);
+                assert_eq!(g.checkpoint_offset[0] % PAGE_BYTES, 0);
+                assert!(Layout::with_grown_slots(&base, g.slot_count + 1).end_bytes() > dev);
+                assert_eq!(Layout::grown(&g, dev), Some(g), "grown again, the same");
+                let mut s = Superblock::new_zeroed();
+                s.set_layout(&g, dev);
+                assert_eq!(s.slot_count.get(), g.slot_count);
+            }
+        }
     }
 }

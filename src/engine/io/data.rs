@@ -60,7 +60,7 @@ impl Engine {
         in_block: u64,
         buf: &mut [u8],
     ) -> Result<(), DeviceError> {
-        let at = self.layout.slot_offset(slot) + in_block;
+        let at = self.regions.slot_offset(slot) + in_block;
         self.timed_device(Dev::CacheRead, buf.len(), || self.io.cache.read_at(buf, at))
             .inspect_err(|e| {
                 self.note_cache_error();
@@ -74,7 +74,7 @@ impl Engine {
         in_block: u64,
         buf: &[u8],
     ) -> Result<(), DeviceError> {
-        let at = self.layout.slot_offset(slot) + in_block;
+        let at = self.regions.slot_offset(slot) + in_block;
         let r = self
             .timed_device(Dev::CacheWrite, buf.len(), || match &self.io.gather {
                 Some(g) => g.write(&*self.io.cache, &self.stats, buf, at),

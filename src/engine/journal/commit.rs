@@ -29,7 +29,7 @@ use crate::engine::format::{
     checkpoint_page, entry_decode, entry_encode, journal_page, CheckpointData, Record, PAGE_BYTES,
     RECORDS_PER_PAGE,
 };
-use crate::engine::format::{Superblock, SB_FLAG_DISTRUST_CLEAN};
+use crate::engine::format::{Layout, Superblock, SB_FLAG_DISTRUST_CLEAN};
 use crate::engine::stats::bump;
 use crate::engine::table::Batch;
 use crate::engine::EngineError;
@@ -79,7 +79,7 @@ impl Engine {
     ) -> EngineResult<()> {
         let covered = self.journal.completed_ops.load(Ordering::Acquire);
         let in_use = cs.next_page_seq - cs.sb.journal_replay_seq.get();
-        let journal_pages = self.layout.journal_pages;
+        let journal_pages = self.regions.journal_pages;
         let (batch, snapshot, target) = {
             let mut m = self.meta.lock();
             let batch = m.take_batch();
@@ -128,7 +128,7 @@ impl Engine {
             return None;
         }
         let groups_pending = m.groups().and_then(|g| g.closed_pending()).is_some();
-        if groups_pending && pages_after <= self.layout.journal_pages / 8 * 7 {
+        if groups_pending && pages_after <= self.regions.journal_pages / 8 * 7 {
             self.journal.want_checkpoint(true);
             return None;
         }
@@ -236,13 +236,13 @@ impl Engine {
         let mut i = 0;
         while i < pages.len() {
             let seq = first + i as u64;
-            let ring_left = self.layout.journal_pages - seq % self.layout.journal_pages;
+            let ring_left = self.regions.journal_pages - seq % self.regions.journal_pages;
             let n = (pages.len() - i).min(ring_left as usize);
             let mut buf = AlignedBuf::zeroed(n * PAGE_BYTES as usize);
             for (k, p) in pages[i..i + n].iter().enumerate() {
                 buf[k * PAGE_BYTES as usize..(k + 1) * PAGE_BYTES as usize].copy_from_slice(p);
             }
-            self.meta_write(&buf, self.layout.journal_page_offset(seq))?;
+            self.meta_write(&buf, self.regions.journal_page_offset(seq))?;
             i += n;
         }
         self.cache_flush()?;
@@ -253,7 +253,9 @@ impl Engine {
     /// Writes `data` as a checkpoint into the inactive area, then a
     /// superblock that makes it current with journal replay starting at
     /// `replay_seq`. The old checkpoint stays intact until the superblock
-    /// is durable.
+    /// is durable. The checkpoint that grows the cache (`cs.grow_to`) goes
+    /// to the first area of the grown layout instead, and its superblock
+    /// records that layout (entries past `data`'s are free).
     pub(crate) fn write_checkpoint(
         &self,
         cs: &mut CommitState,
@@ -261,34 +263,101 @@ impl Engine {
         replay_seq: u64,
         clean: bool,
     ) -> EngineResult<()> {
-        let area = 1 - cs.sb.checkpoint_area.get() as usize;
+        let grow = cs.grow_to.take();
+        let (layout, area) = match grow {
+            Some((grown, _)) => (grown, 0),
+            None => (cs.sb.layout(), 1 - cs.sb.checkpoint_area.get() as usize),
+        };
         let generation = cs.sb.checkpoint_generation.get() + 1;
-        let pages_total = self.layout.checkpoint_pages as usize;
-        let mut page_index = 0usize;
-        while page_index < pages_total {
-            let n = (pages_total - page_index).min(CHECKPOINT_PAGES_PER_WRITE);
-            let mut buf = AlignedBuf::zeroed(n * PAGE_BYTES as usize);
-            for k in 0..n {
-                let idx = (page_index + k) as u64;
-                let page = checkpoint_page(&self.layout, generation, idx, data);
-                buf[k * PAGE_BYTES as usize..(k + 1) * PAGE_BYTES as usize].copy_from_slice(&page);
-            }
-            let off = self.layout.checkpoint_offset[area] + page_index as u64 * PAGE_BYTES;
-            self.meta_write(&buf, off)?;
-            page_index += n;
+        self.write_checkpoint_pages(&layout, area, generation, data)?;
+        if grow.is_some() {
+            // The other new area holds whatever the device held there: with
+            // its first page zeroed it never reads as a whole checkpoint.
+            let zero = AlignedBuf::zeroed(PAGE_BYTES as usize);
+            self.meta_write(&zero, layout.checkpoint_offset[1])?;
         }
         self.cache_flush()?;
         self.write_superblock(cs, |sb| {
+            if let Some((grown, device_bytes)) = grow {
+                sb.set_layout(&grown, device_bytes);
+            }
             sb.checkpoint_area.set(area as u32);
             sb.checkpoint_generation.set(generation);
             sb.journal_replay_seq.set(replay_seq);
             sb.clean_shutdown.set(clean as u32);
             sb.checkpoint_open_group.set(data.open_group);
         })?;
+        if grow.is_some() {
+            // Both copies name the grown layout: a copy damaged later
+            // cannot leave one naming areas that no longer hold the newest
+            // checkpoint (a crash before this write is no damage: the newer
+            // copy is whole).
+            self.write_superblock(cs, |_| ())?;
+        }
         cs.next_page_seq = replay_seq;
         cs.journal_written_end = replay_seq;
         bump(&self.stats.checkpoints, 1);
         Ok(())
+    }
+
+    /// The pages of a checkpoint of `data` into `area` of `layout`.
+    fn write_checkpoint_pages(
+        &self,
+        layout: &Layout,
+        area: usize,
+        generation: u64,
+        data: &CheckpointData,
+    ) -> EngineResult<()> {
+        let pages_total = layout.checkpoint_pages as usize;
+        let mut page_index = 0usize;
+        while page_index < pages_total {
+            let n = (pages_total - page_index).min(CHECKPOINT_PAGES_PER_WRITE);
+            let mut buf = AlignedBuf::zeroed(n * PAGE_BYTES as usize);
+            for k in 0..n {
+                let idx = (page_index + k) as u64;
+                let page = checkpoint_page(layout, generation, idx, data);
+                buf[k * PAGE_BYTES as usize..(k + 1) * PAGE_BYTES as usize].copy_from_slice(&page);
+            }
+            let off = layout.checkpoint_offset[area] + page_index as u64 * PAGE_BYTES;
+            self.meta_write(&buf, off)?;
+            page_index += n;
+        }
+        Ok(())
+    }
+
+    /// Grows the cache to the layout of a cache device that now measures
+    /// `device_bytes` (`Engine::grow_cache`; `Layout::grown`), under the
+    /// commit lock: a commit that writes its checkpoint to the grown
+    /// layout's first area and a superblock naming that layout (entries
+    /// past the old slots free), then the in-memory table takes the new
+    /// slots. A crash before the superblock write leaves the cache as it
+    /// was; after it, grown. No new slot is handed out before the
+    /// superblock naming it is durable, so no record (journal or crash
+    /// log) names one before. Returns the slots before and after, or `None`
+    /// when flush groups wait for the origin (a checkpoint keeps none: the
+    /// commit wrote journal pages instead, and nothing grew).
+    pub(crate) fn checkpoint_grown(&self, device_bytes: u64) -> EngineResult<Option<(u64, u64)>> {
+        let mut cs = self.journal.state.lock();
+        let was = cs.sb.slot_count.get();
+        let layout = cs.sb.layout();
+        let grown = Layout::grown(&layout, device_bytes)
+            .filter(|g| g.slot_count > was)
+            .ok_or_else(|| {
+                let needed = Layout::with_grown_slots(&layout, was + 1).end_bytes();
+                EngineError::Config(format!(
+                    "the cache device measures {device_bytes} bytes, too few for one more block \
+                     once its checkpoint areas move past the data region: it needs {needed}"
+                ))
+            })?;
+        cs.grow_to = Some((grown, device_bytes));
+        let result = self.commit_locked(&mut cs, Some(false));
+        cs.grow_to = None;
+        result?;
+        if cs.sb.slot_count.get() == was {
+            return Ok(None);
+        }
+        self.meta.grow_slots(grown.slot_count);
+        Ok(Some((was, grown.slot_count)))
     }
 
     /// Makes everything durable, then writes a clean checkpoint of the
@@ -413,7 +482,7 @@ impl Engine {
             // interrupted commit; start the new journal a full ring later so
             // none of them can ever be taken for a new page.
             let data = self.meta.snapshot();
-            let restart = journal_end_seq + self.layout.journal_pages;
+            let restart = journal_end_seq + self.regions.journal_pages;
             self.write_checkpoint(&mut cs, &data, restart, false)?;
             if distrust {
                 self.write_superblock(&mut cs, |sb| {

@@ -187,6 +187,17 @@ impl Identity {
     }
 }
 
+impl Identity {
+    /// A log of `self`'s belongs to the cache of `cache` (an identity of
+    /// a superblock): the same creation, origin and block size, and no
+    /// more slots than the cache has (the cache device may have grown
+    /// since the log was started: `CrashLog::slots_grew`).
+    pub fn same_cache(&self, cache: &Identity) -> bool {
+        let (a, b) = (self.cache, cache.cache);
+        a[0] == b[0] && a[1] == b[1] && a[3] == b[3] && a[2] <= b[2]
+    }
+}
+
 /// The kernel's id of this boot; zeros where it cannot be read.
 fn boot_id() -> [u64; 2] {
     let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
@@ -294,7 +305,7 @@ impl LogImage {
     /// The records that follow `loaded` (the point recovery reached), for
     /// the cache and boot `identity`.
     pub fn pending(&self, identity: &Identity, loaded: Point) -> Pending<'_> {
-        if self.identity.cache != identity.cache {
+        if !self.identity.same_cache(identity) {
             return Pending::Ignore("it belongs to another cache".into());
         }
         if self.identity.boot_id != identity.boot_id {
@@ -668,6 +679,14 @@ impl CrashLog {
     }
 
     /// Starts an empty log for a cache at `durable`.
+    /// The cache's slot count grew (its superblock says so now): the
+    /// identity follows. A log that names fewer slots than its cache is
+    /// still the cache's (`Identity::same_cache`), so a stop between the
+    /// two loses nothing.
+    pub fn slots_grew(&mut self, slot_count: u64) {
+        self.store(W_IDENTITY + 2, slot_count);
+    }
+
     pub fn reset(&mut self, identity: &Identity, durable: Point) {
         // Invalid while the header is rewritten: a stop half-way leaves a
         // log that is never applied.

@@ -16,7 +16,7 @@ pub mod crash_log;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use super::format::{Superblock, SB_FLAG_ALLOW_VOLATILE_WRITEBACK};
+use super::format::{Layout, Superblock, SB_FLAG_ALLOW_VOLATILE_WRITEBACK};
 use crate::sync::{Mutex, Rank};
 
 /// The journal part's state.
@@ -49,6 +49,9 @@ pub(crate) struct CommitState {
     journal_written_end: u64,
     /// When the last commit completed (`Engine::now_ms`).
     last_commit_ms: u64,
+    /// The next checkpoint is the one that grows the cache
+    /// (`Engine::checkpoint_grown`): its layout and the device's size.
+    grow_to: Option<(Layout, u64)>,
 }
 
 impl Journal {
@@ -65,6 +68,7 @@ impl Journal {
                     releases_durable: 0,
                     journal_written_end: journal_end_seq,
                     last_commit_ms: 0,
+                    grow_to: None,
                 },
             ),
             completed_ops: AtomicU64::new(0),

@@ -39,7 +39,9 @@ pub struct Observe {
     pub accesses: Accesses,
     /// The whole cache's curve.
     whole: Curve,
-    slot_count: u64,
+    /// The cache's slots (it grows with the cache device; the curves keep
+    /// the range they were started with).
+    slot_count: AtomicU64,
     /// Each volume's own curve, for a cache of several (the shares'
     /// split, policy/share.rs): a slot per volume the cache can hold, set
     /// once there are two; none for a cache of one.
@@ -108,7 +110,7 @@ impl Observe {
             latency: Histograms::default(),
             accesses: Accesses::new(keys),
             whole: Curve::new(MRC_RATE, MRC_MAX_TRACKED, slot_count * 8),
-            slot_count,
+            slot_count: AtomicU64::new(slot_count),
             curves: (0..MAX_VOLUMES).map(|_| OnceLock::new()).collect(),
         };
         o.volumes_now(keys.volumes());
@@ -123,8 +125,20 @@ impl Observe {
             return;
         }
         for c in &self.curves[..n] {
-            c.get_or_init(|| Curve::new(VOLUME_MRC_RATE, VOLUME_MRC_MAX_TRACKED, self.slot_count));
+            c.get_or_init(|| {
+                Curve::new(VOLUME_MRC_RATE, VOLUME_MRC_MAX_TRACKED, self.slot_count())
+            });
         }
+    }
+
+    /// The cache's slots now.
+    pub fn slot_count(&self) -> u64 {
+        self.slot_count.load(Ordering::Relaxed)
+    }
+
+    /// The cache device grew to `slot_count` slots.
+    pub fn slots_grew(&self, slot_count: u64) {
+        self.slot_count.store(slot_count, Ordering::Relaxed);
     }
 
     fn curve(&self, v: usize) -> Option<&Curve> {
@@ -147,7 +161,7 @@ impl Observe {
     pub fn volume_mrc(&self, v: usize) -> Option<Mrc> {
         let c = self.curve(v)?;
         let reads = c.reads.load(Ordering::Relaxed);
-        let mut mrc = curve_points(&c.shards.lock(), reads, self.slot_count);
+        let mut mrc = curve_points(&c.shards.lock(), reads, self.slot_count());
         mrc.points.retain(|p| p.size_factor <= 1.0);
         Some(mrc)
     }
@@ -165,7 +179,7 @@ impl Observe {
 
     pub fn mrc(&self) -> Mrc {
         let all = self.whole.reads.load(Ordering::Relaxed);
-        curve_points(&self.whole.shards.lock(), all, self.slot_count)
+        curve_points(&self.whole.shards.lock(), all, self.slot_count())
     }
 
     pub fn heap_bytes(&self) -> u64 {

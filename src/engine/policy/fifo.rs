@@ -24,6 +24,9 @@ impl Policy for Fifo {
         self.links.unlink(&mut self.list, slot);
         self.links.push_hot(&mut self.list, slot);
     }
+    fn grow(&mut self, slot_count: u32) {
+        self.links.grow(slot_count);
+    }
     fn accessed(&mut self, _slot: u32) {}
     fn removed(&mut self, slot: u32) {
         self.links.unlink(&mut self.list, slot);

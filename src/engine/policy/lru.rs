@@ -24,6 +24,9 @@ impl Policy for Lru {
         self.links.unlink(&mut self.list, slot);
         self.links.push_hot(&mut self.list, slot);
     }
+    fn grow(&mut self, slot_count: u32) {
+        self.links.grow(slot_count);
+    }
     fn accessed(&mut self, slot: u32) {
         self.links.move_hot(&mut self.list, slot);
     }

@@ -110,6 +110,9 @@ pub trait Policy: Send {
         scan_max: usize,
         verdict: &mut dyn FnMut(u32) -> Verdict,
     ) -> Vec<u32>;
+    /// The cache device grew to `slot_count` slots: the new ones hold
+    /// nothing yet. The order of the slots held stays as it is.
+    fn grow(&mut self, slot_count: u32);
     /// Every slot the policy holds, coldest first (to rebuild another
     /// policy in the same order).
     fn order(&self) -> Vec<u32>;
@@ -168,6 +171,12 @@ impl Links {
 
     pub fn heap_bytes(&self) -> u64 {
         ((self.prev.capacity() + self.next.capacity()) * 4) as u64
+    }
+
+    /// Links for `slot_count` slots, the new ones in no list.
+    pub fn grow(&mut self, slot_count: u32) {
+        self.prev.resize(slot_count as usize, NIL);
+        self.next.resize(slot_count as usize, NIL);
     }
 
     /// True if `slot` is in `list` (given that it is in some list or none,

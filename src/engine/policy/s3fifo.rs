@@ -81,6 +81,13 @@ impl Policy for S3Fifo {
         }
     }
 
+    fn grow(&mut self, slot_count: u32) {
+        self.links.grow(slot_count);
+        self.state.resize(slot_count as usize, 0);
+        self.small_target = (slot_count as usize / 10).max(1);
+        // The ghost history keeps its size (and what it remembers) until
+        // the next open sizes it for the slots then.
+    }
     fn accessed(&mut self, slot: u32) {
         let s = &mut self.state[slot as usize];
         if *s & FREQ_MASK < FREQ_MASK {

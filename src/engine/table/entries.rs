@@ -111,6 +111,14 @@ impl Entries {
         }
     }
 
+    /// `slot_count` entries, the new ones free (the cache device grew).
+    pub fn grow(&mut self, slot_count: u64) {
+        match self {
+            Entries::Narrow(v, _) => v.resize(slot_count as usize, 0),
+            Entries::Wide(v) => v.resize(slot_count as usize, 0),
+        }
+    }
+
     pub fn len(&self) -> usize {
         match self {
             Entries::Narrow(v, _) => v.len(),

@@ -61,6 +61,36 @@ impl FreeSlots {
         self.log = Some(segs);
     }
 
+    /// Covers slots up to `end` (the cache device grew): the new ones are
+    /// free. With the log placement, those past the last segment form
+    /// whole segments; those that complete the last one join it as
+    /// freed slots (or wait with it for its discard: `Segments::grow`).
+    pub fn grow(&mut self, end: u32) {
+        let from = self.base + self.slots;
+        if end <= from {
+            return;
+        }
+        self.slots = end - self.base;
+        self.words.resize((self.slots as usize).div_ceil(64), 0);
+        let (gap, held) = match self.log.as_mut() {
+            Some(log) => log.grow(self.slots),
+            None => (from..from, false),
+        };
+        for s in gap.end..end {
+            self.set((s - self.base) as usize);
+        }
+        if !held {
+            gap.for_each(|s| self.insert(s));
+        }
+    }
+
+    /// Sets the bit of a slot not free before.
+    fn set(&mut self, s: usize) {
+        self.words[s / 64] |= 1 << (s % 64);
+        self.count += 1;
+        self.low_word = self.low_word.min(s / 64);
+    }
+
     /// How many slots this bitmap covers (free or not).
     pub fn slot_count(&self) -> u32 {
         self.slots
@@ -430,5 +460,50 @@ mod log_tests {
         f.extend(0..4);
         assert!(f.take_trims().is_empty(), "trimmed once");
         assert_eq!(f.take(2), vec![0, 1]);
+    }
+
+    #[test]
+    fn growing_completes_the_last_segment_and_adds_whole_ones() {
+        // Segments of 4 over 14 slots: the last one, 12..14, is short.
+        let mut f = FreeSlots::new(14);
+        f.extend(0..14);
+        f.enable_log(Geometry { slots: 4, phase: 0 });
+        assert_eq!(f.take(13).len(), 13);
+        f.grow(22);
+        // 13 was free; 14 and 15 complete segment 3; 16..22 are new.
+        assert_eq!(f.len(), 1 + 2 + 6);
+        assert_eq!(f.log().unwrap().count(), 6);
+        assert_eq!(f.log().unwrap().whole(), 2);
+        f.insert(12);
+        assert_eq!(f.take_trims(), vec![12..16]);
+        assert_eq!(f.trim_done(12), 12..16);
+        f.extend(12..16);
+        assert_eq!(f.len(), 4 + 6);
+
+        // The last segment waiting for its discard when the pool grows:
+        // the slots that complete it wait with it, then join the bitmap.
+        let mut f = FreeSlots::new(14);
+        f.extend(0..14);
+        f.enable_log(Geometry { slots: 4, phase: 0 });
+        assert_eq!(f.take(14).len(), 14);
+        f.extend([12, 13]);
+        f.grow(22);
+        assert_eq!(f.len(), 6, "14 and 15 wait with 12 and 13");
+        assert_eq!(f.trimming_in(0..22), 4);
+        assert_eq!(f.take_trims(), vec![12..16]);
+        assert_eq!(f.trim_done(12), 12..16);
+        f.extend(12..16);
+        assert_eq!(f.len(), 10);
+        assert_eq!(f.trimming_in(0..22), 0);
+    }
+
+    #[test]
+    fn growing_without_segments_frees_the_new_slots() {
+        let mut f = FreeSlots::new(10);
+        f.insert(3);
+        f.grow(70);
+        assert_eq!(f.len(), 61);
+        assert!(f.contains(69) && !f.contains(4));
+        assert_eq!(f.take(2), vec![10, 11]);
     }
 }

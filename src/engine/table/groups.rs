@@ -77,6 +77,12 @@ pub struct GroupCounts {
 impl Groups {
     /// The groups of a table loaded from a checkpoint: every dirty slot
     /// is in the open group `open`, and every group below it is done.
+    /// The cache device grew to `slot_count` slots (none of the new ones
+    /// dirty).
+    pub fn grow_slots(&mut self, slot_count: u64) {
+        self.slot_group.resize(slot_count as usize, self.open);
+    }
+
     pub fn new(open: u64, table: &Table) -> Groups {
         let slots = table.slot_count();
         let mut g = Groups {

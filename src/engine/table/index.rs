@@ -4,7 +4,7 @@
 //! bucket is read from the slot's table entry, so a cached block costs one
 //! `u32` here (at most `LOAD` full) instead of a `HashMap<u64, u32>` entry.
 //! Linear probing with backward-shift deletion keeps it tombstone-free; the
-//! table never grows because the slot count is fixed when a cache is opened.
+//! table grows only with the cache device (`grow`), all at once.
 
 use super::entries::Entries;
 use crate::engine::format::entry_decode;
@@ -77,6 +77,19 @@ impl BlockIndex {
             }
             i = self.next(i);
         }
+    }
+
+    /// Room for `slot_count` blocks (the cache device grew): every slot
+    /// it holds is placed again in the larger table.
+    pub fn grow(&mut self, slot_count: u64, entries: &Entries) {
+        let mut larger = BlockIndex::new(slot_count);
+        if larger.buckets.len() <= self.buckets.len() {
+            return;
+        }
+        for &s in self.buckets.iter().filter(|&&s| s != EMPTY) {
+            larger.insert(entries, Self::block_of(entries, s), s);
+        }
+        *self = larger;
     }
 
     pub fn get(&self, entries: &Entries, block: u64) -> Option<u32> {

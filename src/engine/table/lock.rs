@@ -135,6 +135,11 @@ impl MetaLock {
         self.0.lock().grow_volume(v, blocks)
     }
 
+    /// The cache device grew: `Meta::grow_slots`.
+    pub(crate) fn grow_slots(&self, slot_count: u64) {
+        self.0.lock().grow_slots(slot_count)
+    }
+
     /// A volume of `blocks` blocks was added online (`Table::add_volume`).
     pub(crate) fn add_volume(&self, blocks: u64) -> usize {
         self.0.lock().add_volume(blocks)

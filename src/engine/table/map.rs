@@ -108,6 +108,20 @@ impl Table {
         t
     }
 
+    /// The cache device grew to `slot_count` slots (`Engine::grow_cache`):
+    /// the new ones are free. On one cache device every slot may hold
+    /// dirty data, the new ones too.
+    pub fn grow_slots(&mut self, slot_count: u64) {
+        let was = self.slot_count();
+        self.entries.grow(slot_count);
+        self.partial_bits
+            .resize((slot_count as usize).div_ceil(64), 0);
+        self.index.grow(slot_count, &self.entries);
+        if self.dirty_slots as u64 == was {
+            self.dirty_slots = slot_count as u32;
+        }
+    }
+
     /// Slots below `n` may hold dirty data (on a cache set, the mirrored
     /// ones); a dirty record for any other slot is invalid.
     pub fn set_dirty_slots(&mut self, n: u32) {

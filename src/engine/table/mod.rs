@@ -121,6 +121,25 @@ impl Meta {
         }
     }
 
+    /// The cache device grew to `slot_count` slots, and the superblock
+    /// that says so is durable (`Engine::grow_cache`): every per-slot
+    /// structure takes the new slots, free; the policy keeps its order.
+    pub(crate) fn grow_slots(&mut self, slot_count: u64) {
+        self.table.grow_slots(slot_count);
+        self.policy.grow(slot_count as u32);
+        self.dirty_since_s.resize(slot_count as usize, 0);
+        if self.log.is_some() {
+            self.touched.resize((slot_count as usize).div_ceil(64), 0);
+        }
+        if let Some(g) = self.groups.as_mut() {
+            g.grow_slots(slot_count);
+        }
+        self.free.grow(slot_count as u32, self.log);
+        if let Some(log) = self.crash_log.as_mut() {
+            log.slots_grew(slot_count);
+        }
+    }
+
     /// Writeback in flush order: the groups as loaded (recovery.rs). The
     /// slots their shadows hold leave the free slots.
     pub(crate) fn keep_groups(&mut self, groups: groups::Groups) {

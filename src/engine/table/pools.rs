@@ -37,6 +37,19 @@ impl Pools {
         }
     }
 
+    /// One cache device grew to `slot_count` slots: every one may hold
+    /// dirty data, the new ones free. (A cache set does not grow: its
+    /// members are replaced, `replace-cache`.)
+    pub fn grow(&mut self, slot_count: u32, log: Option<Geometry>) {
+        assert_eq!(self.own.slot_count(), 0, "a cache set does not grow");
+        self.mirror.grow(slot_count);
+        self.dirty_slots = slot_count;
+        self.own = FreeSlots::covering(slot_count..slot_count);
+        if let Some(g) = log {
+            self.own.enable_log(g);
+        }
+    }
+
     /// Turns the log placement on in both pools (after the free slots
     /// are in).
     pub fn enable_log(&mut self, g: Geometry) {

@@ -132,6 +132,32 @@ impl Segments {
         self.state.len()
     }
 
+    /// The pool grew to `len` slots (the cache device grew). The slots
+    /// past the last segment's full extent form new segments, whole
+    /// (the caller puts their slots in the bitmap). Returns the new slots
+    /// that fall in the last old segment, which the caller frees one by
+    /// one, and whether that segment is being discarded: then they stay
+    /// out of the bitmap, counted as trimming, and `trim_done` puts them
+    /// in with the rest.
+    pub fn grow(&mut self, len: u32) -> (Range<u32>, bool) {
+        let count = self.count();
+        let old_end = self.base + self.len;
+        let extent_end = self.base + (count as u32 * self.seg).saturating_sub(self.lead);
+        self.len = len;
+        let gap = old_end..extent_end.clamp(old_end, self.base + len);
+        let trimming = count > 0 && self.state[count - 1] == State::Trimming;
+        if trimming {
+            self.trimming += gap.len();
+        }
+        let new_count = (len + self.lead).div_ceil(self.seg) as usize;
+        for _ in count..new_count {
+            self.state.push(State::Whole);
+            self.trimmed.push(true);
+            self.whole += 1;
+        }
+        (gap, trimming)
+    }
+
     /// The segment holding `slot`.
     pub fn index(&self, slot: u32) -> usize {
         ((slot - self.base + self.lead) / self.seg) as usize

@@ -285,7 +285,7 @@ impl Engine {
         let helps = self.io.cache().discard_helps();
         for r in trims {
             if helps {
-                let at = self.layout.slot_offset(r.start);
+                let at = self.regions.slot_offset(r.start);
                 let len = r.len() as u64 * self.block_bytes;
                 match self.io.cache().discard(at, len) {
                     Ok(()) => bump(&self.stats.segments_discarded, 1),

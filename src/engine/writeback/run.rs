@@ -135,7 +135,7 @@ impl Engine {
     pub fn background_tick(&self) {
         self.follow_cache_set();
         let now_s = self.now_ms() / 1000;
-        (self.origins).rebalance_if_due(&self.observe, self.layout.slot_count, now_s);
+        (self.origins).rebalance_if_due(&self.observe, self.observe.slot_count(), now_s);
         for _ in 0..64 {
             if self.closed.load(std::sync::atomic::Ordering::Acquire) {
                 return;

@@ -1,0 +1,401 @@
+//! A cache device that grew (issue 33): `Engine::grow_cache`, what
+//! `tiercache resize --cache` runs, takes the new space while requests
+//! run. The data region keeps its place and grows; the two checkpoint
+//! areas move past it (format 4, docs/format.md "A cache that grew"). A
+//! crash at any write of it opens at one size or the other with every
+//! flushed write; a killed process loses no acknowledged write made in the
+//! new slots; a device that shrank is refused and nothing changes. The
+//! daemon's side: tests/serve_volumes.rs.
+
+mod common;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use tiercache::device::fault::{CrashSwitch, FaultDevice};
+use tiercache::device::{BlockDevice, DeviceRef};
+use tiercache::engine::format::{Superblock, FORMAT_VERSION_GROWN};
+use tiercache::engine::policy::PolicyKind;
+use tiercache::engine::recovery::check;
+use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions, Placement, WritebackOrder};
+
+const BS: u64 = 4096;
+const ORIGIN_BYTES: u64 = 4 << 20;
+
+/// Block `b`'s data at version `v`.
+fn data(b: u64, v: u64) -> Vec<u8> {
+    common::stamped(b * 8, 8, v)
+}
+
+struct Rig {
+    cache: Arc<FaultDevice>,
+    origin: Arc<FaultDevice>,
+}
+
+impl Rig {
+    /// A cache of `slots` blocks over a 4 MiB origin.
+    fn new(slots: u64) -> Rig {
+        let cache = FaultDevice::new("cache", common::cache_bytes_for(slots, BS as u32), 1);
+        let origin = FaultDevice::from_image("origin", common::initial_origin(ORIGIN_BYTES), 2);
+        Rig {
+            cache: Arc::new(cache),
+            origin: Arc::new(origin),
+        }
+    }
+
+    fn devices(&self) -> (DeviceRef, DeviceRef) {
+        (self.cache.clone(), self.origin.clone())
+    }
+
+    fn create(&self, opts: &CreateOptions) -> Arc<Engine> {
+        let (cache, origin) = self.devices();
+        Engine::create_with(cache, origin, opts, &common::no_bg()).unwrap()
+    }
+
+    fn open(&self, opts: &OpenOptions) -> Arc<Engine> {
+        let (cache, origin) = self.devices();
+        Engine::open(cache, origin, opts).unwrap()
+    }
+
+    /// The cache device grows to hold about `slots` blocks.
+    fn grow(&self, slots: u64) {
+        self.cache.grow(common::cache_bytes_for(slots, BS as u32));
+    }
+
+    /// The devices as they are now (durable), tripped by `switch`.
+    fn under(&self, switch: &CrashSwitch) -> Rig {
+        let fault = |name: &str, image: Vec<u8>, seed: u64| {
+            Arc::new(FaultDevice::from_image(name, image, seed).with_crash_switch(switch.clone()))
+        };
+        Rig {
+            cache: fault("cache", self.cache.durable_image(), 1),
+            origin: fault("origin", self.origin.durable_image(), 2),
+        }
+    }
+
+    /// The devices as a power loss leaves them.
+    fn power_lost(&self) -> Rig {
+        let image = |name: &str, d: &FaultDevice, seed: u64| {
+            Arc::new(FaultDevice::from_image(name, d.power_loss_image(), seed))
+        };
+        Rig {
+            cache: image("cache", &self.cache, 3),
+            origin: image("origin", &self.origin, 4),
+        }
+    }
+
+    fn superblock(&self) -> Superblock {
+        let img = self.cache.snapshot_current();
+        (0..2)
+            .filter_map(|c| Superblock::parse(&img[c * 4096..(c + 1) * 4096]).ok())
+            .max_by_key(|sb| sb.generation.get())
+            .expect("a valid superblock")
+    }
+}
+
+fn writeback() -> CreateOptions {
+    CreateOptions {
+        mode: Mode::Writeback,
+        ..Default::default()
+    }
+}
+
+/// Writes blocks `range` at version `v`, none flushed.
+fn write_blocks(engine: &Engine, range: std::ops::Range<u64>, v: u64) {
+    for b in range {
+        engine.write(b * BS, &data(b, v), false).unwrap();
+    }
+}
+
+/// Every block of `range` reads back at version `v`.
+fn assert_blocks(engine: &Engine, range: std::ops::Range<u64>, v: u64, what: &str) {
+    for b in range {
+        let back = engine.read(b * BS, BS).unwrap();
+        assert!(back[..] == data(b, v)[..], "{what}: block {b}");
+    }
+}
+
+/// A cache of 64 blocks, 40 of them dirty, grows to about 256 while a
+/// thread keeps writing; afterwards 200 dirty blocks fit (the new slots are
+/// used), every write reads back, and the grown layout (format 4) opens
+/// again with the same blocks. A second growth, from a grown layout, works
+/// too, and `check` finds nothing wrong.
+#[test]
+fn a_cache_device_that_grew_is_taken_online_beside_a_writer() {
+    let rig = Rig::new(64);
+    let engine = rig.create(&writeback());
+    write_blocks(&engine, 0..40, 1);
+    let before = engine.status().cache_blocks_total;
+    rig.grow(256);
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let writer = s.spawn(|| {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) || n < 50 {
+                let b = 600 + n % 20;
+                engine.write(b * BS, &data(b, 2 + n / 20), false).unwrap();
+                n += 1;
+            }
+            n
+        });
+        let (was, now) = engine.grow_cache().unwrap();
+        stop.store(true, Ordering::Relaxed);
+        let n = writer.join().unwrap();
+        assert_eq!(was, before);
+        assert!(now > 240, "grew to {now} blocks");
+        // The writer's last version of each of its blocks.
+        for b in 600..620u64 {
+            let last = (b - 600..n).step_by(20).last().unwrap();
+            assert_blocks(&engine, b..b + 1, 2 + last / 20, "the writer's");
+        }
+    });
+    write_blocks(&engine, 40..200, 1);
+    let st = engine.status();
+    assert!(st.cache_blocks_total > 240);
+    assert!(
+        st.cache_blocks_dirty >= 200,
+        "{} dirty",
+        st.cache_blocks_dirty
+    );
+    assert_blocks(&engine, 0..200, 1, "after the grow");
+    engine.close().unwrap();
+    drop(engine);
+    assert_eq!(rig.superblock().version.get(), FORMAT_VERSION_GROWN);
+    let report = check(&(rig.cache.clone() as DeviceRef), None);
+    assert!(report.ok, "{:?}", report.findings);
+    assert_eq!(report.format_version, Some(FORMAT_VERSION_GROWN));
+    assert_eq!(report.cache_blocks_total, st.cache_blocks_total);
+    let engine = rig.open(&common::no_bg());
+    assert_eq!(engine.status().cache_blocks_total, st.cache_blocks_total);
+    assert_blocks(&engine, 0..200, 1, "reopened");
+    // Grown again, from the grown layout.
+    rig.grow(1024);
+    let (was, now) = engine.grow_cache().unwrap();
+    assert_eq!(was, st.cache_blocks_total);
+    assert!(now > 1000, "grew to {now}");
+    write_blocks(&engine, 200..900, 3);
+    engine.close().unwrap();
+    drop(engine);
+    let engine = rig.open(&common::no_bg());
+    assert_blocks(&engine, 0..200, 1, "grown twice");
+    assert_blocks(&engine, 200..900, 3, "grown twice");
+    // Unchanged: nothing to take.
+    assert_eq!(engine.grow_cache().unwrap(), (now, now));
+}
+
+/// Power lost at each write of a grow (and after its last): the cache
+/// opens with the slots of before or of after, never in between, with
+/// every flushed write; the new slots then take writes, and the grow run
+/// again finishes.
+#[test]
+fn a_power_loss_at_every_write_of_a_cache_grow_opens_at_one_size_or_the_other() {
+    let base = Rig::new(64);
+    let engine = base.create(&writeback());
+    write_blocks(&engine, 0..30, 1);
+    engine.flush().unwrap();
+    let before = engine.status().cache_blocks_total;
+    engine.close().unwrap();
+    drop(engine);
+    base.grow(256);
+    for n in 1.. {
+        let switch = CrashSwitch::new();
+        let rig = base.under(&switch);
+        let engine = rig.open(&common::no_bg());
+        write_blocks(&engine, 30..40, 2);
+        engine.flush().unwrap();
+        switch.arm_after_writes(n);
+        let grown = engine.grow_cache();
+        let finished = !switch.is_tripped();
+        assert!(grown.is_ok() || !finished, "{grown:?}");
+        engine.abandon();
+        drop(engine);
+        let lost = rig.power_lost();
+        let engine = lost.open(&common::no_bg());
+        let total = engine.status().cache_blocks_total;
+        let after = grown.as_ref().map_or(0, |g| g.1);
+        assert!(
+            total == before || total > 240,
+            "crash after {n} writes: {total} blocks"
+        );
+        assert!(
+            !finished || total == after,
+            "{total} blocks after a whole grow"
+        );
+        assert_blocks(&engine, 0..30, 1, &format!("crash after {n} writes"));
+        assert_blocks(&engine, 30..40, 2, &format!("crash after {n} writes"));
+        if total == before {
+            engine.grow_cache().unwrap();
+        }
+        write_blocks(&engine, 40..200, 3);
+        engine.flush().unwrap();
+        assert_blocks(&engine, 40..200, 3, &format!("crash after {n} writes"));
+        assert!(engine.status().cache_blocks_dirty >= 200);
+        if finished {
+            assert!(n > 3, "a grow writes a checkpoint and the superblock twice");
+            eprintln!(
+                "cache grow: power lost at each of its {} writes, and after",
+                n - 1
+            );
+            return;
+        }
+    }
+}
+
+/// A process killed after a grow, with acknowledged writes in the new
+/// slots that no commit covered yet, loses none of them: the crash log
+/// (which a grow keeps, its slot count following) brings them back.
+#[test]
+fn a_killed_process_after_a_grow_loses_no_acknowledged_write_in_the_new_slots() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let rig = Rig::new(64);
+    rig.create(&writeback()).close().unwrap();
+    let opts = logged(&log);
+    let engine = rig.open(&opts);
+    write_blocks(&engine, 0..60, 1);
+    rig.grow(256);
+    engine.grow_cache().unwrap();
+    // Past the old 64 slots: these take new ones; no flush, no commit.
+    write_blocks(&engine, 60..180, 2);
+    engine.abandon();
+    drop(engine);
+    let killed = Rig {
+        cache: Arc::new(FaultDevice::from_image(
+            "cache",
+            rig.cache.snapshot_current(),
+            5,
+        )),
+        origin: Arc::new(FaultDevice::from_image(
+            "origin",
+            rig.origin.snapshot_current(),
+            6,
+        )),
+    };
+    let engine = killed.open(&opts);
+    assert!(engine.status().stats.crash_log_records_recovered >= 120);
+    assert_blocks(&engine, 0..60, 1, "killed after the grow");
+    assert_blocks(&engine, 60..180, 2, "killed after the grow");
+}
+
+fn logged(log: &Path) -> OpenOptions {
+    OpenOptions {
+        crash_log: Some(log.to_path_buf()),
+        ..common::no_bg()
+    }
+}
+
+/// Each placement, writeback order and policy grows: the log placement's
+/// segments take the new slots (those completing its last segment and
+/// whole new ones), and flush order writes its closed groups back first
+/// (a checkpoint keeps none), as close does.
+#[test]
+fn every_placement_order_and_policy_grows() {
+    let cases = [
+        (Placement::Log, WritebackOrder::Address, PolicyKind::S3Fifo),
+        (Placement::InPlace, WritebackOrder::Flush, PolicyKind::Lru),
+        (Placement::Log, WritebackOrder::Flush, PolicyKind::Fifo),
+    ];
+    for (placement, order, policy) in cases {
+        let what = format!("{placement:?} {order:?} {policy:?}");
+        let rig = Rig::new(100);
+        let engine = rig.create(&CreateOptions {
+            placement,
+            writeback_order: order,
+            policy,
+            ..writeback()
+        });
+        write_blocks(&engine, 0..50, 1);
+        engine.flush().unwrap();
+        write_blocks(&engine, 0..20, 2);
+        rig.grow(700);
+        let (was, now) = engine
+            .grow_cache()
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(now > was + 500, "{what}: {was} -> {now}");
+        write_blocks(&engine, 50..600, 3);
+        assert_blocks(&engine, 0..20, 2, &what);
+        assert_blocks(&engine, 20..50, 1, &what);
+        assert_blocks(&engine, 50..600, 3, &what);
+        engine.flush().unwrap();
+        assert!(engine.status().cache_blocks_used >= 550, "{what}");
+        engine.close().unwrap();
+        drop(engine);
+        let engine = rig.open(&common::no_bg());
+        assert_blocks(&engine, 50..600, 3, &what);
+        engine.close().unwrap();
+    }
+}
+
+/// Flush order with closed groups waiting for the origin: the grow writes
+/// them back first (a checkpoint cannot keep them), in their order.
+#[test]
+fn flush_order_writes_its_closed_groups_back_before_it_grows() {
+    let rig = Rig::new(64);
+    let engine = rig.create(&CreateOptions {
+        writeback_order: WritebackOrder::Flush,
+        ..writeback()
+    });
+    write_blocks(&engine, 0..10, 1);
+    engine.flush().unwrap(); // closes the group; nothing written back
+    write_blocks(&engine, 5..15, 2);
+    engine.flush().unwrap();
+    assert!(engine.status().cache_blocks_dirty >= 15);
+    rig.grow(256);
+    let (_, now) = engine.grow_cache().unwrap();
+    assert!(now > 240);
+    // The groups reached the origin before the grow's checkpoint.
+    for b in 0..15 {
+        let mut on_origin = vec![0u8; BS as usize];
+        rig.origin.read_at(&mut on_origin, b * BS).unwrap();
+        assert!(
+            on_origin == data(b, if b < 5 { 1 } else { 2 }),
+            "block {b} on the origin"
+        );
+    }
+    assert_blocks(&engine, 0..5, 1, "flush order");
+    assert_blocks(&engine, 5..15, 2, "flush order");
+}
+
+/// A cache device that shrank (a file truncated, a partition cut) is
+/// refused by name, and the cache keeps serving every block it had below
+/// the cut (a truncated file's tail is gone with it: the blocks here sit
+/// lower); given its size back and resized again, it grows as usual. A device that grew by less than a
+/// block past the moved checkpoint areas is refused with the size it needs.
+#[test]
+fn a_shrunk_cache_device_is_refused_and_nothing_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cache.img");
+    let bytes = common::cache_bytes_for(64, BS as u32);
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(bytes)
+        .unwrap();
+    let open = || tiercache::device::open_device(path.to_str().unwrap()).unwrap();
+    let origin: DeviceRef = Arc::new(FaultDevice::from_image(
+        "origin",
+        common::initial_origin(ORIGIN_BYTES),
+        2,
+    ));
+    let engine =
+        Engine::create_with(open(), origin.clone(), &writeback(), &common::no_bg()).unwrap();
+    write_blocks(&engine, 0..40, 1);
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.set_len(bytes - 64 * 1024).unwrap();
+    let e = engine.grow_cache().unwrap_err().to_string();
+    assert!(e.contains("shrank") && e.contains("never shrinks"), "{e}");
+    file.set_len(bytes).unwrap();
+    let same = engine.status().cache_blocks_total;
+    assert_eq!(engine.grow_cache().unwrap(), (same, same));
+    assert_blocks(&engine, 0..40, 1, "after the refusal");
+    file.set_len(bytes + BS).unwrap();
+    let e = engine.grow_cache().unwrap_err().to_string();
+    assert!(e.contains("too few for one more block"), "{e}");
+    file.set_len(bytes + (2 << 20)).unwrap();
+    let (was, now) = engine.grow_cache().unwrap();
+    assert!(now > was + 400, "{was} -> {now}");
+    engine.close().unwrap();
+    drop(engine);
+    let engine = Engine::open(open(), origin, &common::no_bg()).unwrap();
+    assert_blocks(&engine, 0..40, 1, "reopened");
+}
