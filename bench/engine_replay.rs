@@ -20,7 +20,7 @@
 //! `--orders address,flush` runs each with each writeback order, and
 //! `--flush-every N` sends a client flush after every N writes (as a file
 //! system's journal commits do; traces carry no flushes): what writeback in
-//! flush order (writeback/order.rs) costs in origin writes and flushes,
+//! flush order (writeback/order/flush.rs) costs in origin writes and flushes,
 //! and the most cache blocks its older versions took.
 
 use std::collections::HashSet;

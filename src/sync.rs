@@ -23,7 +23,7 @@ use std::time::Duration;
 pub enum Rank {
     /// The per-block locks (engine/origin/locks.rs): held across a request.
     Blocks,
-    /// Writeback in flush order's turn (engine/writeback/order.rs): one
+    /// Writeback in flush order's turn (engine/writeback/order/flush.rs): one
     /// thread writes a group back at a time; under it block locks are only
     /// try-locked.
     WritebackOrder,

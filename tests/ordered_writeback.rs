@@ -17,7 +17,7 @@
 //! With two origins (one cache, a volume per origin, the writes on both)
 //! the groups span the volumes: a client flush ends one group of writes to
 //! every volume, and group k+1 starts only after group k is on every
-//! origin and every origin is flushed (src/engine/writeback/order.rs).
+//! origin and every origin is flushed (src/engine/writeback/order/flush.rs).
 //! Checked: each origin alone holds a cut of its own writes (what a file
 //! system on one origin needs), and the origins together hold one cut,
 //! the same group c on all of them (what a client whose writes span the

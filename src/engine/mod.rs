@@ -11,7 +11,10 @@
 //!   crash log (records not yet journalled, kept where a killed daemon
 //!   does not lose them).
 //! - `writeback/`: background writeback, writes waiting for a slot,
-//!   `write_back_all`.
+//!   `write_back_all`; the writeback order, one file per order behind the
+//!   `Order` trait (`writeback/order/`).
+//! - `placement/`: where new data goes on the cache device, one file per
+//!   placement behind the `Placer` trait.
 //! - `admission.rs`: what may enter the cache (sequential cutoff, promotion
 //!   after N misses, the guard against a cache slower than the origin).
 //! - `policy/`: replacement policies (kept under the metadata lock).
@@ -59,6 +62,7 @@ pub mod observe;
 pub mod options;
 pub mod origin;
 pub mod pipeline;
+pub(crate) mod placement;
 pub mod policy;
 pub mod read;
 pub mod recovery;
@@ -116,10 +120,12 @@ pub struct Engine {
     /// Time for every decision taken by time (clock.rs).
     clock: clock::Clock,
     closed: AtomicBool,
-    /// Where new data goes on the cache device (fixed at create).
-    placement: Placement,
-    /// The order dirty data reaches the origin in (fixed at create).
-    writeback_order: WritebackOrder,
+    /// Where new data goes on the cache device (fixed at create; one file
+    /// per placement in placement/).
+    placement: &'static dyn placement::Placer,
+    /// The order dirty data reaches the origin in (fixed at create; one
+    /// file per order in writeback/order/).
+    order: &'static dyn writeback::order::Order,
 }
 
 impl Engine {
@@ -482,12 +488,7 @@ impl Engine {
             )));
         }
         self.write_back_volume(v, progress)?;
-        if self.ordered() && self.meta.dirty_count() > 0 {
-            return Err(EngineError::Config(
-                "flush order: dirty blocks are left after the write back; nothing was removed"
-                    .into(),
-            ));
-        }
+        self.order.check_written_back(self)?;
         self.drop_volume_blocks(v)?;
         writeback::stop_background(self);
         self.closed.store(true, Ordering::Release);
@@ -587,8 +588,8 @@ impl Engine {
             state: ["running", "closed"][usize::from(self.closed.load(Ordering::Acquire))].into(),
             mode: self.mode(),
             policy: m.policy_kind().name().into(),
-            placement: self.placement,
-            writeback_order: self.writeback_order,
+            placement: self.placement.setting(),
+            writeback_order: self.order.setting(),
             flush_groups: m.groups().map(|g| g.counts()),
             free_segments: m.pools().all_segments().map(|s| s.whole() as u64).sum(),
             scattered_slots: m.pools().all_segments().map(|s| s.scattered).sum(),
@@ -916,13 +917,12 @@ impl Engine {
             // metadata cannot be written (see io/failure.rs).
             return self.commit();
         }
-        if self.ordered() {
-            // A checkpoint keeps no closed group (commit.rs): write them
-            // back first. If the origin cannot take them, the checkpoint
-            // waits and the journal keeps their order for the next open.
-            if let Err(e) = self.write_back_closed_groups() {
-                log::warn!("closing: the closed flush groups could not be written back: {e}");
-            }
+        // In flush order a checkpoint keeps no closed group (commit.rs):
+        // write them back first. If the origin cannot take them, the
+        // checkpoint waits and the journal keeps their order for the next
+        // open.
+        if let Err(e) = self.order.write_back_closed(self) {
+            log::warn!("closing: the closed flush groups could not be written back: {e}");
         }
         // The checkpoint commits everything first (commit_locked).
         match self.checkpoint_now(true) {

@@ -29,7 +29,9 @@ pub struct CreateOptions {
     pub writeback_order: WritebackOrder,
 }
 
-/// The order background writeback sends dirty data to the origin in.
+/// The order background writeback sends dirty data to the origin in: the
+/// setting (`create`, a superblock flag, `status`). What each order does is
+/// the `Order` it names (writeback/order/).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum WritebackOrder {
@@ -41,7 +43,7 @@ pub enum WritebackOrder {
     /// Group by group: the writes between two client flushes reach the
     /// origin only after every earlier group is written and the origin
     /// flushed, so the origin alone always holds a state a crash of a real
-    /// disk could have left (table/groups.rs, writeback/order.rs).
+    /// disk could have left (table/groups.rs, writeback/order/flush.rs).
     Flush,
 }
 
@@ -60,7 +62,9 @@ impl WritebackOrder {
     }
 }
 
-/// Where new data goes on the cache device.
+/// Where new data goes on the cache device: the setting (`create`, a
+/// superblock flag, `status`). What each placement does is the `Placer` it
+/// names (placement/).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Placement {

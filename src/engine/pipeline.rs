@@ -405,7 +405,7 @@ impl Engine {
                     // theirs could stop them for good), the closed groups
                     // go to the origin; then the write again (rewriting
                     // what it already stored is harmless).
-                    Err(EngineError::DrainFirst) => self.write_back_closed_groups()?,
+                    Err(EngineError::DrainFirst) => self.order.write_back_closed(self)?,
                     r => break r?,
                 }
             }
@@ -468,7 +468,7 @@ impl Engine {
         let cached = self.lookup(req, |_| true);
         let whole = req.segs.iter().filter(|s| self.full_block(s)).count();
         let in_place = adjacent_slots(&cached, |h| h.writable) == req.segs.len()
-            && self.overwrites_in_place(whole, plan.admits());
+            && self.placement.overwrites_in_place(whole, plan.admits());
         if !(in_place || (plan.admits() && self.fits_new_slots(&req.segs, &cached))) {
             return None;
         }

@@ -782,10 +782,10 @@ pub(crate) fn open(
     note_recovery(cache.name(), &loaded, clean);
     let journal_end_seq = loaded.journal_end_seq;
     let engine = build_engine(cache, origins, sb, loaded, opts.clock.clone());
-    if engine.older_groups_pending() {
+    if engine.order.older_groups_pending(&engine) {
         // The restart's checkpoint keeps no closed flush group: write them
         // back first (usually seconds of writes).
-        if let Err(e) = engine.write_back_closed_groups() {
+        if let Err(e) = engine.order.write_back_closed(&engine) {
             log::warn!(
                 "{}: the flush groups closed before the crash could not be written back ({e}); \
                  their order is kept only until the next crash",
@@ -903,16 +903,16 @@ fn build_engine(
             .with_clock(clock.clone()),
         writeback: super::writeback::Writeback::new(sb.writeback()),
         observe: super::observe::Observe::new(layout.slot_count, &keys),
-        writeback_order: if sb.flags.get() & SB_FLAG_FLUSH_ORDER != 0 {
+        order: super::writeback::order::of(if sb.flags.get() & SB_FLAG_FLUSH_ORDER != 0 {
             WritebackOrder::Flush
         } else {
             WritebackOrder::Address
-        },
-        placement: if sb.flags.get() & SB_FLAG_LOG_PLACEMENT != 0 {
+        }),
+        placement: super::placement::of(if sb.flags.get() & SB_FLAG_LOG_PLACEMENT != 0 {
             Placement::Log
         } else {
             Placement::InPlace
-        },
+        }),
         clock,
         closed: AtomicBool::new(false),
         io: super::io::Io::new(cache, sb.cache_error_limit.get(), gather),

@@ -86,7 +86,7 @@ impl Engine {
                 .of_key(first.block)
                 .flights()
                 .wait_origin(first.block, last);
-            if self.older_groups_pending() {
+            if self.order.older_groups_pending(self) {
                 // A discard is a write of the open group: it may not reach
                 // the origin before older groups (and a discard is a hint).
                 bump(&self.stats.discards_held_back, discard.len() as u64);
@@ -109,7 +109,7 @@ impl Engine {
         bump(&self.stats.flush_requests, 1);
         // Writeback in flush order: the writes acknowledged so far form a
         // group of their own.
-        self.close_group();
+        self.order.client_flush(self);
         self.timed_request(Op::Flush, || {
             self.commit()?;
             // A flush covers every write acknowledged before it: not so
@@ -128,7 +128,7 @@ impl Engine {
         self.check_open()?;
         let origin = self.origins.get(v).ok_or_else(|| self.no_volume(v))?;
         bump(&self.stats.flush_requests, 1);
-        self.close_group();
+        self.order.client_flush(self);
         self.timed_request(Op::Flush, || {
             let others_lost = || self.origins.iter().any(|o| o.writes_lost().is_err());
             let committed = self.commit().or_else(|e| {
@@ -148,7 +148,7 @@ impl Engine {
     pub(crate) fn invalidate_before_origin_write(&self, segs: &[Segment]) -> EngineResult<()> {
         // In flush order, dirty blocks of closed groups go with their
         // groups, not here.
-        self.order_foreground_write()?;
+        self.order.before_foreground_write(self)?;
         for seg in segs {
             let cached = self.meta.lookup(seg.block);
             let Some((slot, dirty)) = cached else {

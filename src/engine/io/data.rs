@@ -122,7 +122,7 @@ impl Engine {
         let origin = self.origins.at(offset);
         if !buf.is_empty() {
             let bs = self.block_bytes;
-            self.order_foreground_write()?;
+            self.order.before_foreground_write(self)?;
             origin
                 .flights()
                 .wait_origin(offset / bs, (offset + buf.len() as u64 - 1) / bs);

@@ -42,9 +42,9 @@ impl Engine {
     /// Makes every completed write and every applied record durable.
     pub fn commit(&self) -> EngineResult<()> {
         let r = self.commit_journal();
-        // Segments this commit freed are discarded before they are used
-        // again (log placement: writeback/clean.rs).
-        self.discard_freed_segments();
+        // With the log placement, segments this commit freed are discarded
+        // before they are used again (placement/log.rs).
+        self.placement.after_commit(self);
         r
     }
 

@@ -20,7 +20,7 @@ use super::super::request::{adjacent_slots, Cached, Segment};
 use super::super::sectors::{SectorSet, SECTOR_BYTES};
 use super::super::stats::bump;
 use super::super::table::slots::Stored;
-use super::super::{Engine, EngineResult};
+use super::super::{Engine, EngineError, EngineResult};
 use crate::device::AlignedBuf;
 
 impl Engine {
@@ -37,8 +37,9 @@ impl Engine {
         admit: bool,
     ) -> EngineResult<()> {
         // In flush order a write around the cache must first write every
-        // closed group back (writeback/order.rs): caching it costs less.
-        let admit = admit || self.older_groups_pending();
+        // closed group back (writeback/order/flush.rs): caching it costs
+        // less.
+        let admit = admit || self.order.older_groups_pending(self);
         let hits = cached.iter().filter(|c| c.is_some()).count() as u64;
         bump(&self.stats.write_hits, hits);
         bump(&self.stats.write_misses, segs.len() as u64 - hits);
@@ -84,7 +85,7 @@ impl Engine {
             // superseded like a clean one; it is freed only once the new
             // mapping is durable).
             let run = adjacent_slots(cached, |h| h.writable);
-            if run >= whole && self.overwrites_in_place(whole, admit) {
+            if run >= whole && self.placement.overwrites_in_place(whole, admit) {
                 let end = segs[run - 1].buf.end;
                 self.cache_write(hit.slot, seg.in_block, &data[seg.buf.start..end])?;
                 self.record_in_place(&segs[..run], &cached[..run]);
@@ -123,16 +124,6 @@ impl Engine {
                 Ok(1)
             }
         }
-    }
-
-    /// A write into cached dirty or empty sectors may overwrite its slots:
-    /// not with the log placement when it covers whole blocks (`whole`)
-    /// and admission lets it take new slots; those go to the cursor like
-    /// new data (the old slots are freed once the new mapping is durable).
-    /// Parts of blocks stay in place: a new slot would cost a read of the
-    /// old one.
-    pub(crate) fn overwrites_in_place(&self, whole: usize, admit: bool) -> bool {
-        self.placement != super::super::Placement::Log || whole == 0 || !admit
     }
 
     /// Records the sectors that writes in place made dirty, where the slot
@@ -205,6 +196,17 @@ impl Engine {
             if let Some((slot, true)) = cached {
                 self.write_back_one(seg.block, slot)?;
             }
+        }
+        Ok(())
+    }
+
+    /// A write of the cache route that must go to the origin while an
+    /// older flush group is not there yet gives up its block locks first:
+    /// `DrainFirst` (pipeline.rs writes the closed groups back, then the
+    /// request again).
+    fn drain_first(&self) -> EngineResult<()> {
+        if self.order.older_groups_pending(self) {
+            return Err(EngineError::DrainFirst);
         }
         Ok(())
     }

@@ -32,7 +32,7 @@ use super::super::sectors::SECTOR_BYTES;
 use super::super::stats::bump;
 use super::super::table::slots::Stored;
 use super::super::table::Meta;
-use super::super::{Engine, Placement};
+use super::super::Engine;
 use crate::device::AlignedBuf;
 
 /// Segments compared per choice, oldest first.
@@ -89,10 +89,10 @@ impl Engine {
     }
 
     /// Frees segments until each pool has its reserve of whole ones (or
-    /// `SEGMENTS_PER_PASS` were tried); returns how many were emptied.
-    /// Nothing to do without the log placement.
+    /// `SEGMENTS_PER_PASS` were tried); returns how many were emptied. The
+    /// log placement's background step (placement/log.rs).
     pub(crate) fn clean_segments(&self) -> usize {
-        if self.placement != Placement::Log || !self.admitting() {
+        if !self.admitting() {
             return 0;
         }
         let mut emptied = 0;
@@ -273,11 +273,9 @@ impl Engine {
     }
 
     /// Discards the segments that became whole since the last call, then
-    /// gives their slots back to the free bitmap.
+    /// gives their slots back to the free bitmap: after every commit with
+    /// the log placement (placement/log.rs).
     pub(crate) fn discard_freed_segments(&self) {
-        if self.placement != Placement::Log {
-            return;
-        }
         let trims = self.meta.take_trims();
         if trims.is_empty() {
             return;

@@ -10,13 +10,15 @@
 //!   writing a run of dirty blocks back (`impl Engine`).
 //! - `lanes.rs`: a lane per origin, so that background writeback to an
 //!   origin that hangs holds up that origin alone.
-//! - `order.rs`: writeback in flush order, group after group.
+//! - `order/`: the order dirty data reaches the origin in, one file per
+//!   order behind the `Order` trait (`address.rs`, `flush.rs`: group after
+//!   group); the engine holds the one its superblock names.
 //! - `clean.rs`: the log placement's cleaner, freeing and discarding whole
-//!   segments ahead of the cursor.
+//!   segments ahead of the cursor (run by `placement/log.rs`).
 
 pub mod clean;
 pub(crate) mod lanes;
-pub mod order;
+pub(crate) mod order;
 pub mod run;
 
 use std::sync::atomic::{AtomicU32, Ordering};

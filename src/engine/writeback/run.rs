@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::lanes;
+use super::order::RunLock;
 use super::State;
 use crate::device::{AlignedBuf, DeviceError};
 use crate::engine::admission::Dev;
@@ -161,8 +162,9 @@ impl Engine {
 
     /// One batch of background writeback: keeps the free-slot reserve,
     /// then writes back what the watermarks, ages and idle time call for
-    /// now. Returns the blocks written back (0: nothing was due); with
-    /// lanes, those handed to them (`hand_to_lanes`).
+    /// now, as the writeback order takes it (`Order::background_step`).
+    /// Returns the blocks written back (0: nothing was due); with lanes,
+    /// those handed to them (`hand_to_lanes`).
     pub fn writeback_step(&self) -> EngineResult<usize> {
         // Between batches too: a round of writeback can take seconds
         // against a slow origin.
@@ -170,34 +172,19 @@ impl Engine {
         if self.origins.iter().all(|o| o.unreachable()) {
             return Ok(0); // every origin write would fail at once
         }
-        if self.ordered() && self.journal.checkpoint_waits() && self.older_groups_pending() {
-            // A checkpoint waits for the closed groups.
-            return self.ordered_step(Pace::Full);
-        }
-        let (cands, pace) = self.writeback_candidates();
-        if cands.is_empty() {
-            return Ok(0);
-        }
-        if self.ordered() {
-            // Writeback is due; what goes is the oldest group's.
-            return self.ordered_step(pace);
-        }
-        if self.lanes_on() {
-            return Ok(self.hand_to_lanes(&cands, pace));
-        }
-        self.writeback_blocks(&cands, pace)
+        self.order.background_step(self)
     }
 
     /// Background batches go to the origins' lanes (lanes.rs): with
     /// several volumes, a background thread, and side by side
     /// (`side_by_side`: not in flush order, not on a simulated clock).
-    fn lanes_on(&self) -> bool {
+    pub(super) fn lanes_on(&self) -> bool {
         self.origins.len() > 1 && self.side_by_side() && self.writeback.lanes.started()
     }
 
     /// Hands each volume's part of `blocks` to its origin's lane, passing
     /// over a lane still at its last batch; returns the blocks handed.
-    fn hand_to_lanes(&self, blocks: &[u64], pace: Pace) -> usize {
+    pub(super) fn hand_to_lanes(&self, blocks: &[u64], pace: Pace) -> usize {
         let lanes = &self.writeback.lanes;
         let parts = self.origins.split(blocks).enumerate();
         (parts.filter(|(v, (_, keys))| !keys.is_empty() && lanes.hand(*v, keys.to_vec(), pace)))
@@ -257,7 +244,7 @@ impl Engine {
     /// one without evicting and committing themselves.
     fn keep_reserve(&self) {
         // The log placement frees whole segments instead of single slots.
-        if self.clean_segments() > 0 {
+        if self.placement.clean_ahead(self) > 0 {
             return;
         }
         let commit_now = {
@@ -311,7 +298,7 @@ impl Engine {
 
     /// Dirty blocks the background should write back now, ascending, and
     /// how to pace it.
-    fn writeback_candidates(&self) -> (Vec<u64>, Pace) {
+    pub(super) fn writeback_candidates(&self) -> (Vec<u64>, Pace) {
         let busy = self.origin_busy();
         let quiet_ms = self.origin_quiet_ms();
         let mut st = self.writeback.state.lock();
@@ -489,9 +476,10 @@ impl Engine {
     /// `writeback_blocks`, of the blocks whose dirty data is in flush
     /// group `g` only, if given (writeback in flush order: a block
     /// rewritten in a later group since it was chosen is left alone).
-    /// In flush order, blocks whose locks this thread already holds (a
-    /// foreground write waiting for older groups: order.rs) are written
-    /// too, their locks neither taken nor released here.
+    /// Blocks whose locks this thread already holds are written too where
+    /// the order says so (`Order::lock_for_run`: a foreground write waiting
+    /// for older flush groups), their locks neither taken nor released
+    /// here.
     ///
     /// The runs' blocks are marked clean only after one origin flush at
     /// the end has made every run's write durable, and only if the origin
@@ -532,12 +520,11 @@ impl Engine {
     }
 
     /// Volumes' writeback batches run on threads of their own, at once:
-    /// not in flush order (one thread writes the groups back in turn, and
-    /// a foreground write waiting for them holds block locks on its own
-    /// thread: order.rs), nor under a simulated clock (a test that
-    /// replays a seed wants one order of device events: clock.rs).
+    /// where the writeback order allows it (`Order::side_by_side`: not in
+    /// flush order), and not under a simulated clock (a test that replays
+    /// a seed wants one order of device events: clock.rs).
     fn side_by_side(&self) -> bool {
-        !self.ordered() && !self.clock.is_sim()
+        self.order.side_by_side() && !self.clock.is_sim()
     }
 
     /// `writeback_blocks_in` for one volume's blocks.
@@ -601,10 +588,12 @@ impl Engine {
             if run.last().is_some_and(|&(last, _)| b != last + 1) {
                 break;
             }
-            if !self.origins.of_key(b).locks().try_lock(b) {
-                if self.ordered() && self.origins.of_key(b).locks().held_here(b) {
+            match self.order.lock_for_run(self.origins.of_key(b).locks(), b) {
+                Some(RunLock::Taken) => {}
+                Some(RunLock::HeldHere) => {
                     held_here.insert(b);
-                } else {
+                }
+                None => {
                     *i += 1;
                     break;
                 }
@@ -638,8 +627,9 @@ impl Engine {
     }
 
     /// Sends a run of locked, dirty, adjacent blocks to the origin, and
-    /// unlocks them: in flush order commits the journal first, reads them
-    /// from the cache, and releases their locks for the origin writes
+    /// unlocks them: does what the order asks first (`before_run_sent`:
+    /// in flush order a commit), reads them from the cache, and releases
+    /// their locks for the origin writes
     /// (origin/flights.rs). Their flights stay open for `finish_run`; a run whose
     /// origin write failed is finished here, its blocks left dirty.
     fn send_run(&self, run: &[(u64, u32)], mine: &dyn Fn(u64) -> bool) -> EngineResult<()> {
@@ -649,19 +639,9 @@ impl Engine {
                 .filter(|&b| !mine(b))
                 .for_each(|b| self.origins.of_key(b).locks().unlock(b))
         };
-        if self.ordered() {
-            // Flush order: the records that put these blocks' data in
-            // their slots are made durable before the data reaches the
-            // origin. Otherwise a crash could drop a write whose data the
-            // origin has, the recovered cache show an older version of the
-            // block, and the origin, once the cache is lost, the write that
-            // the volume had lost (a no-op when nothing was appended since
-            // the last commit; the blocks are locked, so no write to them
-            // is half done).
-            if let Err(e) = self.commit() {
-                unlock();
-                return Err(e);
-            }
+        if let Err(e) = self.order.before_run_sent(self) {
+            unlock();
+            return Err(e);
         }
         let extents = self.dirty_extents(run);
         let buf = match self.read_run(run) {
@@ -711,42 +691,11 @@ impl Engine {
             .sum()
     }
 
-    /// Ends a sent run's flights, locking its blocks again: with `clean`,
-    /// marks clean the ones no write or trim touched meanwhile. Returns how
-    /// many it marked clean.
+    /// Ends a sent run's flights, locking its blocks again as the order
+    /// does (`Order::finish_run`): with `clean`, marks clean the ones no
+    /// write or trim touched meanwhile. Returns how many it marked clean.
     fn finish_run(&self, run: &[(u64, u32)], mine: &dyn Fn(u64) -> bool, clean: bool) -> usize {
-        let blocks = || run.iter().map(|&(b, _)| b);
-        let origin = self.origins.of_key(run[0].0);
-        if self.ordered() {
-            // The order turn is held: no waiting for block locks under it
-            // (a write holding one may wait for the turn). A block whose
-            // lock is taken stays dirty and goes again.
-            let locked: Vec<bool> = blocks()
-                .map(|b| mine(b) || origin.locks().try_lock(b))
-                .collect();
-            let mut skip = origin.flights().finish(blocks());
-            for (s, &l) in skip.iter_mut().zip(&locked) {
-                *s |= !l;
-            }
-            let n = if clean {
-                self.mark_clean(run, &skip)
-            } else {
-                0
-            };
-            for (b, l) in blocks().zip(locked) {
-                if l && !mine(b) {
-                    origin.locks().unlock(b);
-                }
-            }
-            return n;
-        }
-        let _guard = origin.locks().lock_range(run[0].0, run[run.len() - 1].0);
-        let touched = origin.flights().finish(blocks());
-        if clean {
-            self.mark_clean(run, &touched)
-        } else {
-            0
-        }
+        self.order.finish_run(self, run, mine, clean)
     }
 
     /// The byte ranges of a locked run's buffer that writeback sends to the
@@ -795,7 +744,7 @@ impl Engine {
 
     /// Marks clean the blocks of a written-back run that still map to the
     /// slot that was read (and are not `skip`ped); returns how many.
-    fn mark_clean(&self, run: &[(u64, u32)], skip: &[bool]) -> usize {
+    pub(super) fn mark_clean(&self, run: &[(u64, u32)], skip: &[bool]) -> usize {
         let mut m = self.meta.lock();
         let mut n = 0;
         for (k, &(b, slot)) in run.iter().enumerate() {
@@ -861,56 +810,33 @@ impl Engine {
     /// `write_back_all` for volume `v` alone (`Engine::volume_index` finds
     /// it by name): the other volumes' dirty blocks stay. In flush order
     /// the groups hold every volume's writes and go to the origins whole,
-    /// in order, so every volume is written back.
+    /// in order, so every volume is written back (`Order::write_back`).
     pub fn write_back_volume(
         &self,
         v: usize,
         progress: &mut dyn FnMut(u64, u64),
     ) -> EngineResult<()> {
         let origin = self.origins.get(v).ok_or_else(|| self.no_volume(v))?;
-        if self.ordered() {
-            return self.write_back_all(progress);
-        }
         self.write_back_where(&|key| origin.cacheable(key), progress)
     }
 
     /// Writes back the dirty blocks whose keys `wanted` accepts, as
-    /// `write_back_all` says.
+    /// `write_back_all` says, in the writeback order's way
+    /// (`Order::write_back`), then commits.
     fn write_back_where(
         &self,
         wanted: &dyn Fn(u64) -> bool,
         progress: &mut dyn FnMut(u64, u64),
     ) -> EngineResult<()> {
-        for _pass in 0..16 {
-            if self.ordered() {
-                self.write_back_groups(progress)?;
-                if self.settled(wanted) {
-                    break;
-                }
-                continue;
-            }
-            let mut snapshot: Vec<u64> = self.meta.all_dirty();
-            snapshot.retain(|&k| wanted(k));
-            let total = snapshot.len() as u64;
-            progress(0, total);
-            let mut stalled = 0;
-            let mut remaining = snapshot;
-            while !remaining.is_empty() {
-                let next = self.write_back_pass(&remaining, total, progress)?;
-                wait_if_stalled(&mut stalled, next.len() < remaining.len())?;
-                remaining = next;
-            }
-            if self.settled(wanted) {
-                break;
-            }
-        }
+        self.order.write_back(self, wanted, progress)?;
         self.commit()
     }
 
-    /// One pass of `write_back_where` over `blocks` (ascending): rounds of
-    /// a batch from each volume, the volumes' batches side by side
-    /// (`writeback_blocks_in`). Returns the blocks still dirty, ascending.
-    fn write_back_pass(
+    /// One pass of a write back in address order over `blocks`
+    /// (ascending): rounds of a batch from each volume, the volumes'
+    /// batches side by side (`writeback_blocks_in`). Returns the blocks
+    /// still dirty, ascending.
+    pub(super) fn write_back_pass(
         &self,
         blocks: &[u64],
         total: u64,
@@ -944,7 +870,7 @@ impl Engine {
     /// left belongs to a volume whose mode keeps dirty data (writes that
     /// came meanwhile). A volume whose mode keeps none (a mode switch under
     /// way) must have none left.
-    fn settled(&self, wanted: &dyn Fn(u64) -> bool) -> bool {
+    pub(super) fn settled(&self, wanted: &dyn Fn(u64) -> bool) -> bool {
         if self.origins.iter().all(|o| o.mode().holds_dirty()) {
             return true;
         }
