@@ -221,11 +221,6 @@ const VARIANT_SETTING_EXCEPTIONS: &[(&str, &str)] = &[
         "src/engine/writeback/order/flush.rs",
         "the variant's own file",
     ),
-    (
-        "src/engine/table/slots.rs",
-        "alloc_slots compares the placement with `Placement::Log` to wake the \
-         cleaner; table/ is being reworked on another branch, then it asks `Placer`",
-    ),
 ];
 
 /// One parsed source file.

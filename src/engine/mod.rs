@@ -398,9 +398,7 @@ impl Engine {
     /// few times over before the grow is refused.
     fn checkpoint_grown_after_groups(&self, device_bytes: u64) -> EngineResult<(u64, u64)> {
         for _ in 0..3 {
-            if self.meta.closed_pending().is_some() {
-                self.write_back_closed_groups()?;
-            }
+            self.order.write_back_closed(self)?;
             if let Some(grown) = self.checkpoint_grown(device_bytes)? {
                 return Ok(grown);
             }

@@ -4,6 +4,7 @@
 //! in the background or after a commit.
 
 use super::Placer;
+use crate::engine::table::Meta;
 use crate::engine::{Engine, Placement};
 
 pub(crate) struct InPlace;
@@ -22,4 +23,8 @@ impl Placer for InPlace {
     }
 
     fn after_commit(&self, _: &Engine) {}
+
+    fn needs_cleaning(&self, _: &Engine, _: &Meta) -> bool {
+        false
+    }
 }

@@ -5,6 +5,7 @@
 //! discards the ones it frees (writeback/clean.rs).
 
 use super::Placer;
+use crate::engine::table::Meta;
 use crate::engine::{Engine, Placement};
 
 pub(crate) struct Log;
@@ -31,5 +32,10 @@ impl Placer for Log {
     /// device, then given back to the free bitmap.
     fn after_commit(&self, e: &Engine) {
         e.discard_freed_segments();
+    }
+
+    /// A pool is short of whole segments ahead of the cursor.
+    fn needs_cleaning(&self, e: &Engine, m: &Meta) -> bool {
+        e.short_pool(m).is_some()
     }
 }

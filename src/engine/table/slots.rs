@@ -133,8 +133,7 @@ impl Engine {
                     // Running low: the background evicts and commits ahead.
                     let low = self.low_free_slots(&m);
                     if before > low && m.free_slots() <= low
-                        || self.placement == crate::engine::Placement::Log
-                            && self.short_pool(&m).is_some()
+                        || self.placement.needs_cleaning(self, &m)
                     {
                         self.writeback.wake();
                     }
