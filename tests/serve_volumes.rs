@@ -503,11 +503,11 @@ fn resize_takes_a_grown_origin_online_and_refuses_a_shrunk_one() {
 }
 
 /// `tiercache remove-origin --volume data` takes the first of two volumes
-/// out of a cache no daemon serves (refused while served): its dirty data
-/// reaches data.img, which stands alone, and the cache serves logs alone
-/// (under the empty export name). Cut between the cache's change and the
-/// registry's, every open refuses naming the command, and running it
-/// again finishes it.
+/// out of a cache no daemon serves: its dirty data reaches data.img, which
+/// stands alone, and the cache serves logs alone (under the empty export
+/// name). Cut between the cache's change and the registry's, every open
+/// refuses naming the command, and running it again finishes it. (Served:
+/// `remove_origin_while_served…`.)
 #[test]
 fn remove_origin_leaves_the_origin_alone_and_finishes_when_run_again() {
     need("nbdcopy", "libnbd-bin");
@@ -533,9 +533,6 @@ fn remove_origin_leaves_the_origin_alone_and_finishes_when_run_again() {
     pattern(&one_mib, "one", 1 << 20);
     nbdcopy(&one_mib, export_uri(&s, "data"));
     nbdcopy(&one_mib, export_uri(&s, "logs"));
-    let out = s.cli_output(&["remove-origin", "--volume", "data"]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("is served"), "{err}");
     sigterm(&mut server);
     assert!(server.wait().unwrap().success());
     let entry = std::fs::read(s.state().join("caches/tc0.json")).unwrap();
@@ -767,6 +764,105 @@ fn resize_cache_takes_a_grown_cache_device_online_and_offline() {
     std::fs::remove_file(&back).unwrap();
     nbdcopy(export_uri(&s, "data"), &back);
     assert_eq!(first_difference(&b, &back), None);
+    sigterm(&mut server);
+    assert!(server.wait().unwrap().success());
+}
+
+/// `tiercache remove-origin` of a served cache: the daemon takes the first
+/// of two volumes out while a client stays connected to the other and
+/// keeps writing, without an error. The removed volume's dirty data is on
+/// data.img, its export is gone, and the daemon holds data.img open no
+/// more. Run again, it says there is no such volume. After a restart the
+/// cache opens with logs alone (the record taken out at the open), served
+/// as the empty export name too, everything logs was written intact.
+#[test]
+fn remove_origin_while_served_keeps_the_other_volume_serving() {
+    need("nbdcopy", "libnbd-bin");
+    need("nbdsh", "libnbd-bin");
+    need("nbdinfo", "libnbd-bin");
+    let s = two_origins();
+    let quiet = [
+        "--volume",
+        "data",
+        "--volume",
+        "logs",
+        "--writeback-idle",
+        "0",
+    ];
+    let out = create_two(&s, &[&quiet[..], &["--writeback-age", "3600"]].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut server = s.serve();
+    let one_mib = s.path("one.in");
+    pattern(&one_mib, "one", 1 << 20);
+    nbdcopy(&one_mib, export_uri(&s, "data"));
+    nbdcopy(&one_mib, export_uri(&s, "logs"));
+    // A client of logs writing 4 KiB blocks past the first MiB until told
+    // to stop; it prints how many it wrote.
+    let stop = s.path("stop");
+    let script = format!(
+        "import os\nn = 0\nwhile not os.path.exists('{}') or n < 50:\n    \
+         h.pwrite(bytes([n % 251]) * 4096, (1 << 20) + (n % 64) * 4096)\n    n += 1\n\
+         h.flush()\nprint(n)",
+        stop.display()
+    );
+    let writer = Command::new("nbdsh")
+        .args(["-u", &export_uri(&s, "logs"), "-c", &script])
+        .env("PATH", "/usr/bin:/bin")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let said = s.cli(&["remove-origin", "--volume", "data"]);
+    std::fs::write(&stop, "").unwrap();
+    let out = writer.wait_with_output().unwrap();
+    assert!(out.status.success(), "the client of logs saw an error");
+    let n: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert!(
+        said.contains("removed while served") && said.contains("stands alone"),
+        "{said}"
+    );
+    let want = std::fs::read(&one_mib).unwrap();
+    let head = |f: &str| std::fs::read(s.path(f)).unwrap()[..1 << 20].to_vec();
+    assert_eq!(head("data.img"), want, "written back before it was removed");
+    let names: Vec<String> = export_sizes(&s).into_iter().map(|e| e.0).collect();
+    assert_eq!(names, ["logs"]);
+    let fds = std::fs::read_dir(format!("/proc/{}/fd", server.id())).unwrap();
+    let held = fds.filter_map(|f| std::fs::read_link(f.ok()?.path()).ok());
+    let data = std::fs::canonicalize(s.path("data.img")).unwrap();
+    assert!(
+        held.into_iter().all(|p| p != data),
+        "the daemon let data.img go"
+    );
+    let st = s.status();
+    assert_eq!(st["volumes"].as_array().unwrap().len(), 1, "{st}");
+    let out = s.cli_output(&["remove-origin", "--volume", "data"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("no volume 'data'"),
+        "{err}"
+    );
+
+    sigterm(&mut server);
+    assert!(server.wait().unwrap().success());
+    let mut server = s.serve();
+    let st = s.status();
+    let volumes = st["volumes"].as_array().unwrap();
+    assert_eq!(
+        (volumes.len(), volumes[0]["name"].as_str()),
+        (1, Some("logs")),
+        "{st}"
+    );
+    let back = s.path("back.out");
+    nbdcopy(export_uri(&s, ""), &back);
+    let back = std::fs::read(&back).unwrap();
+    assert_eq!(back[..1 << 20], want[..]);
+    for k in n.saturating_sub(64)..n {
+        let at = (1 << 20) + (k % 64) as usize * 4096;
+        assert_eq!(back[at], (k % 251) as u8, "the client's write {k}");
+    }
     sigterm(&mut server);
     assert!(server.wait().unwrap().success());
 }

@@ -8,16 +8,25 @@
 //! The registry then drops the origin. A cut between the two leaves a cache
 //! that records one volume fewer than the registry lists, which every open
 //! refuses, naming this command: run again, it finds the volume gone and
-//! finishes by dropping the origin from the registry. The cache must not
-//! be served meanwhile.
+//! finishes by dropping the origin from the registry.
+//!
+//! Served, the daemon does it (`Engine::remove_volume_served`) while the
+//! other volumes keep serving: the volume's requests are refused, its
+//! data written back and its blocks dropped, its record marked removed
+//! (the next open takes it out and moves the volumes after it down), its
+//! export taken away and its origin let go. The registry then drops the
+//! origin; a cut between the two is finished by running it again.
 
 use anyhow::{bail, Context, Result};
 use tiercache::device::{open_device, open_device_read_only};
 use tiercache::engine::format::VolumeEntry;
 use tiercache::engine::{recovery, Engine};
 
+use std::path::Path;
+
+use super::control::{self, Request, Response};
 use super::progress::{self, Unit};
-use super::registry::{Entry, Registry};
+use super::registry::{same_file, Entry, Registry};
 use super::NameArg;
 
 #[derive(clap::Args, Debug)]
@@ -36,13 +45,9 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
 /// Takes volume `volume` out of cache `name` (also `detach --volume`).
 pub fn remove_named(reg: &Registry, name: Option<&str>, volume: &str) -> Result<()> {
     let entry = reg.resolve(name)?;
-    if super::control::daemon_listening(&reg.socket_path(&entry.name)) {
-        bail!(
-            "cache '{}' is served: stop its daemon (systemctl stop tiercache@{}), remove the \
-             origin, start it again; removing one while served is not there yet",
-            entry.name,
-            entry.name
-        );
+    let socket = reg.socket_path(&entry.name);
+    if super::control::daemon_listening(&socket) {
+        return remove_served(reg, &entry, &socket, volume);
     }
     let _lock = reg.lock(&entry.name)?;
     let paths = entry.origin_paths();
@@ -69,11 +74,7 @@ pub fn remove_named(reg: &Registry, name: Option<&str>, volume: &str) -> Result<
         remove(reg, &entry, cache, v, volume)?;
         (v, "")
     };
-    reg.update(&entry.name, |e| match v {
-        0 => e.origin = e.more_origins.remove(0),
-        _ => drop(e.more_origins.remove(v - 1)),
-    })
-    .context("dropping the origin from the registry")?;
+    drop_from_registry(reg, &entry, v)?;
     println!(
         "cache '{}': {how}volume {} removed; its origin {} stands alone, all its data on it",
         entry.name, volume, paths[v]
@@ -127,4 +128,65 @@ fn removed_already(entry: &Entry, recorded: &[VolumeEntry], name: &str) -> Resul
         "cache '{}': no origin of its registry entry is missing from the cache",
         entry.name
     )
+}
+
+/// `remove-origin` of a served cache: the daemon takes the volume out,
+/// then the registry drops its origin (the registry lists the volumes the
+/// daemon serves, in their order). A volume the daemon no longer has while
+/// the registry still lists one origin more (a run cut short after the
+/// daemon's removal) is only dropped from the registry.
+fn remove_served(reg: &Registry, entry: &Entry, socket: &Path, volume: &str) -> Result<()> {
+    let status = |r: Response| r.status.context("the daemon sent no status");
+    let before = status(control::call(socket, &Request::Status)?)?;
+    let paths = entry.origin_paths();
+    let served = |p: &String| (before.volumes.iter()).any(|v| same_file(p, &v.origin));
+    let (i, how) = match before.volumes.iter().position(|v| v.name == volume) {
+        Some(i) => {
+            let request = Request::RemoveOrigin {
+                volume: volume.to_string(),
+            };
+            let bar = progress::bar("writing back", 1, Unit::Blocks);
+            let reply = control::call_with_progress(socket, &request, &mut progress::updater(&bar));
+            if let Some(b) = bar {
+                b.finish_and_clear();
+            }
+            reply
+                .with_context(|| format!("removing volume {volume} from cache '{}'", entry.name))?;
+            (i, "")
+        }
+        None if paths.len() == before.volumes.len() + 1 => {
+            match paths.iter().position(|p| !served(p)) {
+                Some(i) => (i, "finished a remove-origin that was cut short: "),
+                None => bail!(
+                    "cache '{}': no origin of its registry entry is missing",
+                    entry.name
+                ),
+            }
+        }
+        None => {
+            let names: Vec<&str> = before.volumes.iter().map(|v| v.name.as_str()).collect();
+            bail!(
+                "cache '{}' has no volume '{volume}' (its volumes: {})",
+                entry.name,
+                names.join(", ")
+            )
+        }
+    };
+    drop_from_registry(reg, entry, i)?;
+    println!(
+        "cache '{}': {how}volume {volume} removed while served; its origin {} stands alone, \
+         all its data on it",
+        entry.name, paths[i]
+    );
+    Ok(())
+}
+
+/// The registry entry without its origin `v`.
+fn drop_from_registry(reg: &Registry, entry: &Entry, v: usize) -> Result<()> {
+    reg.update(&entry.name, |e| match v {
+        0 => e.origin = e.more_origins.remove(0),
+        _ => drop(e.more_origins.remove(v - 1)),
+    })
+    .context("dropping the origin from the registry")?;
+    Ok(())
 }

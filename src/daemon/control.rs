@@ -96,6 +96,12 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         mode: Option<Mode>,
     },
+    /// Take volume `volume` out while the others are served
+    /// (`Engine::remove_volume_served`), and stop serving it (progress
+    /// lines: blocks written back, to write back).
+    RemoveOrigin {
+        volume: String,
+    },
     /// Refused while a front end's device is in use, unless `force`.
     Detach {
         #[serde(default)]
@@ -260,6 +266,28 @@ fn add_origin(
     served.serve_added(v)
 }
 
+/// Takes volume `volume` out of the served cache, then its exports away.
+fn remove_origin(
+    engine: &Engine,
+    served: &Served,
+    volume: &str,
+    progress: &mut dyn FnMut(u64, u64),
+) -> std::result::Result<(), String> {
+    if !served.can_unserve() {
+        return Err(
+            "this daemon cannot stop serving one volume while it runs (ublk makes its devices \
+             at the start, and --export-name names a single volume): stop it, remove the \
+             origin, start it again"
+                .into(),
+        );
+    }
+    let v = engine.volume_index(volume).map_err(|e| e.to_string())?;
+    (engine.remove_volume_served(v, progress)).map_err(|e| e.to_string())?;
+    served.unserve(v, volume);
+    eprintln!("tiercache: volume {volume} removed: its NBD export is gone");
+    Ok(())
+}
+
 /// A progress callback that sends progress lines, at most one per
 /// `PROGRESS_INTERVAL` (and the last); a client that went away or stopped
 /// reading (a write timed out) does not stop the work, and is sent no
@@ -358,6 +386,10 @@ fn carry_out(
             volume,
             mode,
         } => add_origin(engine, served, &origin, &volume, mode).map(|_| Some(engine.status())),
+        Request::RemoveOrigin { volume } => {
+            remove_origin(engine, served, &volume, &mut progress_lines(out))
+                .map(|_| Some(engine.status()))
+        }
         Request::SetAdmission { settings } => done(engine.set_admission(settings)),
         Request::SetPolicy { policy } => match PolicyKind::parse(&policy) {
             Some(p) => done(engine.set_policy(p)),

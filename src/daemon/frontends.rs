@@ -72,6 +72,10 @@ impl Frontends {
 /// also the first's), or why it cannot be.
 pub type ServeAdded = Box<dyn Fn(usize) -> Result<Vec<String>, String> + Send + Sync>;
 
+/// Stops serving volume `v` named so, removed online; returns the NBD
+/// exports that are gone (its name, and "" if that named volume 0).
+pub type Unserve = Box<dyn Fn(usize, &str) -> Vec<String> + Send + Sync>;
+
 /// The daemon's live view: its addresses, exports and devices (more
 /// exports as volumes are added online), and the server's client count.
 pub struct Served {
@@ -80,6 +84,8 @@ pub struct Served {
     /// How a volume added online is served: set once the front end runs
     /// (`serve_added`).
     serve_added: std::sync::OnceLock<ServeAdded>,
+    /// How a volume removed online stops being served (`unserve`).
+    unserve: std::sync::OnceLock<Unserve>,
 }
 
 impl Served {
@@ -88,6 +94,7 @@ impl Served {
             fixed: parking_lot::Mutex::new(fixed),
             nbd_clients,
             serve_added: std::sync::OnceLock::new(),
+            unserve: std::sync::OnceLock::new(),
         }
     }
 
@@ -116,6 +123,26 @@ impl Served {
         let exports = serve(v)?;
         self.fixed.lock().nbd_exports.extend(exports);
         Ok(())
+    }
+
+    /// From now on a volume removed online stops being served by `f`.
+    pub fn set_unserve(&self, f: Unserve) {
+        let _ = self.unserve.set(f);
+    }
+
+    /// True if a volume removed now stops being served at once (NBD: its
+    /// export goes; ublk's devices live until the daemon stops).
+    pub fn can_unserve(&self) -> bool {
+        self.unserve.get().is_some()
+    }
+
+    /// Stops serving volume `v`, `name`, removed: its exports leave
+    /// `status`'s list, and clients can no longer pick them.
+    pub fn unserve(&self, v: usize, name: &str) {
+        if let Some(unserve) = self.unserve.get() {
+            let gone = unserve(v, name);
+            self.fixed.lock().nbd_exports.retain(|e| !gone.contains(e));
+        }
     }
 
     /// [`teardown_refusal`], after giving NBD clients that are leaving up to

@@ -95,8 +95,9 @@ pub fn control_request(data: &[u8]) {
     let known = |volume: &Option<String>| volume.as_deref().is_none_or(|v| v == "vol0");
     let want_ok = match &req {
         Request::Detach { .. } | Request::GiveUpCache | Request::ReplaceCache { .. } => return,
-        // Its front end serves no added volume: refused, nothing opened.
-        Request::AddOrigin { .. } => false,
+        // Its front end serves no added volume, and takes none away:
+        // refused, nothing opened or removed.
+        Request::AddOrigin { .. } | Request::RemoveOrigin { .. } => false,
         Request::SetWriteback { settings } => settings.validate().is_ok(),
         Request::SetAdmission { settings } => settings.validate().is_ok(),
         Request::SetPolicy { policy } => PolicyKind::parse(policy).is_some(),

@@ -408,11 +408,26 @@ async fn serve_until_stopped(
     }
     let named_one = !cfg.nbd.export_name.is_empty();
     let exports = Arc::new(Exports::new(exports, cfg.nbd).map_err(DaemonError::Nbd)?);
-    (!named_one).then(|| served.set_serve_added(serve_added_over_nbd(engine, &exports)));
+    (!named_one).then(|| serve_changes_over_nbd(engine, &served, &exports));
     notify_or_log(READY);
     serve_export_set(&exports, listeners, rx)
         .await
         .map_err(DaemonError::Nbd)
+}
+
+/// Volumes added and removed online are served and stop being served over
+/// NBD: as the exports of their names (volume 0's also as "").
+fn serve_changes_over_nbd(
+    engine: &Arc<Engine>,
+    served: &Served,
+    exports: &Arc<Exports<AsyncEngine>>,
+) {
+    served.set_serve_added(serve_added_over_nbd(engine, exports));
+    let exports = exports.clone();
+    served.set_unserve(Box::new(move |v, name| match v {
+        0 => exports.remove(&[name, ""]),
+        _ => exports.remove(&[name]),
+    }));
 }
 
 /// How a volume added online is served over NBD: as the export of its

@@ -254,6 +254,11 @@ fn overlaps(ranges: &[(u64, u64)], offset: u64, len: u64) -> bool {
 }
 
 impl FaultDevice {
+    /// `BlockDevice::let_go` was called: every request fails.
+    pub fn was_let_go(&self) -> bool {
+        self.size_bytes() == 0
+    }
+
     /// A zero-filled device. `size_bytes` must be a multiple of 512.
     ///
     /// # Panics
@@ -497,6 +502,12 @@ impl BlockDevice for FaultDevice {
         let now = self.state.lock().durable.len() as u64;
         (self.size_bytes).store(now, std::sync::atomic::Ordering::Release);
         Ok(now)
+    }
+
+    /// Requests fail from now on, as past the end (`was_let_go`).
+    fn let_go(&self) -> DeviceResult<()> {
+        (self.size_bytes).store(0, std::sync::atomic::Ordering::Release);
+        Ok(())
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> DeviceResult<()> {

@@ -491,6 +491,26 @@ impl BlockDevice for FileDevice {
         self.size_bytes.load(Ordering::Acquire)
     }
 
+    /// Puts /dev/null in the descriptor's place (`dup2`): the device's own
+    /// open is closed, which drops its claims (O_EXCL, the OFD lock), while
+    /// the descriptor number stays valid for this value. The size becomes
+    /// 0, so every request after it fails its range check.
+    fn let_go(&self) -> DeviceResult<()> {
+        let err = |e: std::io::Error| DeviceError::Io {
+            device: self.name.clone(),
+            what: "letting go of the device",
+            source: e,
+        };
+        let null = File::open("/dev/null").map_err(err)?;
+        self.size_bytes.store(0, Ordering::Release);
+        // SAFETY: both descriptors are open and owned by live values; dup2
+        // replaces ours atomically, closing the device's open.
+        if unsafe { libc::dup2(null.as_raw_fd(), self.file.as_raw_fd()) } < 0 {
+            return Err(err(std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
     fn refresh_size(&self) -> DeviceResult<u64> {
         let now = self
             .file

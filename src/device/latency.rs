@@ -43,6 +43,9 @@ impl BlockDevice for LatencyDevice {
     fn refresh_size(&self) -> DeviceResult<u64> {
         self.inner.refresh_size()
     }
+    fn let_go(&self) -> DeviceResult<()> {
+        self.inner.let_go()
+    }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> DeviceResult<()> {
         let _g = self.wait();
         self.inner.read_at(buf, offset)

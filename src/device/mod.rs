@@ -155,6 +155,14 @@ pub trait BlockDevice: Send + Sync {
     fn close(&self) -> DeviceResult<()> {
         Ok(())
     }
+    /// Gives the device back while this value lives on (an origin removed
+    /// from a served cache: `tiercache remove-origin`): whatever claims it
+    /// (a block device's O_EXCL open, a file's lock, an RBD image's watch)
+    /// is released, so another program may open it; every request after
+    /// it fails. By default, `close`.
+    fn let_go(&self) -> DeviceResult<()> {
+        self.close()
+    }
     /// True if the contents do not survive a process exit (RAM).
     fn is_volatile(&self) -> bool {
         false

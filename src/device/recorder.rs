@@ -136,6 +136,9 @@ impl BlockDevice for RecordingDevice {
     fn refresh_size(&self) -> DeviceResult<u64> {
         self.inner.refresh_size()
     }
+    fn let_go(&self) -> DeviceResult<()> {
+        self.inner.let_go()
+    }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> DeviceResult<()> {
         self.inner.read_at(buf, offset)

@@ -94,6 +94,11 @@ pub use status::{CrashLogStatus, Observations, Status, VolumeStatus};
 
 pub type FailoverHook = Box<dyn Fn() + Send + Sync>;
 
+/// Rounds of write back and drop a volume removed while served gets before
+/// the removal gives up (`Engine::drain_volume`): a block stays only while
+/// a write to it that started before the removal is under way.
+const DRAIN_ROUNDS: usize = 200;
+
 pub struct Engine {
     /// The device part (io/): the cache device, error counts, the
     /// admission stop and failover.
@@ -242,9 +247,10 @@ impl Engine {
 
     /// The index of the volume named `name`.
     pub fn volume_index(&self, name: &str) -> EngineResult<usize> {
-        let mut names = self.origins.iter().map(|o| o.name());
-        names.position(|n| n == name).ok_or_else(|| {
-            let all: Vec<&str> = self.origins.iter().map(|o| o.name()).collect();
+        let live = || self.origins.iter().filter(|o| !o.retired());
+        let mut names = self.origins.iter().map(|o| (o.name(), o.retired()));
+        names.position(|n| n == (name, false)).ok_or_else(|| {
+            let all: Vec<&str> = live().map(|o| o.name()).collect();
             EngineError::Config(format!(
                 "no volume named '{name}' in this cache (its volumes: {})",
                 all.join(", ")
@@ -292,7 +298,10 @@ impl Engine {
     pub fn grow_named(&self, volume: Option<&str>) -> EngineResult<Vec<(String, u64, u64)>> {
         let which: Vec<usize> = match volume {
             Some(name) => vec![self.volume_index(name)?],
-            None => (0..self.origins.len()).collect(),
+            None => (self.origins.iter().enumerate())
+                .filter(|(_, o)| !o.retired())
+                .map(|(v, _)| v)
+                .collect(),
         };
         let mut grown = Vec::new();
         for v in which {
@@ -470,7 +479,115 @@ impl Engine {
     pub fn remove_volume(&self, v: usize, progress: &mut dyn FnMut(u64, u64)) -> EngineResult<()> {
         self.check_open()?;
         let origin = self.origins.get(v).ok_or_else(|| self.no_volume(v))?;
-        if self.origins.len() == 1 {
+        self.removable(origin)?;
+        self.write_back_volume(v, progress)?;
+        self.order.check_written_back(self)?;
+        self.drop_volume_blocks(v)?;
+        writeback::stop_background(self);
+        self.closed.store(true, Ordering::Release);
+        let removed = self.checkpoint_without_volume(v);
+        if removed.is_ok() {
+            self.remove_crash_log();
+        }
+        self.close_origin();
+        removed
+    }
+
+    /// Takes volume `v` out while the other volumes are served (`tiercache
+    /// remove-origin` of a served cache). Its requests are refused from
+    /// now on; its dirty blocks are written back and its blocks dropped
+    /// (`drop_volume_blocks_served`, round after round until none is
+    /// left: a write that was under way finishes, or goes around the
+    /// cache); the drops are committed; then the superblock marks its
+    /// record removed. The volume keeps its place (index, keys) until the
+    /// next open takes the record out and moves the volumes after it down
+    /// (recovery.rs, `finish_removals`). Last, its origin is flushed and
+    /// let go (`BlockDevice::let_go`): it stands alone with all its data.
+    /// A crash before the superblock write leaves the volume in the cache,
+    /// its data on its origin; after it, removed. Refused as
+    /// `remove_volume` is, and where the writeback order keeps the
+    /// volumes' writes together.
+    pub fn remove_volume_served(
+        &self,
+        v: usize,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> EngineResult<()> {
+        self.check_open()?;
+        let origin = self.origins.get(v).ok_or_else(|| self.no_volume(v))?;
+        self.removable(origin)?;
+        self.order.removes_served()?;
+        origin.retire(true);
+        if let Err(e) = self.drain_volume(v, progress) {
+            self.meta.unseal_volume(v);
+            origin.retire(false);
+            return Err(e);
+        }
+        self.update_superblock_checked(
+            |sb| match sb.volume_list().get(v) {
+                Some(e) if !e.removed => {
+                    let mut next = *sb;
+                    next.set_volume_removed(v);
+                    Ok(next)
+                }
+                _ => Err(self.no_volume(v)),
+            },
+            || origin.share().set(Share::default()),
+        )?;
+        let slots = self.observe.slot_count();
+        (self.origins).share_as(self.origins.sharing(), &self.observe, slots);
+        self.let_origin_go(origin)
+    }
+
+    /// The last step of `remove_volume_served`: once no request's I/O to
+    /// the origin is under way (none starts now: `Origin::foreground`),
+    /// it is flushed and let go. Against a frozen origin the removal
+    /// stands and the device stays open until the daemon stops.
+    fn let_origin_go(&self, origin: &origin::Origin) -> EngineResult<()> {
+        let name = origin.device().name();
+        if !origin.quiesce(std::time::Duration::from_secs(30)) {
+            return Err(EngineError::Config(format!(
+                "volume {} is removed, but I/O to its origin {name} is still under way after \
+                 30 s (is it frozen?): the origin is let go when the daemon stops",
+                origin.name()
+            )));
+        }
+        origin.flush(&self.stats)?;
+        origin.let_go()?;
+        log::info!(
+            "{name}: volume {} removed while served; its origin stands alone",
+            origin.name()
+        );
+        Ok(())
+    }
+
+    /// Writes volume `v` back and drops its blocks until none is left
+    /// (`remove_volume_served`), then commits the drops.
+    fn drain_volume(&self, v: usize, progress: &mut dyn FnMut(u64, u64)) -> EngineResult<()> {
+        let name = || self.origins.get(v).map_or("?", |o| o.name()).to_string();
+        for _ in 0..DRAIN_ROUNDS {
+            self.write_back_volume(v, progress)?;
+            if self.drop_volume_blocks_served(v)? == 0 {
+                return self.commit();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        Err(EngineError::Config(format!(
+            "volume {} kept busy blocks through {DRAIN_ROUNDS} rounds of write back; nothing \
+             was removed: try again",
+            name()
+        )))
+    }
+
+    /// Why volume `origin` cannot be taken out: it is the cache's only
+    /// one left, or its origin lacks data a lost cache held.
+    fn removable(&self, origin: &origin::Origin) -> EngineResult<()> {
+        if origin.retired() {
+            return Err(EngineError::Config(format!(
+                "volume {} is being removed already",
+                origin.name()
+            )));
+        }
+        if self.origins.iter().filter(|o| !o.retired()).count() == 1 {
             return Err(EngineError::Config(format!(
                 "volume {} is the cache's only one: `tiercache detach` takes the cache apart",
                 origin.name()
@@ -485,17 +602,7 @@ impl Engine {
                 stale.len()
             )));
         }
-        self.write_back_volume(v, progress)?;
-        self.order.check_written_back(self)?;
-        self.drop_volume_blocks(v)?;
-        writeback::stop_background(self);
-        self.closed.store(true, Ordering::Release);
-        let removed = self.checkpoint_without_volume(v);
-        if removed.is_ok() {
-            self.remove_crash_log();
-        }
-        self.close_origin();
-        removed
+        Ok(())
     }
 
     /// The refusal of a volume index the cache does not have.
@@ -624,7 +731,8 @@ impl Engine {
         health: Vec<Option<crate::device::DeviceHealth>>,
     ) -> Vec<VolumeStatus> {
         let each = self.origins.iter().zip(counts).zip(stale).zip(health);
-        let each = each.enumerate();
+        // A volume removed while served is shown no more.
+        let each = (each.enumerate()).filter(|(_, (((o, _), _), _))| !o.retired());
         each.map(
             |(v, (((o, (used, dirty)), (ranges, blocks)), origin_health))| VolumeStatus {
                 name: o.name().to_string(),
@@ -683,7 +791,10 @@ impl Engine {
     /// metadata lock only to copy each heat map's 2 x 1024 counters.
     pub fn observations(&self) -> Observations {
         Observations {
-            heats: (0..self.origins.len()).map(|v| self.heat_map(v)).collect(),
+            heats: (self.origins.iter().enumerate())
+                .filter(|(_, o)| !o.retired())
+                .map(|(v, _)| self.heat_map(v))
+                .collect(),
             latency: self.observe.latency.snapshot(),
             mrc: self.observe.mrc(),
         }

@@ -87,6 +87,12 @@ impl Engine {
         // An address's volume is in its high bits (origin/address.rs): a
         // request past a volume's end never reaches the next one.
         let origin = self.origins.get(volume_of(offset));
+        if let Some(o) = origin.filter(|o| o.retired()) {
+            return Err(EngineError::InvalidRequest(format!(
+                "volume {} was removed from the cache",
+                o.name()
+            )));
+        }
         let at = offset_in_volume(offset);
         let bytes = origin.map_or(0, |o| o.bytes());
         if at.checked_add(len).is_none_or(|e| e > bytes) {

@@ -66,7 +66,7 @@ pub(crate) fn read_superblocks(cache: &DeviceRef) -> EngineResult<[Result<Superb
 /// The current superblock: the valid copy with the highest generation.
 /// The volumes the cache's current superblock records (volume 0 first).
 pub fn recorded_volumes(cache: &DeviceRef) -> EngineResult<Vec<super::format::VolumeEntry>> {
-    Ok(current_superblock(cache)?.volume_list())
+    Ok(current_superblock(cache)?.without_removed().0.volume_list())
 }
 
 pub(crate) fn current_superblock(cache: &DeviceRef) -> EngineResult<Superblock> {
@@ -744,9 +744,7 @@ pub(crate) fn open(
     origins: Vec<DeviceRef>,
     opts: &OpenOptions,
 ) -> EngineResult<Engine> {
-    let sb = superblock_scrubbed(&cache)?;
-    let sb = checks::add_volumes(sb, &origins, &opts.add_volumes)?;
-    checks::check_origins(&sb, &origins, opts)?;
+    let (sb, gone) = superblock_to_open(&cache, &origins, opts)?;
     // The log is locked before anything is read: a second process opening
     // the same cache stops here.
     let (log, image) = match &opts.crash_log {
@@ -756,7 +754,7 @@ pub(crate) fn open(
         }
         None => (None, None),
     };
-    let sizes: Vec<u64> = origins.iter().map(|o| o.size_bytes()).collect();
+    let sizes = sizes_with_removed(&sb, &origins);
     let mut loaded = load(&cache, sb, &sizes, None)?;
     let recovered = match image {
         Some(image) => match apply_crash_log(&cache, &origins, &mut loaded, image)? {
@@ -768,6 +766,7 @@ pub(crate) fn open(
         },
         None => 0,
     };
+    finish_removals(&cache, &mut loaded, &gone)?;
     let sb = checks::take_sizes(settle_superblock(&cache, loaded.sb, opts)?, &origins, true)?;
     let distrust = opts.distrust_clean || sb.flags.get() & SB_FLAG_DISTRUST_CLEAN != 0;
     if distrust {
@@ -777,8 +776,14 @@ pub(crate) fn open(
             cache.name()
         );
     }
-    let clean =
-        sb.clean_shutdown.get() == 1 && loaded.pages_replayed == 0 && recovered == 0 && !distrust;
+    // Taking out a removed volume is made durable by the restart's
+    // checkpoint, which holds the table with the keys moved down and the
+    // superblock without the volume: one write decides.
+    let clean = sb.clean_shutdown.get() == 1
+        && loaded.pages_replayed == 0
+        && recovered == 0
+        && !distrust
+        && gone.is_empty();
     note_recovery(cache.name(), &loaded, clean);
     let journal_end_seq = loaded.journal_end_seq;
     let engine = build_engine(cache, origins, sb, loaded, opts.clock.clone());
@@ -801,6 +806,80 @@ pub(crate) fn open(
         .crash_log_records_recovered
         .store(recovered, std::sync::atomic::Ordering::Relaxed);
     Ok(engine)
+}
+
+/// The superblock an open loads with, checked against `origins` (the
+/// volumes `opts` adds appended), and the volumes removed while served
+/// that it takes out (`finish_removals`). With such volumes the
+/// superblock keeps their records for the load (their keys are still
+/// theirs); the origins are checked against the others.
+fn superblock_to_open(
+    cache: &DeviceRef,
+    origins: &[DeviceRef],
+    opts: &OpenOptions,
+) -> EngineResult<(Superblock, Vec<usize>)> {
+    let all = superblock_scrubbed(cache)?;
+    let (live, gone) = all.without_removed();
+    if !gone.is_empty() && !opts.add_volumes.is_empty() {
+        return Err(EngineError::Config(
+            "the cache holds a volume removed while it was served, which its next open takes \
+             out: open it once (`tiercache status`), then add the origin"
+                .into(),
+        ));
+    }
+    let sb = checks::add_volumes(live, origins, &opts.add_volumes)?;
+    checks::check_origins(&sb, origins, opts)?;
+    Ok((if gone.is_empty() { sb } else { all }, gone))
+}
+
+/// Each volume's origin size, by index, for `load`: a volume's origin
+/// device's (`origins`, in order), or, for one removed while served
+/// (which has no device any more), the size it recorded.
+fn sizes_with_removed(sb: &Superblock, origins: &[DeviceRef]) -> Vec<u64> {
+    let mut live = origins.iter().map(|o| o.size_bytes());
+    (sb.volume_list().iter())
+        .map(|v| match v.removed {
+            true => v.bytes,
+            false => live.next().unwrap_or(v.bytes),
+        })
+        .collect()
+}
+
+/// Takes out the volumes removed while the cache was served (`gone`,
+/// ascending: `VOLUME_REMOVED`): their blocks were written back and
+/// dropped before the record was marked, so a block of theirs left in the
+/// table can only be a clean copy a read placed as the volume went (it is
+/// dropped); a dirty one is damage. The volumes after each move down one
+/// place, their keys with them (`Table::without_volumes`), and the
+/// superblock loses the records. Nothing is written here: the open's
+/// restart checkpoint makes it durable, all at once.
+fn finish_removals(cache: &DeviceRef, loaded: &mut Loaded, gone: &[usize]) -> EngineResult<()> {
+    if gone.is_empty() {
+        return Ok(());
+    }
+    if loaded.groups.is_some() {
+        return Err(corrupt(
+            cache,
+            "a volume removed while served in a cache that writes back in flush order (never \
+             done: its groups span every volume)",
+        ));
+    }
+    let old = loaded.table.keys();
+    let blocks = (0..old.volumes()).filter(|v| !gone.contains(v));
+    let keys = KeySpace::new(
+        loaded.layout.block_bytes as u64,
+        blocks.map(|v| old.blocks(v)).collect(),
+    );
+    loaded.table = (loaded.table.without_volumes(gone, keys)).map_err(|e| corrupt(cache, e))?;
+    let (live, _) = loaded.sb.without_removed();
+    for v in gone {
+        log::info!(
+            "{}: volume {v}, removed while served, is taken out; the volumes after it move down",
+            cache.name()
+        );
+    }
+    loaded.sb = live;
+    Ok(())
 }
 
 /// Logs what opening found: a damaged journal tail, and what recovery
@@ -1001,8 +1080,9 @@ pub(crate) fn open_read_only(
     opts: &OpenOptions,
 ) -> EngineResult<Engine> {
     let sb = current_superblock(&cache)?;
-    checks::check_origins(&sb, &origins, opts)?;
-    let sizes: Vec<u64> = origins.iter().map(|o| o.size_bytes()).collect();
+    let (live, gone) = sb.without_removed();
+    checks::check_origins(&live, &origins, opts)?;
+    let sizes = sizes_with_removed(&sb, &origins);
     let mut loaded = load(&cache, sb, &sizes, None)?;
     let mut recovered = 0;
     if let Some(path) = &opts.crash_log {
@@ -1016,6 +1096,7 @@ pub(crate) fn open_read_only(
             None => loaded = load(&cache, sb, &sizes, None)?,
         }
     }
+    finish_removals(&cache, &mut loaded, &gone)?;
     if opts.distrust_clean || sb.flags.get() & SB_FLAG_DISTRUST_CLEAN != 0 {
         loaded.table.drop_clean();
     }
@@ -1208,6 +1289,36 @@ pub fn check_with_crash_log(
     check_volumes(cache, &[origin_bytes], logs)
 }
 
+/// Each volume's size for `check`'s load: its origin's as given (in the
+/// order of the volumes not removed), else the recorded one; what differs
+/// from the record, and each volume removed while served, is noted.
+fn checked_sizes(
+    volumes: &[super::format::VolumeEntry],
+    origin_bytes: &[Option<u64>],
+    findings: &mut Vec<String>,
+) -> Vec<u64> {
+    let mut given = origin_bytes.iter();
+    let mut sizes = Vec::with_capacity(volumes.len());
+    for v in volumes {
+        if v.removed {
+            findings.push(format!(
+                "note: volume {} was removed while served; the next open takes its record out",
+                v.name
+            ));
+            sizes.push(v.bytes);
+            continue;
+        }
+        let now = given.next().copied().flatten().unwrap_or(v.bytes);
+        let whose = match volumes.len() {
+            1 => "origin".to_string(),
+            _ => format!("volume {}'s origin", v.name),
+        };
+        findings.extend(origin_size_finding(&whose, v.bytes, now));
+        sizes.push(now);
+    }
+    sizes
+}
+
 /// `check_with_crash_log` for a cache of several origins: `origin_bytes[v]`
 /// is volume `v`'s origin's size if known (missing or `None`: the recorded
 /// size is used).
@@ -1231,24 +1342,16 @@ pub fn check_volumes(
     report.block_bytes = Some(sb.block_bytes.get());
     report.clean_shutdown = Some(sb.clean_shutdown.get() == 1);
     let volumes = sb.volume_list();
-    if origin_bytes.len() > 1 && origin_bytes.len() != volumes.len() {
+    let (live, gone) = sb.without_removed();
+    let live_count = volumes.len() - gone.len();
+    if origin_bytes.len() > 1 && origin_bytes.len() != live_count {
         findings.push(format!(
-            "DAMAGE: the cache holds {} volumes, but {} origins were given",
-            volumes.len(),
+            "DAMAGE: the cache holds {live_count} volumes, but {} origins were given",
             origin_bytes.len()
         ));
     }
-    let mut sizes = Vec::with_capacity(volumes.len());
-    for (i, v) in volumes.iter().enumerate() {
-        let now = origin_bytes.get(i).copied().flatten().unwrap_or(v.bytes);
-        let whose = match volumes.len() {
-            1 => "origin".to_string(),
-            _ => format!("volume {}'s origin", v.name),
-        };
-        findings.extend(origin_size_finding(&whose, v.bytes, now));
-        sizes.push(now);
-    }
-    report.volumes = (volumes.into_iter())
+    let sizes = checked_sizes(&volumes, origin_bytes, &mut findings);
+    report.volumes = (live.volume_list().into_iter())
         .map(|v| CheckedVolume {
             name: v.name,
             origin_bytes: v.bytes,
@@ -1262,7 +1365,10 @@ pub fn check_volumes(
             report.cache_blocks_dirty = l.table.dirty_count();
             report.journal_pages_to_replay = l.pages_replayed;
             findings.extend(crash_log_notes(&mut l, logs));
-            findings.extend(l.tail_note.map(|n| format!("note: {n}")));
+            findings.extend(l.tail_note.clone().map(|n| format!("note: {n}")));
+            if let Err(e) = finish_removals(cache, &mut l, &gone) {
+                problems.push(e.to_string());
+            }
         }
         Err(e) => problems.push(e.to_string()),
     }

@@ -276,7 +276,31 @@ impl Superblock {
         v.mode.or_else(|| Mode::from_u32(self.mode.get()))
     }
 
-    /// The volumes it records (volume 0 first).
+    /// Volume `v` was removed while served (`VOLUME_REMOVED`): it keeps its
+    /// record, and its keys, until the next open; its share is dropped.
+    pub fn set_volume_removed(&mut self, v: usize) {
+        let mut list = self.volume_list();
+        list[v].removed = true;
+        list[v].share = Share::default();
+        self.volumes.set(&list);
+    }
+
+    /// The superblock with the records of volumes removed while served
+    /// taken out (the next open's, once the table's keys moved down:
+    /// recovery.rs `finish_removals`), and which indexes they had.
+    pub fn without_removed(&self) -> (Superblock, Vec<usize>) {
+        let list = self.volume_list();
+        let gone: Vec<usize> = (0..list.len()).filter(|&v| list[v].removed).collect();
+        let mut sb = *self;
+        if !gone.is_empty() {
+            let live: Vec<VolumeEntry> = list.into_iter().filter(|v| !v.removed).collect();
+            sb.set_volume_list(&live);
+        }
+        (sb, gone)
+    }
+
+    /// The volumes it records (volume 0 first), those removed while served
+    /// included (`VolumeEntry::removed`).
     pub fn volume_list(&self) -> Vec<VolumeEntry> {
         self.volumes
             .volumes(self.origin_bytes.get(), self.origin_identity.get())

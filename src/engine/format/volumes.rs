@@ -52,6 +52,12 @@ const _: () = assert!(std::mem::size_of::<VolumeRecord>() == 64);
 
 /// Record flag: in use.
 pub const VOLUME_IN_USE: u32 = 1;
+/// Record flag (with `VOLUME_IN_USE`): removed while served (`tiercache
+/// remove-origin`). It holds no blocks and its origin is let go; its keys
+/// stay reserved until the next open takes the record out and moves the
+/// volumes after it down one place (recovery.rs, `finish_removals`). A
+/// tiercache from before it refuses the table (flags other than in use).
+pub const VOLUME_REMOVED: u32 = 2;
 
 /// The table: 3840 bytes, the superblock page's bytes 256..4096.
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Clone, Copy, Debug)]
@@ -80,6 +86,9 @@ pub struct VolumeEntry {
     pub mode: Option<Mode>,
     /// Its share of the cache's slots (none by default).
     pub share: Share,
+    /// Removed while served: kept only until the next open
+    /// (`VOLUME_REMOVED`).
+    pub removed: bool,
 }
 
 /// Names are 1..=32 bytes of ASCII letters, digits, `.`, `_` and `-`, not
@@ -135,7 +144,8 @@ impl VolumeTable {
         let lone_default = volumes.len() == 1
             && volumes[0].name == default_name(0)
             && volumes[0].mode.is_none()
-            && volumes[0].share == Share::default();
+            && volumes[0].share == Share::default()
+            && !volumes[0].removed;
         if lone_default {
             return;
         }
@@ -147,7 +157,7 @@ impl VolumeTable {
                 r.bytes = U64::new(v.bytes);
                 r.identity = U64::new(v.identity);
             }
-            r.flags = U32::new(VOLUME_IN_USE);
+            r.flags = U32::new(VOLUME_IN_USE | if v.removed { VOLUME_REMOVED } else { 0 });
             r.mode = U32::new(v.mode.map_or(0, Mode::to_u32));
             r.share_min_permille = U16::new(v.share.min_permille);
             r.share_max_permille = U16::new(v.share.max_permille);
@@ -170,6 +180,7 @@ impl VolumeTable {
             identity: origin_identity,
             mode: None,
             share: Share::default(),
+            removed: false,
         };
         if count == 0 {
             return Ok(vec![first]);
@@ -190,7 +201,7 @@ impl VolumeTable {
         }
         let mut out: Vec<VolumeEntry> = Vec::with_capacity(count);
         for (i, r) in self.records.iter().enumerate() {
-            let used = r.flags.get() == VOLUME_IN_USE;
+            let used = matches!(r.flags.get(), f if f == VOLUME_IN_USE || f == VOLUME_IN_USE | VOLUME_REMOVED);
             if i >= count {
                 if r.as_bytes().iter().any(|&b| b != 0) {
                     return Err(format!("volume record {i} is past the count and not zero"));
@@ -253,6 +264,7 @@ fn record_entry(i: usize, r: &VolumeRecord, first: &VolumeEntry) -> Result<Volum
         identity,
         mode,
         share,
+        removed: r.flags.get() & VOLUME_REMOVED != 0,
     })
 }
 
@@ -273,6 +285,7 @@ mod tests {
                     min_permille: (i == 2) as u16 * 250,
                     max_permille: (i == 1) as u16 * 500,
                 },
+                removed: false,
             })
             .collect()
     }

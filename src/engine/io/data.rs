@@ -89,9 +89,20 @@ impl Engine {
     }
 
     /// Counts a foreground request to `origin` while `f` runs (writeback
-    /// yields to them).
-    fn foreground<T>(&self, origin: &Origin, f: impl FnOnce() -> T) -> T {
-        origin.foreground(|| self.now_ms(), f)
+    /// yields to them); refused once its volume is removed (`Origin::
+    /// foreground`).
+    fn foreground<T, E: From<DeviceError>>(
+        &self,
+        origin: &Origin,
+        f: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E> {
+        origin.foreground(|| self.now_ms(), f).unwrap_or_else(|| {
+            Err(E::from(DeviceError::Io {
+                device: origin.device().name().into(),
+                what: "an I/O to a volume removed from the cache",
+                source: std::io::Error::from_raw_os_error(libc::ENODEV),
+            }))
+        })
     }
 
     /// Reads the origin at address `offset` (its volume's device at the

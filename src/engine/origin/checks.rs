@@ -46,6 +46,7 @@ pub(crate) fn new_volumes(
             identity: origin.identity(),
             mode: None,
             share: Default::default(),
+            removed: false,
         });
     }
     Ok(out)

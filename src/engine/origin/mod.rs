@@ -77,6 +77,12 @@ pub(crate) struct Origin {
     writeback_cursor: AtomicU64,
     /// Its share of the cache's slots (policy/share.rs).
     share: VolumeShare,
+    /// Removed while served (`Engine::remove_volume_served`): requests are
+    /// refused at the door, and the volume is left out of what the cache
+    /// shows. Its place (index, keys) stays until the next open.
+    retired: AtomicBool,
+    /// Its device was let go (`let_go`): nothing flushes it any more.
+    let_go: AtomicBool,
 }
 
 impl Origin {
@@ -103,7 +109,27 @@ impl Origin {
             mode: AtomicU32::new(Mode::Writeback.to_u32()),
             writeback_cursor: AtomicU64::new(base / block_bytes),
             share: VolumeShare::default(),
+            retired: AtomicBool::new(false),
+            let_go: AtomicBool::new(false),
         }
+    }
+
+    /// Gives the retired volume's device back (`BlockDevice::let_go`),
+    /// after `quiesce` and a flush: flushes of every origin pass it over
+    /// from now on.
+    pub(crate) fn let_go(&self) -> EngineResult<()> {
+        self.let_go.store(true, Ordering::Release);
+        Ok(self.device.let_go()?)
+    }
+
+    /// The volume is being removed (`retired`), or no longer.
+    pub(crate) fn retire(&self, retired: bool) {
+        self.retired.store(retired, Ordering::SeqCst);
+    }
+
+    /// Removed while served: requests are refused.
+    pub(crate) fn retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
     }
 
     /// Its share of the cache's slots.
@@ -255,14 +281,36 @@ impl Origin {
         self.sync.check_lost()
     }
 
-    /// Runs a foreground request `f`, counted so that writeback yields to
-    /// it; `now_ms` stamps its end.
-    pub(crate) fn foreground<T>(&self, now_ms: impl Fn() -> u64, f: impl FnOnce() -> T) -> T {
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
-        let r = f();
+    /// Runs a foreground request's origin I/O `f`, counted so that
+    /// writeback yields to it and a removal waits for it (`quiesce`);
+    /// `now_ms` stamps its end. `None`, and `f` not run, once the volume
+    /// is removed: counted first and the flag read after, against the
+    /// removal's flag set first and the count read after (all `SeqCst`),
+    /// either this sees the flag or the removal sees the count.
+    pub(crate) fn foreground<T>(
+        &self,
+        now_ms: impl Fn() -> u64,
+        f: impl FnOnce() -> T,
+    ) -> Option<T> {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let r = (!self.retired.load(Ordering::SeqCst)).then(f);
         self.last_end_ms.store(now_ms(), Ordering::Release);
-        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
         r
+    }
+
+    /// Waits (up to `limit`) until no foreground I/O to the origin is under
+    /// way, the volume being retired: none starts after (`foreground`).
+    /// False if some was still under way at the limit (a frozen origin).
+    pub(crate) fn quiesce(&self, limit: std::time::Duration) -> bool {
+        let start = std::time::Instant::now();
+        while self.in_flight.load(Ordering::SeqCst) > 0 {
+            if start.elapsed() >= limit {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        true
     }
 
     /// Milliseconds from the end of the last foreground request to `now_ms`
@@ -438,7 +486,11 @@ impl Origins {
 
     /// `f` on every origin, every one tried: the first error.
     fn each(&self, f: impl Fn(usize, &Origin) -> EngineResult<()>) -> EngineResult<()> {
-        let results: Vec<_> = self.iter().enumerate().map(|(i, o)| f(i, o)).collect();
+        let held = self
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| !o.let_go.load(Ordering::Acquire));
+        let results: Vec<_> = held.map(|(i, o)| f(i, o)).collect();
         results.into_iter().collect()
     }
 

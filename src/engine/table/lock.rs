@@ -135,6 +135,11 @@ impl MetaLock {
         self.0.lock().grow_volume(v, blocks)
     }
 
+    /// Volume `v`'s removal was given up: `Meta::unseal_volume`.
+    pub(crate) fn unseal_volume(&self, v: usize) {
+        self.0.lock().unseal_volume(v)
+    }
+
     /// The cache device grew: `Meta::grow_slots`.
     pub(crate) fn grow_slots(&self, slot_count: u64) {
         self.0.lock().grow_slots(slot_count)

@@ -238,6 +238,41 @@ impl Table {
     }
 
     /// The checkpoint of the table as it is now.
+    /// The table once volumes `gone` (ascending) are taken out (recovery.rs
+    /// `finish_removals`), over `keys`, the key space without them: their
+    /// clean blocks are dropped, a dirty one is refused, and the keys of
+    /// the volumes after each move down one place (`KeySpace::key_without`).
+    pub fn without_volumes(&self, gone: &[usize], keys: KeySpace) -> Result<Table, String> {
+        let mut data = self.snapshot();
+        for (slot, e) in data.entries.iter_mut().enumerate() {
+            let Some((mut key, dirty)) = entry_decode(*e) else {
+                continue;
+            };
+            for &v in gone.iter().rev() {
+                match self.keys.key_without(v, key) {
+                    Some(k) => key = k,
+                    None if dirty => {
+                        return Err(format!(
+                            "slot {slot} holds a dirty block of volume {v}, which was removed"
+                        ))
+                    }
+                    None => {
+                        *e = ENTRY_FREE;
+                        break;
+                    }
+                }
+            }
+            if *e != ENTRY_FREE {
+                *e = entry_encode(key, dirty);
+            }
+        }
+        let entries = &data.entries;
+        data.partial.retain(|p| entries[p.0 as usize] != ENTRY_FREE);
+        let mut t = Table::from_checkpoint(data, keys, self.sectors)?;
+        t.dirty_slots = self.dirty_slots;
+        Ok(t)
+    }
+
     pub fn snapshot(&self) -> CheckpointData {
         let mut partial: Vec<PartialEntry> = self.partial.iter().collect();
         partial.sort_unstable_by_key(|p| p.0);

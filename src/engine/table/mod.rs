@@ -71,6 +71,9 @@ pub(crate) struct Meta {
     /// Writeback in flush order: each dirty slot's group, and the older
     /// versions kept for their groups (groups.rs). `None` otherwise.
     groups: Option<groups::Groups>,
+    /// Bit `v`: volume `v` is being removed while served (`Engine::
+    /// remove_volume_served`): no slot is handed out for its blocks.
+    sealed: u64,
 }
 
 /// Records a commit takes to the journal, and the releases they carry.
@@ -118,6 +121,7 @@ impl Meta {
             log,
             touched,
             groups: None,
+            sealed: 0,
         }
     }
 
@@ -138,6 +142,23 @@ impl Meta {
         if let Some(log) = self.crash_log.as_mut() {
             log.slots_grew(slot_count);
         }
+    }
+
+    /// Volume `v` is being removed: no slot for its blocks from now on
+    /// (`alloc_slots` finds none, so a write goes around the cache and a
+    /// read is not promoted).
+    pub(crate) fn seal_volume(&mut self, v: usize) {
+        self.sealed |= 1 << v;
+    }
+
+    /// Volume `v`'s removal was given up: its blocks may take slots again.
+    pub(crate) fn unseal_volume(&mut self, v: usize) {
+        self.sealed &= !(1 << v);
+    }
+
+    /// `key`'s volume is being removed (`seal_volume`).
+    pub(crate) fn sealed(&self, key: u64) -> bool {
+        self.sealed != 0 && self.sealed & (1 << self.table.keys().split(key).0) != 0
     }
 
     /// Writeback in flush order: the groups as loaded (recovery.rs). The

@@ -123,6 +123,9 @@ impl Engine {
         for _ in 0..3 {
             {
                 let mut m = self.meta.lock();
+                if m.sealed(key) {
+                    return Ok(Vec::new()); // its volume is being removed
+                }
                 let own = self.evict_own_if_full(&mut m, n, key);
                 if own == Some(0) {
                     return Ok(Vec::new());
@@ -261,6 +264,35 @@ impl Engine {
             self.append(&mut m, Record::Unmap { slot });
         }
         Ok(())
+    }
+
+    /// Drops volume `v`'s blocks while requests run (`Engine::
+    /// remove_volume_served`): the volume is sealed first (no slot is
+    /// handed out for its blocks again), then each of its clean blocks
+    /// whose lock is free is unmapped, under the table's lock. A write that
+    /// holds a block's lock finishes first; one that needs a slot from now
+    /// on goes around the cache. Returns how many of its blocks are left:
+    /// dirty ones (write them back, then call again) and busy ones.
+    pub(crate) fn drop_volume_blocks_served(&self, v: usize) -> EngineResult<usize> {
+        let origin = self.origins.get(v).ok_or_else(|| self.no_volume(v))?;
+        let mut m = self.meta.lock();
+        m.seal_volume(v);
+        let held: Vec<(u32, u64, bool)> = (0..m.table.slot_count() as u32)
+            .filter_map(|slot| {
+                let (block, dirty) = m.table.slot_block(slot)?;
+                origin.cacheable(block).then_some((slot, block, dirty))
+            })
+            .collect();
+        let mut left = 0;
+        for (slot, block, dirty) in held {
+            if dirty || !origin.locks().try_lock(block) {
+                left += 1;
+                continue;
+            }
+            self.append(&mut m, Record::Unmap { slot });
+            origin.locks().unlock(block);
+        }
+        Ok(left)
     }
 
     /// Makes the slots of `ranges` (a cache set's members that are not

@@ -334,6 +334,23 @@ impl<V: Volume> Exports<V> {
     }
 }
 
+impl<V: Volume> Exports<V> {
+    /// Takes the exports of `names` away, for clients that connect from
+    /// now on (the empty name then means the first export left); returns
+    /// the names gone. Clients connected to one keep their connection; its
+    /// volume answers them as it is (a removed volume: with errors).
+    pub fn remove(&self, names: &[&str]) -> Vec<String> {
+        let mut list = self.0.exports.lock();
+        let named = |e: &Arc<Export<V>>| names.contains(&e.info.name.as_str());
+        let gone: Vec<String> = (list.iter().filter(|e| named(e)))
+            .map(|e| e.info.name.clone())
+            .collect();
+        let next: Vec<Arc<Export<V>>> = list.iter().filter(|e| !named(e)).cloned().collect();
+        *list = Arc::new(next);
+        gone
+    }
+}
+
 /// The names of a server's exports: at least one, distinct, each an NBD
 /// string without NUL.
 fn check_export_names<V>(volumes: &[(String, Arc<V>)]) -> Result<(), NbdError> {

@@ -103,6 +103,10 @@ impl Order for Address {
 
     /// A volume's blocks are written back on their own; dropping them
     /// checks that none is still dirty (`drop_volume_blocks`).
+    fn removes_served(&self) -> EngineResult<()> {
+        Ok(())
+    }
+
     fn check_written_back(&self, _: &Engine) -> EngineResult<()> {
         Ok(())
     }

@@ -175,6 +175,16 @@ impl Order for Flush {
 
     /// Writes that arrived meanwhile, of any volume, may share a group
     /// with the volume's.
+    /// Its groups span every volume, and the next open, which takes a
+    /// removed volume's record out, would have to move their keys too.
+    fn removes_served(&self) -> EngineResult<()> {
+        Err(EngineError::Config(
+            "writeback in flush order keeps every volume's writes in one order: remove the \
+             origin with the daemon stopped"
+                .into(),
+        ))
+    }
+
     fn check_written_back(&self, e: &Engine) -> EngineResult<()> {
         if e.meta.dirty_count() > 0 {
             return Err(EngineError::Config(

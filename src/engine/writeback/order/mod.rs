@@ -85,6 +85,11 @@ pub(crate) trait Order: Send + Sync {
     /// (`Engine::remove_volume`): fails if dirty data this order keeps
     /// together with the volume's is left.
     fn check_written_back(&self, e: &Engine) -> EngineResult<()>;
+
+    /// Refuses to take a volume out while the cache is served
+    /// (`Engine::remove_volume_served`) where this order keeps every
+    /// volume's dirty data together.
+    fn removes_served(&self) -> EngineResult<()>;
 }
 
 /// How a writeback run holds a block's lock (`Order::lock_for_run`).
