@@ -213,7 +213,7 @@ if [ "$MODE" = compare ] || [ "$MODE" = run ]; then
 fi
 case "$MODE" in
     quick) : "${TESTS:=ext4_writeback ext4_restart_writeback fio_verify_writeback cache_set_member_fails cache_set_crash_nbd}" ;;
-    full) : "${TESTS:=ext4_writeback ext4_writethrough ext4_restart_writeback ext4_restart_writethrough fio_verify_writeback fio_verify_writethrough cache_set_member_fails cache_set_crash_nbd ublk_fio_verify_writeback ublk_ext4_recover_writeback cache_set_crash_ublk ublk_two_volumes}" ;;
+    full) : "${TESTS:=ext4_writeback ext4_writethrough ext4_restart_writeback ext4_restart_writethrough fio_verify_writeback fio_verify_writethrough cache_set_member_fails cache_set_crash_nbd ublk_fio_verify_writeback ublk_ext4_recover_writeback cache_set_crash_ublk ublk_two_volumes ublk_add_volume}" ;;
     compare) TESTS=compare ;;
     run) TESTS=run ;;
 esac

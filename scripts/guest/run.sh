@@ -64,6 +64,7 @@ for t in $TC_TESTS; do
             TEST_TIMEOUT_S=600 run_test "$t" "test_ublk_ext4_recover ${t#ublk_ext4_recover_} 10" ;;
         # One cache, two origins, two ublk devices (issue 33).
         ublk_two_volumes) TEST_TIMEOUT_S=600 run_test "$t" "test_ublk_two_volumes" ;;
+        ublk_add_volume) TEST_TIMEOUT_S=600 run_test "$t" "test_ublk_add_volume" ;;
         compare) TEST_TIMEOUT_S=2300 run_test compare "compare_all" ;;
         *) echo "FAIL $t 0 (unknown test)" >>$RESULTS/summary ;;
     esac

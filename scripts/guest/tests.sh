@@ -472,6 +472,61 @@ test_ublk_two_volumes() {
     log "a clean stop removed both devices"
 }
 
+# One volume served over ublk, a second added while it is (issue 33): its
+# device appears beside the first, fio verify runs on both, ext4 on the new
+# one survives a kill -9, and removing a volume while ublk serves is
+# refused (device ids follow the volumes' places).
+test_ublk_add_volume() {
+    local half f0 f1 before0 before1
+    half=$(( $(blockdev --getsz "$(disk origin)") / 2 ))
+    dmsetup create tcdb --table "0 $half linear $(disk origin) 0"
+    dmsetup create tclogs --table "0 $half linear $(disk origin) $half"
+    tc create --origin /dev/mapper/tcdb --volume db \
+        --cache "$(disk cache)" --mode writeback --force --wipe --lose-dirty-data >/dev/null
+    serve_start tc0 --ublk
+    ublk_wait_dev /dev/ublkb0
+    fio --name=db --filename=/dev/ublkb0 "${FIO_VERIFY[@]}" --output=$WORK/fio0.out & f0=$!
+    echo "$f0" >>$PIDS
+    sleep 1
+    tc add-origin --origin /dev/mapper/tclogs --volume logs >$WORK/add.out 2>&1 \
+        || { cat $WORK/add.out; fail "add-origin while ublk serves"; }
+    log "$(cat $WORK/add.out)"
+    ublk_wait_dev /dev/ublkb1
+    tc status | grep -q 'ublk /dev/ublkb0, /dev/ublkb1' || { tc status; fail "status does not show both devices"; }
+    fio --name=logs --filename=/dev/ublkb1 "${FIO_VERIFY[@]}" --output=$WORK/fio1.out & f1=$!
+    echo "$f1" >>$PIDS
+    wait $f0 || { cat $WORK/fio0.out; fail "fio verify on /dev/ublkb0 across the add"; }
+    wait $f1 || { cat $WORK/fio1.out; fail "fio verify on /dev/ublkb1, added online"; }
+    for d in 0 1; do
+        grep -q 'err= 0' $WORK/fio$d.out || { cat $WORK/fio$d.out; fail "fio reported errors on /dev/ublkb$d"; }
+    done
+    log "fio verify passed on /dev/ublkb0 across the add and on /dev/ublkb1, added online"
+    mkfs.ext4 -q -E nodiscard /dev/ublkb1
+    mkdir -p $MNT/v1
+    mount -o noatime /dev/ublkb1 $MNT/v1
+    write_files "v1/a" $WORK/manifest
+    before0=$(grep -c 'recovered /dev/ublkb0$' /run/serve-tc0.log || true)
+    before1=$(grep -c 'recovered /dev/ublkb1$' /run/serve-tc0.log || true)
+    kill -9 "$SERVE_PID"
+    wait "$SERVE_PID" 2>/dev/null || true
+    serve_start tc0 --ublk
+    ublk_recovered_after /dev/ublkb0 "$before0"
+    ublk_recovered_after /dev/ublkb1 "$before1"
+    drop_caches
+    sha256sum -c --quiet $WORK/manifest || fail "ext4 on the added volume: files differ after kill -9"
+    log "ext4 on the volume added online: $(wc -l <$WORK/manifest) files verified across kill -9 and recovery"
+    umount $MNT/v1
+    e2fsck -f -n /dev/ublkb1 >$WORK/fsck.log 2>&1 || { cat $WORK/fsck.log; fail "e2fsck on /dev/ublkb1"; }
+    if tc remove-origin --volume logs >$WORK/remove.out 2>&1; then
+        fail "remove-origin while ublk serves was not refused"
+    fi
+    grep -q 'ublk names its devices' $WORK/remove.out || { cat $WORK/remove.out; fail "remove-origin's refusal"; }
+    log "remove-origin while ublk serves: refused ($(tail -1 $WORK/remove.out | cut -c1-100)...)"
+    serve_stop
+    [ -e /dev/ublkb0 ] || [ -e /dev/ublkb1 ] && fail "a ublk device is still there after a clean stop"
+    log "a clean stop removed both devices"
+}
+
 # --- a cache set that loses a member, then the daemon (issue 32)
 
 # SQLite on ext4 over a cache set of two dm-linear members, served as

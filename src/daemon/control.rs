@@ -255,9 +255,8 @@ fn add_origin(
 ) -> std::result::Result<(), String> {
     if !served.can_serve_added() {
         return Err(
-            "this daemon cannot serve a volume added while it runs (ublk makes its \
-                    devices at the start, and --export-name names a single volume): stop it, \
-                    add the origin, start it again"
+            "this daemon cannot serve a volume added while it runs (--export-name names \
+                    a single volume): stop it, add the origin, start it again"
                 .into(),
         );
     }
@@ -275,9 +274,9 @@ fn remove_origin(
 ) -> std::result::Result<(), String> {
     if !served.can_unserve() {
         return Err(
-            "this daemon cannot stop serving one volume while it runs (ublk makes its devices \
-             at the start, and --export-name names a single volume): stop it, remove the \
-             origin, start it again"
+            "this daemon cannot stop serving one volume while it runs (ublk names its devices \
+             by the volumes' places, which a removal moves at the next start, and \
+             --export-name names a single volume): stop it, remove the origin, start it again"
                 .into(),
         );
     }

@@ -68,9 +68,17 @@ impl Frontends {
 }
 
 /// Serves volume `v`, added online, on the daemon's front end; returns
-/// the NBD exports that are new (its name; with the cache's second volume
-/// also the first's), or why it cannot be.
-pub type ServeAdded = Box<dyn Fn(usize) -> Result<Vec<String>, String> + Send + Sync>;
+/// how it is served now, or why it cannot be.
+pub type ServeAdded = Box<dyn Fn(usize) -> Result<ServedAs, String> + Send + Sync>;
+
+/// How a volume added online is served.
+pub enum ServedAs {
+    /// The NBD exports that are new (its name; with the cache's second
+    /// volume also the first's).
+    Exports(Vec<String>),
+    /// Its ublk device, made now, and the size it was made with.
+    Ublk { device: String, bytes: u64 },
+}
 
 /// Stops serving volume `v` named so, removed online; returns the NBD
 /// exports that are gone (its name, and "" if that named volume 0).
@@ -110,8 +118,8 @@ impl Served {
         let _ = self.serve_added.set(f);
     }
 
-    /// True if a volume added now would be served at once (NBD: yes; ublk
-    /// makes its devices at the start).
+    /// True if a volume added now would be served at once (NBD: as its
+    /// export; ublk: as a device made then; not with `--export-name`).
     pub fn can_serve_added(&self) -> bool {
         self.serve_added.get().is_some()
     }
@@ -120,8 +128,21 @@ impl Served {
     /// exports it is served as join `status`'s list.
     pub fn serve_added(&self, v: usize) -> Result<(), String> {
         let serve = (self.serve_added.get()).ok_or("no front end serves added volumes")?;
-        let exports = serve(v)?;
-        self.fixed.lock().nbd_exports.extend(exports);
+        let how = serve(v)?;
+        let mut fixed = self.fixed.lock();
+        match how {
+            ServedAs::Exports(exports) => fixed.nbd_exports.extend(exports),
+            ServedAs::Ublk { device, bytes } => {
+                if fixed.ublk_devices.is_empty() {
+                    // A cache of one had its device alone.
+                    let first = (fixed.ublk_device.clone()).zip(fixed.ublk_bytes);
+                    let (d, b): (Vec<String>, Vec<u64>) = first.into_iter().unzip();
+                    (fixed.ublk_devices, fixed.ublk_devices_bytes) = (d, b);
+                }
+                fixed.ublk_devices.push(device);
+                fixed.ublk_devices_bytes.push(bytes);
+            }
+        }
         Ok(())
     }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::frontends::{Frontends, ServeAdded, Served};
+use super::frontends::{Frontends, ServeAdded, Served, ServedAs};
 use super::notify::{notify_or_log, READY, STOPPING};
 use super::registry::{self, Registry, RegistryError};
 use super::{control, control_listener, socket};
@@ -393,7 +393,7 @@ async fn serve_until_stopped(
                 control_path.display()
             );
         }
-        return serve_ublk(engine, u, rx).await;
+        return serve_ublk(engine, &served, u, rx).await;
     }
     let exports = nbd_exports(engine, &cfg.nbd.export_name);
     for (export, volume) in &exports {
@@ -444,7 +444,7 @@ fn serve_added_over_nbd(engine: &Arc<Engine>, exports: &Arc<Exports<AsyncEngine>
             eprintln!("tiercache: volume {name} added: serving it on NBD export {name}");
             added.push(name);
         }
-        Ok(added)
+        Ok(ServedAs::Exports(added))
     })
 }
 
@@ -613,6 +613,7 @@ fn start_malloc_trim() {
 #[cfg(not(feature = "ublk"))]
 async fn serve_ublk(
     _engine: &Arc<Engine>,
+    _served: &Served,
     _u: &UblkSettings,
     _shutdown: watch::Receiver<bool>,
 ) -> Result<()> {
@@ -620,36 +621,73 @@ async fn serve_ublk(
 }
 
 /// Serves each volume `v` as /dev/ublkb<id + v> until shutdown is asked
-/// for, then deletes the devices. A daemon killed without that leaves them
-/// to the next `serve --ublk` with the same id (user recovery).
+/// for, then deletes the devices. A volume added online gets its device
+/// then (`serve_added_over_ublk`). A daemon killed without that leaves
+/// them to the next `serve --ublk` with the same id (user recovery).
 #[cfg(feature = "ublk")]
 async fn serve_ublk(
     engine: &Arc<Engine>,
+    served: &Served,
     u: &UblkSettings,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<()> {
     let n = engine.volumes().len();
     let waiting = Arc::new(std::sync::atomic::AtomicUsize::new(n));
-    let mut devices = Vec::with_capacity(n);
+    let devices: UblkDevices = Arc::default();
+    let rt = tokio::runtime::Handle::current();
     for v in 0..n {
         let id = u.dev_id + v as i32;
-        match start_ublk(engine, u, v, id, waiting.clone()) {
-            Ok(thread) => devices.push((id, thread)),
+        match start_ublk(engine, &rt, u, v, id, waiting.clone()) {
+            Ok(thread) => devices.lock().push((id, thread)),
             Err(e) => {
-                stop_ublk(devices).await?;
+                let started = std::mem::take(&mut *devices.lock());
+                stop_ublk(started).await?;
                 return Err(e);
             }
         }
     }
+    served.set_serve_added(serve_added_over_ublk(engine, &rt, u, &devices));
     // Until shutdown is asked for, or a device ends on its own (an error,
     // or `ublk del`).
-    while !*shutdown.borrow() && !devices.iter().any(|(_, t)| t.is_finished()) {
+    let ended = || devices.lock().iter().any(|(_, t)| t.is_finished());
+    while !*shutdown.borrow() && !ended() {
         tokio::select! {
             r = shutdown.changed() => if r.is_err() { break },
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
     }
-    stop_ublk(devices).await
+    let all = std::mem::take(&mut *devices.lock());
+    stop_ublk(all).await
+}
+
+/// The ublk devices served, with their threads; one joins when a volume
+/// is added online.
+#[cfg(feature = "ublk")]
+type UblkDevices = Arc<parking_lot::Mutex<Vec<(i32, UblkThread)>>>;
+
+/// How a volume added online is served over ublk: as /dev/ublkb<id + v>,
+/// made now (the size it is made with is the volume's; the daemon is
+/// ready already, so starting it tells systemd nothing).
+#[cfg(feature = "ublk")]
+fn serve_added_over_ublk(
+    engine: &Arc<Engine>,
+    rt: &tokio::runtime::Handle,
+    u: &UblkSettings,
+    devices: &UblkDevices,
+) -> ServeAdded {
+    let (engine, rt, u, devices) = (engine.clone(), rt.clone(), u.clone(), devices.clone());
+    Box::new(move |v| {
+        let id = u.dev_id + v as i32;
+        let told = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let thread = start_ublk(&engine, &rt, &u, v, id, told).map_err(|e| e.to_string())?;
+        devices.lock().push((id, thread));
+        let (name, _, bytes) = engine.volumes()[v].clone();
+        eprintln!("tiercache: volume {name} added: serving it as /dev/ublkb{id}");
+        Ok(ServedAs::Ublk {
+            device: format!("/dev/ublkb{id}"),
+            bytes,
+        })
+    })
 }
 
 #[cfg(feature = "ublk")]
@@ -661,6 +699,7 @@ type UblkThread =
 #[cfg(feature = "ublk")]
 fn start_ublk(
     engine: &Arc<Engine>,
+    rt: &tokio::runtime::Handle,
     u: &UblkSettings,
     v: usize,
     id: i32,
@@ -676,7 +715,7 @@ fn start_ublk(
         durable_writes: u.durable_writes,
     };
     let volume = Arc::new(AsyncEngine::volume(engine.clone(), v).ok_or(DaemonError::UblkPanic)?);
-    let rt = tokio::runtime::Handle::current();
+    let rt = rt.clone();
     std::thread::Builder::new()
         .name(format!("tiercache-ublk{v}"))
         .spawn(move || {
