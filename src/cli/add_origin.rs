@@ -124,10 +124,13 @@ fn add_served(
     };
     reg.update(&entry.name, |e| e.more_origins.push(path.to_string()))
         .context("registering the new origin")?;
+    let now = control::call(socket, &Request::Status)?.frontends;
+    let device = now.and_then(|f| f.ublk_devices.last().cloned());
     println!(
-        "cache '{}': {how}volume {name} added while served: {path} ({}), exported as {name}",
+        "cache '{}': {how}volume {name} added while served: {path} ({}), {}",
         entry.name,
-        human_bytes(bytes)
+        human_bytes(bytes),
+        device.map_or(format!("exported as {name}"), |d| format!("served as {d}"))
     );
     Ok(())
 }
