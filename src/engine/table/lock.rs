@@ -168,7 +168,9 @@ impl MetaLock {
         (m.commit_waiting(), log_half_full)
     }
 
-    /// The crash log's bytes as they stand (no record half appended).
+    /// The crash log's bytes as they stand (no record half appended), for
+    /// crash tests (`Engine::crash_log_image`).
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn crash_log_image(&self) -> Option<Vec<u8>> {
         self.0.lock().crash_log_ref().map(|l| l.image_bytes())
     }
