@@ -502,6 +502,26 @@ fn resize_takes_a_grown_origin_online_and_refuses_a_shrunk_one() {
     );
 }
 
+/// A cache of volumes data and logs that writes nothing back by itself,
+/// served, with the first MiB of each written through NBD (a pattern,
+/// returned with the server): it is dirty in the cache.
+fn serve_two_dirty(s: &Setup) -> (daemon::KillOnDrop, std::path::PathBuf) {
+    let quiet = ["--volume", "data", "--volume", "logs"];
+    let never = ["--writeback-idle", "0", "--writeback-age", "3600"];
+    let out = create_two(s, &[&quiet[..], &never[..]].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let server = s.serve();
+    let one_mib = s.path("one.in");
+    pattern(&one_mib, "one", 1 << 20);
+    nbdcopy(&one_mib, export_uri(s, "data"));
+    nbdcopy(&one_mib, export_uri(s, "logs"));
+    (server, one_mib)
+}
+
 /// `tiercache remove-origin --volume data` takes the first of two volumes
 /// out of a cache no daemon serves: its dirty data reaches data.img, which
 /// stands alone, and the cache serves logs alone (under the empty export
@@ -512,27 +532,7 @@ fn resize_takes_a_grown_origin_online_and_refuses_a_shrunk_one() {
 fn remove_origin_leaves_the_origin_alone_and_finishes_when_run_again() {
     need("nbdcopy", "libnbd-bin");
     let s = two_origins();
-    let quiet = [
-        "--volume",
-        "data",
-        "--volume",
-        "logs",
-        "--writeback-idle",
-        "0",
-        "--writeback-age",
-        "3600",
-    ];
-    let out = create_two(&s, &quiet);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut server = s.serve();
-    let one_mib = s.path("one.in");
-    pattern(&one_mib, "one", 1 << 20);
-    nbdcopy(&one_mib, export_uri(&s, "data"));
-    nbdcopy(&one_mib, export_uri(&s, "logs"));
+    let (mut server, one_mib) = serve_two_dirty(&s);
     sigterm(&mut server);
     assert!(server.wait().unwrap().success());
     let entry = std::fs::read(s.state().join("caches/tc0.json")).unwrap();
@@ -781,25 +781,7 @@ fn remove_origin_while_served_keeps_the_other_volume_serving() {
     need("nbdsh", "libnbd-bin");
     need("nbdinfo", "libnbd-bin");
     let s = two_origins();
-    let quiet = [
-        "--volume",
-        "data",
-        "--volume",
-        "logs",
-        "--writeback-idle",
-        "0",
-    ];
-    let out = create_two(&s, &[&quiet[..], &["--writeback-age", "3600"]].concat());
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut server = s.serve();
-    let one_mib = s.path("one.in");
-    pattern(&one_mib, "one", 1 << 20);
-    nbdcopy(&one_mib, export_uri(&s, "data"));
-    nbdcopy(&one_mib, export_uri(&s, "logs"));
+    let (mut server, one_mib) = serve_two_dirty(&s);
     // A client of logs writing 4 KiB blocks past the first MiB until told
     // to stop; it prints how many it wrote.
     let stop = s.path("stop");

@@ -797,6 +797,26 @@ fn removing_a_volume_writes_it_back_and_the_volumes_after_it_move_down() {
 /// neither, and every other volume's data is whole.
 #[test]
 fn a_power_loss_at_every_write_of_a_removal_leaves_the_volume_in_or_out() {
+    power_loss_at_every_write_of_a_removal("remove_volume", |e| e.remove_volume(1, &mut |_, _| {}));
+}
+
+/// The same for the middle volume removed while served
+/// (`remove_volume_served`): an image that has the record marked removed
+/// opens with the two origins left and takes it out.
+#[test]
+fn a_power_loss_at_every_write_of_a_served_removal_leaves_the_volume_in_or_out() {
+    power_loss_at_every_write_of_a_removal("remove_volume_served", |e| {
+        e.remove_volume_served(1, &mut |_, _| {})
+    });
+}
+
+/// Three volumes, each stamped, the middle one taken out by `remove`
+/// with the power lost after 1, 2, ... writes, until a removal finishes;
+/// each image opens with or without it (both seen), data whole.
+fn power_loss_at_every_write_of_a_removal(
+    what: &str,
+    remove: impl Fn(&Engine) -> Result<(), EngineError>,
+) {
     const MIB: u64 = 1 << 20;
     let mut outcomes = [0u32; 2];
     for n in 1.. {
@@ -815,53 +835,63 @@ fn a_power_loss_at_every_write_of_a_removal_leaves_the_volume_in_or_out() {
         stamp_volumes(&engine, 3);
         engine.flush().unwrap();
         switch.arm_after_writes(n);
-        let removed = engine.remove_volume(1, &mut |_, _| {});
+        let removed = remove(&engine);
         let finished = !switch.is_tripped();
         assert!(removed.is_ok() || !finished, "{removed:?}");
+        engine.abandon();
         drop(engine);
         let after = rig.power_lost(|_| 1);
-        let two = Rig {
-            cache: after.cache.clone(),
-            origins: vec![after.origins[0].clone(), after.origins[2].clone()],
-        };
-        let (engine, kept) = match after.open() {
-            Ok(e) => (e, vec![0, 1, 2]),
-            Err(_) => match two.open() {
-                Ok(e) => (e, vec![0, 2]),
-                Err(e) => panic!("power lost after {n} writes: opens with neither: {e}"),
-            },
-        };
-        outcomes[(kept.len() == 2) as usize] += 1;
-        if kept.len() == 2 {
-            for k in 0..3u64 {
-                let on_origin = after.origin_bytes(1, k * BS, BS as usize);
-                assert_eq!(
-                    on_origin,
-                    block(0xB0 + k as u8),
-                    "power lost after {n} writes"
-                );
-            }
-        }
-        for (i, &v) in kept.iter().enumerate() {
-            let base = engine.volumes()[i].1;
-            for k in 0..3u64 {
-                let back = engine.read(base + k * BS, BS).unwrap().to_vec();
-                assert_eq!(
-                    back,
-                    block(0xA0 + 0x10 * v as u8 + k as u8),
-                    "power lost after {n} writes"
-                );
-            }
-        }
+        let kept = reopened_after_a_removal(&after, n);
+        outcomes[(kept == 2) as usize] += 1;
         if finished {
-            assert_eq!(kept.len(), 2);
+            assert_eq!(kept, 2);
+            assert!(outcomes[0] > 0, "{outcomes:?}");
             eprintln!(
-                "remove_volume: power lost at each of its {} writes ({} images still had the volume, {} had not), and after",
-                n - 1, outcomes[0], outcomes[1] - 1
+                "{what}: power lost at each of its {} writes ({} images still had the volume, \
+                 {} had not), and after",
+                n - 1,
+                outcomes[0],
+                outcomes[1] - 1
             );
             return;
         }
     }
+}
+
+/// Opens `after` with its three origins, else with the first and the
+/// third, checking every volume's stamped blocks (and, removed, the middle
+/// one's on its origin); returns how many volumes it opened with.
+fn reopened_after_a_removal(after: &Rig, n: u64) -> usize {
+    let two = Rig {
+        cache: after.cache.clone(),
+        origins: vec![after.origins[0].clone(), after.origins[2].clone()],
+    };
+    let (engine, kept) = match after.open() {
+        Ok(e) => (e, vec![0, 1, 2]),
+        Err(_) => match two.open() {
+            Ok(e) => (e, vec![0, 2]),
+            Err(e) => panic!("power lost after {n} writes: opens with neither: {e}"),
+        },
+    };
+    if kept.len() == 2 {
+        for k in 0..3u64 {
+            let on_origin = after.origin_bytes(1, k * BS, BS as usize);
+            assert_eq!(
+                on_origin,
+                block(0xB0 + k as u8),
+                "power lost after {n} writes"
+            );
+        }
+    }
+    for (i, &v) in kept.iter().enumerate() {
+        let base = engine.volumes()[i].1;
+        for k in 0..3u64 {
+            let back = engine.read(base + k * BS, BS).unwrap().to_vec();
+            let want = block(0xA0 + 0x10 * v as u8 + k as u8);
+            assert_eq!(back, want, "power lost after {n} writes");
+        }
+    }
+    kept.len()
 }
 
 /// `add_volume` while another thread writes: the cache of one origin
@@ -1093,83 +1123,6 @@ fn a_volume_removed_while_served_leaves_the_others_serving() {
             assert_eq!(back, block(v), "open {open}: the writer's block {k}");
         }
         engine.close().unwrap();
-    }
-}
-
-/// The middle of three volumes removed while served, the power lost at
-/// each write of it (and after): the cache opens with the volume (given
-/// all three origins) or without it (given two), never neither; what each
-/// volume held reads back, the removed one's from its origin once it is
-/// out. An image that has the record marked removed opens with two
-/// origins and takes it out.
-#[test]
-fn a_power_loss_at_every_write_of_a_served_removal_leaves_the_volume_in_or_out() {
-    const MIB: u64 = 1 << 20;
-    let mut outcomes = [0u32; 2];
-    for n in 1.. {
-        let switch = CrashSwitch::new();
-        let dev = |name: &str, bytes: u64, fill: u8| {
-            let d = FaultDevice::from_image(name, vec![fill; bytes as usize], 1);
-            Arc::new(d.with_crash_switch(switch.clone()))
-        };
-        let rig = Rig {
-            cache: dev("cache", common::cache_bytes_for(64, BS as u32), 0),
-            origins: (0..3)
-                .map(|v| dev(&format!("o{v}"), MIB, 0x10 + v as u8))
-                .collect(),
-        };
-        let engine = rig.create(&["a", "b", "c"], Mode::Writeback).unwrap();
-        stamp_volumes(&engine, 3);
-        engine.flush().unwrap();
-        switch.arm_after_writes(n);
-        let removed = engine.remove_volume_served(1, &mut |_, _| {});
-        let finished = !switch.is_tripped();
-        assert!(removed.is_ok() || !finished, "{removed:?}");
-        engine.abandon();
-        drop(engine);
-        let after = rig.power_lost(|_| 1);
-        let two = Rig {
-            cache: after.cache.clone(),
-            origins: vec![after.origins[0].clone(), after.origins[2].clone()],
-        };
-        let (engine, kept) = match after.open() {
-            Ok(e) => (e, vec![0, 1, 2]),
-            Err(_) => match two.open() {
-                Ok(e) => (e, vec![0, 2]),
-                Err(e) => panic!("power lost after {n} writes: opens with neither: {e}"),
-            },
-        };
-        outcomes[(kept.len() == 2) as usize] += 1;
-        if kept.len() == 2 {
-            for k in 0..3u64 {
-                let on_origin = after.origin_bytes(1, k * BS, BS as usize);
-                assert_eq!(
-                    on_origin,
-                    block(0xB0 + k as u8),
-                    "power lost after {n} writes"
-                );
-            }
-        }
-        for (i, &v) in kept.iter().enumerate() {
-            let base = engine.volumes()[i].1;
-            for k in 0..3u64 {
-                let back = engine.read(base + k * BS, BS).unwrap().to_vec();
-                let want = block(0xA0 + 0x10 * v as u8 + k as u8);
-                assert_eq!(back, want, "power lost after {n} writes");
-            }
-        }
-        if finished {
-            assert_eq!(kept.len(), 2);
-            assert!(outcomes[0] > 0 && outcomes[1] > 0, "{outcomes:?}");
-            eprintln!(
-                "remove_volume_served: power lost at each of its {} writes ({} images had the \
-                 volume, {} had not), and after",
-                n - 1,
-                outcomes[0],
-                outcomes[1]
-            );
-            return;
-        }
     }
 }
 
