@@ -1154,3 +1154,63 @@ fn a_removed_volume_that_still_holds_dirty_data_is_refused_at_open() {
     assert!(e.contains("dirty block of volume 1"), "{e}");
     assert!(rig.cache.snapshot_current() == before, "nothing written");
 }
+
+/// A process killed after a removal while served, with acknowledged
+/// writes to the volumes after the removed one that no commit covered:
+/// the next open applies the crash log under the old keys first, then
+/// takes the record out and moves those volumes down, so the writes are
+/// there, each on its own volume.
+#[test]
+fn a_killed_process_after_a_served_removal_loses_no_acknowledged_write() {
+    const MIB: u64 = 1 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = tiercache::engine::OpenOptions {
+        crash_log: Some(dir.path().join("log")),
+        ..common::no_bg()
+    };
+    let rig = Rig::new(64, &[MIB, MIB, MIB]);
+    rig.create(&["a", "b", "c"], Mode::Writeback)
+        .unwrap()
+        .close()
+        .unwrap();
+    let engine = Engine::open_volumes(rig.cache.clone(), rig.origin_refs(), &opts).unwrap();
+    let bases = stamp_volumes(&engine, 3);
+    engine.remove_volume_served(0, &mut |_, _| {}).unwrap();
+    // After the removal's commit: only the crash log holds these.
+    for k in 4..8u64 {
+        engine
+            .write(bases[1] + k * BS, &block(0xD0 + k as u8), false)
+            .unwrap();
+        engine
+            .write(bases[2] + k * BS, &block(0xE0 + k as u8), false)
+            .unwrap();
+    }
+    engine.abandon();
+    drop(engine);
+    let image = |name: &str, d: &FaultDevice, seed| {
+        Arc::new(FaultDevice::from_image(name, d.snapshot_current(), seed))
+    };
+    let left: Vec<DeviceRef> = vec![
+        image("o1", &rig.origins[1], 5),
+        image("o2", &rig.origins[2], 6),
+    ];
+    let engine = Engine::open_volumes(image("cache", &rig.cache, 4), left, &opts).unwrap();
+    assert!(engine.status().stats.crash_log_records_recovered >= 8);
+    let names: Vec<String> = engine.volumes().into_iter().map(|v| v.0).collect();
+    assert_eq!(names, ["b", "c"]);
+    for (i, (first, later)) in [(0xB0u8, 0xD0u8), (0xC0, 0xE0)].into_iter().enumerate() {
+        let base = engine.volumes()[i].1;
+        for k in 0..3u64 {
+            let back = engine.read(base + k * BS, BS).unwrap().to_vec();
+            assert_eq!(back, block(first + k as u8), "volume {i} block {k}");
+        }
+        for k in 4..8u64 {
+            let back = engine.read(base + k * BS, BS).unwrap().to_vec();
+            assert_eq!(
+                back,
+                block(later + k as u8),
+                "volume {i} block {k}, from the log"
+            );
+        }
+    }
+}
