@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 
-use super::run::Pace;
+use super::pace::Pace;
 use crate::sync::{Condvar, Mutex, Rank};
 
 /// What a lane's thread does: writes a batch of volume `v` back (errors

@@ -19,6 +19,7 @@
 pub mod clean;
 pub(crate) mod lanes;
 pub(crate) mod order;
+pub(crate) mod pace;
 pub mod run;
 
 use std::sync::atomic::{AtomicU32, Ordering};

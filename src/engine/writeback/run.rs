@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use super::lanes;
 use super::order::RunLock;
+use super::pace::Pace;
 use super::State;
 use crate::device::{AlignedBuf, DeviceError};
 use crate::engine::admission::Dev;
@@ -52,17 +53,6 @@ const AGED_SHARE: f64 = 0.25;
 const MIN_SHARE: f64 = 0.1;
 /// Longest pause between two paced writebacks.
 const MAX_PAUSE: Duration = Duration::from_millis(250);
-
-/// How a round of writeback shares the origin with clients.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum Pace {
-    /// As fast as it can (flush, mode switches, a quiet origin).
-    Full,
-    /// About this share of the origin's time while clients keep it busy.
-    Share(f64),
-    /// The origin is idle: full speed, stopping when a client comes back.
-    Drain,
-}
 
 pub(crate) fn start_background(engine: &Arc<Engine>) {
     let weak = engine.weak();
@@ -899,24 +889,6 @@ fn on_threads<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<
             })
             .collect()
     })
-}
-
-/// A pass of `write_back_all` that wrote nothing back met busy blocks
-/// (foreground I/O holds them): it waits a little, and gives up after
-/// 10,000 such passes in a row. `progressed` resets the count.
-pub(super) fn wait_if_stalled(stalled: &mut u32, progressed: bool) -> EngineResult<()> {
-    if progressed {
-        *stalled = 0;
-        return Ok(());
-    }
-    *stalled += 1;
-    if *stalled > 10_000 {
-        return Err(EngineError::Config(
-            "flush made no progress: blocks stayed busy".into(),
-        ));
-    }
-    std::thread::sleep(Duration::from_millis(1));
-    Ok(())
 }
 
 /// What a writeback that wrote `written` blocks reports: the first error

@@ -3,7 +3,7 @@
 //! each volume's batch to its own origin at once. A cache device lost in
 //! the middle leaves the origin with blocks from different moments.
 
-use super::super::run::wait_if_stalled;
+use super::super::pace::wait_if_stalled;
 use super::{Order, RunLock};
 use crate::engine::origin::locks::BlockLocks;
 use crate::engine::{Engine, EngineResult, WritebackOrder};

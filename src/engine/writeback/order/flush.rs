@@ -16,7 +16,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::super::run::{wait_if_stalled, Pace};
+use super::super::pace::{wait_if_stalled, Pace};
 use super::{Order, RunLock};
 use crate::engine::format::Record;
 use crate::engine::origin::locks::BlockLocks;
