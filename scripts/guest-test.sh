@@ -236,6 +236,9 @@ done
 # 6. Boot. The whole run has a deadline: qemu is killed (by its PID) when
 #    it passes, and the run fails with a message that says so.
 CONSOLE=$GUEST/console.log
+DEADLINE=$(( $(date +%s) + TIMEOUT ))
+TIMED_OUT=0
+boot_guest() {
 say "booting $(basename "$VMLINUZ") (tests: $TESTS; timeout ${TIMEOUT} s; console in ${CONSOLE#"$ROOT"/})"
 qemu-system-x86_64 -M q35 -accel tcg,thread=multi -cpu max -m "$MEM_MIB" -smp 2 \
     -kernel "$VMLINUZ" -initrd "$INITRD" -nographic -no-reboot -nic none \
@@ -248,8 +251,6 @@ QEMU=$!
 trap 'kill "$QEMU" 2>/dev/null || true' EXIT INT TERM
 tail -n +1 -f "$CONSOLE" --pid="$QEMU" 2>/dev/null | sed -u 's/^/  | /' &
 TAIL=$!
-DEADLINE=$(( $(date +%s) + TIMEOUT ))
-TIMED_OUT=0
 while kill -0 "$QEMU" 2>/dev/null; do
     if [ "$(date +%s)" -ge "$DEADLINE" ]; then
         TIMED_OUT=1
@@ -259,9 +260,21 @@ while kill -0 "$QEMU" 2>/dev/null; do
     fi
     sleep 1
 done
-wait "$QEMU" 2>/dev/null || true
+QEMU_RC=0
+wait "$QEMU" 2>/dev/null || QEMU_RC=$?
 wait "$TAIL" 2>/dev/null || true
 trap - EXIT INT TERM
+}
+boot_guest
+# qemu itself can fail before the guest runs anything (TCG with
+# thread=multi has aborted in iotlb_to_section while the firmware ran): that
+# is no test's failure, so the guest boots once more, its first console
+# kept. A guest that started its tests is never booted again.
+if [ "$TIMED_OUT" = 0 ] && [ "$QEMU_RC" -ne 0 ] && ! [ -f "$RUN/results/boot" ]; then
+    mv "$CONSOLE" "$GUEST/console.first.log"
+    say "qemu failed before the guest started (exit $QEMU_RC: $(tail -c 200 "$GUEST/console.first.log" | tail -1)); booting once more"
+    boot_guest
+fi
 
 # 7. Results: the guest writes one line per test to results/summary
 #    ("PASS|FAIL NAME SECONDS") and results/done when it has finished.
