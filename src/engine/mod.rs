@@ -247,15 +247,16 @@ impl Engine {
 
     /// The index of the volume named `name`.
     pub fn volume_index(&self, name: &str) -> EngineResult<usize> {
-        let live = || self.origins.iter().filter(|o| !o.retired());
-        let mut names = self.origins.iter().map(|o| (o.name(), o.retired()));
-        names.position(|n| n == (name, false)).ok_or_else(|| {
-            let all: Vec<&str> = live().map(|o| o.name()).collect();
-            EngineError::Config(format!(
-                "no volume named '{name}' in this cache (its volumes: {})",
-                all.join(", ")
-            ))
-        })
+        let mut live = self.origins.live();
+        live.find(|(_, o)| o.name() == name)
+            .map(|(v, _)| v)
+            .ok_or_else(|| {
+                let all: Vec<&str> = self.origins.live().map(|(_, o)| o.name()).collect();
+                EngineError::Config(format!(
+                    "no volume named '{name}' in this cache (its volumes: {})",
+                    all.join(", ")
+                ))
+            })
     }
 
     /// By a volume's name, as commands give it (`--volume`): `None` is
@@ -298,10 +299,7 @@ impl Engine {
     pub fn grow_named(&self, volume: Option<&str>) -> EngineResult<Vec<(String, u64, u64)>> {
         let which: Vec<usize> = match volume {
             Some(name) => vec![self.volume_index(name)?],
-            None => (self.origins.iter().enumerate())
-                .filter(|(_, o)| !o.retired())
-                .map(|(v, _)| v)
-                .collect(),
+            None => self.origins.live().map(|(v, _)| v).collect(),
         };
         let mut grown = Vec::new();
         for v in which {
@@ -587,7 +585,7 @@ impl Engine {
                 origin.name()
             )));
         }
-        if self.origins.iter().filter(|o| !o.retired()).count() == 1 {
+        if self.origins.live().count() == 1 {
             return Err(EngineError::Config(format!(
                 "volume {} is the cache's only one: `tiercache detach` takes the cache apart",
                 origin.name()
@@ -791,8 +789,7 @@ impl Engine {
     /// metadata lock only to copy each heat map's 2 x 1024 counters.
     pub fn observations(&self) -> Observations {
         Observations {
-            heats: (self.origins.iter().enumerate())
-                .filter(|(_, o)| !o.retired())
+            heats: (self.origins.live())
                 .map(|(v, _)| self.heat_map(v))
                 .collect(),
             latency: self.observe.latency.snapshot(),

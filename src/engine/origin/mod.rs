@@ -475,6 +475,12 @@ impl Origins {
             .filter_map(|o| o.get().map(|o| &**o))
     }
 
+    /// The volumes not removed while served (`Origin::retired`), with
+    /// their indexes: what the cache shows and commands may name.
+    pub(crate) fn live(&self) -> impl Iterator<Item = (usize, &Origin)> {
+        self.iter().enumerate().filter(|(_, o)| !o.retired())
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.len.load(Ordering::Acquire)
     }

@@ -3,6 +3,7 @@
 
 use super::sectors::{SectorSet, SECTOR_BYTES};
 use crate::engine::format::Record;
+use crate::engine::origin::Origin;
 use crate::engine::policy::Verdict;
 
 use super::{share, Meta};
@@ -246,13 +247,8 @@ impl Engine {
     pub(crate) fn drop_volume_blocks(&self, v: usize) -> EngineResult<()> {
         let origin = self.origins.get(v).ok_or_else(|| self.no_volume(v))?;
         let mut m = self.meta.lock();
-        let held: Vec<(u32, bool)> = (0..m.table.slot_count() as u32)
-            .filter_map(|slot| {
-                let (block, dirty) = m.table.slot_block(slot)?;
-                origin.cacheable(block).then_some((slot, dirty))
-            })
-            .collect();
-        let dirty = held.iter().filter(|&&(_, d)| d).count();
+        let held = volume_slots(&m, origin);
+        let dirty = held.iter().filter(|&&(_, _, d)| d).count();
         if dirty > 0 {
             return Err(EngineError::Config(format!(
                 "volume {} still holds {dirty} dirty blocks after its write back (blocks busy?): \
@@ -260,7 +256,7 @@ impl Engine {
                 origin.name()
             )));
         }
-        for (slot, _) in held {
+        for (slot, _, _) in held {
             self.append(&mut m, Record::Unmap { slot });
         }
         Ok(())
@@ -277,12 +273,7 @@ impl Engine {
         let origin = self.origins.get(v).ok_or_else(|| self.no_volume(v))?;
         let mut m = self.meta.lock();
         m.seal_volume(v);
-        let held: Vec<(u32, u64, bool)> = (0..m.table.slot_count() as u32)
-            .filter_map(|slot| {
-                let (block, dirty) = m.table.slot_block(slot)?;
-                origin.cacheable(block).then_some((slot, block, dirty))
-            })
-            .collect();
+        let held = volume_slots(&m, origin);
         let mut left = 0;
         for (slot, block, dirty) in held {
             if dirty || !origin.locks().try_lock(block) {
@@ -451,4 +442,14 @@ fn dirty_since(m: &Meta, r: &Record, now_s: u16) -> Option<u16> {
         }),
         _ => None,
     }
+}
+
+/// The slots that hold a block of `origin`'s volume: (slot, block, dirty).
+fn volume_slots(m: &Meta, origin: &Origin) -> Vec<(u32, u64, bool)> {
+    (0..m.table.slot_count() as u32)
+        .filter_map(|slot| {
+            let (block, dirty) = m.table.slot_block(slot)?;
+            origin.cacheable(block).then_some((slot, block, dirty))
+        })
+        .collect()
 }
