@@ -55,6 +55,22 @@ fn create_two(s: &Setup, extra: &[&str]) -> std::process::Output {
     s.cli_output(&args)
 }
 
+/// `create_two` with `extra`, which must succeed.
+fn create_two_ok(s: &Setup, extra: &[&str]) {
+    let out = create_two(s, extra);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The file `name` of `s` (a device of the cache) now has `bytes` bytes.
+fn set_len(s: &Setup, name: &str, bytes: u64) {
+    let f = std::fs::OpenOptions::new().write(true).open(s.path(name));
+    f.unwrap().set_len(bytes).unwrap()
+}
+
 /// A file of `bytes` whose every 512-byte sector names `tag` and itself.
 fn pattern(path: &Path, tag: &str, bytes: u64) {
     let mut v = Vec::with_capacity(bytes as usize);
@@ -415,20 +431,8 @@ fn resize_takes_a_grown_origin_online_and_refuses_a_shrunk_one() {
     need("nbdsh", "libnbd-bin");
     need("nbdcopy", "libnbd-bin");
     let s = two_origins();
-    let out = create_two(&s, &["--volume", "data", "--volume", "logs"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let grow = |name: &str, bytes: u64| {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(s.path(name))
-            .unwrap()
-            .set_len(bytes)
-            .unwrap()
-    };
+    create_two_ok(&s, &["--volume", "data", "--volume", "logs"]);
+    let grow = |name: &str, bytes: u64| set_len(&s, name, bytes);
     let mut server = s.serve();
     grow("logs.img", 2 * LOGS_BYTES);
     let said = s.cli(&["resize", "--volume", "logs"]);
@@ -508,12 +512,7 @@ fn resize_takes_a_grown_origin_online_and_refuses_a_shrunk_one() {
 fn serve_two_dirty(s: &Setup) -> (daemon::KillOnDrop, std::path::PathBuf) {
     let quiet = ["--volume", "data", "--volume", "logs"];
     let never = ["--writeback-idle", "0", "--writeback-age", "3600"];
-    let out = create_two(s, &[&quiet[..], &never[..]].concat());
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    create_two_ok(s, &[&quiet[..], &never[..]].concat());
     let server = s.serve();
     let one_mib = s.path("one.in");
     pattern(&one_mib, "one", 1 << 20);
@@ -581,8 +580,7 @@ fn remove_origin_leaves_the_origin_alone_and_finishes_when_run_again() {
 #[test]
 fn set_share_changes_shares_offline_and_live_and_refuses_what_cannot_hold() {
     let s = two_origins();
-    let out = create_two(&s, &["--volume", "data", "--volume", "logs"]);
-    assert!(out.status.success());
+    create_two_ok(&s, &["--volume", "data", "--volume", "logs"]);
     let said = s.cli(&["set-share", "--volume", "data", "--min", "25%"]);
     assert!(said.contains("sharing global"), "{said}");
     assert!(
@@ -712,25 +710,14 @@ fn add_origin_while_served_exports_the_volume_at_once_beside_a_connected_client(
 fn resize_cache_takes_a_grown_cache_device_online_and_offline() {
     need("nbdcopy", "libnbd-bin");
     let s = two_origins();
-    let out = create_two(&s, &["--volume", "data", "--volume", "logs"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let set_len = |bytes: u64| {
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(s.path("cache.img"));
-        f.unwrap().set_len(bytes).unwrap()
-    };
+    create_two_ok(&s, &["--volume", "data", "--volume", "logs"]);
     let mut server = s.serve();
     let before = s.status()["cache_blocks_total"].as_u64().unwrap();
     let (a, b) = (s.path("a.in"), s.path("b.in"));
     pattern(&a, "first", DATA_BYTES);
     pattern(&b, "second", DATA_BYTES);
     nbdcopy(&a, export_uri(&s, "data"));
-    set_len(40 << 20);
+    set_len(&s, "cache.img", 40 << 20);
     let said = s.cli(&["resize", "--cache"]);
     assert!(
         said.contains("MiB -> ") && said.contains("blocks of 4 KiB"),
@@ -756,7 +743,7 @@ fn resize_cache_takes_a_grown_cache_device_online_and_offline() {
     );
 
     // Offline: grown again.
-    set_len(48 << 20);
+    set_len(&s, "cache.img", 48 << 20);
     let said = s.cli(&["resize", "--cache"]);
     assert!(said.contains(" -> "), "{said}");
     let mut server = s.serve();

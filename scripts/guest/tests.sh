@@ -398,6 +398,19 @@ ublk_recovered_after() { # DEV N
 # every file whose fsync returned is there, each filesystem is clean, and
 # the data of one volume never shows on the other. A clean stop removes
 # both devices.
+# kill -9 of the daemon serving tc0 over /dev/ublkb0 and /dev/ublkb1, a
+# restart, and both devices recovered (each logs "recovered" once more).
+ublk_kill_and_recover_two() {
+    local before0 before1
+    before0=$(grep -c 'recovered /dev/ublkb0$' /run/serve-tc0.log || true)
+    before1=$(grep -c 'recovered /dev/ublkb1$' /run/serve-tc0.log || true)
+    kill -9 "$SERVE_PID"
+    wait "$SERVE_PID" 2>/dev/null || true
+    serve_start tc0 --ublk
+    ublk_recovered_after /dev/ublkb0 "$before0"
+    ublk_recovered_after /dev/ublkb1 "$before1"
+}
+
 test_ublk_two_volumes() {
     local half d cycle
     half=$(( $(blockdev --getsz "$(disk origin)") / 2 ))
@@ -440,14 +453,7 @@ test_ublk_two_volumes() {
     for cycle in 1 2; do
         sleep 3
         log "cycle $cycle: kill -9 tiercache serve with $(cat $WORK/manifest-b0 $WORK/manifest-b1 | wc -l) more files fsync'ed"
-        local before0 before1
-        before0=$(grep -c 'recovered /dev/ublkb0$' /run/serve-tc0.log || true)
-        before1=$(grep -c 'recovered /dev/ublkb1$' /run/serve-tc0.log || true)
-        kill -9 "$SERVE_PID"
-        wait "$SERVE_PID" 2>/dev/null || true
-        serve_start tc0 --ublk
-        ublk_recovered_after /dev/ublkb0 "$before0"
-        ublk_recovered_after /dev/ublkb1 "$before1"
+        ublk_kill_and_recover_two
     done
     sleep 2
     touch $WORK/stop-writer
@@ -477,7 +483,7 @@ test_ublk_two_volumes() {
 # one survives a kill -9, and removing a volume while ublk serves is
 # refused (device ids follow the volumes' places).
 test_ublk_add_volume() {
-    local half f0 f1 before0 before1
+    local half f0 f1
     half=$(( $(blockdev --getsz "$(disk origin)") / 2 ))
     dmsetup create tcdb --table "0 $half linear $(disk origin) 0"
     dmsetup create tclogs --table "0 $half linear $(disk origin) $half"
@@ -505,13 +511,7 @@ test_ublk_add_volume() {
     mkdir -p $MNT/v1
     mount -o noatime /dev/ublkb1 $MNT/v1
     write_files "v1/a" $WORK/manifest
-    before0=$(grep -c 'recovered /dev/ublkb0$' /run/serve-tc0.log || true)
-    before1=$(grep -c 'recovered /dev/ublkb1$' /run/serve-tc0.log || true)
-    kill -9 "$SERVE_PID"
-    wait "$SERVE_PID" 2>/dev/null || true
-    serve_start tc0 --ublk
-    ublk_recovered_after /dev/ublkb0 "$before0"
-    ublk_recovered_after /dev/ublkb1 "$before1"
+    ublk_kill_and_recover_two
     drop_caches
     sha256sum -c --quiet $WORK/manifest || fail "ext4 on the added volume: files differ after kill -9"
     log "ext4 on the volume added online: $(wc -l <$WORK/manifest) files verified across kill -9 and recovery"
