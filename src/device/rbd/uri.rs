@@ -64,7 +64,9 @@ impl RbdUri {
                 "conf" => parsed.conf = Some(value),
                 "id" => {
                     parsed.id = value.strip_prefix("client.").unwrap_or(&value).into();
-                    if parsed.id.is_empty() {
+                    // `client.` alone, or written twice with nothing after
+                    // (`client.client.`), names no user either.
+                    if parsed.id.is_empty() || parsed.id == "client." {
                         return Err("query parameter 'id' names no user (id=NAME)".into());
                     }
                 }
@@ -117,6 +119,7 @@ mod tests {
             ("rbd://pool/img?conf=", "is empty"),
             // An empty client name (an invariant of the device_uris fuzz body).
             ("rbd://pool/img?id=client.", "names no user"),
+            ("rbd://pool/img?id=client.client.", "names no user"),
             ("rbd://pool/img#x", "fragments"),
             ("rbd://po%zzol/img", "percent escape"),
             ("rbd://pool/i%00mg", "NUL"),
