@@ -435,6 +435,9 @@ fn writes_to_a_cache_full_of_dirty_blocks_wait_for_writeback_instead_of_going_ar
         false,
     );
     let total = engine.status().cache_blocks_total;
+    // The origin holds its writes until a client write has waited: the
+    // background writeback the full cache starts cannot free a slot first.
+    origin.gate.lock().1 = false;
     // Every slot dirty, in one run of adjacent blocks.
     for b in 0..total {
         write_block(&engine, b);
@@ -442,9 +445,22 @@ fn writes_to_a_cache_full_of_dirty_blocks_wait_for_writeback_instead_of_going_ar
     assert_eq!(engine.dirty_blocks(), total);
     // New writes elsewhere: each finds no slot; writeback of the run frees
     // slots with a few origin requests, and the writes land in the cache.
-    for b in 0..20 {
-        write_block(&engine, 500 + b * 2);
+    let e = engine.clone();
+    let writer = std::thread::spawn(move || {
+        for b in 0..20 {
+            write_block(&e, 500 + b * 2);
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while engine.status().stats.slot_waits == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
     }
+    {
+        let mut g = origin.gate.lock();
+        g.1 = true;
+        origin.cv.notify_all();
+    }
+    writer.join().unwrap();
     let st = engine.status();
     assert!(st.stats.slot_waits >= 1, "no write waited");
     assert_eq!(st.stats.bypassed_ios, 0, "writes went around the cache");
