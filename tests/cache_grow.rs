@@ -9,13 +9,15 @@
 
 mod common;
 
+use common::rig::Rig;
+
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use tiercache::device::fault::{CrashSwitch, FaultDevice};
 use tiercache::device::{BlockDevice, DeviceRef};
-use tiercache::engine::format::{Superblock, FORMAT_VERSION_GROWN};
+use tiercache::engine::format::FORMAT_VERSION_GROWN;
 use tiercache::engine::policy::PolicyKind;
 use tiercache::engine::recovery::check;
 use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions, Placement, WritebackOrder};
@@ -28,70 +30,20 @@ fn data(b: u64, v: u64) -> Vec<u8> {
     common::stamped(b * 8, 8, v)
 }
 
-struct Rig {
-    cache: Arc<FaultDevice>,
-    origin: Arc<FaultDevice>,
+/// A cache of `slots` blocks over a 4 MiB origin.
+fn rig(slots: u64) -> Rig {
+    let origin = FaultDevice::from_image("origin", common::initial_origin(ORIGIN_BYTES), 2);
+    Rig::over(slots, vec![origin])
 }
 
-impl Rig {
-    /// A cache of `slots` blocks over a 4 MiB origin.
-    fn new(slots: u64) -> Rig {
-        let cache = FaultDevice::new("cache", common::cache_bytes_for(slots, BS as u32), 1);
-        let origin = FaultDevice::from_image("origin", common::initial_origin(ORIGIN_BYTES), 2);
-        Rig {
-            cache: Arc::new(cache),
-            origin: Arc::new(origin),
-        }
-    }
+/// A new cache of one volume (named as `Engine::create` names it).
+fn create(rig: &Rig, opts: &CreateOptions) -> Arc<Engine> {
+    rig.create_with(&["vol0"], opts).unwrap()
+}
 
-    fn devices(&self) -> (DeviceRef, DeviceRef) {
-        (self.cache.clone(), self.origin.clone())
-    }
-
-    fn create(&self, opts: &CreateOptions) -> Arc<Engine> {
-        let (cache, origin) = self.devices();
-        Engine::create_with(cache, origin, opts, &common::no_bg()).unwrap()
-    }
-
-    fn open(&self, opts: &OpenOptions) -> Arc<Engine> {
-        let (cache, origin) = self.devices();
-        Engine::open(cache, origin, opts).unwrap()
-    }
-
-    /// The cache device grows to hold about `slots` blocks.
-    fn grow(&self, slots: u64) {
-        self.cache.grow(common::cache_bytes_for(slots, BS as u32));
-    }
-
-    /// The devices as they are now (durable), tripped by `switch`.
-    fn under(&self, switch: &CrashSwitch) -> Rig {
-        let fault = |name: &str, image: Vec<u8>, seed: u64| {
-            Arc::new(FaultDevice::from_image(name, image, seed).with_crash_switch(switch.clone()))
-        };
-        Rig {
-            cache: fault("cache", self.cache.durable_image(), 1),
-            origin: fault("origin", self.origin.durable_image(), 2),
-        }
-    }
-
-    /// The devices as a power loss leaves them.
-    fn power_lost(&self) -> Rig {
-        let image = |name: &str, d: &FaultDevice, seed: u64| {
-            Arc::new(FaultDevice::from_image(name, d.power_loss_image(), seed))
-        };
-        Rig {
-            cache: image("cache", &self.cache, 3),
-            origin: image("origin", &self.origin, 4),
-        }
-    }
-
-    fn superblock(&self) -> Superblock {
-        let img = self.cache.snapshot_current();
-        (0..2)
-            .filter_map(|c| Superblock::parse(&img[c * 4096..(c + 1) * 4096]).ok())
-            .max_by_key(|sb| sb.generation.get())
-            .expect("a valid superblock")
-    }
+/// The cache device grows to hold about `slots` blocks.
+fn grow(rig: &Rig, slots: u64) {
+    rig.cache.grow(common::cache_bytes_for(slots, BS as u32));
 }
 
 fn writeback() -> CreateOptions {
@@ -123,11 +75,11 @@ fn assert_blocks(engine: &Engine, range: std::ops::Range<u64>, v: u64, what: &st
 /// too, and `check` finds nothing wrong.
 #[test]
 fn a_cache_device_that_grew_is_taken_online_beside_a_writer() {
-    let rig = Rig::new(64);
-    let engine = rig.create(&writeback());
+    let rig = rig(64);
+    let engine = create(&rig, &writeback());
     write_blocks(&engine, 0..40, 1);
     let before = engine.status().cache_blocks_total;
-    rig.grow(256);
+    grow(&rig, 256);
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
         let writer = s.spawn(|| {
@@ -166,18 +118,18 @@ fn a_cache_device_that_grew_is_taken_online_beside_a_writer() {
     assert!(report.ok, "{:?}", report.findings);
     assert_eq!(report.format_version, Some(FORMAT_VERSION_GROWN));
     assert_eq!(report.cache_blocks_total, st.cache_blocks_total);
-    let engine = rig.open(&common::no_bg());
+    let engine = rig.open().unwrap();
     assert_eq!(engine.status().cache_blocks_total, st.cache_blocks_total);
     assert_blocks(&engine, 0..200, 1, "reopened");
     // Grown again, from the grown layout.
-    rig.grow(1024);
+    grow(&rig, 1024);
     let (was, now) = engine.grow_cache().unwrap();
     assert_eq!(was, st.cache_blocks_total);
     assert!(now > 1000, "grew to {now}");
     write_blocks(&engine, 200..900, 3);
     engine.close().unwrap();
     drop(engine);
-    let engine = rig.open(&common::no_bg());
+    let engine = rig.open().unwrap();
     assert_blocks(&engine, 0..200, 1, "grown twice");
     assert_blocks(&engine, 200..900, 3, "grown twice");
     // Unchanged: nothing to take.
@@ -190,18 +142,18 @@ fn a_cache_device_that_grew_is_taken_online_beside_a_writer() {
 /// again finishes.
 #[test]
 fn a_power_loss_at_every_write_of_a_cache_grow_opens_at_one_size_or_the_other() {
-    let base = Rig::new(64);
-    let engine = base.create(&writeback());
+    let base = rig(64);
+    let engine = create(&base, &writeback());
     write_blocks(&engine, 0..30, 1);
     engine.flush().unwrap();
     let before = engine.status().cache_blocks_total;
     engine.close().unwrap();
     drop(engine);
-    base.grow(256);
+    grow(&base, 256);
     for n in 1.. {
         let switch = CrashSwitch::new();
-        let rig = base.under(&switch);
-        let engine = rig.open(&common::no_bg());
+        let rig = base.under(&switch, |_| 2);
+        let engine = rig.open().unwrap();
         write_blocks(&engine, 30..40, 2);
         engine.flush().unwrap();
         switch.arm_after_writes(n);
@@ -210,8 +162,8 @@ fn a_power_loss_at_every_write_of_a_cache_grow_opens_at_one_size_or_the_other() 
         assert!(grown.is_ok() || !finished, "{grown:?}");
         engine.abandon();
         drop(engine);
-        let lost = rig.power_lost();
-        let engine = lost.open(&common::no_bg());
+        let lost = rig.power_lost(3, |_| 4);
+        let engine = lost.open().unwrap();
         let total = engine.status().cache_blocks_total;
         let after = grown.as_ref().map_or(0, |g| g.1);
         assert!(
@@ -249,30 +201,19 @@ fn a_power_loss_at_every_write_of_a_cache_grow_opens_at_one_size_or_the_other() 
 fn a_killed_process_after_a_grow_loses_no_acknowledged_write_in_the_new_slots() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
-    let rig = Rig::new(64);
-    rig.create(&writeback()).close().unwrap();
+    let rig = rig(64);
+    create(&rig, &writeback()).close().unwrap();
     let opts = logged(&log);
-    let engine = rig.open(&opts);
+    let engine = rig.open_with(&opts).unwrap();
     write_blocks(&engine, 0..60, 1);
-    rig.grow(256);
+    grow(&rig, 256);
     engine.grow_cache().unwrap();
     // Past the old 64 slots: these take new ones; no flush, no commit.
     write_blocks(&engine, 60..180, 2);
     engine.abandon();
     drop(engine);
-    let killed = Rig {
-        cache: Arc::new(FaultDevice::from_image(
-            "cache",
-            rig.cache.snapshot_current(),
-            5,
-        )),
-        origin: Arc::new(FaultDevice::from_image(
-            "origin",
-            rig.origin.snapshot_current(),
-            6,
-        )),
-    };
-    let engine = killed.open(&opts);
+    let killed = rig.killed(5, |_| 6);
+    let engine = killed.open_with(&opts).unwrap();
     assert!(engine.status().stats.crash_log_records_recovered >= 120);
     assert_blocks(&engine, 0..60, 1, "killed after the grow");
     assert_blocks(&engine, 60..180, 2, "killed after the grow");
@@ -298,17 +239,20 @@ fn every_placement_order_and_policy_grows() {
     ];
     for (placement, order, policy) in cases {
         let what = format!("{placement:?} {order:?} {policy:?}");
-        let rig = Rig::new(100);
-        let engine = rig.create(&CreateOptions {
-            placement,
-            writeback_order: order,
-            policy,
-            ..writeback()
-        });
+        let rig = rig(100);
+        let engine = create(
+            &rig,
+            &CreateOptions {
+                placement,
+                writeback_order: order,
+                policy,
+                ..writeback()
+            },
+        );
         write_blocks(&engine, 0..50, 1);
         engine.flush().unwrap();
         write_blocks(&engine, 0..20, 2);
-        rig.grow(700);
+        grow(&rig, 700);
         let (was, now) = engine
             .grow_cache()
             .unwrap_or_else(|e| panic!("{what}: {e}"));
@@ -321,7 +265,7 @@ fn every_placement_order_and_policy_grows() {
         assert!(engine.status().cache_blocks_used >= 550, "{what}");
         engine.close().unwrap();
         drop(engine);
-        let engine = rig.open(&common::no_bg());
+        let engine = rig.open().unwrap();
         assert_blocks(&engine, 50..600, 3, &what);
         engine.close().unwrap();
     }
@@ -331,23 +275,26 @@ fn every_placement_order_and_policy_grows() {
 /// them back first (a checkpoint cannot keep them), in their order.
 #[test]
 fn flush_order_writes_its_closed_groups_back_before_it_grows() {
-    let rig = Rig::new(64);
-    let engine = rig.create(&CreateOptions {
-        writeback_order: WritebackOrder::Flush,
-        ..writeback()
-    });
+    let rig = rig(64);
+    let engine = create(
+        &rig,
+        &CreateOptions {
+            writeback_order: WritebackOrder::Flush,
+            ..writeback()
+        },
+    );
     write_blocks(&engine, 0..10, 1);
     engine.flush().unwrap(); // closes the group; nothing written back
     write_blocks(&engine, 5..15, 2);
     engine.flush().unwrap();
     assert!(engine.status().cache_blocks_dirty >= 15);
-    rig.grow(256);
+    grow(&rig, 256);
     let (_, now) = engine.grow_cache().unwrap();
     assert!(now > 240);
     // The groups reached the origin before the grow's checkpoint.
     for b in 0..15 {
         let mut on_origin = vec![0u8; BS as usize];
-        rig.origin.read_at(&mut on_origin, b * BS).unwrap();
+        rig.origins[0].read_at(&mut on_origin, b * BS).unwrap();
         assert!(
             on_origin == data(b, if b < 5 { 1 } else { 2 }),
             "block {b} on the origin"

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use tiercache::device::fault::FaultDevice;
 use tiercache::device::DeviceRef;
-use tiercache::engine::format::{Layout, Superblock, PAGE_BYTES};
+use tiercache::engine::format::{Layout, PAGE_BYTES};
 use tiercache::engine::recovery::check;
 use tiercache::engine::{CreateOptions, Engine, OpenOptions};
 
@@ -48,20 +48,10 @@ fn crashed_cache() -> (Vec<u8>, Layout, DeviceRef) {
     )
 }
 
-/// The current superblock of an image: the valid copy of highest generation.
-fn current_sb(image: &[u8]) -> Superblock {
-    let copies: Vec<Superblock> = (0..2)
-        .filter_map(|c| Superblock::parse(&image[c * 4096..(c + 1) * 4096]).ok())
-        .collect();
-    *copies
-        .iter()
-        .max_by_key(|sb| sb.generation.get())
-        .expect("a valid superblock")
-}
-
 /// Byte offset of the `k`-th journal page to replay (0 = first).
 fn journal_page(image: &[u8], layout: &Layout, k: u64) -> usize {
-    layout.journal_page_offset(current_sb(image).journal_replay_seq.get() + k) as usize
+    layout.journal_page_offset(common::current_superblock(image).journal_replay_seq.get() + k)
+        as usize
 }
 
 fn open_image(image: Vec<u8>, origin: &DeviceRef) -> (DeviceRef, Result<Arc<Engine>, String>) {
@@ -125,7 +115,7 @@ fn torn_last_journal_page_is_the_end_of_the_journal() {
 #[test]
 fn damaged_checkpoint_page_is_refused() {
     let (mut image, layout, origin) = crashed_cache();
-    let area = current_sb(&image).checkpoint_area.get() as usize;
+    let area = common::current_superblock(&image).checkpoint_area.get() as usize;
     image[(layout.checkpoint_offset[area] + 64) as usize] ^= 1;
     let (cache, r) = open_image(image, &origin);
     let err = r.err().expect("damaged checkpoint accepted");

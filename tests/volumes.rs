@@ -7,113 +7,18 @@
 
 mod common;
 
+use common::rig::Rig;
+
 use std::sync::Arc;
 
 use tiercache::device::fault::{CrashSwitch, FaultDevice};
 use tiercache::device::{BlockDevice, DeviceRef};
 use tiercache::engine::async_engine::AsyncEngine;
-use tiercache::engine::format::Superblock;
 use tiercache::engine::recovery::check;
 use tiercache::engine::{CreateOptions, Engine, EngineError, Mode};
 use tiercache::volume::Volume;
 
 const BS: u64 = 4096;
-
-struct Rig {
-    cache: Arc<FaultDevice>,
-    origins: Vec<Arc<FaultDevice>>,
-}
-
-impl Rig {
-    /// A cache of `slots` blocks over origins of `sizes` bytes (origin `v`
-    /// named `o{v}`, its bytes all `0x10 + v`).
-    fn new(slots: u64, sizes: &[u64]) -> Rig {
-        let cache = Arc::new(FaultDevice::new(
-            "cache",
-            common::cache_bytes_for(slots, BS as u32),
-            1,
-        ));
-        let origins = sizes
-            .iter()
-            .enumerate()
-            .map(|(v, &n)| {
-                let image = vec![0x10 + v as u8; n as usize];
-                Arc::new(FaultDevice::from_image(
-                    &format!("o{v}"),
-                    image,
-                    2 + v as u64,
-                ))
-            })
-            .collect();
-        Rig { cache, origins }
-    }
-
-    fn origin_refs(&self) -> Vec<DeviceRef> {
-        self.origins
-            .iter()
-            .map(|o| o.clone() as DeviceRef)
-            .collect()
-    }
-
-    fn create(&self, names: &[&str], mode: Mode) -> Result<Arc<Engine>, EngineError> {
-        let named = names
-            .iter()
-            .map(|n| n.to_string())
-            .zip(self.origin_refs())
-            .collect();
-        let opts = CreateOptions {
-            mode,
-            ..Default::default()
-        };
-        Engine::create_volumes(self.cache.clone(), named, &opts, &common::no_bg())
-    }
-
-    fn open(&self) -> Result<Arc<Engine>, EngineError> {
-        Engine::open_volumes(self.cache.clone(), self.origin_refs(), &common::no_bg())
-    }
-
-    fn origin_bytes(&self, v: usize, at: u64, len: usize) -> Vec<u8> {
-        let mut buf = vec![0u8; len.next_multiple_of(512)];
-        self.origins[v].read_at(&mut buf, at).unwrap();
-        buf.truncate(len);
-        buf
-    }
-
-    /// The devices as they are now (durable), each tripped by `switch`
-    /// (the cache seeded 1, origin `v` `origin_seed(v)`).
-    fn under(&self, switch: &CrashSwitch, origin_seed: impl Fn(usize) -> u64) -> Rig {
-        let fault = |name: &str, image: Vec<u8>, seed: u64| {
-            Arc::new(FaultDevice::from_image(name, image, seed).with_crash_switch(switch.clone()))
-        };
-        Rig {
-            cache: fault("cache", self.cache.durable_image(), 1),
-            origins: (self.origins.iter().enumerate())
-                .map(|(v, o)| fault(&format!("o{v}"), o.durable_image(), origin_seed(v)))
-                .collect(),
-        }
-    }
-
-    /// The devices as a power loss leaves them (seeded as `under`).
-    fn power_lost(&self, origin_seed: impl Fn(usize) -> u64) -> Rig {
-        let image = |name: &str, d: &FaultDevice, seed: u64| {
-            Arc::new(FaultDevice::from_image(name, d.power_loss_image(), seed))
-        };
-        Rig {
-            cache: image("cache", &self.cache, 1),
-            origins: (self.origins.iter().enumerate())
-                .map(|(v, o)| image(&format!("o{v}"), o, origin_seed(v)))
-                .collect(),
-        }
-    }
-
-    fn superblock(&self) -> Superblock {
-        let img = self.cache.snapshot_current();
-        (0..2)
-            .filter_map(|c| Superblock::parse(&img[c * 4096..(c + 1) * 4096]).ok())
-            .max_by_key(|sb| sb.generation.get())
-            .expect("a valid superblock")
-    }
-}
 
 /// The error of an open or create that must be refused.
 fn refused(r: Result<Arc<Engine>, EngineError>) -> String {
@@ -676,7 +581,7 @@ fn a_power_loss_at_every_write_of_a_grow_opens_at_one_size_or_the_other() {
         let finished = !switch.is_tripped();
         assert!(grown.is_ok() || !finished, "{grown:?}");
         drop(engine);
-        let images = rig.power_lost(|v| 2 + v as u64);
+        let images = rig.power_lost(1, |v| 2 + v as u64);
         let engine = match images.open() {
             Ok(e) => e,
             Err(e) => {
@@ -840,7 +745,7 @@ fn power_loss_at_every_write_of_a_removal(
         assert!(removed.is_ok() || !finished, "{removed:?}");
         engine.abandon();
         drop(engine);
-        let after = rig.power_lost(|_| 1);
+        let after = rig.power_lost(1, |_| 1);
         let kept = reopened_after_a_removal(&after, n);
         outcomes[(kept == 2) as usize] += 1;
         if finished {
@@ -1004,7 +909,7 @@ fn a_power_loss_at_every_write_of_an_online_add_leaves_the_volume_in_or_out() {
         let finished = !switch.is_tripped();
         assert!(added.is_ok() || !finished, "{added:?}");
         drop(engine);
-        let images = rig.power_lost(|v| 2 + v as u64);
+        let images = rig.power_lost(1, |v| 2 + v as u64);
         let engine = match images.open() {
             Ok(e) => e,
             Err(e) => {
@@ -1187,14 +1092,9 @@ fn a_killed_process_after_a_served_removal_loses_no_acknowledged_write() {
     }
     engine.abandon();
     drop(engine);
-    let image = |name: &str, d: &FaultDevice, seed| {
-        Arc::new(FaultDevice::from_image(name, d.snapshot_current(), seed))
-    };
-    let left: Vec<DeviceRef> = vec![
-        image("o1", &rig.origins[1], 5),
-        image("o2", &rig.origins[2], 6),
-    ];
-    let engine = Engine::open_volumes(image("cache", &rig.cache, 4), left, &opts).unwrap();
+    let mut killed = rig.killed(4, |v| 4 + v as u64);
+    killed.origins.remove(0);
+    let engine = killed.open_with(&opts).unwrap();
     assert!(engine.status().stats.crash_log_records_recovered >= 8);
     let names: Vec<String> = engine.volumes().into_iter().map(|v| v.0).collect();
     assert_eq!(names, ["b", "c"]);

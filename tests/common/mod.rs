@@ -9,6 +9,8 @@ use tiercache::engine::format::Layout;
 
 /// Seeds read back from the environment, and seeded mutation.
 pub mod mutation;
+/// A cache and its origins as fault-injecting devices.
+pub mod rig;
 
 /// A cache device size holding about `slots` blocks of `block_bytes`.
 pub fn cache_bytes_for(slots: u64, block_bytes: u32) -> u64 {
@@ -44,6 +46,17 @@ pub fn decode_sector(data: &[u8]) -> Option<(u64, u64)> {
     let sector = u64::from_le_bytes(data[..8].try_into().ok()?);
     let version = u64::from_le_bytes(data[8..16].try_into().ok()?);
     (sector_content(sector, version)[..] == data[..512]).then_some((sector, version))
+}
+
+/// The current superblock of a cache image: the valid copy of highest
+/// generation.
+pub fn current_superblock(image: &[u8]) -> tiercache::engine::format::Superblock {
+    (0..2)
+        .filter_map(|c| {
+            tiercache::engine::format::Superblock::parse(&image[c * 4096..(c + 1) * 4096]).ok()
+        })
+        .max_by_key(|sb| sb.generation.get())
+        .expect("a valid superblock")
 }
 
 /// An origin image whose every sector holds version 0.
