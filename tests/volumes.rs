@@ -1060,6 +1060,49 @@ fn a_removed_volume_that_still_holds_dirty_data_is_refused_at_open() {
     assert!(rig.cache.snapshot_current() == before, "nothing written");
 }
 
+/// Two removals while served at once (two control connections): never
+/// both of the same volume, never every volume. Of two at once in a cache
+/// of two volumes, at most one is done and the other volume serves on;
+/// of two of one volume, one is done and the other refused.
+#[test]
+fn removals_at_once_never_take_a_volume_twice_or_every_volume() {
+    const MIB: u64 = 1 << 20;
+    for round in 0..40 {
+        for (first, second) in [(0, 1), (1, 1)] {
+            let rig = Rig::new(64, &[MIB, MIB]);
+            let engine = rig.create(&["a", "b"], Mode::Writeback).unwrap();
+            stamp_volumes(&engine, 2);
+            let go = std::sync::Barrier::new(2);
+            let done: Vec<bool> = std::thread::scope(|s| {
+                let remove = |v: usize| {
+                    let (engine, go) = (&engine, &go);
+                    s.spawn(move || {
+                        go.wait();
+                        engine.remove_volume_served(v, &mut |_, _| {}).is_ok()
+                    })
+                };
+                let (x, y) = (remove(first), remove(second));
+                vec![x.join().unwrap(), y.join().unwrap()]
+            });
+            let removed = done.iter().filter(|&&d| d).count();
+            let what = format!("round {round}, removals of {first} and {second}: {done:?}");
+            assert!(removed <= 1, "{what}");
+            if first == second {
+                assert_eq!(removed, 1, "{what}");
+            }
+            let left = engine.status().volumes.len();
+            assert_eq!(left, 2 - removed, "{what}");
+            let live = engine
+                .volumes()
+                .into_iter()
+                .find(|v| engine.volume_index(&v.0).is_ok());
+            let (_, base, _) = live.expect("a volume serves on");
+            engine.write(base, &block(0x5A), false).unwrap();
+            engine.close().unwrap();
+        }
+    }
+}
+
 /// A process killed after a removal while served, with acknowledged
 /// writes to the volumes after the removed one that no commit covered:
 /// the next open applies the crash log under the old keys first, then

@@ -514,10 +514,10 @@ impl Engine {
         let origin = self.origins.get(v).ok_or_else(|| self.no_volume(v))?;
         self.removable(origin)?;
         self.order.removes_served()?;
-        origin.retire(true);
+        self.claim_removal(origin)?;
         if let Err(e) = self.drain_volume(v, progress) {
             self.meta.unseal_volume(v);
-            origin.retire(false);
+            origin.unretire();
             return Err(e);
         }
         self.update_superblock_checked(
@@ -580,16 +580,10 @@ impl Engine {
     /// one left, or its origin lacks data a lost cache held.
     fn removable(&self, origin: &origin::Origin) -> EngineResult<()> {
         if origin.retired() {
-            return Err(EngineError::Config(format!(
-                "volume {} is being removed already",
-                origin.name()
-            )));
+            return Err(Self::removing_already(origin));
         }
         if self.origins.live().count() == 1 {
-            return Err(EngineError::Config(format!(
-                "volume {} is the cache's only one: `tiercache detach` takes the cache apart",
-                origin.name()
-            )));
+            return Err(Self::only_volume(origin));
         }
         let (stale, blocks) = origin.stale_ranges();
         if !stale.is_empty() {
@@ -601,6 +595,33 @@ impl Engine {
             )));
         }
         Ok(())
+    }
+
+    /// Marks volume `origin` retired for a removal while served, and
+    /// checks again once it is: two removals at once (a control
+    /// connection each) may take neither the same volume twice nor every
+    /// volume. Each sets its flag first and counts the volumes left after
+    /// (`SeqCst`), so of two that would leave none, one sees the other.
+    fn claim_removal(&self, origin: &origin::Origin) -> EngineResult<()> {
+        if !origin.retire() {
+            return Err(Self::removing_already(origin));
+        }
+        if self.origins.live().next().is_none() {
+            origin.unretire();
+            return Err(Self::only_volume(origin));
+        }
+        Ok(())
+    }
+
+    fn removing_already(origin: &origin::Origin) -> EngineError {
+        EngineError::Config(format!("volume {} is being removed already", origin.name()))
+    }
+
+    fn only_volume(origin: &origin::Origin) -> EngineError {
+        EngineError::Config(format!(
+            "volume {} is the cache's only one: `tiercache detach` takes the cache apart",
+            origin.name()
+        ))
     }
 
     /// The refusal of a volume index the cache does not have.

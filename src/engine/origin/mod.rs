@@ -122,14 +122,24 @@ impl Origin {
         Ok(self.device.let_go()?)
     }
 
-    /// The volume is being removed (`retired`), or no longer.
-    pub(crate) fn retire(&self, retired: bool) {
-        self.retired.store(retired, Ordering::SeqCst);
+    /// The volume is being removed: false if it was already (another
+    /// removal has it).
+    pub(crate) fn retire(&self) -> bool {
+        let was = self
+            .retired
+            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst);
+        was.is_ok()
     }
 
-    /// Removed while served: requests are refused.
+    /// The removal did not happen: the volume serves again.
+    pub(crate) fn unretire(&self) {
+        self.retired.store(false, Ordering::SeqCst);
+    }
+
+    /// Removed while served: requests are refused. (`SeqCst`: two
+    /// removals each set their flag and then count the volumes left.)
     pub(crate) fn retired(&self) -> bool {
-        self.retired.load(Ordering::Acquire)
+        self.retired.load(Ordering::SeqCst)
     }
 
     /// Its share of the cache's slots.
