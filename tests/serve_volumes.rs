@@ -734,6 +734,10 @@ fn resize_cache_takes_a_grown_cache_device_online_and_offline() {
     assert_eq!(first_difference(&b, &back), None);
     let again = s.cli(&["resize", "--cache"]);
     assert!(again.contains("unchanged"), "{again}");
+    // A request naming the cache and a volume (the CLI never sends one) is
+    // refused, not half carried out.
+    let reply = control_line(&s, "{\"op\":\"resize\",\"volume\":\"data\",\"cache\":true}");
+    assert!(reply.contains("not both"), "{reply}");
     sigterm(&mut server);
     assert!(server.wait().unwrap().success());
     let checked = s.cli(&["check"]);
@@ -834,4 +838,17 @@ fn remove_origin_while_served_keeps_the_other_volume_serving() {
     }
     sigterm(&mut server);
     assert!(server.wait().unwrap().success());
+}
+
+/// Sends one request line to the daemon's control socket as a client of
+/// its own would, and returns the whole reply.
+fn control_line(s: &Setup, line: &str) -> String {
+    use std::io::{Read, Write};
+    let mut c = std::os::unix::net::UnixStream::connect(s.state().join("tc0.sock")).unwrap();
+    c.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    c.write_all(format!("{line}\n").as_bytes()).unwrap();
+    let mut reply = String::new();
+    c.read_to_string(&mut reply).unwrap();
+    reply
 }

@@ -373,9 +373,12 @@ fn carry_out(
             Err(e) => Err(e.to_string()),
         },
         Request::GiveUpCache => status(engine.give_up_cache().map(|_| ())),
-        Request::Resize { volume, cache } => match cache {
-            true => status(engine.grow_cache().map(|_| ())),
-            false => status(engine.grow_named(volume.as_deref()).map(|_| ())),
+        Request::Resize { volume, cache } => match (volume, cache) {
+            (Some(v), true) => Err(format!(
+                "resize takes the cache device or a volume's origin, not both (volume {v})"
+            )),
+            (None, true) => status(engine.grow_cache().map(|_| ())),
+            (volume, false) => status(engine.grow_named(volume.as_deref()).map(|_| ())),
         },
         Request::SetMode { mode, volume } => done(engine.set_mode_named(volume.as_deref(), mode)),
         Request::SetWriteback { settings } => done(engine.set_writeback(settings)),
