@@ -78,7 +78,7 @@ impl Volume for AsyncEngine {
         let at = in_volume(self.base, offset);
         match self.engine.try_read_hits(at, len as u64) {
             Fast::Done(r) => r.map_err(VolumeError::from),
-            Fast::Pending(req) => run(&self.engine, move |e| e.read_request(req)).await,
+            Fast::Pending(req) => run(&self.engine, move |e| e.cache.read_request(req)).await,
         }
     }
 

@@ -4,6 +4,11 @@
 //! owns what. The parts, each owning its state behind the methods it
 //! exports (its fields are private to its folder):
 //!
+//! - `cache/`: the `Cache`, one per cache device or cache set, which holds
+//!   the parts below (all but writeback) and the origins it serves; its
+//!   steps are `impl Cache` blocks beside the state they change (`io/`,
+//!   `journal/commit.rs`, `table/slots.rs`, `writeback/clean.rs`, the read
+//!   path). `Engine` holds a `Cache`, the writeback part and the order.
 //! - `table/`: the mappings, sector maps, free slots and records not yet
 //!   journalled, under the metadata lock (`Meta`); slots allocated,
 //!   evicted and filled (`table/slots.rs`).
@@ -46,13 +51,13 @@
 
 pub mod admission;
 pub mod async_engine;
+pub(crate) mod cache;
 pub mod clock;
 pub mod error;
 pub mod format;
 pub mod io;
 pub mod journal;
 pub use journal::{commit, crash_log};
-pub(crate) use table::lock::MetaLock;
 pub(crate) use table::Meta;
 pub use table::{map as meta, sectors};
 #[cfg(any(test, feature = "testing"))]
@@ -76,10 +81,10 @@ pub mod writeback;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
-use crate::device::DeviceRef;
+use crate::device::{AlignedBuf, DeviceRef};
+use crate::engine::cache::Cache;
 pub use admission::AdmissionSettings;
 pub use error::{EngineError, EngineResult};
-use format::Regions;
 pub use modes::Mode;
 pub use options::{
     CreateOptions, OpenOptions, Placement, WritebackOrder, WritebackSettings,
@@ -89,7 +94,6 @@ use origin::checks;
 use policy::share::{Share, ShareChange, Sharing};
 use policy::PolicyKind;
 pub use request::{Fast, Request};
-use stats::Stats;
 pub use status::{CrashLogStatus, Observations, Status, VolumeStatus};
 
 pub type FailoverHook = Box<dyn Fn() + Send + Sync>;
@@ -100,34 +104,13 @@ pub type FailoverHook = Box<dyn Fn() + Send + Sync>;
 const DRAIN_ROUNDS: usize = 200;
 
 pub struct Engine {
-    /// The device part (io/): the cache device, error counts, the
-    /// admission stop and failover.
-    io: io::Io,
-    /// The origin part (origin/), one per volume: the slow device, its
-    /// geometry, block locks, writebacks in flight, stale blocks, what its
-    /// next flush covers. Volume `v`'s blocks are keys
-    /// `origin::address::base(v) / block_bytes ..` in the table.
-    origins: origin::Origins,
-    /// Where the journal and the data region are (the slot count and the
-    /// checkpoint areas grow with the cache device: the superblock's).
-    regions: Regions,
-    block_bytes: u64,
-    meta: MetaLock,
-    /// The journal part (journal/): the commit lock's state, completed
-    /// operations, the crash log's pressure.
-    journal: journal::Journal,
-    stats: Stats,
-    admission: admission::Admission,
+    /// The cache part (cache/): the table, the journal, the cache
+    /// device's I/O, admission, placement and the counters.
+    cache: cache::Cache,
     /// The writeback part (writeback/): the background thread, its
     /// settings and cursors, writes waiting for a slot.
     writeback: writeback::Writeback,
-    observe: observe::Observe,
-    /// Time for every decision taken by time (clock.rs).
-    clock: clock::Clock,
     closed: AtomicBool,
-    /// Where new data goes on the cache device (fixed at create; one file
-    /// per placement in placement/).
-    placement: &'static dyn placement::Placer,
     /// The order dirty data reaches the origin in (fixed at create; one
     /// file per order in writeback/order/).
     order: &'static dyn writeback::order::Order,
@@ -223,35 +206,35 @@ impl Engine {
 
     /// The first volume's size (a cache of one origin: the volume's).
     pub fn volume_bytes(&self) -> u64 {
-        self.origins.first().bytes()
+        self.cache.origins.first().bytes()
     }
 
     /// Volume `v`'s cache mode (the first volume's for no such volume).
     pub fn volume_mode(&self, v: usize) -> Mode {
-        self.origins.get(v).map_or(self.mode(), |o| o.mode())
+        self.cache.origins.get(v).map_or(self.mode(), |o| o.mode())
     }
 
     /// Volume `v`'s size now (0 for no such volume).
     pub fn volume_size(&self, v: usize) -> u64 {
-        self.origins.get(v).map_or(0, |o| o.bytes())
+        self.cache.origins.get(v).map_or(0, |o| o.bytes())
     }
 
     /// The volumes: (name, address of byte 0, bytes), by index
     /// (origin/address.rs: a request for volume `v` adds its base to its
     /// offset).
     pub fn volumes(&self) -> Vec<(String, u64, u64)> {
-        let list = self.origins.iter();
+        let list = self.cache.origins.iter();
         list.map(|o| (o.name().to_string(), o.base(), o.bytes()))
             .collect()
     }
 
     /// The index of the volume named `name`.
     pub fn volume_index(&self, name: &str) -> EngineResult<usize> {
-        let mut live = self.origins.live();
+        let mut live = self.cache.origins.live();
         live.find(|(_, o)| o.name() == name)
             .map(|(v, _)| v)
             .ok_or_else(|| {
-                let all: Vec<&str> = self.origins.live().map(|(_, o)| o.name()).collect();
+                let all: Vec<&str> = self.cache.origins.live().map(|(_, o)| o.name()).collect();
                 EngineError::Config(format!(
                     "no volume named '{name}' in this cache (its volumes: {})",
                     all.join(", ")
@@ -299,14 +282,18 @@ impl Engine {
     pub fn grow_named(&self, volume: Option<&str>) -> EngineResult<Vec<(String, u64, u64)>> {
         let which: Vec<usize> = match volume {
             Some(name) => vec![self.volume_index(name)?],
-            None => self.origins.live().map(|(v, _)| v).collect(),
+            None => self.cache.origins.live().map(|(v, _)| v).collect(),
         };
         let mut grown = Vec::new();
         for v in which {
             let (was, now) = self.grow_volume(v)?;
             if now != was {
                 grown.push((
-                    self.origins.get(v).map_or("", |o| o.name()).to_string(),
+                    self.cache
+                        .origins
+                        .get(v)
+                        .map_or("", |o| o.name())
+                        .to_string(),
                     was,
                     now,
                 ));
@@ -328,20 +315,24 @@ impl Engine {
     /// (`serve --origin-grew`) or `resize` run once more.
     pub fn grow_volume(&self, v: usize) -> EngineResult<(u64, u64)> {
         self.check_open()?;
-        let origin = self.origins.get(v).ok_or_else(|| self.no_volume(v))?;
+        let origin = self
+            .cache
+            .origins
+            .get(v)
+            .ok_or_else(|| self.cache.no_volume(v))?;
         let was = origin.bytes();
         let now = origin.device().refresh_size()?;
         origin::checks::check_growth(origin.device(), origin.name(), was, now)?;
         if now == was {
             return Ok((was, now));
         }
-        origin.flush(&self.stats)?;
-        let blocks = now / self.block_bytes;
-        self.update_superblock_then(
+        origin.flush(&self.cache.stats)?;
+        let blocks = now / self.cache.block_bytes;
+        self.cache.update_superblock_then(
             |sb| sb.set_volume_bytes(v, now),
             || {
-                self.meta.grow_volume(v, blocks);
-                self.observe.accesses.volume_grew(v);
+                self.cache.meta.grow_volume(v, blocks);
+                self.cache.observe.accesses.volume_grew(v);
                 origin.took_size(now);
             },
         )?;
@@ -363,19 +354,19 @@ impl Engine {
     /// members). Returns the slots before and after.
     pub fn grow_cache(&self) -> EngineResult<(u64, u64)> {
         self.check_open()?;
-        let cache = self.io.cache().clone();
+        let cache = self.cache.io.cache().clone();
         let refuse = |why: String| Err(EngineError::Config(why));
-        if cache.members().is_some() || self.failed_over() {
-            return refuse(match self.failed_over() {
+        if cache.members().is_some() || self.cache.failed_over() {
+            return refuse(match self.cache.failed_over() {
                 true => "the cache failed over to its origin: it cannot grow until reopened".into(),
                 false => "a cache set does not grow: replace its members with larger ones \
                           (`tiercache replace-cache`), one at a time"
                     .into(),
             });
         }
-        let recorded = self.journal.superblock().cache_device_bytes.get();
+        let recorded = self.cache.journal.superblock().cache_device_bytes.get();
         let now = cache.refresh_size()?;
-        let slots = self.observe.slot_count();
+        let slots = self.cache.observe.slot_count();
         if now < recorded {
             return refuse(format!(
                 "{}: the cache device shrank from {recorded} to {now} bytes. A cache never \
@@ -389,8 +380,8 @@ impl Engine {
             return Ok((slots, slots));
         }
         let (was, grown) = self.checkpoint_grown_after_groups(now)?;
-        self.observe.slots_grew(grown);
-        (self.origins).share_as(self.origins.sharing(), &self.observe, grown);
+        self.cache.observe.slots_grew(grown);
+        (self.cache.origins).share_as(self.cache.origins.sharing(), &self.cache.observe, grown);
         log::info!(
             "{}: the cache device grew from {recorded} to {now} bytes: {was} -> {grown} blocks, \
              taken online",
@@ -406,7 +397,7 @@ impl Engine {
     fn checkpoint_grown_after_groups(&self, device_bytes: u64) -> EngineResult<(u64, u64)> {
         for _ in 0..3 {
             self.order.write_back_closed(self)?;
-            if let Some(grown) = self.checkpoint_grown(device_bytes)? {
+            if let Some(grown) = self.cache.checkpoint_grown(device_bytes)? {
                 return Ok(grown);
             }
         }
@@ -434,27 +425,27 @@ impl Engine {
         mode: Option<Mode>,
     ) -> EngineResult<usize> {
         self.check_open()?;
-        let blocks = origin.size_bytes() / self.block_bytes;
+        let blocks = origin.size_bytes() / self.cache.block_bytes;
         let device = origin.clone();
         // The cache's mode, read from the superblock under the commit lock.
         let cache_mode = std::cell::Cell::new(Mode::Writeback);
-        let v = self.update_superblock_checked(
+        let v = self.cache.update_superblock_checked(
             |sb| {
                 cache_mode.set(Mode::from_u32(sb.mode.get()).expect("a valid superblock"));
-                let devices: Vec<DeviceRef> = (self.origins.iter())
+                let devices: Vec<DeviceRef> = (self.cache.origins.iter())
                     .map(|o| o.device().clone())
                     .chain([device])
                     .collect();
                 checks::add_volumes(*sb, &devices, &[name.to_string()])
             },
             || {
-                let v = self.meta.add_volume(blocks);
-                self.observe.accesses.volume_added(v);
-                self.observe.volumes_now(v + 1);
-                let o = origin::Origin::new(v, name.to_string(), origin, self.block_bytes);
+                let v = self.cache.meta.add_volume(blocks);
+                self.cache.observe.accesses.volume_added(v);
+                self.cache.observe.volumes_now(v + 1);
+                let o = origin::Origin::new(v, name.to_string(), origin, self.cache.block_bytes);
                 o.swap_mode(cache_mode.get());
                 o.share().set(Share::default());
-                self.origins.push(o);
+                self.cache.origins.push(o);
                 v
             },
         )?;
@@ -476,14 +467,18 @@ impl Engine {
     /// given the origins left.
     pub fn remove_volume(&self, v: usize, progress: &mut dyn FnMut(u64, u64)) -> EngineResult<()> {
         self.check_open()?;
-        let origin = self.origins.get(v).ok_or_else(|| self.no_volume(v))?;
+        let origin = self
+            .cache
+            .origins
+            .get(v)
+            .ok_or_else(|| self.cache.no_volume(v))?;
         self.removable(origin)?;
         self.write_back_volume(v, progress)?;
         self.order.check_written_back(self)?;
-        self.drop_volume_blocks(v)?;
+        self.cache.drop_volume_blocks(v)?;
         writeback::stop_background(self);
         self.closed.store(true, Ordering::Release);
-        let removed = self.checkpoint_without_volume(v);
+        let removed = self.cache.checkpoint_without_volume(v);
         if removed.is_ok() {
             self.remove_crash_log();
         }
@@ -511,28 +506,32 @@ impl Engine {
         progress: &mut dyn FnMut(u64, u64),
     ) -> EngineResult<()> {
         self.check_open()?;
-        let origin = self.origins.get(v).ok_or_else(|| self.no_volume(v))?;
+        let origin = self
+            .cache
+            .origins
+            .get(v)
+            .ok_or_else(|| self.cache.no_volume(v))?;
         self.removable(origin)?;
         self.order.removes_served()?;
         self.claim_removal(origin)?;
         if let Err(e) = self.drain_volume(v, progress) {
-            self.meta.unseal_volume(v);
+            self.cache.meta.unseal_volume(v);
             origin.unretire();
             return Err(e);
         }
-        self.update_superblock_checked(
+        self.cache.update_superblock_checked(
             |sb| match sb.volume_list().get(v) {
                 Some(e) if !e.removed => {
                     let mut next = *sb;
                     next.set_volume_removed(v);
                     Ok(next)
                 }
-                _ => Err(self.no_volume(v)),
+                _ => Err(self.cache.no_volume(v)),
             },
             || origin.share().set(Share::default()),
         )?;
-        let slots = self.observe.slot_count();
-        (self.origins).share_as(self.origins.sharing(), &self.observe, slots);
+        let slots = self.cache.observe.slot_count();
+        (self.cache.origins).share_as(self.cache.origins.sharing(), &self.cache.observe, slots);
         self.let_origin_go(origin)
     }
 
@@ -549,7 +548,7 @@ impl Engine {
                 origin.name()
             )));
         }
-        origin.flush(&self.stats)?;
+        origin.flush(&self.cache.stats)?;
         origin.let_go()?;
         log::info!(
             "{name}: volume {} removed while served; its origin stands alone",
@@ -561,11 +560,17 @@ impl Engine {
     /// Writes volume `v` back and drops its blocks until none is left
     /// (`remove_volume_served`), then commits the drops.
     fn drain_volume(&self, v: usize, progress: &mut dyn FnMut(u64, u64)) -> EngineResult<()> {
-        let name = || self.origins.get(v).map_or("?", |o| o.name()).to_string();
+        let name = || {
+            self.cache
+                .origins
+                .get(v)
+                .map_or("?", |o| o.name())
+                .to_string()
+        };
         for _ in 0..DRAIN_ROUNDS {
             self.write_back_volume(v, progress)?;
-            if self.drop_volume_blocks_served(v)? == 0 {
-                return self.commit();
+            if self.cache.drop_volume_blocks_served(v)? == 0 {
+                return self.cache.commit();
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
@@ -582,7 +587,7 @@ impl Engine {
         if origin.retired() {
             return Err(Self::removing_already(origin));
         }
-        if self.origins.live().count() == 1 {
+        if self.cache.origins.live().count() == 1 {
             return Err(Self::only_volume(origin));
         }
         let (stale, blocks) = origin.stale_ranges();
@@ -606,7 +611,7 @@ impl Engine {
         if !origin.retire() {
             return Err(Self::removing_already(origin));
         }
-        if self.origins.live().next().is_none() {
+        if self.cache.origins.live().next().is_none() {
             origin.unretire();
             return Err(Self::only_volume(origin));
         }
@@ -624,19 +629,11 @@ impl Engine {
         ))
     }
 
-    /// The refusal of a volume index the cache does not have.
-    fn no_volume(&self, v: usize) -> EngineError {
-        EngineError::Config(format!(
-            "no volume {v} in this cache (it has {})",
-            self.origins.len()
-        ))
-    }
-
     /// Which bytes of `[offset, offset + len)` (an address) the cache holds
     /// and which of those are dirty, as extents (`table/introspect.rs`).
     pub fn cache_state(&self, offset: u64, len: u64) -> Vec<crate::volume::Extent> {
-        match self.origins.get(origin::address::volume_of(offset)) {
-            Some(o) => self.meta.cache_state(o, offset, len),
+        match self.cache.origins.get(origin::address::volume_of(offset)) {
+            Some(o) => self.cache.meta.cache_state(o, offset, len),
             None => vec![crate::volume::Extent {
                 len: len.max(1),
                 flags: 0,
@@ -645,51 +642,47 @@ impl Engine {
     }
 
     pub fn block_bytes(&self) -> u32 {
-        self.block_bytes as u32
+        self.cache.block_bytes as u32
     }
 
     /// Volume 0's mode (of a cache of one origin: the cache's).
     pub fn mode(&self) -> Mode {
-        self.origins.first().mode()
-    }
-
-    /// Sets every volume's mode in memory; returns the old ones, by volume.
-    pub(crate) fn swap_mode(&self, mode: Mode) -> Vec<Mode> {
-        self.origins.iter().map(|o| o.swap_mode(mode)).collect()
+        self.cache.origins.first().mode()
     }
 
     /// Puts back the modes `swap_mode` returned.
     pub(crate) fn restore_modes(&self, old: Vec<Mode>) {
-        for (o, mode) in self.origins.iter().zip(old) {
+        for (o, mode) in self.cache.origins.iter().zip(old) {
             o.swap_mode(mode);
         }
     }
 
     pub fn cache_device(&self) -> &DeviceRef {
-        self.io.cache()
+        self.cache.io.cache()
     }
 
     /// The first volume's origin.
     pub fn origin_device(&self) -> &DeviceRef {
-        self.origins.first().device()
+        self.cache.origins.first().device()
     }
 
     pub fn status(&self) -> Status {
-        let stopped = self.io.admission_stopped();
-        let limit = self.io.cache_error_limit();
+        let cache = &self.cache;
+        let stopped = cache.io.admission_stopped();
+        let limit = cache.io.cache_error_limit();
         let writeback = self.writeback.settings();
-        let stale = self.stale_ranges();
+        let stale = cache.stale_ranges();
         let stale_blocks = stale.iter().map(|(_, n)| n).sum();
         // Before the metadata lock: a device's health takes its own lock.
-        let health = self.origins.iter().map(|o| o.device().health()).collect();
-        let set = self.io.cache().members();
+        let health = cache.origins.iter().map(|o| o.device().health()).collect();
+        let set = cache.io.cache().members();
         let mut members = set.map(|s| s.member_statuses()).unwrap_or_default();
-        let mut m = self.meta.lock();
+        let mut m = cache.meta.lock();
         // Under the metadata lock, as the counts below: an eviction counts
         // its demotion under it, so used blocks and demotions agree (a
         // snapshot taken before the lock raced the background's evictions
         // after a restart: engine_model's warm-restart check failed once).
-        let stats = self.stats.snapshot();
+        let stats = cache.stats.snapshot();
         let errors = stats.cache_errors;
         let dirty = m.table().dirty_count();
         let volumes = self.volume_statuses(m.table().regions.totals(), stale, health);
@@ -697,7 +690,7 @@ impl Engine {
             member_usage(&m, set, &mut members, dirty);
         }
         let metadata_bytes =
-            m.heap_bytes() + self.admission.heap_bytes() + self.observe.heap_bytes();
+            m.heap_bytes() + cache.admission.heap_bytes() + cache.observe.heap_bytes();
         Status {
             metadata_bytes,
             partial_blocks: m.table().partial_count() as u64,
@@ -706,22 +699,22 @@ impl Engine {
                 records_pending: l.len(),
                 capacity_records: l.capacity(),
             }),
-            admission_settings: self.admission.settings(),
-            mrc: self.observe.mrc(),
-            guard_engaged: self.admission.guard_engaged(),
+            admission_settings: cache.admission.settings(),
+            mrc: cache.observe.mrc(),
+            guard_engaged: cache.admission.guard_engaged(),
             state: ["running", "closed"][usize::from(self.closed.load(Ordering::Acquire))].into(),
             mode: self.mode(),
             policy: m.policy_kind().name().into(),
-            placement: self.placement.setting(),
+            placement: cache.placement.setting(),
             writeback_order: self.order.setting(),
             flush_groups: m.groups().map(|g| g.counts()),
             free_segments: m.pools().all_segments().map(|s| s.whole() as u64).sum(),
             scattered_slots: m.pools().all_segments().map(|s| s.scattered).sum(),
-            block_bytes: self.block_bytes as u32,
+            block_bytes: cache.block_bytes as u32,
             volume_bytes: volumes[0].bytes,
             origin: volumes[0].origin.clone(),
             origin_health: volumes[0].origin_health.clone(),
-            cache: self.io.cache().name().into(),
+            cache: cache.io.cache().name().into(),
             cache_blocks_total: m.table().slot_count(),
             cache_blocks_used: m.table().used(),
             cache_blocks_dirty: m.table().dirty_count(),
@@ -733,7 +726,7 @@ impl Engine {
             stale_ranges: volumes[0].stale_ranges.clone(),
             stale_blocks,
             volumes,
-            sharing: self.origins.sharing(),
+            sharing: cache.origins.sharing(),
             cache_set_state: set.map(|s| s.state_name().to_string()),
             // On one cache device every dirty block has one copy: 0.
             dirty_at_risk: dirty * u64::from(set.is_some_and(|s| s.degraded())),
@@ -749,7 +742,7 @@ impl Engine {
         stale: Vec<(Vec<(u64, u64)>, u64)>,
         health: Vec<Option<crate::device::DeviceHealth>>,
     ) -> Vec<VolumeStatus> {
-        let each = self.origins.iter().zip(counts).zip(stale).zip(health);
+        let each = self.cache.origins.iter().zip(counts).zip(stale).zip(health);
         // A volume removed while served is shown no more.
         let each = (each.enumerate()).filter(|(_, (((o, _), _), _))| !o.retired());
         each.map(
@@ -764,8 +757,8 @@ impl Engine {
                 stale_ranges: ranges,
                 stale_blocks: blocks,
                 share: o.share().get(),
-                share_floor_blocks: o.share().floor_blocks(self.observe.slot_count()),
-                mrc: self.observe.volume_mrc(v),
+                share_floor_blocks: o.share().floor_blocks(self.cache.observe.slot_count()),
+                mrc: self.cache.observe.volume_mrc(v),
             },
         )
         .collect()
@@ -774,7 +767,7 @@ impl Engine {
     /// What `status` says under "admission": a cache given up, a stop
     /// with dirty data at stake, a failover, a stop, or admitting.
     fn admission_line(&self, stopped: bool, errors: u64, limit: u64, stale_blocks: u64) -> String {
-        if stale_blocks > 0 && self.failed_over() {
+        if stale_blocks > 0 && self.cache.failed_over() {
             format!(
                 "failed over: the cache device was given up holding dirty data; \
                  {stale_blocks} blocks of the origin are stale (their data was lost) and \
@@ -786,7 +779,7 @@ impl Engine {
                  the only copy of {stale_blocks} dirty blocks: those origin ranges are stale \
                  (status lists them) until it answers again and they are written back"
             )
-        } else if self.failed_over() {
+        } else if self.cache.failed_over() {
             format!(
                 "failed over: the cache device failed {errors} times and its metadata \
                  could not be written; all I/O goes to the origin until the cache \
@@ -810,29 +803,98 @@ impl Engine {
     /// metadata lock only to copy each heat map's 2 x 1024 counters.
     pub fn observations(&self) -> Observations {
         Observations {
-            heats: (self.origins.live())
+            heats: (self.cache.origins.live())
                 .map(|(v, _)| self.heat_map(v))
                 .collect(),
-            latency: self.observe.latency.snapshot(),
-            mrc: self.observe.mrc(),
+            latency: self.cache.observe.latency.snapshot(),
+            mrc: self.cache.observe.mrc(),
         }
     }
 
     /// Volume `v`'s heat map (empty for no such volume).
     pub fn heat_map(&self, v: usize) -> observe::heat::HeatMap {
-        let (cached, dirty) = self.meta.regions(v);
-        let blocks = self.origins.get(v).map_or(0, |o| o.blocks());
+        let (cached, dirty) = self.cache.meta.regions(v);
+        let blocks = self.cache.origins.get(v).map_or(0, |o| o.blocks());
         observe::heat::HeatMap {
             region_blocks: blocks.max(1).div_ceil(observe::heat::REGIONS as u64),
-            block_bytes: self.block_bytes as u32,
+            block_bytes: self.cache.block_bytes as u32,
             cached,
             dirty,
-            accesses: self.observe.accesses.snapshot(v),
+            accesses: self.cache.observe.accesses.snapshot(v),
         }
     }
 
     pub fn dirty_blocks(&self) -> u64 {
-        self.meta.dirty_count()
+        self.cache.meta.dirty_count()
+    }
+
+    /// Makes every completed write and every applied record durable
+    /// (journal/commit.rs).
+    pub fn commit(&self) -> EngineResult<()> {
+        self.cache.commit()
+    }
+
+    /// Commits, then writes a checkpoint of the whole table, emptying the
+    /// journal (journal/commit.rs).
+    pub fn checkpoint(&self) -> EngineResult<()> {
+        self.cache.checkpoint()
+    }
+
+    /// Changes the cache error limit (0: never stop admitting); persisted
+    /// in the superblock (io/failure.rs).
+    pub fn set_cache_error_limit(&self, limit: u64) -> EngineResult<()> {
+        self.cache.set_cache_error_limit(limit)
+    }
+
+    /// Sets the function called when the cache fails over to the origin
+    /// (io/failure.rs).
+    pub fn on_failover(&self, hook: FailoverHook) {
+        self.cache.on_failover(hook)
+    }
+
+    /// False once the cache error limit was reached or the cache failed
+    /// over.
+    pub fn admitting(&self) -> bool {
+        self.cache.admitting()
+    }
+
+    /// True once the cache failed over to the origin.
+    pub fn failed_over(&self) -> bool {
+        self.cache.failed_over()
+    }
+
+    /// Replaces member `member` of the cache set with `new` and rebuilds
+    /// its copies online; `progress` gets bytes copied and bytes to copy
+    /// (io/failure.rs).
+    pub fn replace_cache_member(
+        &self,
+        member: usize,
+        new: DeviceRef,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> EngineResult<()> {
+        self.check_open()?;
+        self.cache.replace_member(member, new, progress)
+    }
+
+    /// The operator's word that the cache device is gone for good: its
+    /// dirty blocks are lost, their origin ranges become stale, the cache
+    /// fails over to the origin. Returns how many blocks were lost
+    /// (io/failure.rs).
+    pub fn give_up_cache(&self) -> EngineResult<u64> {
+        self.check_open()?;
+        self.cache.give_up()
+    }
+
+    /// Gives the pages of crash-log records that commits made durable back
+    /// to the system (writeback/run.rs).
+    pub fn trim_crash_log(&self) {
+        self.cache.trim_crash_log()
+    }
+
+    /// Finishes a read a fast path handed on (`try_read`), or starts one
+    /// (pipeline.rs).
+    pub fn read_request(&self, req: Request) -> EngineResult<AlignedBuf> {
+        self.cache.read_request(req)
     }
 
     /// Switches the cache mode on a live cache, for every volume (none
@@ -845,8 +907,11 @@ impl Engine {
     /// Switches volume `v`'s mode; the others keep theirs. Leaving a mode
     /// that holds dirty data writes that volume's back first.
     pub fn set_volume_mode(&self, v: usize, mode: Mode) -> EngineResult<()> {
-        self.origins.get(v).ok_or_else(|| self.no_volume(v))?;
-        match self.origins.len() {
+        self.cache
+            .origins
+            .get(v)
+            .ok_or_else(|| self.cache.no_volume(v))?;
+        match self.cache.origins.len() {
             1 => self.switch_mode(None, mode),
             _ => self.switch_mode(Some(v), mode),
         }
@@ -858,17 +923,21 @@ impl Engine {
     /// whole cache.
     pub fn set_share(&self, v: usize, share: Share) -> EngineResult<()> {
         self.check_open()?;
-        let origin = self.origins.get(v).ok_or_else(|| self.no_volume(v))?;
+        let origin = self
+            .cache
+            .origins
+            .get(v)
+            .ok_or_else(|| self.cache.no_volume(v))?;
         share.valid().map_err(EngineError::Config)?;
-        if self.origins.len() < 2 {
+        if self.cache.origins.len() < 2 {
             return Err(EngineError::Config(
                 "a cache of one volume shares with nobody: shares need several origins".into(),
             ));
         }
-        let slots = self.observe.slot_count();
+        let slots = self.cache.observe.slot_count();
         // The others' minimums as recorded, under the commit lock: two
         // changes at once cannot both pass.
-        self.update_superblock_checked(
+        self.cache.update_superblock_checked(
             |sb| {
                 let list = sb.volume_list();
                 let others: u32 = (list.iter().enumerate())
@@ -889,8 +958,11 @@ impl Engine {
             },
             || {
                 origin.share().set(share);
-                self.origins
-                    .share_as(self.origins.sharing(), &self.observe, slots);
+                self.cache.origins.share_as(
+                    self.cache.origins.sharing(),
+                    &self.cache.observe,
+                    slots,
+                );
             },
         )
     }
@@ -899,15 +971,19 @@ impl Engine {
     /// the superblock first). Refused for a lone volume.
     pub fn set_sharing(&self, sharing: Sharing) -> EngineResult<()> {
         self.check_open()?;
-        if self.origins.len() < 2 {
+        if self.cache.origins.len() < 2 {
             return Err(EngineError::Config(
                 "a cache of one volume shares with nobody: sharing needs several origins".into(),
             ));
         }
-        let slots = self.observe.slot_count();
-        self.update_superblock_then(
+        let slots = self.cache.observe.slot_count();
+        self.cache.update_superblock_then(
             |sb| sb.set_sharing(sharing),
-            || self.origins.share_as(sharing, &self.observe, slots),
+            || {
+                self.cache
+                    .origins
+                    .share_as(sharing, &self.cache.observe, slots)
+            },
         )
     }
 
@@ -925,7 +1001,8 @@ impl Engine {
         }
         if let Some(name) = change.volume.as_deref() {
             let v = self.volume_index(name)?;
-            let share = change.applied_to(self.origins.get(v).expect("indexed").share().get());
+            let share =
+                change.applied_to(self.cache.origins.get(v).expect("indexed").share().get());
             self.set_share(v, share)?;
         }
         Ok(())
@@ -934,14 +1011,14 @@ impl Engine {
     /// `set_mode` (`v` `None`) or `set_volume_mode`.
     fn switch_mode(&self, v: Option<usize>, mode: Mode) -> EngineResult<()> {
         self.check_open()?;
-        if self.failed_over() {
+        if self.cache.failed_over() {
             return Err(EngineError::Config(
                 "the cache failed over to the origin after a cache device failure; reopen it (restart the daemon) first".into(),
             ));
         }
-        if mode.holds_dirty() && self.io.cache().is_volatile() && !self.allow_data_loss() {
+        if mode.holds_dirty() && self.cache.io.cache().is_volatile() && !self.allow_data_loss() {
             return Err(EngineError::VolatileWriteback {
-                device: self.io.cache().name().into(),
+                device: self.cache.io.cache().name().into(),
                 mode: mode.name().into(),
             });
         }
@@ -950,8 +1027,8 @@ impl Engine {
             Some(v) => sb.set_volume_mode(v, Some(mode)),
         };
         let targets: Vec<&origin::Origin> = match v {
-            None => self.origins.iter().collect(),
-            Some(v) => self.origins.get(v).into_iter().collect(),
+            None => self.cache.origins.iter().collect(),
+            Some(v) => self.cache.origins.get(v).into_iter().collect(),
         };
         // An error leaves the old modes, in memory and on disk.
         if mode.holds_dirty() {
@@ -962,7 +1039,7 @@ impl Engine {
                     o.swap_mode(mode);
                 })
             };
-            return self.update_superblock_then(on_disk, swap);
+            return self.cache.update_superblock_then(on_disk, swap);
         }
         // In memory first, so that no new dirty block appears while the
         // write back writes back the ones there are.
@@ -971,7 +1048,7 @@ impl Engine {
             None => self.write_back_all(&mut |_, _| {}),
             Some(v) => self.write_back_volume(v, &mut |_, _| {}),
         };
-        let persisted = written.and_then(|()| self.update_superblock(on_disk));
+        let persisted = written.and_then(|()| self.cache.update_superblock(on_disk));
         if persisted.is_err() {
             targets.iter().zip(old).for_each(|(o, m)| {
                 o.swap_mode(m);
@@ -984,16 +1061,19 @@ impl Engine {
     pub fn set_admission(&self, a: AdmissionSettings) -> EngineResult<()> {
         a.validate().map_err(EngineError::Config)?;
         // On disk first: an error leaves the old settings in force.
-        self.update_superblock_then(|sb| sb.set_admission(&a), || self.admission.set_settings(a))
+        self.cache.update_superblock_then(
+            |sb| sb.set_admission(&a),
+            || self.cache.admission.set_settings(a),
+        )
     }
 
     /// Switches the replacement policy on a live cache; persisted in the
     /// superblock. The new policy starts from the old one's order.
     pub fn set_policy(&self, kind: PolicyKind) -> EngineResult<()> {
         self.check_open()?;
-        self.update_superblock_then(
+        self.cache.update_superblock_then(
             |sb| sb.policy.set(kind.to_u32()),
-            || self.meta.set_policy(kind),
+            || self.cache.meta.set_policy(kind),
         )
     }
 
@@ -1001,7 +1081,7 @@ impl Engine {
     pub fn set_writeback(&self, w: WritebackSettings) -> EngineResult<()> {
         w.validate().map_err(EngineError::Config)?;
         // On disk first: an error leaves the old settings in force.
-        self.update_superblock_then(
+        self.cache.update_superblock_then(
             |sb| {
                 sb.writeback_high_pct.set(w.high_pct);
                 sb.writeback_low_pct.set(w.low_pct);
@@ -1013,7 +1093,7 @@ impl Engine {
     }
 
     pub(crate) fn allow_data_loss(&self) -> bool {
-        self.journal.allow_data_loss()
+        self.cache.journal.allow_data_loss()
     }
 
     pub(crate) fn check_open(&self) -> EngineResult<()> {
@@ -1038,11 +1118,11 @@ impl Engine {
 
     fn close_cache(&self) -> EngineResult<()> {
         writeback::stop_background(self);
-        self.stop_resync();
-        if self.failed_over() {
+        self.cache.stop_resync();
+        if self.cache.failed_over() {
             // Everything is on the origin; commit() flushes it. The cache
             // metadata cannot be written (see io/failure.rs).
-            return self.commit();
+            return self.cache.commit();
         }
         // In flush order a checkpoint keeps no closed group (commit.rs):
         // write them back first. If the origin cannot take them, the
@@ -1052,9 +1132,9 @@ impl Engine {
             log::warn!("closing: the closed flush groups could not be written back: {e}");
         }
         // The checkpoint commits everything first (commit_locked).
-        match self.checkpoint_now(true) {
-            Err(e) if self.fail_over_after_commit_error(&e) => {
-                self.origins.flush_foreground(&self.stats)
+        match self.cache.checkpoint_now(true) {
+            Err(e) if self.cache.fail_over_after_commit_error(&e) => {
+                self.cache.origins.flush_foreground(&self.cache.stats)
             }
             Ok(()) => {
                 self.remove_crash_log();
@@ -1066,7 +1146,7 @@ impl Engine {
 
     /// Nothing more goes to the origins (the engine is closed or detached).
     fn close_origin(&self) {
-        for o in self.origins.iter() {
+        for o in self.cache.origins.iter() {
             if let Err(e) = o.device().close() {
                 log::warn!("closing the origin of {}: {e}", o.name());
             }
@@ -1077,7 +1157,7 @@ impl Engine {
     /// log has nothing to add.
     pub(crate) fn remove_crash_log(&self) {
         // Taken out under the lock, removed (unlink, munmap) after it.
-        let log = self.meta.take_crash_log();
+        let log = self.cache.meta.take_crash_log();
         if let Some(log) = log {
             log.remove();
         }
@@ -1088,7 +1168,7 @@ impl Engine {
     /// (so no record is half appended): what a process killed now leaves.
     /// For crash tests; `None` without a log.
     pub fn crash_log_image(&self) -> Option<Vec<u8>> {
-        self.meta.crash_log_image()
+        self.cache.meta.crash_log_image()
     }
 
     #[cfg(any(test, feature = "testing"))]
@@ -1100,7 +1180,7 @@ impl Engine {
         self.closed.store(true, Ordering::Release);
         writeback::stop_background(self);
         // The dead process's log stays as it was, unlocked for the next.
-        let log = self.meta.take_crash_log();
+        let log = self.cache.meta.take_crash_log();
         drop(log);
     }
 
@@ -1108,14 +1188,14 @@ impl Engine {
     /// origin alone holds all data and the cache device holds no cache.
     pub fn detach(&self) -> EngineResult<()> {
         self.check_open()?;
-        let old = self.swap_mode(Mode::Passthrough);
+        let old = self.cache.swap_mode(Mode::Passthrough);
         if let Err(e) = self.write_back_all(&mut |_, _| {}) {
             self.restore_modes(old);
             return Err(e);
         }
         self.closed.store(true, Ordering::Release);
         writeback::stop_background(self);
-        self.stop_resync();
+        self.cache.stop_resync();
         if self.dirty_blocks() != 0 {
             return Err(EngineError::Config(
                 "dirty data appeared during detach".into(),
@@ -1124,10 +1204,6 @@ impl Engine {
         let result = recovery::wipe(self);
         self.close_origin();
         result
-    }
-
-    pub(crate) fn now_ms(&self) -> u64 {
-        self.clock.now_ms()
     }
 
     /// Weak handle for the background thread.
@@ -1150,5 +1226,24 @@ fn member_usage(
         let copies = member.mirror_slots > 0;
         member.used_blocks = m.used_in(set.own_slots(i)) + if copies { mirrored } else { 0 };
         member.dirty_blocks = if copies { dirty } else { 0 };
+    }
+}
+
+impl Cache {
+    /// The refusal of a volume index the cache does not have.
+    fn no_volume(&self, v: usize) -> EngineError {
+        EngineError::Config(format!(
+            "no volume {v} in this cache (it has {})",
+            self.origins.len()
+        ))
+    }
+
+    /// Sets every volume's mode in memory; returns the old ones, by volume.
+    pub(crate) fn swap_mode(&self, mode: Mode) -> Vec<Mode> {
+        self.origins.iter().map(|o| o.swap_mode(mode)).collect()
+    }
+
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
     }
 }

@@ -9,8 +9,9 @@ use super::format::Record;
 use super::request::{adjacent_slots, Cached, Plan, Segment};
 use super::sectors::{SectorRun, SectorSet, SECTOR_BYTES};
 use super::stats::bump;
-use super::{Engine, EngineResult};
+use super::EngineResult;
 use crate::device::AlignedBuf;
+use crate::engine::cache::Cache;
 
 /// Largest gap a read miss reads through rather than making a second
 /// origin request.
@@ -28,7 +29,7 @@ struct Fetch {
     keep: bool,
 }
 
-impl Engine {
+impl Cache {
     /// The read of `segs` (non-empty) while their block locks are held.
     /// (`cached`: `lookup` of `segs` under these locks, hits kept
     /// as the plan's mode reads them.)

@@ -799,9 +799,10 @@ pub(crate) fn open(
         }
     }
     start_durable(&engine, clean, distrust, journal_end_seq, log)?;
-    engine.follow_cache_set();
-    engine.cache_set_opened(!clean, !opts.no_background);
+    engine.cache.follow_cache_set();
+    engine.cache.cache_set_opened(!clean, !opts.no_background);
     engine
+        .cache
         .stats
         .crash_log_records_recovered
         .store(recovered, std::sync::atomic::Ordering::Relaxed);
@@ -910,7 +911,9 @@ fn start_durable(
     journal_end_seq: u64,
     log: Option<CrashLog>,
 ) -> EngineResult<()> {
-    engine.start_journal(clean, distrust, journal_end_seq, log)
+    engine
+        .cache
+        .start_journal(clean, distrust, journal_end_seq, log)
 }
 
 /// Refuses dirty modes on a volatile cache unless data loss was accepted
@@ -960,42 +963,46 @@ fn build_engine(
     origins.set_sharing(sb.sharing());
     let keys = origins.key_space().clone();
     Engine {
-        regions: layout.regions(),
-        block_bytes,
-        meta: MetaLock::new({
-            let pool_slots = loaded.table.dirty_slots() as u64;
-            let log = (sb.flags.get() & SB_FLAG_LOG_PLACEMENT != 0)
-                .then(|| Geometry::new(SEGMENT_BYTES, block_bytes, layout.data_offset, pool_slots));
-            let mut m = Meta::new(
-                loaded.table,
-                PolicyKind::from_u32(sb.policy.get()).expect("validated"),
-                log,
-            );
-            if let Some(g) = loaded.groups {
-                m.keep_groups(g);
-            }
-            m
-        }),
-        journal: super::journal::Journal::new(sb, loaded.journal_end_seq),
-        stats: Stats::default(),
-        admission: super::admission::Admission::new(sb.admission(), layout.slot_count)
-            .with_clock(clock.clone()),
+        cache: super::cache::Cache {
+            regions: layout.regions(),
+            block_bytes,
+            meta: MetaLock::new({
+                let pool_slots = loaded.table.dirty_slots() as u64;
+                let log = (sb.flags.get() & SB_FLAG_LOG_PLACEMENT != 0).then(|| {
+                    Geometry::new(SEGMENT_BYTES, block_bytes, layout.data_offset, pool_slots)
+                });
+                let mut m = Meta::new(
+                    loaded.table,
+                    PolicyKind::from_u32(sb.policy.get()).expect("validated"),
+                    log,
+                );
+                if let Some(g) = loaded.groups {
+                    m.keep_groups(g);
+                }
+                m
+            }),
+            journal: super::journal::Journal::new(sb, loaded.journal_end_seq),
+            stats: Stats::default(),
+            admission: super::admission::Admission::new(sb.admission(), layout.slot_count)
+                .with_clock(clock.clone()),
+            placement: super::placement::of(if sb.flags.get() & SB_FLAG_LOG_PLACEMENT != 0 {
+                Placement::Log
+            } else {
+                Placement::InPlace
+            }),
+            io: super::io::Io::new(cache, sb.cache_error_limit.get(), gather),
+            origins,
+            clock,
+            bell: super::cache::Bell::default(),
+            observe: super::observe::Observe::new(layout.slot_count, &keys),
+        },
         writeback: super::writeback::Writeback::new(sb.writeback()),
-        observe: super::observe::Observe::new(layout.slot_count, &keys),
         order: super::writeback::order::of(if sb.flags.get() & SB_FLAG_FLUSH_ORDER != 0 {
             WritebackOrder::Flush
         } else {
             WritebackOrder::Address
         }),
-        placement: super::placement::of(if sb.flags.get() & SB_FLAG_LOG_PLACEMENT != 0 {
-            Placement::Log
-        } else {
-            Placement::InPlace
-        }),
-        clock,
         closed: AtomicBool::new(false),
-        io: super::io::Io::new(cache, sb.cache_error_limit.get(), gather),
-        origins,
     }
 }
 
@@ -1106,6 +1113,7 @@ pub(crate) fn open_read_only(
         .closed
         .store(true, std::sync::atomic::Ordering::Release);
     engine
+        .cache
         .stats
         .crash_log_records_recovered
         .store(recovered, std::sync::atomic::Ordering::Relaxed);
@@ -1116,13 +1124,13 @@ pub(crate) fn open_read_only(
 /// describe the final clean state, then are zeroed. A crash at any point
 /// leaves either that clean cache or no cache.
 pub(crate) fn wipe(engine: &Engine) -> EngineResult<()> {
-    engine.checkpoint_now(true)?;
-    engine.update_superblock(|_| {})?;
+    engine.cache.checkpoint_now(true)?;
+    engine.cache.update_superblock(|_| {})?;
     engine.remove_crash_log();
     let zero = AlignedBuf::zeroed(PAGE_BYTES as usize);
     for copy in 0..2u64 {
-        engine.meta_write(&zero, copy * PAGE_BYTES)?;
-        engine.cache_flush()?;
+        engine.cache.meta_write(&zero, copy * PAGE_BYTES)?;
+        engine.cache.cache_flush()?;
     }
     Ok(())
 }

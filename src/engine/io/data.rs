@@ -4,6 +4,7 @@
 
 use crate::device::DeviceError;
 use crate::engine::admission::Dev;
+use crate::engine::cache::Cache;
 use crate::engine::origin::Origin;
 use crate::engine::stats::bump;
 use crate::engine::{Engine, EngineResult};
@@ -15,6 +16,33 @@ thread_local! {
 }
 
 impl Engine {
+    /// Every origin write goes through here. A mapping removed in memory
+    /// (unmapped, or superseded by a newer slot) must be durable before the
+    /// origin changes: until then a crash would bring back the old clean
+    /// copy over the new origin bytes.
+    /// Waits first for background writebacks still writing these blocks to
+    /// the origin (origin/flights.rs), so the origin sees writes in order.
+    /// With writeback in flush order, a foreground write is one of the
+    /// open group: every closed group reaches the origin first.
+    pub(crate) fn origin_write(&self, buf: &[u8], offset: u64) -> EngineResult<()> {
+        let origin = self.cache.origins.at(offset);
+        if !buf.is_empty() {
+            let bs = self.cache.block_bytes;
+            self.order.before_foreground_write(self)?;
+            origin
+                .flights()
+                .wait_origin(offset / bs, (offset + buf.len() as u64 - 1) / bs);
+        }
+        let epoch = origin.loss_epoch();
+        self.cache
+            .foreground(origin, || self.cache.origin_write_now(buf, offset))?;
+        let at = origin.local(offset);
+        origin.wrote(at..at + buf.len() as u64, epoch);
+        Ok(())
+    }
+}
+
+impl Cache {
     /// Times a device request of `bytes` for the admission guard, which
     /// compares small requests only (up to 64 KiB): a 1 MiB write and a
     /// 4 KiB one say nothing about each other's device. A failed request
@@ -119,30 +147,6 @@ impl Engine {
             bump(&self.stats.origin_errors, 1);
             log::warn!("origin read error: {e}");
         })
-    }
-
-    /// Every origin write goes through here. A mapping removed in memory
-    /// (unmapped, or superseded by a newer slot) must be durable before the
-    /// origin changes: until then a crash would bring back the old clean
-    /// copy over the new origin bytes.
-    /// Waits first for background writebacks still writing these blocks to
-    /// the origin (origin/flights.rs), so the origin sees writes in order.
-    /// With writeback in flush order, a foreground write is one of the
-    /// open group: every closed group reaches the origin first.
-    pub(crate) fn origin_write(&self, buf: &[u8], offset: u64) -> EngineResult<()> {
-        let origin = self.origins.at(offset);
-        if !buf.is_empty() {
-            let bs = self.block_bytes;
-            self.order.before_foreground_write(self)?;
-            origin
-                .flights()
-                .wait_origin(offset / bs, (offset + buf.len() as u64 - 1) / bs);
-        }
-        let epoch = origin.loss_epoch();
-        self.foreground(origin, || self.origin_write_now(buf, offset))?;
-        let at = origin.local(offset);
-        origin.wrote(at..at + buf.len() as u64, epoch);
-        Ok(())
     }
 
     /// `origin_write` without the wait: for a writeback's own flight.

@@ -24,11 +24,57 @@ use std::sync::atomic::Ordering;
 
 use crate::device::members::Members;
 use crate::device::DeviceError;
+use crate::engine::cache::Cache;
 use crate::engine::format::SB_FLAG_DISTRUST_CLEAN;
 use crate::engine::stats::bump;
-use crate::engine::{Engine, EngineError, EngineResult, FailoverHook};
+use crate::engine::{EngineError, EngineResult, FailoverHook};
 
-impl Engine {
+impl Cache {
+    /// Replaces member `member` of the cache set with `new` and rebuilds
+    /// its copies online (`CacheSet::replace`); `progress` gets bytes
+    /// copied and bytes to copy. Its own slots take clean blocks again
+    /// once it is healthy.
+    pub(crate) fn replace_member(
+        &self,
+        member: usize,
+        new: crate::device::DeviceRef,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> EngineResult<()> {
+        let Some(set) = self.io.cache.members() else {
+            return Err(EngineError::Config(format!(
+                "{} is one cache device, not a cache set: there is no member to replace",
+                self.io.cache.name()
+            )));
+        };
+        let r = set.replace(member, new, progress);
+        self.follow_cache_set();
+        Ok(r?)
+    }
+
+    /// The operator's word that the cache device is gone for good: its
+    /// dirty blocks are lost. The cache fails over to the origin, their
+    /// origin ranges become stale (reads of them fail, `status` lists
+    /// them; a write of a whole block makes it current again), and the
+    /// table is emptied. Returns how many blocks were lost.
+    pub(crate) fn give_up(&self) -> EngineResult<u64> {
+        if self.given_up() {
+            return Ok(0);
+        }
+        let lost = self.meta.all_dirty();
+        if !lost.is_empty() {
+            self.lose_dirty(&lost, "the cache device was given up");
+        }
+        // Nothing in the cache is read again: the stale list says what the
+        // origin lacks, and writes go to the origin. Requests under way
+        // append nothing from now on (`given_up`).
+        self.io.given_up.store(true, Ordering::Release);
+        self.fail_over("the cache device was given up");
+        self.meta.forget_all();
+        Ok(lost.len() as u64)
+    }
+}
+
+impl Cache {
     /// Changes the cache error limit (0: never stop admitting); persisted in
     /// the superblock. Reaching it takes effect at the next cache error.
     pub fn set_cache_error_limit(&self, limit: u64) -> EngineResult<()> {
@@ -120,28 +166,6 @@ impl Engine {
         }
     }
 
-    /// Replaces member `member` of the cache set with `new` and rebuilds
-    /// its copies online (`CacheSet::replace`); `progress` gets bytes
-    /// copied and bytes to copy. Its own slots take clean blocks again
-    /// once it is healthy.
-    pub fn replace_cache_member(
-        &self,
-        member: usize,
-        new: crate::device::DeviceRef,
-        progress: &mut dyn FnMut(u64, u64),
-    ) -> EngineResult<()> {
-        self.check_open()?;
-        let Some(set) = self.io.cache.members() else {
-            return Err(EngineError::Config(format!(
-                "{} is one cache device, not a cache set: there is no member to replace",
-                self.io.cache.name()
-            )));
-        };
-        let r = set.replace(member, new, progress);
-        self.follow_cache_set();
-        Ok(r?)
-    }
-
     /// A cache device error in the metadata path: counted, and tagged so a
     /// commit can tell it from an origin error.
     pub(crate) fn cache_meta_error(&self, e: DeviceError) -> EngineError {
@@ -191,29 +215,6 @@ impl Engine {
         }
         self.fail_over(&e.to_string());
         true
-    }
-
-    /// The operator's word that the cache device is gone for good: its
-    /// dirty blocks are lost. The cache fails over to the origin, their
-    /// origin ranges become stale (reads of them fail, `status` lists
-    /// them; a write of a whole block makes it current again), and the
-    /// table is emptied. Returns how many blocks were lost.
-    pub fn give_up_cache(&self) -> EngineResult<u64> {
-        self.check_open()?;
-        if self.given_up() {
-            return Ok(0);
-        }
-        let lost = self.meta.all_dirty();
-        if !lost.is_empty() {
-            self.lose_dirty(&lost, "the cache device was given up");
-        }
-        // Nothing in the cache is read again: the stale list says what the
-        // origin lacks, and writes go to the origin. Requests under way
-        // append nothing from now on (`given_up`).
-        self.io.given_up.store(true, Ordering::Release);
-        self.fail_over("the cache device was given up");
-        self.meta.forget_all();
-        Ok(lost.len() as u64)
     }
 
     /// Every request goes to the origin from now on (see the module

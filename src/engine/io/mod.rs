@@ -15,8 +15,9 @@ pub(crate) mod warnings;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use super::{Engine, EngineResult, FailoverHook};
+use super::{EngineResult, FailoverHook};
 use crate::device::DeviceRef;
+use crate::engine::cache::Cache;
 use crate::sync::{Mutex, Rank};
 
 /// The device part's state.
@@ -75,7 +76,7 @@ impl Io {
     }
 }
 
-impl Engine {
+impl Cache {
     /// Writes journal, checkpoint or superblock bytes to the cache device
     /// (a failure is counted and tagged as a metadata error).
     pub(crate) fn meta_write(&self, buf: &[u8], offset: u64) -> EngineResult<()> {

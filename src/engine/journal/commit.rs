@@ -25,6 +25,7 @@ use std::sync::atomic::Ordering;
 use super::crash_log::{self, CrashLog, Point};
 use super::CommitState;
 use crate::device::AlignedBuf;
+use crate::engine::cache::Cache;
 use crate::engine::format::{
     checkpoint_page, entry_decode, entry_encode, journal_page, CheckpointData, Record, PAGE_BYTES,
     RECORDS_PER_PAGE,
@@ -33,12 +34,12 @@ use crate::engine::format::{Layout, Superblock, SB_FLAG_DISTRUST_CLEAN};
 use crate::engine::stats::bump;
 use crate::engine::table::Batch;
 use crate::engine::EngineError;
-use crate::engine::{Engine, EngineResult, Meta};
+use crate::engine::{EngineResult, Meta};
 
 /// Checkpoint pages written per device request.
 const CHECKPOINT_PAGES_PER_WRITE: usize = 256;
 
-impl Engine {
+impl Cache {
     /// Makes every completed write and every applied record durable.
     pub fn commit(&self) -> EngineResult<()> {
         let r = self.commit_journal();
@@ -162,7 +163,7 @@ impl Engine {
         }
         if freed {
             // Writes waiting for a slot (slots.rs) try again.
-            self.writeback.slots_freed();
+            self.bell.slots_freed();
         }
         cs.flushed_through = covered;
         cs.releases_durable = through;

@@ -14,8 +14,8 @@ impl Engine {
         segs: &[Segment],
         data: &[u8],
     ) -> EngineResult<()> {
-        self.count_write_hits(segs);
-        bump(&self.stats.bypassed_ios, 1);
+        self.cache.count_write_hits(segs);
+        bump(&self.cache.stats.bypassed_ios, 1);
         self.write_origin_invalidating(segs, data, offset)
     }
 }

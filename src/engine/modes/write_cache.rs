@@ -22,6 +22,7 @@ use super::super::stats::bump;
 use super::super::table::slots::Stored;
 use super::super::{Engine, EngineError, EngineResult};
 use crate::device::AlignedBuf;
+use crate::engine::cache::Cache;
 
 impl Engine {
     /// The cache route (writeback and writeonly modes), with the segments'
@@ -41,8 +42,8 @@ impl Engine {
         // less.
         let admit = admit || self.order.older_groups_pending(self);
         let hits = cached.iter().filter(|c| c.is_some()).count() as u64;
-        bump(&self.stats.write_hits, hits);
-        bump(&self.stats.write_misses, segs.len() as u64 - hits);
+        bump(&self.cache.stats.write_hits, hits);
+        bump(&self.cache.stats.write_misses, segs.len() as u64 - hits);
         let mut i = 0;
         // Waits for writeback to free slots, at most a few per request.
         let mut waits = 0;
@@ -50,6 +51,16 @@ impl Engine {
             i += self.write_cached_step(&segs[i..], data, &cached[i..], admit, &mut waits)?;
         }
         self.write_back_if_mode_changed(segs)
+    }
+
+    /// A segment of a block the cache never holds (a partial last block:
+    /// `Cache::cacheable`) goes to the origin.
+    fn write_uncacheable(&self, seg: &Segment, data: &[u8]) -> EngineResult<usize> {
+        self.drain_first()?;
+        bump(&self.cache.stats.bypassed_ios, 1);
+        let at = seg.block * self.cache.block_bytes + seg.in_block;
+        self.origin_write(&data[seg.buf.clone()], at)?;
+        Ok(1)
     }
 
     /// Writes `segs[0]`, and with it the segments that follow where one
@@ -63,20 +74,15 @@ impl Engine {
         admit: bool,
         waits: &mut u32,
     ) -> EngineResult<usize> {
+        let cache = &self.cache;
         let seg = &segs[0];
-        if !self.cacheable(seg.block) {
-            self.drain_first()?;
-            bump(&self.stats.bypassed_ios, 1);
-            self.origin_write(
-                &data[seg.buf.clone()],
-                seg.block * self.block_bytes + seg.in_block,
-            )?;
-            return Ok(1);
+        if !cache.cacheable(seg.block) {
+            return self.write_uncacheable(seg, data);
         }
         // Whole blocks from here on, cached or not.
         let whole = segs
             .iter()
-            .take_while(|s| self.full_block(s) && self.cacheable(s.block))
+            .take_while(|s| cache.full_block(s) && cache.cacheable(s.block))
             .count();
         if let Some(hit) = cached[0].filter(|h| h.writable) {
             // Writable segments in adjacent slots are written in place with
@@ -85,10 +91,10 @@ impl Engine {
             // superseded like a clean one; it is freed only once the new
             // mapping is durable).
             let run = adjacent_slots(cached, |h| h.writable);
-            if run >= whole && self.placement.overwrites_in_place(whole, admit) {
+            if run >= whole && cache.placement.overwrites_in_place(whole, admit) {
                 let end = segs[run - 1].buf.end;
-                self.cache_write(hit.slot, seg.in_block, &data[seg.buf.start..end])?;
-                self.record_in_place(&segs[..run], &cached[..run]);
+                cache.cache_write(hit.slot, seg.in_block, &data[seg.buf.start..end])?;
+                cache.record_in_place(&segs[..run], &cached[..run]);
                 return Ok(run);
             }
         }
@@ -98,7 +104,7 @@ impl Engine {
         }
         if whole > 0 {
             let bytes = &data[seg.buf.start..segs[whole - 1].buf.end];
-            let (stored, why) = self.store_in_new_slots(seg.block, bytes, true)?;
+            let (stored, why) = cache.store_in_new_slots(seg.block, bytes, true)?;
             return match why {
                 Stored::Yes => Ok(stored),
                 Stored::CacheError(e) => Err(e.into()),
@@ -112,7 +118,7 @@ impl Engine {
                 }
             };
         }
-        match self.store_part(seg, data, cached[0])? {
+        match cache.store_part(seg, data, cached[0])? {
             Stored::Yes => Ok(1),
             Stored::CacheError(e) => Err(e.into()),
             Stored::NoSlot if *waits < 3 && self.wait_for_slots() => {
@@ -126,6 +132,58 @@ impl Engine {
         }
     }
 
+    /// This write read the mode before it dirtied its blocks; a switch to
+    /// a mode without dirty data (set-mode, detach) may have happened
+    /// meanwhile, and its `write_back_all` may have looked before these blocks
+    /// were dirty. Write them back now, under this write's block locks.
+    /// (The mode is read after the dirtying records were appended, both
+    /// under the metadata lock: either this sees the new mode, or the
+    /// switch's first dirty snapshot sees these blocks.)
+    fn write_back_if_mode_changed(&self, segs: &[Segment]) -> EngineResult<()> {
+        // One request's segments are of one volume.
+        let Some(first) = segs.first() else {
+            return Ok(());
+        };
+        if self.cache.origins.of_key(first.block).mode().holds_dirty() {
+            return Ok(());
+        }
+        for seg in segs {
+            let cached = self.cache.meta.lookup(seg.block);
+            if let Some((slot, true)) = cached {
+                self.write_back_one(seg.block, slot)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A write of the cache route that must go to the origin while an
+    /// older flush group is not there yet gives up its block locks first:
+    /// `DrainFirst` (pipeline.rs writes the closed groups back, then the
+    /// request again).
+    fn drain_first(&self) -> EngineResult<()> {
+        if self.order.older_groups_pending(self) {
+            return Err(EngineError::DrainFirst);
+        }
+        Ok(())
+    }
+
+    /// Writes the segment around the cache (admission said no, or every
+    /// block stayed dirty or busy while it waited) and hurries writeback
+    /// along.
+    fn write_around(&self, seg: &Segment, data: &[u8]) -> EngineResult<()> {
+        self.drain_first()?;
+        bump(&self.cache.stats.bypassed_ios, 1);
+        self.write_origin_invalidating(
+            std::slice::from_ref(seg),
+            &data[seg.buf.clone()],
+            seg.block * self.cache.block_bytes + seg.in_block,
+        )?;
+        self.cache.bell.wake();
+        Ok(())
+    }
+}
+
+impl Cache {
     /// Records the sectors that writes in place made dirty, where the slot
     /// was not already whole and dirty.
     fn record_in_place(&self, segs: &[Segment], cached: &[Option<Cached>]) {
@@ -174,55 +232,5 @@ impl Engine {
         let at = (seg.in_block - from) as usize;
         buf[at..at + seg.buf.len()].copy_from_slice(&data[seg.buf.clone()]);
         self.store_sectors(seg.block, &valid, &buf, true)
-    }
-
-    /// This write read the mode before it dirtied its blocks; a switch to
-    /// a mode without dirty data (set-mode, detach) may have happened
-    /// meanwhile, and its `write_back_all` may have looked before these blocks
-    /// were dirty. Write them back now, under this write's block locks.
-    /// (The mode is read after the dirtying records were appended, both
-    /// under the metadata lock: either this sees the new mode, or the
-    /// switch's first dirty snapshot sees these blocks.)
-    fn write_back_if_mode_changed(&self, segs: &[Segment]) -> EngineResult<()> {
-        // One request's segments are of one volume.
-        let Some(first) = segs.first() else {
-            return Ok(());
-        };
-        if self.origins.of_key(first.block).mode().holds_dirty() {
-            return Ok(());
-        }
-        for seg in segs {
-            let cached = self.meta.lookup(seg.block);
-            if let Some((slot, true)) = cached {
-                self.write_back_one(seg.block, slot)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// A write of the cache route that must go to the origin while an
-    /// older flush group is not there yet gives up its block locks first:
-    /// `DrainFirst` (pipeline.rs writes the closed groups back, then the
-    /// request again).
-    fn drain_first(&self) -> EngineResult<()> {
-        if self.order.older_groups_pending(self) {
-            return Err(EngineError::DrainFirst);
-        }
-        Ok(())
-    }
-
-    /// Writes the segment around the cache (admission said no, or every
-    /// block stayed dirty or busy while it waited) and hurries writeback
-    /// along.
-    fn write_around(&self, seg: &Segment, data: &[u8]) -> EngineResult<()> {
-        self.drain_first()?;
-        bump(&self.stats.bypassed_ios, 1);
-        self.write_origin_invalidating(
-            std::slice::from_ref(seg),
-            &data[seg.buf.clone()],
-            seg.block * self.block_bytes + seg.in_block,
-        )?;
-        self.writeback.wake();
-        Ok(())
     }
 }

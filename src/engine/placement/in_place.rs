@@ -4,8 +4,9 @@
 //! in the background or after a commit.
 
 use super::Placer;
+use crate::engine::cache::Cache;
 use crate::engine::table::Meta;
-use crate::engine::{Engine, Placement};
+use crate::engine::Placement;
 
 pub(crate) struct InPlace;
 
@@ -18,13 +19,13 @@ impl Placer for InPlace {
         true
     }
 
-    fn clean_ahead(&self, _: &Engine) -> usize {
+    fn clean_ahead(&self, _: &Cache) -> usize {
         0
     }
 
-    fn after_commit(&self, _: &Engine) {}
+    fn after_commit(&self, _: &Cache) {}
 
-    fn needs_cleaning(&self, _: &Engine, _: &Meta) -> bool {
+    fn needs_cleaning(&self, _: &Cache, _: &Meta) -> bool {
         false
     }
 }

@@ -5,8 +5,9 @@
 //! discards the ones it frees (writeback/clean.rs).
 
 use super::Placer;
+use crate::engine::cache::Cache;
 use crate::engine::table::Meta;
-use crate::engine::{Engine, Placement};
+use crate::engine::Placement;
 
 pub(crate) struct Log;
 
@@ -24,18 +25,18 @@ impl Placer for Log {
     }
 
     /// Empties segments until each pool has its reserve of whole ones.
-    fn clean_ahead(&self, e: &Engine) -> usize {
-        e.clean_segments()
+    fn clean_ahead(&self, c: &Cache) -> usize {
+        c.clean_segments()
     }
 
     /// The segments the commit made whole are discarded on the cache
     /// device, then given back to the free bitmap.
-    fn after_commit(&self, e: &Engine) {
-        e.discard_freed_segments();
+    fn after_commit(&self, c: &Cache) {
+        c.discard_freed_segments();
     }
 
     /// A pool is short of whole segments ahead of the cursor.
-    fn needs_cleaning(&self, e: &Engine, m: &Meta) -> bool {
-        e.short_pool(m).is_some()
+    fn needs_cleaning(&self, c: &Cache, m: &Meta) -> bool {
+        c.short_pool(m).is_some()
     }
 }

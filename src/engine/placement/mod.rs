@@ -15,9 +15,9 @@
 mod in_place;
 mod log;
 
+use super::cache::Cache;
 use super::options::Placement;
 use super::table::Meta;
-use super::Engine;
 
 /// What the engine does that depends on its placement. The methods take
 /// the engine they work on: the steps they use are still `Engine` methods.
@@ -35,16 +35,16 @@ pub(crate) trait Placer: Send + Sync {
     /// reserve of free slots (run.rs, `keep_reserve`). Returns how many
     /// segments it freed: while it frees any, no reserve of single slots
     /// is kept.
-    fn clean_ahead(&self, e: &Engine) -> usize;
+    fn clean_ahead(&self, c: &Cache) -> usize;
 
     /// After every commit (journal/commit.rs): what the releases it made
     /// durable let the placement do.
-    fn after_commit(&self, e: &Engine);
+    fn after_commit(&self, c: &Cache);
 
     /// Slots were just taken (table/slots.rs, `alloc_slots`, under the
     /// table's lock `m`): whether the background must wake to free space
     /// ahead of new data now.
-    fn needs_cleaning(&self, e: &Engine, m: &Meta) -> bool;
+    fn needs_cleaning(&self, c: &Cache, m: &Meta) -> bool;
 }
 
 /// The placement a cache created with `setting` puts new data by.

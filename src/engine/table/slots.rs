@@ -2,6 +2,7 @@
 //! eviction of clean blocks, and storing data in new slots.
 
 use super::sectors::{SectorSet, SECTOR_BYTES};
+use crate::engine::cache::Cache;
 use crate::engine::format::Record;
 use crate::engine::origin::Origin;
 use crate::engine::policy::Verdict;
@@ -9,7 +10,7 @@ use crate::engine::policy::Verdict;
 use super::{share, Meta};
 use crate::device::DeviceError;
 use crate::engine::stats::bump;
-use crate::engine::{Engine, EngineError, EngineResult};
+use crate::engine::{EngineError, EngineResult};
 
 /// Clean blocks evicted at once when no slot is free.
 const EVICT_BATCH: usize = 64;
@@ -25,7 +26,39 @@ pub(crate) enum Stored {
     CacheError(DeviceError),
 }
 
-impl Engine {
+/// When the block a record makes dirty became dirty: now, or, if it was
+/// already dirty (in this slot or the one a map supersedes), when it was,
+/// so that rewrites never postpone the max-age writeback; `None` for a
+/// record that makes nothing dirty.
+fn dirty_since(m: &Meta, r: &Record, now_s: u16) -> Option<u16> {
+    match *r {
+        Record::Map {
+            block, dirty: true, ..
+        }
+        | Record::MapRun {
+            block, dirty: true, ..
+        }
+        | Record::AddRun {
+            block, dirty: true, ..
+        } => Some(match m.table.lookup(block) {
+            Some((old, true)) => m.dirty_since_s[old as usize],
+            _ => now_s,
+        }),
+        _ => None,
+    }
+}
+
+/// The slots that hold a block of `origin`'s volume: (slot, block, dirty).
+fn volume_slots(m: &Meta, origin: &Origin) -> Vec<(u32, u64, bool)> {
+    (0..m.table.slot_count() as u32)
+        .filter_map(|slot| {
+            let (block, dirty) = m.table.slot_block(slot)?;
+            origin.cacheable(block).then_some((slot, block, dirty))
+        })
+        .collect()
+}
+
+impl Cache {
     /// Applies a record to the in-memory state and queues it for the journal.
     pub(crate) fn append(&self, m: &mut Meta, r: Record) {
         if self.given_up() {
@@ -107,7 +140,7 @@ impl Engine {
         }
         if log.len() == log.capacity() / 2 {
             // The background commits a log this full (writeback.rs).
-            self.writeback.wake();
+            self.bell.wake();
         }
         if log.len() >= log.capacity() / 4 * 3 {
             self.journal.press();
@@ -139,7 +172,7 @@ impl Engine {
                     if before > low && m.free_slots() <= low
                         || self.placement.needs_cleaning(self, &m)
                     {
-                        self.writeback.wake();
+                        self.bell.wake();
                     }
                     return Ok(slots);
                 }
@@ -420,36 +453,4 @@ impl Engine {
         }
         Ok(Stored::Yes)
     }
-}
-
-/// When the block a record makes dirty became dirty: now, or, if it was
-/// already dirty (in this slot or the one a map supersedes), when it was,
-/// so that rewrites never postpone the max-age writeback; `None` for a
-/// record that makes nothing dirty.
-fn dirty_since(m: &Meta, r: &Record, now_s: u16) -> Option<u16> {
-    match *r {
-        Record::Map {
-            block, dirty: true, ..
-        }
-        | Record::MapRun {
-            block, dirty: true, ..
-        }
-        | Record::AddRun {
-            block, dirty: true, ..
-        } => Some(match m.table.lookup(block) {
-            Some((old, true)) => m.dirty_since_s[old as usize],
-            _ => now_s,
-        }),
-        _ => None,
-    }
-}
-
-/// The slots that hold a block of `origin`'s volume: (slot, block, dirty).
-fn volume_slots(m: &Meta, origin: &Origin) -> Vec<(u32, u64, bool)> {
-    (0..m.table.slot_count() as u32)
-        .filter_map(|slot| {
-            let (block, dirty) = m.table.slot_block(slot)?;
-            origin.cacheable(block).then_some((slot, block, dirty))
-        })
-        .collect()
 }

@@ -32,8 +32,8 @@ use super::super::sectors::SECTOR_BYTES;
 use super::super::stats::bump;
 use super::super::table::slots::Stored;
 use super::super::table::Meta;
-use super::super::Engine;
 use crate::device::AlignedBuf;
+use crate::engine::cache::Cache;
 
 /// Segments compared per choice, oldest first.
 const CANDIDATES: usize = 8;
@@ -51,7 +51,14 @@ struct Plan {
     busy: usize,
 }
 
-impl Engine {
+/// The cleaner keeps the block in `slot` (moves it) rather than evict it:
+/// dirty, or worth keeping in the replacement policy's judgement (S3-FIFO:
+/// its access count lasts; the others: used since it was stored there).
+fn must_move(m: &Meta, slot: u32, dirty: bool) -> bool {
+    dirty || m.keep_in_log(slot)
+}
+
+impl Cache {
     /// Whole segments the background keeps free in a pool: an eighth of
     /// them (at least the free-slot reserve's worth, and two), so a burst
     /// of writes finds whole segments while the cleaner catches up.
@@ -292,13 +299,6 @@ impl Engine {
             }
             self.meta.trim_done(r);
         }
-        self.writeback.slots_freed();
+        self.bell.slots_freed();
     }
-}
-
-/// The cleaner keeps the block in `slot` (moves it) rather than evict it:
-/// dirty, or worth keeping in the replacement policy's judgement (S3-FIFO:
-/// its access count lasts; the others: used since it was stored there).
-fn must_move(m: &Meta, slot: u32, dirty: bool) -> bool {
-    dirty || m.keep_in_log(slot)
 }

@@ -22,12 +22,13 @@ pub(crate) mod order;
 pub(crate) mod pace;
 pub mod run;
 
+use crate::engine::cache::Bell;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::WritebackSettings;
-use crate::sync::{Condvar, Mutex, Rank};
+use crate::sync::{Mutex, Rank};
 
 pub(crate) use run::{start_background, stop_background};
 
@@ -42,9 +43,7 @@ pub(crate) struct Writeback {
     order_turn: Mutex<u64>,
     /// Writes waiting for writeback to free a slot, and where they wait.
     slot_waiters: AtomicU32,
-    slots_freed: (Mutex<()>, Condvar),
-    /// The background thread's wake-up flag and its handle.
-    wake: (Mutex<bool>, Condvar),
+    /// The background thread's handle (it waits on the cache's bell).
     thread: Mutex<Option<JoinHandle<()>>>,
     /// Each origin's lane (`lanes.rs`), started with the background.
     lanes: lanes::Lanes,
@@ -81,8 +80,6 @@ impl Writeback {
             ),
             order_turn: Mutex::new(Rank::WritebackOrder, 0),
             slot_waiters: AtomicU32::new(0),
-            slots_freed: (Mutex::new(Rank::SlotsFreed, ()), Condvar::new()),
-            wake: (Mutex::new(Rank::Background, false), Condvar::new()),
             thread: Mutex::new(Rank::Background, None),
             lanes: lanes::Lanes::default(),
         }
@@ -96,19 +93,6 @@ impl Writeback {
         self.state.lock().settings = w;
     }
 
-    /// Wakes the background thread for a round now.
-    pub(crate) fn wake(&self) {
-        let (lock, cv) = &self.wake;
-        *lock.lock() = true;
-        cv.notify_one();
-    }
-
-    /// A commit made slots free: writes waiting for one try again.
-    pub(crate) fn slots_freed(&self) {
-        let _g = self.slots_freed.0.lock();
-        self.slots_freed.1.notify_all();
-    }
-
     /// True while a background thread runs.
     fn has_thread(&self) -> bool {
         self.thread.lock().is_some()
@@ -119,29 +103,18 @@ impl Writeback {
         self.slot_waiters.load(Ordering::Acquire) > 0
     }
 
-    /// Waits until `freed()` holds, the deadline passes or `closed()`,
-    /// waking the background all along; false if it gave up. Counted as
-    /// a waiter meanwhile (writeback then runs at full speed).
+    /// Waits on `bell` until `freed()` holds, the deadline passes or
+    /// `closed()`, waking the background all along; false if it gave up.
+    /// Counted as a waiter meanwhile (writeback then runs at full speed).
     fn wait_slots(
         &self,
+        bell: &Bell,
         deadline: Instant,
         freed: impl Fn() -> bool,
         closed: impl Fn() -> bool,
     ) -> bool {
         self.slot_waiters.fetch_add(1, Ordering::AcqRel);
-        let got = loop {
-            self.wake();
-            let (lock, cv) = &self.slots_freed;
-            let mut g = lock.lock();
-            if freed() {
-                break true;
-            }
-            let now = Instant::now();
-            if now >= deadline || closed() {
-                break false;
-            }
-            cv.wait_for(&mut g, (deadline - now).min(Duration::from_millis(50)));
-        };
+        let got = bell.wait_freed(deadline, freed, closed);
         self.slot_waiters.fetch_sub(1, Ordering::AcqRel);
         got
     }

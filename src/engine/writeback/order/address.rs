@@ -38,7 +38,7 @@ impl Order for Address {
         progress: &mut dyn FnMut(u64, u64),
     ) -> EngineResult<()> {
         for _pass in 0..16 {
-            let mut snapshot: Vec<u64> = e.meta.all_dirty();
+            let mut snapshot: Vec<u64> = e.cache.meta.all_dirty();
             snapshot.retain(|&k| wanted(k));
             let total = snapshot.len() as u64;
             progress(0, total);
@@ -49,7 +49,7 @@ impl Order for Address {
                 wait_if_stalled(&mut stalled, next.len() < remaining.len())?;
                 remaining = next;
             }
-            if e.settled(wanted) {
+            if e.cache.settled(wanted) {
                 break;
             }
         }
@@ -77,11 +77,11 @@ impl Order for Address {
         _mine: &dyn Fn(u64) -> bool,
         clean: bool,
     ) -> usize {
-        let origin = e.origins.of_key(run[0].0);
+        let origin = e.cache.origins.of_key(run[0].0);
         let _guard = origin.locks().lock_range(run[0].0, run[run.len() - 1].0);
         let touched = origin.flights().finish(run.iter().map(|&(b, _)| b));
         if clean {
-            e.mark_clean(run, &touched)
+            e.cache.mark_clean(run, &touched)
         } else {
             0
         }

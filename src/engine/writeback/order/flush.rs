@@ -42,7 +42,7 @@ impl Order for Flush {
     /// Part of the oldest group not done: at once while a checkpoint waits
     /// for the closed groups, else when writeback is due.
     fn background_step(&self, e: &Engine) -> EngineResult<usize> {
-        if e.journal.checkpoint_waits() && self.older_groups_pending(e) {
+        if e.cache.journal.checkpoint_waits() && self.older_groups_pending(e) {
             // A checkpoint waits for the closed groups.
             return step(e, Pace::Full);
         }
@@ -64,7 +64,7 @@ impl Order for Flush {
     ) -> EngineResult<()> {
         for _pass in 0..16 {
             write_back_groups(e, progress)?;
-            if e.settled(&|_| true) {
+            if e.cache.settled(&|_| true) {
                 break;
             }
         }
@@ -98,7 +98,7 @@ impl Order for Flush {
     /// appended since the last commit; the blocks are locked, so no write
     /// to them is half done).
     fn before_run_sent(&self, e: &Engine) -> EngineResult<()> {
-        e.commit()
+        e.cache.commit()
     }
 
     /// The order turn is held: no waiting for block locks under it (a
@@ -112,7 +112,7 @@ impl Order for Flush {
         clean: bool,
     ) -> usize {
         let blocks = || run.iter().map(|&(b, _)| b);
-        let origin = e.origins.of_key(run[0].0);
+        let origin = e.cache.origins.of_key(run[0].0);
         let locked: Vec<bool> = blocks()
             .map(|b| mine(b) || origin.locks().try_lock(b))
             .collect();
@@ -120,7 +120,11 @@ impl Order for Flush {
         for (s, &l) in skip.iter_mut().zip(&locked) {
             *s |= !l;
         }
-        let n = if clean { e.mark_clean(run, &skip) } else { 0 };
+        let n = if clean {
+            e.cache.mark_clean(run, &skip)
+        } else {
+            0
+        };
         for (b, l) in blocks().zip(locked) {
             if l && !mine(b) {
                 origin.locks().unlock(b);
@@ -130,7 +134,7 @@ impl Order for Flush {
     }
 
     fn older_groups_pending(&self, e: &Engine) -> bool {
-        e.meta.closed_pending().is_some()
+        e.cache.meta.closed_pending().is_some()
     }
 
     /// The writes acknowledged so far form a group of their own.
@@ -144,7 +148,7 @@ impl Order for Flush {
     /// them (`lock_for_run`). Fails once the groups made no progress for
     /// `STALL_LIMIT` (the origin is gone); the write is then not made.
     fn before_foreground_write(&self, e: &Engine) -> EngineResult<()> {
-        let closed = || e.meta.closed_pending();
+        let closed = || e.cache.meta.closed_pending();
         let mut pending = closed();
         let mut progress_at = Instant::now();
         while let Some(g) = pending {
@@ -169,7 +173,7 @@ impl Order for Flush {
     /// Every closed group, leaving the open one: a checkpoint keeps no
     /// closed group (journal/commit.rs).
     fn write_back_closed(&self, e: &Engine) -> EngineResult<()> {
-        let open = e.meta.open_group();
+        let open = e.cache.meta.open_group();
         write_back_groups_below(e, open, &mut |_, _| {})
     }
 
@@ -186,7 +190,7 @@ impl Order for Flush {
     }
 
     fn check_written_back(&self, e: &Engine) -> EngineResult<()> {
-        if e.meta.dirty_count() > 0 {
+        if e.cache.meta.dirty_count() > 0 {
             return Err(EngineError::Config(
                 "flush order: dirty blocks are left after the write back; nothing was removed"
                     .into(),
@@ -199,9 +203,9 @@ impl Order for Flush {
 /// A client flush (or `write_back_all`) closes the open group, if it took
 /// a write: a `Close` record, journalled with the flush's commit.
 fn close_group(e: &Engine) {
-    let mut m = e.meta.lock();
+    let mut m = e.cache.meta.lock();
     if let Some(group) = m.groups().and_then(|g| g.next_close()) {
-        e.append(&mut m, Record::Close { group });
+        e.cache.append(&mut m, Record::Close { group });
     }
 }
 
@@ -211,12 +215,13 @@ fn close_group(e: &Engine) {
 /// after which the next group may start. Returns the blocks written back.
 fn step(e: &Engine, pace: Pace) -> EngineResult<usize> {
     let mut cursor = e.writeback.order_turn.lock();
-    let (g, open) = e.meta.next_group();
+    let (g, open) = e.cache.meta.next_group();
     let Some(g) = g else {
         return Ok(0);
     };
     let mut written = write_back_shadows(e, g)?;
     let mut blocks = e
+        .cache
         .meta
         .lock()
         .groups()
@@ -234,12 +239,12 @@ fn step(e: &Engine, pace: Pace) -> EngineResult<usize> {
     if !blocks.is_empty() {
         written += e.writeback_blocks_in(&blocks, pace, Some(g))?;
     }
-    if g < open && e.meta.group_written(g) {
+    if g < open && e.cache.meta.group_written(g) {
         // Flushed, group g is done, and the next group may start.
-        e.origins.flush(&e.stats)?;
-        let mut m = e.meta.lock();
-        e.append(&mut m, Record::Done { group: g });
-        bump(&e.stats.groups_written_back, 1);
+        e.cache.origins.flush(&e.cache.stats)?;
+        let mut m = e.cache.meta.lock();
+        e.cache.append(&mut m, Record::Done { group: g });
+        bump(&e.cache.stats.groups_written_back, 1);
     }
     Ok(written)
 }
@@ -248,17 +253,18 @@ fn step(e: &Engine, pace: Pace) -> EngineResult<usize> {
 /// stay, written, until the group's `Done`. Nothing locks them: nothing
 /// else uses them.
 fn write_back_shadows(e: &Engine, g: u64) -> EngineResult<usize> {
-    let Some(shadows) = e.meta.shadows_of(g, STEP_ITEMS) else {
+    let Some(shadows) = e.cache.meta.shadows_of(g, STEP_ITEMS) else {
         return Ok(0);
     };
     let sb = SECTOR_BYTES as usize;
-    let epochs = e.origins.loss_epochs();
+    let epochs = e.cache.origins.loss_epochs();
     for &(block, shadow) in &shadows {
         for run in shadow.dirty.runs() {
             let mut buf = crate::device::AlignedBuf::zeroed(run.count as usize * sb);
             let at = run.first as u64 * SECTOR_BYTES;
-            e.cache_read(shadow.slot, at, &mut buf)?;
-            e.origin_write_now(&buf, block * e.block_bytes + at)?;
+            e.cache.cache_read(shadow.slot, at, &mut buf)?;
+            e.cache
+                .origin_write_now(&buf, block * e.cache.block_bytes + at)?;
         }
     }
     if shadows.is_empty() {
@@ -266,13 +272,13 @@ fn write_back_shadows(e: &Engine, g: u64) -> EngineResult<usize> {
     }
     // Written only once the origin has them for good, as blocks are
     // marked clean (run.rs): the group's `Done` drops them.
-    e.origins.flush_since(&e.stats, &epochs)?;
-    let mut m = e.meta.lock();
+    e.cache.origins.flush_since(&e.cache.stats, &epochs)?;
+    let mut m = e.cache.meta.lock();
     for &(block, _) in &shadows {
         m.shadow_written(g, block);
     }
     drop(m);
-    bump(&e.stats.shadows_written_back, shadows.len() as u64);
+    bump(&e.cache.stats.shadows_written_back, shadows.len() as u64);
     Ok(shadows.len())
 }
 
@@ -282,7 +288,7 @@ fn write_back_shadows(e: &Engine, g: u64) -> EngineResult<usize> {
 /// groups and are left for later, so it ends.
 fn write_back_groups(e: &Engine, progress: &mut dyn FnMut(u64, u64)) -> EngineResult<()> {
     close_group(e);
-    let target = e.meta.open_group();
+    let target = e.cache.meta.open_group();
     write_back_groups_below(e, target, progress)
 }
 
@@ -291,12 +297,12 @@ fn write_back_groups_below(
     target: u64,
     progress: &mut dyn FnMut(u64, u64),
 ) -> EngineResult<()> {
-    let left = || e.meta.writeback_left();
+    let left = || e.cache.meta.writeback_left();
     let total = left();
     progress(0, total);
     let mut stalled = 0;
     loop {
-        let pending = e.meta.closed_pending();
+        let pending = e.cache.meta.closed_pending();
         match pending {
             Some(g) if g < target => {}
             _ => break,

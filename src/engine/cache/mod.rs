@@ -1,0 +1,60 @@
+//! The cache part: one per cache device or cache set. It holds the table
+//! and its lock, the journal (checkpoints, superblock, crash log), the
+//! cache device's I/O, admission, where new data goes (placement), the
+//! counters and observations, and the origins it serves (`origin::Origins`,
+//! as Open CAS's cache holds its cores). The engine (`mod.rs`) holds a
+//! `Cache`, the writeback part and the writeback order.
+//!
+//! Its steps are `impl Cache` blocks in the files of the part whose state
+//! they change: device requests and failover in `io/`, the commit and
+//! checkpoints in `journal/commit.rs`, slots allocated, filled and evicted
+//! in `table/slots.rs`, the log's cleaner in `writeback/clean.rs`, the read
+//! path in `read.rs` and `pipeline.rs`. `bell.rs` is how it calls whoever
+//! cleans it.
+
+mod bell;
+
+pub(crate) use bell::Bell;
+
+use super::admission::Admission;
+use super::clock::Clock;
+use super::format::Regions;
+use super::io::Io;
+use super::journal::Journal;
+use super::observe::Observe;
+use super::origin::Origins;
+use super::placement::Placer;
+use super::stats::Stats;
+use super::table::lock::MetaLock;
+
+pub(crate) struct Cache {
+    /// The cache device, its error counts, the admission stop and
+    /// failover (io/).
+    pub(super) io: Io,
+    /// Where the journal and the data region are (the slot count and the
+    /// checkpoint areas grow with the cache device: the superblock's).
+    pub(super) regions: Regions,
+    pub(super) block_bytes: u64,
+    /// The table (table/), under its lock.
+    pub(super) meta: MetaLock,
+    /// The commit lock's state, completed operations, the crash log's
+    /// pressure (journal/).
+    pub(super) journal: Journal,
+    pub(super) admission: Admission,
+    /// Where new data goes on the cache device (fixed at create; one file
+    /// per placement in placement/).
+    pub(super) placement: &'static dyn Placer,
+    pub(super) stats: Stats,
+    /// The origin part (origin/), one per volume, attached to this cache:
+    /// the slow device, its geometry, block locks, writebacks in flight,
+    /// stale blocks, what its next flush covers. Volume `v`'s blocks are
+    /// keys `origin::address::base(v) / block_bytes ..` in the table.
+    pub(super) origins: Origins,
+    /// Time for every decision taken by time (clock.rs).
+    pub(super) clock: Clock,
+    /// Latency histograms, the heat map's accesses, the miss-ratio curves
+    /// (observe/): of every volume the cache serves.
+    pub(super) observe: Observe,
+    /// What the cache tells whoever cleans it (bell.rs).
+    pub(super) bell: Bell,
+}
