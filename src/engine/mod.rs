@@ -5,10 +5,11 @@
 //! exports (its fields are private to its folder):
 //!
 //! - `cache/`: the `Cache`, one per cache device or cache set, which holds
-//!   the parts below (all but writeback) and the origins it serves; its
-//!   steps are `impl Cache` blocks beside the state they change (`io/`,
-//!   `journal/commit.rs`, `table/slots.rs`, `writeback/clean.rs`, the read
-//!   path). `Engine` holds a `Cache`, the writeback part and the order.
+//!   the parts below and the origins it serves; its steps are `impl Cache`
+//!   blocks beside the state they change (`io/`, `journal/commit.rs`,
+//!   `table/slots.rs`, `writeback/`, the read path, the write routes).
+//!   `Engine` is the facade over one `Cache`: the public API, each a check
+//!   and a call.
 //! - `table/`: the mappings, sector maps, free slots and records not yet
 //!   journalled, under the metadata lock (`Meta`); slots allocated,
 //!   evicted and filled (`table/slots.rs`).
@@ -78,7 +79,7 @@ pub mod table;
 pub mod write;
 pub mod writeback;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
 use crate::device::{AlignedBuf, DeviceRef};
@@ -96,7 +97,7 @@ use policy::PolicyKind;
 pub use request::{Fast, Request};
 pub use status::{CrashLogStatus, Observations, Status, VolumeStatus};
 
-pub type FailoverHook = Box<dyn Fn() + Send + Sync>;
+pub use io::FailoverHook;
 
 /// Rounds of write back and drop a volume removed while served gets before
 /// the removal gives up (`Engine::drain_volume`): a block stays only while
@@ -105,15 +106,9 @@ const DRAIN_ROUNDS: usize = 200;
 
 pub struct Engine {
     /// The cache part (cache/): the table, the journal, the cache
-    /// device's I/O, admission, placement and the counters.
+    /// device's I/O, admission, placement, writeback and its order, the
+    /// counters and the origins it serves.
     cache: cache::Cache,
-    /// The writeback part (writeback/): the background thread, its
-    /// settings and cursors, writes waiting for a slot.
-    writeback: writeback::Writeback,
-    closed: AtomicBool,
-    /// The order dirty data reaches the origin in (fixed at create; one
-    /// file per order in writeback/order/).
-    order: &'static dyn writeback::order::Order,
 }
 
 impl Engine {
@@ -250,8 +245,10 @@ impl Engine {
         progress: &mut dyn FnMut(u64, u64),
     ) -> EngineResult<()> {
         match volume {
-            None => self.write_back_all(progress),
-            Some(name) => self.write_back_volume(self.volume_index(name)?, progress),
+            None => self.cache.write_back_all(progress),
+            Some(name) => self
+                .cache
+                .write_back_volume(self.volume_index(name)?, progress),
         }
     }
 
@@ -264,7 +261,7 @@ impl Engine {
         progress: &mut dyn FnMut(u64, u64),
     ) -> EngineResult<()> {
         let v = volume.map_or(Ok(0), |name| self.volume_index(name))?;
-        self.warm_volume(v, offset, len, progress)
+        self.cache.warm_volume(v, offset, len, progress)
     }
 
     /// By a volume's name: `None` is every volume (`set_mode`), else
@@ -314,7 +311,7 @@ impl Engine {
     /// crash leaves the old size, and the next open is told again
     /// (`serve --origin-grew`) or `resize` run once more.
     pub fn grow_volume(&self, v: usize) -> EngineResult<(u64, u64)> {
-        self.check_open()?;
+        self.cache.check_open()?;
         let origin = self
             .cache
             .origins
@@ -353,7 +350,7 @@ impl Engine {
     /// follow. A cache set does not grow (`replace-cache` swaps its
     /// members). Returns the slots before and after.
     pub fn grow_cache(&self) -> EngineResult<(u64, u64)> {
-        self.check_open()?;
+        self.cache.check_open()?;
         let cache = self.cache.io.cache().clone();
         let refuse = |why: String| Err(EngineError::Config(why));
         if cache.members().is_some() || self.cache.failed_over() {
@@ -396,7 +393,7 @@ impl Engine {
     /// few times over before the grow is refused.
     fn checkpoint_grown_after_groups(&self, device_bytes: u64) -> EngineResult<(u64, u64)> {
         for _ in 0..3 {
-            self.order.write_back_closed(self)?;
+            self.cache.order.write_back_closed(&self.cache)?;
             if let Some(grown) = self.cache.checkpoint_grown(device_bytes)? {
                 return Ok(grown);
             }
@@ -424,7 +421,7 @@ impl Engine {
         origin: DeviceRef,
         mode: Option<Mode>,
     ) -> EngineResult<usize> {
-        self.check_open()?;
+        self.cache.check_open()?;
         let blocks = origin.size_bytes() / self.cache.block_bytes;
         let device = origin.clone();
         // The cache's mode, read from the superblock under the commit lock.
@@ -466,18 +463,18 @@ impl Engine {
     /// The engine is closed after, whatever the outcome; the next open is
     /// given the origins left.
     pub fn remove_volume(&self, v: usize, progress: &mut dyn FnMut(u64, u64)) -> EngineResult<()> {
-        self.check_open()?;
+        self.cache.check_open()?;
         let origin = self
             .cache
             .origins
             .get(v)
             .ok_or_else(|| self.cache.no_volume(v))?;
         self.removable(origin)?;
-        self.write_back_volume(v, progress)?;
-        self.order.check_written_back(self)?;
+        self.cache.write_back_volume(v, progress)?;
+        self.cache.order.check_written_back(&self.cache)?;
         self.cache.drop_volume_blocks(v)?;
         writeback::stop_background(self);
-        self.closed.store(true, Ordering::Release);
+        self.cache.closed.store(true, Ordering::Release);
         let removed = self.cache.checkpoint_without_volume(v);
         if removed.is_ok() {
             self.remove_crash_log();
@@ -505,14 +502,14 @@ impl Engine {
         v: usize,
         progress: &mut dyn FnMut(u64, u64),
     ) -> EngineResult<()> {
-        self.check_open()?;
+        self.cache.check_open()?;
         let origin = self
             .cache
             .origins
             .get(v)
             .ok_or_else(|| self.cache.no_volume(v))?;
         self.removable(origin)?;
-        self.order.removes_served()?;
+        self.cache.order.removes_served()?;
         self.claim_removal(origin)?;
         if let Err(e) = self.drain_volume(v, progress) {
             self.cache.meta.unseal_volume(v);
@@ -568,7 +565,7 @@ impl Engine {
                 .to_string()
         };
         for _ in 0..DRAIN_ROUNDS {
-            self.write_back_volume(v, progress)?;
+            self.cache.write_back_volume(v, progress)?;
             if self.cache.drop_volume_blocks_served(v)? == 0 {
                 return self.cache.commit();
             }
@@ -670,7 +667,7 @@ impl Engine {
         let cache = &self.cache;
         let stopped = cache.io.admission_stopped();
         let limit = cache.io.cache_error_limit();
-        let writeback = self.writeback.settings();
+        let writeback = self.cache.writeback.settings();
         let stale = cache.stale_ranges();
         let stale_blocks = stale.iter().map(|(_, n)| n).sum();
         // Before the metadata lock: a device's health takes its own lock.
@@ -702,11 +699,12 @@ impl Engine {
             admission_settings: cache.admission.settings(),
             mrc: cache.observe.mrc(),
             guard_engaged: cache.admission.guard_engaged(),
-            state: ["running", "closed"][usize::from(self.closed.load(Ordering::Acquire))].into(),
+            state: ["running", "closed"][usize::from(self.cache.closed.load(Ordering::Acquire))]
+                .into(),
             mode: self.mode(),
             policy: m.policy_kind().name().into(),
             placement: cache.placement.setting(),
-            writeback_order: self.order.setting(),
+            writeback_order: self.cache.order.setting(),
             flush_groups: m.groups().map(|g| g.counts()),
             free_segments: m.pools().all_segments().map(|s| s.whole() as u64).sum(),
             scattered_slots: m.pools().all_segments().map(|s| s.scattered).sum(),
@@ -872,7 +870,7 @@ impl Engine {
         new: DeviceRef,
         progress: &mut dyn FnMut(u64, u64),
     ) -> EngineResult<()> {
-        self.check_open()?;
+        self.cache.check_open()?;
         self.cache.replace_member(member, new, progress)
     }
 
@@ -881,8 +879,140 @@ impl Engine {
     /// fails over to the origin. Returns how many blocks were lost
     /// (io/failure.rs).
     pub fn give_up_cache(&self) -> EngineResult<u64> {
-        self.check_open()?;
+        self.cache.check_open()?;
         self.cache.give_up()
+    }
+
+    /// Reads `len` bytes at `offset`.
+    /// (`Cache::read`, pipeline.rs)
+    pub fn read(&self, offset: u64, len: u64) -> EngineResult<AlignedBuf> {
+        self.cache.read(offset, len)
+    }
+
+    /// Copies a range into the cache (NBD_CMD_CACHE); returns nothing.
+    /// (`Cache::prefetch`, pipeline.rs)
+    pub fn prefetch(&self, offset: u64, len: u64) -> EngineResult<()> {
+        self.cache.prefetch(offset, len)
+    }
+
+    /// `warm` of `len` bytes at `offset` of volume `v`.
+    /// (`Cache::warm_volume`, pipeline.rs)
+    pub fn warm_volume(
+        &self,
+        v: usize,
+        offset: u64,
+        len: u64,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> EngineResult<()> {
+        self.cache.warm_volume(v, offset, len, progress)
+    }
+
+    /// Promotes `len` bytes at `offset` into the cache ahead of use (see
+    /// `ReadKind::Warm`), in requests of `WARM_CHUNK_BYTES` so that block
+    /// locks are held briefly; `progress` gets (bytes done, bytes to do).
+    /// (`Cache::warm`, pipeline.rs)
+    pub fn warm(
+        &self,
+        offset: u64,
+        len: u64,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> EngineResult<()> {
+        self.cache.warm(offset, len, progress)
+    }
+
+    /// The read, done on the caller's thread, if every block it touches is
+    /// unlocked and holds the requested sectors: one cache device read per
+    /// run of adjacent slots, never an origin read or a wait for another
+    /// request.
+    /// (`Cache::try_read_hits`, pipeline.rs)
+    pub fn try_read_hits(&self, offset: u64, len: u64) -> Fast<AlignedBuf> {
+        self.cache.try_read_hits(offset, len)
+    }
+
+    /// Writes `data` at `offset`; with `fua`, durable on return.
+    /// (`Cache::write`, pipeline.rs)
+    pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> EngineResult<()> {
+        self.cache.write(offset, data, fua)
+    }
+
+    /// Finishes a write a fast path handed on (`try_write_cached`), or
+    /// starts one; `data` is the request's.
+    /// (`Cache::write_request`, pipeline.rs)
+    pub fn write_request(&self, req: Request, data: &[u8]) -> EngineResult<()> {
+        self.cache.write_request(req, data)
+    }
+
+    /// The write, done on the caller's thread, if it goes into the cache,
+    /// every block it touches is unlocked, and it needs no origin I/O and no
+    /// commit: segments that are all dirty or empty sectors of adjacent
+    /// slots are written in place with one cache write; whole blocks, and
+    /// parts of blocks not cached, otherwise go to new slots while free
+    /// slots are plentiful and admission lets them in (the background keeps
+    /// a reserve, so no eviction or commit is needed).
+    /// (`Cache::try_write_cached`, pipeline.rs)
+    pub fn try_write_cached(&self, offset: u64, data: &[u8], fua: bool) -> Fast<()> {
+        self.cache.try_write_cached(offset, data, fua)
+    }
+
+    /// Writes zeroes over a range.
+    /// (`Cache::write_zeroes`, write.rs)
+    pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> EngineResult<()> {
+        self.cache.write_zeroes(offset, len, fua)
+    }
+
+    /// Discards a range: cached copies of whole blocks in it are dropped
+    /// (dirty ones too: their contents no longer matter) and the origin is
+    /// told.
+    /// (`Cache::trim`, write.rs)
+    pub fn trim(&self, offset: u64, len: u64, fua: bool) -> EngineResult<()> {
+        self.cache.trim(offset, len, fua)
+    }
+
+    /// Makes every completed write durable (NBD FLUSH): a commit.
+    /// (`Cache::flush`, write.rs)
+    pub fn flush(&self) -> EngineResult<()> {
+        self.cache.flush()
+    }
+
+    /// `flush` for the clients of volume `v`.
+    /// (`Cache::flush_volume`, write.rs)
+    pub fn flush_volume(&self, v: usize) -> EngineResult<()> {
+        self.cache.flush_volume(v)
+    }
+
+    /// One round of background work: the curve split of the cache when
+    /// due (origin/shares.rs), writeback batches until nothing is due (at
+    /// most 64), the free-slot reserve, a commit when one is due, and
+    /// giving back the crash log's durable pages.
+    /// (`Cache::background_tick`, writeback/run.rs)
+    pub fn background_tick(&self) {
+        self.cache.background_tick()
+    }
+
+    /// One batch of background writeback: keeps the free-slot reserve,
+    /// then writes back what the watermarks, ages and idle time call for
+    /// now, as the writeback order takes it (`Order::background_step`).
+    /// (`Cache::writeback_step`, writeback/run.rs)
+    pub fn writeback_step(&self) -> EngineResult<usize> {
+        self.cache.writeback_step()
+    }
+
+    /// Writes back every block dirty when it is called (and, when the mode
+    /// holds no dirty data, until none is left), then commits.
+    /// (`Cache::write_back_all`, writeback/run.rs)
+    pub fn write_back_all(&self, progress: &mut dyn FnMut(u64, u64)) -> EngineResult<()> {
+        self.cache.write_back_all(progress)
+    }
+
+    /// `write_back_all` for volume `v` alone (`Engine::volume_index` finds
+    /// it by name): the other volumes' dirty blocks stay.
+    /// (`Cache::write_back_volume`, writeback/run.rs)
+    pub fn write_back_volume(
+        &self,
+        v: usize,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> EngineResult<()> {
+        self.cache.write_back_volume(v, progress)
     }
 
     /// Gives the pages of crash-log records that commits made durable back
@@ -922,7 +1052,7 @@ impl Engine {
     /// lone volume and where the volumes' minimums would add up past the
     /// whole cache.
     pub fn set_share(&self, v: usize, share: Share) -> EngineResult<()> {
-        self.check_open()?;
+        self.cache.check_open()?;
         let origin = self
             .cache
             .origins
@@ -970,7 +1100,7 @@ impl Engine {
     /// The volumes share the cache as `sharing` from now on (recorded in
     /// the superblock first). Refused for a lone volume.
     pub fn set_sharing(&self, sharing: Sharing) -> EngineResult<()> {
-        self.check_open()?;
+        self.cache.check_open()?;
         if self.cache.origins.len() < 2 {
             return Err(EngineError::Config(
                 "a cache of one volume shares with nobody: sharing needs several origins".into(),
@@ -1010,7 +1140,7 @@ impl Engine {
 
     /// `set_mode` (`v` `None`) or `set_volume_mode`.
     fn switch_mode(&self, v: Option<usize>, mode: Mode) -> EngineResult<()> {
-        self.check_open()?;
+        self.cache.check_open()?;
         if self.cache.failed_over() {
             return Err(EngineError::Config(
                 "the cache failed over to the origin after a cache device failure; reopen it (restart the daemon) first".into(),
@@ -1045,8 +1175,8 @@ impl Engine {
         // write back writes back the ones there are.
         let old: Vec<Mode> = targets.iter().map(|o| o.swap_mode(mode)).collect();
         let written = match v {
-            None => self.write_back_all(&mut |_, _| {}),
-            Some(v) => self.write_back_volume(v, &mut |_, _| {}),
+            None => self.cache.write_back_all(&mut |_, _| {}),
+            Some(v) => self.cache.write_back_volume(v, &mut |_, _| {}),
         };
         let persisted = written.and_then(|()| self.cache.update_superblock(on_disk));
         if persisted.is_err() {
@@ -1070,7 +1200,7 @@ impl Engine {
     /// Switches the replacement policy on a live cache; persisted in the
     /// superblock. The new policy starts from the old one's order.
     pub fn set_policy(&self, kind: PolicyKind) -> EngineResult<()> {
-        self.check_open()?;
+        self.cache.check_open()?;
         self.cache.update_superblock_then(
             |sb| sb.policy.set(kind.to_u32()),
             || self.cache.meta.set_policy(kind),
@@ -1088,7 +1218,7 @@ impl Engine {
                 sb.writeback_max_age_secs.set(w.max_age_secs);
                 sb.writeback_idle_secs.set(w.idle_secs);
             },
-            || self.writeback.set_settings(w),
+            || self.cache.writeback.set_settings(w),
         )
     }
 
@@ -1096,19 +1226,11 @@ impl Engine {
         self.cache.journal.allow_data_loss()
     }
 
-    pub(crate) fn check_open(&self) -> EngineResult<()> {
-        if self.closed.load(Ordering::Acquire) {
-            Err(EngineError::ShutDown)
-        } else {
-            Ok(())
-        }
-    }
-
     /// Clean shutdown: stops background work, commits, writes a checkpoint
     /// and marks the cache clean, so it opens warm without replay; then
     /// closes the origin (`BlockDevice::close`).
     pub fn close(&self) -> EngineResult<()> {
-        if self.closed.swap(true, Ordering::AcqRel) {
+        if self.cache.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
         let result = self.close_cache();
@@ -1128,7 +1250,7 @@ impl Engine {
         // write them back first. If the origin cannot take them, the
         // checkpoint waits and the journal keeps their order for the next
         // open.
-        if let Err(e) = self.order.write_back_closed(self) {
+        if let Err(e) = self.cache.order.write_back_closed(&self.cache) {
             log::warn!("closing: the closed flush groups could not be written back: {e}");
         }
         // The checkpoint commits everything first (commit_locked).
@@ -1177,7 +1299,7 @@ impl Engine {
     /// engine's background thread must not keep writing to devices that a
     /// new engine has opened.
     pub fn abandon(&self) {
-        self.closed.store(true, Ordering::Release);
+        self.cache.closed.store(true, Ordering::Release);
         writeback::stop_background(self);
         // The dead process's log stays as it was, unlocked for the next.
         let log = self.cache.meta.take_crash_log();
@@ -1187,13 +1309,13 @@ impl Engine {
     /// Writes back all dirty data, then dissolves the cache: afterwards the
     /// origin alone holds all data and the cache device holds no cache.
     pub fn detach(&self) -> EngineResult<()> {
-        self.check_open()?;
+        self.cache.check_open()?;
         let old = self.cache.swap_mode(Mode::Passthrough);
-        if let Err(e) = self.write_back_all(&mut |_, _| {}) {
+        if let Err(e) = self.cache.write_back_all(&mut |_, _| {}) {
             self.restore_modes(old);
             return Err(e);
         }
-        self.closed.store(true, Ordering::Release);
+        self.cache.closed.store(true, Ordering::Release);
         writeback::stop_background(self);
         self.cache.stop_resync();
         if self.dirty_blocks() != 0 {
@@ -1245,5 +1367,15 @@ impl Cache {
 
     pub(crate) fn now_ms(&self) -> u64 {
         self.clock.now_ms()
+    }
+}
+
+impl Cache {
+    pub(crate) fn check_open(&self) -> EngineResult<()> {
+        if self.closed.load(Ordering::Acquire) {
+            Err(EngineError::ShutDown)
+        } else {
+            Ok(())
+        }
     }
 }

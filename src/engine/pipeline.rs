@@ -16,275 +16,13 @@ use super::origin::address::{offset_in_volume, volume_of};
 use super::request::{adjacent_slots, Cached, Fast, Plan, ReadKind, Request, Segment};
 use super::stats::bump;
 use super::EngineError;
-use super::{Engine, EngineResult, Mode};
+use super::{EngineResult, Mode};
 use crate::device::AlignedBuf;
 use crate::engine::cache::Cache;
 use crate::volume::{pieces, PREFETCH_PIECE_BYTES};
 
 /// Largest request `warm` makes.
 const WARM_CHUNK_BYTES: u64 = 1 << 20;
-
-impl Engine {
-    /// A client request of `len` bytes at `offset`: the engine is open and
-    /// the range valid.
-    pub(crate) fn request(
-        &self,
-        offset: u64,
-        len: u64,
-        write: bool,
-        fua: bool,
-        kind: ReadKind,
-    ) -> EngineResult<Request> {
-        self.check_open()?;
-        let segs = self.cache.segments(offset, len, write)?;
-        if !write {
-            self.cache.origins.at(offset).refuse_stale(offset, len)?;
-        }
-        Ok(Request {
-            offset,
-            len,
-            segs,
-            write,
-            fua,
-            kind,
-            plan: None,
-            policy_told: false,
-        })
-    }
-}
-
-impl Engine {
-    /// Reads `len` bytes at `offset`.
-    pub fn read(&self, offset: u64, len: u64) -> EngineResult<AlignedBuf> {
-        let req = self.request(offset, len, false, false, ReadKind::Client)?;
-        self.cache.read_request(req)
-    }
-
-    /// Copies a range into the cache (NBD_CMD_CACHE); returns nothing. It
-    /// goes in pieces of `PREFETCH_PIECE_BYTES`, so it holds that much
-    /// memory whatever its length (read whole, two pipelined 1 GiB CACHE
-    /// requests took the daemon to 4.28 GB). It stops at the cache's
-    /// capacity, since more would evict its own first pieces, and at the
-    /// first piece whose plan lets nothing new in (passthrough, the
-    /// sequential cutoff, the guard, admission stopped): the rest would be
-    /// read from the origin only to be dropped.
-    pub fn prefetch(&self, offset: u64, len: u64) -> EngineResult<()> {
-        self.check_open()?;
-        self.cache.check_span(offset, len, false)?;
-        self.cache.origins.at(offset).refuse_stale(offset, len)?;
-        bump(&self.cache.stats.read_requests, 1);
-        let capacity_bytes = {
-            let m = self.cache.meta.lock();
-            self.cache.usable_slots(&m) * self.cache.block_bytes
-        };
-        let end = offset + len.min(capacity_bytes);
-        for (at, n) in pieces(offset, end, PREFETCH_PIECE_BYTES) {
-            let req = self.request(at, n, false, false, ReadKind::Prefetch)?;
-            let admitted = self
-                .cache
-                .read_planned(req, |plan| plan.promote && plan.admits())?;
-            if admitted.is_none() {
-                break;
-            }
-        }
-        Ok(())
-    }
-
-    /// `warm` of `len` bytes at `offset` of volume `v`.
-    pub fn warm_volume(
-        &self,
-        v: usize,
-        offset: u64,
-        len: u64,
-        progress: &mut dyn FnMut(u64, u64),
-    ) -> EngineResult<()> {
-        let origin = self
-            .cache
-            .origins
-            .get(v)
-            .ok_or_else(|| self.cache.no_volume(v))?;
-        let at = super::origin::address::in_volume(origin.base(), offset);
-        self.warm(at, len, progress)
-    }
-
-    /// Promotes `len` bytes at `offset` into the cache ahead of use (see
-    /// `ReadKind::Warm`), in requests of `WARM_CHUNK_BYTES` so that block
-    /// locks are held briefly; `progress` gets (bytes done, bytes to do).
-    /// A range past the volume's end is cut at the end.
-    pub fn warm(
-        &self,
-        offset: u64,
-        len: u64,
-        progress: &mut dyn FnMut(u64, u64),
-    ) -> EngineResult<()> {
-        let volume_end = self
-            .cache
-            .origins
-            .get(volume_of(offset))
-            .map_or(offset, |o| o.base() + o.bytes());
-        let end = offset.saturating_add(len).min(volume_end);
-        let total = end.saturating_sub(offset);
-        for (at, n) in pieces(offset, end, WARM_CHUNK_BYTES) {
-            let req = self.request(at, n, false, false, ReadKind::Warm)?;
-            self.cache.read_inner(req)?;
-            progress(at + n - offset, total);
-        }
-        Ok(())
-    }
-
-    /// The read, done on the caller's thread, if every block it touches is
-    /// unlocked and holds the requested sectors: one cache device read per
-    /// run of adjacent slots, never an origin read or a wait for another
-    /// request. Otherwise nothing is done and the request is handed on
-    /// (`read_request` finishes it). For the NBD server's async workers,
-    /// which must not block for long.
-    pub fn try_read_hits(&self, offset: u64, len: u64) -> Fast<AlignedBuf> {
-        let t = self.cache.clock.now_ns();
-        let mut req = match self.request(offset, len, false, false, ReadKind::Client) {
-            Ok(req) => req,
-            Err(e) => return Fast::Done(Err(e)),
-        };
-        let Some(r) = self.cache.try_read_hits_locked(&mut req) else {
-            return Fast::Pending(req);
-        };
-        self.cache
-            .observe
-            .latency
-            .request(Op::Read, true, self.cache.clock.since_ns(t));
-        Fast::Done(r)
-    }
-
-    /// Writes `data` at `offset`; with `fua`, durable on return.
-    pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> EngineResult<()> {
-        let req = self.request(offset, data.len() as u64, true, fua, ReadKind::Client)?;
-        self.write_request(req, data)
-    }
-
-    /// Finishes a write a fast path handed on (`try_write_cached`), or
-    /// starts one; `data` is the request's.
-    pub fn write_request(&self, req: Request, data: &[u8]) -> EngineResult<()> {
-        self.cache
-            .timed_request(Op::Write, || self.write_untimed(req, data))
-    }
-
-    fn write_untimed(&self, mut req: Request, data: &[u8]) -> EngineResult<()> {
-        bump(&self.cache.stats.write_requests, 1);
-        let (offset, len) = (req.offset, req.len);
-        if let Some((first, last)) = req.blocks() {
-            let mut to_origin;
-            loop {
-                let r = {
-                    let _guard = self
-                        .cache
-                        .origins
-                        .of_key(first)
-                        .locks()
-                        .lock_range(first, last);
-                    self.cache
-                        .origins
-                        .of_key(first)
-                        .flights()
-                        .touch(first, last);
-                    let plan = self.cache.resolve(&mut req);
-                    to_origin = !matches!(plan.route, WriteRoute::Cache);
-                    match plan.route {
-                        WriteRoute::Cache => {
-                            let cached = self.cache.lookup(&mut req, |_| true);
-                            self.write_cached_dirty_with(&req.segs, data, &cached, plan.admits())
-                        }
-                        WriteRoute::Through => {
-                            self.write_writethrough(req.offset, &req.segs, data, plan.admits())
-                        }
-                        WriteRoute::Around => self.write_around_cache(req.offset, &req.segs, data),
-                    }
-                };
-                match r {
-                    // Writeback in flush order: with no block lock held (a
-                    // writer waiting for the groups while holding blocks of
-                    // theirs could stop them for good), the closed groups
-                    // go to the origin; then the write again (rewriting
-                    // what it already stored is harmless).
-                    Err(EngineError::DrainFirst) => self.order.write_back_closed(self)?,
-                    r => break r?,
-                }
-            }
-            // Only data that reached the origin makes a stale block
-            // current: a write the cache took while it was being given up
-            // is dropped with the table.
-            if to_origin {
-                self.cache.origins.at(offset).heal_stale(offset, len);
-            }
-        }
-        if req.fua || self.cache.journal.pressed() {
-            self.cache.commit()?;
-        }
-        Ok(())
-    }
-
-    /// The write, done on the caller's thread, if it goes into the cache,
-    /// every block it touches is unlocked, and it needs no origin I/O and no
-    /// commit: segments that are all dirty or empty sectors of adjacent
-    /// slots are written in place with one cache write; whole blocks, and
-    /// parts of blocks not cached, otherwise go to new slots while free
-    /// slots are plentiful and admission lets them in (the background keeps
-    /// a reserve, so no eviction or commit is needed). Otherwise, and for
-    /// FUA, nothing is done and the request is handed on (`write_request`
-    /// finishes it).
-    pub fn try_write_cached(&self, offset: u64, data: &[u8], fua: bool) -> Fast<()> {
-        let t = self.cache.clock.now_ns();
-        let mut req = match self.request(offset, data.len() as u64, true, fua, ReadKind::Client) {
-            Ok(req) => req,
-            Err(e) => return Fast::Done(Err(e)),
-        };
-        let r = match self.try_write_cached_locked(&mut req, data) {
-            // The slow path writes the closed groups back without locks.
-            None | Some(Err(EngineError::DrainFirst)) => return Fast::Pending(req),
-            Some(r) => r,
-        };
-        self.cache
-            .observe
-            .latency
-            .request(Op::Write, true, self.cache.clock.since_ns(t));
-        Fast::Done(r)
-    }
-
-    fn try_write_cached_locked(&self, req: &mut Request, data: &[u8]) -> Option<EngineResult<()>> {
-        if req.fua || self.cache.journal.pressed() {
-            return None;
-        }
-        let (first, last) = req.blocks()?;
-        if !req.segs.iter().all(|s| self.cache.cacheable(s.block)) {
-            return None;
-        }
-        let _guard = self
-            .cache
-            .origins
-            .of_key(first)
-            .locks()
-            .try_lock_range(first, last)?;
-        let plan = self.cache.resolve(req);
-        if plan.route != WriteRoute::Cache {
-            return None;
-        }
-        let cached = self.cache.lookup(req, |_| true);
-        let whole = req.segs.iter().filter(|s| self.cache.full_block(s)).count();
-        let in_place = adjacent_slots(&cached, |h| h.writable) == req.segs.len()
-            && self
-                .cache
-                .placement
-                .overwrites_in_place(whole, plan.admits());
-        if !(in_place || (plan.admits() && self.cache.fits_new_slots(&req.segs, &cached))) {
-            return None;
-        }
-        bump(&self.cache.stats.write_requests, 1);
-        self.cache
-            .origins
-            .of_key(first)
-            .flights()
-            .touch(first, last);
-        Some(self.write_cached_dirty_with(&req.segs, data, &cached, plan.admits()))
-    }
-}
 
 impl Cache {
     /// Validates a request and splits it into per-block segments.
@@ -527,5 +265,238 @@ impl Cache {
                 let m = self.meta.lock();
                 m.free_slots() >= segs.len() + self.low_free_slots(&m)
             }
+    }
+}
+
+impl Cache {
+    /// A client request of `len` bytes at `offset`: the engine is open and
+    /// the range valid.
+    pub(crate) fn request(
+        &self,
+        offset: u64,
+        len: u64,
+        write: bool,
+        fua: bool,
+        kind: ReadKind,
+    ) -> EngineResult<Request> {
+        self.check_open()?;
+        let segs = self.segments(offset, len, write)?;
+        if !write {
+            self.origins.at(offset).refuse_stale(offset, len)?;
+        }
+        Ok(Request {
+            offset,
+            len,
+            segs,
+            write,
+            fua,
+            kind,
+            plan: None,
+            policy_told: false,
+        })
+    }
+
+    /// Reads `len` bytes at `offset`.
+    pub fn read(&self, offset: u64, len: u64) -> EngineResult<AlignedBuf> {
+        let req = self.request(offset, len, false, false, ReadKind::Client)?;
+        self.read_request(req)
+    }
+
+    /// Copies a range into the cache (NBD_CMD_CACHE); returns nothing. It
+    /// goes in pieces of `PREFETCH_PIECE_BYTES`, so it holds that much
+    /// memory whatever its length (read whole, two pipelined 1 GiB CACHE
+    /// requests took the daemon to 4.28 GB). It stops at the cache's
+    /// capacity, since more would evict its own first pieces, and at the
+    /// first piece whose plan lets nothing new in (passthrough, the
+    /// sequential cutoff, the guard, admission stopped): the rest would be
+    /// read from the origin only to be dropped.
+    pub fn prefetch(&self, offset: u64, len: u64) -> EngineResult<()> {
+        self.check_open()?;
+        self.check_span(offset, len, false)?;
+        self.origins.at(offset).refuse_stale(offset, len)?;
+        bump(&self.stats.read_requests, 1);
+        let capacity_bytes = {
+            let m = self.meta.lock();
+            self.usable_slots(&m) * self.block_bytes
+        };
+        let end = offset + len.min(capacity_bytes);
+        for (at, n) in pieces(offset, end, PREFETCH_PIECE_BYTES) {
+            let req = self.request(at, n, false, false, ReadKind::Prefetch)?;
+            let admitted = self.read_planned(req, |plan| plan.promote && plan.admits())?;
+            if admitted.is_none() {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// `warm` of `len` bytes at `offset` of volume `v`.
+    pub fn warm_volume(
+        &self,
+        v: usize,
+        offset: u64,
+        len: u64,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> EngineResult<()> {
+        let origin = self.origins.get(v).ok_or_else(|| self.no_volume(v))?;
+        let at = super::origin::address::in_volume(origin.base(), offset);
+        self.warm(at, len, progress)
+    }
+
+    /// Promotes `len` bytes at `offset` into the cache ahead of use (see
+    /// `ReadKind::Warm`), in requests of `WARM_CHUNK_BYTES` so that block
+    /// locks are held briefly; `progress` gets (bytes done, bytes to do).
+    /// A range past the volume's end is cut at the end.
+    pub fn warm(
+        &self,
+        offset: u64,
+        len: u64,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> EngineResult<()> {
+        let volume_end = self
+            .origins
+            .get(volume_of(offset))
+            .map_or(offset, |o| o.base() + o.bytes());
+        let end = offset.saturating_add(len).min(volume_end);
+        let total = end.saturating_sub(offset);
+        for (at, n) in pieces(offset, end, WARM_CHUNK_BYTES) {
+            let req = self.request(at, n, false, false, ReadKind::Warm)?;
+            self.read_inner(req)?;
+            progress(at + n - offset, total);
+        }
+        Ok(())
+    }
+
+    /// The read, done on the caller's thread, if every block it touches is
+    /// unlocked and holds the requested sectors: one cache device read per
+    /// run of adjacent slots, never an origin read or a wait for another
+    /// request. Otherwise nothing is done and the request is handed on
+    /// (`read_request` finishes it). For the NBD server's async workers,
+    /// which must not block for long.
+    pub fn try_read_hits(&self, offset: u64, len: u64) -> Fast<AlignedBuf> {
+        let t = self.clock.now_ns();
+        let mut req = match self.request(offset, len, false, false, ReadKind::Client) {
+            Ok(req) => req,
+            Err(e) => return Fast::Done(Err(e)),
+        };
+        let Some(r) = self.try_read_hits_locked(&mut req) else {
+            return Fast::Pending(req);
+        };
+        self.observe
+            .latency
+            .request(Op::Read, true, self.clock.since_ns(t));
+        Fast::Done(r)
+    }
+
+    /// Writes `data` at `offset`; with `fua`, durable on return.
+    pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> EngineResult<()> {
+        let req = self.request(offset, data.len() as u64, true, fua, ReadKind::Client)?;
+        self.write_request(req, data)
+    }
+
+    /// Finishes a write a fast path handed on (`try_write_cached`), or
+    /// starts one; `data` is the request's.
+    pub fn write_request(&self, req: Request, data: &[u8]) -> EngineResult<()> {
+        self.timed_request(Op::Write, || self.write_untimed(req, data))
+    }
+
+    fn write_untimed(&self, mut req: Request, data: &[u8]) -> EngineResult<()> {
+        bump(&self.stats.write_requests, 1);
+        let (offset, len) = (req.offset, req.len);
+        if let Some((first, last)) = req.blocks() {
+            let mut to_origin;
+            loop {
+                let r = {
+                    let _guard = self.origins.of_key(first).locks().lock_range(first, last);
+                    self.origins.of_key(first).flights().touch(first, last);
+                    let plan = self.resolve(&mut req);
+                    to_origin = !matches!(plan.route, WriteRoute::Cache);
+                    match plan.route {
+                        WriteRoute::Cache => {
+                            let cached = self.lookup(&mut req, |_| true);
+                            self.write_cached_dirty_with(&req.segs, data, &cached, plan.admits())
+                        }
+                        WriteRoute::Through => {
+                            self.write_writethrough(req.offset, &req.segs, data, plan.admits())
+                        }
+                        WriteRoute::Around => self.write_around_cache(req.offset, &req.segs, data),
+                    }
+                };
+                match r {
+                    // Writeback in flush order: with no block lock held (a
+                    // writer waiting for the groups while holding blocks of
+                    // theirs could stop them for good), the closed groups
+                    // go to the origin; then the write again (rewriting
+                    // what it already stored is harmless).
+                    Err(EngineError::DrainFirst) => self.order.write_back_closed(self)?,
+                    r => break r?,
+                }
+            }
+            // Only data that reached the origin makes a stale block
+            // current: a write the cache took while it was being given up
+            // is dropped with the table.
+            if to_origin {
+                self.origins.at(offset).heal_stale(offset, len);
+            }
+        }
+        if req.fua || self.journal.pressed() {
+            self.commit()?;
+        }
+        Ok(())
+    }
+
+    /// The write, done on the caller's thread, if it goes into the cache,
+    /// every block it touches is unlocked, and it needs no origin I/O and no
+    /// commit: segments that are all dirty or empty sectors of adjacent
+    /// slots are written in place with one cache write; whole blocks, and
+    /// parts of blocks not cached, otherwise go to new slots while free
+    /// slots are plentiful and admission lets them in (the background keeps
+    /// a reserve, so no eviction or commit is needed). Otherwise, and for
+    /// FUA, nothing is done and the request is handed on (`write_request`
+    /// finishes it).
+    pub fn try_write_cached(&self, offset: u64, data: &[u8], fua: bool) -> Fast<()> {
+        let t = self.clock.now_ns();
+        let mut req = match self.request(offset, data.len() as u64, true, fua, ReadKind::Client) {
+            Ok(req) => req,
+            Err(e) => return Fast::Done(Err(e)),
+        };
+        let r = match self.try_write_cached_locked(&mut req, data) {
+            // The slow path writes the closed groups back without locks.
+            None | Some(Err(EngineError::DrainFirst)) => return Fast::Pending(req),
+            Some(r) => r,
+        };
+        self.observe
+            .latency
+            .request(Op::Write, true, self.clock.since_ns(t));
+        Fast::Done(r)
+    }
+
+    fn try_write_cached_locked(&self, req: &mut Request, data: &[u8]) -> Option<EngineResult<()>> {
+        if req.fua || self.journal.pressed() {
+            return None;
+        }
+        let (first, last) = req.blocks()?;
+        if !req.segs.iter().all(|s| self.cacheable(s.block)) {
+            return None;
+        }
+        let _guard = self
+            .origins
+            .of_key(first)
+            .locks()
+            .try_lock_range(first, last)?;
+        let plan = self.resolve(req);
+        if plan.route != WriteRoute::Cache {
+            return None;
+        }
+        let cached = self.lookup(req, |_| true);
+        let whole = req.segs.iter().filter(|s| self.full_block(s)).count();
+        let in_place = adjacent_slots(&cached, |h| h.writable) == req.segs.len()
+            && self.placement.overwrites_in_place(whole, plan.admits());
+        if !(in_place || (plan.admits() && self.fits_new_slots(&req.segs, &cached))) {
+            return None;
+        }
+        bump(&self.stats.write_requests, 1);
+        self.origins.of_key(first).flights().touch(first, last);
+        Some(self.write_cached_dirty_with(&req.segs, data, &cached, plan.admits()))
     }
 }

@@ -787,10 +787,10 @@ pub(crate) fn open(
     note_recovery(cache.name(), &loaded, clean);
     let journal_end_seq = loaded.journal_end_seq;
     let engine = build_engine(cache, origins, sb, loaded, opts.clock.clone());
-    if engine.order.older_groups_pending(&engine) {
+    if engine.cache.order.older_groups_pending(&engine.cache) {
         // The restart's checkpoint keeps no closed flush group: write them
         // back first (usually seconds of writes).
-        if let Err(e) = engine.order.write_back_closed(&engine) {
+        if let Err(e) = engine.cache.order.write_back_closed(&engine.cache) {
             log::warn!(
                 "{}: the flush groups closed before the crash could not be written back ({e}); \
                  their order is kept only until the next crash",
@@ -995,14 +995,14 @@ fn build_engine(
             clock,
             bell: super::cache::Bell::default(),
             observe: super::observe::Observe::new(layout.slot_count, &keys),
+            writeback: super::writeback::Writeback::new(sb.writeback()),
+            order: super::writeback::order::of(if sb.flags.get() & SB_FLAG_FLUSH_ORDER != 0 {
+                WritebackOrder::Flush
+            } else {
+                WritebackOrder::Address
+            }),
+            closed: AtomicBool::new(false),
         },
-        writeback: super::writeback::Writeback::new(sb.writeback()),
-        order: super::writeback::order::of(if sb.flags.get() & SB_FLAG_FLUSH_ORDER != 0 {
-            WritebackOrder::Flush
-        } else {
-            WritebackOrder::Address
-        }),
-        closed: AtomicBool::new(false),
     }
 }
 
@@ -1109,9 +1109,7 @@ pub(crate) fn open_read_only(
     }
     let sb = checks::take_sizes(loaded.sb, &origins, false)?;
     let engine = build_engine(cache, origins, sb, loaded, opts.clock.clone());
-    engine
-        .closed
-        .store(true, std::sync::atomic::Ordering::Release);
+    (engine.cache.closed).store(true, std::sync::atomic::Ordering::Release);
     engine
         .cache
         .stats

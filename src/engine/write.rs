@@ -5,23 +5,31 @@ use super::format::Record;
 use super::observe::latency::Op;
 use super::request::Segment;
 use super::stats::bump;
-use super::{Engine, EngineResult};
+use super::EngineResult;
 use crate::device::AlignedBuf;
 use crate::engine::cache::Cache;
 use crate::volume::{pieces, EFFECT_PIECE_BYTES};
 
-impl Engine {
+impl Cache {
+    pub(crate) fn count_write_hits(&self, segs: &[Segment]) {
+        let hits = self.meta.count_cached(segs.iter().map(|s| s.block));
+        bump(&self.stats.write_hits, hits);
+        bump(&self.stats.write_misses, segs.len() as u64 - hits);
+    }
+}
+
+impl Cache {
     /// Writes zeroes over a range.
     pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> EngineResult<()> {
-        self.cache.check_span(offset, len, true)?;
-        let chunk_bytes = (1u64 << 20).max(self.cache.block_bytes);
+        self.check_span(offset, len, true)?;
+        let chunk_bytes = (1u64 << 20).max(self.block_bytes);
         let zeroes = AlignedBuf::zeroed(chunk_bytes.min(len) as usize);
         // Chunks end on multiples of the chunk, so full blocks stay whole.
         for (at, n) in pieces(offset, offset + len, chunk_bytes) {
             self.write(at, &zeroes[..n as usize], false)?;
         }
         if fua {
-            self.cache.commit()?;
+            self.commit()?;
         }
         Ok(())
     }
@@ -30,19 +38,18 @@ impl Engine {
     /// (dirty ones too: their contents no longer matter) and the origin is
     /// told. The range reads as unspecified data until written again.
     pub fn trim(&self, offset: u64, len: u64, fua: bool) -> EngineResult<()> {
-        self.cache
-            .timed_request(Op::Trim, || self.trim_untimed(offset, len, fua))
+        self.timed_request(Op::Trim, || self.trim_untimed(offset, len, fua))
     }
 
     fn trim_untimed(&self, offset: u64, len: u64, fua: bool) -> EngineResult<()> {
         self.check_open()?;
-        self.cache.check_span(offset, len, true)?;
-        bump(&self.cache.stats.trim_requests, 1);
+        self.check_span(offset, len, true)?;
+        bump(&self.stats.trim_requests, 1);
         for (at, n) in pieces(offset, offset + len, EFFECT_PIECE_BYTES) {
             self.trim_piece(at, n)?;
         }
         if fua {
-            self.cache.commit()?;
+            self.commit()?;
         }
         Ok(())
     }
@@ -50,17 +57,15 @@ impl Engine {
     /// Trims a piece of at most `EFFECT_PIECE_BYTES`, whose segments are
     /// all built first.
     fn trim_piece(&self, offset: u64, len: u64) -> EngineResult<()> {
-        let segs = self.cache.segments(offset, len, true)?;
+        let segs = self.segments(offset, len, true)?;
         if let Some(first) = segs.first() {
             let last = segs.last().expect("non-empty").block;
             let _guard = self
-                .cache
                 .origins
                 .of_key(first.block)
                 .locks()
                 .lock_range(first.block, last);
-            self.cache
-                .origins
+            self.origins
                 .of_key(first.block)
                 .flights()
                 .touch(first.block, last);
@@ -69,35 +74,34 @@ impl Engine {
             // keeps its origin bytes, so cache and origin never disagree.
             let mut discard: Vec<(u64, u64)> = Vec::new();
             {
-                let mut m = self.cache.meta.lock();
+                let mut m = self.meta.lock();
                 for seg in &segs {
                     let cached = m.table().lookup(seg.block);
-                    if self.cache.full_block(seg) {
+                    if self.full_block(seg) {
                         if let Some((slot, _)) = cached {
-                            self.cache.append(&mut m, Record::Unmap { slot });
+                            self.append(&mut m, Record::Unmap { slot });
                         }
                     } else if cached.is_some() {
                         continue;
                     }
-                    let off = seg.block * self.cache.block_bytes + seg.in_block;
+                    let off = seg.block * self.block_bytes + seg.in_block;
                     match discard.last_mut() {
                         Some((o, l)) if *o + *l == off => *l += seg.len(),
                         _ => discard.push((off, seg.len())),
                     }
                 }
             }
-            self.cache
-                .origins
+            self.origins
                 .of_key(first.block)
                 .flights()
                 .wait_origin(first.block, last);
             if self.order.older_groups_pending(self) {
                 // A discard is a write of the open group: it may not reach
                 // the origin before older groups (and a discard is a hint).
-                bump(&self.cache.stats.discards_held_back, discard.len() as u64);
+                bump(&self.stats.discards_held_back, discard.len() as u64);
                 discard.clear();
             }
-            let origin = self.cache.origins.of_key(first.block);
+            let origin = self.origins.of_key(first.block);
             for (off, l) in discard {
                 if let Err(e) = origin.device().discard(origin.local(off), l) {
                     log::debug!("origin discard failed (ignored, discard is a hint): {e}");
@@ -111,15 +115,15 @@ impl Engine {
     /// data stays in the cache; `write_back_all` writes it back.
     pub fn flush(&self) -> EngineResult<()> {
         self.check_open()?;
-        bump(&self.cache.stats.flush_requests, 1);
+        bump(&self.stats.flush_requests, 1);
         // Writeback in flush order: the writes acknowledged so far form a
         // group of their own.
         self.order.client_flush(self);
-        self.cache.timed_request(Op::Flush, || {
-            self.cache.commit()?;
+        self.timed_request(Op::Flush, || {
+            self.commit()?;
             // A flush covers every write acknowledged before it: not so
             // while the origin may have lost some (origin/sync.rs).
-            self.cache.origins.writes_lost()
+            self.origins.writes_lost()
         })
     }
 
@@ -131,18 +135,14 @@ impl Engine {
     /// without them.
     pub fn flush_volume(&self, v: usize) -> EngineResult<()> {
         self.check_open()?;
-        let origin = self
-            .cache
-            .origins
-            .get(v)
-            .ok_or_else(|| self.cache.no_volume(v))?;
-        bump(&self.cache.stats.flush_requests, 1);
+        let origin = self.origins.get(v).ok_or_else(|| self.no_volume(v))?;
+        bump(&self.stats.flush_requests, 1);
         self.order.client_flush(self);
-        self.cache.timed_request(Op::Flush, || {
-            let others_lost = || self.cache.origins.iter().any(|o| o.writes_lost().is_err());
-            let committed = self.cache.commit().or_else(|e| {
+        self.timed_request(Op::Flush, || {
+            let others_lost = || self.origins.iter().any(|o| o.writes_lost().is_err());
+            let committed = self.commit().or_else(|e| {
                 if origin.writes_lost().is_ok() && others_lost() {
-                    return self.cache.commit();
+                    return self.commit();
                 }
                 Err(e)
             });
@@ -159,16 +159,16 @@ impl Engine {
         // groups, not here.
         self.order.before_foreground_write(self)?;
         for seg in segs {
-            let cached = self.cache.meta.lookup(seg.block);
+            let cached = self.meta.lookup(seg.block);
             let Some((slot, dirty)) = cached else {
                 continue;
             };
             if dirty {
                 self.write_back_one(seg.block, slot)?;
             }
-            let mut m = self.cache.meta.lock();
+            let mut m = self.meta.lock();
             if let Some((slot, _)) = m.table().lookup(seg.block) {
-                self.cache.append(&mut m, Record::Unmap { slot });
+                self.append(&mut m, Record::Unmap { slot });
             }
         }
         Ok(())
@@ -185,13 +185,5 @@ impl Engine {
     ) -> EngineResult<()> {
         self.invalidate_before_origin_write(segs)?;
         self.origin_write(data, offset)
-    }
-}
-
-impl Cache {
-    pub(crate) fn count_write_hits(&self, segs: &[Segment]) {
-        let hits = self.meta.count_cached(segs.iter().map(|s| s.block));
-        bump(&self.stats.write_hits, hits);
-        bump(&self.stats.write_misses, segs.len() as u64 - hits);
     }
 }

@@ -1,20 +1,23 @@
 //! The cache part: one per cache device or cache set. It holds the table
 //! and its lock, the journal (checkpoints, superblock, crash log), the
 //! cache device's I/O, admission, where new data goes (placement), the
-//! counters and observations, and the origins it serves (`origin::Origins`,
-//! as Open CAS's cache holds its cores). The engine (`mod.rs`) holds a
-//! `Cache`, the writeback part and the writeback order.
+//! counters and observations, writeback and its order, and the origins it
+//! serves (`origin::Origins`, as Open CAS's cache holds its cores). The
+//! engine (`mod.rs`) is a facade over one `Cache`.
 //!
 //! Its steps are `impl Cache` blocks in the files of the part whose state
 //! they change: device requests and failover in `io/`, the commit and
 //! checkpoints in `journal/commit.rs`, slots allocated, filled and evicted
-//! in `table/slots.rs`, the log's cleaner in `writeback/clean.rs`, the read
-//! path in `read.rs` and `pipeline.rs`. `bell.rs` is how it calls whoever
-//! cleans it.
+//! in `table/slots.rs`, writeback in `writeback/` (the log's cleaner in
+//! `clean.rs`), the door and the read path in `pipeline.rs` and `read.rs`,
+//! the write routes in `modes/` and `write.rs`. `bell.rs` is how it calls
+//! whoever cleans it.
 
 mod bell;
 
 pub(crate) use bell::Bell;
+
+use std::sync::atomic::AtomicBool;
 
 use super::admission::Admission;
 use super::clock::Clock;
@@ -26,6 +29,8 @@ use super::origin::Origins;
 use super::placement::Placer;
 use super::stats::Stats;
 use super::table::lock::MetaLock;
+use super::writeback::order::Order;
+use super::writeback::Writeback;
 
 pub(crate) struct Cache {
     /// The cache device, its error counts, the admission stop and
@@ -57,4 +62,12 @@ pub(crate) struct Cache {
     pub(super) observe: Observe,
     /// What the cache tells whoever cleans it (bell.rs).
     pub(super) bell: Bell,
+    /// The writeback part (writeback/): the background thread, its lanes,
+    /// settings and cursors, writes waiting for a slot.
+    pub(super) writeback: Writeback,
+    /// The order dirty data reaches the origin in (fixed at create; one
+    /// file per order in writeback/order/).
+    pub(super) order: &'static dyn Order,
+    /// Set at close: no request starts after it.
+    pub(super) closed: AtomicBool,
 }

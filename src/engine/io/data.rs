@@ -7,39 +7,12 @@ use crate::engine::admission::Dev;
 use crate::engine::cache::Cache;
 use crate::engine::origin::Origin;
 use crate::engine::stats::bump;
-use crate::engine::{Engine, EngineResult};
+use crate::engine::EngineResult;
 
 thread_local! {
     /// Origin requests made by this thread: a request that made none was a
     /// hit (`pipeline.rs` times requests by this).
     pub(crate) static ORIGIN_REQUESTS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-}
-
-impl Engine {
-    /// Every origin write goes through here. A mapping removed in memory
-    /// (unmapped, or superseded by a newer slot) must be durable before the
-    /// origin changes: until then a crash would bring back the old clean
-    /// copy over the new origin bytes.
-    /// Waits first for background writebacks still writing these blocks to
-    /// the origin (origin/flights.rs), so the origin sees writes in order.
-    /// With writeback in flush order, a foreground write is one of the
-    /// open group: every closed group reaches the origin first.
-    pub(crate) fn origin_write(&self, buf: &[u8], offset: u64) -> EngineResult<()> {
-        let origin = self.cache.origins.at(offset);
-        if !buf.is_empty() {
-            let bs = self.cache.block_bytes;
-            self.order.before_foreground_write(self)?;
-            origin
-                .flights()
-                .wait_origin(offset / bs, (offset + buf.len() as u64 - 1) / bs);
-        }
-        let epoch = origin.loss_epoch();
-        self.cache
-            .foreground(origin, || self.cache.origin_write_now(buf, offset))?;
-        let at = origin.local(offset);
-        origin.wrote(at..at + buf.len() as u64, epoch);
-        Ok(())
-    }
 }
 
 impl Cache {
@@ -177,5 +150,31 @@ impl Cache {
     pub(crate) fn releases_pending(&self, blocks: std::ops::RangeInclusive<u64>) -> bool {
         let durable = self.journal.releases_durable();
         self.meta.releases_pending(blocks, durable)
+    }
+}
+
+impl Cache {
+    /// Every origin write goes through here. A mapping removed in memory
+    /// (unmapped, or superseded by a newer slot) must be durable before the
+    /// origin changes: until then a crash would bring back the old clean
+    /// copy over the new origin bytes.
+    /// Waits first for background writebacks still writing these blocks to
+    /// the origin (origin/flights.rs), so the origin sees writes in order.
+    /// With writeback in flush order, a foreground write is one of the
+    /// open group: every closed group reaches the origin first.
+    pub(crate) fn origin_write(&self, buf: &[u8], offset: u64) -> EngineResult<()> {
+        let origin = self.origins.at(offset);
+        if !buf.is_empty() {
+            let bs = self.block_bytes;
+            self.order.before_foreground_write(self)?;
+            origin
+                .flights()
+                .wait_origin(offset / bs, (offset + buf.len() as u64 - 1) / bs);
+        }
+        let epoch = origin.loss_epoch();
+        self.foreground(origin, || self.origin_write_now(buf, offset))?;
+        let at = origin.local(offset);
+        origin.wrote(at..at + buf.len() as u64, epoch);
+        Ok(())
     }
 }

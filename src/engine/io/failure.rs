@@ -25,9 +25,10 @@ use std::sync::atomic::Ordering;
 use crate::device::members::Members;
 use crate::device::DeviceError;
 use crate::engine::cache::Cache;
+use crate::engine::error::{EngineError, EngineResult};
 use crate::engine::format::SB_FLAG_DISTRUST_CLEAN;
+use crate::engine::io::FailoverHook;
 use crate::engine::stats::bump;
-use crate::engine::{EngineError, EngineResult, FailoverHook};
 
 impl Cache {
     /// Replaces member `member` of the cache set with `new` and rebuilds

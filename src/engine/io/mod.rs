@@ -15,10 +15,13 @@ pub(crate) mod warnings;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use super::{EngineResult, FailoverHook};
+use super::error::EngineResult;
 use crate::device::DeviceRef;
 use crate::engine::cache::Cache;
 use crate::sync::{Mutex, Rank};
+
+/// Called once when the cache fails over to the origin (`Engine::on_failover`).
+pub type FailoverHook = Box<dyn Fn() + Send + Sync>;
 
 /// The device part's state.
 pub(crate) struct Io {

@@ -5,17 +5,18 @@
 
 use super::super::request::Segment;
 use super::super::stats::bump;
-use super::super::{Engine, EngineResult};
+use super::super::EngineResult;
+use crate::engine::cache::Cache;
 
-impl Engine {
+impl Cache {
     pub(crate) fn write_around_cache(
         &self,
         offset: u64,
         segs: &[Segment],
         data: &[u8],
     ) -> EngineResult<()> {
-        self.cache.count_write_hits(segs);
-        bump(&self.cache.stats.bypassed_ios, 1);
+        self.count_write_hits(segs);
+        bump(&self.stats.bypassed_ios, 1);
         self.write_origin_invalidating(segs, data, offset)
     }
 }

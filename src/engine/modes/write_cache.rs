@@ -20,11 +20,63 @@ use super::super::request::{adjacent_slots, Cached, Segment};
 use super::super::sectors::{SectorSet, SECTOR_BYTES};
 use super::super::stats::bump;
 use super::super::table::slots::Stored;
-use super::super::{Engine, EngineError, EngineResult};
+use super::super::{EngineError, EngineResult};
 use crate::device::AlignedBuf;
 use crate::engine::cache::Cache;
 
-impl Engine {
+impl Cache {
+    /// Records the sectors that writes in place made dirty, where the slot
+    /// was not already whole and dirty.
+    fn record_in_place(&self, segs: &[Segment], cached: &[Option<Cached>]) {
+        let mut m = self.meta.lock();
+        for (seg, hit) in segs.iter().zip(cached) {
+            let hit = hit.expect("written in place");
+            if !(hit.whole && hit.dirty) {
+                self.append(
+                    &mut m,
+                    Record::AddRun {
+                        slot: hit.slot,
+                        block: seg.block,
+                        run: seg.run(),
+                        dirty: true,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Stores part of a block, dirty, in a new slot: the segment's sectors,
+    /// and those the old slot held (copied from it; all of them become
+    /// dirty, which is harmless for sectors equal to the origin).
+    fn store_part(&self, seg: &Segment, data: &[u8], hit: Option<Cached>) -> EngineResult<Stored> {
+        let sectors = (self.block_bytes / SECTOR_BYTES) as usize;
+        let mut valid = SectorSet::of_run(sectors, seg.run());
+        let old = match hit {
+            Some(h) => {
+                let (v, _) = self.meta.sector_sets(h.slot);
+                let hull = v.union(&valid).hull().expect("non-empty");
+                let mut buf = AlignedBuf::zeroed(hull.count as usize * SECTOR_BYTES as usize);
+                let from = hull.first as u64 * SECTOR_BYTES;
+                match self.cache_read(h.slot, from, &mut buf) {
+                    Ok(()) => Some((v, buf, from)),
+                    Err(e) if h.dirty => return Err(e.into()),
+                    // Clean sectors are only copies: leave them behind.
+                    Err(_) => None,
+                }
+            }
+            None => None,
+        };
+        let Some((v, mut buf, from)) = old else {
+            return self.store_sectors(seg.block, &valid, &data[seg.buf.clone()], true);
+        };
+        valid = valid.union(&v);
+        let at = (seg.in_block - from) as usize;
+        buf[at..at + seg.buf.len()].copy_from_slice(&data[seg.buf.clone()]);
+        self.store_sectors(seg.block, &valid, &buf, true)
+    }
+}
+
+impl Cache {
     /// The cache route (writeback and writeonly modes), with the segments'
     /// lookups already made (by `lookup_accessed`, under the block locks
     /// the caller holds). Without `admit`, writes that would need a new slot
@@ -42,8 +94,8 @@ impl Engine {
         // less.
         let admit = admit || self.order.older_groups_pending(self);
         let hits = cached.iter().filter(|c| c.is_some()).count() as u64;
-        bump(&self.cache.stats.write_hits, hits);
-        bump(&self.cache.stats.write_misses, segs.len() as u64 - hits);
+        bump(&self.stats.write_hits, hits);
+        bump(&self.stats.write_misses, segs.len() as u64 - hits);
         let mut i = 0;
         // Waits for writeback to free slots, at most a few per request.
         let mut waits = 0;
@@ -57,8 +109,8 @@ impl Engine {
     /// `Cache::cacheable`) goes to the origin.
     fn write_uncacheable(&self, seg: &Segment, data: &[u8]) -> EngineResult<usize> {
         self.drain_first()?;
-        bump(&self.cache.stats.bypassed_ios, 1);
-        let at = seg.block * self.cache.block_bytes + seg.in_block;
+        bump(&self.stats.bypassed_ios, 1);
+        let at = seg.block * self.block_bytes + seg.in_block;
         self.origin_write(&data[seg.buf.clone()], at)?;
         Ok(1)
     }
@@ -74,7 +126,7 @@ impl Engine {
         admit: bool,
         waits: &mut u32,
     ) -> EngineResult<usize> {
-        let cache = &self.cache;
+        let cache = &self;
         let seg = &segs[0];
         if !cache.cacheable(seg.block) {
             return self.write_uncacheable(seg, data);
@@ -144,11 +196,11 @@ impl Engine {
         let Some(first) = segs.first() else {
             return Ok(());
         };
-        if self.cache.origins.of_key(first.block).mode().holds_dirty() {
+        if self.origins.of_key(first.block).mode().holds_dirty() {
             return Ok(());
         }
         for seg in segs {
-            let cached = self.cache.meta.lookup(seg.block);
+            let cached = self.meta.lookup(seg.block);
             if let Some((slot, true)) = cached {
                 self.write_back_one(seg.block, slot)?;
             }
@@ -172,65 +224,13 @@ impl Engine {
     /// along.
     fn write_around(&self, seg: &Segment, data: &[u8]) -> EngineResult<()> {
         self.drain_first()?;
-        bump(&self.cache.stats.bypassed_ios, 1);
+        bump(&self.stats.bypassed_ios, 1);
         self.write_origin_invalidating(
             std::slice::from_ref(seg),
             &data[seg.buf.clone()],
-            seg.block * self.cache.block_bytes + seg.in_block,
+            seg.block * self.block_bytes + seg.in_block,
         )?;
-        self.cache.bell.wake();
+        self.bell.wake();
         Ok(())
-    }
-}
-
-impl Cache {
-    /// Records the sectors that writes in place made dirty, where the slot
-    /// was not already whole and dirty.
-    fn record_in_place(&self, segs: &[Segment], cached: &[Option<Cached>]) {
-        let mut m = self.meta.lock();
-        for (seg, hit) in segs.iter().zip(cached) {
-            let hit = hit.expect("written in place");
-            if !(hit.whole && hit.dirty) {
-                self.append(
-                    &mut m,
-                    Record::AddRun {
-                        slot: hit.slot,
-                        block: seg.block,
-                        run: seg.run(),
-                        dirty: true,
-                    },
-                );
-            }
-        }
-    }
-
-    /// Stores part of a block, dirty, in a new slot: the segment's sectors,
-    /// and those the old slot held (copied from it; all of them become
-    /// dirty, which is harmless for sectors equal to the origin).
-    fn store_part(&self, seg: &Segment, data: &[u8], hit: Option<Cached>) -> EngineResult<Stored> {
-        let sectors = (self.block_bytes / SECTOR_BYTES) as usize;
-        let mut valid = SectorSet::of_run(sectors, seg.run());
-        let old = match hit {
-            Some(h) => {
-                let (v, _) = self.meta.sector_sets(h.slot);
-                let hull = v.union(&valid).hull().expect("non-empty");
-                let mut buf = AlignedBuf::zeroed(hull.count as usize * SECTOR_BYTES as usize);
-                let from = hull.first as u64 * SECTOR_BYTES;
-                match self.cache_read(h.slot, from, &mut buf) {
-                    Ok(()) => Some((v, buf, from)),
-                    Err(e) if h.dirty => return Err(e.into()),
-                    // Clean sectors are only copies: leave them behind.
-                    Err(_) => None,
-                }
-            }
-            None => None,
-        };
-        let Some((v, mut buf, from)) = old else {
-            return self.store_sectors(seg.block, &valid, &data[seg.buf.clone()], true);
-        };
-        valid = valid.union(&v);
-        let at = (seg.in_block - from) as usize;
-        buf[at..at + seg.buf.len()].copy_from_slice(&data[seg.buf.clone()]);
-        self.store_sectors(seg.block, &valid, &buf, true)
     }
 }

@@ -8,9 +8,10 @@
 
 use super::super::request::Segment;
 use super::super::sectors::{SectorSet, SECTOR_BYTES};
-use super::super::{Engine, EngineResult};
+use super::super::EngineResult;
+use crate::engine::cache::Cache;
 
-impl Engine {
+impl Cache {
     pub(crate) fn write_writethrough(
         &self,
         offset: u64,
@@ -18,7 +19,7 @@ impl Engine {
         data: &[u8],
         admit: bool,
     ) -> EngineResult<()> {
-        self.cache.count_write_hits(segs);
+        self.count_write_hits(segs);
         self.write_origin_invalidating(segs, data, offset)?;
         if !admit {
             return Ok(());
@@ -26,28 +27,23 @@ impl Engine {
         // Caching the new data is an optimisation: no slot or a cache error
         // just leaves the rest uncached. Whole blocks form one run (a
         // request has at most a partial first and last segment).
-        let cacheable = |s: &&Segment| self.cache.cacheable(s.block);
+        let cacheable = |s: &&Segment| self.cacheable(s.block);
         let whole: Vec<&Segment> = segs
             .iter()
             .filter(cacheable)
-            .filter(|s| self.cache.full_block(s))
+            .filter(|s| self.full_block(s))
             .collect();
         if let (Some(first), Some(last)) = (whole.first(), whole.last()) {
-            self.cache.store_in_new_slots(
-                first.block,
-                &data[first.buf.start..last.buf.end],
-                false,
-            )?;
+            self.store_in_new_slots(first.block, &data[first.buf.start..last.buf.end], false)?;
         }
-        let sectors = (self.cache.block_bytes / SECTOR_BYTES) as usize;
+        let sectors = (self.block_bytes / SECTOR_BYTES) as usize;
         for seg in segs
             .iter()
             .filter(cacheable)
-            .filter(|s| !self.cache.full_block(s))
+            .filter(|s| !self.full_block(s))
         {
             let valid = SectorSet::of_run(sectors, seg.run());
-            self.cache
-                .store_sectors(seg.block, &valid, &data[seg.buf.clone()], false)?;
+            self.store_sectors(seg.block, &valid, &data[seg.buf.clone()], false)?;
         }
         Ok(())
     }

@@ -62,24 +62,24 @@ pub(crate) fn start_background(engine: &Arc<Engine>) {
         .name("tiercache-bg".into())
         .spawn(move || loop {
             let Some(e) = weak.upgrade() else { break };
-            if e.closed.load(std::sync::atomic::Ordering::Acquire) {
+            if e.cache.closed.load(std::sync::atomic::Ordering::Acquire) {
                 break;
             }
-            e.background_tick();
+            e.cache.background_tick();
             e.cache.bell.wait_woken(TICK);
         })
         .expect("spawn background thread");
-    *engine.writeback.thread.lock() = Some(handle);
+    *engine.cache.writeback.thread.lock() = Some(handle);
 }
 
 /// Each origin's lane writes back its batches through the engine
 /// (lanes.rs), which it does not keep alive.
 fn start_lanes(engine: &Arc<Engine>) {
     let (write, wake) = (engine.weak(), engine.weak());
-    engine.writeback.lanes.start(lanes::Runner {
+    engine.cache.writeback.lanes.start(lanes::Runner {
         write: Box::new(move |v, keys, pace| {
             let Some(e) = write.upgrade() else { return };
-            if let Err(err) = e.writeback_lane_batch(v, keys, pace) {
+            if let Err(err) = e.cache.writeback_lane_batch(v, keys, pace) {
                 BACKGROUND_WRITEBACK.warn(
                     e.cache.now_ms(),
                     format_args!("background writeback: {err}"),
@@ -96,484 +96,13 @@ fn start_lanes(engine: &Arc<Engine>) {
 
 pub(crate) fn stop_background(engine: &Engine) {
     engine.cache.bell.wake();
-    let handle = engine.writeback.thread.lock().take();
+    let handle = engine.cache.writeback.thread.lock().take();
     if let Some(h) = handle {
         if h.thread().id() != std::thread::current().id() {
             let _ = h.join();
         }
     }
-    engine.writeback.lanes.stop();
-}
-
-impl Engine {
-    /// Waits `d`, or less if the engine closes or the background is woken.
-    fn pause_background(&self, d: Duration) {
-        (self.cache.bell).pause(d, || self.closed.load(Ordering::Acquire));
-    }
-
-    /// One round of background work: the curve split of the cache when
-    /// due (origin/shares.rs), writeback batches until nothing is due (at
-    /// most 64), the free-slot reserve, a commit when one is due, and
-    /// giving back the crash log's durable pages. Each is a step of its own
-    /// below, so a deterministic test can schedule them one by one.
-    pub fn background_tick(&self) {
-        self.cache.follow_cache_set();
-        let now_s = self.cache.now_ms() / 1000;
-        (self.cache.origins).rebalance_if_due(
-            &self.cache.observe,
-            self.cache.observe.slot_count(),
-            now_s,
-        );
-        for _ in 0..64 {
-            if self.closed.load(std::sync::atomic::Ordering::Acquire) {
-                return;
-            }
-            match self.writeback_step() {
-                Ok(0) => break,
-                Ok(_) => {}
-                Err(e) => {
-                    BACKGROUND_WRITEBACK.warn(
-                        self.cache.now_ms(),
-                        format_args!("background writeback: {e}"),
-                    );
-                    break;
-                }
-            }
-        }
-        self.cache.keep_reserve();
-        if self.cache.commit_due() {
-            if let Err(e) = self.cache.commit() {
-                BACKGROUND_COMMIT.warn(self.cache.now_ms(), format_args!("background commit: {e}"));
-            }
-        }
-        self.cache.trim_crash_log();
-    }
-
-    /// One batch of background writeback: keeps the free-slot reserve,
-    /// then writes back what the watermarks, ages and idle time call for
-    /// now, as the writeback order takes it (`Order::background_step`).
-    /// Returns the blocks written back (0: nothing was due); with lanes,
-    /// those handed to them (`hand_to_lanes`).
-    pub fn writeback_step(&self) -> EngineResult<usize> {
-        // Between batches too: a round of writeback can take seconds
-        // against a slow origin.
-        self.cache.keep_reserve();
-        if self.cache.origins.iter().all(|o| o.unreachable()) {
-            return Ok(0); // every origin write would fail at once
-        }
-        self.order.background_step(self)
-    }
-
-    /// Background batches go to the origins' lanes (lanes.rs): with
-    /// several volumes, a background thread, and side by side
-    /// (`side_by_side`: not in flush order, not on a simulated clock).
-    pub(super) fn lanes_on(&self) -> bool {
-        self.cache.origins.len() > 1 && self.side_by_side() && self.writeback.lanes.started()
-    }
-
-    /// Hands each volume's part of `blocks` to its origin's lane, passing
-    /// over a lane still at its last batch; returns the blocks handed.
-    pub(super) fn hand_to_lanes(&self, blocks: &[u64], pace: Pace) -> usize {
-        let lanes = &self.writeback.lanes;
-        let parts = self.cache.origins.split(blocks).enumerate();
-        (parts.filter(|(v, (_, keys))| !keys.is_empty() && lanes.hand(*v, keys.to_vec(), pace)))
-            .map(|(_, (_, keys))| keys.len())
-            .sum()
-    }
-
-    /// A lane's batch: volume `v`'s `keys` written back (lanes.rs).
-    pub(crate) fn writeback_lane_batch(
-        &self,
-        v: usize,
-        keys: &[u64],
-        pace: Pace,
-    ) -> EngineResult<usize> {
-        let origin = self
-            .cache
-            .origins
-            .get(v)
-            .ok_or_else(|| self.cache.no_volume(v))?;
-        self.writeback_volume(origin, keys, pace, None)
-    }
-
-    /// Dirty blocks the background should write back now, ascending, and
-    /// how to pace it.
-    pub(super) fn writeback_candidates(&self) -> (Vec<u64>, Pace) {
-        let busy = self.cache.origin_busy();
-        let quiet_ms = self.cache.origin_quiet_ms();
-        let mut st = self.writeback.state.lock();
-        let m = self.cache.meta.lock();
-        let idle = self.cache.clients_idle(&mut st, quiet_ms);
-        // Writes are waiting for a slot: write back at full speed.
-        let pressed = self.writeback.writes_waiting();
-        if let Some(batch) = self.cache.watermark_batch(&mut st, &m, idle, pressed, busy) {
-            return batch;
-        }
-        self.cache.aged_batch(&mut st, &m, busy)
-    }
-
-    /// Writes back the given dirty blocks (ascending), coalescing adjacent
-    /// ones. Blocks that are busy or no longer dirty are skipped. Paced by
-    /// `pace` between runs (see `Pace`). Returns how many were written
-    /// back, or the first error (other runs are still tried).
-    pub(crate) fn writeback_blocks(&self, blocks: &[u64], pace: Pace) -> EngineResult<usize> {
-        self.writeback_blocks_in(blocks, pace, None)
-    }
-
-    /// `writeback_blocks`, of the blocks whose dirty data is in flush
-    /// group `g` only, if given (writeback in flush order: a block
-    /// rewritten in a later group since it was chosen is left alone).
-    /// Blocks whose locks this thread already holds are written too where
-    /// the order says so (`Order::lock_for_run`: a foreground write waiting
-    /// for older flush groups), their locks neither taken nor released
-    /// here.
-    ///
-    /// The runs' blocks are marked clean only after one origin flush at
-    /// the end has made every run's write durable, and only if the origin
-    /// lost nothing meanwhile (`Origin::flush_since`); until then their
-    /// flights stay open, so a write to one keeps it dirty.
-    ///
-    /// Each volume's blocks go to its origin as a batch of their own, with
-    /// its own flush and loss epoch, the volumes' batches side by side
-    /// (`side_by_side`): draining two disks takes the slower one's time,
-    /// not the sum.
-    pub(crate) fn writeback_blocks_in(
-        &self,
-        blocks: &[u64],
-        pace: Pace,
-        group: Option<u64>,
-    ) -> EngineResult<usize> {
-        let batches: Vec<(&Origin, &[u64])> = (self.cache.origins.split(blocks))
-            .filter(|(_, keys)| !keys.is_empty())
-            .collect();
-        let one =
-            |&(origin, keys): &(&Origin, &[u64])| self.writeback_volume(origin, keys, pace, group);
-        let results: Vec<EngineResult<usize>> = if batches.len() > 1 && self.side_by_side() {
-            on_threads(&batches, one)
-        } else {
-            batches.iter().map(one).collect()
-        };
-        let mut written = 0;
-        let mut first_err = None;
-        for r in results {
-            match r {
-                Ok(n) => written += n,
-                Err(e) => {
-                    first_err.get_or_insert(e);
-                }
-            }
-        }
-        partial_result(written, first_err)
-    }
-
-    /// Volumes' writeback batches run on threads of their own, at once:
-    /// where the writeback order allows it (`Order::side_by_side`: not in
-    /// flush order), and not under a simulated clock (a test that replays
-    /// a seed wants one order of device events: clock.rs).
-    fn side_by_side(&self) -> bool {
-        self.order.side_by_side() && !self.cache.clock.is_sim()
-    }
-
-    /// `writeback_blocks_in` for one volume's blocks.
-    fn writeback_volume(
-        &self,
-        origin: &Origin,
-        blocks: &[u64],
-        pace: Pace,
-        group: Option<u64>,
-    ) -> EngineResult<usize> {
-        let mut held_here = std::collections::HashSet::new();
-        let epoch = origin.loss_epoch();
-        let mut sent: Vec<Vec<(u64, u32)>> = Vec::new();
-        let mut first_err: Option<EngineError> = None;
-        let mut i = 0;
-        while i < blocks.len() {
-            let run = self.lock_run(blocks, &mut i, group, &mut held_here);
-            if run.is_empty() {
-                continue;
-            }
-            let started_ns = self.cache.clock.now_ns();
-            match self.send_run(&run, &|b| held_here.contains(&b)) {
-                Ok(()) => sent.push(run),
-                Err(e) => {
-                    first_err.get_or_insert(e);
-                }
-            }
-            match pace {
-                Pace::Share(share)
-                    if share < 1.0
-                        && self.cache.busy(origin)
-                        && !self.writeback.writes_waiting() =>
-                {
-                    let took = self.cache.clock.since_ns(started_ns) as f64 / 1e9;
-                    let pause = Duration::from_secs_f64(took * (1.0 - share) / share);
-                    bump(&self.cache.stats.writeback_pauses, 1);
-                    self.pause_background(pause.min(MAX_PAUSE));
-                }
-                // A client is back: the rest waits for the next round.
-                Pace::Drain if self.cache.busy(origin) => break,
-                _ => {}
-            }
-        }
-        let mine = |b| held_here.contains(&b);
-        let written = self.finish_sent(origin, &sent, epoch, &mine, &mut first_err);
-        partial_result(written, first_err)
-    }
-
-    /// Locks the next run of adjacent dirty blocks of `blocks` from `*i`
-    /// on (advancing `*i`), at most a full origin write; empty if the
-    /// block at `*i` is busy, clean, in flight or of another group.
-    fn lock_run(
-        &self,
-        blocks: &[u64],
-        i: &mut usize,
-        group: Option<u64>,
-        held_here: &mut std::collections::HashSet<u64>,
-    ) -> Vec<(u64, u32)> {
-        let max_run = (MAX_RUN_BYTES / self.cache.block_bytes).max(1) as usize;
-        let mut run: Vec<(u64, u32)> = Vec::new();
-        while *i < blocks.len() && run.len() < max_run {
-            let b = blocks[*i];
-            if run.last().is_some_and(|&(last, _)| b != last + 1) {
-                break;
-            }
-            match self
-                .order
-                .lock_for_run(self.cache.origins.of_key(b).locks(), b)
-            {
-                Some(RunLock::Taken) => {}
-                Some(RunLock::HeldHere) => {
-                    held_here.insert(b);
-                }
-                None => {
-                    *i += 1;
-                    break;
-                }
-            }
-            let dirty = {
-                let m = self.cache.meta.lock();
-                match m.table().lookup(b) {
-                    Some((slot, true))
-                        if group.is_none_or(|g| {
-                            m.groups().is_some_and(|gr| gr.group_of(slot) == g)
-                        }) =>
-                    {
-                        Some(slot)
-                    }
-                    _ => None,
-                }
-            };
-            *i += 1;
-            match dirty {
-                // Not already being written back by another thread.
-                Some(slot) if !self.cache.origins.of_key(b).flights().contains(b) => {
-                    run.push((b, slot))
-                }
-                _ => {
-                    if !held_here.contains(&b) {
-                        self.cache.origins.of_key(b).locks().unlock(b);
-                    }
-                    break;
-                }
-            }
-        }
-        run
-    }
-
-    /// Sends a run of locked, dirty, adjacent blocks to the origin, and
-    /// unlocks them: does what the order asks first (`before_run_sent`:
-    /// in flush order a commit), reads them from the cache, and releases
-    /// their locks for the origin writes
-    /// (origin/flights.rs). Their flights stay open for `finish_run`; a run whose
-    /// origin write failed is finished here, its blocks left dirty.
-    fn send_run(&self, run: &[(u64, u32)], mine: &dyn Fn(u64) -> bool) -> EngineResult<()> {
-        let blocks = || run.iter().map(|&(b, _)| b);
-        let unlock = || {
-            blocks()
-                .filter(|&b| !mine(b))
-                .for_each(|b| self.cache.origins.of_key(b).locks().unlock(b))
-        };
-        if let Err(e) = self.order.before_run_sent(self) {
-            unlock();
-            return Err(e);
-        }
-        let extents = self.cache.dirty_extents(run);
-        let buf = match self.cache.read_run(run) {
-            Ok(buf) => buf,
-            Err(e) => {
-                unlock();
-                return Err(e.into());
-            }
-        };
-        let origin = self.cache.origins.of_key(run[0].0);
-        origin.flights().start(blocks());
-        unlock();
-        let base = run[0].0 * self.cache.block_bytes;
-        let written = extents.iter().try_for_each(|e| {
-            self.cache
-                .origin_write_now(&buf[e.clone()], base + e.start as u64)
-        });
-        origin.flights().origin_written(blocks());
-        if let Err(e) = written {
-            self.finish_run(run, mine, false);
-            return Err(e);
-        }
-        Ok(())
-    }
-
-    /// Makes the runs `send_run` sent durable on the origin (one flush for
-    /// all, `epoch` read before the first was sent), then finishes them:
-    /// marked clean if it succeeded, left dirty otherwise (the error goes
-    /// to `first_err`). Returns how many blocks were marked clean.
-    fn finish_sent(
-        &self,
-        origin: &Origin,
-        sent: &[Vec<(u64, u32)>],
-        epoch: u64,
-        mine: &dyn Fn(u64) -> bool,
-        first_err: &mut Option<EngineError>,
-    ) -> usize {
-        if sent.is_empty() {
-            return 0;
-        }
-        let durable = origin.flush_since(&self.cache.stats, epoch);
-        let clean = durable.is_ok();
-        if let Err(e) = durable {
-            first_err.get_or_insert(e);
-        }
-        sent.iter()
-            .map(|run| self.finish_run(run, mine, clean))
-            .sum()
-    }
-
-    /// Ends a sent run's flights, locking its blocks again as the order
-    /// does (`Order::finish_run`): with `clean`, marks clean the ones no
-    /// write or trim touched meanwhile. Returns how many it marked clean.
-    fn finish_run(&self, run: &[(u64, u32)], mine: &dyn Fn(u64) -> bool, clean: bool) -> usize {
-        self.order.finish_run(self, run, mine, clean)
-    }
-
-    /// Writes one dirty block back while the caller holds its lock (the
-    /// origin write waits for a flight of the same block, see origin/flights.rs),
-    /// and flushes the origin before marking it clean.
-    pub(crate) fn write_back_one(&self, block: u64, slot: u32) -> EngineResult<()> {
-        let extents = self.cache.dirty_extents(&[(block, slot)]);
-        let buf = self.cache.read_run(&[(block, slot)])?;
-        let origin = self.cache.origins.of_key(block);
-        let epoch = origin.loss_epoch();
-        for e in extents {
-            self.origin_write(
-                &buf[e.clone()],
-                block * self.cache.block_bytes + e.start as u64,
-            )?;
-        }
-        origin.flush_since(&self.cache.stats, epoch)?;
-        self.cache.mark_clean(&[(block, slot)], &[]);
-        Ok(())
-    }
-
-    /// Every slot is dirty or busy: waits up to `SLOT_WAIT` for background
-    /// writeback to clean blocks and free their slots, which costs the
-    /// origin one request per written-back run of blocks, where sending
-    /// each write around the cache costs one request per write. True if a
-    /// slot is free now; false at once if there is nothing to clean or the
-    /// mode keeps no dirty data, or when no background thread runs. The
-    /// caller may hold block locks: writeback only try-locks.
-    pub(crate) fn wait_for_slots(&self) -> bool {
-        if !self.cache.origins.any_holds_dirty() || self.cache.meta.dirty_count() == 0 {
-            return false;
-        }
-        if !self.writeback.has_thread() || self.cache.origins.iter().all(|o| o.unreachable()) {
-            // Opened without background work (a command, a test), or the
-            // origin is unreachable: nobody would write back while we wait.
-            return false;
-        }
-        bump(&self.cache.stats.slot_waits, 1);
-        self.writeback.wait_slots(
-            &self.cache.bell,
-            std::time::Instant::now() + SLOT_WAIT,
-            || self.cache.meta.free_slots() > 0,
-            || self.closed.load(Ordering::Acquire),
-        )
-    }
-
-    /// Writes back every block dirty when it is called (and, when the mode
-    /// holds no dirty data, until none is left), then commits. `progress` is
-    /// called with (blocks done, blocks to do). Blocks dirtied by writes that
-    /// arrive meanwhile in writeback mode are left for later, so it always
-    /// ends. (`tiercache flush` and lvmcache's flush mean this; the NBD
-    /// FLUSH command, `Engine::flush`, only makes completed writes durable.)
-    pub fn write_back_all(&self, progress: &mut dyn FnMut(u64, u64)) -> EngineResult<()> {
-        self.write_back_where(&|_| true, progress)
-    }
-
-    /// `write_back_all` for volume `v` alone (`Engine::volume_index` finds
-    /// it by name): the other volumes' dirty blocks stay. In flush order
-    /// the groups hold every volume's writes and go to the origins whole,
-    /// in order, so every volume is written back (`Order::write_back`).
-    pub fn write_back_volume(
-        &self,
-        v: usize,
-        progress: &mut dyn FnMut(u64, u64),
-    ) -> EngineResult<()> {
-        let origin = self
-            .cache
-            .origins
-            .get(v)
-            .ok_or_else(|| self.cache.no_volume(v))?;
-        self.write_back_where(&|key| origin.cacheable(key), progress)
-    }
-
-    /// Writes back the dirty blocks whose keys `wanted` accepts, as
-    /// `write_back_all` says, in the writeback order's way
-    /// (`Order::write_back`), then commits.
-    fn write_back_where(
-        &self,
-        wanted: &dyn Fn(u64) -> bool,
-        progress: &mut dyn FnMut(u64, u64),
-    ) -> EngineResult<()> {
-        self.order.write_back(self, wanted, progress)?;
-        self.cache.commit()
-    }
-
-    /// One pass of a write back in address order over `blocks`
-    /// (ascending): rounds of a batch from each volume, the volumes'
-    /// batches side by side (`writeback_blocks_in`). Returns the blocks
-    /// still dirty, ascending.
-    pub(super) fn write_back_pass(
-        &self,
-        blocks: &[u64],
-        total: u64,
-        progress: &mut dyn FnMut(u64, u64),
-    ) -> EngineResult<Vec<u64>> {
-        let mut queues: Vec<&[u64]> = self
-            .cache
-            .origins
-            .split(blocks)
-            .map(|(_, keys)| keys)
-            .collect();
-        let mut next = Vec::new();
-        loop {
-            let round: Vec<u64> = (queues.iter_mut())
-                .flat_map(|q| {
-                    let (now, later) = q.split_at(q.len().min(BATCH_BLOCKS));
-                    *q = later;
-                    now.iter().copied()
-                })
-                .collect();
-            if round.is_empty() {
-                break;
-            }
-            self.writeback_blocks(&round, Pace::Full)?;
-            let m = self.cache.meta.lock();
-            next.extend(round.iter().filter(|&&b| m.table().is_dirty(b)));
-            drop(m);
-            let untried: usize = queues.iter().map(|q| q.len()).sum();
-            progress(total - (untried + next.len()) as u64, total);
-        }
-        next.sort_unstable();
-        Ok(next)
-    }
+    engine.cache.writeback.lanes.stop();
 }
 
 /// `f` of each item, each on a scoped thread of its own (inline if one
@@ -927,5 +456,446 @@ impl Cache {
         }
         let dirty = self.meta.all_dirty();
         !(dirty.into_iter()).any(|k| wanted(k) && !self.origins.of_key(k).mode().holds_dirty())
+    }
+}
+
+impl Cache {
+    /// Waits `d`, or less if the engine closes or the background is woken.
+    fn pause_background(&self, d: Duration) {
+        (self.bell).pause(d, || self.closed.load(Ordering::Acquire));
+    }
+
+    /// One round of background work: the curve split of the cache when
+    /// due (origin/shares.rs), writeback batches until nothing is due (at
+    /// most 64), the free-slot reserve, a commit when one is due, and
+    /// giving back the crash log's durable pages. Each is a step of its own
+    /// below, so a deterministic test can schedule them one by one.
+    pub fn background_tick(&self) {
+        self.follow_cache_set();
+        let now_s = self.now_ms() / 1000;
+        (self.origins).rebalance_if_due(&self.observe, self.observe.slot_count(), now_s);
+        for _ in 0..64 {
+            if self.closed.load(std::sync::atomic::Ordering::Acquire) {
+                return;
+            }
+            match self.writeback_step() {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) => {
+                    BACKGROUND_WRITEBACK
+                        .warn(self.now_ms(), format_args!("background writeback: {e}"));
+                    break;
+                }
+            }
+        }
+        self.keep_reserve();
+        if self.commit_due() {
+            if let Err(e) = self.commit() {
+                BACKGROUND_COMMIT.warn(self.now_ms(), format_args!("background commit: {e}"));
+            }
+        }
+        self.trim_crash_log();
+    }
+
+    /// One batch of background writeback: keeps the free-slot reserve,
+    /// then writes back what the watermarks, ages and idle time call for
+    /// now, as the writeback order takes it (`Order::background_step`).
+    /// Returns the blocks written back (0: nothing was due); with lanes,
+    /// those handed to them (`hand_to_lanes`).
+    pub fn writeback_step(&self) -> EngineResult<usize> {
+        // Between batches too: a round of writeback can take seconds
+        // against a slow origin.
+        self.keep_reserve();
+        if self.origins.iter().all(|o| o.unreachable()) {
+            return Ok(0); // every origin write would fail at once
+        }
+        self.order.background_step(self)
+    }
+
+    /// Background batches go to the origins' lanes (lanes.rs): with
+    /// several volumes, a background thread, and side by side
+    /// (`side_by_side`: not in flush order, not on a simulated clock).
+    pub(super) fn lanes_on(&self) -> bool {
+        self.origins.len() > 1 && self.side_by_side() && self.writeback.lanes.started()
+    }
+
+    /// Hands each volume's part of `blocks` to its origin's lane, passing
+    /// over a lane still at its last batch; returns the blocks handed.
+    pub(super) fn hand_to_lanes(&self, blocks: &[u64], pace: Pace) -> usize {
+        let lanes = &self.writeback.lanes;
+        let parts = self.origins.split(blocks).enumerate();
+        (parts.filter(|(v, (_, keys))| !keys.is_empty() && lanes.hand(*v, keys.to_vec(), pace)))
+            .map(|(_, (_, keys))| keys.len())
+            .sum()
+    }
+
+    /// A lane's batch: volume `v`'s `keys` written back (lanes.rs).
+    pub(crate) fn writeback_lane_batch(
+        &self,
+        v: usize,
+        keys: &[u64],
+        pace: Pace,
+    ) -> EngineResult<usize> {
+        let origin = self.origins.get(v).ok_or_else(|| self.no_volume(v))?;
+        self.writeback_volume(origin, keys, pace, None)
+    }
+
+    /// Dirty blocks the background should write back now, ascending, and
+    /// how to pace it.
+    pub(super) fn writeback_candidates(&self) -> (Vec<u64>, Pace) {
+        let busy = self.origin_busy();
+        let quiet_ms = self.origin_quiet_ms();
+        let mut st = self.writeback.state.lock();
+        let m = self.meta.lock();
+        let idle = self.clients_idle(&mut st, quiet_ms);
+        // Writes are waiting for a slot: write back at full speed.
+        let pressed = self.writeback.writes_waiting();
+        if let Some(batch) = self.watermark_batch(&mut st, &m, idle, pressed, busy) {
+            return batch;
+        }
+        self.aged_batch(&mut st, &m, busy)
+    }
+
+    /// Writes back the given dirty blocks (ascending), coalescing adjacent
+    /// ones. Blocks that are busy or no longer dirty are skipped. Paced by
+    /// `pace` between runs (see `Pace`). Returns how many were written
+    /// back, or the first error (other runs are still tried).
+    pub(crate) fn writeback_blocks(&self, blocks: &[u64], pace: Pace) -> EngineResult<usize> {
+        self.writeback_blocks_in(blocks, pace, None)
+    }
+
+    /// `writeback_blocks`, of the blocks whose dirty data is in flush
+    /// group `g` only, if given (writeback in flush order: a block
+    /// rewritten in a later group since it was chosen is left alone).
+    /// Blocks whose locks this thread already holds are written too where
+    /// the order says so (`Order::lock_for_run`: a foreground write waiting
+    /// for older flush groups), their locks neither taken nor released
+    /// here.
+    ///
+    /// The runs' blocks are marked clean only after one origin flush at
+    /// the end has made every run's write durable, and only if the origin
+    /// lost nothing meanwhile (`Origin::flush_since`); until then their
+    /// flights stay open, so a write to one keeps it dirty.
+    ///
+    /// Each volume's blocks go to its origin as a batch of their own, with
+    /// its own flush and loss epoch, the volumes' batches side by side
+    /// (`side_by_side`): draining two disks takes the slower one's time,
+    /// not the sum.
+    pub(crate) fn writeback_blocks_in(
+        &self,
+        blocks: &[u64],
+        pace: Pace,
+        group: Option<u64>,
+    ) -> EngineResult<usize> {
+        let batches: Vec<(&Origin, &[u64])> = (self.origins.split(blocks))
+            .filter(|(_, keys)| !keys.is_empty())
+            .collect();
+        let one =
+            |&(origin, keys): &(&Origin, &[u64])| self.writeback_volume(origin, keys, pace, group);
+        let results: Vec<EngineResult<usize>> = if batches.len() > 1 && self.side_by_side() {
+            on_threads(&batches, one)
+        } else {
+            batches.iter().map(one).collect()
+        };
+        let mut written = 0;
+        let mut first_err = None;
+        for r in results {
+            match r {
+                Ok(n) => written += n,
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        partial_result(written, first_err)
+    }
+
+    /// Volumes' writeback batches run on threads of their own, at once:
+    /// where the writeback order allows it (`Order::side_by_side`: not in
+    /// flush order), and not under a simulated clock (a test that replays
+    /// a seed wants one order of device events: clock.rs).
+    fn side_by_side(&self) -> bool {
+        self.order.side_by_side() && !self.clock.is_sim()
+    }
+
+    /// `writeback_blocks_in` for one volume's blocks.
+    fn writeback_volume(
+        &self,
+        origin: &Origin,
+        blocks: &[u64],
+        pace: Pace,
+        group: Option<u64>,
+    ) -> EngineResult<usize> {
+        let mut held_here = std::collections::HashSet::new();
+        let epoch = origin.loss_epoch();
+        let mut sent: Vec<Vec<(u64, u32)>> = Vec::new();
+        let mut first_err: Option<EngineError> = None;
+        let mut i = 0;
+        while i < blocks.len() {
+            let run = self.lock_run(blocks, &mut i, group, &mut held_here);
+            if run.is_empty() {
+                continue;
+            }
+            let started_ns = self.clock.now_ns();
+            match self.send_run(&run, &|b| held_here.contains(&b)) {
+                Ok(()) => sent.push(run),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+            match pace {
+                Pace::Share(share)
+                    if share < 1.0 && self.busy(origin) && !self.writeback.writes_waiting() =>
+                {
+                    let took = self.clock.since_ns(started_ns) as f64 / 1e9;
+                    let pause = Duration::from_secs_f64(took * (1.0 - share) / share);
+                    bump(&self.stats.writeback_pauses, 1);
+                    self.pause_background(pause.min(MAX_PAUSE));
+                }
+                // A client is back: the rest waits for the next round.
+                Pace::Drain if self.busy(origin) => break,
+                _ => {}
+            }
+        }
+        let mine = |b| held_here.contains(&b);
+        let written = self.finish_sent(origin, &sent, epoch, &mine, &mut first_err);
+        partial_result(written, first_err)
+    }
+
+    /// Locks the next run of adjacent dirty blocks of `blocks` from `*i`
+    /// on (advancing `*i`), at most a full origin write; empty if the
+    /// block at `*i` is busy, clean, in flight or of another group.
+    fn lock_run(
+        &self,
+        blocks: &[u64],
+        i: &mut usize,
+        group: Option<u64>,
+        held_here: &mut std::collections::HashSet<u64>,
+    ) -> Vec<(u64, u32)> {
+        let max_run = (MAX_RUN_BYTES / self.block_bytes).max(1) as usize;
+        let mut run: Vec<(u64, u32)> = Vec::new();
+        while *i < blocks.len() && run.len() < max_run {
+            let b = blocks[*i];
+            if run.last().is_some_and(|&(last, _)| b != last + 1) {
+                break;
+            }
+            match self.order.lock_for_run(self.origins.of_key(b).locks(), b) {
+                Some(RunLock::Taken) => {}
+                Some(RunLock::HeldHere) => {
+                    held_here.insert(b);
+                }
+                None => {
+                    *i += 1;
+                    break;
+                }
+            }
+            let dirty = {
+                let m = self.meta.lock();
+                match m.table().lookup(b) {
+                    Some((slot, true))
+                        if group.is_none_or(|g| {
+                            m.groups().is_some_and(|gr| gr.group_of(slot) == g)
+                        }) =>
+                    {
+                        Some(slot)
+                    }
+                    _ => None,
+                }
+            };
+            *i += 1;
+            match dirty {
+                // Not already being written back by another thread.
+                Some(slot) if !self.origins.of_key(b).flights().contains(b) => run.push((b, slot)),
+                _ => {
+                    if !held_here.contains(&b) {
+                        self.origins.of_key(b).locks().unlock(b);
+                    }
+                    break;
+                }
+            }
+        }
+        run
+    }
+
+    /// Sends a run of locked, dirty, adjacent blocks to the origin, and
+    /// unlocks them: does what the order asks first (`before_run_sent`:
+    /// in flush order a commit), reads them from the cache, and releases
+    /// their locks for the origin writes
+    /// (origin/flights.rs). Their flights stay open for `finish_run`; a run whose
+    /// origin write failed is finished here, its blocks left dirty.
+    fn send_run(&self, run: &[(u64, u32)], mine: &dyn Fn(u64) -> bool) -> EngineResult<()> {
+        let blocks = || run.iter().map(|&(b, _)| b);
+        let unlock = || {
+            blocks()
+                .filter(|&b| !mine(b))
+                .for_each(|b| self.origins.of_key(b).locks().unlock(b))
+        };
+        if let Err(e) = self.order.before_run_sent(self) {
+            unlock();
+            return Err(e);
+        }
+        let extents = self.dirty_extents(run);
+        let buf = match self.read_run(run) {
+            Ok(buf) => buf,
+            Err(e) => {
+                unlock();
+                return Err(e.into());
+            }
+        };
+        let origin = self.origins.of_key(run[0].0);
+        origin.flights().start(blocks());
+        unlock();
+        let base = run[0].0 * self.block_bytes;
+        let written = extents
+            .iter()
+            .try_for_each(|e| self.origin_write_now(&buf[e.clone()], base + e.start as u64));
+        origin.flights().origin_written(blocks());
+        if let Err(e) = written {
+            self.finish_run(run, mine, false);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Makes the runs `send_run` sent durable on the origin (one flush for
+    /// all, `epoch` read before the first was sent), then finishes them:
+    /// marked clean if it succeeded, left dirty otherwise (the error goes
+    /// to `first_err`). Returns how many blocks were marked clean.
+    fn finish_sent(
+        &self,
+        origin: &Origin,
+        sent: &[Vec<(u64, u32)>],
+        epoch: u64,
+        mine: &dyn Fn(u64) -> bool,
+        first_err: &mut Option<EngineError>,
+    ) -> usize {
+        if sent.is_empty() {
+            return 0;
+        }
+        let durable = origin.flush_since(&self.stats, epoch);
+        let clean = durable.is_ok();
+        if let Err(e) = durable {
+            first_err.get_or_insert(e);
+        }
+        sent.iter()
+            .map(|run| self.finish_run(run, mine, clean))
+            .sum()
+    }
+
+    /// Ends a sent run's flights, locking its blocks again as the order
+    /// does (`Order::finish_run`): with `clean`, marks clean the ones no
+    /// write or trim touched meanwhile. Returns how many it marked clean.
+    fn finish_run(&self, run: &[(u64, u32)], mine: &dyn Fn(u64) -> bool, clean: bool) -> usize {
+        self.order.finish_run(self, run, mine, clean)
+    }
+
+    /// Writes one dirty block back while the caller holds its lock (the
+    /// origin write waits for a flight of the same block, see origin/flights.rs),
+    /// and flushes the origin before marking it clean.
+    pub(crate) fn write_back_one(&self, block: u64, slot: u32) -> EngineResult<()> {
+        let extents = self.dirty_extents(&[(block, slot)]);
+        let buf = self.read_run(&[(block, slot)])?;
+        let origin = self.origins.of_key(block);
+        let epoch = origin.loss_epoch();
+        for e in extents {
+            self.origin_write(&buf[e.clone()], block * self.block_bytes + e.start as u64)?;
+        }
+        origin.flush_since(&self.stats, epoch)?;
+        self.mark_clean(&[(block, slot)], &[]);
+        Ok(())
+    }
+
+    /// Every slot is dirty or busy: waits up to `SLOT_WAIT` for background
+    /// writeback to clean blocks and free their slots, which costs the
+    /// origin one request per written-back run of blocks, where sending
+    /// each write around the cache costs one request per write. True if a
+    /// slot is free now; false at once if there is nothing to clean or the
+    /// mode keeps no dirty data, or when no background thread runs. The
+    /// caller may hold block locks: writeback only try-locks.
+    pub(crate) fn wait_for_slots(&self) -> bool {
+        if !self.origins.any_holds_dirty() || self.meta.dirty_count() == 0 {
+            return false;
+        }
+        if !self.writeback.has_thread() || self.origins.iter().all(|o| o.unreachable()) {
+            // Opened without background work (a command, a test), or the
+            // origin is unreachable: nobody would write back while we wait.
+            return false;
+        }
+        bump(&self.stats.slot_waits, 1);
+        self.writeback.wait_slots(
+            &self.bell,
+            std::time::Instant::now() + SLOT_WAIT,
+            || self.meta.free_slots() > 0,
+            || self.closed.load(Ordering::Acquire),
+        )
+    }
+
+    /// Writes back every block dirty when it is called (and, when the mode
+    /// holds no dirty data, until none is left), then commits. `progress` is
+    /// called with (blocks done, blocks to do). Blocks dirtied by writes that
+    /// arrive meanwhile in writeback mode are left for later, so it always
+    /// ends. (`tiercache flush` and lvmcache's flush mean this; the NBD
+    /// FLUSH command, `Engine::flush`, only makes completed writes durable.)
+    pub fn write_back_all(&self, progress: &mut dyn FnMut(u64, u64)) -> EngineResult<()> {
+        self.write_back_where(&|_| true, progress)
+    }
+
+    /// `write_back_all` for volume `v` alone (`Engine::volume_index` finds
+    /// it by name): the other volumes' dirty blocks stay. In flush order
+    /// the groups hold every volume's writes and go to the origins whole,
+    /// in order, so every volume is written back (`Order::write_back`).
+    pub fn write_back_volume(
+        &self,
+        v: usize,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> EngineResult<()> {
+        let origin = self.origins.get(v).ok_or_else(|| self.no_volume(v))?;
+        self.write_back_where(&|key| origin.cacheable(key), progress)
+    }
+
+    /// Writes back the dirty blocks whose keys `wanted` accepts, as
+    /// `write_back_all` says, in the writeback order's way
+    /// (`Order::write_back`), then commits.
+    fn write_back_where(
+        &self,
+        wanted: &dyn Fn(u64) -> bool,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> EngineResult<()> {
+        self.order.write_back(self, wanted, progress)?;
+        self.commit()
+    }
+
+    /// One pass of a write back in address order over `blocks`
+    /// (ascending): rounds of a batch from each volume, the volumes'
+    /// batches side by side (`writeback_blocks_in`). Returns the blocks
+    /// still dirty, ascending.
+    pub(super) fn write_back_pass(
+        &self,
+        blocks: &[u64],
+        total: u64,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> EngineResult<Vec<u64>> {
+        let mut queues: Vec<&[u64]> = self.origins.split(blocks).map(|(_, keys)| keys).collect();
+        let mut next = Vec::new();
+        loop {
+            let round: Vec<u64> = (queues.iter_mut())
+                .flat_map(|q| {
+                    let (now, later) = q.split_at(q.len().min(BATCH_BLOCKS));
+                    *q = later;
+                    now.iter().copied()
+                })
+                .collect();
+            if round.is_empty() {
+                break;
+            }
+            self.writeback_blocks(&round, Pace::Full)?;
+            let m = self.meta.lock();
+            next.extend(round.iter().filter(|&&b| m.table().is_dirty(b)));
+            drop(m);
+            let untried: usize = queues.iter().map(|q| q.len()).sum();
+            progress(total - (untried + next.len()) as u64, total);
+        }
+        next.sort_unstable();
+        Ok(next)
     }
 }

@@ -5,8 +5,9 @@
 
 use super::super::pace::wait_if_stalled;
 use super::{Order, RunLock};
+use crate::engine::cache::Cache;
 use crate::engine::origin::locks::BlockLocks;
-use crate::engine::{Engine, EngineResult, WritebackOrder};
+use crate::engine::{EngineResult, WritebackOrder};
 
 pub(crate) struct Address;
 
@@ -17,7 +18,7 @@ impl Order for Address {
 
     /// The batch the watermarks, ages and idle time call for, to the
     /// origins' lanes when they run (several volumes), else here.
-    fn background_step(&self, e: &Engine) -> EngineResult<usize> {
+    fn background_step(&self, e: &Cache) -> EngineResult<usize> {
         let (cands, pace) = e.writeback_candidates();
         if cands.is_empty() {
             return Ok(0);
@@ -33,12 +34,12 @@ impl Order for Address {
     /// keeps none: `settled`).
     fn write_back(
         &self,
-        e: &Engine,
+        e: &Cache,
         wanted: &dyn Fn(u64) -> bool,
         progress: &mut dyn FnMut(u64, u64),
     ) -> EngineResult<()> {
         for _pass in 0..16 {
-            let mut snapshot: Vec<u64> = e.cache.meta.all_dirty();
+            let mut snapshot: Vec<u64> = e.meta.all_dirty();
             snapshot.retain(|&k| wanted(k));
             let total = snapshot.len() as u64;
             progress(0, total);
@@ -49,7 +50,7 @@ impl Order for Address {
                 wait_if_stalled(&mut stalled, next.len() < remaining.len())?;
                 remaining = next;
             }
-            if e.cache.settled(wanted) {
+            if e.settled(wanted) {
                 break;
             }
         }
@@ -64,7 +65,7 @@ impl Order for Address {
         locks.try_lock(b).then_some(RunLock::Taken)
     }
 
-    fn before_run_sent(&self, _: &Engine) -> EngineResult<()> {
+    fn before_run_sent(&self, _: &Cache) -> EngineResult<()> {
         Ok(())
     }
 
@@ -72,32 +73,32 @@ impl Order for Address {
     /// first).
     fn finish_run(
         &self,
-        e: &Engine,
+        e: &Cache,
         run: &[(u64, u32)],
         _mine: &dyn Fn(u64) -> bool,
         clean: bool,
     ) -> usize {
-        let origin = e.cache.origins.of_key(run[0].0);
+        let origin = e.origins.of_key(run[0].0);
         let _guard = origin.locks().lock_range(run[0].0, run[run.len() - 1].0);
         let touched = origin.flights().finish(run.iter().map(|&(b, _)| b));
         if clean {
-            e.cache.mark_clean(run, &touched)
+            e.mark_clean(run, &touched)
         } else {
             0
         }
     }
 
-    fn older_groups_pending(&self, _: &Engine) -> bool {
+    fn older_groups_pending(&self, _: &Cache) -> bool {
         false
     }
 
-    fn client_flush(&self, _: &Engine) {}
+    fn client_flush(&self, _: &Cache) {}
 
-    fn before_foreground_write(&self, _: &Engine) -> EngineResult<()> {
+    fn before_foreground_write(&self, _: &Cache) -> EngineResult<()> {
         Ok(())
     }
 
-    fn write_back_closed(&self, _: &Engine) -> EngineResult<()> {
+    fn write_back_closed(&self, _: &Cache) -> EngineResult<()> {
         Ok(())
     }
 
@@ -107,7 +108,7 @@ impl Order for Address {
         Ok(())
     }
 
-    fn check_written_back(&self, _: &Engine) -> EngineResult<()> {
+    fn check_written_back(&self, _: &Cache) -> EngineResult<()> {
         Ok(())
     }
 }

@@ -18,11 +18,12 @@ use std::time::{Duration, Instant};
 
 use super::super::pace::{wait_if_stalled, Pace};
 use super::{Order, RunLock};
+use crate::engine::cache::Cache;
 use crate::engine::format::Record;
 use crate::engine::origin::locks::BlockLocks;
 use crate::engine::sectors::SECTOR_BYTES;
 use crate::engine::stats::bump;
-use crate::engine::{Engine, EngineError, EngineResult, WritebackOrder};
+use crate::engine::{EngineError, EngineResult, WritebackOrder};
 
 /// Shadows or blocks one step writes back at most.
 const STEP_ITEMS: usize = 1024;
@@ -41,8 +42,8 @@ impl Order for Flush {
 
     /// Part of the oldest group not done: at once while a checkpoint waits
     /// for the closed groups, else when writeback is due.
-    fn background_step(&self, e: &Engine) -> EngineResult<usize> {
-        if e.cache.journal.checkpoint_waits() && self.older_groups_pending(e) {
+    fn background_step(&self, e: &Cache) -> EngineResult<usize> {
+        if e.journal.checkpoint_waits() && self.older_groups_pending(e) {
             // A checkpoint waits for the closed groups.
             return step(e, Pace::Full);
         }
@@ -58,13 +59,13 @@ impl Order for Flush {
     /// in order: every volume is written back, whatever `wanted` accepts.
     fn write_back(
         &self,
-        e: &Engine,
+        e: &Cache,
         _wanted: &dyn Fn(u64) -> bool,
         progress: &mut dyn FnMut(u64, u64),
     ) -> EngineResult<()> {
         for _pass in 0..16 {
             write_back_groups(e, progress)?;
-            if e.cache.settled(&|_| true) {
+            if e.settled(&|_| true) {
                 break;
             }
         }
@@ -97,8 +98,8 @@ impl Order for Flush {
     /// the write that the volume had lost (a no-op when nothing was
     /// appended since the last commit; the blocks are locked, so no write
     /// to them is half done).
-    fn before_run_sent(&self, e: &Engine) -> EngineResult<()> {
-        e.cache.commit()
+    fn before_run_sent(&self, e: &Cache) -> EngineResult<()> {
+        e.commit()
     }
 
     /// The order turn is held: no waiting for block locks under it (a
@@ -106,13 +107,13 @@ impl Order for Flush {
     /// taken stays dirty and goes again.
     fn finish_run(
         &self,
-        e: &Engine,
+        e: &Cache,
         run: &[(u64, u32)],
         mine: &dyn Fn(u64) -> bool,
         clean: bool,
     ) -> usize {
         let blocks = || run.iter().map(|&(b, _)| b);
-        let origin = e.cache.origins.of_key(run[0].0);
+        let origin = e.origins.of_key(run[0].0);
         let locked: Vec<bool> = blocks()
             .map(|b| mine(b) || origin.locks().try_lock(b))
             .collect();
@@ -120,11 +121,7 @@ impl Order for Flush {
         for (s, &l) in skip.iter_mut().zip(&locked) {
             *s |= !l;
         }
-        let n = if clean {
-            e.cache.mark_clean(run, &skip)
-        } else {
-            0
-        };
+        let n = if clean { e.mark_clean(run, &skip) } else { 0 };
         for (b, l) in blocks().zip(locked) {
             if l && !mine(b) {
                 origin.locks().unlock(b);
@@ -133,12 +130,12 @@ impl Order for Flush {
         n
     }
 
-    fn older_groups_pending(&self, e: &Engine) -> bool {
-        e.cache.meta.closed_pending().is_some()
+    fn older_groups_pending(&self, e: &Cache) -> bool {
+        e.meta.closed_pending().is_some()
     }
 
     /// The writes acknowledged so far form a group of their own.
-    fn client_flush(&self, e: &Engine) {
+    fn client_flush(&self, e: &Cache) {
         close_group(e);
     }
 
@@ -147,8 +144,8 @@ impl Order for Flush {
     /// writers each write the blocks they hold), the blocks it holds with
     /// them (`lock_for_run`). Fails once the groups made no progress for
     /// `STALL_LIMIT` (the origin is gone); the write is then not made.
-    fn before_foreground_write(&self, e: &Engine) -> EngineResult<()> {
-        let closed = || e.cache.meta.closed_pending();
+    fn before_foreground_write(&self, e: &Cache) -> EngineResult<()> {
+        let closed = || e.meta.closed_pending();
         let mut pending = closed();
         let mut progress_at = Instant::now();
         while let Some(g) = pending {
@@ -172,8 +169,8 @@ impl Order for Flush {
 
     /// Every closed group, leaving the open one: a checkpoint keeps no
     /// closed group (journal/commit.rs).
-    fn write_back_closed(&self, e: &Engine) -> EngineResult<()> {
-        let open = e.cache.meta.open_group();
+    fn write_back_closed(&self, e: &Cache) -> EngineResult<()> {
+        let open = e.meta.open_group();
         write_back_groups_below(e, open, &mut |_, _| {})
     }
 
@@ -189,8 +186,8 @@ impl Order for Flush {
         ))
     }
 
-    fn check_written_back(&self, e: &Engine) -> EngineResult<()> {
-        if e.cache.meta.dirty_count() > 0 {
+    fn check_written_back(&self, e: &Cache) -> EngineResult<()> {
+        if e.meta.dirty_count() > 0 {
             return Err(EngineError::Config(
                 "flush order: dirty blocks are left after the write back; nothing was removed"
                     .into(),
@@ -202,10 +199,10 @@ impl Order for Flush {
 
 /// A client flush (or `write_back_all`) closes the open group, if it took
 /// a write: a `Close` record, journalled with the flush's commit.
-fn close_group(e: &Engine) {
-    let mut m = e.cache.meta.lock();
+fn close_group(e: &Cache) {
+    let mut m = e.meta.lock();
     if let Some(group) = m.groups().and_then(|g| g.next_close()) {
-        e.cache.append(&mut m, Record::Close { group });
+        e.append(&mut m, Record::Close { group });
     }
 }
 
@@ -213,15 +210,14 @@ fn close_group(e: &Engine) {
 /// done (its older versions first, then its mapped blocks), and, once a
 /// closed group is all written, an origin flush and its `Done` record,
 /// after which the next group may start. Returns the blocks written back.
-fn step(e: &Engine, pace: Pace) -> EngineResult<usize> {
+fn step(e: &Cache, pace: Pace) -> EngineResult<usize> {
     let mut cursor = e.writeback.order_turn.lock();
-    let (g, open) = e.cache.meta.next_group();
+    let (g, open) = e.meta.next_group();
     let Some(g) = g else {
         return Ok(0);
     };
     let mut written = write_back_shadows(e, g)?;
     let mut blocks = e
-        .cache
         .meta
         .lock()
         .groups()
@@ -239,12 +235,12 @@ fn step(e: &Engine, pace: Pace) -> EngineResult<usize> {
     if !blocks.is_empty() {
         written += e.writeback_blocks_in(&blocks, pace, Some(g))?;
     }
-    if g < open && e.cache.meta.group_written(g) {
+    if g < open && e.meta.group_written(g) {
         // Flushed, group g is done, and the next group may start.
-        e.cache.origins.flush(&e.cache.stats)?;
-        let mut m = e.cache.meta.lock();
-        e.cache.append(&mut m, Record::Done { group: g });
-        bump(&e.cache.stats.groups_written_back, 1);
+        e.origins.flush(&e.stats)?;
+        let mut m = e.meta.lock();
+        e.append(&mut m, Record::Done { group: g });
+        bump(&e.stats.groups_written_back, 1);
     }
     Ok(written)
 }
@@ -252,19 +248,18 @@ fn step(e: &Engine, pace: Pace) -> EngineResult<usize> {
 /// Writes group `g`'s older versions back (up to a step's worth). They
 /// stay, written, until the group's `Done`. Nothing locks them: nothing
 /// else uses them.
-fn write_back_shadows(e: &Engine, g: u64) -> EngineResult<usize> {
-    let Some(shadows) = e.cache.meta.shadows_of(g, STEP_ITEMS) else {
+fn write_back_shadows(e: &Cache, g: u64) -> EngineResult<usize> {
+    let Some(shadows) = e.meta.shadows_of(g, STEP_ITEMS) else {
         return Ok(0);
     };
     let sb = SECTOR_BYTES as usize;
-    let epochs = e.cache.origins.loss_epochs();
+    let epochs = e.origins.loss_epochs();
     for &(block, shadow) in &shadows {
         for run in shadow.dirty.runs() {
             let mut buf = crate::device::AlignedBuf::zeroed(run.count as usize * sb);
             let at = run.first as u64 * SECTOR_BYTES;
-            e.cache.cache_read(shadow.slot, at, &mut buf)?;
-            e.cache
-                .origin_write_now(&buf, block * e.cache.block_bytes + at)?;
+            e.cache_read(shadow.slot, at, &mut buf)?;
+            e.origin_write_now(&buf, block * e.block_bytes + at)?;
         }
     }
     if shadows.is_empty() {
@@ -272,13 +267,13 @@ fn write_back_shadows(e: &Engine, g: u64) -> EngineResult<usize> {
     }
     // Written only once the origin has them for good, as blocks are
     // marked clean (run.rs): the group's `Done` drops them.
-    e.cache.origins.flush_since(&e.cache.stats, &epochs)?;
-    let mut m = e.cache.meta.lock();
+    e.origins.flush_since(&e.stats, &epochs)?;
+    let mut m = e.meta.lock();
     for &(block, _) in &shadows {
         m.shadow_written(g, block);
     }
     drop(m);
-    bump(&e.cache.stats.shadows_written_back, shadows.len() as u64);
+    bump(&e.stats.shadows_written_back, shadows.len() as u64);
     Ok(shadows.len())
 }
 
@@ -286,23 +281,23 @@ fn write_back_shadows(e: &Engine, g: u64) -> EngineResult<usize> {
 /// always be split in two), then writes back group after group until every
 /// group up to it is on the origin. Writes that arrive meanwhile join later
 /// groups and are left for later, so it ends.
-fn write_back_groups(e: &Engine, progress: &mut dyn FnMut(u64, u64)) -> EngineResult<()> {
+fn write_back_groups(e: &Cache, progress: &mut dyn FnMut(u64, u64)) -> EngineResult<()> {
     close_group(e);
-    let target = e.cache.meta.open_group();
+    let target = e.meta.open_group();
     write_back_groups_below(e, target, progress)
 }
 
 fn write_back_groups_below(
-    e: &Engine,
+    e: &Cache,
     target: u64,
     progress: &mut dyn FnMut(u64, u64),
 ) -> EngineResult<()> {
-    let left = || e.cache.meta.writeback_left();
+    let left = || e.meta.writeback_left();
     let total = left();
     progress(0, total);
     let mut stalled = 0;
     loop {
-        let pending = e.cache.meta.closed_pending();
+        let pending = e.meta.closed_pending();
         match pending {
             Some(g) if g < target => {}
             _ => break,

@@ -14,8 +14,9 @@
 mod address;
 mod flush;
 
+use crate::engine::cache::Cache;
 use crate::engine::origin::locks::BlockLocks;
-use crate::engine::{Engine, EngineResult, WritebackOrder};
+use crate::engine::{EngineResult, WritebackOrder};
 
 /// What writeback does that depends on its order. The methods take the
 /// engine they work on: the steps they use are still `Engine` methods.
@@ -27,7 +28,7 @@ pub(crate) trait Order: Send + Sync {
     /// One background writeback step, the free-slot reserve kept: writes
     /// back what is due now. Returns the blocks written back (or handed to
     /// the origins' lanes); 0 when nothing was due.
-    fn background_step(&self, e: &Engine) -> EngineResult<usize>;
+    fn background_step(&self, e: &Cache) -> EngineResult<usize>;
 
     /// Writes back the dirty blocks `wanted` accepts, and whatever this
     /// order must write with them, until only writes that arrived
@@ -35,7 +36,7 @@ pub(crate) trait Order: Send + Sync {
     /// caller commits after).
     fn write_back(
         &self,
-        e: &Engine,
+        e: &Cache,
         wanted: &dyn Fn(u64) -> bool,
         progress: &mut dyn FnMut(u64, u64),
     ) -> EngineResult<()>;
@@ -50,7 +51,7 @@ pub(crate) trait Order: Send + Sync {
 
     /// Before a run of locked blocks is read from the cache and sent to
     /// the origin.
-    fn before_run_sent(&self, e: &Engine) -> EngineResult<()>;
+    fn before_run_sent(&self, e: &Cache) -> EngineResult<()>;
 
     /// Ends a sent run's flights, its blocks locked again: with `clean`
     /// (the origin has them for good), marks clean the ones no write or
@@ -58,7 +59,7 @@ pub(crate) trait Order: Send + Sync {
     /// locks this thread held before the run (`RunLock::HeldHere`).
     fn finish_run(
         &self,
-        e: &Engine,
+        e: &Cache,
         run: &[(u64, u32)],
         mine: &dyn Fn(u64) -> bool,
         clean: bool,
@@ -66,25 +67,25 @@ pub(crate) trait Order: Send + Sync {
 
     /// Dirty data of a closed flush group is not yet on the origin: a
     /// foreground write to the origin would overtake it.
-    fn older_groups_pending(&self, e: &Engine) -> bool;
+    fn older_groups_pending(&self, e: &Cache) -> bool;
 
     /// A client flush (`Engine::flush`): the writes acknowledged so far
     /// are a state the origin may show.
-    fn client_flush(&self, e: &Engine);
+    fn client_flush(&self, e: &Cache);
 
     /// Before a foreground write to the origin, with its blocks' locks
     /// held: what must reach the origin before it.
-    fn before_foreground_write(&self, e: &Engine) -> EngineResult<()>;
+    fn before_foreground_write(&self, e: &Cache) -> EngineResult<()>;
 
     /// Writes back what must be on the origin before a checkpoint, which
     /// would lose its order otherwise (at open after a crash, at close, and
     /// for a write that gave up its locks with `EngineError::DrainFirst`).
-    fn write_back_closed(&self, e: &Engine) -> EngineResult<()>;
+    fn write_back_closed(&self, e: &Cache) -> EngineResult<()>;
 
     /// After a volume's write back, before its blocks are dropped
     /// (`Engine::remove_volume`): fails if dirty data this order keeps
     /// together with the volume's is left.
-    fn check_written_back(&self, e: &Engine) -> EngineResult<()>;
+    fn check_written_back(&self, e: &Cache) -> EngineResult<()>;
 
     /// Refuses to take a volume out while the cache is served
     /// (`Engine::remove_volume_served`) where this order keeps every
