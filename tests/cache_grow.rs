@@ -309,6 +309,87 @@ fn flush_order_writes_its_closed_groups_back_before_it_grows() {
 /// the cut (a truncated file's tail is gone with it: the blocks here sit
 /// lower); given its size back and resized again, it grows as usual. A device that grew by less than a
 /// block past the moved checkpoint areas is refused with the size it needs.
+/// A cache device whose size is read by two callers at a time: each
+/// `refresh_size` waits (2 s at most) until as many have arrived as the
+/// round expects, so two grows both read the old size before either
+/// takes the commit lock.
+struct Meeting {
+    inner: Arc<FaultDevice>,
+    arrived: std::sync::atomic::AtomicU64,
+    expected: std::sync::atomic::AtomicU64,
+}
+
+impl BlockDevice for Meeting {
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> tiercache::device::DeviceResult<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> tiercache::device::DeviceResult<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> tiercache::device::DeviceResult<()> {
+        self.inner.flush()
+    }
+    fn refresh_size(&self) -> tiercache::device::DeviceResult<u64> {
+        self.arrived.fetch_add(1, Ordering::AcqRel);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while self.arrived.load(Ordering::Acquire) < self.expected.load(Ordering::Acquire)
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        self.inner.refresh_size()
+    }
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+}
+
+/// Two `resize --cache` at once (two control connections): both read the
+/// superblock's size and the device's before either grows the cache
+/// (`Meeting`), one grows it, and the other finds the size taken when it
+/// gets the commit lock. Before, the second failed with "too few for one
+/// more block" for a cache that had just grown; now both succeed and agree
+/// on the size.
+#[test]
+fn two_grows_at_once_both_succeed_and_agree() {
+    let bytes = common::cache_bytes_for(64, BS as u32);
+    let inner = Arc::new(FaultDevice::new("cache", bytes, 1));
+    let meeting = Arc::new(Meeting {
+        inner: inner.clone(),
+        arrived: Default::default(),
+        expected: Default::default(),
+    });
+    let origin: DeviceRef = Arc::new(FaultDevice::from_image(
+        "origin",
+        common::initial_origin(ORIGIN_BYTES),
+        2,
+    ));
+    let engine =
+        Engine::create_with(meeting.clone(), origin, &writeback(), &common::no_bg()).unwrap();
+    write_blocks(&engine, 0..40, 1);
+    for round in 1..=5u64 {
+        inner.grow(common::cache_bytes_for(64 + round * 32, BS as u32));
+        let before = engine.status().cache_blocks_total;
+        let arrived = meeting.arrived.load(Ordering::Acquire);
+        meeting.expected.store(arrived + 2, Ordering::Release);
+        let results: Vec<_> = std::thread::scope(|s| {
+            let calls: Vec<_> = (0..2).map(|_| s.spawn(|| engine.grow_cache())).collect();
+            calls.into_iter().map(|c| c.join().unwrap()).collect()
+        });
+        let total = engine.status().cache_blocks_total;
+        assert!(total > before, "round {round}: {before} -> {total} blocks");
+        for r in &results {
+            let (_, now) = r.as_ref().unwrap_or_else(|e| panic!("round {round}: {e}"));
+            assert_eq!(*now, total, "round {round}: {results:?}");
+        }
+    }
+    assert_blocks(&engine, 0..40, 1, "after the grows");
+    engine.close().unwrap();
+}
+
 #[test]
 fn a_shrunk_cache_device_is_refused_and_nothing_changes() {
     let dir = tempfile::tempdir().unwrap();

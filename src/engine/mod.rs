@@ -377,6 +377,9 @@ impl Engine {
             return Ok((slots, slots));
         }
         let (was, grown) = self.checkpoint_grown_after_groups(now)?;
+        if grown == was {
+            return Ok((was, grown));
+        }
         self.cache.observe.slots_grew(grown);
         (self.cache.origins).share_as(self.cache.origins.sharing(), &self.cache.observe, grown);
         log::info!(

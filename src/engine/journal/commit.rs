@@ -334,12 +334,18 @@ impl Cache {
     /// slots. A crash before the superblock write leaves the cache as it
     /// was; after it, grown. No new slot is handed out before the
     /// superblock naming it is durable, so no record (journal or crash
-    /// log) names one before. Returns the slots before and after, or `None`
-    /// when flush groups wait for the origin (a checkpoint keeps none: the
-    /// commit wrote journal pages instead, and nothing grew).
+    /// log) names one before. Returns the slots before and after (the same
+    /// if another grow took `device_bytes` first), or `None` when flush
+    /// groups wait for the origin (a checkpoint keeps none: the commit
+    /// wrote journal pages instead, and nothing grew).
     pub(crate) fn checkpoint_grown(&self, device_bytes: u64) -> EngineResult<Option<(u64, u64)>> {
         let mut cs = self.journal.state.lock();
         let was = cs.sb.slot_count.get();
+        if cs.sb.cache_device_bytes.get() >= device_bytes {
+            // Another grow took this size while this one waited for the
+            // lock (two `resize --cache` at once): nothing is left to do.
+            return Ok(Some((was, was)));
+        }
         let layout = cs.sb.layout();
         let grown = Layout::grown(&layout, device_bytes)
             .filter(|g| g.slot_count > was)
