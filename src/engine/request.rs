@@ -42,7 +42,7 @@ pub(crate) enum ReadKind {
 }
 
 /// A client request at the engine's door: validated and split into
-/// segments once, resolved once (`Engine::resolve`: the mode, admission's
+/// segments once, resolved once (`Cache::resolve`: the mode, admission's
 /// decision and everything that counts the request), and the policy told
 /// about its cached blocks once. A fast path that gives up hands it on
 /// (`Fast::Pending`) to the blocking path, which takes the block locks and

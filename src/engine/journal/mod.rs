@@ -50,7 +50,7 @@ pub(crate) struct CommitState {
     /// When the last commit completed (`Engine::now_ms`).
     last_commit_ms: u64,
     /// The next checkpoint is the one that grows the cache
-    /// (`Engine::checkpoint_grown`): its layout and the device's size.
+    /// (`Cache::checkpoint_grown`): its layout and the device's size.
     grow_to: Option<(Layout, u64)>,
 }
 

@@ -7,7 +7,7 @@
 //! are its block numbers: a cache of one origin keeps the format, the
 //! 4-byte entries and the speed it had before volumes.
 //!
-//! A request never crosses a volume's end (`Engine::check_span`), so the
+//! A request never crosses a volume's end (`Cache::check_span`), so the
 //! blocks of one request are consecutive keys of one volume.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -19,8 +19,8 @@ use super::cache::Cache;
 use super::options::Placement;
 use super::table::Meta;
 
-/// What the engine does that depends on its placement. The methods take
-/// the engine they work on: the steps they use are still `Engine` methods.
+/// What the cache does that depends on its placement. The methods are
+/// handed the `Cache` they work on, whose steps they use.
 pub(crate) trait Placer: Send + Sync {
     /// The setting this placement is (`create --placement`, the superblock
     /// flag, `status`).

@@ -12,7 +12,7 @@
 //! `Meta::may_overwrite`).
 //!
 //! Kept under the metadata lock and changed only by records (`note`),
-//! the same at run time (`Engine::append`) and in recovery's replay: the
+//! the same at run time (`Cache::append`) and in recovery's replay: the
 //! table's records say which slot holds what, two more say when a group
 //! closes (`Close`, at a client flush) and when one is on the origin
 //! (`Done`, after the origin flush that ends its writeback, which frees its
@@ -351,7 +351,7 @@ mod tests {
         Table::new(8, crate::engine::origin::address::KeySpace::one(64), 8)
     }
 
-    /// Applies `r` to the table and the groups, as `Engine::append` does.
+    /// Applies `r` to the table and the groups, as `Cache::append` does.
     fn apply(t: &mut Table, g: &mut Groups, r: Record) -> (Option<u32>, Vec<u32>) {
         let out = g.note(t, &r);
         t.apply(&r);

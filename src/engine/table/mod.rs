@@ -3,7 +3,7 @@
 //!
 //! `Meta`'s fields are private to this folder. Other parts read the
 //! mappings through `Meta::table` (a `&Table`: lookups, sector maps,
-//! counts) and change them only by appending records (`Engine::append`,
+//! counts) and change them only by appending records (`Cache::append`,
 //! `slots.rs`), which the journal makes durable and replays whole or not at
 //! all. Slots are allocated, evicted and filled with data here too.
 //!

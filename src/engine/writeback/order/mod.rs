@@ -18,8 +18,8 @@ use crate::engine::cache::Cache;
 use crate::engine::origin::locks::BlockLocks;
 use crate::engine::{EngineResult, WritebackOrder};
 
-/// What writeback does that depends on its order. The methods take the
-/// engine they work on: the steps they use are still `Engine` methods.
+/// What writeback does that depends on its order. The methods are handed
+/// the `Cache` they work on, whose steps they use.
 pub(crate) trait Order: Send + Sync {
     /// The setting this order is (`create --writeback-order`, the
     /// superblock flag, `status`).
