@@ -574,6 +574,37 @@ fn impossibly_large_sequence_numbers_are_refused_not_a_panic() {
     }
 }
 
+/// The same for the second page of a last commit of two: the first page is
+/// intact, replay ends before the commit, and `check` names the page that
+/// failed. Found by the long form's corruption trials (dirty shutdown,
+/// seed 4, trial 0 of "journal, last commit (2 pages)"): open lost the
+/// last commit, as it should, and `check` said nothing of the journal.
+#[test]
+fn check_names_a_damaged_later_page_of_the_last_commit() {
+    let base = build_base(false, 600, 4 << 20, 140, 300, 4);
+    let last = regions(&base)
+        .into_iter()
+        .find(|r| r.kind == Kind::LastCommit && r.ranges.len() == 2)
+        .expect("a last commit of two pages");
+    for (i, range) in last.ranges.iter().enumerate().rev() {
+        let mut image = base.cache.clone();
+        image[range.0 + 40] ^= 0x01;
+        let (_, cache) = common::restart_dev("cache", image, 0);
+        let report = check(&cache, Some(4 << 20));
+        assert!(report.ok, "page {i}: {:?}", report.findings);
+        assert!(
+            report
+                .findings
+                .iter()
+                .any(|f| f.starts_with("note: journal page")
+                    && f.contains("fails its checks")
+                    && f.contains("replay ends before the commit")),
+            "page {i}: {:?}",
+            report.findings
+        );
+    }
+}
+
 /// Damage to the last page of the journal cannot be told from a commit torn
 /// by a crash, so replay ends before it (the last commit is lost); `check`
 /// now says so instead of nothing.

@@ -709,18 +709,29 @@ fn check_journal_end(
             }
         }
     }
-    // A page that fails its checks where the replay ended is the torn last
-    // page of a commit cut by a power loss (never acknowledged), or damage
-    // to the last commit (then lost): the two cannot be told apart. Either
-    // way replay ends before it; `check` says so.
-    let end_page = page_at(seq);
-    Ok(match parse_journal_page(end_page) {
-        Err(e) if end_page.iter().any(|&b| b != 0) => Some(format!(
-            "journal page {seq} (byte offset {}) fails its checks ({e}); replay ends before it: the torn end of a commit cut by a crash, or damage that loses the last commit",
-            layout.journal_page_offset(seq)
-        )),
-        _ => None,
-    })
+    // A page that fails its checks where the replay ended (the commit's
+    // first page, or a later page of a commit whose first page is intact)
+    // is the torn end of a commit cut by a power loss (never
+    // acknowledged), or damage to the last commit (then lost): the two
+    // cannot be told apart. Either way replay ends before that commit;
+    // `check` says so.
+    let failing = match parse_journal_page(page_at(seq)) {
+        Err(e) => Some((seq, e)),
+        Ok(p) if p.seq == seq && p.commit_first_seq == seq => (seq + 1
+            ..(seq + p.commit_pages as u64).min(end))
+            .find_map(|s| parse_journal_page(page_at(s)).err().map(|e| (s, e))),
+        Ok(_) => None,
+    };
+    Ok(failing
+        .filter(|(s, _)| page_at(*s).iter().any(|&b| b != 0))
+        .map(|(s, e)| {
+            format!(
+                "journal page {s} (byte offset {}) fails its checks ({e}); replay ends before the \
+                 commit at page {seq}: the torn end of a commit cut by a crash, or damage that \
+                 loses the last commit",
+                layout.journal_page_offset(s)
+            )
+        }))
 }
 
 /// The current superblock; of a cache set, after its metadata copies
