@@ -312,11 +312,7 @@ impl Engine {
     /// (`serve --origin-grew`) or `resize` run once more.
     pub fn grow_volume(&self, v: usize) -> EngineResult<(u64, u64)> {
         self.cache.check_open()?;
-        let origin = self
-            .cache
-            .origins
-            .get(v)
-            .ok_or_else(|| self.cache.no_volume(v))?;
+        let origin = self.cache.volume(v)?;
         let was = origin.bytes();
         let now = origin.device().refresh_size()?;
         origin::checks::check_growth(origin.device(), origin.name(), was, now)?;
@@ -467,11 +463,7 @@ impl Engine {
     /// given the origins left.
     pub fn remove_volume(&self, v: usize, progress: &mut dyn FnMut(u64, u64)) -> EngineResult<()> {
         self.cache.check_open()?;
-        let origin = self
-            .cache
-            .origins
-            .get(v)
-            .ok_or_else(|| self.cache.no_volume(v))?;
+        let origin = self.cache.volume(v)?;
         self.removable(origin)?;
         self.cache.write_back_volume(v, progress)?;
         self.cache.order.check_written_back(&self.cache)?;
@@ -506,11 +498,7 @@ impl Engine {
         progress: &mut dyn FnMut(u64, u64),
     ) -> EngineResult<()> {
         self.cache.check_open()?;
-        let origin = self
-            .cache
-            .origins
-            .get(v)
-            .ok_or_else(|| self.cache.no_volume(v))?;
+        let origin = self.cache.volume(v)?;
         self.removable(origin)?;
         self.cache.order.removes_served()?;
         self.claim_removal(origin)?;
@@ -1040,10 +1028,7 @@ impl Engine {
     /// Switches volume `v`'s mode; the others keep theirs. Leaving a mode
     /// that holds dirty data writes that volume's back first.
     pub fn set_volume_mode(&self, v: usize, mode: Mode) -> EngineResult<()> {
-        self.cache
-            .origins
-            .get(v)
-            .ok_or_else(|| self.cache.no_volume(v))?;
+        self.cache.volume(v)?;
         match self.cache.origins.len() {
             1 => self.switch_mode(None, mode),
             _ => self.switch_mode(Some(v), mode),
@@ -1056,11 +1041,7 @@ impl Engine {
     /// whole cache.
     pub fn set_share(&self, v: usize, share: Share) -> EngineResult<()> {
         self.cache.check_open()?;
-        let origin = self
-            .cache
-            .origins
-            .get(v)
-            .ok_or_else(|| self.cache.no_volume(v))?;
+        let origin = self.cache.volume(v)?;
         share.valid().map_err(EngineError::Config)?;
         if self.cache.origins.len() < 2 {
             return Err(EngineError::Config(
@@ -1355,6 +1336,12 @@ fn member_usage(
 }
 
 impl Cache {
+    /// Volume `v`'s origin, or the refusal of an index the cache does not
+    /// have.
+    pub(crate) fn volume(&self, v: usize) -> EngineResult<&origin::Origin> {
+        self.origins.get(v).ok_or_else(|| self.no_volume(v))
+    }
+
     /// The refusal of a volume index the cache does not have.
     fn no_volume(&self, v: usize) -> EngineError {
         EngineError::Config(format!(

@@ -338,7 +338,7 @@ impl Cache {
         len: u64,
         progress: &mut dyn FnMut(u64, u64),
     ) -> EngineResult<()> {
-        let origin = self.origins.get(v).ok_or_else(|| self.no_volume(v))?;
+        let origin = self.volume(v)?;
         let at = super::origin::address::in_volume(origin.base(), offset);
         self.warm(at, len, progress)
     }

@@ -135,7 +135,7 @@ impl Cache {
     /// without them.
     pub fn flush_volume(&self, v: usize) -> EngineResult<()> {
         self.check_open()?;
-        let origin = self.origins.get(v).ok_or_else(|| self.no_volume(v))?;
+        let origin = self.volume(v)?;
         bump(&self.stats.flush_requests, 1);
         self.order.client_flush(self);
         self.timed_request(Op::Flush, || {

@@ -278,7 +278,7 @@ impl Cache {
     /// its write back): each must be clean. Fails, dropping none, naming
     /// how many are still dirty.
     pub(crate) fn drop_volume_blocks(&self, v: usize) -> EngineResult<()> {
-        let origin = self.origins.get(v).ok_or_else(|| self.no_volume(v))?;
+        let origin = self.volume(v)?;
         let mut m = self.meta.lock();
         let held = volume_slots(&m, origin);
         let dirty = held.iter().filter(|&&(_, _, d)| d).count();
@@ -303,7 +303,7 @@ impl Cache {
     /// on goes around the cache. Returns how many of its blocks are left:
     /// dirty ones (write them back, then call again) and busy ones.
     pub(crate) fn drop_volume_blocks_served(&self, v: usize) -> EngineResult<usize> {
-        let origin = self.origins.get(v).ok_or_else(|| self.no_volume(v))?;
+        let origin = self.volume(v)?;
         let mut m = self.meta.lock();
         m.seal_volume(v);
         let held = volume_slots(&m, origin);

@@ -536,7 +536,7 @@ impl Cache {
         keys: &[u64],
         pace: Pace,
     ) -> EngineResult<usize> {
-        let origin = self.origins.get(v).ok_or_else(|| self.no_volume(v))?;
+        let origin = self.volume(v)?;
         self.writeback_volume(origin, keys, pace, None)
     }
 
@@ -849,7 +849,7 @@ impl Cache {
         v: usize,
         progress: &mut dyn FnMut(u64, u64),
     ) -> EngineResult<()> {
-        let origin = self.origins.get(v).ok_or_else(|| self.no_volume(v))?;
+        let origin = self.volume(v)?;
         self.write_back_where(&|key| origin.cacheable(key), progress)
     }
 
