@@ -42,10 +42,13 @@ fn ok(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Asserts a refusal (exit 1) whose error line holds every one of `what`.
+/// Asserts a refusal whose error line holds every one of `what`: exit 4
+/// (busy) for a device in use, else 7 (refused for safety).
 fn refused(out: &Output, what: &[&str]) -> String {
     let err = stderr(out);
-    assert_eq!(out.status.code(), Some(1), "not refused: {err}");
+    let busy = (what.iter()).any(|w| w.contains("in use") || w.contains("exclusively"));
+    let code = if busy { 4 } else { 7 };
+    assert_eq!(out.status.code(), Some(code), "not refused: {err}");
     let line = err
         .lines()
         .find(|l| l.starts_with("tiercache: error: "))

@@ -207,14 +207,14 @@ fn round_trip_create_status_flush_set_mode_detach() {
     assert_eq!(status_json(&s)["writeback"]["max_age_secs"], 4);
     fails(
         &s.tc(&["set-writeback", "--low", "90"]),
-        1,
+        2,
         "above the high",
     );
     let before = hash(&cache);
-    fails(&s.tc(&["set-writeback", "--high", "101"]), 1, "above 100%");
+    fails(&s.tc(&["set-writeback", "--high", "101"]), 2, "above 100%");
     fails(
         &s.tc(&["set-writeback", "--age", "0"]),
-        1,
+        2,
         "at least 1 second",
     );
     assert_eq!(hash(&cache), before, "refused settings opened the cache");
@@ -243,22 +243,22 @@ fn round_trip_create_status_flush_set_mode_detach() {
     let before = hash(&cache);
     fails(
         &s.tc(&["set-admission", "--promote-after", "0"]),
-        1,
+        2,
         "outside 1..=15",
     );
     fails(
         &s.tc(&["set-admission", "--guard", "maybe"]),
-        1,
+        2,
         "on or off",
     );
     fails(
         &s.tc(&["set-admission", "--sequential-cutoff", "1000"]),
-        1,
+        2,
         "multiple of 512",
     );
     fails(
         &s.tc(&["set-policy", "clock"]),
-        1,
+        2,
         "unknown replacement policy 'clock'",
     );
     assert_eq!(hash(&cache), before, "refused settings opened the cache");
@@ -289,7 +289,7 @@ fn round_trip_create_status_flush_set_mode_detach() {
     assert!(out.contains("1 dirty blocks written back"), "{out}");
     assert!(origin_holds(&origin, 4 << 20, 65536, 3));
     assert_eq!(status_json(&s)["mode"], "writethrough");
-    fails(&s.tc(&["set-mode", "fast"]), 1, "unknown cache mode 'fast'");
+    fails(&s.tc(&["set-mode", "fast"]), 2, "unknown cache mode 'fast'");
     ok(&s.tc(&["set-mode", "writeback"]));
 
     // Detach writes back what is dirty and leaves the origin alone.
@@ -310,9 +310,9 @@ fn round_trip_create_status_flush_set_mode_detach() {
         );
     }
     assert!(!s.state.join("caches/tc0.json").exists());
-    fails(&s.tc(&["status"]), 1, "no cache; run tiercache create");
+    fails(&s.tc(&["status"]), 3, "no cache; run tiercache create");
     // The cache device holds no cache any more.
-    fails(&s.tc(&["check", "--cache", &cache]), 1, "damage");
+    fails(&s.tc(&["check", "--cache", &cache]), 5, "damage");
 }
 
 #[test]
@@ -346,35 +346,44 @@ fn bad_arguments_write_nothing() {
         (vec!["--name", "a/b"], "invalid cache name"),
     ];
     for (extra, what) in cases {
-        fails(&s.create(&origin, &cache, &extra), 1, what);
+        fails(&s.create(&origin, &cache, &extra), 2, what);
     }
-    let device_cases: Vec<([&str; 4], &str)> = vec![
-        (["--origin", &missing, "--cache", &cache], "No such file"),
-        (["--origin", &origin, "--cache", &missing], "No such file"),
-        (["--origin", &origin, "--cache", &small_cache], "too small"),
-        (["--origin", &origin, "--cache", "ram:64M"], "RAM"),
-        (["--origin", &origin, "--cache", &origin], "same device"),
+    // Exit 3: not there; 2: not usable as asked (tiercache --help).
+    let device_cases: Vec<([&str; 4], i32, &str)> = vec![
+        (["--origin", &missing, "--cache", &cache], 3, "No such file"),
+        (
+            ["--origin", &origin, "--cache", &missing],
+            3,
+            "No such file",
+        ),
+        (
+            ["--origin", &origin, "--cache", &small_cache],
+            2,
+            "too small",
+        ),
+        (["--origin", &origin, "--cache", "ram:64M"], 2, "RAM"),
+        (["--origin", &origin, "--cache", &origin], 2, "same device"),
     ];
-    for (args, what) in device_cases {
+    for (args, code, what) in device_cases {
         let mut args = args.to_vec();
         args.insert(0, "create");
-        fails(&s.tc(&args), 1, what);
+        fails(&s.tc(&args), code, what);
     }
     fails(
         &s.create(&tiny_origin, &cache, &["--block-size", "64K"]),
-        1,
+        2,
         "smaller than one cache block",
     );
     assert_eq!(hashes(), before, "a refused create wrote a device");
-    fails(&s.tc(&["status"]), 1, "no cache; run tiercache create");
+    fails(&s.tc(&["status"]), 3, "no cache; run tiercache create");
 
     // Over an existing cache.
     ok(&s.create(&origin, &cache, &[]));
     let created = hashes();
-    fails(&s.create(&origin, &cache, &[]), 1, "already registered");
+    fails(&s.create(&origin, &cache, &[]), 7, "already registered");
     fails(
         &s.create(&origin, &cache, &["--name", "tc1"]),
-        1,
+        7,
         "already used by cache 'tc0'",
     );
     let other_state = s.dir.path().join("other-state");
@@ -383,31 +392,31 @@ fn bad_arguments_write_nothing() {
             &other_state,
             &["create", "--origin", &origin, "--cache", &cache],
         ),
-        1,
+        7,
         "already holds a tiercache cache",
     );
     fails(
         &s.tc(&["status", "--name", "nope"]),
-        1,
+        3,
         "no cache named 'nope'; registered: tc0",
     );
     fails(
         &s.tc(&["flush", "--name", "nope"]),
-        1,
+        3,
         "no cache named 'nope'",
     );
     fails(
         &s.tc(&["detach", "--name", "nope"]),
-        1,
+        3,
         "no cache named 'nope'",
     );
-    fails(&s.tc(&["set-mode", "fast"]), 1, "unknown cache mode");
+    fails(&s.tc(&["set-mode", "fast"]), 2, "unknown cache mode");
     assert_eq!(hashes(), created, "a refused command wrote a device");
 
     // --force replaces the registration; the device holding the old cache
     // also takes --wipe (one flag, one consent).
     let writethrough = ["--force", "--mode", "writethrough"];
-    fails(&s.create(&origin, &cache, &writethrough), 1, "pass --wipe");
+    fails(&s.create(&origin, &cache, &writethrough), 7, "pass --wipe");
     assert_eq!(hashes(), created, "a refused create wrote a device");
     let out = ok(&s.create(&origin, &cache, &[&writethrough[..], &["--wipe"]].concat()));
     assert!(out.contains("writethrough"), "{out}");
@@ -418,7 +427,7 @@ fn bad_arguments_write_nothing() {
 #[test]
 fn default_name_needs_exactly_one_cache() {
     let s = Setup::new();
-    fails(&s.tc(&["flush"]), 1, "no cache; run tiercache create");
+    fails(&s.tc(&["flush"]), 3, "no cache; run tiercache create");
     for n in ["a", "b"] {
         let origin = s.sparse(&format!("{n}-origin.img"), ORIGIN_BYTES);
         let cache = s.sparse(&format!("{n}-cache.img"), CACHE_BYTES);
@@ -426,7 +435,7 @@ fn default_name_needs_exactly_one_cache() {
     }
     fails(
         &s.tc(&["status"]),
-        1,
+        2,
         "several caches are registered (a, b); pick one with --name",
     );
     let st: serde_json::Value =
@@ -462,24 +471,24 @@ fn check_reports_corrupted_checkpoint() {
 
     let before = hash(&cache);
     let out = s.tc(&["check"]);
-    fails(&out, 1, "metadata damage found");
+    fails(&out, 5, "metadata damage found");
     let text = stdout(&out);
     assert!(
         text.contains("DAMAGE") && text.contains("checkpoint"),
         "{text}"
     );
     let out = s.tc(&["check", "--json"]);
-    fails(&out, 1, "metadata damage found");
+    fails(&out, 5, "metadata damage found");
     let report: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(report["ok"], false);
     fails(
         &s.tc(&["check", "--cache", &cache]),
-        1,
+        5,
         "metadata damage found",
     );
     assert_eq!(hash(&cache), before, "check wrote the cache device");
     // The engine refuses it too, in one line.
-    fails(&s.tc(&["status"]), 1, "corrupted");
+    fails(&s.tc(&["status"]), 5, "corrupted");
     assert_eq!(
         hash(&cache),
         before,
@@ -550,7 +559,7 @@ fn cache_set_create_status_replace_and_bad_arguments() {
     ] {
         let mut full = vec!["create", "--origin", &origin];
         full.extend(args);
-        fails(&s.tc(&full), 1, what);
+        fails(&s.tc(&full), 2, what);
     }
     assert_eq!(hashes(), before, "a refused create changed a device");
 
@@ -563,10 +572,10 @@ fn cache_set_create_status_replace_and_bad_arguments() {
     assert!(text.contains("cache set") && text.contains(&b), "{text}");
 
     // Replacing: not a member, or a cache that is not a set.
-    fails(&s.tc(&["replace-cache", &c, &tiny]), 1, "not a member");
+    fails(&s.tc(&["replace-cache", &c, &tiny]), 3, "not a member");
     // b disappears: opening needs --degraded or a replacement.
     std::fs::remove_file(&b).unwrap();
-    fails(&s.tc(&["status"]), 1, "replace-cache");
+    fails(&s.tc(&["status"]), 6, "replace-cache");
     ok(&s.tc(&["replace-cache", &b, &c]));
     let st = status_json(&s);
     assert_eq!(st["cache_set_state"], "whole", "{st}");

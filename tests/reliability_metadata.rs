@@ -390,9 +390,9 @@ fn cli_check(dir: &Path, img: &[u8], region: &Region, origin_bytes: u64) -> Resu
         (code == Some(0))
             .then_some(())
             .ok_or_else(|| format!("tiercache check exit {code:?} on intact metadata:\n{text}"))
-    } else if code != Some(1) || !text.contains(&region.keyword) {
+    } else if code != Some(5) || !text.contains(&region.keyword) {
         Err(format!(
-            "tiercache check exit {code:?}, expected 1 naming '{}':\n{text}",
+            "tiercache check exit {code:?}, expected 5 (damaged) naming '{}':\n{text}",
             region.keyword
         ))
     } else {
@@ -888,7 +888,8 @@ fn dirty_cache_refuses_another_origin_file_engine_and_cli() {
         ] {
             let out = tc(&state, &args);
             let err = String::from_utf8_lossy(&out.stderr);
-            assert_eq!(out.status.code(), Some(1), "{what}: {args:?}: {err}");
+            // 7: refused for safety (tiercache --help).
+            assert_eq!(out.status.code(), Some(7), "{what}: {args:?}: {err}");
             assert!(err.contains("origin mismatch"), "{what}: {args:?}: {err}");
         }
         assert_eq!(hashes(), before, "{what}: a refused command wrote a file");

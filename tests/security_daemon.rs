@@ -122,7 +122,8 @@ fn run_to_end(mut cmd: Command) -> Output {
 
 /// `serve` that must refuse to start: a clean exit with status 1 (never
 /// a signal such as SIGBUS); returns what it said.
-fn serve_refused(s: &Setup, env: &[(&str, &Path)]) -> String {
+/// `code`: the exit code of the refusal's class (`tiercache --help`).
+fn serve_refused(s: &Setup, env: &[(&str, &Path)], code: i32) -> String {
     let (mut cmd, _) = serve_cmd(s, &[], env);
     cmd.env_remove("RUST_LOG");
     let out = run_to_end(cmd);
@@ -132,7 +133,7 @@ fn serve_refused(s: &Setup, env: &[(&str, &Path)]) -> String {
         None,
         "serve was killed by a signal: {err}"
     );
-    assert_eq!(out.status.code(), Some(1), "serve did not refuse: {err}");
+    assert_eq!(out.status.code(), Some(code), "serve did not refuse: {err}");
     err
 }
 
@@ -161,7 +162,7 @@ fn a_planted_crash_log_directory_is_refused() {
     std::os::unix::fs::symlink(&canary, planted.join(log_name(&s))).unwrap();
     chown(&planted, OTHER_UID);
     chmod(&planted, 0o777);
-    let err = serve_refused(&s, &[("TIERCACHE_CRASH_LOG_DIR", &planted)]);
+    let err = serve_refused(&s, &[("TIERCACHE_CRASH_LOG_DIR", &planted)], 7);
     for want in [
         "crash log directory",
         planted.to_str().unwrap(),
@@ -205,7 +206,7 @@ fn a_symlinked_crash_log_is_refused_and_its_target_untouched() {
     std::fs::write(&canary, vec![0x5a; 10_000]).unwrap();
     let before = file_bytes(&canary);
     std::os::unix::fs::symlink(&canary, dir.join(log_name(&s))).unwrap();
-    let err = serve_refused(&s, &[("TIERCACHE_CRASH_LOG_DIR", &dir)]);
+    let err = serve_refused(&s, &[("TIERCACHE_CRASH_LOG_DIR", &dir)], 7);
     assert!(
         err.contains("symbolic link") && err.contains(&log_name(&s)),
         "{err}"
@@ -221,7 +222,7 @@ fn a_symlinked_crash_log_is_refused_and_its_target_untouched() {
 fn a_state_directory_others_may_write_is_refused() {
     let s = Setup::new("writeback");
     chmod(&s.state().join("caches"), 0o777);
-    let err = serve_refused(&s, &[]);
+    let err = serve_refused(&s, &[], 7);
     assert!(
         err.contains("state directory") && err.contains("mode 0777") && err.contains("chmod go-w"),
         "{err}"
@@ -276,7 +277,7 @@ impl Drop for Tmpfs {
 fn a_full_tmpfs_fails_the_start_not_a_later_store() {
     let s = Setup::new("writeback");
     let shm = Tmpfs::mount("1m");
-    let err = serve_refused(&s, &[("TIERCACHE_CRASH_LOG_DIR", shm.path())]);
+    let err = serve_refused(&s, &[("TIERCACHE_CRASH_LOG_DIR", shm.path())], 1);
     assert!(
         err.contains("cannot allocate") && err.contains("No space left on device"),
         "{err}"

@@ -422,7 +422,8 @@ fn status_shows_frontends_and_detach_waits_for_clients() {
     );
     let out = s.cli_output(&["detach"]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "detach under a client succeeded");
+    // 7: refused for safety, the class the daemon sends with its refusal.
+    assert_eq!(out.status.code(), Some(7), "detach under a client: {err}");
     assert!(
         err.contains("refusing to detach cache 'tc0': 1 NBD client is connected")
             && err.contains("--force"),

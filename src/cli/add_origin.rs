@@ -18,6 +18,7 @@ use tiercache::engine::format::volumes::default_name;
 use tiercache::engine::{recovery, Engine, OpenOptions};
 
 use super::control::{self, Request};
+use super::exit::fail;
 use super::registry::{self, Entry, Registry};
 use super::units::{human_bytes, parse_mode};
 use super::NameArg;
@@ -41,7 +42,8 @@ pub struct Args {
 pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     let mode = a.mode.as_deref().map(parse_mode).transpose()?;
     if a.origin.starts_with("ram:") {
-        bail!(
+        fail!(
+            Usage,
             "origin '{}' is volatile: a RAM device cannot be an origin",
             a.origin
         );
@@ -143,7 +145,11 @@ fn refuse_used(reg: &Registry, path: &str) -> Result<()> {
             .iter()
             .any(|d| registry::same_file(path, d))
         {
-            bail!("{path} is already a device of cache '{}'", other.name);
+            fail!(
+                Refused,
+                "{path} is already a device of cache '{}'",
+                other.name
+            );
         }
     }
     Ok(())

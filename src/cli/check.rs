@@ -1,12 +1,14 @@
 //! `tiercache check`: verify a cache device's metadata offline. Reads only:
 //! every device is opened read-only under a shared lock (a cache a daemon
 //! serves is refused, naming it), and nothing is written.
-//! Exit code 0 when the metadata is intact, 1 when damage was found.
+//! Exit code 0 when the metadata is intact, 5 (damaged) when damage was
+//! found.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use tiercache::device::open_device_read_only;
 use tiercache::engine::recovery::{self, CheckReport, CrashLogs};
 
+use super::exit::fail;
 use super::registry::{Lock, Registry};
 use super::target::open_cache_read_only;
 
@@ -70,21 +72,40 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     if let Some(s) = spinner {
         s.finish_and_clear();
     }
-    if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report).context("encoding the report")?
-        );
-    } else {
-        print!("{}", human(&label, &report));
-    }
+    print_report(a.json, &label, &report)?;
     if !report.ok {
         let n = report
             .findings
             .iter()
             .filter(|f| f.starts_with("DAMAGE"))
             .count();
-        bail!("{label}: metadata damage found ({n} findings marked DAMAGE)");
+        fail!(
+            Damaged,
+            "{label}: metadata damage found ({n} findings marked DAMAGE)"
+        );
+    }
+    Ok(())
+}
+
+/// The report as JSON (with its schema version) or for people.
+fn print_report(json: bool, label: &str, report: &CheckReport) -> Result<()> {
+    if json {
+        #[derive(serde::Serialize)]
+        struct CheckJson<'a> {
+            schema_version: u32,
+            #[serde(flatten)]
+            report: &'a CheckReport,
+        }
+        let json = CheckJson {
+            schema_version: super::list::SCHEMA_VERSION,
+            report,
+        };
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json).context("encoding the report")?
+        );
+    } else {
+        print!("{}", human(label, report));
     }
     Ok(())
 }

@@ -11,12 +11,13 @@
 //! `--lose-dirty-data` accepts losing the dirty blocks of the cache being
 //! replaced or wiped, which would leave its origin stale.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use tiercache::device::probe::{erase, probe_device, Signature, TIERCACHE_CACHE};
 use tiercache::device::{open_device, DeviceRef};
 use tiercache::engine::format::Layout;
 use tiercache::engine::{CreateOptions, Engine, Placement, WritebackSettings};
 
+use super::exit::{classed, fail};
 use super::registry::{self, Entry, Registry};
 use super::units::{
     check_writeback, human_bytes, parse_block_size, parse_mode, parse_placement, parse_policy,
@@ -210,13 +211,13 @@ fn volume_names(a: &Args) -> Result<Vec<String>> {
     } else if a.volume.len() == a.origin.len() {
         a.volume.clone()
     } else {
-        bail!(
+        fail!(Usage,
             "{} --volume names for {} --origin devices: name every volume, in the order of the origins, or none",
             a.volume.len(),
             a.origin.len()
         );
     };
-    names_valid(&names).map_err(anyhow::Error::msg)?;
+    names_valid(&names).map_err(|e| classed!(Usage, "{e}"))?;
     Ok(names)
 }
 
@@ -253,13 +254,14 @@ fn checked_options(a: &Args) -> Result<(CreateOptions, Vec<String>, Vec<String>)
     let specs = a.cache.iter().map(|c| ("cache", c));
     for (role, spec) in specs.chain(a.origin.iter().map(|o| ("origin", o))) {
         if spec.starts_with("ram:") {
-            bail!(
+            fail!(Usage,
                 "{role} device '{spec}' is volatile: a RAM device does not outlive this command; RAM devices are for `tiercache serve`"
             );
         }
     }
     if a.cache.len() > tiercache::device::set::MAX_MEMBERS {
-        bail!(
+        fail!(
+            Usage,
             "{} cache devices given; a cache set has at most {}",
             a.cache.len(),
             tiercache::device::set::MAX_MEMBERS
@@ -269,7 +271,7 @@ fn checked_options(a: &Args) -> Result<(CreateOptions, Vec<String>, Vec<String>)
     for o in &a.origin {
         let p = registry::absolute(o)?;
         if let Some(q) = origin_paths.iter().find(|q| registry::same_file(q, &p)) {
-            bail!("origin {p} is given twice (as {q})");
+            fail!(Usage, "origin {p} is given twice (as {q})");
         }
         origin_paths.push(p);
     }
@@ -277,10 +279,10 @@ fn checked_options(a: &Args) -> Result<(CreateOptions, Vec<String>, Vec<String>)
     for c in &a.cache {
         let p = registry::absolute(c)?;
         if let Some(o) = origin_paths.iter().find(|o| registry::same_file(o, &p)) {
-            bail!("origin and cache are the same device ({o})");
+            fail!(Usage, "origin and cache are the same device ({o})");
         }
         if let Some(q) = cache_paths.iter().find(|q| registry::same_file(q, &p)) {
-            bail!("cache device {p} is given twice (as {q})");
+            fail!(Usage, "cache device {p} is given twice (as {q})");
         }
         cache_paths.push(p);
     }
@@ -299,7 +301,7 @@ fn check_registry(
     let old = reg.get(&a.name)?;
     if let Some(old) = &old {
         if !a.force {
-            bail!(
+            fail!(Refused,
                 "a cache named '{}' is already registered (origin {}, cache {}); choose another --name, or pass --force to replace it",
                 old.name,
                 old.origin,
@@ -313,7 +315,8 @@ fn check_registry(
         for (role, path) in caches.chain(origins) {
             let theirs = other.device_paths();
             if theirs.iter().any(|d| registry::same_file(path, d)) {
-                bail!(
+                fail!(
+                    Refused,
                     "{role} device {path} is already used by cache '{}'; detach that cache first",
                     other.name
                 );
@@ -352,7 +355,8 @@ fn refuse_losing_dirty_data(reg: &Registry, a: &Args, old: &Entry) -> Result<()>
     if dirty.cache_blocks_dirty == 0 {
         return Ok(());
     }
-    bail!(
+    fail!(
+        Refused,
         "cache '{}' holds {} dirty blocks ({}) not yet written back to its origin {}: \
          replacing it would lose them and leave the origin stale; run `tiercache flush --name {}` \
          (or `tiercache detach --name {}`) first, or pass --lose-dirty-data to accept the loss",
@@ -382,7 +386,11 @@ fn open_devices(
         let cache = open_device(p).with_context(|| format!("cache {p}"))?;
         let same = |o: &&DeviceRef| o.identity() != 0 && o.identity() == cache.identity();
         if let Some(o) = origins.iter().find(same) {
-            bail!("origin {} and cache {p} are the same device", o.name());
+            fail!(
+                Usage,
+                "origin {} and cache {p} are the same device",
+                o.name()
+            );
         }
         let found = refuse_signatures(&cache, a)?;
         caches.push((cache, found));
@@ -393,7 +401,7 @@ fn open_devices(
         [one] => Layout::compute(*one, block_bytes).map(|_| ()),
         more => Layout::set_geometry(more, block_bytes, a.mirror_share).map(|_| ()),
     }
-    .map_err(anyhow::Error::msg)
+    .map_err(|e| classed!(Usage, "{e}"))
     .context("cache")?;
     let mut caches = erase_signatures(caches)?;
     let cache = if caches.len() == 1 {
@@ -403,7 +411,7 @@ fn open_devices(
             .context("making the cache set")?
     };
     let layout = Layout::compute(cache.size_bytes(), block_bytes)
-        .map_err(anyhow::Error::msg)
+        .map_err(|e| classed!(Usage, "{e}"))
         .with_context(|| format!("cache {}", cache.name()))?;
     Ok((origins, cache, layout))
 }
@@ -419,7 +427,8 @@ fn open_origins(paths: &[String], block_bytes: u32) -> Result<Vec<DeviceRef>> {
     for p in paths {
         let origin = open_device(p).with_context(|| context(p))?;
         if origin.size_bytes() < u64::from(block_bytes) {
-            bail!(
+            fail!(
+                Usage,
                 "origin {p} ({}) is smaller than one cache block ({})",
                 human_bytes(origin.size_bytes()),
                 human_bytes(block_bytes.into())
@@ -427,7 +436,7 @@ fn open_origins(paths: &[String], block_bytes: u32) -> Result<Vec<DeviceRef>> {
         }
         let same = |o: &&DeviceRef| o.identity() != 0 && o.identity() == origin.identity();
         if let Some(o) = origins.iter().find(same) {
-            bail!("origins {} and {p} are the same device", o.name());
+            fail!(Usage, "origins {} and {p} are the same device", o.name());
         }
         origins.push(origin);
     }
@@ -479,7 +488,8 @@ fn refuse_signatures(cache: &DeviceRef, a: &Args) -> Result<Vec<Signature>> {
         })
         .collect();
     if !a.wipe {
-        bail!(
+        fail!(
+            Refused,
             "cache device {} already holds {}; create would destroy it: pass --wipe to format \
              it anyway",
             cache.name(),
@@ -488,7 +498,8 @@ fn refuse_signatures(cache: &DeviceRef, a: &Args) -> Result<Vec<Signature>> {
     }
     let dirty = ours.map_or(0, |r| r.cache_blocks_dirty);
     if dirty > 0 && !a.lose_dirty_data {
-        bail!(
+        fail!(
+            Refused,
             "cache device {} holds a tiercache cache with {dirty} dirty blocks not yet written \
              back to its origin: wiping it would lose them; flush or detach that cache first, or \
              pass --lose-dirty-data to accept the loss",

@@ -2,11 +2,12 @@
 //! A served cache whose device is in use (a mounted or open ublk device, a
 //! connected NBD client) is left alone unless `--force`.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use std::time::{Duration, Instant};
 
 use tiercache::daemon::frontends::{teardown_refusal, CLIENT_LEAVE_WAIT};
 
+use super::exit::fail;
 use super::flush::flush_with_progress;
 use super::registry::Registry;
 use super::target::{Opened, Target};
@@ -51,7 +52,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     let entry = opened.entry.clone();
     if !a.force {
         if let Some(why) = in_use(&opened.target)? {
-            bail!("refusing to detach cache '{}': {why}", entry.name);
+            fail!(Refused, "refusing to detach cache '{}': {why}", entry.name);
         }
     }
     // Written back here first for the progress bar; detach then finds

@@ -6,8 +6,9 @@
 //! with an I/O error rather than return old bytes, `status` lists them, and
 //! a write that covers a whole block makes it current again.
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 
+use super::exit::fail;
 use super::registry::Registry;
 use super::target::Opened;
 use super::units::human_bytes;
@@ -24,7 +25,8 @@ pub struct Args {
 
 pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     if !a.lose_dirty_data {
-        bail!(
+        fail!(
+            Refused,
             "giving the cache up loses every dirty block on it; pass --lose-dirty-data if the \
              device is gone for good (a device that answers again loses nothing: its dirty \
              data is written back)"

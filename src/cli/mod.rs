@@ -6,7 +6,9 @@
 //! operations over `<state-dir>/<name>.sock`; the command files do not change.
 //!
 //! Errors: `anyhow` lives here and nowhere below. Every failure is printed as
-//! one line, `tiercache: error: ...`, and exits with 1 (2 for usage errors).
+//! one line, `tiercache: error: ...`, and exits with its class's code
+//! (`exit.rs`: 2 usage, 3 not found, 4 busy, 5 damaged, 6 degraded, 7
+//! refused for safety, 1 anything else).
 
 mod add_origin;
 mod check;
@@ -14,8 +16,10 @@ mod claims;
 mod create;
 mod demo;
 mod detach;
+mod exit;
 mod flush;
 mod give_up;
+mod list;
 mod progress;
 mod remove_origin;
 mod replace_cache;
@@ -49,7 +53,9 @@ const DEFAULT_STATE_DIR: &str = "/var/lib/tiercache";
 #[command(
     name = "tiercache",
     version,
-    about = "A userspace block cache: a slow origin device cached on a fast cache device"
+    long_version = long_version(),
+    about = "A userspace block cache: a slow origin device cached on a fast cache device",
+    after_help = exit::EXIT_CODES
 )]
 struct Cli {
     /// Directory holding the registry of named caches.
@@ -76,6 +82,9 @@ enum Command {
     /// Take one origin out of a cache of several: its dirty data is written
     /// back and it stands alone (the cache must not be served meanwhile).
     RemoveOrigin(remove_origin::Args),
+    /// One line per cache and per volume, as lvs and casadm -L: chosen
+    /// fields, sorted, in chosen units, or JSON (writes nothing).
+    List(list::Args),
     /// Show mode, occupancy, counters and settings of a cache (writes
     /// nothing: a cache no daemon serves is read in place).
     Status(status::Args),
@@ -140,7 +149,7 @@ pub fn main() -> ExitCode {
                 error_line(&e),
                 claims::holder_note(&e)
             );
-            ExitCode::FAILURE
+            exit::failure(&e)
         }
     }
 }
@@ -151,6 +160,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Create(a) => create::run(&reg, &a),
         Command::AddOrigin(a) => add_origin::run(&reg, &a),
         Command::RemoveOrigin(a) => remove_origin::run(&reg, &a),
+        Command::List(a) => list::run(&reg, &a),
         Command::Status(a) => status::run(&reg, &a),
         Command::Flush(a) => flush::run(&reg, &a),
         Command::SetMode(a) => set_mode::run(&reg, &a),
@@ -168,6 +178,29 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Demo(a) => demo::run(&a),
         Command::Serve(a) => serve::run(&reg, &a),
     }
+}
+
+/// `--version`: the version, the commit it was built from, the on-disk
+/// formats it reads and writes, and the optional parts built in.
+fn long_version() -> String {
+    use tiercache::engine::format::{FORMAT_VERSION_GROWN, FORMAT_VERSION_ONE_VOLUME};
+    let features: Vec<&str> = [("ublk", cfg!(feature = "ublk"))]
+        .iter()
+        .filter(|(_, on)| *on)
+        .map(|(name, _)| *name)
+        .collect();
+    format!(
+        "{}\ncommit {}\non-disk format versions {FORMAT_VERSION_ONE_VOLUME} to {FORMAT_VERSION_GROWN} \
+         (a cache is written in the oldest its layout allows), cache set label {}\n\
+         features: nbd, tls, rbd (librbd loaded at run time){}",
+        env!("CARGO_PKG_VERSION"),
+        env!("TIERCACHE_COMMIT"),
+        tiercache::device::set::label::LABEL_VERSION,
+        features
+            .iter()
+            .map(|f| format!(", {f}"))
+            .collect::<String>(),
+    )
 }
 
 /// Help and version go out as clap renders them; a usage error becomes one

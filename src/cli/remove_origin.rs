@@ -25,6 +25,7 @@ use tiercache::engine::{recovery, Engine};
 use std::path::Path;
 
 use super::control::{self, Request, Response};
+use super::exit::fail;
 use super::progress::{self, Unit};
 use super::registry::{same_file, Entry, Registry};
 use super::NameArg;
@@ -64,7 +65,8 @@ pub fn remove_named(reg: &Registry, name: Option<&str>, volume: &str) -> Result<
     } else {
         let Some(v) = recorded.iter().position(|r| r.name == volume) else {
             let names: Vec<&str> = recorded.iter().map(|r| r.name.as_str()).collect();
-            bail!(
+            fail!(
+                NotFound,
                 "cache '{}' has no volume '{}' (its volumes: {})",
                 entry.name,
                 volume,
@@ -165,7 +167,8 @@ fn remove_served(reg: &Registry, entry: &Entry, socket: &Path, volume: &str) -> 
         }
         None => {
             let names: Vec<&str> = before.volumes.iter().map(|v| v.name.as_str()).collect();
-            bail!(
+            fail!(
+                NotFound,
                 "cache '{}' has no volume '{volume}' (its volumes: {})",
                 entry.name,
                 names.join(", ")

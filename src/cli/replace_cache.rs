@@ -4,8 +4,9 @@
 //! bar, while clients keep going. Through the daemon when one serves the
 //! cache, else on the cache opened here (degraded if OLD cannot be found).
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 
+use super::exit::fail;
 use super::progress::{self, Unit};
 use super::registry::{self, Registry};
 use super::target::Opened;
@@ -25,7 +26,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     let entry = reg.resolve(a.name.name.as_deref())?;
     let paths = entry.cache_paths();
     if paths.len() < 2 {
-        bail!(
+        fail!(Usage,
             "cache '{}' has one cache device ({}), not a cache set: there is nothing to rebuild from",
             entry.name,
             entry.cache
@@ -40,7 +41,8 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
                 .position(|p| registry::same_file(p, &old) || *p == old)
             {
                 Some(i) => i,
-                None => bail!(
+                None => fail!(
+                    NotFound,
                     "{} is not a member of cache '{}' (members: {})",
                     a.old,
                     entry.name,
@@ -55,7 +57,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         .into_iter()
         .find(|e| (e.device_paths().iter()).any(|d| registry::same_file(&new, d)))
     {
-        bail!("{new} is already used by cache '{}'", other.name);
+        fail!(Refused, "{new} is already used by cache '{}'", other.name);
     }
     let opened = Opened::open_with(reg, Some(&entry.name), true)?;
     let bar = progress::bar("rebuilding", 1, Unit::Bytes);

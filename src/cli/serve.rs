@@ -18,7 +18,7 @@ use std::net::ToSocketAddrs;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use tiercache::daemon::{DaemonConfig, EngineSource, TcpListen, UblkSettings};
 use tiercache::device::parse_size;
 use tiercache::engine::policy::PolicyKind;
@@ -26,9 +26,14 @@ use tiercache::engine::{CreateOptions, Mode};
 use tiercache::frontend::nbd::ServerConfig;
 use tiercache::nbd::{ServerCredentials, TlsAcceptor};
 
+use super::exit::{classed, fail};
 use super::registry::Registry;
 use super::units::parse_block_size;
 use super::NameArg;
+
+/// A build without the ublk front end hides its options from `--help`
+/// (`--ublk` still parses, and is refused naming the feature).
+const NO_UBLK: bool = !cfg!(feature = "ublk");
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -81,24 +86,24 @@ pub struct Args {
     /// Serve the volume as the kernel block device /dev/ublkbN (ublk)
     /// instead of over NBD (built with `--features ublk`). If /dev/ublkcN is left by a daemon that died,
     /// it is taken over (user recovery): its requests are reissued here.
-    #[arg(long)]
+    #[arg(long, hide = NO_UBLK)]
     ublk: bool,
     /// The ublk device number N; a cache of several volumes gets one
     /// device per volume, /dev/ublkb<N+v> for volume v.
-    #[arg(long, default_value_t = 0, requires = "ublk")]
+    #[arg(long, default_value_t = 0, requires = "ublk", hide = NO_UBLK)]
     ublk_id: i32,
     /// ublk queues (one thread each).
-    #[arg(long, default_value_t = 2, requires = "ublk", value_parser = clap::value_parser!(u16).range(1..=64))]
+    #[arg(long, default_value_t = 2, requires = "ublk", value_parser = clap::value_parser!(u16).range(1..=64), hide = NO_UBLK)]
     ublk_queues: u16,
     /// Requests each ublk queue takes at once.
-    #[arg(long, default_value_t = 64, requires = "ublk", value_parser = clap::value_parser!(u16).range(1..=4096))]
+    #[arg(long, default_value_t = 64, requires = "ublk", value_parser = clap::value_parser!(u16).range(1..=4096), hide = NO_UBLK)]
     ublk_queue_depth: u16,
     /// Complete each ublk write only once it is durable, as if FUA (a
     /// commit per write, shared by writes that complete together). Not
     /// needed against a daemon that dies: the crash log keeps every write
     /// it acknowledged. By default the device has a volatile write cache,
     /// as a disk does: the kernel sends FLUSH where the filesystem needs it.
-    #[arg(long, requires = "ublk")]
+    #[arg(long, requires = "ublk", hide = NO_UBLK)]
     ublk_durable_writes: bool,
     /// TLS on the TCP listener: off, on (clients choose) or require (every
     /// option but STARTTLS is refused until TLS is up). Default: require
@@ -217,7 +222,8 @@ fn tls_setup(a: &Args) -> Result<Option<(TlsAcceptor, bool)>> {
     });
     if let Some(addr) = &a.tcp {
         if mode != TlsMode::Require && !a.insecure && !is_loopback(addr)? {
-            bail!(
+            fail!(
+                Usage,
                 "--tcp {addr} serves the network without TLS: give --tls-certificates DIR or \
                  --tls-psk FILE (TLS is then required), or --insecure to serve plaintext anyway"
             );
@@ -225,7 +231,10 @@ fn tls_setup(a: &Args) -> Result<Option<(TlsAcceptor, bool)>> {
     }
     let acceptor = match (mode, creds) {
         (TlsMode::Off, _) => return Ok(None),
-        (_, None) => bail!("--tls={mode:?} needs --tls-certificates DIR or --tls-psk FILE"),
+        (_, None) => fail!(
+            Usage,
+            "--tls={mode:?} needs --tls-certificates DIR or --tls-psk FILE"
+        ),
         (_, Some(c)) => TlsAcceptor::new(&c).context("loading the TLS credentials")?,
     };
     Ok(Some((acceptor, mode == TlsMode::Require)))
@@ -254,18 +263,21 @@ fn verify_peer(a: &Args, dir: &std::path::Path) -> Result<bool> {
 /// The resource bounds from the flags, checked.
 fn server_limits(a: &Args) -> Result<ServerConfig> {
     let to_u32 = |v: u64, flag: &str| {
-        u32::try_from(v).map_err(|_| anyhow::anyhow!("{flag} {v} is above 4 GiB"))
+        u32::try_from(v).map_err(|_| classed!(Usage, "{flag} {v} is above 4 GiB"))
     };
     let max_request_bytes = to_u32(a.max_request_size, "--max-request-size")?;
     if max_request_bytes < 512 || max_request_bytes % 512 != 0 {
-        bail!("--max-request-size must be a non-zero multiple of 512");
+        fail!(
+            Usage,
+            "--max-request-size must be a non-zero multiple of 512"
+        );
     }
     let per_conn = to_u32(a.conn_buffer, "--conn-buffer")?;
     if per_conn < max_request_bytes {
-        bail!("--conn-buffer must be at least --max-request-size");
+        fail!(Usage, "--conn-buffer must be at least --max-request-size");
     }
     if a.total_buffer < u64::from(per_conn) {
-        bail!("--total-buffer must be at least --conn-buffer");
+        fail!(Usage, "--total-buffer must be at least --conn-buffer");
     }
     Ok(ServerConfig {
         max_request_bytes,

@@ -1,10 +1,11 @@
 //! `tiercache set-admission`: what may enter the cache (see
 //! engine/admission.rs). The same options are taken by `create`.
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::Result;
 use tiercache::device::parse_size;
 use tiercache::engine::AdmissionSettings;
 
+use super::exit::{classed, fail};
 use super::registry::Registry;
 use super::target::Opened;
 use super::units::human_bytes;
@@ -37,7 +38,10 @@ impl AdmissionArgs {
         let mut s = base;
         if let Some(c) = &self.sequential_cutoff {
             s.sequential_cutoff_bytes = parse_size(c).ok_or_else(|| {
-                anyhow!("sequential cutoff '{c}' is not a size (examples: 0, 512K, 4M)")
+                classed!(
+                    Usage,
+                    "sequential cutoff '{c}' is not a size (examples: 0, 512K, 4M)"
+                )
             })?;
         }
         if let Some(n) = self.promote_after {
@@ -50,10 +54,10 @@ impl AdmissionArgs {
             s.guard = match g.as_str() {
                 "on" => true,
                 "off" => false,
-                _ => bail!("--guard takes on or off, not '{g}'"),
+                _ => fail!(Usage, "--guard takes on or off, not '{g}'"),
             };
         }
-        s.validate().map_err(anyhow::Error::msg)?;
+        s.validate().map_err(|e| classed!(Usage, "{e}"))?;
         Ok(s)
     }
 }

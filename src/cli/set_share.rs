@@ -3,10 +3,11 @@
 //! default) or floors from the miss-ratio curves (`curve`), and a volume's
 //! guaranteed minimum and maximum share.
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use tiercache::engine::policy::share::{pct, ShareChange};
 use tiercache::engine::{Status, VolumeStatus};
 
+use super::exit::fail;
 use super::registry::Registry;
 use super::target::Opened;
 use super::units::{parse_share, parse_sharing};
@@ -39,7 +40,10 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         max_permille: a.max.as_deref().map(parse_share).transpose()?,
     };
     if change == ShareChange::default() {
-        bail!("nothing to change: give --sharing, or --volume with --min or --max");
+        fail!(
+            Usage,
+            "nothing to change: give --sharing, or --volume with --min or --max"
+        );
     }
     let opened = Opened::open(reg, a.name.name.as_deref())?;
     opened.target.set_share(&change)?;

@@ -6,6 +6,7 @@ use tiercache::daemon::Frontends;
 use tiercache::device::DeviceHealth;
 use tiercache::engine::{Status, VolumeStatus};
 
+use super::exit::classed;
 use super::registry::Registry;
 use super::target::Opened;
 use super::units::{human_bytes, human_duration, percent};
@@ -24,6 +25,8 @@ pub struct Args {
 /// when a daemon serves the cache, what it serves on.
 #[derive(Serialize)]
 struct StatusJson<'a> {
+    /// The version of this shape (`list::SCHEMA_VERSION`'s rule).
+    schema_version: u32,
     name: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     frontends: Option<&'a Frontends>,
@@ -38,6 +41,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     opened.finish()?;
     if a.json {
         let json = StatusJson {
+            schema_version: super::list::SCHEMA_VERSION,
             name: &opened.entry.name,
             frontends: frontends.as_ref(),
             status: &status,
@@ -65,9 +69,10 @@ pub fn volume<'a>(s: &'a Status, name: Option<&str>) -> Result<&'a VolumeStatus>
         None => s.volumes.first(),
         Some(n) => s.volumes.iter().find(|v| v.name == n),
     };
-    found.with_context(|| {
+    found.ok_or_else(|| {
         let names: Vec<&str> = s.volumes.iter().map(|v| v.name.as_str()).collect();
-        format!(
+        classed!(
+            NotFound,
             "no volume named '{}' in this cache (its volumes: {})",
             name.unwrap_or(""),
             names.join(", ")

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use tiercache::engine::Status;
 
+use super::exit::fail;
 use super::registry::Registry;
 use super::target::Opened;
 use super::units::{human_bytes, percent};
@@ -28,7 +29,7 @@ pub struct Args {
 
 pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     if !(0.05..=3600.0).contains(&a.interval) {
-        anyhow::bail!("--interval must be between 0.05 and 3600 seconds");
+        fail!(Usage, "--interval must be between 0.05 and 3600 seconds");
     }
     let opened = Opened::open_read_only(reg, a.name.name.as_deref())?;
     let live = matches!(opened.target, super::target::Target::Daemon(_));

@@ -1,7 +1,8 @@
 //! Parsing and printing the values operators type and read: sizes, modes,
 //! policies, percentages.
 
-use anyhow::{anyhow, bail, Context, Result};
+use super::exit::{classed, fail};
+use anyhow::Result;
 use tiercache::device::parse_size;
 use tiercache::engine::format::{block_bytes_valid, MAX_BLOCK_BYTES, MIN_BLOCK_BYTES};
 use tiercache::engine::policy::share::Sharing;
@@ -11,15 +12,20 @@ use tiercache::engine::{Mode, Placement, WritebackOrder, WritebackSettings};
 /// A cache block size: `4096`, `4K`, `64KiB`, `1M`; a power of two from
 /// 4 KiB to 1 MiB (the engine's limits).
 pub fn parse_block_size(s: &str) -> Result<u32> {
-    let bytes = parse_size(s)
-        .ok_or_else(|| anyhow!("block size '{s}' is not a size (examples: 4096, 4K, 64KiB, 1M)"))?;
+    let bytes = parse_size(s).ok_or_else(|| {
+        classed!(
+            Usage,
+            "block size '{s}' is not a size (examples: 4096, 4K, 64KiB, 1M)"
+        )
+    })?;
     if !block_bytes_valid(bytes) {
         let shown = if s.trim() == bytes.to_string() {
             format!("'{s}'")
         } else {
             format!("'{s}' ({bytes} bytes)")
         };
-        bail!(
+        fail!(
+            Usage,
             "block size {shown} is invalid: it must be a power of two from {} to {}",
             human_bytes(MIN_BLOCK_BYTES.into()),
             human_bytes(MAX_BLOCK_BYTES.into())
@@ -49,8 +55,11 @@ pub fn parse_share(s: &str) -> Result<u16> {
     }
     let pct: f64 = (s.strip_suffix('%').unwrap_or(s).parse().ok())
         .filter(|p: &f64| (0.0..=100.0).contains(p))
-        .with_context(|| {
-            format!("share '{s}' is not a percentage of the cache (0 to 100, or none)")
+        .ok_or_else(|| {
+            classed!(
+                Usage,
+                "share '{s}' is not a percentage of the cache (0 to 100, or none)"
+            )
         })?;
     Ok((pct * 10.0).round() as u16)
 }
@@ -90,7 +99,8 @@ fn one_of<T, const N: usize>(
     names: [&str; N],
 ) -> Result<T> {
     parsed.ok_or_else(|| {
-        anyhow!(
+        classed!(
+            Usage,
             "unknown {what} '{s}' (expected one of: {})",
             names.join(", ")
         )
@@ -100,7 +110,7 @@ fn one_of<T, const N: usize>(
 /// The engine's rule for writeback settings, checked before anything is
 /// written.
 pub fn check_writeback(w: &WritebackSettings) -> Result<()> {
-    w.validate().map_err(|e| anyhow!(e))
+    w.validate().map_err(|e| classed!(Usage, "{e}"))
 }
 
 /// `1536` -> `1.5 KiB`, `268435456` -> `256 MiB`.

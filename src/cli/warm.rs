@@ -3,9 +3,10 @@
 //! after N misses, the guard). Through the daemon when one serves the
 //! cache, else on the cache opened here.
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use tiercache::device::parse_size;
 
+use super::exit::fail;
 use super::progress::{self, Unit};
 use super::registry::Registry;
 use super::target::Opened;
@@ -36,11 +37,12 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     let opened = Opened::open(reg, a.name.name.as_deref())?;
     let before = opened.target.status()?;
     if !a.offset.is_multiple_of(512) || a.length.is_some_and(|l| !l.is_multiple_of(512)) {
-        bail!("--offset and --length must be multiples of 512");
+        fail!(Usage, "--offset and --length must be multiples of 512");
     }
     let volume_bytes = super::status::volume(&before, a.volume.as_deref())?.bytes;
     if a.offset >= volume_bytes {
-        bail!(
+        fail!(
+            Usage,
             "--offset {} is at or past the end of the volume ({})",
             a.offset,
             human_bytes(volume_bytes)

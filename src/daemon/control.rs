@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use super::class::{Class, Classed};
 use super::frontends::{Frontends, Served};
 use crate::engine::policy::share::ShareChange;
 use crate::engine::policy::PolicyKind;
@@ -48,9 +49,9 @@ pub enum ControlError {
         #[source]
         source: serde_json::Error,
     },
-    /// The daemon refused or failed the request; its message.
+    /// The daemon refused or failed the request; its message and class.
     #[error("{0}")]
-    Refused(String),
+    Refused(Classed),
 }
 
 type Result<T> = std::result::Result<T, ControlError>;
@@ -141,6 +142,10 @@ pub struct Response {
     pub ok: bool,
     #[serde(default)]
     pub error: Option<String>,
+    /// With an error: what kind of failure it is (`class.rs`); a daemon
+    /// of before classes sends none (taken as `failed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<Class>,
     #[serde(default)]
     pub status: Option<Status>,
     /// Set on the progress lines of a flush; absent on the final response.
@@ -152,18 +157,20 @@ pub struct Response {
 }
 
 impl Response {
-    pub(super) fn result(r: std::result::Result<Option<Status>, String>) -> Response {
+    pub(super) fn result(r: std::result::Result<Option<Status>, Classed>) -> Response {
         match r {
             Ok(status) => Response {
                 ok: true,
                 error: None,
+                class: None,
                 status,
                 progress: None,
                 frontends: None,
             },
             Err(e) => Response {
                 ok: false,
-                error: Some(e),
+                error: Some(e.message),
+                class: Some(e.class),
                 status: None,
                 progress: None,
                 frontends: None,
@@ -234,9 +241,10 @@ pub fn call_with_progress(
             continue;
         }
         if !resp.ok {
-            return Err(ControlError::Refused(
+            return Err(ControlError::Refused(Classed::new(
+                resp.class.unwrap_or(Class::Failed),
                 resp.error.unwrap_or_else(|| "request failed".into()),
-            ));
+            )));
         }
         return Ok(resp);
     }
@@ -252,17 +260,19 @@ fn add_origin(
     origin: &str,
     volume: &str,
     mode: Option<Mode>,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), Classed> {
     if !served.can_serve_added() {
-        return Err(
+        return Err(Classed::new(
+            Class::Refused,
             "this daemon cannot serve a volume added while it runs (--export-name names \
-                    a single volume): stop it, add the origin, start it again"
-                .into(),
-        );
+                    a single volume): stop it, add the origin, start it again",
+        ));
     }
-    let device = crate::device::open_device(origin).map_err(|e| e.to_string())?;
-    let v = (engine.add_volume(volume, device, mode)).map_err(|e| e.to_string())?;
-    served.serve_added(v)
+    let device = crate::device::open_device(origin)?;
+    let v = engine.add_volume(volume, device, mode)?;
+    served
+        .serve_added(v)
+        .map_err(|e| Classed::new(Class::Failed, e))
 }
 
 /// Takes volume `volume` out of the served cache, then its exports away.
@@ -271,17 +281,17 @@ fn remove_origin(
     served: &Served,
     volume: &str,
     progress: &mut dyn FnMut(u64, u64),
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), Classed> {
     if !served.can_unserve() {
-        return Err(
+        return Err(Classed::new(
+            Class::Refused,
             "this daemon cannot stop serving one volume while it runs (ublk names its devices \
              by the volumes' places, which a removal moves at the next start, and \
-             --export-name names a single volume): stop it, remove the origin, start it again"
-                .into(),
-        );
+             --export-name names a single volume): stop it, remove the origin, start it again",
+        ));
     }
-    let v = engine.volume_index(volume).map_err(|e| e.to_string())?;
-    (engine.remove_volume_served(v, progress)).map_err(|e| e.to_string())?;
+    let v = engine.volume_index(volume)?;
+    engine.remove_volume_served(v, progress)?;
     served.unserve(v, volume);
     eprintln!("tiercache: volume {volume} removed: its NBD export is gone");
     Ok(())
@@ -300,6 +310,7 @@ fn progress_lines(out: &mut UnixStream) -> impl FnMut(u64, u64) + '_ {
             let line = Response {
                 ok: true,
                 error: None,
+                class: None,
                 status: None,
                 progress: Some([done, total]),
                 frontends: None,
@@ -321,7 +332,10 @@ pub fn answer(
 ) {
     let mut out = stream;
     let (resp, detached) = match serde_json::from_str::<Request>(line) {
-        Err(e) => (Response::result(Err(format!("bad request: {e}"))), false),
+        Err(e) => (
+            Response::result(Err(Classed::new(Class::Usage, format!("bad request: {e}")))),
+            false,
+        ),
         Ok(req) => {
             match super::socket::peer(&out) {
                 Ok(p) => log::info!(
@@ -353,11 +367,11 @@ fn carry_out(
     served: &Served,
     req: Request,
     out: &mut UnixStream,
-) -> (std::result::Result<Option<Status>, String>, bool) {
+) -> (std::result::Result<Option<Status>, Classed>, bool) {
     let status = |r: crate::engine::EngineResult<()>| {
-        r.map(|_| Some(engine.status())).map_err(|e| e.to_string())
+        r.map(|_| Some(engine.status())).map_err(Classed::from)
     };
-    let done = |r: crate::engine::EngineResult<()>| r.map(|_| None).map_err(|e| e.to_string());
+    let done = |r: crate::engine::EngineResult<()>| r.map(|_| None).map_err(Classed::from);
     let result = match req {
         Request::Status => Ok(Some(engine.status())),
         Request::Flush { volume } => {
@@ -370,16 +384,10 @@ fn carry_out(
         } => status(engine.warm_named(volume.as_deref(), offset, length, &mut progress_lines(out))),
         Request::ReplaceCache { member, device } => match crate::device::open_device(&device) {
             Ok(dev) => status(engine.replace_cache_member(member, dev, &mut progress_lines(out))),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(e.into()),
         },
         Request::GiveUpCache => status(engine.give_up_cache().map(|_| ())),
-        Request::Resize { volume, cache } => match (volume, cache) {
-            (Some(v), true) => Err(format!(
-                "resize takes the cache device or a volume's origin, not both (volume {v})"
-            )),
-            (None, true) => status(engine.grow_cache().map(|_| ())),
-            (volume, false) => status(engine.grow_named(volume.as_deref()).map(|_| ())),
-        },
+        Request::Resize { volume, cache } => resize(engine, volume, cache),
         Request::SetMode { mode, volume } => done(engine.set_mode_named(volume.as_deref(), mode)),
         Request::SetWriteback { settings } => done(engine.set_writeback(settings)),
         Request::SetShare { change } => done(engine.change_share(&change)),
@@ -395,23 +403,55 @@ fn carry_out(
         Request::SetAdmission { settings } => done(engine.set_admission(settings)),
         Request::SetPolicy { policy } => match PolicyKind::parse(&policy) {
             Some(p) => done(engine.set_policy(p)),
-            None => Err(format!("unknown replacement policy '{policy}'")),
+            None => Err(Classed::new(
+                Class::Usage,
+                format!("unknown replacement policy '{policy}'"),
+            )),
         },
-        Request::Detach { force } => {
-            let refusal = if force {
-                None
-            } else {
-                served.teardown_refusal()
-            };
-            return match refusal {
-                Some(why) => (Err(format!("refusing to detach: {why}")), false),
-                None => {
-                    let r = done(engine.detach());
-                    let detached = r.is_ok();
-                    (r, detached)
-                }
-            };
-        }
+        Request::Detach { force } => return detach(engine, served, force),
     };
     (result, false)
+}
+
+/// `resize`: the cache device, or every volume's origin (or the named
+/// one's), measured again; the status after.
+fn resize(
+    engine: &Engine,
+    volume: Option<String>,
+    cache: bool,
+) -> std::result::Result<Option<Status>, Classed> {
+    match (volume, cache) {
+        (Some(v), true) => {
+            let why = format!(
+                "resize takes the cache device or a volume's origin, not both (volume {v})"
+            );
+            return Err(Classed::new(Class::Usage, why));
+        }
+        (None, true) => engine.grow_cache().map(|_| ()),
+        (volume, false) => engine.grow_named(volume.as_deref()).map(|_| ()),
+    }
+    .map(|_| Some(engine.status()))
+    .map_err(Classed::from)
+}
+
+/// `detach`, refused while a front end's device is in use unless
+/// `force`; returns its result and whether the cache was detached.
+fn detach(
+    engine: &Engine,
+    served: &Served,
+    force: bool,
+) -> (std::result::Result<Option<Status>, Classed>, bool) {
+    let refusal = if force {
+        None
+    } else {
+        served.teardown_refusal()
+    };
+    if let Some(why) = refusal {
+        let e = Classed::new(Class::Refused, format!("refusing to detach: {why}"));
+        return (Err(e), false);
+    }
+    match engine.detach() {
+        Ok(()) => (Ok(None), true),
+        Err(e) => (Err(e.into()), false),
+    }
 }

@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::class::{Class, Classed};
 use super::control::{self, Response, MAX_REQUEST_BYTES};
 use super::socket;
 
@@ -58,12 +59,13 @@ fn accept_loop(listener: UnixListener, slots: Arc<Slots>, handler: Handler) {
             }
         };
         if let Err(why) = check_peer(&stream) {
-            refuse(stream, &why);
+            refuse(stream, Class::Refused, &why);
             continue;
         }
         let Some(id) = slots.admit(&stream) else {
             refuse(
                 stream,
+                Class::Busy,
                 &format!(
                     "the daemon is busy: {MAX_CONNECTIONS} control requests are under way; \
                      try again when one ends"
@@ -110,10 +112,13 @@ fn check_peer(stream: &UnixStream) -> Result<(), String> {
 
 /// Sends `why` as an error answer, without waiting on the peer, and
 /// closes the connection.
-fn refuse(mut stream: UnixStream, why: &str) {
+fn refuse(mut stream: UnixStream, class: Class, why: &str) {
     // A fresh connection's send buffer is empty: the line fits at once.
     let _ = stream.set_nonblocking(true);
-    let _ = control::send(&mut stream, &Response::result(Err(why.to_string())));
+    let _ = control::send(
+        &mut stream,
+        &Response::result(Err(Classed::new(class, why))),
+    );
     let _ = stream.shutdown(Shutdown::Both);
 }
 
@@ -121,7 +126,9 @@ fn serve_one(stream: UnixStream, slots: &Slots, id: u64, handler: &Handler) {
     let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
     let line = match read_request(&stream, Instant::now() + REQUEST_TIMEOUT) {
         Ok(line) => line,
-        Err(e) if e.kind() == io::ErrorKind::InvalidData => return refuse(stream, &e.to_string()),
+        Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+            return refuse(stream, Class::Usage, &e.to_string())
+        }
         // A command's probe (is a daemon there?) connects and hangs up.
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return,
         Err(e) => {

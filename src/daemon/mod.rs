@@ -9,6 +9,7 @@
 //! control request and registry entry fuzz targets (`fuzz`). The binary's `serve`
 //! only turns flags into a [`run::DaemonConfig`].
 
+pub mod class;
 pub mod control;
 pub mod control_listener;
 pub mod frontends;

@@ -84,7 +84,13 @@ impl FileDevice {
 
         // Classified before opening: opening a FIFO or a terminal read-write
         // has side effects, and the reason given is clearer than EISDIR.
-        let meta = std::fs::metadata(path).map_err(|e| open_err(e.to_string()))?;
+        let meta = std::fs::metadata(path).map_err(|e| match is_missing(&e) {
+            true => DeviceError::Missing {
+                spec: path.to_string(),
+                reason: e.to_string(),
+            },
+            false => open_err(e.to_string()),
+        })?;
         let kind = classify(&meta).map_err(open_err)?;
         let how = How { kind, access };
 
@@ -249,6 +255,10 @@ enum OpenFailed {
 impl OpenFailed {
     fn into_device_error(self, path: &str) -> DeviceError {
         match self {
+            OpenFailed::Os(e) if is_missing(&e) => DeviceError::Missing {
+                spec: path.to_string(),
+                reason: e.to_string(),
+            },
             OpenFailed::Os(e) => DeviceError::Open {
                 spec: path.to_string(),
                 reason: e.to_string(),
@@ -256,6 +266,12 @@ impl OpenFailed {
             OpenFailed::InUse(e) => e,
         }
     }
+}
+
+/// An open that failed because nothing is there (rather than refused).
+fn is_missing(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::NotFound
+        || matches!(e.raw_os_error(), Some(libc::ENXIO) | Some(libc::ENODEV))
 }
 
 impl How {
@@ -937,7 +953,7 @@ mod tests {
     fn open_refuses_what_is_not_a_device() {
         let dir = disk_dir();
         let reason = |spec: &str| match FileDevice::open(spec) {
-            Err(DeviceError::Open { reason, .. }) => reason,
+            Err(DeviceError::Open { reason, .. } | DeviceError::Missing { reason, .. }) => reason,
             Err(e) => panic!("{spec}: wrong error {e}"),
             Ok(_) => panic!("{spec}: opened"),
         };

@@ -64,6 +64,15 @@ pub enum DeviceError {
     /// The device specification given by the user cannot be opened.
     #[error("cannot open device '{spec}': {reason}")]
     Open { spec: String, reason: String },
+    /// The device is not there: no such file or device node, or no such
+    /// device behind it (ENOENT, ENXIO, ENODEV).
+    #[error("cannot open device '{spec}': {reason}")]
+    Missing { spec: String, reason: String },
+    /// A cache set cannot open because members are missing that no label
+    /// names failed (`set/open.rs`): it may open degraded on the
+    /// operator's word.
+    #[error("cannot open device '{spec}': {reason}")]
+    Degraded { spec: String, reason: String },
     /// Another open of the device holds it (`claim.rs`): a writer takes it
     /// alone, readers share it. `holder` says who; `pid` is the process
     /// whose descriptor holds the lock, when it was found.

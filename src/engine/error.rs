@@ -30,6 +30,9 @@ pub enum EngineError {
     /// Bad parameters (block size, mode, sizes).
     #[error("{0}")]
     Config(String),
+    /// No volume of that name (or index) in this cache.
+    #[error("{0}")]
+    NoSuchVolume(String),
     /// A request outside the volume or not 512-byte aligned.
     #[error("invalid request: {0}")]
     InvalidRequest(String),

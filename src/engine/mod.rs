@@ -230,7 +230,7 @@ impl Engine {
             .map(|(v, _)| v)
             .ok_or_else(|| {
                 let all: Vec<&str> = self.cache.origins.live().map(|(_, o)| o.name()).collect();
-                EngineError::Config(format!(
+                EngineError::NoSuchVolume(format!(
                     "no volume named '{name}' in this cache (its volumes: {})",
                     all.join(", ")
                 ))
@@ -1344,7 +1344,7 @@ impl Cache {
 
     /// The refusal of a volume index the cache does not have.
     fn no_volume(&self, v: usize) -> EngineError {
-        EngineError::Config(format!(
+        EngineError::NoSuchVolume(format!(
             "no volume {v} in this cache (it has {})",
             self.origins.len()
         ))

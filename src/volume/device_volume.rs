@@ -46,6 +46,8 @@ fn volume_error(e: DeviceError, writes: bool) -> VolumeError {
         DeviceError::Io { .. }
         | DeviceError::Injected { .. }
         | DeviceError::Open { .. }
+        | DeviceError::Missing { .. }
+        | DeviceError::Degraded { .. }
         | DeviceError::InUse { .. } => ErrorKind::Io,
     };
     VolumeError::new(kind, e.to_string())

@@ -146,9 +146,9 @@ fn missing_error(
     } else {
         format!(" (left out: {})", listed(left_out))
     };
-    open_error(
-        name,
-        format!(
+    DeviceError::Degraded {
+        spec: name.to_string(),
+        reason: format!(
             "member(s) {missing:?} of the set are missing{why}, and the label of member {} \
              (generation {}) does not name them failed, so the members here cannot be proven \
              current: a missing member may hold the only current copies of the metadata and \
@@ -158,7 +158,7 @@ fn missing_error(
              back",
             newest.member_index, newest.generation
         ),
-    )
+    }
 }
 
 impl CacheSet {
