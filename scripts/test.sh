@@ -9,12 +9,14 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
 # Real NBD clients and servers the tests drive, systemd-analyze for the
 # unit file, and what tests/claims.rs puts on devices (mkfs.ext4, sfdisk,
-# mkswap), reads back (blkid) and attaches (losetup): tool -> Debian package.
+# mkswap), reads back (blkid) and attaches (losetup), and what builds and
+# lints the Debian package (tests/packaging.rs): tool -> Debian package.
 missing=()
 for pair in fio:fio nbdkit:nbdkit nbdinfo:libnbd-bin nbdcopy:libnbd-bin nbdsh:libnbd-bin \
             qemu-img:qemu-utils qemu-nbd:qemu-utils openssl:openssl pkg-config:pkg-config \
             systemd-analyze:systemd mkfs.ext4:e2fsprogs sfdisk:fdisk mkswap:util-linux \
-            blkid:util-linux losetup:mount; do
+            blkid:util-linux losetup:mount \
+            dpkg-shlibdeps:dpkg-dev strip:binutils lintian:lintian; do
     tool=${pair%%:*}; pkg=${pair##*:}
     command -v "$tool" >/dev/null 2>&1 || missing+=("$pkg")
 done

@@ -85,7 +85,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     };
     reg.update(&entry.name, |e| e.more_origins.push(path.clone()))
         .context("registering the new origin")?;
-    println!(
+    outln!(
         "cache '{}': {how}volume {name} added: {path} ({})",
         entry.name,
         human_bytes(bytes)
@@ -128,7 +128,7 @@ fn add_served(
         .context("registering the new origin")?;
     let now = control::call(socket, &Request::Status)?.frontends;
     let device = now.and_then(|f| f.ublk_devices.last().cloned());
-    println!(
+    outln!(
         "cache '{}': {how}volume {name} added while served: {path} ({}), {}",
         entry.name,
         human_bytes(bytes),

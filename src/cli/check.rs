@@ -100,12 +100,12 @@ fn print_report(json: bool, label: &str, report: &CheckReport) -> Result<()> {
             schema_version: super::list::SCHEMA_VERSION,
             report,
         };
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&json).context("encoding the report")?
         );
     } else {
-        print!("{}", human(label, report));
+        out!("{}", human(label, report));
     }
     Ok(())
 }

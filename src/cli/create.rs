@@ -156,7 +156,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
             entry.cache
         )
     })?;
-    println!(
+    outln!(
         "created cache '{}': {} cached on {}",
         entry.name,
         entry.origin_paths().join(", "),
@@ -164,13 +164,13 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     );
     if volumes.len() > 1 {
         for ((name, _, bytes), origin) in volumes.iter().zip(entry.origin_paths()) {
-            println!("  volume {name}: {origin} ({})", human_bytes(*bytes));
+            outln!("  volume {name}: {origin} ({})", human_bytes(*bytes));
         }
     }
     if let Some(set) = engine_set_summary(&status) {
-        println!("  {set}");
+        outln!("  {set}");
     }
-    println!(
+    outln!(
         "  mode {}, policy {}, placement {}, writeback order {}, block size {}, {} cache blocks ({}), volume {}",
         opts.mode.name(),
         opts.policy.name(),

@@ -69,7 +69,7 @@ pub fn run(a: &Args) -> Result<()> {
         open_device(&origin_path).context("origin")?,
         delay,
     ));
-    println!(
+    outln!(
         "demo: the origin answers each request after {} ms, one at a time (a disk-like origin)",
         a.origin_latency_ms
     );
@@ -85,11 +85,11 @@ pub fn run(a: &Args) -> Result<()> {
     )
     .context("creating the demo cache")?;
     let dashboard = Dashboard::start(a, &engine)?;
-    println!();
+    outln!();
     origin_versus_cache(&slow_origin, &engine)?;
     workload(&engine)?;
     if a.linger > 0 {
-        println!(
+        outln!(
             "demo: the dashboard stays up {} s (Ctrl-C ends the demo)",
             a.linger
         );
@@ -104,13 +104,13 @@ pub fn run(a: &Args) -> Result<()> {
     drop(engine);
     drop(slow_origin);
     check_reopen_detach(&origin_path, &cache_path)?;
-    println!();
-    println!(
+    outln!();
+    outln!(
         "demo finished in {:.1} s. The same with named caches:",
         started.elapsed().as_secs_f64()
     );
-    println!("  tiercache create --origin {origin_path} --cache {cache_path}");
-    println!("  tiercache status; tiercache flush; tiercache check; tiercache detach");
+    outln!("  tiercache create --origin {origin_path} --cache {cache_path}");
+    outln!("  tiercache status; tiercache flush; tiercache check; tiercache detach");
     Ok(())
 }
 
@@ -119,7 +119,7 @@ fn demo_files(a: &Args) -> Result<(String, String)> {
     fs::create_dir_all(&a.dir).with_context(|| format!("creating {}", a.dir.display()))?;
     let origin_path = fresh_file(&a.dir.join("origin.img"), ORIGIN_BYTES)?;
     let cache_path = fresh_file(&a.dir.join("cache.img"), CACHE_BYTES)?;
-    println!(
+    outln!(
         "demo: origin {origin_path} ({}), cache {cache_path} ({}), writeback mode",
         human_bytes(ORIGIN_BYTES),
         human_bytes(CACHE_BYTES)
@@ -155,7 +155,7 @@ impl Dashboard {
                 .block_on(spawn_endpoints(engine, &cfg, stop_rx))
                 .context("starting the dashboard")?;
             if let Some(addr) = e.http_addr {
-                println!(
+                outln!(
                     "demo: dashboard on http://{addr}/ while the demo runs (--linger SECS keeps it up)"
                 );
             }
@@ -186,7 +186,7 @@ fn workload(engine: &Arc<Engine>) -> Result<()> {
     }
     engine.flush()?;
     let secs = t.elapsed().as_secs_f64();
-    println!(
+    outln!(
         "{:<32} {:>7.1} ms  {:>7.0} MiB/s",
         format!("write  {} pattern + flush", human_bytes(WRITE_BYTES)),
         secs * 1e3,
@@ -208,13 +208,13 @@ fn write_back_and_show(engine: &Arc<Engine>) -> Result<()> {
     let dirty = engine.dirty_blocks();
     let t = Instant::now();
     engine.write_back_all(&mut |_, _| {})?;
-    println!(
+    outln!(
         "flush  {dirty} dirty blocks written back to the origin in {:.1} ms",
         t.elapsed().as_secs_f64() * 1e3
     );
-    println!();
-    print!("{}", status::table("demo", &engine.status()));
-    println!();
+    outln!();
+    out!("{}", status::table("demo", &engine.status()));
+    outln!();
     Ok(())
 }
 
@@ -231,7 +231,7 @@ fn check_reopen_detach(origin_path: &str, cache_path: &str) -> Result<()> {
             report.findings.join("; ")
         );
     }
-    println!(
+    outln!(
         "check  metadata ok: {} of {} blocks cached, {} dirty, shut down cleanly: {}",
         report.cache_blocks_used,
         report.cache_blocks_total,
@@ -250,9 +250,9 @@ fn check_reopen_detach(origin_path: &str, cache_path: &str) -> Result<()> {
     let warm = engine.status().cache_blocks_used;
     engine.detach().context("detaching the demo cache")?;
     drop(engine);
-    println!("detach reopened warm with {warm} blocks cached, then dissolved the cache");
+    outln!("detach reopened warm with {warm} blocks cached, then dissolved the cache");
     verify_origin(origin_path)?;
-    println!(
+    outln!(
         "verify the origin file alone holds the {} pattern and zeroes elsewhere",
         human_bytes(WRITE_BYTES)
     );
@@ -283,21 +283,21 @@ fn origin_versus_cache(origin: &DeviceRef, engine: &Arc<Engine>) -> Result<()> {
     let cached = t.elapsed().as_secs_f64();
     let after = engine.status().stats;
     let line = |what: &str, secs: f64| {
-        println!(
+        outln!(
             "{what:<32} {:>7.1} ms  {:>7.0} IOPS  {:>6.3} ms a read",
             secs * 1e3,
             HOT_READS as f64 / secs.max(1e-9),
             secs * 1e3 / HOT_READS as f64
         )
     };
-    println!(
+    outln!(
         "{HOT_READS} random {} reads of a {} hot set:",
         human_bytes(bs),
         human_bytes(HOT_BLOCKS * bs)
     );
     line("  origin alone", alone);
     line("  through the cache", cached);
-    println!(
+    outln!(
         "  the cache is {:.1}x faster: {} misses filled it, then {} hits\n",
         alone / cached.max(1e-9),
         after.read_misses - before.read_misses,
@@ -341,7 +341,7 @@ fn read_pass(engine: &Arc<Engine>, what: &str, start: u64, len: u64, written: bo
     let after = engine.status().stats;
     let hits = after.read_hits - before.read_hits;
     let misses = after.read_misses - before.read_misses;
-    println!(
+    outln!(
         "{what:<32} {:>7.1} ms  {:>7.0} MiB/s  hits {hits} misses {misses} ({} hit), verified",
         secs * 1e3,
         mib_per_sec(len, secs),

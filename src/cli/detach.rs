@@ -70,7 +70,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         )
     })?;
     drop(opened);
-    println!(
+    outln!(
         "cache '{}' detached: {written} blocks written back",
         entry.name
     );
@@ -78,7 +78,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         true => ("the origin", "s"),
         false => ("the origins", ""),
     };
-    println!(
+    outln!(
         "{origins} {} now stand{s} alone and hold{s} all data; {} no longer holds a cache",
         entry.origin_paths().join(", "),
         entry.cache_paths().join(" + ")

@@ -29,7 +29,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         Some(name) => format!("volume '{name}' of {cache}"),
         None => cache,
     };
-    println!(
+    outln!(
         "{what}: flushed, {written} blocks ({}) written back; {dirty} dirty",
         human_bytes(written * u64::from(status.block_bytes)),
     );

@@ -36,17 +36,17 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     opened.target.give_up_cache()?;
     let st = opened.target.status()?;
     opened.finish()?;
-    println!(
+    outln!(
         "cache '{}': given up; {} origin blocks ({}) are stale and reads of them fail:",
         opened.entry.name,
         st.stale_blocks,
         human_bytes(st.stale_blocks * u64::from(st.block_bytes))
     );
     for (offset, len) in st.stale_ranges.iter().take(32) {
-        println!("  {offset}+{len}");
+        outln!("  {offset}+{len}");
     }
     if st.stale_ranges.len() > 32 {
-        println!(
+        outln!(
             "  ... ({} ranges in all: status --json lists them)",
             st.stale_ranges.len()
         );

@@ -104,7 +104,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
             schema_version: SCHEMA_VERSION,
             caches: &rows,
         };
-        println!("{}", serde_json::to_string_pretty(&json)?);
+        outln!("{}", serde_json::to_string_pretty(&json)?);
         return Ok(());
     }
     let mut lines: Vec<Vec<String>> = Vec::new();
@@ -117,7 +117,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
             lines.push(fields.iter().map(|f| f.value(v, units)).collect());
         }
     }
-    print!("{}", render(&lines, a.separator.as_deref()));
+    out!("{}", render(&lines, a.separator.as_deref()));
     Ok(())
 }
 

@@ -10,6 +10,9 @@
 //! (`exit.rs`: 2 usage, 3 not found, 4 busy, 5 damaged, 6 degraded, 7
 //! refused for safety, 1 anything else).
 
+#[macro_use]
+mod out;
+
 mod add_origin;
 mod check;
 mod claims;
@@ -18,6 +21,7 @@ mod demo;
 mod detach;
 mod exit;
 mod flush;
+mod generate;
 mod give_up;
 mod list;
 mod progress;
@@ -123,6 +127,12 @@ enum Command {
     Serve(serve::Args),
     /// Run a self-contained demonstration on two files in a directory.
     Demo(demo::Args),
+    /// Print the shell completions for bash, zsh or fish.
+    Completions(generate::CompletionsArgs),
+    /// Write the man pages (tiercache.1, tiercache-create.1, ...) to a
+    /// directory (for packaging).
+    #[command(hide = true)]
+    Manpages(generate::ManpagesArgs),
 }
 
 /// `--name` as every command that acts on a registered cache takes it.
@@ -137,7 +147,10 @@ pub fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
         .format_timestamp(None)
         .init();
-    let cli = match Cli::try_parse() {
+    let parsed = command()
+        .try_get_matches()
+        .and_then(|m| <Cli as clap::FromArgMatches>::from_arg_matches(&m));
+    let cli = match parsed {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
     };
@@ -176,8 +189,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::GiveUpCache(a) => give_up::run(&reg, &a),
         Command::Top(a) => top::run(&reg, &a),
         Command::Demo(a) => demo::run(&a),
+        Command::Completions(a) => generate::completions(&a),
+        Command::Manpages(a) => generate::manpages(&a),
         Command::Serve(a) => serve::run(&reg, &a),
     }
+}
+
+/// The command line as clap sees it, with the exit codes after every
+/// command's help (the man pages are made from it too).
+fn command() -> clap::Command {
+    use clap::CommandFactory;
+    Cli::command().mut_subcommands(|c| c.after_help(exit::EXIT_CODES))
 }
 
 /// `--version`: the version, the commit it was built from, the on-disk

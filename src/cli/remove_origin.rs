@@ -77,9 +77,11 @@ pub fn remove_named(reg: &Registry, name: Option<&str>, volume: &str) -> Result<
         (v, "")
     };
     drop_from_registry(reg, &entry, v)?;
-    println!(
+    outln!(
         "cache '{}': {how}volume {} removed; its origin {} stands alone, all its data on it",
-        entry.name, volume, paths[v]
+        entry.name,
+        volume,
+        paths[v]
     );
     Ok(())
 }
@@ -176,10 +178,11 @@ fn remove_served(reg: &Registry, entry: &Entry, socket: &Path, volume: &str) -> 
         }
     };
     drop_from_registry(reg, entry, i)?;
-    println!(
+    outln!(
         "cache '{}': {how}volume {volume} removed while served; its origin {} stands alone, \
          all its data on it",
-        entry.name, paths[i]
+        entry.name,
+        paths[i]
     );
     Ok(())
 }

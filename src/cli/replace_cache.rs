@@ -74,7 +74,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     })?;
     let status = opened.target.status()?;
     opened.finish()?;
-    println!(
+    outln!(
         "cache '{}': member {member} ({}) replaced by {new}; the set is {} ({} mirrored blocks, {} dirty)",
         entry.name,
         paths[member],

@@ -63,8 +63,8 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
             .map_or(v.bytes, |w| w.1);
         let what = format!("volume '{}' of cache '{}'", v.name, opened.entry.name);
         match old == v.bytes {
-            true => println!("{what}: {}, unchanged", human_bytes(v.bytes)),
-            false => println!(
+            true => outln!("{what}: {}, unchanged", human_bytes(v.bytes)),
+            false => outln!(
                 "{what}: {} -> {} ({} -> {} bytes)",
                 human_bytes(old),
                 human_bytes(v.bytes),
@@ -76,7 +76,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     let sizes: Vec<u64> = after.volumes.iter().map(|v| v.bytes).collect();
     let behind = frontends.as_ref().map(|f| f.ublk_behind(&sizes));
     for (dev, _, _) in behind.unwrap_or_default() {
-        println!(
+        outln!(
             "{dev} keeps its old size until the daemon restarts (Linux cannot resize a live \
              ublk device): systemctl restart tiercache@{}",
             opened.entry.name
@@ -95,12 +95,12 @@ fn grow_cache(reg: &Registry, a: &Args) -> Result<()> {
     let bytes = |s: &tiercache::engine::Status| s.cache_blocks_total * u64::from(s.block_bytes);
     let what = format!("cache '{}' on {}", opened.entry.name, after.cache);
     match before.cache_blocks_total == after.cache_blocks_total {
-        true => println!(
+        true => outln!(
             "{what}: {} in {} blocks, unchanged",
             human_bytes(bytes(&after)),
             after.cache_blocks_total
         ),
-        false => println!(
+        false => outln!(
             "{what}: {} -> {} ({} -> {} blocks of {})",
             human_bytes(bytes(&before)),
             human_bytes(bytes(&after)),

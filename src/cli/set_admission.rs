@@ -104,7 +104,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     }
     opened.finish()?;
     let verb = if new == old { "unchanged" } else { "now" };
-    println!(
+    outln!(
         "cache '{}': admission {verb}: {}",
         opened.entry.name,
         describe(&new)

@@ -40,7 +40,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     let all_there = before.volumes.iter().all(|v| v.mode == mode);
     if old == mode && (volume.is_some() || all_there) {
         opened.finish()?;
-        println!("{what}: already in {} mode", mode.name());
+        outln!("{what}: already in {} mode", mode.name());
         return Ok(());
     }
     // The engine writes dirty data back itself when the new mode holds
@@ -56,6 +56,6 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     } else {
         String::new()
     };
-    println!("{what}: mode {} -> {}{note}", old.name(), mode.name());
+    outln!("{what}: mode {} -> {}{note}", old.name(), mode.name());
     Ok(())
 }

@@ -23,7 +23,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         opened.target.set_policy(policy)?;
     }
     opened.finish()?;
-    println!(
+    outln!(
         "cache '{}': policy {before} -> {}",
         opened.entry.name,
         policy.name()

@@ -49,7 +49,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     opened.target.set_share(&change)?;
     let after = opened.target.status()?;
     opened.finish()?;
-    print!("{}", shares_lines(&opened.entry.name, &after));
+    out!("{}", shares_lines(&opened.entry.name, &after));
     Ok(())
 }
 

@@ -52,7 +52,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     }
     opened.finish()?;
     let verb = if new == old { "unchanged" } else { "now" };
-    println!(
+    outln!(
         "cache '{}': writeback {verb}: start at {}% dirty, stop at {}%, max age {} s, drain after {}",
         opened.entry.name,
         new.high_pct,

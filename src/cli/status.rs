@@ -46,17 +46,17 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
             frontends: frontends.as_ref(),
             status: &status,
         };
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&json).context("encoding status")?
         );
     } else {
-        print!("{}", table(&opened.entry.name, &status));
+        out!("{}", table(&opened.entry.name, &status));
         match &frontends {
-            Some(f) => print!("{}", served_rows(f, &volume_sizes(&status))),
+            Some(f) => out!("{}", served_rows(f, &volume_sizes(&status))),
             // Counters live in memory; an offline status reads the cache
             // at rest, writing nothing.
-            None => println!("  (not served; read without writing, so I/O counters are zero; `tiercache serve` reports live ones)"),
+            None => outln!("  (not served; read without writing, so I/O counters are zero; `tiercache serve` reports live ones)"),
         }
     }
     Ok(())

@@ -63,7 +63,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     let after = opened.target.status()?;
     opened.finish()?;
     let promoted = after.stats.promotions - before.stats.promotions;
-    println!(
+    outln!(
         "cache '{}': warmed {} at offset {}: {promoted} blocks ({}) promoted; {} of {} cache blocks used",
         opened.entry.name,
         human_bytes(length),
@@ -73,7 +73,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         after.cache_blocks_total
     );
     if length > after.cache_blocks_total * u64::from(after.block_bytes) {
-        println!("  (the range is larger than the cache: only its most recently read part stays)");
+        outln!("  (the range is larger than the cache: only its most recently read part stays)");
     }
     Ok(())
 }
