@@ -1,7 +1,8 @@
 //! tiercache: a userspace block cache. A slow origin device and a fast cache
 //! device become one cached volume, served over NBD.
 //!
-//! Layout, ground floor up: `sync.rs` (ranked locks), `nbd/` (the NBD
+//! Layout, ground floor up: `sync.rs` (ranked locks), `units.rs` (sizes for
+//! people), `nbd/` (the NBD
 //! protocol and TLS, shared by client and server), `device/` (every backend
 //! behind one trait), `volume/` (the asynchronous API front ends call, and
 //! `DeviceVolume` over a plain device), `engine/` (on-disk
@@ -19,4 +20,5 @@ pub mod frontend;
 pub mod monitor;
 pub mod nbd;
 pub mod sync;
+pub mod units;
 pub mod volume;

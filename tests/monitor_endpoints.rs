@@ -132,7 +132,7 @@ fn a_scrape_storm_during_fio_answers_everything_without_io_errors() {
     let (_, text) = get(&metrics, "/metrics").unwrap();
     for name in [
         "tiercache_read_requests_total{cache=\"tc0\"}",
-        "tiercache_request_duration_seconds_count{cache=\"tc0\",op=\"read\",result=\"hit\"}",
+        "tiercache_request_duration_seconds_count{cache=\"tc0\",op=\"read\",result=\"cache\"}",
         "tiercache_device_duration_seconds_count{cache=\"tc0\",device=\"cache\",op=\"write\"}",
         "tiercache_mrc_hit_ratio{cache=\"tc0\",size_ratio=\"1\"}",
     ] {

@@ -416,7 +416,7 @@ fn status_shows_frontends_and_detach_waits_for_clients() {
     assert_eq!(s.status()["frontends"]["nbd_clients"], 1);
     let text = s.cli(&["status"]);
     assert!(
-        text.contains(&format!("served        NBD on {socket}"))
+        text.contains(&format!("served          NBD on {socket}"))
             && text.contains("NBD clients connected: 1"),
         "{text}"
     );

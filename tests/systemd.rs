@@ -24,6 +24,8 @@ fn unit_passes_systemd_analyze_verify() {
         "Type=notify",
         "Restart=on-failure",
         "KillSignal=SIGTERM",
+        // Detached: skipped at boot, not failed.
+        "ConditionPathExists=/var/lib/tiercache/caches/%i.json",
         "ExecStart=/usr/local/bin/tiercache serve --name %i $TIERCACHE_SERVE_ARGS",
     ] {
         assert!(text.lines().any(|l| l == line), "the unit lacks {line}");

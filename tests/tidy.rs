@@ -70,6 +70,7 @@ const TABLE_LOCK_EXCEPTIONS: &[(&str, usize, &str)] = &[
 /// `Engine` runs up a floor.
 const FLOORS: &[(&str, u32)] = &[
     ("sync", 10),
+    ("units", 10),
     ("nbd", 10),
     ("device", 20),
     ("volume", 30),

@@ -23,11 +23,14 @@ mod exit;
 mod flush;
 mod generate;
 mod give_up;
+mod import;
 mod list;
+mod logging;
 mod progress;
 mod remove_origin;
 mod replace_cache;
 mod resize;
+mod scan;
 mod serve;
 mod set_admission;
 mod set_mode;
@@ -89,6 +92,12 @@ enum Command {
     /// One line per cache and per volume, as lvs and casadm -L: chosen
     /// fields, sorted, in chosen units, or JSON (writes nothing).
     List(list::Args),
+    /// Find tiercache caches on devices from their labels: every block
+    /// device, or those named (writes nothing).
+    Scan(scan::Args),
+    /// Register again a cache found on its devices (after the state
+    /// directory was lost, or on another host); writes nothing to them.
+    Import(import::Args),
     /// Show mode, occupancy, counters and settings of a cache (writes
     /// nothing: a cache no daemon serves is read in place).
     Status(status::Args),
@@ -98,7 +107,8 @@ enum Command {
     SetMode(set_mode::Args),
     /// Change when background writeback runs.
     SetWriteback(set_writeback::Args),
-    /// Change what may enter the cache (sequential cutoff, promotion, guard).
+    /// Change what may enter the cache (sequential cutoff, promotion, guard);
+    /// options not given keep their values.
     SetAdmission(set_admission::Args),
     /// Switch the replacement policy (s3fifo, lru, fifo), live.
     SetPolicy(set_policy::Args),
@@ -144,9 +154,6 @@ pub struct NameArg {
 }
 
 pub fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
-        .format_timestamp(None)
-        .init();
     let parsed = command()
         .try_get_matches()
         .and_then(|m| <Cli as clap::FromArgMatches>::from_arg_matches(&m));
@@ -154,6 +161,7 @@ pub fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
     };
+    logging::init(matches!(cli.command, Command::Serve(_)));
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -174,6 +182,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::AddOrigin(a) => add_origin::run(&reg, &a),
         Command::RemoveOrigin(a) => remove_origin::run(&reg, &a),
         Command::List(a) => list::run(&reg, &a),
+        Command::Scan(a) => scan::run(&reg, &a),
+        Command::Import(a) => import::run(&reg, &a),
         Command::Status(a) => status::run(&reg, &a),
         Command::Flush(a) => flush::run(&reg, &a),
         Command::SetMode(a) => set_mode::run(&reg, &a),

@@ -15,19 +15,19 @@ use super::NameArg;
 #[derive(clap::Args, Debug)]
 pub struct AdmissionArgs {
     /// Once the cache is fuller than --selective-above, sequential streams
-    /// longer than this go around it (0: off) [default: 4M].
+    /// longer than this go around it (0: off) [default at create: 4M].
     #[arg(long, value_name = "SIZE")]
     sequential_cutoff: Option<String>,
     /// When the cache is fuller than --selective-above, promote a read miss
-    /// only after this many recent misses of the block (1: always) [default: 3].
+    /// only after this many recent misses of the block (1: always) [default at create: 3].
     #[arg(long, value_name = "N")]
     promote_after: Option<u32>,
     /// Occupancy above which admission is selective (--sequential-cutoff,
-    /// --promote-after) [default: 80].
+    /// --promote-after) [default at create: 80].
     #[arg(long, value_name = "PCT")]
     selective_above: Option<u32>,
     /// Send new data around the cache while the cache device is slower
-    /// than the origin: on or off [default: on].
+    /// than the origin: on or off [default at create: on].
     #[arg(long, value_name = "on|off")]
     guard: Option<String>,
 }

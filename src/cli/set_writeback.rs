@@ -53,7 +53,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     opened.finish()?;
     let verb = if new == old { "unchanged" } else { "now" };
     outln!(
-        "cache '{}': writeback {verb}: start at {}% dirty, stop at {}%, max age {} s, drain after {}",
+        "cache '{}': writeback {verb}: start at {}% dirty, stop at {}%, max age {} s, {}",
         opened.entry.name,
         new.high_pct,
         new.low_pct,
@@ -66,8 +66,8 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
 /// The idle drain setting, for people.
 pub fn idle_text(idle_secs: u32) -> String {
     if idle_secs == 0 {
-        "never (no idle drain)".into()
+        "no drain when the origin is idle".into()
     } else {
-        format!("{idle_secs} s of an idle origin")
+        format!("drain after {idle_secs} s of an idle origin")
     }
 }

@@ -127,12 +127,14 @@ fn served_rows(f: &Frontends, volume_bytes: &[u64]) -> String {
     }
     for (dev, bytes, now) in f.ublk_behind(volume_bytes) {
         rows.push(format!(
-            "restart pending: {dev} keeps {bytes} bytes, the volume has {now} \
-             (Linux cannot resize a live ublk device; `systemctl restart` makes it anew)"
+            "restart pending: {dev} keeps {}, the volume has {} \
+             (Linux cannot resize a live ublk device; `systemctl restart` makes it anew)",
+            human_bytes(bytes),
+            human_bytes(now)
         ));
     }
     rows.iter()
-        .map(|r| format!("  {:<13} {r}\n", "served"))
+        .map(|r| format!("  {:<KEY_WIDTH$} {r}\n", "served"))
         .collect()
 }
 
@@ -470,7 +472,7 @@ fn state_rows(s: &Status) -> Rows {
         (
             "writeback",
             format!(
-                "start at {}% dirty, stop at {}%, max age {} s, drain after {}",
+                "start at {}% dirty, stop at {}%, max age {} s, {}",
                 s.writeback.high_pct,
                 s.writeback.low_pct,
                 s.writeback.max_age_secs,
@@ -479,6 +481,11 @@ fn state_rows(s: &Status) -> Rows {
         ),
     ]
 }
+
+/// The width of the status table's first column: its longest key
+/// ("writeback order", "metadata memory"), so every value starts in one
+/// column.
+const KEY_WIDTH: usize = 15;
 
 /// The human-readable status, one fact per line.
 pub fn table(name: &str, s: &Status) -> String {
@@ -490,7 +497,7 @@ pub fn table(name: &str, s: &Status) -> String {
     ];
     let mut out = format!("cache '{name}'\n");
     for (k, v) in rows.into_iter().flatten() {
-        out.push_str(&format!("  {k:<13} {v}\n"));
+        out.push_str(&format!("  {k:<KEY_WIDTH$} {v}\n"));
     }
     out
 }

@@ -113,21 +113,7 @@ pub fn check_writeback(w: &WritebackSettings) -> Result<()> {
     w.validate().map_err(|e| classed!(Usage, "{e}"))
 }
 
-/// `1536` -> `1.5 KiB`, `268435456` -> `256 MiB`.
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = n as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < UNITS.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 || v.fract() == 0.0 {
-        format!("{v:.0} {}", UNITS[i])
-    } else {
-        format!("{v:.1} {}", UNITS[i])
-    }
-}
+pub use tiercache::units::human_bytes;
 
 /// `part` as a percentage of `total`, or `-` when there is no total.
 pub fn percent(part: u64, total: u64) -> String {

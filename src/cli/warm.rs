@@ -67,7 +67,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         "cache '{}': warmed {} at offset {}: {promoted} blocks ({}) promoted; {} of {} cache blocks used",
         opened.entry.name,
         human_bytes(length),
-        a.offset,
+        human_bytes(a.offset),
         human_bytes(promoted * u64::from(after.block_bytes)),
         after.cache_blocks_used,
         after.cache_blocks_total

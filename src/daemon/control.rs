@@ -293,7 +293,7 @@ fn remove_origin(
     let v = engine.volume_index(volume)?;
     engine.remove_volume_served(v, progress)?;
     served.unserve(v, volume);
-    eprintln!("tiercache: volume {volume} removed: its NBD export is gone");
+    log::info!("volume {volume} removed: its NBD export is gone");
     Ok(())
 }
 
@@ -337,16 +337,28 @@ pub fn answer(
             false,
         ),
         Ok(req) => {
-            match super::socket::peer(&out) {
-                Ok(p) => log::info!(
-                    "control request from uid {} (pid {}): {req:?}",
-                    p.uid,
-                    p.pid
-                ),
-                Err(_) => log::info!("control request: {req:?}"),
-            }
+            // The audit trail: who asked for which change, and how it
+            // ended (a status is only looked at: debug).
+            let who = match super::socket::peer(&out) {
+                Ok(p) => format!("uid {} (pid {})", p.uid, p.pid),
+                Err(_) => "a peer of unknown uid".to_string(),
+            };
+            let asked = serde_json::to_string(&req).unwrap_or_else(|_| format!("{req:?}"));
             let status_request = matches!(req, Request::Status);
+            match status_request {
+                true => log::debug!("control: {who} asked {asked}"),
+                false => log::info!("audit: {who} asked {asked}"),
+            }
             let (result, detached) = carry_out(engine, served, req, &mut out);
+            match (&result, status_request) {
+                (_, true) => {}
+                (Ok(_), false) => log::info!("audit: {who}: {asked}: done"),
+                (Err(e), false) => log::warn!(
+                    "audit: {who}: {asked}: failed ({}): {}",
+                    e.class.name(),
+                    e.message
+                ),
+            }
             let resp = Response {
                 frontends: status_request.then(|| served.snapshot()),
                 ..Response::result(result)

@@ -337,7 +337,7 @@ pub fn run(reg: &Registry, cfg: DaemonConfig) -> Result<()> {
     result?;
     match engine.close() {
         Ok(()) => {
-            eprintln!("tiercache: '{name}' shut down cleanly");
+            log::info!("'{name}' shut down cleanly");
             Ok(())
         }
         Err(EngineError::ShutDown) => Ok(()),
@@ -372,10 +372,10 @@ async fn serve_until_stopped(
         .await
         .map_err(DaemonError::Monitor)?;
     if let Some(a) = endpoints.metrics_addr {
-        eprintln!("tiercache: metrics on http://{a}/metrics");
+        log::info!("metrics on http://{a}/metrics");
     }
     if let Some(a) = endpoints.http_addr {
-        eprintln!("tiercache: dashboard on http://{a}/");
+        log::info!("dashboard on http://{a}/");
     }
     for service in cfg.services {
         service(engine.clone(), rx.clone()).map_err(|source| DaemonError::Start {
@@ -385,9 +385,9 @@ async fn serve_until_stopped(
     }
     if let Some(u) = &cfg.ublk {
         for (v, (volume, _, bytes)) in engine.volumes().into_iter().enumerate() {
-            eprintln!(
-                "tiercache: serving '{name}' volume {volume} ({bytes} bytes, {} mode) as \
-                 /dev/ublkb{}; control socket {}",
+            log::info!(
+                "serving '{name}' volume {volume} ({}, {} mode) as /dev/ublkb{}; control socket {}",
+                crate::units::human_bytes(bytes),
                 engine.volume_mode(v),
                 u.dev_id + v as i32,
                 control_path.display()
@@ -397,9 +397,9 @@ async fn serve_until_stopped(
     }
     let exports = nbd_exports(engine, &cfg.nbd.export_name);
     for (export, volume) in &exports {
-        eprintln!(
-            "tiercache: serving '{name}' ({} bytes, {} mode) on nbd+unix:///{export}?socket={}{}; control socket {}",
-            volume.size_bytes(),
+        log::info!(
+            "serving '{name}' ({}, {} mode) on nbd+unix:///{export}?socket={}{}; control socket {}",
+            crate::units::human_bytes(volume.size_bytes()),
             engine.mode(),
             nbd_path.display(),
             tcp_text(cfg.tcp.as_ref()),
@@ -441,7 +441,7 @@ fn serve_added_over_nbd(engine: &Arc<Engine>, exports: &Arc<Exports<AsyncEngine>
             let volume = AsyncEngine::volume(engine.clone(), v).ok_or("no such volume")?;
             let name = engine.volumes()[v].0.clone();
             (exports.add(name.clone(), Arc::new(volume))).map_err(|e| e.to_string())?;
-            eprintln!("tiercache: volume {name} added: serving it on NBD export {name}");
+            log::info!("volume {name} added: serving it on NBD export {name}");
             added.push(name);
         }
         Ok(ServedAs::Exports(added))
@@ -581,8 +581,8 @@ fn start_signal_handler(stop: &Arc<watch::Sender<bool>>) {
     let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
     tokio::spawn(async move {
         tokio::select! {
-            _ = int.recv() => log::warn!("SIGINT: shutting down"),
-            _ = term.recv() => log::warn!("SIGTERM: shutting down"),
+            _ = int.recv() => log::info!("SIGINT: shutting down"),
+            _ = term.recv() => log::info!("SIGTERM: shutting down"),
         }
         stop_daemon(&stop);
     });
@@ -682,7 +682,7 @@ fn serve_added_over_ublk(
         let thread = start_ublk(&engine, &rt, &u, v, id, told).map_err(|e| e.to_string())?;
         devices.lock().push((id, thread));
         let (name, _, bytes) = engine.volumes()[v].clone();
-        eprintln!("tiercache: volume {name} added: serving it as /dev/ublkb{id}");
+        log::info!("volume {name} added: serving it as /dev/ublkb{id}");
         Ok(ServedAs::Ublk {
             device: format!("/dev/ublkb{id}"),
             bytes,
@@ -720,8 +720,8 @@ fn start_ublk(
         .name(format!("tiercache-ublk{v}"))
         .spawn(move || {
             ublk::serve(volume, rt, &cfg, move |ctrl| {
-                eprintln!(
-                    "tiercache: {} /dev/ublkb{}",
+                log::info!(
+                    "{} /dev/ublkb{}",
                     if recover { "recovered" } else { "serving on" },
                     ctrl.dev_info().dev_id
                 );

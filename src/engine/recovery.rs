@@ -1156,6 +1156,26 @@ pub enum CrashLogs {
     Search(Vec<std::path::PathBuf>),
 }
 
+/// Of `files`, the crash log whose header names the cache on `cache`
+/// (`import` takes a found cache's log under its new name: a log is found
+/// by the name it was registered under, and it may hold writes the last
+/// daemon acknowledged but did not journal).
+pub fn crash_log_of(
+    cache: &DeviceRef,
+    files: &[std::path::PathBuf],
+) -> EngineResult<Option<std::path::PathBuf>> {
+    let ours = crash_log::Identity::of(&current_superblock(cache)?);
+    Ok(files
+        .iter()
+        .find(|p| {
+            crash_log::read_file(p)
+                .ok()
+                .and_then(|b| LogImage::parse(&b).ok())
+                .is_some_and(|img| img.identity.same_cache(&ours))
+        })
+        .cloned())
+}
+
 /// What the crash logs `logs` hold for the loaded state, for `check`. The
 /// records a log would add are applied to `loaded`'s table, as open would,
 /// so a record that does not fit is caught here too.

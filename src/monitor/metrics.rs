@@ -249,7 +249,7 @@ fn encode_latency(e: &mut DescriptorEncoder, t: &Taken) -> std::fmt::Result {
     histograms(
         e,
         "request_duration_seconds",
-        "Request latency by operation; result=miss when the request made an origin request.",
+        "Request latency by operation (requests, not blocks); result=origin when the request made an origin request, else cache.",
         &req,
     )?;
     let dev: Vec<(Labels, &HistogramSnapshot)> = latency

@@ -36,7 +36,7 @@ struct Heat<'a> {
 }
 
 /// Percentiles of one latency histogram since the cache opened, seconds
-/// (bucket upper bounds: powers of two of microseconds).
+/// (bucket upper bounds: log-linear, within 25%; `observe::latency`).
 #[derive(Serialize)]
 struct Quantiles {
     op: String,

@@ -1,0 +1,213 @@
+//! `tiercache import CACHE... [--name NAME] [--origin PATH...]`: register
+//! again a cache found on its devices (`tiercache scan`), as `casadm
+//! --load` does: after the state directory was lost, or on another host.
+//! Nothing on any device is written: the cache, dirty data included, is
+//! exactly as it was, and the next `serve` (or command) opens it as any
+//! registered cache.
+//!
+//! Its origins are the ones given (`--origin`, one per volume in order),
+//! else the block devices whose identity and size match what the cache
+//! recorded. Either way the cache is opened read-only before it is
+//! registered, and that open refuses an origin that is not the recorded
+//! one.
+
+use anyhow::{Context, Result};
+
+use super::exit::fail;
+use super::registry::{self, Entry, Registry};
+use super::scan::{block_devices, found_on, Found};
+use super::target::open_engine_read_only;
+use super::units::human_bytes;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The cache device, or every member found of a cache set.
+    #[arg(required = true)]
+    cache: Vec<String>,
+    /// The name to register it under.
+    #[arg(long, default_value = registry::DEFAULT_NAME)]
+    name: String,
+    /// Each volume's origin, in the order `tiercache scan` lists the
+    /// volumes; without it, block devices are searched for the recorded
+    /// identity and size.
+    #[arg(long)]
+    origin: Vec<String>,
+}
+
+pub fn run(reg: &Registry, a: &Args) -> Result<()> {
+    registry::validate_name(&a.name)?;
+    let mut caches = Vec::new();
+    for c in &a.cache {
+        caches.push(registry::absolute(c)?);
+    }
+    let found = one_cache(reg, &caches)?;
+    if let Some(name) = &found.registered_as {
+        fail!(
+            Refused,
+            "{} already belongs to the registered cache '{name}'",
+            caches.join(", ")
+        );
+    }
+    let origins = origins(a, &found)?;
+    reg.prepare()?;
+    let _lock = reg.lock(&a.name)?;
+    if reg.get(&a.name)?.is_some() {
+        fail!(
+            Refused,
+            "a cache named '{}' is already registered; import under another --name",
+            a.name
+        );
+    }
+    for other in reg.list()? {
+        let theirs = other.device_paths();
+        if let Some(p) = (origins.iter()).find(|p| theirs.iter().any(|t| registry::same_file(p, t)))
+        {
+            fail!(
+                Refused,
+                "origin {p} is already used by cache '{}'",
+                other.name
+            );
+        }
+    }
+    adopt_crash_log(reg, &caches, &a.name)?;
+    let entry = Entry {
+        name: a.name.clone(),
+        origin: origins[0].clone(),
+        more_origins: origins[1..].to_vec(),
+        cache: caches[0].clone(),
+        more_caches: caches[1..].to_vec(),
+        created: registry::now_rfc3339(),
+        distrust_clean: false,
+    };
+    // The proof: the cache opens over these origins (identity, sizes),
+    // read-only, before anything is registered.
+    let engine = open_engine_read_only(reg, &entry)
+        .with_context(|| format!("opening the cache on {}", caches.join(", ")))?;
+    let status = engine.status();
+    drop(engine);
+    reg.add(&entry)?;
+    outln!(
+        "cache '{}' imported: {} over {} ({} mode); {} dirty blocks ({}) kept for writeback; \
+         serve it with `tiercache serve --name {}` or `systemctl start tiercache@{}`",
+        a.name,
+        caches.join(", "),
+        origins.join(", "),
+        status.mode.name(),
+        status.cache_blocks_dirty,
+        human_bytes(status.cache_blocks_dirty * u64::from(status.block_bytes)),
+        a.name,
+        a.name
+    );
+    Ok(())
+}
+
+/// The one cache on `caches` (a device, or a set's members).
+fn one_cache(reg: &Registry, caches: &[String]) -> Result<Found> {
+    let mut found = found_on(reg, caches);
+    match found.len() {
+        1 => Ok(found.remove(0)),
+        0 => fail!(
+            NotFound,
+            "no tiercache cache on {} (tiercache scan {} says what is there)",
+            caches.join(", "),
+            caches.join(" ")
+        ),
+        n => fail!(
+            Usage,
+            "{} hold {n} caches; import one at a time",
+            caches.join(", ")
+        ),
+    }
+}
+
+/// The origins: as given, else found by identity and size.
+fn origins(a: &Args, found: &Found) -> Result<Vec<String>> {
+    if !a.origin.is_empty() {
+        if a.origin.len() != found.volumes.len() {
+            fail!(
+                Usage,
+                "the cache has {} volume(s) ({}); give one --origin for each, in that order",
+                found.volumes.len(),
+                names(found)
+            );
+        }
+        return a
+            .origin
+            .iter()
+            .map(|o| Ok(registry::absolute(o)?))
+            .collect();
+    }
+    let disks: Vec<(String, u64, u64)> = (block_devices().into_iter())
+        .filter_map(|p| {
+            let d = tiercache::device::open_device_read_only(&p).ok()?;
+            Some((p, d.identity(), d.size_bytes()))
+        })
+        .collect();
+    let mut out = Vec::new();
+    for v in &found.volumes {
+        let id = u64::from_str_radix(&v.origin_identity, 16).unwrap_or(0);
+        let hit = disks
+            .iter()
+            .find(|(_, i, bytes)| *i == id && *bytes >= v.origin_bytes);
+        match hit {
+            Some((p, _, _)) => out.push(p.clone()),
+            None => fail!(
+                NotFound,
+                "no block device here is volume {}'s origin (identity {}, {}): give it with \
+                 --origin (a file origin is always given: its identity is its inode)",
+                v.name,
+                v.origin_identity,
+                human_bytes(v.origin_bytes)
+            ),
+        }
+    }
+    Ok(out)
+}
+
+fn names(f: &Found) -> String {
+    let names: Vec<&str> = f.volumes.iter().map(|v| v.name.as_str()).collect();
+    names.join(", ")
+}
+
+/// A crash log the cache's last daemon left (under the name and state
+/// directory it had) is moved to where this name's is looked for: it may
+/// hold writes that daemon acknowledged but did not journal, and open
+/// applies it only from there. The one write import makes, and not to a
+/// device.
+fn adopt_crash_log(reg: &Registry, caches: &[String], name: &str) -> Result<()> {
+    let cache = super::target::open_cache_read_only(caches)?;
+    let found = tiercache::engine::recovery::crash_log_of(&cache, &reg.crash_log_files())?;
+    drop(cache);
+    let target = reg.crash_log_path(name);
+    let Some(found) = found.filter(|f| *f != target) else {
+        return Ok(());
+    };
+    if target.exists() {
+        fail!(
+            Refused,
+            "the cache's crash log {} would replace {}, another cache's: import under another --name",
+            found.display(),
+            target.display()
+        );
+    }
+    if let Some(dir) = target.parent() {
+        use std::os::unix::fs::DirBuilderExt;
+        // As the daemon makes it: its user's alone (crash_log.rs).
+        (std::fs::DirBuilder::new().recursive(true).mode(0o700))
+            .create(dir)
+            .with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::rename(&found, &target).with_context(|| {
+        format!(
+            "moving crash log {} to {}",
+            found.display(),
+            target.display()
+        )
+    })?;
+    log::warn!(
+        "took the cache's crash log {} as {}",
+        found.display(),
+        target.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,133 @@
+//! A lost state directory loses nothing: `tiercache scan` finds the cache
+//! on its device, `tiercache import` registers it again (under its old
+//! name or a new one), and its dirty data, including writes a daemon
+//! killed with SIGKILL had acknowledged and only its crash log held, is
+//! served and written back. A wrong origin, a device already registered
+//! and a device with no cache are refused with their exit codes.
+
+#[path = "common/daemon.rs"]
+mod daemon;
+
+use std::process::{Command, Stdio};
+
+use daemon::{wait_for_socket, KillOnDrop, Setup, BIN};
+use tiercache::device::nbd::NbdDevice;
+use tiercache::device::BlockDevice;
+
+const DIRTY: usize = 1 << 20;
+
+fn origin_holds(s: &Setup, fill: u8) -> bool {
+    let data = std::fs::read(s.path("origin.img")).unwrap();
+    data[..DIRTY].iter().all(|b| *b == fill)
+}
+
+/// Serves the cache, writes `DIRTY` bytes of `fill` with a flush (so they
+/// are acknowledged durable), then kills the daemon with SIGKILL.
+fn write_and_kill(s: &Setup, fill: u8) {
+    let child = Command::new(BIN)
+        .arg("serve")
+        .env("TIERCACHE_STATE_DIR", s.state())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut child = KillOnDrop(child);
+    wait_for_socket(&s.nbd_socket());
+    let dev = NbdDevice::connect(&s.uri(), 1).unwrap();
+    dev.write_at(&vec![fill; DIRTY], 0).unwrap();
+    dev.flush().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+fn code(out: &std::process::Output) -> (Option<i32>, String) {
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_wiped_state_directory_loses_nothing() {
+    // No idle or age writeback: the data stays dirty on the cache.
+    let args = ["--writeback-idle", "0", "--writeback-age", "3600"];
+    let s = Setup::with_sizes(64 << 20, 16 << 20, &args);
+    write_and_kill(&s, 0x5a);
+    assert!(!origin_holds(&s, 0x5a), "written back already");
+    std::fs::remove_dir_all(s.state()).unwrap();
+
+    let cache = s.path("cache.img").to_str().unwrap().to_string();
+    let origin = s.path("origin.img").to_str().unwrap().to_string();
+    let scanned = s.cli(&["scan", &cache]);
+    assert!(
+        scanned.contains("tiercache cache")
+            && scanned.contains("volume vol0: origin of 64 MiB")
+            && scanned.contains("not registered: tiercache import"),
+        "{scanned}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&s.cli(&["scan", "--json", &cache])).unwrap();
+    assert_eq!(json["schema_version"], 1);
+    assert_eq!(json["caches"][0]["volumes"][0]["origin_bytes"], 64 << 20);
+    assert_eq!(json["caches"][0]["mode"], "writeback");
+
+    // A file origin is not searched for: it must be given.
+    let (c, err) = code(&s.cli_output(&["import", &cache]));
+    assert_eq!(c, Some(3), "{err}");
+    assert!(err.contains("give it with --origin"), "{err}");
+    // Another file of the same size is not the origin.
+    let wrong = s.path("wrong.img");
+    std::fs::File::create(&wrong)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let wrong = wrong.to_str().unwrap();
+    let (c, err) = code(&s.cli_output(&["import", &cache, "--origin", wrong]));
+    assert_eq!(c, Some(7), "{err}");
+    assert!(err.contains("origin mismatch"), "{err}");
+    let (c, err) = code(&s.cli_output(&["import", wrong, "--origin", &origin]));
+    assert_eq!(c, Some(3), "{err}");
+    assert!(err.contains("no tiercache cache on"), "{err}");
+    assert!(!s.state().join("caches").exists() || s.cli(&["list", "--noheadings"]).is_empty());
+
+    // Under a new name: the killed daemon's crash log comes along.
+    let out = s.cli(&["import", &cache, "--origin", &origin, "--name", "back"]);
+    assert!(out.contains("cache 'back' imported"), "{out}");
+    let st: serde_json::Value =
+        serde_json::from_str(&s.cli(&["status", "--json", "--name", "back"])).unwrap();
+    assert_eq!(st["cache_blocks_dirty"], (DIRTY / 4096) as u64, "{st}");
+    let scanned = s.cli(&["scan", &cache]);
+    assert!(scanned.contains("registered as 'back'"), "{scanned}");
+    let (c, err) = code(&s.cli_output(&["import", &cache, "--origin", &origin, "--name", "x"]));
+    assert_eq!(c, Some(7), "{err}");
+    assert!(
+        err.contains("already belongs to the registered cache 'back'"),
+        "{err}"
+    );
+
+    s.cli(&["flush", "--name", "back"]);
+    assert!(
+        origin_holds(&s, 0x5a),
+        "the dirty data did not reach the origin"
+    );
+}
+
+#[test]
+fn import_under_the_old_name_after_a_kill() {
+    let args = ["--writeback-idle", "0", "--writeback-age", "3600"];
+    let s = Setup::with_sizes(64 << 20, 16 << 20, &args);
+    write_and_kill(&s, 0xa5);
+    std::fs::remove_dir_all(s.state()).unwrap();
+    let cache = s.path("cache.img").to_str().unwrap().to_string();
+    let origin = s.path("origin.img").to_str().unwrap().to_string();
+    s.cli(&["import", &cache, "--origin", &origin]);
+    let list = s.cli(&["list", "-o", "name,dirty", "--units", "b", "--noheadings"]);
+    assert!(list.lines().next().unwrap().starts_with("tc0"), "{list}");
+    assert!(list.contains(&DIRTY.to_string()), "{list}");
+    // Served again, the data reads back before any writeback.
+    let _daemon = s.serve();
+    let dev = NbdDevice::connect(&s.uri(), 1).unwrap();
+    let mut back = vec![0u8; DIRTY];
+    dev.read_at(&mut back, 0).unwrap();
+    assert!(back.iter().all(|b| *b == 0xa5), "the volume lost its data");
+}
