@@ -131,3 +131,43 @@ fn import_under_the_old_name_after_a_kill() {
     dev.read_at(&mut back, 0).unwrap();
     assert!(back.iter().all(|b| *b == 0xa5), "the volume lost its data");
 }
+
+/// A cache whose device is gone for good (the file deleted, as a dead SSD
+/// the kernel dropped) can still be dealt with: give-up-cache refuses
+/// until told in explicit words, then drops the registration and leaves
+/// the origin untouched.
+#[test]
+fn a_cache_whose_device_is_gone_can_be_forgotten() {
+    let args = ["--writeback-idle", "0", "--writeback-age", "3600"];
+    let s = Setup::with_sizes(64 << 20, 16 << 20, &args);
+    write_and_kill(&s, 0x3c);
+    let origin_before = std::fs::read(s.path("origin.img")).unwrap();
+    std::fs::remove_file(s.path("cache.img")).unwrap();
+
+    let (c, err) = code(&s.cli_output(&["status"]));
+    assert_eq!(c, Some(3), "{err}");
+    let (c, err) = code(&s.cli_output(&["give-up-cache"]));
+    assert_eq!(c, Some(7), "{err}");
+    let (c, err) = code(&s.cli_output(&["give-up-cache", "--lose-dirty-data"]));
+    assert_eq!(c, Some(7), "{err}");
+    assert!(err.contains("--forget") && err.contains("is gone"), "{err}");
+    let out = s.cli(&["give-up-cache", "--lose-dirty-data", "--forget"]);
+    assert!(
+        out.contains("cache 'tc0' forgotten") && out.contains("fsck"),
+        "{out}"
+    );
+    assert!(s.cli(&["list", "--noheadings"]).is_empty());
+    assert_eq!(
+        std::fs::read(s.path("origin.img")).unwrap(),
+        origin_before,
+        "forgetting wrote the origin"
+    );
+    // The origin is free again: a new cache goes in front of it.
+    std::fs::File::create(s.path("cache2.img"))
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    let origin = s.path("origin.img").to_str().unwrap().to_string();
+    let cache2 = s.path("cache2.img").to_str().unwrap().to_string();
+    s.cli(&["create", "--origin", &origin, "--cache", &cache2]);
+}

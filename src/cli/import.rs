@@ -176,10 +176,16 @@ fn names(f: &Found) -> String {
 /// device.
 fn adopt_crash_log(reg: &Registry, caches: &[String], name: &str) -> Result<()> {
     let cache = super::target::open_cache_read_only(caches)?;
-    let found = tiercache::engine::recovery::crash_log_of(&cache, &reg.crash_log_files())?;
+    let found = tiercache::engine::recovery::crash_logs_of(&cache, &reg.crash_log_files())?;
     drop(cache);
     let target = reg.crash_log_path(name);
-    let Some(found) = found.filter(|f| *f != target) else {
+    // Its own log already where this name's is looked for: nothing to move.
+    if found.contains(&target) {
+        return Ok(());
+    }
+    // Of several (a cache imported and killed more than once), the newest.
+    let modified = |p: &std::path::PathBuf| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let Some(found) = found.into_iter().max_by_key(modified) else {
         return Ok(());
     };
     if target.exists() {

@@ -1156,24 +1156,25 @@ pub enum CrashLogs {
     Search(Vec<std::path::PathBuf>),
 }
 
-/// Of `files`, the crash log whose header names the cache on `cache`
+/// Of `files`, the crash logs whose headers name the cache on `cache`
 /// (`import` takes a found cache's log under its new name: a log is found
 /// by the name it was registered under, and it may hold writes the last
 /// daemon acknowledged but did not journal).
-pub fn crash_log_of(
+pub fn crash_logs_of(
     cache: &DeviceRef,
     files: &[std::path::PathBuf],
-) -> EngineResult<Option<std::path::PathBuf>> {
+) -> EngineResult<Vec<std::path::PathBuf>> {
     let ours = crash_log::Identity::of(&current_superblock(cache)?);
-    Ok(files
-        .iter()
-        .find(|p| {
-            crash_log::read_file(p)
-                .ok()
-                .and_then(|b| LogImage::parse(&b).ok())
-                .is_some_and(|img| img.identity.same_cache(&ours))
-        })
-        .cloned())
+    Ok(files.iter().filter(|p| log_of(p, &ours)).cloned().collect())
+}
+
+/// True if the file at `path` is a crash log whose header names the cache
+/// `ours`.
+fn log_of(path: &std::path::Path, ours: &crash_log::Identity) -> bool {
+    crash_log::read_file(path)
+        .ok()
+        .and_then(|b| LogImage::parse(&b).ok())
+        .is_some_and(|img| img.identity.same_cache(ours))
 }
 
 /// What the crash logs `logs` hold for the loaded state, for `check`. The
@@ -1187,12 +1188,7 @@ fn crash_log_notes(loaded: &mut Loaded, logs: &CrashLogs) -> Vec<String> {
             let ours = crash_log::Identity::of(&loaded.sb);
             let notes: Vec<String> = files
                 .iter()
-                .filter(|p| {
-                    crash_log::read_file(p)
-                        .ok()
-                        .and_then(|b| LogImage::parse(&b).ok())
-                        .is_some_and(|img| img.identity.same_cache(&ours))
-                })
+                .filter(|p| log_of(p, &ours))
                 .filter_map(|p| crash_log_note(loaded, p))
                 // One log at most applies to a state.
                 .take(1)
