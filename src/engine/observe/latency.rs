@@ -47,10 +47,11 @@ fn bucket_of(us: u64) -> usize {
     if us <= STEPS as u64 {
         return us.saturating_sub(1) as usize;
     }
-    // us - 1 lies in [2^power, 2^(power+1)), in step `step` of four.
+    // us - 1 lies in [2^power, 2^(power+1)), in step `step` of four (the
+    // two bits below its top bit): bucket 4 + 4 (power - 2) + step.
     let power = (63 - (us - 1).leading_zeros()) as usize;
-    let step = ((us - 1 - (1u64 << power)) >> (power - 2)) as usize;
-    (STEPS + (power - 2) * STEPS + step).min(BUCKETS - 1)
+    let step = ((us - 1) >> (power - 2)) as usize & (STEPS - 1);
+    (STEPS * (power - 1) + step).min(BUCKETS - 1)
 }
 
 pub struct Histogram {
@@ -101,7 +102,9 @@ impl HistogramSnapshot {
 
 impl Histogram {
     pub fn record_ns(&self, ns: u64) {
-        let i = bucket_of(ns.div_ceil(1000));
+        // Whole microseconds, as before (a fraction is below the
+        // resolution of any bucket but the first four).
+        let i = bucket_of(ns / 1000);
         self.counts[i].fetch_add(1, Ordering::Relaxed);
         self.sum_ns.fetch_add(ns, Ordering::Relaxed);
     }
