@@ -171,3 +171,75 @@ fn a_cache_whose_device_is_gone_can_be_forgotten() {
     let cache2 = s.path("cache2.img").to_str().unwrap().to_string();
     s.cli(&["create", "--origin", &origin, "--cache", &cache2]);
 }
+
+/// A loop device over a new file, detached when dropped.
+struct Loop {
+    dev: String,
+}
+
+impl Loop {
+    fn new(file: &std::path::Path, bytes: u64) -> Loop {
+        std::fs::File::create(file).unwrap().set_len(bytes).unwrap();
+        let out = Command::new("losetup")
+            .args(["-f", "--show", file.to_str().unwrap()])
+            .output()
+            .expect("run losetup");
+        assert!(
+            out.status.success(),
+            "losetup failed (this test needs root and loop devices): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Loop {
+            dev: String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        }
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.dev]).status();
+    }
+}
+
+/// On block devices nothing needs naming: `scan` without arguments reads
+/// every block device of the machine and finds the cache, and `import`
+/// finds its origin among them by the identity the cache recorded.
+#[test]
+fn block_devices_are_found_without_names() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let origin = Loop::new(&dir.path().join("origin.img"), 64 << 20);
+    let cache = Loop::new(&dir.path().join("cache.img"), 16 << 20);
+    let state = dir.path().join("state");
+    let cli = |args: &[&str]| daemon::cli_in(&state, args);
+    let ok = |args: &[&str]| daemon::cli_ok_in(&state, args);
+    ok(&[
+        "create",
+        "--origin",
+        &origin.dev,
+        "--cache",
+        &cache.dev,
+        "--writeback-idle",
+        "0",
+    ]);
+    ok(&["warm", "--offset", "0", "--length", "1M"]);
+    std::fs::remove_dir_all(&state).unwrap();
+
+    let found = ok(&["scan"]);
+    assert!(
+        found.contains(&format!("{}: tiercache cache", cache.dev))
+            && found.contains("not registered"),
+        "scan of every block device:\n{found}"
+    );
+    let out = ok(&["import", &cache.dev]);
+    assert!(out.contains(&format!("over {}", origin.dev)), "{out}");
+    let st = ok(&["status", "--json"]);
+    assert!(
+        st.contains(&format!("\"origin\": \"{}\"", origin.dev)),
+        "{st}"
+    );
+    let found = ok(&["scan", &cache.dev]);
+    assert!(found.contains("registered as 'tc0'"), "{found}");
+    // Detached, the loop devices are free again for Drop.
+    let detach = cli(&["detach"]);
+    assert!(detach.status.success(), "{detach:?}");
+}
