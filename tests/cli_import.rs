@@ -60,7 +60,7 @@ fn a_wiped_state_directory_loses_nothing() {
     let origin = s.path("origin.img").to_str().unwrap().to_string();
     let scanned = s.cli(&["scan", &cache]);
     assert!(
-        scanned.contains("tiercache cache")
+        scanned.contains("tiercache cache 'tc0'")
             && scanned.contains("volume vol0: origin of 64 MiB")
             && scanned.contains("not registered: tiercache import"),
         "{scanned}"
@@ -226,12 +226,21 @@ fn block_devices_are_found_without_names() {
 
     let found = ok(&["scan"]);
     assert!(
-        found.contains(&format!("{}: tiercache cache", cache.dev))
+        found.contains(&format!("{}: tiercache cache 'tc0'", cache.dev))
             && found.contains("not registered"),
         "scan of every block device:\n{found}"
     );
-    let out = ok(&["import", &cache.dev]);
+    // udev's question, and the unit's ExecCondition at boot: a name no
+    // device records skips the unit (1); the recorded one is imported (0).
+    let udev = ok(&["scan", "--udev", &cache.dev]);
+    assert_eq!(udev, "TIERCACHE_NAME=tc0\n");
+    assert_eq!(ok(&["scan", "--udev", &origin.dev]), "");
+    let skip = cli(&["import", "--boot", "nope"]);
+    assert_eq!(skip.status.code(), Some(1), "{skip:?}");
+    let out = ok(&["import", "--boot", "tc0"]);
     assert!(out.contains(&format!("over {}", origin.dev)), "{out}");
+    let again = cli(&["import", "--boot", "tc0"]);
+    assert_eq!(again.status.code(), Some(0), "registered: {again:?}");
     let st = ok(&["status", "--json"]);
     assert!(
         st.contains(&format!("\"origin\": \"{}\"", origin.dev)),
@@ -242,4 +251,31 @@ fn block_devices_are_found_without_names() {
     // Detached, the loop devices are free again for Drop.
     let detach = cli(&["detach"]);
     assert!(detach.status.success(), "{detach:?}");
+}
+
+/// The name on the device follows the registry: a cache imported under
+/// a new name records it the first time a daemon serves it, so a registry
+/// lost again brings it back under the name it was last served as.
+#[test]
+fn a_daemon_records_the_name_it_serves_under() {
+    let s = Setup::with_sizes(64 << 20, 16 << 20, &[]);
+    let cache = s.path("cache.img").to_str().unwrap().to_string();
+    let origin = s.path("origin.img").to_str().unwrap().to_string();
+    assert!(s.cli(&["scan", &cache]).contains("tiercache cache 'tc0'"));
+    std::fs::remove_dir_all(s.state()).unwrap();
+    s.cli(&["import", &cache, "--origin", &origin, "--name", "renamed"]);
+    let mut daemon = KillOnDrop(
+        Command::new(BIN)
+            .args(["serve", "--name", "renamed"])
+            .env("TIERCACHE_STATE_DIR", s.state())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for_socket(&s.state().join("renamed.sock"));
+    daemon::sigterm(&mut daemon);
+    daemon.wait().unwrap();
+    let scanned = s.cli(&["scan", &cache]);
+    assert!(scanned.contains("tiercache cache 'renamed'"), "{scanned}");
 }

@@ -83,6 +83,7 @@ fn the_debian_package_passes_lintian_and_holds_what_it_should() {
     let mut want = vec![
         "./usr/bin/tiercache".to_string(),
         "./lib/systemd/system/tiercache@.service".into(),
+        "./lib/udev/rules.d/60-tiercache.rules".into(),
         "./etc/tiercache/".into(),
         "./usr/share/doc/tiercache/copyright".into(),
         "./usr/share/doc/tiercache/changelog.Debian.gz".into(),

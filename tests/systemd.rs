@@ -24,8 +24,8 @@ fn unit_passes_systemd_analyze_verify() {
         "Type=notify",
         "Restart=on-failure",
         "KillSignal=SIGTERM",
-        // Detached: skipped at boot, not failed.
-        "ConditionPathExists=/var/lib/tiercache/caches/%i.json",
+        // Registered, or found by its recorded name; else skipped.
+        "ExecCondition=/usr/local/bin/tiercache import --boot %i",
         "ExecStart=/usr/local/bin/tiercache serve --name %i $TIERCACHE_SERVE_ARGS",
     ] {
         assert!(text.lines().any(|l| l == line), "the unit lacks {line}");

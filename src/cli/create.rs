@@ -131,14 +131,11 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     let engine = Engine::create_volumes(cache, named, &opts, &Default::default())
         .context("creating the cache")?;
     let volumes = engine.volumes();
-    // A crash log left by an earlier cache of this name (a daemon killed,
-    // then the cache recreated with --force) must never meet the new one.
-    let crash_log = reg.crash_log_path(&a.name);
-    if let Err(e) = std::fs::remove_file(&crash_log) {
-        if e.kind() != std::io::ErrorKind::NotFound {
-            anyhow::bail!("removing the old crash log {}: {e}", crash_log.display());
-        }
-    }
+    // Found again by its name if the registry is lost (scan, import).
+    engine
+        .record_name(&a.name)
+        .context("recording the name on the cache device")?;
+    remove_old_crash_log(reg, &a.name)?;
     let status = engine.status();
     engine.close().context("closing the new cache")?;
     let entry = Entry {
@@ -182,6 +179,18 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         human_bytes(volumes.iter().map(|v| v.2).sum())
     );
     Ok(())
+}
+
+/// A crash log left by an earlier cache of this name (a daemon killed,
+/// then the cache recreated with --force) must never meet the new one.
+fn remove_old_crash_log(reg: &Registry, name: &str) -> Result<()> {
+    let crash_log = reg.crash_log_path(name);
+    match std::fs::remove_file(&crash_log) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            anyhow::bail!("removing the old crash log {}: {e}", crash_log.display())
+        }
+        _ => Ok(()),
+    }
 }
 
 /// What a cache set's members hold, for the create message.

@@ -67,7 +67,20 @@ pub fn code(class: Class) -> u8 {
 
 /// The exit code a failed command ends with.
 pub fn failure(e: &anyhow::Error) -> ExitCode {
+    if let Some(w) = e.downcast_ref::<ExitWith>() {
+        return ExitCode::from(w.code);
+    }
     ExitCode::from(code(class_of(e)))
+}
+
+/// A failure that ends the command with a code of its caller's protocol,
+/// not of a class: `import --boot` answers systemd's ExecCondition (1:
+/// skip the unit, 255: fail it).
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct ExitWith {
+    pub code: u8,
+    pub message: String,
 }
 
 /// The class of the first error in `e`'s chain that has one (contexts

@@ -22,11 +22,18 @@ use super::units::human_bytes;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// The cache device, or every member found of a cache set.
-    #[arg(required = true)]
+    #[arg(required_unless_present = "boot")]
     cache: Vec<String>,
-    /// The name to register it under.
-    #[arg(long, default_value = registry::DEFAULT_NAME)]
-    name: String,
+    /// The name to register it under (default: the name the cache
+    /// records, else tc0).
+    #[arg(long)]
+    name: Option<String>,
+    /// For the unit's ExecCondition (tiercache@NAME): exit 0 if a cache
+    /// NAME is registered, or is found recorded on a block device and
+    /// imported; 1 (the unit is skipped, not failed) if neither; 255 (the
+    /// unit fails) if it is found but cannot be imported.
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["cache", "name", "origin"])]
+    boot: Option<String>,
     /// Each volume's origin, in the order `tiercache scan` lists the
     /// volumes; without it, block devices are searched for the recorded
     /// identity and size.
@@ -35,12 +42,55 @@ pub struct Args {
 }
 
 pub fn run(reg: &Registry, a: &Args) -> Result<()> {
-    registry::validate_name(&a.name)?;
+    if let Some(name) = &a.boot {
+        return boot(reg, a, name);
+    }
     let mut caches = Vec::new();
     for c in &a.cache {
         caches.push(registry::absolute(c)?);
     }
     let found = one_cache(reg, &caches)?;
+    let name = (a.name.clone())
+        .or_else(|| found.name.clone())
+        .unwrap_or_else(|| registry::DEFAULT_NAME.to_string());
+    import(reg, a, caches, &found, &name)
+}
+
+/// `--boot NAME`: registered already, or found by its recorded name and
+/// imported (systemd's ExecCondition: 0 start, 1 skip, 255 fail).
+fn boot(reg: &Registry, a: &Args, name: &str) -> Result<()> {
+    let exit = |code: u8, message: String| -> Result<()> {
+        Err(super::exit::ExitWith { code, message }.into())
+    };
+    registry::validate_name(name)?;
+    if reg.get(name)?.is_some() {
+        return Ok(());
+    }
+    let found: Vec<Found> = (found_on(reg, &block_devices()).into_iter())
+        .filter(|f| f.name.as_deref() == Some(name) && f.registered_as.is_none())
+        .collect();
+    match found.as_slice() {
+        [] => exit(
+            1,
+            format!(
+                "no cache named '{name}' is registered or recorded on a block device: \
+                 the unit is skipped (detached, or its devices are not here yet)"
+            ),
+        ),
+        [f] => match import(reg, a, f.devices.clone(), f, name) {
+            Ok(()) => Ok(()),
+            Err(e) => exit(255, super::error_line(&e)),
+        },
+        _ => exit(
+            255,
+            format!("several caches on this machine record the name '{name}': import one by hand"),
+        ),
+    }
+}
+
+/// Registers the cache `found` on `caches` as `name`.
+fn import(reg: &Registry, a: &Args, caches: Vec<String>, found: &Found, name: &str) -> Result<()> {
+    registry::validate_name(name)?;
     if let Some(name) = &found.registered_as {
         fail!(
             Refused,
@@ -48,14 +98,13 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
             caches.join(", ")
         );
     }
-    let origins = origins(a, &found)?;
+    let origins = origins(a, found)?;
     reg.prepare()?;
-    let _lock = reg.lock(&a.name)?;
-    if reg.get(&a.name)?.is_some() {
+    let _lock = reg.lock(name)?;
+    if reg.get(name)?.is_some() {
         fail!(
             Refused,
-            "a cache named '{}' is already registered; import under another --name",
-            a.name
+            "a cache named '{name}' is already registered; import under another --name"
         );
     }
     for other in reg.list()? {
@@ -69,9 +118,9 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
             );
         }
     }
-    adopt_crash_log(reg, &caches, &a.name)?;
+    adopt_crash_log(reg, &caches, name)?;
     let entry = Entry {
-        name: a.name.clone(),
+        name: name.to_string(),
         origin: origins[0].clone(),
         more_origins: origins[1..].to_vec(),
         cache: caches[0].clone(),
@@ -89,14 +138,14 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     outln!(
         "cache '{}' imported: {} over {} ({} mode); {} dirty blocks ({}) kept for writeback; \
          serve it with `tiercache serve --name {}` or `systemctl start tiercache@{}`",
-        a.name,
+        name,
         caches.join(", "),
         origins.join(", "),
         status.mode.name(),
         status.cache_blocks_dirty,
         human_bytes(status.cache_blocks_dirty * u64::from(status.block_bytes)),
-        a.name,
-        a.name
+        name,
+        name
     );
     Ok(())
 }

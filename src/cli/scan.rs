@@ -25,6 +25,11 @@ pub struct Args {
     /// Print JSON (with a schema_version) instead of text.
     #[arg(long)]
     json: bool,
+    /// For udev's IMPORT{program} (contrib/udev/60-tiercache.rules): of
+    /// the one device named, print `TIERCACHE_NAME=NAME` if it holds a
+    /// cache that records its name, else nothing; always exit 0.
+    #[arg(long, conflicts_with = "json")]
+    udev: bool,
 }
 
 /// A cache found on one device, or on the members of a cache set.
@@ -48,6 +53,9 @@ pub struct Found {
     /// Each volume: name, origin size and origin identity (a hash of what
     /// names the device: a disk's WWID or serial, a file's inode).
     pub volumes: Vec<FoundVolume>,
+    /// The name the cache records (the one it was registered under when
+    /// last created or served; `import` takes it by default).
+    pub name: Option<String>,
     /// The registered cache that names these devices, if any.
     pub registered_as: Option<String>,
 }
@@ -82,6 +90,16 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         true => a.devices.clone(),
         false => block_devices(),
     };
+    if a.udev {
+        // One device at a time, as udev calls it: a set member is skipped
+        // (its name is in the set's superblock, across the members).
+        for f in scan(reg, &paths).0.iter().filter(|f| f.set_id.is_none()) {
+            if let Some(name) = &f.name {
+                outln!("TIERCACHE_NAME={name}");
+            }
+        }
+        return Ok(());
+    }
     let (found, others) = scan(reg, &paths);
     // Without names, devices that hold nothing are not news.
     let others: Vec<Other> = (others.into_iter())
@@ -183,6 +201,7 @@ fn inspect(reg: &Registry, dev: &DeviceRef, devices: Vec<String>) -> Option<Foun
         })
         .map(|e| e.name);
     Some(Found {
+        name: recovery::recorded_name(dev).ok().flatten(),
         devices,
         set_id: None,
         set_members: None,
@@ -210,8 +229,9 @@ fn describe(f: &Found) -> String {
         (Some(id), Some(n)) => format!("cache set {id} ({} of {n} members here)", f.devices.len()),
         _ => "cache".to_string(),
     };
+    let named = f.name.as_ref().map_or(String::new(), |n| format!(" '{n}'"));
     let mut out = format!(
-        "{}: tiercache {what}, format {}, {} mode, {} blocks; {} dirty ({} blocks); shut down cleanly: {}; metadata {}\n",
+        "{}: tiercache {what}{named}, format {}, {} mode, {} blocks; {} dirty ({} blocks); shut down cleanly: {}; metadata {}\n",
         f.devices.join(", "),
         f.format_version.map_or("?".into(), |v| v.to_string()),
         f.mode.as_deref().unwrap_or("?"),
@@ -232,8 +252,13 @@ fn describe(f: &Found) -> String {
     match &f.registered_as {
         Some(name) => out.push_str(&format!("  registered as '{name}'\n")),
         None => out.push_str(&format!(
-            "  not registered: tiercache import {} [--name NAME] [--origin ORIGIN ...]\n",
-            f.devices.join(" ")
+            "  not registered: tiercache import {} [--origin ORIGIN ...]{}\n",
+            f.devices.join(" "),
+            if f.name.is_some() {
+                ""
+            } else {
+                " [--name NAME]"
+            }
         )),
     }
     out

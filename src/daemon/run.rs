@@ -225,6 +225,11 @@ fn open(reg: &Registry, source: &EngineSource) -> Result<Opened> {
                 }
             })?;
             registry::record_distrust(reg, &entry, &engine)?;
+            // The name it is registered under now (an import may have
+            // renamed it), for a registry lost later (`tiercache import`).
+            if let Err(e) = engine.record_name(&entry.name) {
+                log::warn!("recording the name on the cache device: {e}");
+            }
             Ok(Opened {
                 engine,
                 name: entry.name,

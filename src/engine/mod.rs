@@ -1191,6 +1191,22 @@ impl Engine {
         )
     }
 
+    /// Records the name the cache is registered under in its superblock
+    /// (`Superblock::cache_name`), if it is not recorded already.
+    pub fn record_name(&self, name: &str) -> EngineResult<()> {
+        self.cache.check_open()?;
+        if self.recorded_name().as_deref() == Some(name) {
+            return Ok(());
+        }
+        self.cache
+            .update_superblock_then(|sb| sb.set_name(name), || ())
+    }
+
+    /// The registered name the superblock records.
+    pub fn recorded_name(&self) -> Option<String> {
+        self.cache.recorded_name()
+    }
+
     /// Changes the writeback watermarks and age; persisted in the superblock.
     pub fn set_writeback(&self, w: WritebackSettings) -> EngineResult<()> {
         w.validate().map_err(EngineError::Config)?;

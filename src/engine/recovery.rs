@@ -69,6 +69,11 @@ pub fn recorded_volumes(cache: &DeviceRef) -> EngineResult<Vec<super::format::Vo
     Ok(current_superblock(cache)?.without_removed().0.volume_list())
 }
 
+/// The registered name the cache on `cache` records (`scan`, `import`).
+pub fn recorded_name(cache: &DeviceRef) -> EngineResult<Option<String>> {
+    Ok(current_superblock(cache)?.name())
+}
+
 pub(crate) fn current_superblock(cache: &DeviceRef) -> EngineResult<Superblock> {
     let [a, b] = read_superblocks(cache)?;
     match (a, b) {

@@ -119,11 +119,20 @@ pub struct Superblock {
     /// Writeback in flush order: the open group when the current
     /// checkpoint was taken (every dirty slot in it belongs to that group).
     pub checkpoint_open_group: U64,
-    pub reserved: [u8; 52],
+    /// The name the cache is registered under (ASCII, NUL-padded; all
+    /// zero: none recorded), so a cache whose registry was lost is found
+    /// again by name (`tiercache import`, the unit's boot condition).
+    /// Bytes that were reserved and zero: older releases ignore it.
+    pub cache_name: [u8; CACHE_NAME_BYTES],
+    pub reserved: [u8; 4],
     pub crc: U32,
     pub volumes: VolumeTable,
 }
 const _: () = assert!(std::mem::size_of::<Superblock>() == PAGE_BYTES as usize);
+
+/// Longest cache name the superblock records; a longer registered name
+/// is not recorded.
+pub const CACHE_NAME_BYTES: usize = 48;
 
 /// Superblock flag: the user accepted data loss (writeback on a volatile cache).
 pub const SB_FLAG_ALLOW_VOLATILE_WRITEBACK: u32 = 1;
@@ -141,6 +150,26 @@ pub const SEGMENT_BYTES: u64 = 1 << 20;
 pub const ADMISSION_FLAG_NO_GUARD: u32 = 1;
 
 impl Superblock {
+    /// The registered name recorded, if any (`cache_name`).
+    pub fn name(&self) -> Option<String> {
+        let end = self
+            .cache_name
+            .iter()
+            .position(|b| *b == 0)
+            .unwrap_or(CACHE_NAME_BYTES);
+        let name = std::str::from_utf8(&self.cache_name[..end]).ok()?;
+        let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+        (!name.is_empty() && name.chars().all(ok)).then(|| name.to_string())
+    }
+
+    /// Records `name` (none if it is longer than `CACHE_NAME_BYTES`).
+    pub fn set_name(&mut self, name: &str) {
+        self.cache_name = [0; CACHE_NAME_BYTES];
+        if name.len() <= CACHE_NAME_BYTES {
+            self.cache_name[..name.len()].copy_from_slice(name.as_bytes());
+        }
+    }
+
     /// The background writeback settings it records.
     pub fn writeback(&self) -> super::WritebackSettings {
         super::WritebackSettings {

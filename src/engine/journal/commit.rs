@@ -456,6 +456,11 @@ impl Cache {
         Ok(then())
     }
 
+    /// The registered name the current superblock records.
+    pub(crate) fn recorded_name(&self) -> Option<String> {
+        self.journal.state.lock().sb.name()
+    }
+
     /// `update_superblock_then` with a change that may be refused: `change`
     /// gets the current superblock and returns the next one or an error,
     /// under the commit lock, so no other change slips in between.
