@@ -9,7 +9,12 @@
 //! else the block devices whose identity and size match what the cache
 //! recorded. Either way the cache is opened read-only before it is
 //! registered, and that open refuses an origin that is not the recorded
-//! one.
+//! one. The one write is outside the devices: the last daemon's crash log
+//! is moved to where the new name's is looked for.
+//!
+//! `--boot NAME` is the unit's ExecCondition: NAME registered, or found on
+//! a block device that records it (superblock `cache_name`) and imported;
+//! else the unit is skipped.
 
 use anyhow::{Context, Result};
 

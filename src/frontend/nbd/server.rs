@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use log::{error, info, warn};
+use log::{debug, error, info, warn};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
@@ -701,7 +701,9 @@ async fn negotiate<S: PlainStream, V: Volume>(
             None
         }
         Err(NbdError::Io(e)) => {
-            info!("{peer}: disconnected during handshake: {e}");
+            // Mostly probes (is the server there?), which connect and
+            // hang up: not worth a line at the daemon's default level.
+            debug!("{peer}: disconnected during handshake: {e}");
             None
         }
         Err(e) => {
@@ -718,7 +720,8 @@ async fn serve_connection<S: PlainStream, V: Volume>(
 ) {
     let (peer, shared) = (&conn.peer, &conn.shared);
     let cfg = &shared.config;
-    info!("{peer}: connected");
+    // The transmission line below says it at info, once negotiated.
+    debug!("{peer}: connected");
     let Some(admitted) = negotiate(s, &conn, &mut shutdown).await else {
         return;
     };
