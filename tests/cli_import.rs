@@ -279,3 +279,63 @@ fn a_daemon_records_the_name_it_serves_under() {
     let scanned = s.cli(&["scan", &cache]);
     assert!(scanned.contains("tiercache cache 'renamed'"), "{scanned}");
 }
+
+/// Two crash logs can name one cache (a header names it by creation
+/// second, origin identity and size, and a file origin's identity is an
+/// inode a deleted file's successor may reuse: the suite met this). Import
+/// takes the log this state directory kept under the name the cache
+/// records, never another because it is newer; with only strangers to
+/// choose from it refuses rather than guess.
+#[test]
+fn import_takes_the_cache_s_own_crash_log_among_look_alikes() {
+    let args = ["--writeback-idle", "0", "--writeback-age", "3600"];
+    let s = Setup::with_sizes(64 << 20, 16 << 20, &args);
+    write_and_kill(&s, 0x77);
+    let reg = tiercache::daemon::Registry::new(s.state());
+    let own = reg.crash_log_path("tc0");
+    assert!(own.exists(), "no crash log at {}", own.display());
+    // Look-alikes another state directory could have left, written later.
+    let dir = own.parent().unwrap();
+    let strangers: Vec<std::path::PathBuf> = (0..2)
+        .map(|i| {
+            let p = dir.join(format!(
+                "{:016x}-tc0.crashlog",
+                0x5eed_0000 + i + std::process::id() as u64
+            ));
+            std::fs::copy(&own, &p).unwrap();
+            p
+        })
+        .collect();
+    struct Remove(Vec<std::path::PathBuf>);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            for p in &self.0 {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+    }
+    let _cleanup = Remove(strangers.clone());
+    std::fs::remove_dir_all(s.state()).unwrap();
+    let cache = s.path("cache.img").to_str().unwrap().to_string();
+    let origin = s.path("origin.img").to_str().unwrap().to_string();
+    s.cli(&["import", &cache, "--origin", &origin, "--name", "back"]);
+    let moved = reg.crash_log_path("back");
+    assert!(
+        moved.exists() && !own.exists(),
+        "the own log was not the one taken"
+    );
+    assert!(
+        strangers.iter().all(|p| p.exists()),
+        "a look-alike was moved"
+    );
+    s.cli(&["flush", "--name", "back"]);
+    assert!(origin_holds(&s, 0x77), "the crash log's writes were lost");
+
+    // Only look-alikes, under another name: refused, nothing moved.
+    std::fs::remove_dir_all(s.state()).unwrap();
+    let _ = std::fs::remove_file(&moved); // a clean close removes it
+    let (c, err) = code(&s.cli_output(&["import", &cache, "--origin", &origin, "--name", "x"]));
+    assert_eq!(c, Some(7), "{err}");
+    assert!(err.contains("several crash logs match"), "{err}");
+    assert!(strangers.iter().all(|p| p.exists()));
+}

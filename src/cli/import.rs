@@ -229,18 +229,36 @@ fn names(f: &Found) -> String {
 /// applies it only from there. The one write import makes, and not to a
 /// device.
 fn adopt_crash_log(reg: &Registry, caches: &[String], name: &str) -> Result<()> {
+    use tiercache::engine::recovery;
     let cache = super::target::open_cache_read_only(caches)?;
-    let found = tiercache::engine::recovery::crash_logs_of(&cache, &reg.crash_log_files())?;
+    let found = recovery::crash_logs_of(&cache, &reg.crash_log_files())?;
+    let recorded = recovery::recorded_name(&cache)?;
     drop(cache);
     let target = reg.crash_log_path(name);
     // Its own log already where this name's is looked for: nothing to move.
     if found.contains(&target) {
         return Ok(());
     }
-    // Of several (a cache imported and killed more than once), the newest.
-    let modified = |p: &std::path::PathBuf| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    let Some(found) = found.into_iter().max_by_key(modified) else {
-        return Ok(());
+    // A header names a cache by its creation second, origin identity and
+    // size; a file origin's identity is its inode, which a deleted file's
+    // successor may reuse, so two caches can match one log. The one this
+    // state directory kept under the name the cache records is the
+    // cache's own; else a match must be the only one.
+    let own = recorded.map(|n| reg.crash_log_path(&n));
+    let found = match (own, found.as_slice()) {
+        (Some(own), _) if found.contains(&own) => own,
+        (_, []) => return Ok(()),
+        (_, [one]) => one.clone(),
+        (_, several) => {
+            let names: Vec<String> = several.iter().map(|p| p.display().to_string()).collect();
+            fail!(
+                Refused,
+                "several crash logs match the cache ({}): move the one its last daemon \
+                 wrote to {} and import again",
+                names.join(", "),
+                target.display()
+            )
+        }
     };
     if target.exists() {
         fail!(
