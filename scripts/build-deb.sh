@@ -5,7 +5,7 @@
 #
 # Without --binary it builds the release binary first (cargo build --release
 # --locked). The package holds the binary (stripped), the systemd unit, the
-# udev rule, the man pages and the bash, zsh and fish completions (made by the binary from
+# udev rule as an example, the man pages and the bash, zsh and fish completions (made by the binary from
 # its own command line: `tiercache manpages`, `tiercache completions`), an
 # empty /etc/tiercache for NAME.env files, and the README. It has no
 # maintainer scripts: installing, upgrading or removing it never touches a
@@ -53,9 +53,11 @@ bin=$root/usr/bin/tiercache
 sed 's|/usr/local/bin/tiercache|/usr/bin/tiercache|g' contrib/systemd/tiercache@.service \
     > "$root/lib/systemd/system/tiercache@.service"
 chmod 644 "$root/lib/systemd/system/tiercache@.service"
-# Devices that record a cache's name start its unit (bcache-style).
-install -d -m 755 "$root/lib/udev/rules.d"
-install -m 644 contrib/udev/60-tiercache.rules "$root/lib/udev/rules.d/60-tiercache.rules"
+# The udev rule is an example, not installed active: it starts a unit for a
+# name any device records, and a device anyone plugs in can record any
+# name (docs/operations.md). The unit's own ExecCondition covers boot.
+install -d -m 755 "$doc/examples"
+install -m 644 contrib/udev/60-tiercache.rules "$doc/examples/60-tiercache.rules"
 
 # Man pages and completions, from the binary's own definitions.
 "$bin" manpages "$stage/man" >/dev/null

@@ -91,10 +91,8 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         false => block_devices(),
     };
     if a.udev {
-        // One device at a time, as udev calls it: a set member is skipped
-        // (its name is in the set's superblock, across the members).
-        for f in scan(reg, &paths).0.iter().filter(|f| f.set_id.is_none()) {
-            if let Some(name) = &f.name {
+        for p in &paths {
+            if let Some(name) = udev_name(p) {
                 outln!("TIERCACHE_NAME={name}");
             }
         }
@@ -124,6 +122,19 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         outln!("no tiercache cache found on {} device(s)", paths.len());
     }
     Ok(())
+}
+
+/// The name the cache on `path` records, for udev: the superblock alone
+/// is read (two pages), as blkid reads a label, never the metadata behind
+/// it: udev asks this of every device that appears, whoever plugged it in.
+/// A set member has none (its name is in the set's superblock, across the
+/// members).
+fn udev_name(path: &str) -> Option<String> {
+    let dev = open_device_read_only(path).ok()?;
+    if let Ok(Ok(_)) = CacheSet::read_label(&dev) {
+        return None;
+    }
+    recovery::recorded_name(&dev).ok().flatten()
 }
 
 /// Every cache on `paths`: one per device, a cache set once for all its
