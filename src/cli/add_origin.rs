@@ -140,11 +140,7 @@ fn add_served(
 /// A device of a registered cache (this one's included) is not added.
 fn refuse_used(reg: &Registry, path: &str) -> Result<()> {
     for other in reg.list()? {
-        if other
-            .device_paths()
-            .iter()
-            .any(|d| registry::same_file(path, d))
-        {
+        if other.uses(path) {
             fail!(
                 Refused,
                 "{path} is already a device of cache '{}'",

@@ -138,15 +138,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     remove_old_crash_log(reg, &a.name)?;
     let status = engine.status();
     engine.close().context("closing the new cache")?;
-    let entry = Entry {
-        name: a.name.clone(),
-        origin: origin_paths[0].clone(),
-        more_origins: origin_paths[1..].to_vec(),
-        cache: cache_paths[0].clone(),
-        more_caches: cache_paths[1..].to_vec(),
-        created: registry::now_rfc3339(),
-        distrust_clean: false,
-    };
+    let entry = Entry::new(&a.name, &origin_paths, &cache_paths);
     reg.add(&entry).with_context(|| {
         format!(
             "the cache on {} was created but could not be registered",
@@ -322,8 +314,7 @@ fn check_registry(
         let caches = cache_paths.iter().map(|c| ("cache", c.as_str()));
         let origins = origin_paths.iter().map(|o| ("origin", o.as_str()));
         for (role, path) in caches.chain(origins) {
-            let theirs = other.device_paths();
-            if theirs.iter().any(|d| registry::same_file(path, d)) {
+            if other.uses(path) {
                 fail!(
                     Refused,
                     "{role} device {path} is already used by cache '{}'; detach that cache first",

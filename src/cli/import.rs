@@ -113,9 +113,7 @@ fn import(reg: &Registry, a: &Args, caches: Vec<String>, found: &Found, name: &s
         );
     }
     for other in reg.list()? {
-        let theirs = other.device_paths();
-        if let Some(p) = (origins.iter()).find(|p| theirs.iter().any(|t| registry::same_file(p, t)))
-        {
+        if let Some(p) = origins.iter().find(|p| other.uses(p)) {
             fail!(
                 Refused,
                 "origin {p} is already used by cache '{}'",
@@ -124,15 +122,7 @@ fn import(reg: &Registry, a: &Args, caches: Vec<String>, found: &Found, name: &s
         }
     }
     adopt_crash_log(reg, &caches, name)?;
-    let entry = Entry {
-        name: name.to_string(),
-        origin: origins[0].clone(),
-        more_origins: origins[1..].to_vec(),
-        cache: caches[0].clone(),
-        more_caches: caches[1..].to_vec(),
-        created: registry::now_rfc3339(),
-        distrust_clean: false,
-    };
+    let entry = Entry::new(name, &origins, &caches);
     // The proof: the cache opens over these origins (identity, sizes),
     // read-only, before anything is registered.
     let engine = open_engine_read_only(reg, &entry)

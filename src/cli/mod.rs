@@ -62,7 +62,7 @@ const DEFAULT_STATE_DIR: &str = "/var/lib/tiercache";
     version,
     long_version = long_version(),
     about = "A userspace block cache: a slow origin device cached on a fast cache device",
-    after_help = exit::EXIT_CODES
+    after_help = exit::exit_codes_help()
 )]
 struct Cli {
     /// Directory holding the registry of named caches.
@@ -209,7 +209,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 /// command's help (the man pages are made from it too).
 fn command() -> clap::Command {
     use clap::CommandFactory;
-    Cli::command().mut_subcommands(|c| c.after_help(exit::EXIT_CODES))
+    let codes = exit::exit_codes_help();
+    Cli::command().mut_subcommands(|c| c.after_help(codes.clone()))
 }
 
 /// `--version`: the version, the commit it was built from, the on-disk

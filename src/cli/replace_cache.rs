@@ -52,11 +52,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         }
     };
     let new = registry::absolute(&a.new)?;
-    if let Some(other) = reg
-        .list()?
-        .into_iter()
-        .find(|e| (e.device_paths().iter()).any(|d| registry::same_file(&new, d)))
-    {
+    if let Some(other) = reg.list()?.into_iter().find(|e| e.uses(&new)) {
         fail!(Refused, "{new} is already used by cache '{}'", other.name);
     }
     let opened = Opened::open_with(reg, Some(&entry.name), true)?;

@@ -191,6 +191,26 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// A new entry for cache `name` over `origins` (volume 0's first) and
+    /// `caches` (a set's members), created now. Both lists are non-empty.
+    pub fn new(name: &str, origins: &[String], caches: &[String]) -> Entry {
+        Entry {
+            name: name.to_string(),
+            origin: origins[0].clone(),
+            more_origins: origins[1..].to_vec(),
+            cache: caches[0].clone(),
+            more_caches: caches[1..].to_vec(),
+            created: now_rfc3339(),
+            distrust_clean: false,
+        }
+    }
+
+    /// True if `path` names one of the entry's devices (after resolving
+    /// symlinks: `same_file`).
+    pub fn uses(&self, path: &str) -> bool {
+        self.device_paths().iter().any(|d| same_file(path, d))
+    }
+
     /// Every origin of the entry, volume 0's first.
     pub fn origin_paths(&self) -> Vec<String> {
         std::iter::once(self.origin.clone())
