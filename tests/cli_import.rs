@@ -24,6 +24,11 @@ fn origin_holds(s: &Setup, fill: u8) -> bool {
 /// Serves the cache, writes `DIRTY` bytes of `fill` with a flush (so they
 /// are acknowledged durable), then kills the daemon with SIGKILL.
 fn write_and_kill(s: &Setup, fill: u8) {
+    write_ranges_and_kill(s, &[(0, DIRTY)], fill)
+}
+
+/// As `write_and_kill`, at each `(offset, length)`.
+fn write_ranges_and_kill(s: &Setup, ranges: &[(u64, usize)], fill: u8) {
     let child = Command::new(BIN)
         .arg("serve")
         .env("TIERCACHE_STATE_DIR", s.state())
@@ -34,7 +39,9 @@ fn write_and_kill(s: &Setup, fill: u8) {
     let mut child = KillOnDrop(child);
     wait_for_socket(&s.nbd_socket());
     let dev = NbdDevice::connect(&s.uri(), 1).unwrap();
-    dev.write_at(&vec![fill; DIRTY], 0).unwrap();
+    for &(offset, len) in ranges {
+        dev.write_at(&vec![fill; len], offset).unwrap();
+    }
     dev.flush().unwrap();
     child.kill().unwrap();
     child.wait().unwrap();
@@ -140,9 +147,15 @@ fn import_under_the_old_name_after_a_kill() {
 fn a_cache_whose_device_is_gone_can_be_forgotten() {
     let args = ["--writeback-idle", "0", "--writeback-age", "3600"];
     let s = Setup::with_sizes(64 << 20, 16 << 20, &args);
-    write_and_kill(&s, 0x3c);
+    // 64 MiB in 1,024 regions of 64 KiB: the map names 0-1 MiB and the
+    // one region at 40 MiB + 8 KiB.
+    write_ranges_and_kill(&s, &[(0, DIRTY), ((40 << 20) + 8192, 4096)], 0x3c);
     let origin_before = std::fs::read(s.path("origin.img")).unwrap();
     std::fs::remove_file(s.path("cache.img")).unwrap();
+    let stale =
+        "  {origin}: 1.1 MiB in 2 ranges (regions of 64 KiB)\n    0+1048576\n    41943040+65536\n";
+    let origin = s.path("origin.img").to_str().unwrap().to_string();
+    let stale = stale.replace("{origin}", &origin);
 
     let (c, err) = code(&s.cli_output(&["status"]));
     assert_eq!(c, Some(3), "{err}");
@@ -151,11 +164,18 @@ fn a_cache_whose_device_is_gone_can_be_forgotten() {
     let (c, err) = code(&s.cli_output(&["give-up-cache", "--lose-dirty-data"]));
     assert_eq!(c, Some(7), "{err}");
     assert!(err.contains("--forget") && err.contains("is gone"), "{err}");
+    let out = s.cli_output(&["give-up-cache", "--lose-dirty-data"]);
+    let out = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.contains(&stale),
+        "the refusal names the stale ranges: {out}"
+    );
     let out = s.cli(&["give-up-cache", "--lose-dirty-data", "--forget"]);
     assert!(
-        out.contains("cache 'tc0' forgotten") && out.contains("fsck"),
+        out.contains("cache 'tc0' forgotten") && out.contains(&stale),
         "{out}"
     );
+    assert!(!s.state().join("stale-maps/tc0.json").exists());
     assert!(s.cli(&["list", "--noheadings"]).is_empty());
     assert_eq!(
         std::fs::read(s.path("origin.img")).unwrap(),
@@ -167,7 +187,6 @@ fn a_cache_whose_device_is_gone_can_be_forgotten() {
         .unwrap()
         .set_len(16 << 20)
         .unwrap();
-    let origin = s.path("origin.img").to_str().unwrap().to_string();
     let cache2 = s.path("cache2.img").to_str().unwrap().to_string();
     s.cli(&["create", "--origin", &origin, "--cache", &cache2]);
 }

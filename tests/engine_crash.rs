@@ -21,6 +21,7 @@ use rand::Rng;
 use sim::Sim;
 use tiercache::device::fault::{CrashSwitch, FaultDevice};
 use tiercache::device::DeviceRef;
+use tiercache::engine::journal::stale_map;
 use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions, Placement};
 
 const ORIGIN_BYTES: u64 = 1 << 20;
@@ -63,7 +64,15 @@ fn crash_case(seed: u64, mode: Mode, block_bytes: u32, power_loss: bool, test: &
         placement,
         ..Default::default()
     };
-    let engine = Engine::create_with(cache, origin, &opts, &sim.open_options())
+    // The stale map lives off the cache device (a file that the crash
+    // leaves as written: it is fsynced before each commit it must precede).
+    let state = tempfile::tempdir().unwrap();
+    let map_path = state.path().join("stale-maps").join("c.json");
+    let keeping_map = OpenOptions {
+        stale_map: Some(map_path.clone()),
+        ..sim.open_options()
+    };
+    let engine = Engine::create_with(cache, origin, &opts, &keeping_map)
         .unwrap_or_else(|e| panic!("seed {seed}: create: {e}"));
     // Per sector: the versions it may hold after a crash. The first entry
     // is the last durable version; later ones were written since.
@@ -137,6 +146,9 @@ fn crash_case(seed: u64, mode: Mode, block_bytes: u32, power_loss: bool, test: &
         all
     };
     let first = verify(&engine, "after recovery");
+    if let Err(e) = stale_map_covers(&first, &origin, &map_path) {
+        fail(format!("stale map: {e}"));
+    }
     // What recovery shows must stay: write everything back, restart, detach.
     engine
         .write_back_all(&mut |_, _| {})
@@ -158,6 +170,36 @@ fn crash_case(seed: u64, mode: Mode, block_bytes: u32, power_loss: bool, test: &
         trace: sim.report(usize::MAX),
         digests,
         volume: first.to_vec(),
+    }
+}
+
+/// Every sector where the origin differs from the recovered volume (what
+/// would be lost with the cache device now) lies in a range the stale map
+/// names (read before anything reopens the cache with the map).
+fn stale_map_covers(
+    volume: &[u8],
+    origin: &DeviceRef,
+    path: &std::path::Path,
+) -> Result<(), String> {
+    let mut on_origin = vec![0u8; volume.len()];
+    origin
+        .read_at(&mut on_origin, 0)
+        .map_err(|e| e.to_string())?;
+    let differ: Vec<u64> = (0..volume.len() / 512)
+        .filter(|&i| volume[i * 512..(i + 1) * 512] != on_origin[i * 512..(i + 1) * 512])
+        .map(|i| i as u64 * 512)
+        .collect();
+    let map = match stale_map::read(path) {
+        Ok(map) => map,
+        Err(stale_map::ReadError::Missing(_)) if differ.is_empty() => return Ok(()),
+        Err(e) => return Err(format!("{e}, with the origin stale at {differ:?}")),
+    };
+    let ranges = &map.volumes[0].ranges;
+    match (differ.iter()).find(|&&at| !ranges.iter().any(|&(o, n)| o <= at && at < o + n)) {
+        Some(at) => Err(format!(
+            "the origin is stale at byte {at}; the map names {ranges:?}"
+        )),
+        None => Ok(()),
     }
 }
 

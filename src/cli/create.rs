@@ -175,14 +175,20 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
 
 /// A crash log left by an earlier cache of this name (a daemon killed,
 /// then the cache recreated with --force) must never meet the new one.
+/// Nor may its stale map name the old cache's ranges as the new one's.
 fn remove_old_crash_log(reg: &Registry, name: &str) -> Result<()> {
-    let crash_log = reg.crash_log_path(name);
-    match std::fs::remove_file(&crash_log) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            anyhow::bail!("removing the old crash log {}: {e}", crash_log.display())
+    for (what, path) in [
+        ("crash log", reg.crash_log_path(name)),
+        ("stale map", reg.stale_map_path(name)),
+    ] {
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                anyhow::bail!("removing the old {what} {}: {e}", path.display())
+            }
+            _ => {}
         }
-        _ => Ok(()),
     }
+    Ok(())
 }
 
 /// What a cache set's members hold, for the create message.

@@ -7,11 +7,11 @@
 //! a write that covers a whole block makes it current again.
 //!
 //! A cache whose every device is gone (no such file or device: a dead SSD
-//! the kernel dropped) cannot be opened, so its dirty map went with it and
-//! which origin ranges are stale cannot be told. `--forget`, given as
-//! well, drops its registration then: the origins stand alone, and any of
-//! their ranges may be stale (the message says how many blocks were dirty
-//! when the registry last knew, and to check the filesystems).
+//! the kernel dropped) cannot be opened, so its dirty map went with it.
+//! The stale map the daemon kept in the state directory
+//! (engine/journal/stale_map.rs) still names the origin regions that held
+//! dirty data at its last commit; both the refusal and `--forget`, which
+//! drops the registration, list them.
 
 use anyhow::Result;
 use tiercache::daemon::control;
@@ -31,8 +31,8 @@ pub struct Args {
     #[arg(long)]
     lose_dirty_data: bool,
     /// With --lose-dirty-data, for a cache whose devices are all gone:
-    /// drop its registration (the stale ranges cannot be named: the map
-    /// of them was on the lost device).
+    /// drop its registration (the stale ranges are named from the stale
+    /// map kept in the state directory).
     #[arg(long, requires = "lose_dirty_data")]
     forget: bool,
 }
@@ -87,25 +87,74 @@ fn cache_devices_gone(entry: &Entry) -> bool {
 
 /// The cache's devices are gone: with `--forget`, its registration is
 /// dropped, under its lock; else the refusal says what is lost and how.
+/// Both name the stale ranges from the stale map, if the state directory
+/// kept one.
 fn forget(reg: &Registry, entry: &Entry, forget: bool) -> Result<()> {
     let devices = entry.cache_paths().join(", ");
-    let origins = entry.origin_paths().join(", ");
+    let origins = entry.origin_paths();
+    let stale = stale_ranges(reg, entry);
     if !forget {
+        outln!("{stale}");
         fail!(
             Refused,
-            "cache '{}': its cache device ({devices}) is gone, and with it the map of which \
-             origin ranges are stale; pass --forget as well to drop the cache and leave its \
-             origins ({origins}) standing alone, stale wherever it held dirty data",
-            entry.name
+            "cache '{}': its cache device ({devices}) is gone with its dirty data; pass \
+             --forget as well to drop the cache and leave its origins ({}) standing alone, \
+             stale in the ranges above",
+            entry.name,
+            origins.join(", ")
         );
     }
     let _lock = reg.lock(&entry.name)?;
     reg.remove(&entry.name)?;
     outln!(
         "cache '{}' forgotten: its cache device ({devices}) is gone with its dirty data. \
-         The origins ({origins}) stand alone; any of their ranges the cache held dirty is \
-         stale and which ones cannot be told: check their filesystems (fsck) before use",
-        entry.name
+         The origins ({}) stand alone.\n{stale}",
+        entry.name,
+        origins.join(", ")
     );
     Ok(())
+}
+
+/// What the stale map says of the origins: the ranges that held dirty
+/// data at the cache's last commit (rounded out to regions), each origin
+/// named; or why no range can be named.
+fn stale_ranges(reg: &Registry, entry: &Entry) -> String {
+    use std::fmt::Write;
+    use tiercache::engine::journal::stale_map::{self, ReadError};
+    let path = reg.stale_map_path(&entry.name);
+    let map = match stale_map::read(&path) {
+        Ok(map) => map,
+        Err(ReadError::Missing(_)) => {
+            return "No stale map was kept for this cache, so which origin ranges are stale \
+                    cannot be told: check the origins' filesystems (fsck) before use."
+                .into()
+        }
+        Err(e) => {
+            return format!(
+                "{e}: which origin ranges are stale cannot be told: check the origins' \
+                 filesystems (fsck) before use."
+            )
+        }
+    };
+    let origins = entry.origin_paths();
+    let mut text = format!(
+        "Stale origin ranges (offset+length in bytes; whole regions that held dirty data at the \
+         cache's last commit, from {}):",
+        path.display()
+    );
+    for v in &map.volumes {
+        let origin = origins.get(v.volume).map_or("?", |s| s.as_str());
+        let bytes: u64 = v.ranges.iter().map(|r| r.1).sum();
+        let _ = write!(
+            text,
+            "\n  {origin}: {} in {} ranges (regions of {})",
+            human_bytes(bytes),
+            v.ranges.len(),
+            human_bytes(v.region_bytes)
+        );
+        for (offset, len) in &v.ranges {
+            let _ = write!(text, "\n    {offset}+{len}");
+        }
+    }
+    text
 }

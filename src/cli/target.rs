@@ -427,6 +427,7 @@ pub(super) fn command_open_options(reg: &Registry, entry: &Entry) -> OpenOptions
         no_background: true,
         distrust_clean: entry.distrust_clean,
         crash_log: Some(reg.crash_log_path(&entry.name)),
+        stale_map: Some(reg.stale_map_path(&entry.name)),
         ..OpenOptions::default()
     }
 }

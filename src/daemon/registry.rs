@@ -308,6 +308,12 @@ impl Registry {
         self.dir.join(format!("{name}.sock"))
     }
 
+    /// Where the cache's stale map lives (engine/journal/stale_map.rs): in
+    /// the state directory, on a disk, since it must outlive the machine.
+    pub fn stale_map_path(&self, name: &str) -> PathBuf {
+        self.dir.join("stale-maps").join(format!("{name}.json"))
+    }
+
     /// Where the cache's crash log lives (engine/journal/crash_log.rs): shared
     /// memory, which outlives a killed daemon but not the machine, and is
     /// never written back to a disk; a directory per user (mode 0700, its
@@ -513,6 +519,9 @@ impl Registry {
         if let Ok(d) = File::open(self.caches_dir()) {
             let _ = d.sync_all();
         }
+        // A cache no longer registered names no stale range: detach wrote
+        // its dirty data back, give-up-cache --forget told what it lost.
+        let _ = fs::remove_file(self.stale_map_path(name));
         Ok(())
     }
 

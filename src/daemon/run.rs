@@ -216,6 +216,7 @@ fn open(reg: &Registry, source: &EngineSource) -> Result<Opened> {
                 origin_grew: *origin_grew,
                 distrust_clean: entry.distrust_clean,
                 crash_log: Some(reg.crash_log_path(&entry.name)),
+                stale_map: Some(reg.stale_map_path(&entry.name)),
                 ..OpenOptions::default()
             };
             let engine = Engine::open_volumes(cache, origins, &opts).map_err(|source| {

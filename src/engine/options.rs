@@ -199,6 +199,10 @@ pub struct OpenOptions {
     /// memory, one per cache. `None`: no log; a process that dies loses
     /// the writes it acknowledged since its last commit.
     pub crash_log: Option<std::path::PathBuf>,
+    /// Where to keep the stale map (journal/stale_map.rs): a file off the
+    /// cache device naming the origin regions that hold dirty data.
+    /// `None`: none is kept.
+    pub stale_map: Option<std::path::PathBuf>,
     /// The engine's time (clock.rs): real unless a test simulates it.
     pub clock: clock::Clock,
     /// Volumes this open adds, by name: the last origins given are new

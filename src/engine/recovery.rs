@@ -814,7 +814,7 @@ pub(crate) fn open(
             );
         }
     }
-    start_durable(&engine, clean, distrust, journal_end_seq, log)?;
+    start_durable(&engine, clean, distrust, journal_end_seq, log, opts)?;
     engine.cache.follow_cache_set();
     engine.cache.cache_set_opened(!clean, !opts.no_background);
     engine
@@ -926,7 +926,12 @@ fn start_durable(
     distrust: bool,
     journal_end_seq: u64,
     log: Option<CrashLog>,
+    opts: &OpenOptions,
 ) -> EngineResult<()> {
+    // Kept from the journal's first commit on (its checkpoint at open).
+    if let Some(path) = &opts.stale_map {
+        (engine.cache.journal).keep_stale_map(path.clone(), engine.cache.block_bytes);
+    }
     engine
         .cache
         .start_journal(clean, distrust, journal_end_seq, log)

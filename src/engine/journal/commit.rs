@@ -81,7 +81,7 @@ impl Cache {
         let covered = self.journal.completed_ops.load(Ordering::Acquire);
         let in_use = cs.next_page_seq - cs.sb.journal_replay_seq.get();
         let journal_pages = self.regions.journal_pages;
-        let (batch, snapshot, target) = {
+        let (batch, snapshot, target, stale) = {
             let mut m = self.meta.lock();
             let batch = m.take_batch();
             let pages = batch.records.len().div_ceil(RECORDS_PER_PAGE) as u64;
@@ -91,8 +91,13 @@ impl Cache {
             if let Some(log) = m.crash_log() {
                 log.begin_commit(target, batch.records.len());
             }
-            (batch, snapshot, target)
+            (batch, snapshot, target, self.stale_map_due(cs, &m))
         };
+        if let (Some(map), Some(now)) = (cs.stale_map.as_mut(), stale) {
+            // Before the records: the file names every region they make
+            // durable as dirty (stale_map.rs).
+            map.write(now, self.now_ms());
+        }
         let result = self.commit_io(cs, &batch.records, snapshot, checkpoint.unwrap_or(false));
         match result {
             Ok(()) => {
@@ -143,6 +148,18 @@ impl Cache {
         }
         self.journal.want_checkpoint(false);
         Some(m.snapshot())
+    }
+
+    /// The dirty regions to write to the stale map before this commit, if
+    /// it is due (taken under `Meta` with the records: 16 words a volume).
+    fn stale_map_due(
+        &self,
+        cs: &CommitState,
+        m: &Meta,
+    ) -> Option<Vec<crate::engine::observe::heat::DirtyRegions>> {
+        let map = cs.stale_map.as_ref()?;
+        let now = m.table().regions.dirty_regions();
+        map.due(&now, self.now_ms()).then_some(now)
     }
 
     /// A commit to `target` is durable: its batch's slots are released,

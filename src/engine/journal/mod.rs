@@ -10,9 +10,12 @@
 //!   the journal's start at open and end at detach (`impl Engine`).
 //! - `crash_log.rs`: records not yet journalled, kept in shared memory so a
 //!   killed daemon loses no acknowledged write.
+//! - `stale_map.rs`: which origin regions hold dirty data, in a file off
+//!   the cache device, written before each durable point that adds one.
 
 pub mod commit;
 pub mod crash_log;
+pub mod stale_map;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -52,6 +55,8 @@ pub(crate) struct CommitState {
     /// The next checkpoint is the one that grows the cache
     /// (`Cache::checkpoint_grown`): its layout and the device's size.
     grow_to: Option<(Layout, u64)>,
+    /// The stale map this cache keeps, if its opener named a file.
+    stale_map: Option<stale_map::StaleMap>,
 }
 
 impl Journal {
@@ -69,12 +74,18 @@ impl Journal {
                     journal_written_end: journal_end_seq,
                     last_commit_ms: 0,
                     grow_to: None,
+                    stale_map: None,
                 },
             ),
             completed_ops: AtomicU64::new(0),
             pressed: AtomicBool::new(false),
             checkpoint_waits: AtomicBool::new(false),
         }
+    }
+
+    /// Keep the stale map in `path` from the next commit on.
+    pub(crate) fn keep_stale_map(&self, path: std::path::PathBuf, block_bytes: u64) {
+        self.state.lock().stale_map = Some(stale_map::StaleMap::new(path, block_bytes));
     }
 
     /// A data write completed or a record was appended: the next commit

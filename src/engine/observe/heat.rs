@@ -107,9 +107,64 @@ impl RegionCounts {
             .collect()
     }
 
+    /// Which regions of each volume hold dirty blocks (the stale map's
+    /// unit, journal/stale_map.rs): 16 words a volume, under the metadata
+    /// lock.
+    pub fn dirty_regions(&self) -> Vec<DirtyRegions> {
+        (self.volumes.iter().enumerate())
+            .map(|(v, m)| {
+                let mut bits = [0u64; REGIONS / 64];
+                for (r, _) in m.dirty.iter().enumerate().filter(|(_, &n)| n > 0) {
+                    bits[r / 64] |= 1 << (r % 64);
+                }
+                DirtyRegions {
+                    region_blocks: m.region_blocks,
+                    volume_blocks: self.keys.blocks(v),
+                    bits,
+                }
+            })
+            .collect()
+    }
+
     pub fn heap_bytes(&self) -> u64 {
         let per = |m: &VolumeRegions| (m.cached.capacity() * 4 + m.dirty.capacity() * 4) as u64;
         self.volumes.iter().map(per).sum::<u64>() + (self.volumes.capacity() * 64) as u64
+    }
+}
+
+/// The regions of one volume that hold at least one dirty block.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirtyRegions {
+    pub region_blocks: u64,
+    pub volume_blocks: u64,
+    pub bits: [u64; REGIONS / 64],
+}
+
+impl DirtyRegions {
+    /// True if every region dirty in `other` is dirty here too, in the
+    /// same cut of the volume.
+    pub fn covers(&self, other: &DirtyRegions) -> bool {
+        self.region_blocks == other.region_blocks
+            && self.volume_blocks == other.volume_blocks
+            && (self.bits.iter().zip(&other.bits)).all(|(&a, &b)| b & !a == 0)
+    }
+
+    /// The dirty regions as runs of blocks `(first, count)`, adjacent
+    /// regions merged, the last cut at the volume's end.
+    pub fn block_runs(&self) -> Vec<(u64, u64)> {
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for r in (0..REGIONS).filter(|&r| self.bits[r / 64] & (1 << (r % 64)) != 0) {
+            let first = r as u64 * self.region_blocks;
+            let end = (first + self.region_blocks).min(self.volume_blocks);
+            if first >= end {
+                continue;
+            }
+            match runs.last_mut() {
+                Some((f, n)) if *f + *n == first => *n = end - *f,
+                _ => runs.push((first, end - first)),
+            }
+        }
+        runs
     }
 }
 
