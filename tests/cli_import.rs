@@ -358,3 +358,164 @@ fn import_takes_the_cache_s_own_crash_log_among_look_alikes() {
     assert!(err.contains("several crash logs match"), "{err}");
     assert!(strangers.iter().all(|p| p.exists()));
 }
+
+/// A serve in `state` (another host's state directory, say), waited for.
+fn serve_in(state: &std::path::Path, name: &str) -> KillOnDrop {
+    let child = Command::new(BIN)
+        .args(["serve", "--name", name])
+        .env("TIERCACHE_STATE_DIR", state)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let child = KillOnDrop(child);
+    wait_for_socket(&state.join(format!("{name}.nbd")));
+    wait_for_socket(&state.join(format!("{name}.sock")));
+    child
+}
+
+fn uri_in(state: &std::path::Path, name: &str) -> String {
+    format!(
+        "nbd+unix:///?socket={}",
+        state.join(format!("{name}.nbd")).display()
+    )
+}
+
+/// docs/operations.md, "Moving a cache to another host", as written: the
+/// old host stops its daemon (a clean shutdown), the disks move, and the
+/// new host, whose state directory (and crash log directory) never heard
+/// of the cache, finds it with `scan`, registers it with `import DEV
+/// --name` (its origin found by the identity the cache recorded) and
+/// serves its dirty data. Two state directories on one machine stand for
+/// the two hosts; the loop devices for disks that keep their identity
+/// (a WWID or serial) when they move.
+#[test]
+fn a_cache_moves_to_another_host() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let origin = Loop::new(&dir.path().join("origin.img"), 64 << 20);
+    let cache = Loop::new(&dir.path().join("cache.img"), 16 << 20);
+    let (old, new) = (dir.path().join("old-host"), dir.path().join("new-host"));
+    daemon::cli_ok_in(
+        &old,
+        &[
+            "create",
+            "--name",
+            "mv0",
+            "--origin",
+            &origin.dev,
+            "--cache",
+            &cache.dev,
+            "--writeback-idle",
+            "0",
+            "--writeback-age",
+            "3600",
+        ],
+    );
+    let mut daemon = serve_in(&old, "mv0");
+    let dev = NbdDevice::connect(&uri_in(&old, "mv0"), 1).unwrap();
+    dev.write_at(&vec![0x7e; DIRTY], 4096).unwrap();
+    dev.flush().unwrap();
+    drop(dev);
+    // systemctl stop tiercache@mv0
+    daemon::sigterm(&mut daemon.0);
+    assert!(daemon.0.wait().unwrap().success());
+
+    // The new host.
+    let found = daemon::cli_ok_in(&new, &["scan"]);
+    assert!(
+        found.contains(&format!("{}: tiercache cache 'mv0'", cache.dev))
+            && found.contains(&format!("not registered: tiercache import {}", cache.dev)),
+        "scan on the new host:\n{found}"
+    );
+    assert!(
+        found.contains("shut down cleanly: yes") && found.contains("1 MiB dirty"),
+        "{found}"
+    );
+    let out = daemon::cli_ok_in(&new, &["import", &cache.dev, "--name", "mv0"]);
+    assert!(out.contains(&format!("over {}", origin.dev)), "{out}");
+    let mut daemon = serve_in(&new, "mv0");
+    let dev = NbdDevice::connect(&uri_in(&new, "mv0"), 1).unwrap();
+    let mut back = vec![0u8; DIRTY];
+    dev.read_at(&mut back, 4096).unwrap();
+    assert!(
+        back.iter().all(|&b| b == 0x7e),
+        "the moved cache's dirty data"
+    );
+    drop(dev);
+    let st: serde_json::Value = serde_json::from_str(&daemon::cli_ok_in(
+        &new,
+        &["status", "--name", "mv0", "--json"],
+    ))
+    .unwrap();
+    assert_eq!(st["cache_blocks_dirty"], 256, "{st}");
+    daemon::sigterm(&mut daemon.0);
+    assert!(daemon.0.wait().unwrap().success());
+    // Written back there, the origin holds it alone.
+    daemon::cli_ok_in(&new, &["detach", "--name", "mv0"]);
+    let mut on_origin = vec![0u8; DIRTY];
+    let f = std::fs::File::open(dir.path().join("origin.img")).unwrap();
+    std::os::unix::fs::FileExt::read_exact_at(&f, &mut on_origin, 4096).unwrap();
+    assert!(on_origin.iter().all(|&b| b == 0x7e), "detach wrote it back");
+}
+
+/// A cache set is found from its members and imported whole: `scan`
+/// groups the members by the set's identity, `import A B` registers the
+/// set, and its dirty data (mirrored on both) is served after a kill and a
+/// wiped state directory.
+#[test]
+fn a_cache_set_is_scanned_and_imported() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let path = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
+    let (origin, a, b) = (path("origin.img"), path("a.img"), path("b.img"));
+    for (f, bytes) in [(&origin, 64u64 << 20), (&a, 16 << 20), (&b, 16 << 20)] {
+        std::fs::File::create(f).unwrap().set_len(bytes).unwrap();
+    }
+    let state = dir.path().join("state");
+    daemon::cli_ok_in(
+        &state,
+        &[
+            "create",
+            "--origin",
+            &origin,
+            "--cache",
+            &a,
+            "--cache",
+            &b,
+            "--writeback-idle",
+            "0",
+            "--writeback-age",
+            "3600",
+        ],
+    );
+    let mut daemon = serve_in(&state, "tc0");
+    let dev = NbdDevice::connect(&uri_in(&state, "tc0"), 1).unwrap();
+    dev.write_at(&vec![0x42; DIRTY], 0).unwrap();
+    dev.flush().unwrap();
+    drop(dev);
+    daemon.0.kill().unwrap();
+    daemon.0.wait().unwrap();
+    std::fs::remove_dir_all(&state).unwrap();
+
+    let found = daemon::cli_ok_in(&state, &["scan", &a, &b, &origin]);
+    assert!(
+        found.contains(&format!("{a}, {b}: tiercache cache set"))
+            && found.contains("(2 of 2 members here) 'tc0'"),
+        "scan groups the members:\n{found}"
+    );
+    // One member alone is not the set: import wants every member.
+    let one = daemon::cli_in(&state, &["import", &a, "--origin", &origin]);
+    assert_ne!(one.status.code(), Some(0), "{one:?}");
+    daemon::cli_ok_in(&state, &["import", &a, &b, "--origin", &origin]);
+    let mut daemon = serve_in(&state, "tc0");
+    let dev = NbdDevice::connect(&uri_in(&state, "tc0"), 1).unwrap();
+    let mut back = vec![0u8; DIRTY];
+    dev.read_at(&mut back, 0).unwrap();
+    assert!(back.iter().all(|&x| x == 0x42), "the set's dirty data");
+    drop(dev);
+    let st: serde_json::Value =
+        serde_json::from_str(&daemon::cli_ok_in(&state, &["status", "--json"])).unwrap();
+    assert_eq!(st["cache_blocks_dirty"], 256, "{st}");
+    assert_eq!(st["cache_set_state"], "whole", "{st}");
+    daemon::sigterm(&mut daemon.0);
+    daemon.0.wait().unwrap();
+}
