@@ -40,6 +40,10 @@ fn list_shows_served_resting_and_lost_caches() {
     let dev = NbdDevice::connect(&s.uri(), 1).unwrap();
     dev.write_at(&vec![7u8; 1 << 20], 0).unwrap();
     dev.flush().unwrap();
+    // 256 blocks read from the cache, 256 from the origin.
+    let mut back = vec![0u8; 1 << 20];
+    dev.read_at(&mut back, 0).unwrap();
+    dev.read_at(&mut back, 8 << 20).unwrap();
 
     let resting = [o2.clone(), c2.clone(), o3.clone()];
     let before: Vec<u64> = resting.iter().map(|p| file_hash(p)).collect();
@@ -66,6 +70,8 @@ fn list_shows_served_resting_and_lost_caches() {
     assert_eq!(tc0["volumes"][0]["name"], "tc0/vol0");
     assert_eq!(tc0["volumes"][0]["size_bytes"], 64 << 20);
     assert_eq!(tc0["volumes"][0]["dirty_bytes"], 1 << 20);
+    assert_eq!(tc0["volumes"][0]["hit_percent"], 50.0, "{tc0}");
+    assert_eq!(tc0["hit_percent"], 50.0, "{tc0}");
 
     assert_eq!(cold["state"], "ok");
     assert_eq!(cold["served"].as_array().unwrap().len(), 0);

@@ -56,6 +56,10 @@ fn each_volume_keeps_its_own_blocks_through_the_cache_writeback_and_a_restart() 
     assert_eq!(engine.read(b + 5 * BS, BS).unwrap().to_vec(), block(0xB5));
     // A read miss of a block only the other volume has cached.
     assert_eq!(engine.read(b + 6 * BS, BS).unwrap().to_vec(), block(0x11));
+    // Each volume counts its own reads (list's per-volume hit%).
+    let st = engine.status();
+    let reads = |v: usize| (st.volumes[v].read_hits, st.volumes[v].read_misses);
+    assert_eq!((reads(0), reads(1)), ((1, 0), (1, 1)));
 
     // A power loss after the flush: both volumes' blocks come back.
     engine.abandon();

@@ -165,7 +165,6 @@ fn rows_of(entry: &Entry, s: &Status, f: Option<&Frontends>) -> Row {
     let bs = u64::from(s.block_bytes);
     let total = s.cache_blocks_total;
     let pct = |part: u64| (total > 0).then(|| part as f64 * 100.0 / total as f64);
-    let reads = s.stats.read_hits + s.stats.read_misses;
     let mut state = Vec::new();
     match s.cache_set_state.as_deref() {
         Some("degraded") => state.push("degraded"),
@@ -192,7 +191,7 @@ fn rows_of(entry: &Entry, s: &Status, f: Option<&Frontends>) -> Row {
             used_percent: pct(vs.cache_blocks_used),
             dirty_bytes: Some(vs.cache_blocks_dirty * bs),
             dirty_percent: pct(vs.cache_blocks_dirty),
-            hit_percent: None,
+            hit_percent: hit_percent(vs.read_hits, vs.read_misses),
             served: f.map_or_else(Vec::new, |f| served_volume(f, v, &vs.name)),
             devices: vec![vs.origin.clone()],
             block_bytes: Some(s.block_bytes),
@@ -215,7 +214,7 @@ fn rows_of(entry: &Entry, s: &Status, f: Option<&Frontends>) -> Row {
         used_percent: pct(s.cache_blocks_used),
         dirty_bytes: Some(s.cache_blocks_dirty * bs),
         dirty_percent: pct(s.cache_blocks_dirty),
-        hit_percent: (reads > 0).then(|| s.stats.read_hits as f64 * 100.0 / reads as f64),
+        hit_percent: hit_percent(s.stats.read_hits, s.stats.read_misses),
         served: f.map_or_else(Vec::new, served_cache),
         devices: entry.cache_paths(),
         block_bytes: Some(s.block_bytes),
@@ -507,4 +506,11 @@ mod tests {
         assert_eq!(render(&lines, None), "NAME         SIZE\na-long-name  1\n");
         assert_eq!(render(&lines, Some(";")), "NAME;SIZE\na-long-name;1\n");
     }
+}
+
+/// Blocks read from the cache over blocks read, in percent (none before
+/// the first read).
+fn hit_percent(hits: u64, misses: u64) -> Option<f64> {
+    let reads = hits + misses;
+    (reads > 0).then(|| hits as f64 * 100.0 / reads as f64)
 }

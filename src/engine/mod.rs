@@ -748,6 +748,8 @@ impl Engine {
                 share: o.share().get(),
                 share_floor_blocks: o.share().floor_blocks(self.cache.observe.slot_count()),
                 mrc: self.cache.observe.volume_mrc(v),
+                read_hits: o.reads().0,
+                read_misses: o.reads().1,
             },
         )
         .collect()

@@ -43,6 +43,9 @@ impl Cache {
         let mut out = AlignedBuf::zeroed(len as usize);
         // Segments that need the origin are read together, after the hits.
         let (mut miss_segs, mut miss_cached) = (Vec::new(), Vec::new());
+        // A request stays in one volume (`Cache::check_span`).
+        let hits = cached.iter().filter(|c| c.is_some_and(|h| h.valid)).count();
+        (self.origins.of_key(segs[0].block)).count_reads(hits as u64, (segs.len() - hits) as u64);
         let mut i = 0;
         while i < segs.len() {
             let seg = &segs[i];

@@ -142,4 +142,9 @@ pub struct VolumeStatus {
     /// Its own miss-ratio curve (a cache of several volumes).
     #[serde(default)]
     pub mrc: Option<observe::Mrc>,
+    /// Blocks its reads found in the cache, and missed, since it opened.
+    #[serde(default)]
+    pub read_hits: u64,
+    #[serde(default)]
+    pub read_misses: u64,
 }

@@ -83,6 +83,10 @@ pub(crate) struct Origin {
     retired: AtomicBool,
     /// Its device was let go (`let_go`): nothing flushes it any more.
     let_go: AtomicBool,
+    /// Blocks its reads found in the cache, and those they did not: the
+    /// volume's own hit ratio (`list`), beside the cache's in `Stats`.
+    read_hits: AtomicU64,
+    read_misses: AtomicU64,
 }
 
 impl Origin {
@@ -111,6 +115,8 @@ impl Origin {
             share: VolumeShare::default(),
             retired: AtomicBool::new(false),
             let_go: AtomicBool::new(false),
+            read_hits: AtomicU64::new(0),
+            read_misses: AtomicU64::new(0),
         }
     }
 
@@ -143,6 +149,25 @@ impl Origin {
     }
 
     /// Its share of the cache's slots.
+    /// A read of this volume found `hits` blocks in the cache and missed
+    /// `misses`.
+    pub(crate) fn count_reads(&self, hits: u64, misses: u64) {
+        if hits > 0 {
+            bump(&self.read_hits, hits);
+        }
+        if misses > 0 {
+            bump(&self.read_misses, misses);
+        }
+    }
+
+    /// (hits, misses) of the volume's reads since the cache opened.
+    pub(crate) fn reads(&self) -> (u64, u64) {
+        (
+            self.read_hits.load(Ordering::Relaxed),
+            self.read_misses.load(Ordering::Relaxed),
+        )
+    }
+
     pub(crate) fn share(&self) -> &VolumeShare {
         &self.share
     }
