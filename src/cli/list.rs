@@ -477,6 +477,13 @@ fn render(lines: &[Vec<String>], separator: Option<&str>) -> String {
     out
 }
 
+/// Blocks read from the cache over blocks read, in percent (none before
+/// the first read).
+fn hit_percent(hits: u64, misses: u64) -> Option<f64> {
+    let reads = hits + misses;
+    (reads > 0).then(|| hits as f64 * 100.0 / reads as f64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -506,11 +513,4 @@ mod tests {
         assert_eq!(render(&lines, None), "NAME         SIZE\na-long-name  1\n");
         assert_eq!(render(&lines, Some(";")), "NAME;SIZE\na-long-name;1\n");
     }
-}
-
-/// Blocks read from the cache over blocks read, in percent (none before
-/// the first read).
-fn hit_percent(hits: u64, misses: u64) -> Option<f64> {
-    let reads = hits + misses;
-    (reads > 0).then(|| hits as f64 * 100.0 / reads as f64)
 }
