@@ -11,10 +11,10 @@ use std::process::Command;
 
 use serde_json::Value;
 
-/// `--option` -> the default its help states, from `create --help`.
-fn help_defaults() -> BTreeMap<String, String> {
+/// `--option` -> the default its help states, from `COMMAND --help`.
+fn help_defaults(command: &str) -> BTreeMap<String, String> {
     let out = Command::new(daemon::BIN)
-        .args(["create", "--help"])
+        .args([command, "--help"])
         .output()
         .unwrap();
     let help = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -44,7 +44,7 @@ fn size(text: &str) -> u64 {
 
 #[test]
 fn create_help_defaults_are_what_a_fresh_cache_has() {
-    let defaults = help_defaults();
+    let defaults = help_defaults("create");
     let s = daemon::Setup::with_sizes(64 << 20, 16 << 20, &[]);
     let st = s.status();
     let checks: Vec<(&str, Value)> = vec![
@@ -135,4 +135,23 @@ fn set_admission_help_does_not_claim_defaults_it_does_not_apply() {
         assert!(line.contains("[default at create: "), "{line}");
     }
     assert!(help.contains("keep their values"), "{help}");
+    // What it says a cache starts with is what create says (and what the
+    // test above found a fresh cache to have).
+    let create = help_defaults("create");
+    let stated_here = help_defaults("set-admission");
+    assert_eq!(
+        stated_here.len(),
+        5,
+        "four options and --state-dir: {stated_here:?}"
+    );
+    for (option, stated) in stated_here {
+        if option == "state-dir" {
+            continue;
+        }
+        assert_eq!(
+            create.get(&option),
+            Some(&stated),
+            "set-admission --help: --{option} [default at create: {stated}]"
+        );
+    }
 }
