@@ -217,6 +217,23 @@ fn warm_promotes_a_range_offline_and_through_the_daemon() {
         out.contains("read_hits") && out.contains("per second"),
         "{out}"
     );
+    // top --json: a line of JSON per sample, rates from the second on.
+    let out = s.cli(&["top", "--json", "--count", "2", "--interval", "0.2"]);
+    let samples: Vec<serde_json::Value> = (out.lines())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(samples.len(), 2, "{out}");
+    assert_eq!(samples[0]["schema_version"], 1);
+    assert_eq!(samples[0]["name"], "tc0");
+    assert!(samples[0]["counters"]["read_hits"]["per_second"].is_null());
+    assert!(
+        samples[1]["counters"]["read_hits"]["total"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    assert!(samples[1]["counters"]["read_hits"]["per_second"].is_f64());
+    assert!(samples[1]["interval_secs"].as_f64().unwrap() >= 0.2);
     sigterm(&mut serve);
 }
 

@@ -2,6 +2,8 @@
 //! second in the terminal (plain ANSI: clear and redraw). `q` or Ctrl-C
 //! ends it; `--count N` ends it after N screens (for scripts and tests,
 //! which also get the screens one after another instead of redrawn).
+//! `--json` prints each sample as one line of JSON instead (a stream, as
+//! `iostat -o JSON` gives): counters, their rates, occupancy.
 
 use std::io::{IsTerminal, Read, Write};
 use std::time::{Duration, Instant};
@@ -25,6 +27,9 @@ pub struct Args {
     /// Seconds between screens.
     #[arg(long, default_value_t = 1.0)]
     interval: f64,
+    /// One line of JSON per sample (schema_version 1) instead of screens.
+    #[arg(long)]
+    json: bool,
 }
 
 pub fn run(reg: &Registry, a: &Args) -> Result<()> {
@@ -33,7 +38,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     }
     let opened = Opened::open_read_only(reg, a.name.name.as_deref())?;
     let live = matches!(opened.target, super::target::Target::Daemon(_));
-    let redraw = std::io::stdout().is_terminal();
+    let redraw = !a.json && std::io::stdout().is_terminal();
     let keys = Keys::new();
     let mut prev: Option<(Instant, Status)> = None;
     let mut shown = 0u64;
@@ -45,7 +50,10 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         let before = prev
             .as_ref()
             .map(|(t, p)| (now.duration_since(*t).as_secs_f64().max(1e-3), p));
-        let screen = screen(&opened.entry.name, &status, before, live);
+        let screen = match a.json {
+            true => sample_json(&opened.entry.name, &status, before, live).to_string(),
+            false => screen(&opened.entry.name, &status, before, live),
+        };
         let mut out = std::io::stdout().lock();
         if redraw {
             // Home, clear the screen; raw mode wants \r\n.
@@ -102,6 +110,42 @@ fn screen(name: &str, s: &Status, prev: Before, live: bool) -> String {
     }
     out.push_str("\n  q or Ctrl-C quits\n");
     out
+}
+
+/// A sample as JSON: every counter's total and rate (null on the first
+/// sample), the hit ratio over the interval and since open, occupancy.
+fn sample_json(name: &str, s: &Status, prev: Before, live: bool) -> serde_json::Value {
+    let st = &s.stats;
+    let before = prev.map(|(dt, p)| (dt, p.stats.counters()));
+    let counters: serde_json::Map<String, serde_json::Value> = (st.counters().into_iter())
+        .enumerate()
+        .map(|(i, (counter, _, v))| {
+            let rate = (before.as_ref()).map(|(dt, b)| v.saturating_sub(b[i].2) as f64 / dt);
+            (
+                counter.to_string(),
+                serde_json::json!({ "total": v, "per_second": rate }),
+            )
+        })
+        .collect();
+    let ratio = |h: u64, m: u64| (h + m > 0).then(|| h as f64 * 100.0 / (h + m) as f64);
+    let interval_hits = prev.and_then(|(_, p)| {
+        let h = st.read_hits.saturating_sub(p.stats.read_hits);
+        ratio(h, st.read_misses.saturating_sub(p.stats.read_misses))
+    });
+    serde_json::json!({
+        "schema_version": super::list::SCHEMA_VERSION,
+        "name": name,
+        "served": live,
+        "interval_secs": prev.map(|(dt, _)| dt),
+        "hit_percent_interval": interval_hits,
+        "hit_percent": ratio(st.read_hits, st.read_misses),
+        "block_bytes": s.block_bytes,
+        "cache_blocks_total": s.cache_blocks_total,
+        "cache_blocks_used": s.cache_blocks_used,
+        "cache_blocks_dirty": s.cache_blocks_dirty,
+        "admission": s.admission,
+        "counters": counters,
+    })
 }
 
 /// Request rates, hit ratio, occupancy, writeback rate and admission.
