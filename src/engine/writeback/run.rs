@@ -270,24 +270,26 @@ impl Cache {
         // mirrored ones).
         let total = m.table().dirty_slots().max(1) as u64;
         let dirty = m.table().dirty_count();
-        let pct = dirty * 100 / total;
-        if pct >= st.settings.high_pct as u64 && dirty > 0 {
+        // In blocks, not whole percents: a low watermark of 0 drains to
+        // none, not to under 1%.
+        let low = st.settings.low_pct as u64;
+        let low_blocks = total * low / 100;
+        if dirty > 0 && dirty * 100 >= total * st.settings.high_pct as u64 {
             st.active = true;
         }
-        if pct <= st.settings.low_pct as u64 || dirty == 0 {
+        if dirty <= low_blocks {
             st.active = false;
         }
         if dirty == 0 || !(idle || pressed || st.active) {
             return None;
         }
-        let low = st.settings.low_pct as u64;
         let (want, pace) = if idle {
             (BATCH_BLOCKS, Pace::Drain)
         } else if pressed {
             (BATCH_BLOCKS, Pace::Full)
         } else {
-            let low_blocks = total * low / 100;
-            let over = (pct.saturating_sub(low)) as f64 / (100 - low.min(99)) as f64;
+            let pct = dirty as f64 * 100.0 / total as f64;
+            let over = (pct - low as f64).max(0.0) / (100 - low.min(99)) as f64;
             let pace = if busy {
                 Pace::Share(over.clamp(MIN_SHARE, 1.0))
             } else {
