@@ -256,6 +256,20 @@ fn block_devices_are_found_without_names() {
     assert_eq!(ok(&["scan", "--udev", &origin.dev]), "");
     let skip = cli(&["import", "--boot", "nope"]);
     assert_eq!(skip.status.code(), Some(1), "{skip:?}");
+    // An expected skip is a notice (syslog 5 under the journal), not an error.
+    let err = String::from_utf8_lossy(&skip.stderr);
+    assert!(
+        err.starts_with("tiercache: notice: no cache named 'nope'"),
+        "{err}"
+    );
+    let journal = Command::new(BIN)
+        .args(["import", "--boot", "nope"])
+        .env("TIERCACHE_STATE_DIR", &state)
+        .env("JOURNAL_STREAM", "8:1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&journal.stderr);
+    assert!(err.starts_with("<5>tiercache: notice: "), "{err}");
     let out = ok(&["import", "--boot", "tc0"]);
     assert!(out.contains(&format!("over {}", origin.dev)), "{out}");
     let again = cli(&["import", "--boot", "tc0"]);

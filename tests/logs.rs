@@ -115,3 +115,26 @@ fn plain_lines_outside_the_journal() {
     }
     assert!(log.contains("tiercache: info: audit: "), "{log}");
 }
+
+/// A command's closing error line has the logger's shape, and under the
+/// journal its priority (3) as well.
+#[test]
+fn a_failing_command_ends_with_an_error_line_of_the_same_shape() {
+    let s = Setup::new("writeback");
+    for (journal, start) in [
+        (false, "tiercache: error: "),
+        (true, "<3>tiercache: error: "),
+    ] {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["status", "--name", "nope"])
+            .env("TIERCACHE_STATE_DIR", s.state())
+            .env_remove("JOURNAL_STREAM");
+        if journal {
+            cmd.env("JOURNAL_STREAM", "8:1");
+        }
+        let out = cmd.output().unwrap();
+        assert_eq!(out.status.code(), Some(3));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.starts_with(start) && err.lines().count() == 1, "{err}");
+    }
+}

@@ -77,6 +77,9 @@ pub fn failure(e: &anyhow::Error) -> ExitCode {
 pub struct ExitWith {
     pub code: u8,
     pub message: String,
+    /// An expected outcome (the unit skipped), said as a notice, not an
+    /// error.
+    pub notice: bool,
 }
 
 /// The class of the first error in `e`'s chain that has one (contexts

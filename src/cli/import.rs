@@ -65,7 +65,13 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
 /// imported (systemd's ExecCondition: 0 start, 1 skip, 255 fail).
 fn boot(reg: &Registry, a: &Args, name: &str) -> Result<()> {
     let exit = |code: u8, message: String| -> Result<()> {
-        Err(super::exit::ExitWith { code, message }.into())
+        let notice = code == 1;
+        Err(super::exit::ExitWith {
+            code,
+            message,
+            notice,
+        }
+        .into())
     };
     registry::validate_name(name)?;
     if reg.get(name)?.is_some() {

@@ -26,6 +26,17 @@ pub fn init(daemon: bool) {
         .init();
 }
 
+/// The line a command ends with when it fails: `tiercache: error: ...`,
+/// or `tiercache: notice: ...` for an expected outcome; with its syslog
+/// priority first under the journal, as the logger's lines.
+pub fn final_line(message: &str, notice: bool) -> String {
+    let (priority, word) = if notice { (5, "notice") } else { (3, "error") };
+    match std::env::var_os("JOURNAL_STREAM").is_some() {
+        true => format!("<{priority}>tiercache: {word}: {message}"),
+        false => format!("tiercache: {word}: {message}"),
+    }
+}
+
 /// The syslog priority and the word of a log level.
 fn level_words(level: log::Level) -> (u8, &'static str) {
     match level {

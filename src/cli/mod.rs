@@ -165,11 +165,9 @@ pub fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!(
-                "tiercache: error: {}{}",
-                error_line(&e),
-                claims::holder_note(&e)
-            );
+            let notice = e.downcast_ref::<exit::ExitWith>().is_some_and(|w| w.notice);
+            let message = format!("{}{}", error_line(&e), claims::holder_note(&e));
+            eprintln!("{}", logging::final_line(&message, notice));
             exit::failure(&e)
         }
     }
