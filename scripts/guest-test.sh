@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs tiercache under a real kernel: boots Debian's 6.12 kernel in qemu
 # (TCG, no KVM needed) and, inside it, drives `tiercache serve` with the
-# kernel NBD client (ext4, kill -9 and restart, fio verify), or compares
-# tiercache with dm-writecache, bcache and dm-cache (--compare).
+# kernel NBD client (ext4, kill -9 and restart, fio verify), boots it into
+# the host's systemd to mount a tiercache volume from /etc/fstab
+# (systemd_fstab_*, a boot each), or compares tiercache with
+# dm-writecache, bcache and dm-cache (--compare).
 # How it works and what each test does: docs/guest.md.
 #
 #   scripts/guest-test.sh                 # every guest test (~4-6 min)
@@ -133,7 +135,7 @@ MODDIR=$(ls -d "$KDIR"/x/lib/modules/*/kernel)
 #    everything else (tiercache, the test scripts, fio, ...) the guest
 #    reads from the host over 9p, so a rebuilt tiercache needs no new image.
 MODULES="crc32c_generic crc32c-intel virtio_blk 9pnet_virtio 9p nbd:nbds_max=4 ublk_drv dm-mod dm-delay dm-writecache \
-         dm-cache dm-cache-smq bcache ext4"
+         dm-cache dm-cache-smq bcache ext4 overlay autofs4"
 KEY=$( (echo "$PKG $MODULES"; cat scripts/guest/init /bin/busybox) | sha256sum | cut -c1-16)
 INITRD=$GUEST/initramfs-$KEY.cpio
 if ! [ -f "$INITRD" ]; then
@@ -195,8 +197,10 @@ fi
 RUN=$GUEST/run
 rm -rf "$RUN"; mkdir -p "$RUN/results" "$RUN/disks"
 declare -a DISKS=()
+declare -A DISK_MIB=()
 disk() { # NAME SIZE_MIB
     truncate -s "$2M" "$RUN/disks/$1.img"
+    DISK_MIB[$1]=$2
     DISKS+=(-drive "file=$RUN/disks/$1.img,format=raw,if=none,id=$1,cache=none,aio=threads"
            -device "virtio-blk-pci,drive=$1,serial=$1")
 }
@@ -212,18 +216,30 @@ if [ "$MODE" = compare ] || [ "$MODE" = run ]; then
     disk meta-dc 16; disk fast-nbd 128
 fi
 case "$MODE" in
-    quick) : "${TESTS:=ext4_writeback ext4_restart_writeback fio_verify_writeback cache_set_member_fails cache_set_crash_nbd}" ;;
-    full) : "${TESTS:=ext4_writeback ext4_writethrough ext4_restart_writeback ext4_restart_writethrough fio_verify_writeback fio_verify_writethrough cache_set_member_fails cache_set_crash_nbd ublk_fio_verify_writeback ublk_ext4_recover_writeback cache_set_crash_ublk ublk_two_volumes ublk_add_volume}" ;;
+    quick) : "${TESTS:=ext4_writeback ext4_restart_writeback fio_verify_writeback cache_set_member_fails cache_set_crash_nbd systemd_fstab_nbd}" ;;
+    full) : "${TESTS:=ext4_writeback ext4_writethrough ext4_restart_writeback ext4_restart_writethrough fio_verify_writeback fio_verify_writethrough cache_set_member_fails cache_set_crash_nbd ublk_fio_verify_writeback ublk_ext4_recover_writeback cache_set_crash_ublk ublk_two_volumes ublk_add_volume systemd_fstab_ublk systemd_fstab_nbd}" ;;
     compare) TESTS=compare ;;
     run) TESTS=run ;;
 esac
+# A systemd test (scripts/guest/systemd.sh) boots the guest into the
+# host's systemd: one boot each, after the boot that runs the others.
+GUEST_TESTS=""
+SYSTEMD_TESTS=""
+for t in $TESTS; do
+    case "$t" in
+        systemd_*) SYSTEMD_TESTS="$SYSTEMD_TESTS $t" ;;
+        *) GUEST_TESTS="$GUEST_TESTS $t" ;;
+    esac
+done
+GUEST_TESTS=${GUEST_TESTS# }
+SYSTEMD_TESTS=${SYSTEMD_TESTS# }
 # The guest's /tmp is its own: a --run script travels in the results share.
 [ -z "$RUN_FILE" ] || cp "$RUN_FILE" "$RUN/results/user-script.sh"
 cat >"$RUN/results/config.sh" <<EOF
 TC_BIN='$BINARY'
 TC_DIR='$ROOT'
 TC_MODE='$MODE'
-TC_TESTS='$TESTS'
+TC_TESTS='$GUEST_TESTS'
 TC_RUN_FILE=/run/results/user-script.sh
 TC_FIO_JOB_MIB=$([ "$MODE" = quick ] && echo 8 || echo 24)
 EOF
@@ -234,15 +250,20 @@ for v in $(compgen -e | grep '^TC_COMPARE_' || true); do
 done
 
 # 6. Boot. The whole run has a deadline: qemu is killed (by its PID) when
-#    it passes, and the run fails with a message that says so.
+#    it passes, and the run fails with a message that says so. A systemd
+#    test's boot has its own too (SYSTEMD_BOOT_S, within the run's).
 CONSOLE=$GUEST/console.log
 DEADLINE=$(( $(date +%s) + TIMEOUT ))
+SYSTEMD_BOOT_S=360
+BOOT_DEADLINE=$DEADLINE
+BOOT_APPEND=""
 TIMED_OUT=0
 boot_guest() {
-say "booting $(basename "$VMLINUZ") (tests: $TESTS; timeout ${TIMEOUT} s; console in ${CONSOLE#"$ROOT"/})"
+BOOT_TIMEOUT_S=$((BOOT_DEADLINE - $(date +%s)))
+say "booting $(basename "$VMLINUZ") (tests: ${BOOT_TESTS}; timeout ${BOOT_TIMEOUT_S} s; console in ${CONSOLE#"$ROOT"/})"
 qemu-system-x86_64 -M q35 -accel tcg,thread=multi -cpu max -m "$MEM_MIB" -smp 2 \
     -kernel "$VMLINUZ" -initrd "$INITRD" -nographic -no-reboot -nic none \
-    -append "console=ttyS0 quiet loglevel=4 panic=-1 tc.dir=$ROOT" \
+    -append "console=ttyS0 quiet loglevel=4 panic=-1 tc.dir=$ROOT$BOOT_APPEND" \
     -virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap" \
     -virtfs "local,path=$ROOT,mount_tag=repo,security_model=none,readonly=on,multidevs=remap" \
     -virtfs "local,path=$RUN/results,mount_tag=results,security_model=none" \
@@ -252,7 +273,7 @@ trap 'kill "$QEMU" 2>/dev/null || true' EXIT INT TERM
 tail -n +1 -f "$CONSOLE" --pid="$QEMU" 2>/dev/null | sed -u 's/^/  | /' &
 TAIL=$!
 while kill -0 "$QEMU" 2>/dev/null; do
-    if [ "$(date +%s)" -ge "$DEADLINE" ]; then
+    if [ "$(date +%s)" -ge "$BOOT_DEADLINE" ]; then
         TIMED_OUT=1
         kill "$QEMU" 2>/dev/null || true
         sleep 1; kill -9 "$QEMU" 2>/dev/null || true
@@ -265,22 +286,68 @@ wait "$QEMU" 2>/dev/null || QEMU_RC=$?
 wait "$TAIL" 2>/dev/null || true
 trap - EXIT INT TERM
 }
-boot_guest
 # qemu itself can fail before the guest runs anything (TCG with
 # thread=multi has aborted in iotlb_to_section while the firmware ran): that
 # is no test's failure, so the guest boots once more, its first console
-# kept. A guest that started its tests is never booted again.
-if [ "$TIMED_OUT" = 0 ] && [ "$QEMU_RC" -ne 0 ] && ! [ -f "$RUN/results/boot" ]; then
-    mv "$CONSOLE" "$GUEST/console.first.log"
-    say "qemu failed before the guest started (exit $QEMU_RC: $(tail -c 200 "$GUEST/console.first.log" | tail -1)); booting once more"
+# kept. A guest that started its tests (wrote BOOT_MARK) is never booted
+# again.
+boot_guest_once_more() {
     boot_guest
+    if [ "$TIMED_OUT" = 0 ] && [ "$QEMU_RC" -ne 0 ] && ! [ -f "$BOOT_MARK" ]; then
+        mv "$CONSOLE" "${CONSOLE%.log}.first.log"
+        say "qemu failed before the guest started (exit $QEMU_RC: $(tail -c 200 "${CONSOLE%.log}.first.log" | tail -1)); booting once more"
+        boot_guest
+    fi
+}
+
+# Each systemd test's boot starts from blank disks: a cache an earlier
+# test left would be found by its recorded name (import --boot).
+blank_disks() {
+    local d
+    for d in "${!DISK_MIB[@]}"; do
+        rm -f "$RUN/disks/$d.img"
+        truncate -s "${DISK_MIB[$d]}M" "$RUN/disks/$d.img"
+    done
+}
+
+# Why a boot did not finish (none if it did, i.e. wrote DONE_MARK).
+boot_failure() {
+    if [ "$TIMED_OUT" = 1 ]; then
+        echo "the guest did not finish within ${BOOT_TIMEOUT_S} s; it was stopped (see $CONSOLE)"
+    elif ! [ -f "$DONE_MARK" ]; then
+        echo "the guest stopped before finishing its tests (see $CONSOLE)"
+    fi
+}
+
+declare -a BOOT_FAILURES=()
+if [ -n "$GUEST_TESTS" ]; then
+    BOOT_TESTS=$GUEST_TESTS BOOT_MARK=$RUN/results/boot DONE_MARK=$RUN/results/done
+    boot_guest_once_more
+    why=$(boot_failure)
+    [ -z "$why" ] || BOOT_FAILURES+=("$why")
 fi
+for t in $SYSTEMD_TESTS; do
+    if [ "$(date +%s)" -ge "$DEADLINE" ]; then
+        BOOT_FAILURES+=("$t: not run, the run's ${TIMEOUT} s had passed")
+        continue
+    fi
+    blank_disks
+    BOOT_TESTS=$t BOOT_MARK=$RUN/results/$t.boot DONE_MARK=$RUN/results/$t.done
+    CONSOLE=$GUEST/console.$t.log
+    BOOT_APPEND=" tc.systemd=$t"
+    BOOT_DEADLINE=$(( $(date +%s) + SYSTEMD_BOOT_S ))
+    [ "$BOOT_DEADLINE" -le "$DEADLINE" ] || BOOT_DEADLINE=$DEADLINE
+    TIMED_OUT=0
+    boot_guest_once_more
+    why=$(boot_failure)
+    [ -z "$why" ] || BOOT_FAILURES+=("$t: $why")
+done
 
 # 7. Results: the guest writes one line per test to results/summary
 #    ("PASS|FAIL NAME SECONDS") and results/done when it has finished.
 SUMMARY=$RUN/results/summary
 echo
-echo "guest results (logs in ${RUN#"$ROOT"/}/results/, console in ${CONSOLE#"$ROOT"/}):"
+echo "guest results (logs in ${RUN#"$ROOT"/}/results/, consoles in ${GUEST#"$ROOT"/}/console*.log):"
 pass=0; fail=0
 if [ -f "$SUMMARY" ]; then
     while read -r verdict name secs; do
@@ -292,13 +359,10 @@ if [ -f "$RUN/results/boot" ]; then
     echo "  boot to tests: $(cat "$RUN/results/boot") s (guest uptime)"
 fi
 [ "$KEEP" = 1 ] || rm -rf "$RUN/disks"
-if [ "$TIMED_OUT" = 1 ]; then
-    echo "guest-test: FAILED: the guest did not finish within ${TIMEOUT} s; it was stopped (see $CONSOLE)" >&2
+for why in "${BOOT_FAILURES[@]}"; do
+    echo "guest-test: FAILED: $why" >&2
     fail=$((fail + 1))
-elif ! [ -f "$RUN/results/done" ]; then
-    echo "guest-test: FAILED: the guest stopped before finishing its tests (see $CONSOLE)" >&2
-    fail=$((fail + 1))
-fi
+done
 for t in $TESTS; do
     grep -q " $t " "$SUMMARY" 2>/dev/null || { echo "  MISSING $t (no result)"; fail=$((fail + 1)); }
 done
