@@ -533,3 +533,55 @@ fn a_cache_set_is_scanned_and_imported() {
     daemon::sigterm(&mut daemon.0);
     daemon.0.wait().unwrap();
 }
+
+/// docs/operations.md, "The origin died": a cache whose origin is gone
+/// cannot be opened, so `detach` cannot write its dirty data back; it is
+/// dropped from the registry with `forget --devices-gone`, which writes
+/// nothing: the cache device keeps the data, and the cache comes back
+/// with `import` if the origin does. A cache whose devices are all there
+/// is refused (detach is the way), and so is one a daemon serves.
+#[test]
+fn a_cache_whose_origin_is_gone_is_forgotten_and_comes_back() {
+    let args = ["--writeback-idle", "0", "--writeback-age", "3600"];
+    let s = Setup::with_sizes(64 << 20, 16 << 20, &args);
+    let refused = s.cli_output(&["forget", "--devices-gone"]);
+    assert_eq!(refused.status.code(), Some(7), "{refused:?}");
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("tiercache detach"));
+    write_and_kill(&s, 0x6d);
+    let (origin, cache) = (s.path("origin.img"), s.path("cache.img"));
+    let cache_before = std::fs::read(&cache).unwrap();
+    // The origin "dies": it is moved out of its path.
+    std::fs::rename(&origin, s.path("away.img")).unwrap();
+    for cmd in [&["status"][..], &["detach"], &["detach", "--force"]] {
+        let (c, err) = code(&s.cli_output(cmd));
+        assert_eq!(c, Some(3), "{cmd:?}: {err}");
+    }
+    let (c, err) = code(&s.cli_output(&["forget"]));
+    assert_eq!(c, Some(7), "{err}");
+    assert!(
+        err.contains("--devices-gone") && err.contains("origin.img"),
+        "{err}"
+    );
+    let out = s.cli(&["forget", "--devices-gone"]);
+    assert!(
+        out.contains("cache 'tc0' forgotten; nothing was written"),
+        "{out}"
+    );
+    assert!(out.contains("tiercache import"), "{out}");
+    assert!(s.cli(&["list", "--noheadings"]).is_empty());
+    assert!(
+        std::fs::read(&cache).unwrap() == cache_before,
+        "forget wrote the cache device"
+    );
+    // The origin returns: the cache, dirty data and all, comes back.
+    std::fs::rename(s.path("away.img"), &origin).unwrap();
+    let (cache, origin) = (cache.to_str().unwrap(), origin.to_str().unwrap());
+    s.cli(&["import", cache, "--origin", origin]);
+    let _daemon = s.serve();
+    let dev = NbdDevice::connect(&s.uri(), 1).unwrap();
+    let mut back = vec![0u8; DIRTY];
+    dev.read_at(&mut back, 0).unwrap();
+    assert!(back.iter().all(|&b| b == 0x6d), "the dirty data came back");
+    let served = s.cli_output(&["forget", "--devices-gone"]);
+    assert_eq!(served.status.code(), Some(4), "{served:?}");
+}

@@ -76,7 +76,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
 
 /// True if no device of the cache can be found (each path is missing, or
 /// names no device any more).
-fn cache_devices_gone(entry: &Entry) -> bool {
+pub(super) fn cache_devices_gone(entry: &Entry) -> bool {
     (entry.cache_paths().iter()).all(|p| {
         matches!(
             tiercache::device::open_device_read_only(p),
@@ -118,7 +118,7 @@ fn forget(reg: &Registry, entry: &Entry, forget: bool) -> Result<()> {
 /// What the stale map says of the origins: the ranges that held dirty
 /// data at the cache's last commit (rounded out to regions), each origin
 /// named; or why no range can be named.
-fn stale_ranges(reg: &Registry, entry: &Entry) -> String {
+pub(super) fn stale_ranges(reg: &Registry, entry: &Entry) -> String {
     use std::fmt::Write;
     use tiercache::engine::journal::stale_map::{self, ReadError};
     let path = reg.stale_map_path(&entry.name);

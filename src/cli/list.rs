@@ -134,7 +134,12 @@ fn cache_row(reg: &Registry, entry: &Entry) -> Row {
         Err(e) => {
             let class = super::exit::class_of(&e);
             let line = super::error_line(&e);
-            eprintln!("tiercache: warning: cache '{}': {line}", entry.name);
+            // The open's own context names the cache already, mostly.
+            let named = format!("cache '{}'", entry.name);
+            match line.starts_with(&named) {
+                true => eprintln!("tiercache: warning: {line}"),
+                false => eprintln!("tiercache: warning: {named}: {line}"),
+            }
             let state = match class {
                 tiercache::daemon::class::Class::Busy => "busy",
                 _ => "unavailable",

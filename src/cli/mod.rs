@@ -21,6 +21,7 @@ mod demo;
 mod detach;
 mod exit;
 mod flush;
+mod forget;
 mod generate;
 mod give_up;
 mod import;
@@ -130,6 +131,9 @@ enum Command {
     /// Give up a cache device that is gone for good (its dirty data is lost):
     /// serve on from the origin, failing reads of the stale ranges.
     GiveUpCache(give_up::Args),
+    /// Drop a cache whose devices are gone (an origin, or every cache
+    /// device) from the registry, writing nothing to any device.
+    Forget(forget::Args),
     /// Watch a cache's counters and rates, refreshed every second (q quits;
     /// writes nothing).
     Top(top::Args),
@@ -195,6 +199,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::ReplaceCache(a) => replace_cache::run(&reg, &a),
         Command::Resize(a) => resize::run(&reg, &a),
         Command::GiveUpCache(a) => give_up::run(&reg, &a),
+        Command::Forget(a) => forget::run(&reg, &a),
         Command::Top(a) => top::run(&reg, &a),
         Command::Demo(a) => demo::run(&a),
         Command::Completions(a) => generate::completions(&a),
