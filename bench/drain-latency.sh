@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# Does writeback starve the foreground? (issue 34; Open CAS issue 1439 saw
+# 20k IOPS fall to 5k while its cleaner ran.) One cache (a file in
+# /dev/shm) in front of an emulated HDD (nbdkit memory, noparallel
+# serialize=all-requests, DELAY_MS a request: one request at a time, as a
+# disk's head). The daemon serves it over NBD; fio (ioengine=nbd) drives a
+# fixed load of RATE 4K random read hits a second (over a warmed, clean
+# region) plus RATE 4K random writes a second (to an 8 MiB region), QD4
+# each, for SECS seconds, and reports p50/p99/p99.9 completion latency:
+#   idle       nothing to write back;
+#   flush      during `tiercache flush` of DIRTY random 4K dirty blocks;
+#   watermark  during background writeback above the high watermark
+#              (set-writeback --high 1 --low 0 with the same dirty blocks).
+# Then it prints the ratios of each drain's p99 to idle's (target: at most
+# 1.5x) and how long each drain took (it must finish).
+# Each round runs the three phases; the table has the medians of ROUNDS
+# (3) rounds: single p99s of tens of µs on a shared 2-core machine move
+# by 2x from run to run.
+# Usage: [ROUNDS=N] bench/drain-latency.sh [SECS] [RATE] [DIRTY]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECS=${1:-15}
+RATE=${2:-500}
+DIRTY=${3:-6000}
+ROUNDS=${ROUNDS:-3}
+DELAY_MS=${DELAY_MS:-5}
+BIN=${TIERCACHE_BIN:-target/release/tiercache}
+[ -x "$BIN" ] || cargo build --release --quiet
+W=$(mktemp -d)
+SHM=$(mktemp -d -p /dev/shm)
+KIT=""
+SERVE=""
+DRAIN=""
+cleanup() {
+    [ -n "$DRAIN" ] && kill "$DRAIN" 2>/dev/null || true
+    [ -n "$SERVE" ] && kill "$SERVE" 2>/dev/null || true
+    [ -n "$KIT" ] && kill "$KIT" 2>/dev/null || true
+    rm -rf "$W" "$SHM"
+}
+trap cleanup EXIT
+nbdkit -f -U "$W/hdd.sock" --exit-with-parent --filter=noparallel --filter=delay memory 2G \
+    serialize=all-requests delay-read="${DELAY_MS}ms" delay-write="${DELAY_MS}ms" &
+KIT=$!
+while [ ! -S "$W/hdd.sock" ]; do sleep 0.05; done
+truncate -s 256M "$SHM/cache.img"
+state=$W/state
+tc() { "$BIN" --state-dir "$state" "$@"; }
+tc create --name dl --mode writeback --block-size 4K --writeback-idle 0 --writeback-high 100 \
+    --writeback-low 99 --writeback-age 32767 --origin "nbd+unix:///?socket=$W/hdd.sock" \
+    --cache "$SHM/cache.img" >/dev/null
+"$BIN" --state-dir "$state" serve --name dl --socket "$W/dl.nbd" 2>>"$W/serve.log" &
+SERVE=$!
+while [ ! -S "$W/dl.nbd" ]; do
+    kill -0 "$SERVE" 2>/dev/null || { cat "$W/serve.log" >&2; exit 1; }
+    sleep 0.05
+done
+URI="nbd+unix:///?socket=$W/dl.nbd"
+# Regions: hits [0, 64M) warmed clean; foreground writes [64M, 72M)
+# (2,048 blocks, dirty after the first phase: the drains write them back
+# too); the dirty blocks to drain [256M, 2G).
+tc warm --name dl --offset 0 --length 64M >/dev/null
+
+dirty() { # DIRTY random 4K dirty blocks in [256M, 2G)
+    fio --name=dirty --ioengine=nbd --uri="$URI" --rw=randwrite --bs=4k --offset=256M \
+        --size=1792M --number_ios="$DIRTY" --norandommap --randseed=11 --iodepth=16 \
+        --output=/dev/null 2>/dev/null
+}
+
+load() { # OUT: the fixed load for SECS seconds, fio JSON in OUT
+    fio --output-format=json --output="$1" --ioengine=nbd --uri="$URI" --bs=4k --iodepth=4 \
+        --time_based --runtime="$SECS" --rate_iops="$RATE" --percentile_list=50:99:99.9 \
+        --name=hits --rw=randread --offset=0 --size=64M \
+        --name=writes --rw=randwrite --offset=64M --size=8M >/dev/null
+}
+
+drain_start() { # CMD...: runs it in the background, timing it (W/drain_secs)
+    ( t0=$(date +%s.%N); "$@" >/dev/null; t1=$(date +%s.%N)
+      python3 -c "print(f'{$t1 - $t0:.1f}')" >"$W/drain_secs" ) &
+    DRAIN=$!
+}
+
+dirty_blocks() {
+    tc status --name dl --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["cache_blocks_dirty"])'
+}
+
+for r in $(seq "$ROUNDS"); do
+    tc set-writeback --name dl --high 100 --low 99 >/dev/null
+    load "$W/idle.$r.json"
+    echo "round $r: idle: done ($(dirty_blocks) dirty blocks)"
+
+    dirty
+    echo "round $r: flush: $(dirty_blocks) dirty blocks to write back"
+    drain_start tc flush --name dl
+    load "$W/flush.$r.json"
+    left=$(dirty_blocks)
+    wait "$DRAIN"
+    DRAIN=""
+    echo "round $r: flush: $left dirty blocks left when the load ended; flush took $(cat "$W/drain_secs") s"
+    echo "$(cat "$W/drain_secs")" >>"$W/flush.secs"
+
+    dirty
+    echo "round $r: watermark: $(dirty_blocks) dirty blocks to write back"
+    t0=$(date +%s.%N)
+    tc set-writeback --name dl --high 1 --low 0 >/dev/null
+    load "$W/watermark.$r.json"
+    left=$(dirty_blocks)
+    deadline=$((SECONDS + 900))
+    while [ "$(dirty_blocks)" -gt 0 ] && [ $SECONDS -lt $deadline ]; do sleep 0.5; done
+    t1=$(date +%s.%N)
+    wm_secs=$(python3 -c "print(f'{$t1 - $t0:.1f}')")
+    [ "$(dirty_blocks)" -eq 0 ] || wm_secs="unfinished"
+    echo "round $r: watermark: $left dirty blocks left when the load ended; drained in $wm_secs s"
+    echo "$wm_secs" >>"$W/watermark.secs"
+done
+
+python3 - "$W" "$RATE" "$DIRTY" "$DELAY_MS" "$ROUNDS" <<'PY'
+import json, statistics, sys
+w, rate, dirty, delay, rounds = sys.argv[1:]
+KEYS = ("50.000000", "99.000000", "99.900000")
+def lat(phase, r):
+    jobs = {j["jobname"]: j for j in json.load(open(f"{w}/{phase}.{r}.json"))["jobs"]}
+    out = {}
+    for name, side in (("hits", "read"), ("writes", "write")):
+        p = jobs[name][side]["clat_ns"]["percentile"]
+        out[name] = [p[k] / 1000 for k in KEYS]
+    return out
+def median(phase):
+    runs = [lat(phase, r) for r in range(1, int(rounds) + 1)]
+    return {n: [statistics.median(x[n][i] for x in runs) for i in range(3)] for n in ("hits", "writes")}
+def secs(phase):
+    vals = open(f"{w}/{phase}.secs").read().split()
+    done = [float(v) for v in vals if v != "unfinished"]
+    return f"{statistics.median(done):.1f} s" + ("" if len(done) == len(vals) else " (some unfinished)")
+idle = median("idle")
+print(f"\n{rate} read hits/s + {rate} writes/s, 4K QD4 each; {dirty} random dirty 4K blocks; "
+      f"origin {delay} ms a request, one at a time; medians of {rounds} rounds")
+print("| phase | hit p50 | hit p99 | hit p99.9 | write p50 | write p99 | write p99.9 | hit p99 / idle | write p99 / idle | drain |")
+print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+for phase in ("idle", "flush", "watermark"):
+    m = median(phase)
+    h, wr = m["hits"], m["writes"]
+    d = "-" if phase == "idle" else secs(phase)
+    print(f"| {phase} | {h[0]:.0f} µs | {h[1]:.0f} µs | {h[2]:.0f} µs | {wr[0]:.0f} µs | {wr[1]:.0f} µs "
+          f"| {wr[2]:.0f} µs | {h[1] / idle['hits'][1]:.2f}x | {wr[1] / idle['writes'][1]:.2f}x | {d} |")
+PY
