@@ -395,6 +395,16 @@ fn uri_in(state: &std::path::Path, name: &str) -> String {
     )
 }
 
+/// Serves `name` in `state` and writes DIRTY bytes of `fill` at `offset`,
+/// flushed; the daemon goes on.
+fn serve_and_write(state: &std::path::Path, name: &str, offset: u64, fill: u8) -> KillOnDrop {
+    let daemon = serve_in(state, name);
+    let dev = NbdDevice::connect(&uri_in(state, name), 1).unwrap();
+    dev.write_at(&vec![fill; DIRTY], offset).unwrap();
+    dev.flush().unwrap();
+    daemon
+}
+
 /// docs/operations.md, "Moving a cache to another host", as written: the
 /// old host stops its daemon (a clean shutdown), the disks move, and the
 /// new host, whose state directory (and crash log directory) never heard
@@ -425,11 +435,7 @@ fn a_cache_moves_to_another_host() {
             "3600",
         ],
     );
-    let mut daemon = serve_in(&old, "mv0");
-    let dev = NbdDevice::connect(&uri_in(&old, "mv0"), 1).unwrap();
-    dev.write_at(&vec![0x7e; DIRTY], 4096).unwrap();
-    dev.flush().unwrap();
-    drop(dev);
+    let mut daemon = serve_and_write(&old, "mv0", 4096, 0x7e);
     // systemctl stop tiercache@mv0
     daemon::sigterm(&mut daemon.0);
     assert!(daemon.0.wait().unwrap().success());
@@ -501,11 +507,7 @@ fn a_cache_set_is_scanned_and_imported() {
             "3600",
         ],
     );
-    let mut daemon = serve_in(&state, "tc0");
-    let dev = NbdDevice::connect(&uri_in(&state, "tc0"), 1).unwrap();
-    dev.write_at(&vec![0x42; DIRTY], 0).unwrap();
-    dev.flush().unwrap();
-    drop(dev);
+    let mut daemon = serve_and_write(&state, "tc0", 0, 0x42);
     daemon.0.kill().unwrap();
     daemon.0.wait().unwrap();
     std::fs::remove_dir_all(&state).unwrap();
