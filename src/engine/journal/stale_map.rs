@@ -35,7 +35,8 @@ pub const VERSION: u32 = 1;
 /// A region that became clean leaves the file at most this late.
 const CLEARED_WRITE_MS: u64 = 10_000;
 
-/// A map file is never larger: 32 volumes of 1,024 regions, as numbers.
+/// A map file is never larger (59 volumes of 1,024 ranges come to about
+/// 2.5 MB).
 const MAX_FILE_BYTES: u64 = 4 << 20;
 
 /// The file's contents.
