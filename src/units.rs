@@ -23,6 +23,7 @@ mod tests {
 
     #[test]
     fn sizes_read_as_people_write_them() {
+        assert_eq!(human_bytes(0), "0 B");
         assert_eq!(human_bytes(512), "512 B");
         assert_eq!(human_bytes(1536), "1.5 KiB");
         assert_eq!(human_bytes(256 << 20), "256 MiB");

@@ -13,7 +13,7 @@ use tiercache::engine::Status;
 use super::exit::{classed, fail};
 use super::registry::{Entry, Registry};
 use super::target::Opened;
-use super::units::human_bytes;
+use super::units::{human_bytes, percent_of};
 
 /// The version of `--json`'s shape; raised when a field changes meaning
 /// or goes (a new field does not raise it).
@@ -169,7 +169,7 @@ fn cache_row(reg: &Registry, entry: &Entry) -> Row {
 fn rows_of(entry: &Entry, s: &Status, f: Option<&Frontends>) -> Row {
     let bs = u64::from(s.block_bytes);
     let total = s.cache_blocks_total;
-    let pct = |part: u64| (total > 0).then(|| part as f64 * 100.0 / total as f64);
+    let pct = |part: u64| percent_of(part, total);
     let mut state = Vec::new();
     match s.cache_set_state.as_deref() {
         Some("degraded") => state.push("degraded"),
@@ -485,8 +485,7 @@ fn render(lines: &[Vec<String>], separator: Option<&str>) -> String {
 /// Blocks read from the cache over blocks read, in percent (none before
 /// the first read).
 fn hit_percent(hits: u64, misses: u64) -> Option<f64> {
-    let reads = hits + misses;
-    (reads > 0).then(|| hits as f64 * 100.0 / reads as f64)
+    percent_of(hits, hits + misses)
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use tiercache::engine::Status;
 use super::exit::fail;
 use super::registry::Registry;
 use super::target::Opened;
-use super::units::{human_bytes, percent};
+use super::units::{human_bytes, percent, percent_of};
 use super::NameArg;
 
 #[derive(clap::Args, Debug)]
@@ -116,29 +116,20 @@ fn screen(name: &str, s: &Status, prev: Before, live: bool) -> String {
 /// sample), the hit ratio over the interval and since open, occupancy.
 fn sample_json(name: &str, s: &Status, prev: Before, live: bool) -> serde_json::Value {
     let st = &s.stats;
-    let before = prev.map(|(dt, p)| (dt, p.stats.counters()));
-    let counters: serde_json::Map<String, serde_json::Value> = (st.counters().into_iter())
-        .enumerate()
-        .map(|(i, (counter, _, v))| {
-            let rate = (before.as_ref()).map(|(dt, b)| v.saturating_sub(b[i].2) as f64 / dt);
-            (
-                counter.to_string(),
-                serde_json::json!({ "total": v, "per_second": rate }),
-            )
+    let counters: serde_json::Map<String, serde_json::Value> = (counter_rates(s, prev).into_iter())
+        .map(|(counter, v, rate)| {
+            let json = serde_json::json!({ "total": v, "per_second": rate });
+            (counter.to_string(), json)
         })
         .collect();
-    let ratio = |h: u64, m: u64| (h + m > 0).then(|| h as f64 * 100.0 / (h + m) as f64);
-    let interval_hits = prev.and_then(|(_, p)| {
-        let h = st.read_hits.saturating_sub(p.stats.read_hits);
-        ratio(h, st.read_misses.saturating_sub(p.stats.read_misses))
-    });
+    let hit_percent = |(h, m): (u64, u64)| percent_of(h, h + m);
     serde_json::json!({
         "schema_version": super::list::SCHEMA_VERSION,
         "name": name,
         "served": live,
         "interval_secs": prev.map(|(dt, _)| dt),
-        "hit_percent_interval": interval_hits,
-        "hit_percent": ratio(st.read_hits, st.read_misses),
+        "hit_percent_interval": interval_reads(s, prev).and_then(hit_percent),
+        "hit_percent": hit_percent((st.read_hits, st.read_misses)),
         "block_bytes": s.block_bytes,
         "cache_blocks_total": s.cache_blocks_total,
         "cache_blocks_used": s.cache_blocks_used,
@@ -146,6 +137,27 @@ fn sample_json(name: &str, s: &Status, prev: Before, live: bool) -> serde_json::
         "admission": s.admission,
         "counters": counters,
     })
+}
+
+/// Every counter: its name, its total and its rate since the last sample
+/// (none on the first).
+fn counter_rates(s: &Status, prev: Before) -> Vec<(&'static str, u64, Option<f64>)> {
+    let before = prev.map(|(dt, p)| (dt, p.stats.counters()));
+    (s.stats.counters().into_iter().enumerate())
+        .map(|(i, (name, _, v))| {
+            let rate = (before.as_ref()).map(|(dt, b)| v.saturating_sub(b[i].2) as f64 / dt);
+            (name, v, rate)
+        })
+        .collect()
+}
+
+/// Blocks read from the cache and missed since the last sample.
+fn interval_reads(s: &Status, prev: Before) -> Option<(u64, u64)> {
+    let (_, p) = prev?;
+    Some((
+        s.stats.read_hits.saturating_sub(p.stats.read_hits),
+        s.stats.read_misses.saturating_sub(p.stats.read_misses),
+    ))
 }
 
 /// Request rates, hit ratio, occupancy, writeback rate and admission.
@@ -162,11 +174,7 @@ fn summary(s: &Status, prev: Before) -> String {
         fmt_rate(rate(st.write_requests, |p| p.stats.write_requests)),
         fmt_rate(rate(st.flush_requests, |p| p.stats.flush_requests)),
     );
-    let interval_hits = prev.map(|(_, p)| {
-        let h = st.read_hits - p.stats.read_hits.min(st.read_hits);
-        let m = st.read_misses - p.stats.read_misses.min(st.read_misses);
-        percent(h, h + m)
-    });
+    let interval_hits = interval_reads(s, prev).map(|(h, m)| percent(h, h + m));
     out.push_str(&format!(
         "  hit ratio  {} now, {} since open\n",
         interval_hits.unwrap_or_else(|| "-".into()),
@@ -192,11 +200,7 @@ fn summary(s: &Status, prev: Before) -> String {
 /// Every counter, its total and its rate since the last screen.
 fn counter_table(s: &Status, prev: Before) -> String {
     let mut out = format!("  {:<22} {:>14} {:>12}\n", "counter", "total", "per second");
-    let before = prev.map(|(dt, p)| (dt, p.stats.counters()));
-    for (i, (name, _, v)) in s.stats.counters().into_iter().enumerate() {
-        let r = before
-            .as_ref()
-            .map(|(dt, b)| v.saturating_sub(b[i].2) as f64 / dt);
+    for (name, v, r) in counter_rates(s, prev) {
         out.push_str(&format!(
             "  {name:<22} {v:>14} {:>12}\n",
             r.map_or_else(|| "-".into(), |r| format!("{r:.0}"))

@@ -115,13 +115,14 @@ pub fn check_writeback(w: &WritebackSettings) -> Result<()> {
 
 pub use tiercache::units::human_bytes;
 
+/// `part` as a percentage of `total` (none when there is no total).
+pub fn percent_of(part: u64, total: u64) -> Option<f64> {
+    (total > 0).then(|| part as f64 * 100.0 / total as f64)
+}
+
 /// `part` as a percentage of `total`, or `-` when there is no total.
 pub fn percent(part: u64, total: u64) -> String {
-    if total == 0 {
-        "-".into()
-    } else {
-        format!("{:.1}%", part as f64 * 100.0 / total as f64)
-    }
+    percent_of(part, total).map_or_else(|| "-".into(), |p| format!("{p:.1}%"))
 }
 
 /// A duration for people: `12.3s`, `2m 10s`, `3h 5m`, `2d 4h`.
@@ -168,11 +169,10 @@ mod tests {
     }
 
     #[test]
-    fn sizes_print() {
-        assert_eq!(human_bytes(0), "0 B");
-        assert_eq!(human_bytes(1536), "1.5 KiB");
-        assert_eq!(human_bytes(256 << 20), "256 MiB");
+    fn percents_print() {
         assert_eq!(percent(1, 3), "33.3%");
+        assert_eq!(percent_of(1, 4), Some(25.0));
+        assert_eq!(percent_of(1, 0), None);
         assert_eq!(percent(1, 0), "-");
     }
 
