@@ -7,7 +7,6 @@
 
 use anyhow::Result;
 use tiercache::daemon::control;
-use tiercache::device::DeviceError;
 
 use super::exit::fail;
 use super::give_up;
@@ -36,7 +35,7 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
     }
     let missing: Vec<String> = (entry.origin_paths().into_iter())
         .chain(entry.cache_paths())
-        .filter(|p| gone(p))
+        .filter(|p| give_up::device_gone(p))
         .collect();
     if missing.is_empty() {
         fail!(
@@ -55,9 +54,16 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
             missing.join(", ")
         );
     }
+    drop_cache(reg, &entry, missing)
+}
+
+/// Drops `entry` (whose `missing` devices are gone) from the registry,
+/// under its lock, and says what is left: the stale ranges if the cache
+/// device went, else where the cache still is.
+pub(super) fn drop_cache(reg: &Registry, entry: &Entry, missing: Vec<String>) -> Result<()> {
     let _lock = reg.lock(&entry.name)?;
-    let cache_gone = give_up::cache_devices_gone(&entry);
-    let stale = cache_gone.then(|| give_up::stale_ranges(reg, &entry));
+    let cache_gone = give_up::cache_devices_gone(entry);
+    let stale = cache_gone.then(|| give_up::stale_ranges(reg, entry));
     reg.remove(&entry.name)?;
     outln!(
         "cache '{}' forgotten; nothing was written. Gone: {}.",
@@ -65,18 +71,13 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
         missing.join(", ")
     );
     match stale {
-        Some(stale) => outln!("{stale}"),
-        None => say_what_remains(&entry),
+        Some(stale) => outln!(
+            "The origins ({}) stand alone.\n{stale}",
+            entry.origin_paths().join(", ")
+        ),
+        None => say_what_remains(entry),
     }
     Ok(())
-}
-
-/// A path that names no file or device any more.
-fn gone(path: &str) -> bool {
-    matches!(
-        tiercache::device::open_device_read_only(path),
-        Err(DeviceError::Missing { .. })
-    )
 }
 
 fn say_what_remains(entry: &Entry) {

@@ -77,42 +77,33 @@ pub fn run(reg: &Registry, a: &Args) -> Result<()> {
 /// True if no device of the cache can be found (each path is missing, or
 /// names no device any more).
 pub(super) fn cache_devices_gone(entry: &Entry) -> bool {
-    (entry.cache_paths().iter()).all(|p| {
-        matches!(
-            tiercache::device::open_device_read_only(p),
-            Err(DeviceError::Missing { .. })
-        )
-    })
+    entry.cache_paths().iter().all(|p| device_gone(p))
 }
 
-/// The cache's devices are gone: with `--forget`, its registration is
-/// dropped, under its lock; else the refusal says what is lost and how.
-/// Both name the stale ranges from the stale map, if the state directory
-/// kept one.
+/// A path that names no file or device any more.
+pub(super) fn device_gone(path: &str) -> bool {
+    matches!(
+        tiercache::device::open_device_read_only(path),
+        Err(DeviceError::Missing { .. })
+    )
+}
+
+/// The cache's devices are gone: with `--forget`, it is dropped from the
+/// registry (`forget`, which names the stale ranges); else the refusal
+/// names them and says what is lost.
 fn forget(reg: &Registry, entry: &Entry, forget: bool) -> Result<()> {
-    let devices = entry.cache_paths().join(", ");
-    let origins = entry.origin_paths();
-    let stale = stale_ranges(reg, entry);
-    if !forget {
-        outln!("{stale}");
-        fail!(
-            Refused,
-            "cache '{}': its cache device ({devices}) is gone with its dirty data; pass \
-             --forget as well to drop the cache and leave its origins ({}) standing alone, \
-             stale in the ranges above",
-            entry.name,
-            origins.join(", ")
-        );
+    if forget {
+        return super::forget::drop_cache(reg, entry, entry.cache_paths());
     }
-    let _lock = reg.lock(&entry.name)?;
-    reg.remove(&entry.name)?;
-    outln!(
-        "cache '{}' forgotten: its cache device ({devices}) is gone with its dirty data. \
-         The origins ({}) stand alone.\n{stale}",
+    outln!("{}", stale_ranges(reg, entry));
+    fail!(
+        Refused,
+        "cache '{}': its cache device ({}) is gone with its dirty data; pass --forget as well \
+         to drop the cache and leave its origins ({}) standing alone, stale in the ranges above",
         entry.name,
-        origins.join(", ")
+        entry.cache_paths().join(", "),
+        entry.origin_paths().join(", ")
     );
-    Ok(())
 }
 
 /// What the stale map says of the origins: the ranges that held dirty
