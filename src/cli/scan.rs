@@ -14,7 +14,7 @@ use tiercache::device::set::CacheSet;
 use tiercache::device::{open_device_read_only, DeviceError, DeviceRef};
 use tiercache::engine::recovery::{self, CrashLogs};
 
-use super::registry::{self, Registry};
+use super::registry::{self, Entry, Registry};
 use super::target::open_cache_read_only;
 use super::units::human_bytes;
 
@@ -140,6 +140,11 @@ fn udev_name(path: &str) -> Option<String> {
 /// Every cache on `paths`: one per device, a cache set once for all its
 /// members found; and what the other devices are.
 fn scan(reg: &Registry, paths: &[String]) -> (Vec<Found>, Vec<Other>) {
+    // Read once for every cache found.
+    let known = Known {
+        entries: reg.list().unwrap_or_default(),
+        crash_logs: reg.crash_log_files(),
+    };
     let mut found = Vec::new();
     let mut others = Vec::new();
     // set id -> (members' paths, member count)
@@ -167,7 +172,7 @@ fn scan(reg: &Registry, paths: &[String]) -> (Vec<Found>, Vec<Other>) {
             }
             continue;
         }
-        match inspect(reg, &dev, vec![p.clone()]) {
+        match inspect(&known, &dev, vec![p.clone()]) {
             Some(f) => found.push(f),
             None => others.push(Other {
                 device: p.clone(),
@@ -179,7 +184,7 @@ fn scan(reg: &Registry, paths: &[String]) -> (Vec<Found>, Vec<Other>) {
     for (id, members, count) in sets {
         match open_cache_read_only(&members) {
             Ok(set) => {
-                if let Some(mut f) = inspect(reg, &set, members) {
+                if let Some(mut f) = inspect(&known, &set, members) {
                     f.set_id = Some(format!("{id:016x}"));
                     f.set_members = Some(count);
                     found.push(f);
@@ -198,19 +203,25 @@ fn scan(reg: &Registry, paths: &[String]) -> (Vec<Found>, Vec<Other>) {
     (found, others)
 }
 
+/// What the state directory knows, for `inspect`.
+struct Known {
+    entries: Vec<Entry>,
+    crash_logs: Vec<std::path::PathBuf>,
+}
+
 /// The cache on `dev` (`devices` name it), if it holds one.
-fn inspect(reg: &Registry, dev: &DeviceRef, devices: Vec<String>) -> Option<Found> {
+fn inspect(known: &Known, dev: &DeviceRef, devices: Vec<String>) -> Option<Found> {
     let recorded = recovery::recorded_volumes(dev).ok()?;
-    let report = recovery::check_volumes(dev, &[], &CrashLogs::Search(reg.crash_log_files()));
+    let report = recovery::check_volumes(dev, &[], &CrashLogs::Search(known.crash_logs.clone()));
     let bs = u64::from(report.block_bytes.unwrap_or(0));
-    let registered_as = (reg.list().unwrap_or_default().into_iter())
+    let registered_as = (known.entries.iter())
         .find(|e| {
             let theirs = e.cache_paths();
             devices
                 .iter()
                 .any(|d| theirs.iter().any(|t| registry::same_file(d, t)))
         })
-        .map(|e| e.name);
+        .map(|e| e.name.clone());
     Some(Found {
         name: recovery::recorded_name(dev).ok().flatten(),
         devices,
