@@ -80,6 +80,10 @@ for pair in qemu-system-x86_64:qemu-system-x86 nbd-client:nbd-client fio:fio \
     tool=${pair%%:*}; pkg=${pair##*:}
     PATH=$PATH:/usr/sbin:/sbin command -v "$tool" >/dev/null 2>&1 || missing+=("$pkg")
 done
+# --compare's profiles (TC_COMPARE_PERF=1) run the host's perf in the guest.
+if [ "$MODE" = compare ] && [ "${TC_COMPARE_PERF:-0}" = 1 ] && ! command -v perf >/dev/null 2>&1; then
+    missing+=(linux-perf)
+fi
 # The guest runs /usr/bin/python3 (nbd_netlink.py, the comparison table).
 [ -x /usr/bin/python3 ] || missing+=(python3)
 # busybox (dynamic) and busybox-static both provide /bin/busybox.
@@ -193,6 +197,24 @@ if [ -z "$BINARY" ]; then
 fi
 [ -x "$BINARY" ] || die "no tiercache binary at $BINARY"
 
+# 4b. --compare's ublk ceilings: libublk's own example targets (null,
+#     loop), built once from the libublk crate that tiercache's ublk build
+#     uses (Cargo.lock's version, from cargo's registry) into target/guest/.
+UBLK_EXAMPLES=""
+if [ "$MODE" = compare ]; then
+    ver=$(awk '$0 == "name = \"libublk\"" { getline; gsub(/"/, "", $3); print $3; exit }' Cargo.lock)
+    UBLK_SRC=$GUEST/libublk-$ver
+    UBLK_EXAMPLES=$UBLK_SRC/target/release/examples
+    if ! [ -x "$UBLK_EXAMPLES/null" ] || ! [ -x "$UBLK_EXAMPLES/loop" ]; then
+        crate=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/"libublk-$ver" 2>/dev/null | head -1)
+        [ -n "$crate" ] || die "libublk $ver is not in cargo's registry (cargo build --features ublk fetches it)"
+        say "building libublk $ver's null and loop examples (the ublk ceilings)"
+        rm -rf "$UBLK_SRC"; cp -r "$crate" "$UBLK_SRC"
+        (cd "$UBLK_SRC" && cargo build --release --quiet --example null --example loop) \
+            || die "building libublk's examples"
+    fi
+fi
+
 # 5. Disks (sparse files; virtio-blk, serial = name) and the results share.
 RUN=$GUEST/run
 rm -rf "$RUN"; mkdir -p "$RUN/results" "$RUN/disks"
@@ -242,9 +264,10 @@ TC_MODE='$MODE'
 TC_TESTS='$GUEST_TESTS'
 TC_RUN_FILE=/run/results/user-script.sh
 TC_FIO_JOB_MIB=$([ "$MODE" = quick ] && echo 8 || echo 24)
+TC_UBLK_EXAMPLES='$UBLK_EXAMPLES'
 EOF
 # Knobs of --compare (docs/guest.md): TC_COMPARE_RUN_S, TC_COMPARE_SPAN_MIB,
-# TC_COMPARE_SYSTEMS, TC_COMPARE_WORKLOADS.
+# TC_COMPARE_SYSTEMS, TC_COMPARE_WORKLOADS, TC_COMPARE_PERF.
 for v in $(compgen -e | grep '^TC_COMPARE_' || true); do
     printf "%s='%s'\n" "$v" "${!v}" >>"$RUN/results/config.sh"
 done

@@ -15,6 +15,18 @@
 #   nbd      no cache and no origin: nbdkit's file plugin serving a disk
 #            like the cache disks over the same kernel NBD client, the
 #            ceiling for any userspace device behind NBD in this guest
+#   unull    no cache and no disk: libublk's own `null` example target
+#            (2 queues of depth 64, as `serve --ublk`), which completes
+#            every request at once on its queue thread: the ceiling for
+#            any userspace device behind ublk in this guest
+#   uloop    libublk's own `loop` example target over the raw cache disk
+#            of tiercache (O_DIRECT, its queue thread's io_uring): the
+#            ceiling for a cache hit served over ublk
+# (unull and uloop are built on the host by guest-test.sh --compare from
+# the libublk crate tiercache uses: $TC_UBLK_EXAMPLES.)
+# With TC_COMPARE_PERF=1 the measured run of each ublk system (tcu, unull,
+# uloop) is profiled: perf record -a (cpu-clock; TCG has no PMU), flat
+# profiles by thread and by symbol in $CMP/SYS-WORKLOAD.perf.txt.
 # Workloads (fio, libaio, O_DIRECT, one job, over the first SPAN_MIB of the
 # volume, the same number of I/Os on every system, so that what reaches the
 # origin is counted for the same client work):
@@ -200,6 +212,76 @@ stats_nbd() { echo "-"; }
 writeback_nbd() { :; }
 teardown_nbd() { nbd_detach /dev/nbd0; kill "$NBDKIT_PID"; wait "$NBDKIT_PID" 2>/dev/null || true; }
 
+# The ublk ceilings: libublk's example targets, as /dev/ublkb9.
+UBLK_CEIL_ID=9
+ublk_example_start() { # EXAMPLE [args]
+    local ex=${TC_UBLK_EXAMPLES:-}/$1 i
+    shift
+    [ -x "$ex" ] || fail "no libublk example at $ex (guest-test.sh --compare builds it)"
+    "$ex" add -n $UBLK_CEIL_ID -q 2 -d 64 --foreground "$@" >>$WORK/ublk-example.log 2>&1 &
+    UEX_PID=$!
+    echo $UEX_PID >>$PIDS
+    for i in $(seq 200); do
+        [ "$(blockdev --getsize64 /dev/ublkb$UBLK_CEIL_ID 2>/dev/null || echo 0)" -gt 0 ] && break
+        kill -0 "$UEX_PID" 2>/dev/null || { cat $WORK/ublk-example.log; fail "libublk $ex exited"; }
+        sleep 0.1
+    done
+    DEV=/dev/ublkb$UBLK_CEIL_ID
+    UEX=$ex
+}
+ublk_example_stop() {
+    "$UEX" del -n $UBLK_CEIL_ID >>$WORK/ublk-example.log 2>&1 || true
+    local i
+    for i in $(seq 100); do kill -0 "$UEX_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$UEX_PID" 2>/dev/null || true
+    wait "$UEX_PID" 2>/dev/null || true
+}
+# The null target moves no data: the disk it stands beside sees nothing.
+setup_unull() { ublk_example_start null; SLOW=$(disk cache-tc); }
+stats_unull() { echo "-"; }
+writeback_unull() { :; }
+teardown_unull() { ublk_example_stop; }
+setup_uloop() { SLOW=$(disk cache-tc); ublk_example_start loop -f "$SLOW"; }
+stats_uloop() { echo "-"; }
+writeback_uloop() { :; }
+teardown_uloop() { ublk_example_stop; }
+
+# perf record over the whole guest during a measured run (TC_COMPARE_PERF=1,
+# ublk systems only). perf_start SYS NAME; perf_stop FIO_JSON writes NAME.perf.txt.
+PERF_PID=""
+perf_start() { # SYS NAME
+    PERF_PID=""
+    [ "${TC_COMPARE_PERF:-0}" = 1 ] || return 0
+    case "$1" in
+        tcu) PERF_COMMS=tiercache-ublk0,tokio-rt-worker ;;
+        unull) PERF_COMMS=null ;;
+        uloop) PERF_COMMS=loop ;;
+        *) return 0 ;;
+    esac
+    echo 0 >/proc/sys/kernel/kptr_restrict 2>/dev/null || true
+    PERF_OUT=$WORK/$2.perf
+    PERF_TXT=$CMP/$2.perf.txt
+    perf record -a -e cpu-clock -F 2000 -o "$PERF_OUT" >>$WORK/perf.log 2>&1 &
+    PERF_PID=$!
+    sleep 1
+}
+perf_stop() { # FIO_JSON
+    [ -n "$PERF_PID" ] || return 0
+    kill -INT "$PERF_PID"
+    wait "$PERF_PID" 2>/dev/null || true
+    {
+        echo "# $(fio_ios "$1") I/Os; samples at 2000 Hz per CPU over the whole guest (both vCPUs), 1 s of idle before fio"
+        echo "## by thread"
+        perf report -i "$PERF_OUT" --stdio --no-children --sort comm --percent-limit 0.5 2>/dev/null | grep -v '^$'
+        echo "## by thread and symbol"
+        perf report -i "$PERF_OUT" --stdio --no-children --sort comm,dso,sym --percent-limit 0.4 2>/dev/null | grep -v '^$'
+        echo "## the system's own threads ($PERF_COMMS), by symbol, as shares of their samples"
+        perf report -i "$PERF_OUT" --stdio --no-children --comms "$PERF_COMMS" --percentage relative \
+            --sort dso,sym --percent-limit 0.5 2>/dev/null | grep -v '^$'
+    } >"$PERF_TXT"
+    rm -f "$PERF_OUT"
+}
+
 # --- workloads
 
 fio_iops() { # JSON
@@ -207,6 +289,13 @@ fio_iops() { # JSON
 import json, sys
 j = json.load(open(sys.argv[1]))
 print(round(sum(x["read"]["iops"] + x["write"]["iops"] for x in j["jobs"])))' "$1"
+}
+
+fio_ios() { # JSON
+    python3 -c '
+import json, sys
+j = json.load(open(sys.argv[1]))
+print(sum(x["read"]["total_ios"] + x["write"]["total_ios"] for x in j["jobs"]))' "$1"
 }
 
 fio_run() { # DEV NAME [args] -> JSON in $CMP/NAME.json
@@ -238,6 +327,7 @@ measure() { # SYS WORKLOAD
     [ "$wl" = readhit ] && warm "$dev" "$sys"
     local hits0
     hits0=$(stats_$sys)
+    perf_start "$sys" "$sys-$wl"
     before=$(dev_stat "$slow")
     case "$wl" in
         randwrite) fio_run "$dev" "$sys-$wl" --rw=randwrite --bs=4k --iodepth=32 --number_ios=${IOS[0]} --norandommap ;;
@@ -245,6 +335,7 @@ measure() { # SYS WORKLOAD
         subwrite) fio_run "$dev" "$sys-$wl" --rw=randwrite --bsrange=512-3584 --blockalign=512 --iodepth=16 --number_ios=${IOS[2]} --norandommap ;;
     esac
     after=$(dev_stat "$slow")
+    perf_stop "$CMP/$sys-$wl.json"
     hits=$(stats_$sys)
     writeback_$sys
     flushed=$(dev_stat "$slow")
@@ -252,10 +343,7 @@ measure() { # SYS WORKLOAD
     set -- $before $after $flushed
     # system workload iops reads writes reads+wb writes+wb ios hits-before hits-after
     local ios
-    ios=$(python3 -c '
-import json, sys
-j = json.load(open(sys.argv[1]))
-print(sum(x["read"]["total_ios"] + x["write"]["total_ios"] for x in j["jobs"]))' "$CMP/$sys-$wl.json")
+    ios=$(fio_ios "$CMP/$sys-$wl.json")
     printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$sys" "$wl" "$iops" $(($3 - $1)) $(($4 - $2)) \
         $(($5 - $1)) $(($6 - $2)) "$ios" "$hits0" "$hits" >>"$ROWS"
     log "$sys $wl: $iops IOPS, origin reads $(($3 - $1)) writes $(($4 - $2)) during the run, $(($5 - $1)) / $(($6 - $2)) with writeback; $hits"
@@ -267,7 +355,7 @@ compare_all() {
     : >"$ROWS"
     local wl sys
     for wl in ${TC_COMPARE_WORKLOADS:-randwrite readhit subwrite}; do
-        for sys in ${TC_COMPARE_SYSTEMS:-origin wc bc dc tc tcu nbd}; do
+        for sys in ${TC_COMPARE_SYSTEMS:-origin wc bc dc tc tcu nbd unull uloop}; do
             measure "$sys" "$wl"
         done
     done

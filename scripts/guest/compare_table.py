@@ -13,7 +13,11 @@ NAMES = {
     "tc": "tiercache writeback",
     "tcu": "tiercache writeback over ublk",
     "nbd": "NBD ceiling (nbdkit file, no cache)",
+    "unull": "ublk ceiling (libublk null, no disk)",
+    "uloop": "ublk hit ceiling (libublk loop on the cache disk)",
 }
+# The second table: tiercache over ublk against these, in the same run.
+AGAINST = ["unull", "uloop", "dc", "wc", "bc", "origin"]
 WORKLOADS = {
     "randwrite": "4K random writes, QD32",
     "readhit": "4K random reads after warm-up, QD32",
@@ -55,6 +59,26 @@ def main():
             hits = "-" if h1 == "-" else delta(h0, h1)
             print(f"| {WORKLOADS.get(wl, wl)} | {NAMES.get(sysname, sysname)} | {iops_f:.0f} | {ratio} | "
                   f"{rd} / {wr} | {per_k:.0f} | {rdw} / {wrw} | {per_k_wb:.0f} | {hits} |")
+    against(by_wl)
+
+
+def against(by_wl):
+    """tiercache over ublk (tcu) as a fraction of each other system's IOPS
+    in the same run: the ublk ceilings, the kernel caches, the origin."""
+    cols = [c for c in AGAINST if any(r[0] == c for rs in by_wl.values() for r in rs)]
+    if not cols or not any(r[0] == "tcu" for rs in by_wl.values() for r in rs):
+        return
+    print()
+    print("tiercache over ublk / each system's IOPS, same run:")
+    print()
+    print("| workload | tiercache over ublk, IOPS | " + " | ".join(f"/ {NAMES[c]}" for c in cols) + " |")
+    print("|---|---:|" + "---:|" * len(cols))
+    for wl, rs in by_wl.items():
+        iops = {r[0]: float(r[2]) for r in rs}
+        if "tcu" not in iops:
+            continue
+        cells = [f"{iops['tcu'] / iops[c]:.2f}" if iops.get(c) else "-" for c in cols]
+        print(f"| {WORKLOADS.get(wl, wl)} | {iops['tcu']:.0f} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

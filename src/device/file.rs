@@ -56,6 +56,16 @@ pub struct FileDevice {
     failed_flushes: std::sync::atomic::AtomicU64,
 }
 
+/// The open file, for requests the caller makes itself (the ublk queue's
+/// io_uring reads of cache hits: `engine/io/direct.rs`). Reads at byte X of
+/// the device are reads at byte X of this descriptor; with O_DIRECT
+/// (`is_direct`) buffers and offsets must be sector aligned.
+impl AsRawFd for FileDevice {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.file.as_raw_fd()
+    }
+}
+
 impl FileDevice {
     /// Opens a regular file or a block device read-write, with O_DIRECT when
     /// the kernel accepts it (see [`FileDevice::is_direct`]), and claims it

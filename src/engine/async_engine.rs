@@ -13,11 +13,15 @@
 
 use std::sync::Arc;
 
+use super::io::direct::WriteLeft;
 use super::origin::address::in_volume;
-use super::request::Fast;
+use super::request::{Fast, Request};
 use super::{Engine, EngineError};
 use crate::device::AlignedBuf;
-use crate::volume::{ErrorKind, Extent, Volume, VolumeError, VolumeResult};
+use crate::volume::{
+    Direct, ErrorKind, Extent, Later, LaterRead, ReadStart, Start, Volume, VolumeError,
+    VolumeResult, WriteStart,
+};
 
 /// One of the engine's volumes as an asynchronous volume: its offsets are
 /// the volume's, moved to the volume's addresses (origin/address.rs); no
@@ -57,6 +61,16 @@ async fn run<T: Send + 'static>(
     }
 }
 
+/// The rest of a read a fast path handed on, on the blocking pool.
+fn read_later(engine: Arc<Engine>, req: Request) -> LaterRead {
+    Box::pin(async move { run(&engine, move |e| e.cache.read_request(req)).await })
+}
+
+/// The rest of a write a fast path handed on, on the blocking pool.
+fn write_later(engine: Arc<Engine>, req: Request, data: AlignedBuf) -> Later<()> {
+    Box::pin(async move { run(&engine, move |e| e.write_request(req, &data)).await })
+}
+
 impl Volume for AsyncEngine {
     /// The volume's size now: it may grow online (`Engine::grow_volume`).
     fn size_bytes(&self) -> u64 {
@@ -79,6 +93,57 @@ impl Volume for AsyncEngine {
         match self.engine.try_read_hits(at, len as u64) {
             Fast::Done(r) => r.map_err(VolumeError::from),
             Fast::Pending(req) => run(&self.engine, move |e| e.cache.read_request(req)).await,
+        }
+    }
+
+    /// A read of hits from a cache device that is a plain file or block
+    /// device is left to the caller (`engine/io/direct.rs`).
+    fn start_read(&self, offset: u64, len: u32) -> ReadStart {
+        let at = in_volume(self.base, offset);
+        match self.engine.cache.try_hit_reads(at, len as u64) {
+            None => Start::Default,
+            Some(Fast::Done(Err(e))) => Start::Later(Box::pin(async move { Err(e.into()) })),
+            Some(Fast::Pending(req)) => Start::Later(read_later(self.engine.clone(), req)),
+            Some(Fast::Done(Ok(mut hits))) => {
+                let (fd, pieces) = (hits.fd, std::mem::take(&mut hits.pieces));
+                let engine = self.engine.clone();
+                Start::Direct(Direct::new(fd, pieces, move |ok, _| {
+                    let req = engine.cache.hit_reads_done(hits, ok)?;
+                    Some(read_later(engine, req))
+                }))
+            }
+        }
+    }
+
+    /// A write the cache takes at once, to a cache device that is a plain
+    /// file or block device, is left to the caller (`engine/io/direct.rs`).
+    fn start_write(&self, offset: u64, data: &[u8], fua: bool) -> WriteStart {
+        let at = in_volume(self.base, offset);
+        let engine = self.engine.clone();
+        match self
+            .engine
+            .cache
+            .try_cache_writes(at, data.len() as u64, fua)
+        {
+            None => Start::Default,
+            Some(Fast::Done(Err(e))) => Start::Later(Box::pin(async move { Err(e.into()) })),
+            Some(Fast::Pending(req)) => {
+                Start::Later(write_later(engine, req, AlignedBuf::from_slice(data)))
+            }
+            Some(Fast::Done(Ok(mut w))) => {
+                let (fd, pieces) = (w.fd, std::mem::take(&mut w.pieces));
+                Start::Direct(Direct::new(fd, pieces, move |ok, data| {
+                    match engine.cache.cache_writes_done(w, ok) {
+                        WriteLeft::Nothing => None,
+                        WriteLeft::Tail(req) => Some(Box::pin(async move {
+                            run(&engine, move |e| e.cache.write_tail(&req)).await
+                        })),
+                        WriteLeft::Again(req) => {
+                            Some(write_later(engine, req, AlignedBuf::from_slice(data)))
+                        }
+                    }
+                }))
+            }
         }
     }
 

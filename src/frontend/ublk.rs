@@ -2,11 +2,15 @@
 //! `/dev/ublkbN`, through the kernel's ublk driver and the `libublk` crate.
 //!
 //! One ublk queue per queue thread; each queue takes up to `queue_depth`
-//! requests at once. A queue thread only moves requests: it hands each to
-//! the tokio runtime (where the volume's futures run, as for NBD) and
-//! completes it when the runtime reports back through a channel and an
-//! eventfd that the queue's io_uring reads (libublk `wait_and_handle_io`:
-//! "use eventfd to wakeup & notify ublk queue/io_uring").
+//! requests at once. A queue thread takes the first step of each request
+//! itself: it polls the volume's future once, and a request the engine
+//! finishes on a fast path (a hit, a write the cache takes at once: one
+//! cache device I/O, no waiting) is completed right away, with no other
+//! thread involved. A request that would wait goes on in the tokio runtime
+//! (where the volume's futures run, as for NBD), and the queue completes it
+//! when the runtime reports back through a channel and an eventfd that the
+//! queue's io_uring reads (libublk `wait_and_handle_io`: "use eventfd to
+//! wakeup & notify ublk queue/io_uring").
 //!
 //! Recovery (`UBLK_F_USER_RECOVERY` with `_REISSUE`): when the daemon dies
 //! the driver keeps `/dev/ublkbN` and queues its requests (requests in
@@ -14,7 +18,9 @@
 //! device over (START/END_USER_RECOVERY); the filesystem sees a stall, not
 //! an error. Kernel docs: Documentation/block/ublk.rst, "User recovery".
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::cell::RefCell;
+use std::future::Future;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::mpsc;
 use std::sync::Arc;
 
@@ -24,13 +30,18 @@ use libublk::io::{BufDescList, UblkDev, UblkIOCtx, UblkQueue};
 use libublk::{BufDesc, UblkError, UblkFlags, UblkIORes};
 
 use crate::device::AlignedBuf;
-use crate::volume::{ErrorKind, Volume, VolumeError};
+use crate::volume::{
+    DirectRead, DirectWrite, ErrorKind, Later, LaterRead, Piece, Start, Volume, VolumeError,
+};
 
 /// Largest request the driver sends, in bytes (also each tag's buffer).
 const IO_BUF_BYTES: u32 = 512 * 1024;
 /// `op` of the eventfd read in io_uring user data (any value unused by
 /// libublk's own target I/O).
 const EVENTFD_OP: u32 = 0xfe;
+/// `op` of a direct request's device requests (the piece's index is the
+/// target data).
+const DIRECT_OP: u32 = 0xfd;
 
 /// How a ublk device is set up.
 #[derive(Debug, Clone)]
@@ -156,24 +167,30 @@ fn done_eventfd(qid: u16) -> Option<Arc<OwnedFd>> {
     Some(Arc::new(unsafe { OwnedFd::from_raw_fd(raw) }))
 }
 
-/// Completes every request the runtime has finished: copies read data into
-/// the tag's buffer, then tells the driver.
+/// Completes a finished request: copies read data into the tag's buffer,
+/// then tells the driver (the commit goes out with the queue's next
+/// submission, together with the others finished by then).
+fn complete(q: &UblkQueue, bufs: &[IoBuf<u8>], (tag, res, data): Done) {
+    let buf = &bufs[tag as usize];
+    if let Some(data) = data {
+        // SAFETY: the driver does not touch a tag's buffer between handing
+        // us the request and our completion.
+        let dst = unsafe {
+            std::slice::from_raw_parts_mut(buf.as_slice().as_ptr() as *mut u8, data.len())
+        };
+        dst.copy_from_slice(&data);
+    }
+    let _ = q.complete_io_cmd_unified(
+        tag,
+        BufDesc::Slice(buf.as_slice()),
+        Ok(UblkIORes::Result(res)),
+    );
+}
+
+/// Completes every request the runtime has finished.
 fn complete_finished(q: &UblkQueue, rx: &mpsc::Receiver<Done>, bufs: &[IoBuf<u8>]) {
-    while let Ok((tag, res, data)) = rx.try_recv() {
-        let buf = &bufs[tag as usize];
-        if let Some(data) = data {
-            // SAFETY: the driver does not touch a tag's buffer between
-            // handing us the request and our completion.
-            let dst = unsafe {
-                std::slice::from_raw_parts_mut(buf.as_slice().as_ptr() as *mut u8, data.len())
-            };
-            dst.copy_from_slice(&data);
-        }
-        let _ = q.complete_io_cmd_unified(
-            tag,
-            BufDesc::Slice(buf.as_slice()),
-            Ok(UblkIORes::Result(res)),
-        );
+    while let Ok(done) = rx.try_recv() {
+        complete(q, bufs, done);
     }
 }
 
@@ -213,6 +230,213 @@ async fn run_request<V: Volume>(
     }
 }
 
+/// A direct request under way: its device requests not yet reported, and
+/// whether all so far moved whole.
+struct InFlight {
+    io: DirectIo,
+    left: usize,
+    ok: bool,
+    len: u32,
+}
+
+enum DirectIo {
+    Read(DirectRead),
+    Write(DirectWrite),
+}
+
+impl DirectIo {
+    fn pieces(&self) -> (RawFd, &[Piece]) {
+        match self {
+            DirectIo::Read(d) => (d.fd, &d.pieces),
+            DirectIo::Write(d) => (d.fd, &d.pieces),
+        }
+    }
+}
+
+async fn later_done(tag: u16, len: u32, later: LaterRead) -> Done {
+    match later.await {
+        Ok(buf) => (tag, len as i32, Some(buf)),
+        Err(e) => (tag, errno(&e), None),
+    }
+}
+
+async fn later_write_done(tag: u16, len: u32, later: Later<()>) -> Done {
+    match later.await {
+        Ok(()) => (tag, len as i32, None),
+        Err(e) => (tag, errno(&e), None),
+    }
+}
+
+/// Queues the device requests of a direct request on the queue's
+/// io_uring, to or from the tag's buffer; each completion names the tag
+/// and the piece. Returns how many were queued (all, unless the ring
+/// failed).
+fn submit_direct(q: &UblkQueue, tag: u16, buf: &IoBuf<u8>, io: &DirectIo) -> usize {
+    let base = buf.as_slice().as_ptr() as *mut u8;
+    let (fd, pieces) = io.pieces();
+    let fd = io_uring::types::Fd(fd);
+    for (i, p) in pieces.iter().enumerate() {
+        // SAFETY: the piece lies inside the request, which fits the tag's
+        // buffer; the driver leaves the buffer to us until completion.
+        let at = unsafe { base.add(p.buf.start) };
+        let n = p.buf.len() as u32;
+        let sqe = match io {
+            DirectIo::Read(_) => io_uring::opcode::Read::new(fd, at, n).offset(p.at).build(),
+            DirectIo::Write(_) => io_uring::opcode::Write::new(fd, at, n).offset(p.at).build(),
+        };
+        let sqe = sqe.user_data(UblkIOCtx::build_user_data(tag, DIRECT_OP, i as u32, true));
+        if let Err(e) = q.ublk_submit_sqe_sync(sqe) {
+            log::error!("ublk: queueing a cache device request: {e}");
+            return i;
+        }
+    }
+    pieces.len()
+}
+
+/// One queue's state, on its thread.
+struct Queue<V: Volume> {
+    volume: Arc<V>,
+    rt: tokio::runtime::Handle,
+    durable_writes: bool,
+    /// Each tag's buffer.
+    bufs: Vec<IoBuf<u8>>,
+    /// Requests finished on the runtime come back through `rx`, and
+    /// `efd` wakes the queue's io_uring for them.
+    efd: Arc<OwnedFd>,
+    tx: mpsc::Sender<Done>,
+    rx: mpsc::Receiver<Done>,
+    /// The eventfd's counter is read into this; leaked, so it outlives the
+    /// queue loop and any read still in flight when the queue stops.
+    counter: *mut u64,
+    /// Direct reads under way, by tag.
+    inflight: RefCell<Vec<Option<InFlight>>>,
+}
+
+impl<V: Volume> Queue<V> {
+    /// Arms the read of the eventfd.
+    fn arm(&self, q: &UblkQueue, qid: u16) {
+        let fd = io_uring::types::Fd(self.efd.as_raw_fd());
+        let sqe = io_uring::opcode::Read::new(fd, self.counter.cast(), 8)
+            .build()
+            .user_data(UblkIOCtx::build_user_data(0, EVENTFD_OP, 0, true));
+        if let Err(e) = q.ublk_submit_sqe_sync(sqe) {
+            log::error!("ublk queue {qid}: arming the eventfd: {e}");
+        }
+    }
+
+    /// Runs a request's future on the runtime; the queue completes it when
+    /// the eventfd says so.
+    fn spawn(&self, request: impl Future<Output = Done> + Send + 'static) {
+        let (tx, efd) = (self.tx.clone(), self.efd.clone());
+        self.rt.spawn(async move {
+            let _ = tx.send(request.await);
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: writes 8 bytes from a live array to our eventfd.
+            unsafe { libc::write(efd.as_raw_fd(), one.as_ptr().cast(), 8) };
+        });
+    }
+
+    /// A completion on the queue's io_uring.
+    fn handle(&self, q: &UblkQueue, tag: u16, ctx: &UblkIOCtx) {
+        if !ctx.is_tgt_io() {
+            return self.request(q, tag);
+        }
+        if UblkIOCtx::user_data_to_op(ctx.user_data()) == DIRECT_OP {
+            return self.piece_done(q, tag, ctx);
+        }
+        // Requests the runtime finished: copy reads out, complete.
+        complete_finished(q, &self.rx, &self.bufs);
+        self.arm(q, q.get_qid());
+    }
+
+    /// A new request from the driver.
+    fn request(&self, q: &UblkQueue, tag: u16) {
+        let iod = q.get_iod(tag);
+        let op = iod.op_flags & 0xff;
+        let fua = self.durable_writes || iod.op_flags & libublk::sys::UBLK_IO_F_FUA != 0;
+        let (offset, len) = (iod.start_sector << 9, iod.nr_sectors << 9);
+        if op == libublk::sys::UBLK_IO_OP_READ && self.start_read(q, tag, offset, len) {
+            return;
+        }
+        if op == libublk::sys::UBLK_IO_OP_WRITE && self.start_write(q, tag, offset, len, fua) {
+            return;
+        }
+        let data = (op == libublk::sys::UBLK_IO_OP_WRITE)
+            .then(|| AlignedBuf::from_slice(&self.bufs[tag as usize].as_slice()[..len as usize]));
+        let volume = self.volume.clone();
+        self.spawn(async move { run_request(&*volume, tag, op, offset, len, data, fua).await });
+    }
+
+    /// Starts a read the volume lets the queue make itself (direct.rs), or
+    /// has taken the first step of; false if it is left to `read`.
+    fn start_read(&self, q: &UblkQueue, tag: u16, offset: u64, len: u32) -> bool {
+        match self.volume.start_read(offset, len) {
+            Start::Direct(read) => self.start_direct(q, tag, len, DirectIo::Read(read)),
+            Start::Later(later) => self.spawn(later_done(tag, len, later)),
+            Start::Default => return false,
+        }
+        true
+    }
+
+    /// `start_read` for a write.
+    fn start_write(&self, q: &UblkQueue, tag: u16, offset: u64, len: u32, fua: bool) -> bool {
+        let data = &self.bufs[tag as usize].as_slice()[..len as usize];
+        match self.volume.start_write(offset, data, fua) {
+            Start::Direct(write) => self.start_direct(q, tag, len, DirectIo::Write(write)),
+            Start::Later(later) => self.spawn(later_write_done(tag, len, later)),
+            Start::Default => return false,
+        }
+        true
+    }
+
+    fn start_direct(&self, q: &UblkQueue, tag: u16, len: u32, io: DirectIo) {
+        let want = io.pieces().1.len();
+        let left = submit_direct(q, tag, &self.bufs[tag as usize], &io);
+        // Not all queued: once those that were are over, the volume does
+        // the request its own way.
+        let ok = left == want && want > 0;
+        let f = InFlight { io, left, ok, len };
+        match left {
+            0 => self.direct_over(q, tag, f),
+            _ => self.inflight.borrow_mut()[tag as usize] = Some(f),
+        }
+    }
+
+    /// A direct request's piece is over: once all are, `direct_over`.
+    fn piece_done(&self, q: &UblkQueue, tag: u16, ctx: &UblkIOCtx) {
+        let mut all = self.inflight.borrow_mut();
+        let Some(f) = all[tag as usize].as_mut() else {
+            return;
+        };
+        let piece = ((ctx.user_data() >> 24) & 0xffff) as usize;
+        let want = (f.io.pieces().1.get(piece)).map_or(0, |p| p.buf.len() as i32);
+        f.ok &= ctx.result() == want;
+        f.left -= 1;
+        if f.left > 0 {
+            return;
+        }
+        let f = all[tag as usize].take().expect("in flight");
+        drop(all);
+        self.direct_over(q, tag, f);
+    }
+
+    /// Completes a direct request, or (a device request failed, or the
+    /// mode changed meanwhile) lets the volume finish it its own way.
+    fn direct_over(&self, q: &UblkQueue, tag: u16, f: InFlight) {
+        let data = &self.bufs[tag as usize].as_slice()[..f.len as usize];
+        match f.io {
+            DirectIo::Read(r) => match r.finish(f.ok, data) {
+                None => complete(q, &self.bufs, (tag, f.len as i32, None)),
+                Some(later) => self.spawn(later_done(tag, f.len, later)),
+            },
+            DirectIo::Write(w) => match w.finish(f.ok, data) {
+                None => complete(q, &self.bufs, (tag, f.len as i32, None)),
+                Some(later) => self.spawn(later_write_done(tag, f.len, later)),
+            },
+        }
+    }
+}
+
 fn queue_thread<V: Volume>(
     qid: u16,
     dev: &UblkDev,
@@ -220,13 +444,25 @@ fn queue_thread<V: Volume>(
     rt: tokio::runtime::Handle,
     durable_writes: bool,
 ) {
-    let bufs: Vec<IoBuf<u8>> = dev.alloc_queue_io_bufs();
     let Some(efd) = done_eventfd(qid) else {
         return;
     };
     let (tx, rx) = mpsc::channel::<Done>();
+    let bufs: Vec<IoBuf<u8>> = dev.alloc_queue_io_bufs();
+    let inflight = RefCell::new((0..bufs.len()).map(|_| None).collect());
+    let st = Queue {
+        volume,
+        rt,
+        durable_writes,
+        bufs,
+        efd,
+        tx,
+        rx,
+        counter: Box::leak(Box::new(0u64)),
+        inflight,
+    };
     let queue = match UblkQueue::new(qid, dev)
-        .and_then(|q| q.submit_fetch_commands_unified(BufDescList::Slices(Some(&bufs))))
+        .and_then(|q| q.submit_fetch_commands_unified(BufDescList::Slices(Some(&st.bufs))))
     {
         Ok(q) => q,
         Err(e) => {
@@ -234,40 +470,9 @@ fn queue_thread<V: Volume>(
             return;
         }
     };
-    // The eventfd's counter is read into this; leaked, so it outlives the
-    // queue loop and any read still in flight when the queue stops.
-    let counter: *mut u64 = Box::leak(Box::new(0u64));
-    let arm = |q: &UblkQueue| {
-        let sqe =
-            io_uring::opcode::Read::new(io_uring::types::Fd(efd.as_raw_fd()), counter.cast(), 8)
-                .build()
-                .user_data(UblkIOCtx::build_user_data(0, EVENTFD_OP, 0, true));
-        if let Err(e) = q.ublk_submit_sqe_sync(sqe) {
-            log::error!("ublk queue {qid}: arming the eventfd: {e}");
-        }
-    };
-    arm(&queue);
-    let handler = |q: &UblkQueue, tag: u16, ctx: &UblkIOCtx| {
-        if ctx.is_tgt_io() {
-            // Requests the runtime finished: copy reads out, complete.
-            complete_finished(q, &rx, &bufs);
-            arm(q);
-            return;
-        }
-        let iod = q.get_iod(tag);
-        let op = iod.op_flags & 0xff;
-        let fua = durable_writes || iod.op_flags & libublk::sys::UBLK_IO_F_FUA != 0;
-        let (offset, len) = (iod.start_sector << 9, iod.nr_sectors << 9);
-        let data = (op == libublk::sys::UBLK_IO_OP_WRITE)
-            .then(|| AlignedBuf::from_slice(&bufs[tag as usize].as_slice()[..len as usize]));
-        let (volume, tx, efd) = (volume.clone(), tx.clone(), efd.clone());
-        rt.spawn(async move {
-            let done = run_request(&*volume, tag, op, offset, len, data, fua).await;
-            let _ = tx.send(done);
-            let one = 1u64.to_ne_bytes();
-            // SAFETY: writes 8 bytes from a live array to our eventfd.
-            unsafe { libc::write(efd.as_raw_fd(), one.as_ptr().cast(), 8) };
-        });
-    };
-    queue.wait_and_handle_io(handler);
+    st.arm(&queue, qid);
+    // A volume starts a read inside the runtime (its slow part may start a
+    // blocking task).
+    let _runtime = st.rt.enter();
+    queue.wait_and_handle_io(|q: &UblkQueue, tag: u16, ctx: &UblkIOCtx| st.handle(q, tag, ctx));
 }

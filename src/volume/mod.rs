@@ -10,7 +10,11 @@
 use std::future::Future;
 
 mod device_volume;
+mod direct;
 pub use device_volume::DeviceVolume;
+pub use direct::{
+    Direct, DirectRead, DirectWrite, Later, LaterRead, Piece, ReadStart, Start, WriteStart,
+};
 
 use crate::device::AlignedBuf;
 
@@ -115,6 +119,19 @@ pub trait Volume: Send + Sync + 'static {
     }
     /// Reads `len` bytes at `offset` (both multiples of 512).
     fn read(&self, offset: u64, len: u32) -> impl Future<Output = VolumeResult<AlignedBuf>> + Send;
+    /// Starts a read for a front end that can make device reads itself
+    /// (direct.rs). Call inside the runtime the volume's futures run on.
+    /// The default leaves the read to `read`.
+    fn start_read(&self, offset: u64, len: u32) -> ReadStart {
+        let _ = (offset, len);
+        Start::Default
+    }
+    /// Starts a write of `data` as `start_read` starts a read (a `Later`
+    /// holds its own copy of `data`). The default leaves it to `write`.
+    fn start_write(&self, offset: u64, data: &[u8], fua: bool) -> WriteStart {
+        let _ = (offset, data, fua);
+        Start::Default
+    }
     /// Writes `data` at `offset`; with `fua` durable on completion.
     fn write(
         &self,

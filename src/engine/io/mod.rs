@@ -9,6 +9,7 @@
 //! only through these methods.
 
 pub mod data;
+pub mod direct;
 pub mod failure;
 pub(crate) mod gather;
 pub(crate) mod warnings;

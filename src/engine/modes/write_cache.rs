@@ -27,7 +27,7 @@ use crate::engine::cache::Cache;
 impl Cache {
     /// Records the sectors that writes in place made dirty, where the slot
     /// was not already whole and dirty.
-    fn record_in_place(&self, segs: &[Segment], cached: &[Option<Cached>]) {
+    pub(crate) fn record_in_place(&self, segs: &[Segment], cached: &[Option<Cached>]) {
         let mut m = self.meta.lock();
         for (seg, hit) in segs.iter().zip(cached) {
             let hit = hit.expect("written in place");
@@ -191,7 +191,7 @@ impl Cache {
     /// (The mode is read after the dirtying records were appended, both
     /// under the metadata lock: either this sees the new mode, or the
     /// switch's first dirty snapshot sees these blocks.)
-    fn write_back_if_mode_changed(&self, segs: &[Segment]) -> EngineResult<()> {
+    pub(crate) fn write_back_if_mode_changed(&self, segs: &[Segment]) -> EngineResult<()> {
         // One request's segments are of one volume.
         let Some(first) = segs.first() else {
             return Ok(());

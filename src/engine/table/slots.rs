@@ -345,6 +345,57 @@ impl Cache {
         complete
     }
 
+    /// `n` free slots for new dirty blocks of `key`'s volume, if free
+    /// slots are plentiful (above the background's reserve) and the volume
+    /// is within its share: for a caller that must not wait, so nothing is
+    /// evicted, waited for or committed (`None` instead).
+    pub(crate) fn take_free_slots(&self, n: usize, key: u64) -> Option<Vec<u32>> {
+        let mut m = self.meta.lock();
+        if m.sealed(key) || !m.free.has_free(true) {
+            return None;
+        }
+        let v = self.origins.key_space().split(key).0;
+        let share = self.origins.get(v)?.share();
+        if share::over_max(&m.table, self.origins.len(), v, share, n as u64) {
+            return None;
+        }
+        let low = self.low_free_slots(&m);
+        if m.free_slots() < n + low {
+            return None;
+        }
+        let slots = m.free.take(n, true);
+        if slots.len() < n {
+            m.free.extend(slots);
+            return None;
+        }
+        if m.free_slots() <= low || self.placement.needs_cleaning(self, &m) {
+            self.bell.wake();
+        }
+        Some(slots)
+    }
+
+    /// Slots from `take_free_slots` that now hold whole blocks from
+    /// `first_block` on (`written`), dirty: mapped. Or given back, not
+    /// written.
+    pub(crate) fn settle_new_slots(&self, slots: &[u32], first_block: u64, written: bool) {
+        let mut m = self.meta.lock();
+        if !written {
+            m.free.extend(slots.iter().copied());
+            return;
+        }
+        for (k, &slot) in slots.iter().enumerate() {
+            let block = first_block + k as u64;
+            self.append(
+                &mut m,
+                Record::Map {
+                    slot,
+                    block,
+                    dirty: true,
+                },
+            );
+        }
+    }
+
     /// Stores consecutive whole blocks starting at `first_block` (`data` is
     /// a multiple of the block size) in slots free on disk, writing runs of
     /// adjacent slots with one device write, then maps them (the records

@@ -1,0 +1,306 @@
+//! Requests whose cache device I/O the caller makes: the ublk queue reads
+//! hits straight into the request's buffer, and writes what the cache
+//! takes at once straight from it, on its own io_uring (`volume::Direct`),
+//! so they cost no hand-off between threads, no thread blocked on the
+//! device and no copy. The engine does what its fast paths do up to the
+//! device I/O (`try_read_hits`, `try_write_cached`: the request resolved,
+//! its blocks try-locked and looked up), says where the data lies or goes,
+//! and keeps the blocks locked (and new slots taken) until the caller
+//! reports back (`hit_reads_done`, `cache_writes_done`): no eviction or
+//! writeback can move the data meanwhile, and a write's records are
+//! appended only once its data is on the device, as `store_in_new_slots`
+//! and the in-place path do. Only a cache device that is a plain file or
+//! block device (`FileDevice`) is used this way.
+
+use std::os::fd::{AsRawFd, RawFd};
+
+use crate::device::DeviceRef;
+use crate::engine::admission::Dev;
+use crate::engine::cache::Cache;
+use crate::engine::modes::WriteRoute;
+use crate::engine::observe::latency::Op;
+use crate::engine::request::{adjacent_slots, Cached, Fast, ReadKind, Request};
+use crate::engine::stats::bump;
+use crate::engine::EngineResult;
+use crate::volume::Piece;
+
+/// The cache device reads of a read of hits, the blocks locked.
+pub struct HitReads {
+    /// The cache device's descriptor; `dev` keeps it open.
+    pub fd: RawFd,
+    pub pieces: Vec<Piece>,
+    bytes: usize,
+    dev: DeviceRef,
+    req: Request,
+    /// The locked blocks (`first..=last`), and how many were read.
+    first: u64,
+    last: u64,
+    /// When the request started (the clock's ns).
+    t: u64,
+}
+
+impl Cache {
+    /// A read of `len` bytes at `offset` that only hits unlocked blocks,
+    /// as `try_read_hits` would do it, with the device reads left to the
+    /// caller. `None` if the cache device is not a plain file or block
+    /// device (nothing done); `Pending` if the read is not all hits or a
+    /// block is locked (the request resolved and carried, for
+    /// `read_request`).
+    pub fn try_hit_reads(&self, offset: u64, len: u64) -> Option<Fast<HitReads>> {
+        let dev = self.io.cache.clone();
+        let fd = dev.as_file()?.as_raw_fd();
+        let t = self.clock.now_ns();
+        let mut req = match self.request(offset, len, false, false, ReadKind::Client) {
+            Ok(req) => req,
+            Err(e) => return Some(Fast::Done(Err(e))),
+        };
+        let Some((first, last)) = req.blocks() else {
+            return Some(Fast::Pending(req));
+        };
+        let locks = self.origins.of_key(first).locks();
+        let Some(guard) = locks.try_lock_range(first, last) else {
+            return Some(Fast::Pending(req));
+        };
+        let plan = self.resolve(&mut req);
+        let cached = self.lookup(&mut req, |dirty| dirty || plan.mode.reads_cache());
+        if !cached.iter().all(|c| c.is_some_and(|h| h.valid)) {
+            return Some(Fast::Pending(req));
+        }
+        let mut pieces = Vec::new();
+        let mut i = 0;
+        while i < req.segs.len() {
+            let run = adjacent_slots(&cached[i..], |h| h.valid).max(1);
+            let (seg, slot) = (&req.segs[i], cached[i].expect("all hits").slot);
+            pieces.push(Piece {
+                at: self.regions.slot_offset(slot) + seg.in_block,
+                buf: seg.buf.start..req.segs[i + run - 1].buf.end,
+            });
+            i += run;
+        }
+        // Held until `hit_reads_done`, on this thread.
+        std::mem::forget(guard);
+        Some(Fast::Done(Ok(HitReads {
+            fd,
+            bytes: len as usize,
+            pieces,
+            dev,
+            req,
+            first,
+            last,
+            t,
+        })))
+    }
+
+    /// The caller's device reads are over (`ok`: each read whole): the
+    /// blocks are unlocked, and the read is counted as `try_read_hits`
+    /// counts one. After a failure nothing is counted and the request is
+    /// returned, for `read_request` (which reads the cache again and
+    /// handles its error: a clean copy dropped and the origin read).
+    pub fn hit_reads_done(&self, h: HitReads, ok: bool) -> Option<Request> {
+        let ns = self.clock.since_ns(h.t);
+        let locks = self.origins.of_key(h.first).locks();
+        for b in h.first..=h.last {
+            locks.unlock(b);
+        }
+        drop(h.dev);
+        if !ok {
+            return Some(h.req);
+        }
+        let hits = h.req.segs.len() as u64;
+        bump(&self.stats.read_requests, 1);
+        bump(&self.stats.read_hits, hits);
+        self.origins.of_key(h.first).count_reads(hits, 0);
+        self.observe.latency.device(Dev::CacheRead as usize, ns);
+        if h.bytes <= 64 << 10 {
+            self.admission.latencies.record(Dev::CacheRead, ns);
+        }
+        self.observe.latency.request(Op::Read, true, ns);
+        None
+    }
+}
+
+/// Where a direct write goes.
+enum Placed {
+    /// Over the blocks' slots (the lookup), adjacent and writable.
+    InPlace(Vec<Option<Cached>>),
+    /// Whole blocks into these new slots, in order.
+    NewSlots(Vec<u32>),
+}
+
+/// The cache device writes of a write the cache takes at once, the blocks
+/// locked and any new slots taken.
+pub struct CacheWrites {
+    /// The cache device's descriptor; `dev` keeps it open.
+    pub fd: RawFd,
+    pub pieces: Vec<Piece>,
+    dev: DeviceRef,
+    req: Request,
+    placed: Placed,
+    first: u64,
+    last: u64,
+    t: u64,
+}
+
+/// What is left of a direct write once its device writes are over.
+pub enum WriteLeft {
+    /// Nothing: the write is done.
+    Nothing,
+    /// Done, but the volume's mode no longer holds dirty data, or the crash
+    /// log is nearly full: `write_tail` (writeback, a commit) must run
+    /// where it may block.
+    Tail(Request),
+    /// A device write failed: nothing was recorded; the request goes to
+    /// `write_request` with its data.
+    Again(Request),
+}
+
+impl Cache {
+    /// A write of `len` bytes at `offset` that the cache takes at once, as
+    /// `try_write_cached` would (in place over adjacent writable slots, or
+    /// whole blocks into new slots while free slots are plentiful), with
+    /// the device writes left to the caller. `None` and `Pending` as for
+    /// `try_hit_reads`.
+    pub fn try_cache_writes(&self, offset: u64, len: u64, fua: bool) -> Option<Fast<CacheWrites>> {
+        let dev = self.io.cache.clone();
+        let fd = dev.as_file()?.as_raw_fd();
+        let t = self.clock.now_ns();
+        let mut req = match self.request(offset, len, true, fua, ReadKind::Client) {
+            Ok(req) => req,
+            Err(e) => return Some(Fast::Done(Err(e))),
+        };
+        let Some((first, last)) = req.blocks() else {
+            return Some(Fast::Pending(req));
+        };
+        if req.fua || self.journal.pressed() || !req.segs.iter().all(|s| self.cacheable(s.block)) {
+            return Some(Fast::Pending(req));
+        }
+        let Some(guard) = self
+            .origins
+            .of_key(first)
+            .locks()
+            .try_lock_range(first, last)
+        else {
+            return Some(Fast::Pending(req));
+        };
+        let Some(placed) = self.place_write(&mut req, first) else {
+            return Some(Fast::Pending(req));
+        };
+        self.origins.of_key(first).flights().touch(first, last);
+        let pieces = self.write_pieces(&req, &placed);
+        // Held until `cache_writes_done`, on this thread.
+        std::mem::forget(guard);
+        Some(Fast::Done(Ok(CacheWrites {
+            fd,
+            pieces,
+            dev,
+            req,
+            placed,
+            first,
+            last,
+            t,
+        })))
+    }
+
+    /// Where a write whose blocks are locked goes, if the cache takes it at
+    /// once (`try_write_cached_locked`'s rule, new slots only for whole
+    /// blocks).
+    fn place_write(&self, req: &mut Request, first: u64) -> Option<Placed> {
+        let plan = self.resolve(req);
+        if plan.route != WriteRoute::Cache {
+            return None;
+        }
+        let cached = self.lookup(req, |_| true);
+        let whole = req.segs.iter().filter(|s| self.full_block(s)).count();
+        if adjacent_slots(&cached, |h| h.writable) == req.segs.len()
+            && self.placement.overwrites_in_place(whole, plan.admits())
+        {
+            return Some(Placed::InPlace(cached));
+        }
+        if !plan.admits() || whole < req.segs.len() {
+            return None;
+        }
+        self.take_free_slots(whole, first).map(Placed::NewSlots)
+    }
+
+    fn write_pieces(&self, req: &Request, placed: &Placed) -> Vec<Piece> {
+        let bs = self.block_bytes as usize;
+        match placed {
+            Placed::InPlace(cached) => vec![Piece {
+                at: self.regions.slot_offset(cached[0].expect("in place").slot)
+                    + req.segs[0].in_block,
+                buf: 0..req.len as usize,
+            }],
+            Placed::NewSlots(slots) => {
+                let mut pieces: Vec<Piece> = Vec::new();
+                for (k, &slot) in slots.iter().enumerate() {
+                    match pieces.last_mut() {
+                        Some(p) if k > 0 && slot == slots[k - 1] + 1 => p.buf.end += bs,
+                        _ => pieces.push(Piece {
+                            at: self.regions.slot_offset(slot),
+                            buf: k * bs..(k + 1) * bs,
+                        }),
+                    }
+                }
+                pieces
+            }
+        }
+    }
+
+    /// The caller's device writes are over (`ok`: each written whole):
+    /// the write is recorded as `try_write_cached` records one and the
+    /// blocks unlocked; after a failure new slots are given back, nothing
+    /// is recorded or counted, and the request is returned.
+    pub fn cache_writes_done(&self, w: CacheWrites, ok: bool) -> WriteLeft {
+        let ns = self.clock.since_ns(w.t);
+        if ok {
+            let segs = &w.req.segs;
+            match &w.placed {
+                Placed::InPlace(cached) => self.record_in_place(segs, cached),
+                Placed::NewSlots(slots) => self.settle_new_slots(slots, w.first, true),
+            }
+            self.journal.note_completed();
+            let hits = match &w.placed {
+                Placed::InPlace(_) => segs.len() as u64,
+                Placed::NewSlots(_) => 0,
+            };
+            bump(&self.stats.write_requests, 1);
+            bump(&self.stats.write_hits, hits);
+            bump(&self.stats.write_misses, segs.len() as u64 - hits);
+        } else if let Placed::NewSlots(slots) = &w.placed {
+            self.settle_new_slots(slots, w.first, false);
+        }
+        let locks = self.origins.of_key(w.first).locks();
+        for b in w.first..=w.last {
+            locks.unlock(b);
+        }
+        drop(w.dev);
+        if !ok {
+            // The write again meets the device's error, and counts it.
+            return WriteLeft::Again(w.req);
+        }
+        self.observe.latency.device(Dev::CacheWrite as usize, ns);
+        if w.req.len <= 64 << 10 {
+            self.admission.latencies.record(Dev::CacheWrite, ns);
+        }
+        self.observe.latency.request(Op::Write, true, ns);
+        let mode = self.origins.of_key(w.first).mode();
+        match mode.holds_dirty() && !self.journal.pressed() {
+            true => WriteLeft::Nothing,
+            false => WriteLeft::Tail(w.req),
+        }
+    }
+
+    /// What a direct write leaves (`WriteLeft::Tail`): its blocks written
+    /// back if the mode changed meanwhile, a commit if the crash log is
+    /// nearly full.
+    pub fn write_tail(&self, req: &Request) -> EngineResult<()> {
+        if let Some((first, last)) = req.blocks() {
+            let _guard = self.origins.of_key(first).locks().lock_range(first, last);
+            self.write_back_if_mode_changed(&req.segs)?;
+        }
+        if self.journal.pressed() {
+            self.commit()?;
+        }
+        Ok(())
+    }
+}

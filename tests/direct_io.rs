@@ -1,0 +1,327 @@
+//! Requests whose cache device I/O the front end makes itself
+//! (`Volume::start_read`, `start_write`, src/engine/io/direct.rs): the
+//! ublk queue reads hits and writes what the cache takes at once on its
+//! own io_uring, straight to and from the request's buffer. Here the test
+//! makes those requests with pread and pwrite on the descriptor the engine
+//! names, over real files, and checks what the queue relies on: the data
+//! lies (or goes) where the engine says, the blocks stay locked until the
+//! request is finished (a write or read of them waits), a write is
+//! recorded only once finished, a failed or abandoned request is finished
+//! by the engine and counted once, and what the cache cannot serve at once
+//! never comes back as a direct request. The ublk path itself runs in the guest
+//! (scripts/guest-test.sh: ublk_fio_verify_writeback, ublk_ext4_*).
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tiercache::device::file::FileDevice;
+use tiercache::device::ram::RamDevice;
+use tiercache::device::{AlignedBuf, DeviceRef};
+use tiercache::engine::async_engine::AsyncEngine;
+use tiercache::engine::{CreateOptions, Engine, Mode};
+use tiercache::volume::{Direct, DirectRead, DirectWrite, ReadStart, Start, Volume};
+
+const BS: u64 = 4096;
+const ORIGIN_BYTE: u8 = 0x11;
+
+struct Files {
+    _dir: tempfile::TempDir,
+    engine: Arc<Engine>,
+    vol: AsyncEngine,
+    rt: tokio::runtime::Runtime,
+}
+
+/// A writeback cache of 64 blocks on a file, over a 1 MiB origin file of
+/// `ORIGIN_BYTE`s; `ram_cache` puts the cache in memory instead (in
+/// writethrough: a volatile cache takes no dirty data).
+fn files(ram_cache: bool) -> Files {
+    let dir = tempfile::tempdir().unwrap();
+    let origin_path = dir.path().join("origin");
+    std::fs::write(&origin_path, vec![ORIGIN_BYTE; 1 << 20]).unwrap();
+    let cache_path = dir.path().join("cache");
+    let cache_bytes = common::cache_bytes_for(64, BS as u32);
+    let cache: DeviceRef = if ram_cache {
+        Arc::new(RamDevice::new("cache", cache_bytes))
+    } else {
+        std::fs::File::create(&cache_path)
+            .unwrap()
+            .set_len(cache_bytes)
+            .unwrap();
+        Arc::new(FileDevice::open(cache_path.to_str().unwrap()).unwrap())
+    };
+    let origin = Arc::new(FileDevice::open(origin_path.to_str().unwrap()).unwrap());
+    let opts = CreateOptions {
+        mode: if ram_cache {
+            Mode::Writethrough
+        } else {
+            Mode::Writeback
+        },
+        ..Default::default()
+    };
+    let engine = Engine::create(cache, origin, &opts).unwrap();
+    let vol = AsyncEngine::new(engine.clone());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    Files {
+        _dir: dir,
+        engine,
+        vol,
+        rt,
+    }
+}
+
+fn block(v: u8) -> Vec<u8> {
+    vec![v; BS as usize]
+}
+
+/// Makes a direct read's device reads (as the ublk queue does, with
+/// pread), into a buffer of `len` bytes.
+fn read_pieces(d: &DirectRead, len: usize) -> AlignedBuf {
+    let mut buf = AlignedBuf::zeroed(len);
+    for p in &d.pieces {
+        let dst = &mut buf[p.buf.clone()];
+        // SAFETY: `dst` is a live, writable slice of the length given.
+        let n = unsafe {
+            libc::pread(
+                d.fd,
+                dst.as_mut_ptr().cast(),
+                dst.len(),
+                p.at as libc::off_t,
+            )
+        };
+        assert_eq!(n, dst.len() as isize, "pread of {p:?}");
+    }
+    buf
+}
+
+/// Makes a direct write's device writes (pwrite) from `data`.
+fn write_pieces(d: &DirectWrite, data: &[u8]) {
+    let src = AlignedBuf::from_slice(data);
+    for p in &d.pieces {
+        let from = &src[p.buf.clone()];
+        // SAFETY: `from` is a live slice of the length given.
+        let n =
+            unsafe { libc::pwrite(d.fd, from.as_ptr().cast(), from.len(), p.at as libc::off_t) };
+        assert_eq!(n, from.len() as isize, "pwrite of {p:?}");
+    }
+}
+
+fn direct<T>(start: Start<T>) -> Direct<T> {
+    match start {
+        Start::Direct(d) => d,
+        Start::Later(_) => panic!("expected a direct request, got one the engine goes on with"),
+        Start::Default => panic!("expected a direct request, got none"),
+    }
+}
+
+fn read_hits(e: &Engine) -> u64 {
+    e.status().stats.read_hits
+}
+
+fn write_requests(e: &Engine) -> u64 {
+    e.status().stats.write_requests
+}
+
+fn read(f: &Files, at: u64, len: u64) -> Vec<u8> {
+    f.engine.read(at, len).unwrap().to_vec()
+}
+
+#[test]
+fn a_hit_is_read_where_the_engine_says_and_counted_once() {
+    let f = files(false);
+    let _rt = f.rt.enter();
+    f.engine.write(3 * BS, &block(3), false).unwrap();
+    f.engine.write(4 * BS, &block(4), false).unwrap();
+    f.engine.write(9 * BS, &block(9), false).unwrap();
+    let before = read_hits(&f.engine);
+    // Blocks 3 and 4, and 9: whatever slots they got, each piece says
+    // where, and the request's buffer gets them in order.
+    let d = direct(f.vol.start_read(3 * BS, 2 * BS as u32));
+    let got = read_pieces(&d, 2 * BS as usize);
+    assert!(d.finish(true, &[]).is_none());
+    assert_eq!(got.to_vec(), [block(3), block(4)].concat());
+    // Part of a block: 1 KiB from inside block 9.
+    let d = direct(f.vol.start_read(9 * BS + 1024, 1024));
+    assert_eq!(d.pieces.len(), 1);
+    let got = read_pieces(&d, 1024);
+    assert!(d.finish(true, &[]).is_none());
+    assert_eq!(got.to_vec(), vec![9u8; 1024]);
+    assert_eq!(read_hits(&f.engine), before + 3);
+}
+
+#[test]
+fn what_is_not_all_hits_is_never_a_direct_read() {
+    let f = files(false);
+    let _rt = f.rt.enter();
+    f.engine.write(3 * BS, &block(3), false).unwrap();
+    // Block 3 cached, block 4 not: the engine reads it its own way.
+    let got = match f.vol.start_read(3 * BS, 2 * BS as u32) {
+        ReadStart::Later(later) => f.rt.block_on(later).unwrap(),
+        _ => panic!("a read with a miss must go on in the engine"),
+    };
+    assert_eq!(got.to_vec(), [block(3), block(ORIGIN_BYTE)].concat());
+    // Beyond the end: the error comes back, not a direct read.
+    match f.vol.start_read(1 << 20, BS as u32) {
+        ReadStart::Later(later) => assert!(f.rt.block_on(later).is_err()),
+        _ => panic!("a read past the end must fail"),
+    }
+    // A cache device that is no file: nothing is started.
+    let ram = files(true);
+    ram.engine.write(3 * BS, &block(3), false).unwrap();
+    assert!(matches!(
+        ram.vol.start_read(3 * BS, BS as u32),
+        ReadStart::Default
+    ));
+}
+
+#[test]
+fn a_direct_read_holds_its_blocks_until_it_is_finished() {
+    let f = files(false);
+    let _rt = f.rt.enter();
+    f.engine.write(5 * BS, &block(5), false).unwrap();
+    let d = direct(f.vol.start_read(5 * BS, BS as u32));
+    // A second read of the block cannot take it: the engine goes on with
+    // it, and it waits (on the blocking pool) for the first.
+    let second = match f.vol.start_read(5 * BS, BS as u32) {
+        ReadStart::Later(later) => f.rt.spawn(later),
+        _ => panic!("a locked block must not be read directly twice"),
+    };
+    // A write of the block waits too.
+    let wrote = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (e, wrote) = (f.engine.clone(), wrote.clone());
+        std::thread::spawn(move || {
+            e.write(5 * BS, &block(0x55), false).unwrap();
+            wrote.store(true, Ordering::SeqCst);
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        !wrote.load(Ordering::SeqCst),
+        "a write went past a direct read's lock"
+    );
+    assert!(
+        !second.is_finished(),
+        "a read went past a direct read's lock"
+    );
+    let got = read_pieces(&d, BS as usize);
+    assert!(d.finish(true, &[]).is_none());
+    assert_eq!(got.to_vec(), block(5));
+    writer.join().unwrap();
+    let second = f.rt.block_on(second).unwrap().unwrap().to_vec();
+    assert!(second == block(5) || second == block(0x55));
+    // The write landed; the block is free for direct reads again.
+    let d: DirectRead = direct(f.vol.start_read(5 * BS, BS as u32));
+    assert_eq!(read_pieces(&d, BS as usize).to_vec(), block(0x55));
+}
+
+#[test]
+fn a_failed_or_dropped_direct_read_is_finished_by_the_engine_and_counted_once() {
+    let f = files(false);
+    let _rt = f.rt.enter();
+    f.engine.write(7 * BS, &block(7), false).unwrap();
+    let before = read_hits(&f.engine);
+    let d = direct(f.vol.start_read(7 * BS, BS as u32));
+    let later = d
+        .finish(false, &[])
+        .expect("a failed read is finished by the engine");
+    assert_eq!(f.rt.block_on(later).unwrap().to_vec(), block(7));
+    assert_eq!(read_hits(&f.engine), before + 1, "counted once");
+    // Dropped without a word (a queue that stopped): the block is let go.
+    drop(direct(f.vol.start_read(7 * BS, BS as u32)));
+    f.engine.write(7 * BS, &block(0x77), false).unwrap();
+    let d = direct(f.vol.start_read(7 * BS, BS as u32));
+    assert_eq!(read_pieces(&d, BS as usize).to_vec(), block(0x77));
+    assert!(d.finish(true, &[]).is_none());
+}
+
+#[test]
+fn a_write_the_cache_takes_goes_where_the_engine_says_and_is_recorded_when_finished() {
+    let f = files(false);
+    let _rt = f.rt.enter();
+    let writes = write_requests(&f.engine);
+    // Two whole blocks not cached: new slots.
+    let data = [block(3), block(4)].concat();
+    let w = direct(f.vol.start_write(3 * BS, &data, false));
+    write_pieces(&w, &data);
+    // Not recorded before it is finished: the blocks are not cached yet.
+    assert_eq!(f.engine.dirty_blocks(), 0);
+    assert!(w.finish(true, &data).is_none());
+    assert_eq!(f.engine.dirty_blocks(), 2);
+    assert_eq!(read(&f, 3 * BS, 2 * BS), data);
+    // Part of a dirty block: written in place, one piece.
+    let part = vec![0x3A; 1024];
+    let w = direct(f.vol.start_write(3 * BS + 2048, &part, false));
+    assert_eq!(w.pieces.len(), 1);
+    write_pieces(&w, &part);
+    assert!(w.finish(true, &part).is_none());
+    let mut want = block(3);
+    want[2048..3072].copy_from_slice(&part);
+    assert_eq!(read(&f, 3 * BS, BS), want);
+    assert_eq!(write_requests(&f.engine), writes + 2);
+    // A flush commits it like any write.
+    f.engine.flush().unwrap();
+    assert_eq!(f.engine.dirty_blocks(), 2);
+}
+
+#[test]
+fn what_the_cache_cannot_take_at_once_is_never_a_direct_write() {
+    let f = files(false);
+    let _rt = f.rt.enter();
+    // Part of a block not cached, and a write with FUA: the engine's way.
+    for (at, data, fua) in [
+        (9 * BS + 512, vec![9u8; 512], false),
+        (10 * BS, block(10), true),
+    ] {
+        match f.vol.start_write(at, &data, fua) {
+            Start::Later(later) => f.rt.block_on(later).unwrap(),
+            _ => panic!("a write at {at} (fua {fua}) must go on in the engine"),
+        }
+        assert_eq!(read(&f, at, data.len() as u64), data);
+    }
+    // No file under the cache: nothing is started.
+    let ram = files(true);
+    assert!(matches!(
+        ram.vol.start_write(3 * BS, &block(3), false),
+        Start::Default
+    ));
+}
+
+#[test]
+fn a_direct_write_holds_its_blocks_and_a_failed_or_dropped_one_leaves_no_trace() {
+    let f = files(false);
+    let _rt = f.rt.enter();
+    let w = direct(f.vol.start_write(6 * BS, &block(6), false));
+    // A read of the block waits for the write's end.
+    let reader = {
+        let e = f.engine.clone();
+        std::thread::spawn(move || e.read(6 * BS, BS).unwrap().to_vec())
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        !reader.is_finished(),
+        "a read went past a direct write's lock"
+    );
+    write_pieces(&w, &block(6));
+    assert!(w.finish(true, &block(6)).is_none());
+    assert_eq!(reader.join().unwrap(), block(6));
+
+    // Dropped (a queue that stopped): nothing recorded, its slots back.
+    let used = f.engine.status().cache_blocks_used;
+    let w = direct(f.vol.start_write(7 * BS, &block(7), false));
+    write_pieces(&w, &block(7));
+    drop(w);
+    assert_eq!(f.engine.status().cache_blocks_used, used);
+    assert_eq!(f.engine.dirty_blocks(), 1);
+    assert_eq!(read(&f, 7 * BS, BS), block(ORIGIN_BYTE));
+
+    // Failed: the engine writes it its own way, counted once.
+    let writes = write_requests(&f.engine);
+    let w = direct(f.vol.start_write(8 * BS, &block(8), false));
+    let later = w.finish(false, &block(8)).expect("finished by the engine");
+    f.rt.block_on(later).unwrap();
+    assert_eq!(read(&f, 8 * BS, BS), block(8));
+    assert_eq!(write_requests(&f.engine), writes + 1);
+}
