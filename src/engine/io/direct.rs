@@ -29,7 +29,6 @@ pub struct HitReads {
     /// The cache device's descriptor; `dev` keeps it open.
     pub fd: RawFd,
     pub pieces: Vec<Piece>,
-    bytes: usize,
     dev: DeviceRef,
     req: Request,
     /// The locked blocks (`first..=last`), and how many were read.
@@ -81,7 +80,6 @@ impl Cache {
         std::mem::forget(guard);
         Some(Fast::Done(Ok(HitReads {
             fd,
-            bytes: len as usize,
             pieces,
             dev,
             req,
@@ -110,10 +108,10 @@ impl Cache {
         bump(&self.stats.read_requests, 1);
         bump(&self.stats.read_hits, hits);
         self.origins.of_key(h.first).count_reads(hits, 0);
+        // The time includes the wait for the caller to see the completion:
+        // shown, but not given to the admission guard, which compares the
+        // cache device's own latency with the origin's.
         self.observe.latency.device(Dev::CacheRead as usize, ns);
-        if h.bytes <= 64 << 10 {
-            self.admission.latencies.record(Dev::CacheRead, ns);
-        }
         self.observe.latency.request(Op::Read, true, ns);
         None
     }
@@ -123,7 +121,8 @@ impl Cache {
 enum Placed {
     /// Over the blocks' slots (the lookup), adjacent and writable.
     InPlace(Vec<Option<Cached>>),
-    /// Whole blocks into these new slots, in order.
+    /// Into these new slots, one a segment, in order (whole blocks, or
+    /// parts of blocks not cached).
     NewSlots(Vec<u32>),
 }
 
@@ -136,6 +135,8 @@ pub struct CacheWrites {
     dev: DeviceRef,
     req: Request,
     placed: Placed,
+    /// Segments whose block was cached.
+    hits: u64,
     first: u64,
     last: u64,
     t: u64,
@@ -182,7 +183,7 @@ impl Cache {
         else {
             return Some(Fast::Pending(req));
         };
-        let Some(placed) = self.place_write(&mut req, first) else {
+        let Some((placed, hits)) = self.place_write(&mut req, first) else {
             return Some(Fast::Pending(req));
         };
         self.origins.of_key(first).flights().touch(first, last);
@@ -195,6 +196,7 @@ impl Cache {
             dev,
             req,
             placed,
+            hits,
             first,
             last,
             t,
@@ -202,28 +204,30 @@ impl Cache {
     }
 
     /// Where a write whose blocks are locked goes, if the cache takes it at
-    /// once (`try_write_cached_locked`'s rule, new slots only for whole
-    /// blocks).
-    fn place_write(&self, req: &mut Request, first: u64) -> Option<Placed> {
+    /// once (`try_write_cached_locked`'s rule), and how many of its blocks
+    /// were cached.
+    fn place_write(&self, req: &mut Request, first: u64) -> Option<(Placed, u64)> {
         let plan = self.resolve(req);
         if plan.route != WriteRoute::Cache {
             return None;
         }
         let cached = self.lookup(req, |_| true);
+        let hits = cached.iter().filter(|c| c.is_some()).count() as u64;
         let whole = req.segs.iter().filter(|s| self.full_block(s)).count();
         if adjacent_slots(&cached, |h| h.writable) == req.segs.len()
             && self.placement.overwrites_in_place(whole, plan.admits())
         {
-            return Some(Placed::InPlace(cached));
+            return Some((Placed::InPlace(cached), hits));
         }
-        if !plan.admits() || whole < req.segs.len() {
+        let fits = (req.segs.iter().zip(&cached)).all(|(s, c)| self.full_block(s) || c.is_none());
+        if !plan.admits() || !fits {
             return None;
         }
-        self.take_free_slots(whole, first).map(Placed::NewSlots)
+        let slots = self.take_free_slots(req.segs.len(), first)?;
+        Some((Placed::NewSlots(slots), hits))
     }
 
     fn write_pieces(&self, req: &Request, placed: &Placed) -> Vec<Piece> {
-        let bs = self.block_bytes as usize;
         match placed {
             Placed::InPlace(cached) => vec![Piece {
                 at: self.regions.slot_offset(cached[0].expect("in place").slot)
@@ -232,12 +236,15 @@ impl Cache {
             }],
             Placed::NewSlots(slots) => {
                 let mut pieces: Vec<Piece> = Vec::new();
-                for (k, &slot) in slots.iter().enumerate() {
+                for (k, (seg, &slot)) in req.segs.iter().zip(slots).enumerate() {
+                    // Segments after the first start their block, and those
+                    // before the last end theirs: adjacent slots are one
+                    // device write.
                     match pieces.last_mut() {
-                        Some(p) if k > 0 && slot == slots[k - 1] + 1 => p.buf.end += bs,
+                        Some(p) if slot == slots[k - 1] + 1 => p.buf.end = seg.buf.end,
                         _ => pieces.push(Piece {
-                            at: self.regions.slot_offset(slot),
-                            buf: k * bs..(k + 1) * bs,
+                            at: self.regions.slot_offset(slot) + seg.in_block,
+                            buf: seg.buf.clone(),
                         }),
                     }
                 }
@@ -256,18 +263,14 @@ impl Cache {
             let segs = &w.req.segs;
             match &w.placed {
                 Placed::InPlace(cached) => self.record_in_place(segs, cached),
-                Placed::NewSlots(slots) => self.settle_new_slots(slots, w.first, true),
+                Placed::NewSlots(slots) => self.settle_new_slots(slots, segs, true),
             }
             self.journal.note_completed();
-            let hits = match &w.placed {
-                Placed::InPlace(_) => segs.len() as u64,
-                Placed::NewSlots(_) => 0,
-            };
             bump(&self.stats.write_requests, 1);
-            bump(&self.stats.write_hits, hits);
-            bump(&self.stats.write_misses, segs.len() as u64 - hits);
+            bump(&self.stats.write_hits, w.hits);
+            bump(&self.stats.write_misses, segs.len() as u64 - w.hits);
         } else if let Placed::NewSlots(slots) = &w.placed {
-            self.settle_new_slots(slots, w.first, false);
+            self.settle_new_slots(slots, &w.req.segs, false);
         }
         let locks = self.origins.of_key(w.first).locks();
         for b in w.first..=w.last {
@@ -278,10 +281,8 @@ impl Cache {
             // The write again meets the device's error, and counts it.
             return WriteLeft::Again(w.req);
         }
+        // As for reads: not for the admission guard.
         self.observe.latency.device(Dev::CacheWrite as usize, ns);
-        if w.req.len <= 64 << 10 {
-            self.admission.latencies.record(Dev::CacheWrite, ns);
-        }
         self.observe.latency.request(Op::Write, true, ns);
         let mode = self.origins.of_key(w.first).mode();
         match mode.holds_dirty() && !self.journal.pressed() {

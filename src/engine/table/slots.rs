@@ -6,6 +6,7 @@ use crate::engine::cache::Cache;
 use crate::engine::format::Record;
 use crate::engine::origin::Origin;
 use crate::engine::policy::Verdict;
+use crate::engine::request::Segment;
 
 use super::{share, Meta};
 use crate::device::DeviceError;
@@ -374,25 +375,27 @@ impl Cache {
         Some(slots)
     }
 
-    /// Slots from `take_free_slots` that now hold whole blocks from
-    /// `first_block` on (`written`), dirty: mapped. Or given back, not
-    /// written.
-    pub(crate) fn settle_new_slots(&self, slots: &[u32], first_block: u64, written: bool) {
+    /// Slots from `take_free_slots` that now hold `segs` (one each, in
+    /// order: whole blocks, or parts of blocks not cached), dirty: mapped.
+    /// Or given back, not written.
+    pub(crate) fn settle_new_slots(&self, slots: &[u32], segs: &[Segment], written: bool) {
         let mut m = self.meta.lock();
         if !written {
             m.free.extend(slots.iter().copied());
             return;
         }
-        for (k, &slot) in slots.iter().enumerate() {
-            let block = first_block + k as u64;
-            self.append(
-                &mut m,
-                Record::Map {
+        for (seg, &slot) in segs.iter().zip(slots) {
+            let (block, dirty) = (seg.block, true);
+            let record = match self.full_block(seg) {
+                true => Record::Map { slot, block, dirty },
+                false => Record::MapRun {
                     slot,
                     block,
-                    dirty: true,
+                    run: seg.run(),
+                    dirty,
                 },
-            );
+            };
+            self.append(&mut m, record);
         }
     }
 
