@@ -17,6 +17,8 @@ pub mod daemon;
 pub mod device;
 pub mod engine;
 pub mod frontend;
+#[cfg(feature = "lockstat")]
+pub mod lockstat;
 pub mod monitor;
 pub mod nbd;
 pub mod sync;

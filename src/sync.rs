@@ -101,6 +101,38 @@ pub enum Rank {
 }
 
 impl Rank {
+    /// Every rank, in order.
+    pub const ALL: [Rank; 28] = [
+        Rank::Blocks,
+        Rank::WritebackOrder,
+        Rank::Commit,
+        Rank::OriginFlush,
+        Rank::WritebackState,
+        Rank::SlotsFreed,
+        Rank::Gather,
+        Rank::Rebuild,
+        Rank::CacheSet,
+        Rank::Device,
+        Rank::PowerSwitch,
+        Rank::Meta,
+        Rank::Flights,
+        Rank::BlockShard,
+        Rank::Admission,
+        Rank::Mrc,
+        Rank::Background,
+        Rank::WritebackLane,
+        Rank::FailoverHook,
+        Rank::StaleBlocks,
+        Rank::OriginWrites,
+        Rank::NbdLink,
+        Rank::NbdClient,
+        Rank::NbdClientWriter,
+        Rank::NbdRelay,
+        Rank::NbdRanges,
+        Rank::NbdExports,
+        Rank::Sampler,
+    ];
+
     /// Several locks of this rank may be held at once.
     #[cfg_attr(not(debug_assertions), allow(dead_code))]
     fn is_set(self) -> bool {
@@ -192,6 +224,9 @@ impl<T: std::fmt::Debug> std::fmt::Debug for Mutex<T> {
 pub struct MutexGuard<'a, T> {
     rank: Rank,
     inner: parking_lot::MutexGuard<'a, T>,
+    /// When it was taken (lock statistics).
+    #[cfg(feature = "lockstat")]
+    at: std::time::Instant,
 }
 
 impl<T> Mutex<T> {
@@ -204,19 +239,33 @@ impl<T> Mutex<T> {
 
     pub fn lock(&self) -> MutexGuard<'_, T> {
         acquired(self.rank, false);
-        MutexGuard {
-            rank: self.rank,
-            inner: self.inner.lock(),
-        }
+        #[cfg(feature = "lockstat")]
+        let inner = self.inner.try_lock().unwrap_or_else(|| {
+            let t = std::time::Instant::now();
+            let g = self.inner.lock();
+            crate::lockstat::waited(self.rank, t);
+            g
+        });
+        #[cfg(not(feature = "lockstat"))]
+        let inner = self.inner.lock();
+        self.guard(inner)
     }
 
     pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
         let inner = self.inner.try_lock()?;
         acquired(self.rank, true);
-        Some(MutexGuard {
+        Some(self.guard(inner))
+    }
+
+    fn guard<'a>(&'a self, inner: parking_lot::MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+        #[cfg(feature = "lockstat")]
+        crate::lockstat::taken(self.rank);
+        MutexGuard {
             rank: self.rank,
             inner,
-        })
+            #[cfg(feature = "lockstat")]
+            at: std::time::Instant::now(),
+        }
     }
 
     pub fn rank(&self) -> Rank {
@@ -235,6 +284,8 @@ impl<T> Mutex<T> {
 impl<T> Drop for MutexGuard<'_, T> {
     fn drop(&mut self) {
         released(self.rank);
+        #[cfg(feature = "lockstat")]
+        crate::lockstat::released(self.rank, self.at);
     }
 }
 
@@ -305,6 +356,8 @@ mod tests {
             "docs/concurrency.md's lock table against Rank"
         );
         assert_eq!(format!("{:?}", Rank::Sampler), *ranks.last().unwrap());
+        let all: Vec<String> = Rank::ALL.iter().map(|r| format!("{r:?}")).collect();
+        assert_eq!(all, ranks, "Rank::ALL against Rank");
     }
 
     #[test]

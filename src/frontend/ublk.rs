@@ -420,6 +420,46 @@ impl<V: Volume> Queue<V> {
         self.direct_over(q, tag, f);
     }
 
+    /// After the queue stopped: waits for the device requests of direct
+    /// requests still under way, then lets those requests go (the driver
+    /// completes nothing more), so that none of their device I/O lands
+    /// after their blocks are unlocked or their new slots given back.
+    /// (The queue's io_uring is its thread's, alive until the queue drops.)
+    fn drain(&self) {
+        while self.inflight.borrow().iter().any(Option::is_some) {
+            let done = libublk::io::with_task_io_ring_mut(|ring| {
+                ring.submit_and_wait(1)?;
+                Ok::<_, std::io::Error>(
+                    ring.completion().map(|c| c.user_data()).collect::<Vec<_>>(),
+                )
+            });
+            let done = match done {
+                Ok(done) => done,
+                Err(e) => {
+                    log::error!("ublk: waiting for cache device requests at the end: {e}");
+                    return;
+                }
+            };
+            for user_data in done {
+                let target = user_data & libublk::UblkUringData::Target as u64 != 0;
+                if !target || UblkIOCtx::user_data_to_op(user_data) != DIRECT_OP {
+                    continue;
+                }
+                let tag = UblkIOCtx::user_data_to_tag(user_data) as usize;
+                let mut all = self.inflight.borrow_mut();
+                if let Some(f) = all[tag].as_mut() {
+                    f.left -= 1;
+                    if f.left == 0 {
+                        // Dropped: the volume lets go, as after a failure.
+                        let f = all[tag].take();
+                        drop(all);
+                        drop(f);
+                    }
+                }
+            }
+        }
+    }
+
     /// Completes a direct request, or (a device request failed, or the
     /// mode changed meanwhile) lets the volume finish it its own way.
     fn direct_over(&self, q: &UblkQueue, tag: u16, f: InFlight) {
@@ -475,4 +515,6 @@ fn queue_thread<V: Volume>(
     // blocking task).
     let _runtime = st.rt.enter();
     queue.wait_and_handle_io(|q: &UblkQueue, tag: u16, ctx: &UblkIOCtx| st.handle(q, tag, ctx));
+    st.drain();
+    drop(queue);
 }

@@ -51,10 +51,20 @@ impl BlockLocks {
         sync::acquired(Rank::Blocks, false);
         let (m, cv) = self.shard(block);
         let mut held = m.lock();
+        #[cfg(feature = "lockstat")]
+        if held.contains_key(&block) {
+            let t = std::time::Instant::now();
+            while held.contains_key(&block) {
+                cv.wait(&mut held);
+            }
+            crate::lockstat::waited(Rank::Blocks, t);
+        }
         while held.contains_key(&block) {
             cv.wait(&mut held);
         }
         held.insert(block, me());
+        #[cfg(feature = "lockstat")]
+        crate::lockstat::taken(Rank::Blocks);
     }
 
     pub fn try_lock(&self, block: u64) -> bool {
@@ -68,6 +78,8 @@ impl BlockLocks {
         };
         if taken {
             sync::acquired(Rank::Blocks, true);
+            #[cfg(feature = "lockstat")]
+            crate::lockstat::taken(Rank::Blocks);
         }
         taken
     }
