@@ -2,15 +2,18 @@
 //! `/dev/ublkbN`, through the kernel's ublk driver and the `libublk` crate.
 //!
 //! One ublk queue per queue thread; each queue takes up to `queue_depth`
-//! requests at once. A queue thread takes the first step of each request
-//! itself: it polls the volume's future once, and a request the engine
-//! finishes on a fast path (a hit, a write the cache takes at once: one
-//! cache device I/O, no waiting) is completed right away, with no other
-//! thread involved. A request that would wait goes on in the tokio runtime
-//! (where the volume's futures run, as for NBD), and the queue completes it
-//! when the runtime reports back through a channel and an eventfd that the
-//! queue's io_uring reads (libublk `wait_and_handle_io`: "use eventfd to
-//! wakeup & notify ublk queue/io_uring").
+//! requests at once. A hit, or a write the cache takes at once, is started
+//! in the engine on the queue thread (`Volume::start_read`/`start_write`,
+//! engine/io/direct.rs: try-locks only, never a wait) and its cache device
+//! I/O goes on the queue's own io_uring, straight into or from the tag's
+//! buffer; its completion finishes it in the engine and completes the tag.
+//! No other thread takes part and nothing is copied (ublk itself copies
+//! the data once between the request's pages and the tag's buffer: the
+//! 6.12 kernel has no ublk zero-copy). Every other request goes on in the
+//! tokio runtime (where the volume's futures run, as for NBD), and the
+//! queue completes it when the runtime reports back through a channel and
+//! an eventfd that the queue's io_uring reads (libublk `wait_and_handle_io`:
+//! "use eventfd to wakeup & notify ublk queue/io_uring").
 //!
 //! Recovery (`UBLK_F_USER_RECOVERY` with `_REISSUE`): when the daemon dies
 //! the driver keeps `/dev/ublkbN` and queues its requests (requests in
@@ -42,6 +45,8 @@ const EVENTFD_OP: u32 = 0xfe;
 /// `op` of a direct request's device requests (the piece's index is the
 /// target data).
 const DIRECT_OP: u32 = 0xfd;
+/// How long a stopped queue waits for its direct requests' device I/O.
+const DRAIN_S: u64 = 30;
 
 /// How a ublk device is set up.
 #[derive(Debug, Clone)]
@@ -308,7 +313,7 @@ struct Queue<V: Volume> {
     /// The eventfd's counter is read into this; leaked, so it outlives the
     /// queue loop and any read still in flight when the queue stops.
     counter: *mut u64,
-    /// Direct reads under way, by tag.
+    /// Direct requests under way, by tag.
     inflight: RefCell<Vec<Option<InFlight>>>,
 }
 
@@ -425,13 +430,26 @@ impl<V: Volume> Queue<V> {
     /// completes nothing more), so that none of their device I/O lands
     /// after their blocks are unlocked or their new slots given back.
     /// (The queue's io_uring is its thread's, alive until the queue drops.)
+    /// A cache device that answers nothing for `DRAIN_S` is given up on
+    /// (logged): its requests are let go regardless.
     fn drain(&self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(DRAIN_S);
         while self.inflight.borrow().iter().any(Option::is_some) {
+            if std::time::Instant::now() >= deadline {
+                log::error!(
+                    "ublk: the cache device did not finish its requests within {DRAIN_S} s of the \
+                     queue's end; letting them go"
+                );
+                return;
+            }
+            let ts = io_uring::types::Timespec::new().sec(1);
+            let args = io_uring::types::SubmitArgs::new().timespec(&ts);
             let done = libublk::io::with_task_io_ring_mut(|ring| {
-                ring.submit_and_wait(1)?;
-                Ok::<_, std::io::Error>(
-                    ring.completion().map(|c| c.user_data()).collect::<Vec<_>>(),
-                )
+                match ring.submitter().submit_with_args(1, &args) {
+                    Err(e) if e.raw_os_error() != Some(libc::ETIME) => return Err(e),
+                    _ => {}
+                }
+                Ok(ring.completion().map(|c| c.user_data()).collect::<Vec<_>>())
             });
             let done = match done {
                 Ok(done) => done,
