@@ -236,6 +236,8 @@ fi
 if [ "$MODE" = compare ] || [ "$MODE" = run ]; then
     for sys in wc bc dc tc; do disk "origin-$sys" 512; disk "cache-$sys" 128; done
     disk meta-dc 16; disk fast-nbd 128
+    # The seed case's cache: it holds the whole set.
+    disk cache-seed 384
 fi
 case "$MODE" in
     quick) : "${TESTS:=ext4_writeback ext4_restart_writeback fio_verify_writeback cache_set_member_fails cache_set_crash_nbd systemd_fstab_nbd}" ;;

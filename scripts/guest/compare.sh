@@ -259,18 +259,24 @@ perf_start() { # SYS NAME
         *) return 0 ;;
     esac
     echo 0 >/proc/sys/kernel/kptr_restrict 2>/dev/null || true
-    PERF_OUT=$WORK/$2.perf
+    PERF_OUT=/tmp/$2.perf
     PERF_TXT=$CMP/$2.perf.txt
-    perf record -a -e cpu-clock -F 2000 -o "$PERF_OUT" >>$WORK/perf.log 2>&1 &
+    # TC_COMPARE_PERF_CG=1: call graphs from the stack (DWARF; the release
+    # build has debug info), at a tenth of the rate.
+    local cg=(-F 2000)
+    [ "${TC_COMPARE_PERF_CG:-0}" != 1 ] || cg=(-F 200 --call-graph dwarf,8192)
+    perf record -a -e cpu-clock "${cg[@]}" -o "$PERF_OUT" >>$WORK/perf.log 2>&1 &
     PERF_PID=$!
     sleep 1
 }
-perf_stop() { # FIO_JSON
+perf_stop() { # FIO_JSON | WHAT
     [ -n "$PERF_PID" ] || return 0
     kill -INT "$PERF_PID"
     wait "$PERF_PID" 2>/dev/null || true
+    local what=$1
+    [ -f "$what" ] && what="$(fio_ios "$what") I/Os"
     {
-        echo "# $(fio_ios "$1") I/Os; samples at 2000 Hz per CPU over the whole guest (both vCPUs), 1 s of idle before fio"
+        echo "# $what; samples at 2000 Hz per CPU over the whole guest (both vCPUs), 1 s of idle before fio"
         echo "## by thread"
         perf report -i "$PERF_OUT" --stdio --no-children --sort comm --percent-limit 0.5 2>/dev/null | grep -v '^$'
         echo "## by thread and symbol"
@@ -278,6 +284,11 @@ perf_stop() { # FIO_JSON
         echo "## the system's own threads ($PERF_COMMS), by symbol, as shares of their samples"
         perf report -i "$PERF_OUT" --stdio --no-children --comms "$PERF_COMMS" --percentage relative \
             --sort dso,sym --percent-limit 0.5 2>/dev/null | grep -v '^$'
+        if [ "${TC_COMPARE_PERF_CG:-0}" = 1 ]; then
+            echo "## the system's own threads, callers of the top symbols"
+            perf report -i "$PERF_OUT" --stdio --no-children --comms "$PERF_COMMS" --percentage relative \
+                --sort sym -G --percent-limit 5 2>/dev/null | grep -v '^$' | head -400
+        fi
     } >"$PERF_TXT"
     rm -f "$PERF_OUT"
 }
@@ -350,14 +361,76 @@ measure() { # SYS WORKLOAD
     teardown_$sys
 }
 
+# The lvm-cache seed case (issue 34): ext4 on the slowed origin holding a
+# set of SEED_FILES files of SEED_FILE_MIB each, every file read (cat) once
+# a pass with the page cache dropped before it: once from the origin alone,
+# then five passes through tiercache over ublk on a cache that holds the
+# set (its own disk, cache-seed), the first of which promotes it. The
+# target: the first pass at most 1.1x the origin alone's.
+SEED_FILES=${TC_COMPARE_SEED_FILES:-200}
+SEED_FILE_MIB=${TC_COMPARE_SEED_FILE_MIB:-1}
+seed_pass() { # DIR -> seconds on stdout
+    drop_caches
+    local t0 t1
+    t0=$(date +%s.%N)
+    find "$1" -type f -exec cat {} + >/dev/null
+    t1=$(date +%s.%N)
+    awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }'
+}
+compare_seed() {
+    local i t origin passes=()
+    make_slow tc
+    mkfs.ext4 -q -F "$SLOW" || fail "mkfs.ext4 on $SLOW"
+    mount "$SLOW" "$MNT"
+    mkdir -p "$MNT/set"
+    for i in $(seq "$SEED_FILES"); do
+        head -c $((SEED_FILE_MIB << 20)) /dev/urandom >"$MNT/set/f$i"
+    done
+    umount "$MNT"
+    mount -o ro "$SLOW" "$MNT"
+    origin=$(seed_pass "$MNT/set")
+    umount "$MNT"
+    tc create --origin "$SLOW" --cache "$(disk cache-seed)" --mode writeback --block-size 4K --force --wipe --lose-dirty-data >/dev/null
+    serve_start tc0 --ublk ${TC_COMPARE_SERVE_ARGS:-}
+    ublk_wait
+    mount /dev/ublkb0 "$MNT"
+    for i in 1 2 3 4 5; do
+        [ "$i" != 1 ] || perf_start tcu seed-pass1
+        passes+=("$(seed_pass "$MNT/set")")
+        [ "$i" != 1 ] || perf_stop "the seed's first pass"
+    done
+    local hits
+    hits=$(stats_tc)
+    umount "$MNT"
+    serve_stop
+    dmsetup remove slow-tc
+    {
+        echo
+        echo "The seed case: ext4, $SEED_FILES files of $SEED_FILE_MIB MiB on the origin (dm-delay, ${DELAY_MS} ms), each pass reads every file with the page cache dropped before it (s):"
+        echo
+        echo "| origin alone | tiercache over ublk, pass 1 | 2 | 3 | 4 | 5 | pass 1 / origin alone |"
+        echo "|--:|--:|--:|--:|--:|--:|--:|"
+        echo "| $origin | $(printf '%s | ' "${passes[@]}")$(awk -v a="${passes[0]}" -v b="$origin" 'BEGIN { printf "%.2fx", a / b }') |"
+        echo
+        echo "tiercache's counters after the five passes: $hits"
+    } | tee "$CMP/seed.md"
+    log "seed: origin alone $origin s; through tiercache ${passes[*]} s"
+}
+
 compare_all() {
     mkdir -p "$CMP"
     : >"$ROWS"
     local wl sys
-    for wl in ${TC_COMPARE_WORKLOADS:-randwrite readhit subwrite}; do
+    local workloads=${TC_COMPARE_WORKLOADS:-randwrite readhit subwrite}
+    [ "$workloads" != none ] || workloads=""
+    for wl in $workloads; do
         for sys in ${TC_COMPARE_SYSTEMS:-origin wc bc dc tc tcu nbd unull uloop}; do
             measure "$sys" "$wl"
         done
     done
     python3 "$HERE/compare_table.py" "$ROWS" "${IOS[*]}" "$SPAN_MIB" | tee "$CMP/table.md"
+    if [ "${TC_COMPARE_SEED:-1}" = 1 ]; then
+        compare_seed
+        cat "$CMP/seed.md" >>"$CMP/table.md"
+    fi
 }
