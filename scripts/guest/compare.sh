@@ -417,6 +417,85 @@ compare_seed() {
     log "seed: origin alone $origin s; through tiercache ${passes[*]} s"
 }
 
+# Writeback beside the foreground over ublk (issue 34; bench/drain-latency.sh
+# is the same over NBD on the host): tiercache over ublk in front of an
+# emulated HDD (nbdkit memory, noparallel serialize=all-requests, DELAY_MS a
+# request, as tiercache's NBD origin), a cache that holds everything
+# (cache-seed). A fixed load of DRAIN_RATE 4K read hits/s (a 64 MiB region
+# warmed clean) plus DRAIN_RATE 4K writes/s (an 8 MiB region), QD4 each,
+# fio libaio on /dev/ublkb0, for DRAIN_SECS: idle, then during `tiercache
+# flush` of DRAIN_DIRTY random dirty blocks, then during watermark
+# writeback of as many. p99 during a drain at most 1.5x idle's is the target.
+DRAIN_SECS=${TC_COMPARE_DRAIN_SECS:-10}
+DRAIN_RATE=${TC_COMPARE_DRAIN_RATE:-250}
+DRAIN_DIRTY=${TC_COMPARE_DRAIN_DIRTY:-2000}
+drain_load() { # NAME
+    fio --output-format=json --output="$CMP/drain-$1.json" --filename=/dev/ublkb0 \
+        --ioengine=libaio --direct=1 --bs=4k --iodepth=4 --time_based --runtime="$DRAIN_SECS" \
+        --rate_iops="$DRAIN_RATE" --percentile_list=50:99 \
+        --name=hits --rw=randread --offset=0 --size=64M \
+        --name=writes --rw=randwrite --offset=64M --size=8M >/dev/null \
+        || fail "fio drain load $1: $(cat "$CMP/drain-$1.json")"
+}
+drain_dirty() {
+    fio --name=dirty --filename=/dev/ublkb0 --ioengine=libaio --direct=1 --rw=randwrite --bs=4k \
+        --offset=128M --size=384M --number_ios="$DRAIN_DIRTY" --norandommap --randseed=11 \
+        --iodepth=16 --output=/dev/null || fail "fio dirty"
+}
+dirty_blocks() {
+    tc status --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["cache_blocks_dirty"])'
+}
+compare_drain() {
+    local sock=$WORK/hdd.sock t0 flush_s wm_s i
+    rm -f "$sock"
+    nbdkit -f -U "$sock" --filter=noparallel --filter=delay memory 1G serialize=all-requests \
+        delay-read=${DELAY_MS}ms delay-write=${DELAY_MS}ms >>$WORK/nbdkit.log 2>&1 &
+    echo $! >>$PIDS
+    for i in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+    tc create --origin "nbd+unix:///?socket=$sock" --cache "$(disk cache-seed)" --mode writeback \
+        --block-size 4K --writeback-idle 0 --writeback-high 100 --writeback-low 99 \
+        --writeback-age 32767 --force --wipe --lose-dirty-data >/dev/null
+    serve_start tc0 --ublk ${TC_COMPARE_SERVE_ARGS:-}
+    ublk_wait
+    tc warm --offset 0 --length 64M >/dev/null
+    drain_load idle
+    drain_dirty
+    log "drain: $(dirty_blocks) dirty blocks; flush under the load"
+    t0=$(date +%s.%N)
+    ( tc flush >/dev/null; date +%s.%N >"$WORK/flush.end" ) &
+    local flusher=$!
+    drain_load flush
+    wait "$flusher" || fail "tiercache flush failed"
+    flush_s=$(awk -v a="$t0" -v b="$(cat "$WORK/flush.end")" 'BEGIN { printf "%.1f", b - a }')
+    drain_dirty
+    log "drain: $(dirty_blocks) dirty blocks; watermark writeback under the load"
+    t0=$(date +%s.%N)
+    tc set-writeback --high 1 --low 0 >/dev/null
+    drain_load watermark
+    for i in $(seq 1200); do [ "$(dirty_blocks)" -eq 0 ] && break; sleep 0.5; done
+    [ "$(dirty_blocks)" -eq 0 ] || fail "watermark writeback did not finish within 600 s"
+    wm_s=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+    serve_stop
+    python3 - "$CMP" "$DRAIN_RATE" "$DRAIN_DIRTY" "$DELAY_MS" "$flush_s" "$wm_s" <<'PY' | tee "$CMP/drain.md"
+import json, sys
+cmp, rate, dirty, delay, flush_s, wm_s = sys.argv[1:]
+def lat(phase):
+    jobs = {j["jobname"]: j for j in json.load(open(f"{cmp}/drain-{phase}.json"))["jobs"]}
+    return {n: [jobs[n][side]["clat_ns"]["percentile"][k] / 1000 for k in ("50.000000", "99.000000")]
+            for n, side in (("hits", "read"), ("writes", "write"))}
+idle = lat("idle")
+print(f"\nWriteback beside the foreground over ublk: {rate} 4K read hits/s + {rate} 4K writes/s (QD4 each), "
+      f"{dirty} random dirty 4K blocks to drain, origin {delay} ms a request, one at a time:\n")
+print("| phase | hit p50 | hit p99 | write p50 | write p99 | hit p99 / idle | write p99 / idle | drain took |")
+print("|---|--:|--:|--:|--:|--:|--:|--:|")
+for phase, took in (("idle", ""), ("flush", f"{flush_s} s"), ("watermark", f"{wm_s} s")):
+    m = lat(phase)
+    print(f"| {phase} | {m['hits'][0]:.0f} µs | {m['hits'][1]:.0f} µs | {m['writes'][0]:.0f} µs | "
+          f"{m['writes'][1]:.0f} µs | {m['hits'][1] / idle['hits'][1]:.2f}x | "
+          f"{m['writes'][1] / idle['writes'][1]:.2f}x | {took} |")
+PY
+}
+
 compare_all() {
     mkdir -p "$CMP"
     : >"$ROWS"
@@ -432,5 +511,9 @@ compare_all() {
     if [ "${TC_COMPARE_SEED:-1}" = 1 ]; then
         compare_seed
         cat "$CMP/seed.md" >>"$CMP/table.md"
+    fi
+    if [ "${TC_COMPARE_DRAIN:-1}" = 1 ]; then
+        compare_drain
+        cat "$CMP/drain.md" >>"$CMP/table.md"
     fi
 }
