@@ -31,7 +31,7 @@ pub struct HitReads {
     pub pieces: Vec<Piece>,
     dev: DeviceRef,
     req: Request,
-    /// The locked blocks (`first..=last`), and how many were read.
+    /// The locked blocks (`first..=last`).
     first: u64,
     last: u64,
     /// When the request started (the clock's ns).
