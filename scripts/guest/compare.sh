@@ -497,6 +497,9 @@ PY
 }
 
 compare_all() {
+    # TC_COMPARE_THP=always|madvise|never: the guest's transparent huge
+    # pages (Debian's 6.12 kernel: always).
+    [ -z "${TC_COMPARE_THP:-}" ] || echo "$TC_COMPARE_THP" >/sys/kernel/mm/transparent_hugepage/enabled
     mkdir -p "$CMP"
     : >"$ROWS"
     local wl sys
