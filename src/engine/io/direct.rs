@@ -24,18 +24,25 @@ use crate::engine::stats::bump;
 use crate::engine::EngineResult;
 use crate::volume::Piece;
 
-/// The cache device reads of a read of hits, the blocks locked.
-pub struct HitReads {
-    /// The cache device's descriptor; `dev` keeps it open.
-    pub fd: RawFd,
-    pub pieces: Vec<Piece>,
-    dev: DeviceRef,
+/// What a direct request holds from its start until the caller reports
+/// back: the cache device (kept open), the request, its blocks
+/// (`first..=last`, locked once taken) and when it started (the clock's
+/// ns).
+struct Hold {
+    /// Keeps the descriptor the caller uses open.
+    _dev: DeviceRef,
     req: Request,
-    /// The locked blocks (`first..=last`).
     first: u64,
     last: u64,
-    /// When the request started (the clock's ns).
     t: u64,
+}
+
+/// The cache device reads of a read of hits, the blocks locked.
+pub struct HitReads {
+    /// The cache device's descriptor; the hold keeps it open.
+    pub fd: RawFd,
+    pub pieces: Vec<Piece>,
+    hold: Hold,
 }
 
 impl Cache {
@@ -46,47 +53,73 @@ impl Cache {
     /// block is locked (the request resolved and carried, for
     /// `read_request`).
     pub fn try_hit_reads(&self, offset: u64, len: u64) -> Option<Fast<HitReads>> {
-        let dev = self.io.cache.clone();
-        let fd = dev.as_file()?.as_raw_fd();
-        let t = self.clock.now_ns();
-        let mut req = match self.request(offset, len, false, false, ReadKind::Client) {
-            Ok(req) => req,
-            Err(e) => return Some(Fast::Done(Err(e))),
+        let (fd, mut h) = match self.direct_start(offset, len, false, false) {
+            Ok(start) => start,
+            Err(r) => return r,
         };
-        let Some((first, last)) = req.blocks() else {
-            return Some(Fast::Pending(req));
+        let locks = self.origins.of_key(h.first).locks();
+        let Some(guard) = locks.try_lock_range(h.first, h.last) else {
+            return Some(Fast::Pending(h.req));
         };
-        let locks = self.origins.of_key(first).locks();
-        let Some(guard) = locks.try_lock_range(first, last) else {
-            return Some(Fast::Pending(req));
-        };
-        let plan = self.resolve(&mut req);
-        let cached = self.lookup(&mut req, |dirty| dirty || plan.mode.reads_cache());
+        let plan = self.resolve(&mut h.req);
+        let cached = self.lookup(&mut h.req, |dirty| dirty || plan.mode.reads_cache());
         if !cached.iter().all(|c| c.is_some_and(|h| h.valid)) {
-            return Some(Fast::Pending(req));
+            return Some(Fast::Pending(h.req));
         }
+        let segs = &h.req.segs;
         let mut pieces = Vec::new();
         let mut i = 0;
-        while i < req.segs.len() {
+        while i < segs.len() {
             let run = adjacent_slots(&cached[i..], |h| h.valid).max(1);
-            let (seg, slot) = (&req.segs[i], cached[i].expect("all hits").slot);
+            let (seg, slot) = (&segs[i], cached[i].expect("all hits").slot);
             pieces.push(Piece {
                 at: self.regions.slot_offset(slot) + seg.in_block,
-                buf: seg.buf.start..req.segs[i + run - 1].buf.end,
+                buf: seg.buf.start..segs[i + run - 1].buf.end,
             });
             i += run;
         }
         // Held until `hit_reads_done`, on this thread.
-        std::mem::forget(guard);
+        guard.keep();
         Some(Fast::Done(Ok(HitReads {
             fd,
             pieces,
-            dev,
+            hold: h,
+        })))
+    }
+
+    /// The start both directions share: the cache device, if it is a
+    /// plain file or block device, and the request checked, with its
+    /// blocks. `Err` holds what the caller returns: `None` (no such
+    /// device: nothing done), the request's error, or a request of no
+    /// blocks handed on.
+    fn direct_start<T>(
+        &self,
+        offset: u64,
+        len: u64,
+        write: bool,
+        fua: bool,
+    ) -> Result<(RawFd, Hold), Option<Fast<T>>> {
+        let dev = self.io.cache.clone();
+        let fd = dev.as_file().ok_or(None)?.as_raw_fd();
+        let t = self.clock.now_ns();
+        let req = (self.request(offset, len, write, fua, ReadKind::Client))
+            .map_err(|e| Some(Fast::Done(Err(e))))?;
+        let Some((first, last)) = req.blocks() else {
+            return Err(Some(Fast::Pending(req)));
+        };
+        let hold = Hold {
+            _dev: dev,
             req,
             first,
             last,
             t,
-        })))
+        };
+        Ok((fd, hold))
+    }
+
+    /// Unlocks a hold's blocks.
+    fn let_go(&self, h: &Hold) {
+        (self.origins.of_key(h.first).locks()).unlock_range(h.first, h.last);
     }
 
     /// The caller's device reads are over (`ok`: each read whole): the
@@ -94,20 +127,17 @@ impl Cache {
     /// counts one. After a failure nothing is counted and the request is
     /// returned, for `read_request` (which reads the cache again and
     /// handles its error: a clean copy dropped and the origin read).
-    pub fn hit_reads_done(&self, h: HitReads, ok: bool) -> Option<Request> {
-        let ns = self.clock.since_ns(h.t);
-        let locks = self.origins.of_key(h.first).locks();
-        for b in h.first..=h.last {
-            locks.unlock(b);
-        }
-        drop(h.dev);
+    pub fn hit_reads_done(&self, r: HitReads, ok: bool) -> Option<Request> {
+        let ns = self.clock.since_ns(r.hold.t);
+        self.let_go(&r.hold);
+        let Hold { req, first, .. } = r.hold;
         if !ok {
-            return Some(h.req);
+            return Some(req);
         }
-        let hits = h.req.segs.len() as u64;
+        let hits = req.segs.len() as u64;
         bump(&self.stats.read_requests, 1);
         bump(&self.stats.read_hits, hits);
-        self.origins.of_key(h.first).count_reads(hits, 0);
+        self.origins.of_key(first).count_reads(hits, 0);
         // The time includes the wait for the caller to see the completion:
         // shown, but not given to the admission guard, which compares the
         // cache device's own latency with the origin's.
@@ -129,17 +159,13 @@ enum Placed {
 /// The cache device writes of a write the cache takes at once, the blocks
 /// locked and any new slots taken.
 pub struct CacheWrites {
-    /// The cache device's descriptor; `dev` keeps it open.
+    /// The cache device's descriptor; the hold keeps it open.
     pub fd: RawFd,
     pub pieces: Vec<Piece>,
-    dev: DeviceRef,
-    req: Request,
+    hold: Hold,
     placed: Placed,
     /// Segments whose block was cached.
     hits: u64,
-    first: u64,
-    last: u64,
-    t: u64,
 }
 
 /// What is left of a direct write once its device writes are over.
@@ -162,44 +188,34 @@ impl Cache {
     /// the device writes left to the caller. `None` and `Pending` as for
     /// `try_hit_reads`.
     pub fn try_cache_writes(&self, offset: u64, len: u64, fua: bool) -> Option<Fast<CacheWrites>> {
-        let dev = self.io.cache.clone();
-        let fd = dev.as_file()?.as_raw_fd();
-        let t = self.clock.now_ns();
-        let mut req = match self.request(offset, len, true, fua, ReadKind::Client) {
-            Ok(req) => req,
-            Err(e) => return Some(Fast::Done(Err(e))),
+        let (fd, mut h) = match self.direct_start(offset, len, true, fua) {
+            Ok(start) => start,
+            Err(r) => return r,
         };
-        let Some((first, last)) = req.blocks() else {
-            return Some(Fast::Pending(req));
-        };
-        if req.fua || self.journal.pressed() || !req.segs.iter().all(|s| self.cacheable(s.block)) {
-            return Some(Fast::Pending(req));
+        let (first, last) = (h.first, h.last);
+        if h.req.fua
+            || self.journal.pressed()
+            || !h.req.segs.iter().all(|s| self.cacheable(s.block))
+        {
+            return Some(Fast::Pending(h.req));
         }
-        let Some(guard) = self
-            .origins
-            .of_key(first)
-            .locks()
-            .try_lock_range(first, last)
-        else {
-            return Some(Fast::Pending(req));
+        let origin = self.origins.of_key(first);
+        let Some(guard) = origin.locks().try_lock_range(first, last) else {
+            return Some(Fast::Pending(h.req));
         };
-        let Some((placed, hits)) = self.place_write(&mut req, first) else {
-            return Some(Fast::Pending(req));
+        let Some((placed, hits)) = self.place_write(&mut h.req, first) else {
+            return Some(Fast::Pending(h.req));
         };
-        self.origins.of_key(first).flights().touch(first, last);
-        let pieces = self.write_pieces(&req, &placed);
+        origin.flights().touch(first, last);
+        let pieces = self.write_pieces(&h.req, &placed);
         // Held until `cache_writes_done`, on this thread.
-        std::mem::forget(guard);
+        guard.keep();
         Some(Fast::Done(Ok(CacheWrites {
             fd,
             pieces,
-            dev,
-            req,
+            hold: h,
             placed,
             hits,
-            first,
-            last,
-            t,
         })))
     }
 
@@ -258,9 +274,9 @@ impl Cache {
     /// blocks unlocked; after a failure new slots are given back, nothing
     /// is recorded or counted, and the request is returned.
     pub fn cache_writes_done(&self, w: CacheWrites, ok: bool) -> WriteLeft {
-        let ns = self.clock.since_ns(w.t);
+        let ns = self.clock.since_ns(w.hold.t);
+        let segs = &w.hold.req.segs;
         if ok {
-            let segs = &w.req.segs;
             match &w.placed {
                 Placed::InPlace(cached) => self.record_in_place(segs, cached),
                 Placed::NewSlots(slots) => self.settle_new_slots(slots, segs, true),
@@ -270,24 +286,21 @@ impl Cache {
             bump(&self.stats.write_hits, w.hits);
             bump(&self.stats.write_misses, segs.len() as u64 - w.hits);
         } else if let Placed::NewSlots(slots) = &w.placed {
-            self.settle_new_slots(slots, &w.req.segs, false);
+            self.settle_new_slots(slots, segs, false);
         }
-        let locks = self.origins.of_key(w.first).locks();
-        for b in w.first..=w.last {
-            locks.unlock(b);
-        }
-        drop(w.dev);
+        self.let_go(&w.hold);
+        let Hold { req, first, .. } = w.hold;
         if !ok {
             // The write again meets the device's error, and counts it.
-            return WriteLeft::Again(w.req);
+            return WriteLeft::Again(req);
         }
         // As for reads: not for the admission guard.
         self.observe.latency.device(Dev::CacheWrite as usize, ns);
         self.observe.latency.request(Op::Write, true, ns);
-        let mode = self.origins.of_key(w.first).mode();
+        let mode = self.origins.of_key(first).mode();
         match mode.holds_dirty() && !self.journal.pressed() {
             true => WriteLeft::Nothing,
-            false => WriteLeft::Tail(w.req),
+            false => WriteLeft::Tail(req),
         }
     }
 

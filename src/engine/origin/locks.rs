@@ -92,6 +92,13 @@ impl BlockLocks {
         sync::released(Rank::Blocks);
     }
 
+    /// Unlocks blocks `first..=last` (a range `BlockRangeGuard::keep` kept).
+    pub fn unlock_range(&self, first: u64, last: u64) {
+        for b in first..=last {
+            self.unlock(b);
+        }
+    }
+
     /// True if this thread holds `block`'s lock.
     pub fn held_here(&self, block: u64) -> bool {
         let (m, _) = self.shard(block);
@@ -135,11 +142,18 @@ pub struct BlockRangeGuard<'a> {
     last: u64,
 }
 
+impl BlockRangeGuard<'_> {
+    /// Keeps the blocks locked past the guard, for a request that goes on
+    /// after this call returns (engine/io/direct.rs); `unlock_range` lets
+    /// them go, on the same thread.
+    pub fn keep(self) {
+        std::mem::forget(self);
+    }
+}
+
 impl Drop for BlockRangeGuard<'_> {
     fn drop(&mut self) {
-        for b in self.first..=self.last {
-            self.locks.unlock(b);
-        }
+        self.locks.unlock_range(self.first, self.last);
     }
 }
 
