@@ -369,6 +369,9 @@ measure() { # SYS WORKLOAD
 # target: the first pass at most 1.1x the origin alone's.
 SEED_FILES=${TC_COMPARE_SEED_FILES:-200}
 SEED_FILE_MIB=${TC_COMPARE_SEED_FILE_MIB:-1}
+# The cache mode of the seed case: writeback promotes what it reads;
+# passthrough (which does not) shows the miss path's own cost.
+SEED_MODE=${TC_COMPARE_SEED_MODE:-writeback}
 seed_pass() { # DIR -> seconds on stdout
     drop_caches
     local t0 t1
@@ -377,8 +380,28 @@ seed_pass() { # DIR -> seconds on stdout
     t1=$(date +%s.%N)
     awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }'
 }
+# "reads KiB-per-read" completed by block device DEV since its stat was
+# taken as BEFORE ("reads sectors" from `dev_reads DEV`).
+sysfs_of() { # DEV -> its /sys/dev/block directory (the nodes here are not links)
+    local mm
+    mm=$(stat -L -c '%t %T' "$1")
+    echo "/sys/dev/block/$((16#${mm% *})):$((16#${mm#* }))"
+}
+dev_reads() { # DEV
+    awk '{ print $1, $3 }' "$(sysfs_of "$1")/stat"
+}
+reads_since() { # DEV BEFORE
+    local now
+    now=$(dev_reads "$1")
+    echo "$now $2" | awk '{ n = $1 - $3; printf "%d reads of %.0f KiB", n, n ? ($2 - $4) / 2 / n : 0 }'
+}
+queue_of() { # DEV -> its readahead and largest request
+    local q
+    q=$(sysfs_of "$1")/queue
+    echo "$(cat "$q/read_ahead_kb") KiB readahead, $(cat "$q/max_sectors_kb") KiB largest"
+}
 compare_seed() {
-    local i t origin passes=()
+    local i t origin passes=() before origin_reads ublk_before slow_before tc_reads
     make_slow tc
     mkfs.ext4 -q -F "$SLOW" || fail "mkfs.ext4 on $SLOW"
     mount "$SLOW" "$MNT"
@@ -388,16 +411,21 @@ compare_seed() {
     done
     umount "$MNT"
     mount -o ro "$SLOW" "$MNT"
+    before=$(dev_reads "$SLOW")
     origin=$(seed_pass "$MNT/set")
+    origin_reads="$(reads_since "$SLOW" "$before") ($(queue_of "$SLOW"))"
     umount "$MNT"
-    tc create --origin "$SLOW" --cache "$(disk cache-seed)" --mode writeback --block-size 4K --force --wipe --lose-dirty-data >/dev/null
+    tc create --origin "$SLOW" --cache "$(disk cache-seed)" --mode "$SEED_MODE" --block-size 4K --force --wipe --lose-dirty-data >/dev/null
     serve_start tc0 --ublk ${TC_COMPARE_SERVE_ARGS:-}
     ublk_wait
     mount /dev/ublkb0 "$MNT"
     for i in 1 2 3 4 5; do
         [ "$i" != 1 ] || perf_start tcu seed-pass1
+        ublk_before=$(dev_reads /dev/ublkb0)
+        slow_before=$(dev_reads "$SLOW")
         passes+=("$(seed_pass "$MNT/set")")
         [ "$i" != 1 ] || perf_stop "the seed's first pass"
+        [ "$i" != 1 ] || tc_reads="/dev/ublkb0 $(reads_since /dev/ublkb0 "$ublk_before") ($(queue_of /dev/ublkb0)), its origin $(reads_since "$SLOW" "$slow_before")"
     done
     local hits
     hits=$(stats_tc)
@@ -408,9 +436,11 @@ compare_seed() {
         echo
         echo "The seed case: ext4, $SEED_FILES files of $SEED_FILE_MIB MiB on the origin (dm-delay, ${DELAY_MS} ms), each pass reads every file with the page cache dropped before it (s):"
         echo
-        echo "| origin alone | tiercache over ublk, pass 1 | 2 | 3 | 4 | 5 | pass 1 / origin alone |"
+        echo "| origin alone | tiercache ($SEED_MODE) over ublk, pass 1 | 2 | 3 | 4 | 5 | pass 1 / origin alone |"
         echo "|--:|--:|--:|--:|--:|--:|--:|"
         echo "| $origin | $(printf '%s | ' "${passes[@]}")$(awk -v a="${passes[0]}" -v b="$origin" 'BEGIN { printf "%.2fx", a / b }') |"
+        echo
+        echo "Requests in the first pass: the origin alone $origin_reads; through tiercache $tc_reads."
         echo
         echo "tiercache's counters after the five passes: $hits"
     } | tee "$CMP/seed.md"

@@ -469,7 +469,8 @@ impl Engine {
         self.cache.order.check_written_back(&self.cache)?;
         self.cache.drop_volume_blocks(v)?;
         writeback::stop_background(self);
-        self.cache.closed.store(true, Ordering::Release);
+        self.cache.closed.store(true, Ordering::SeqCst);
+        self.wait_deferred();
         let removed = self.cache.checkpoint_without_volume(v);
         if removed.is_ok() {
             self.remove_crash_log();
@@ -1232,9 +1233,12 @@ impl Engine {
     /// and marks the cache clean, so it opens warm without replay; then
     /// closes the origin (`BlockDevice::close`).
     pub fn close(&self) -> EngineResult<()> {
-        if self.cache.closed.swap(true, Ordering::AcqRel) {
+        // SeqCst: a deferred promotion either sees `closed` or is waited
+        // for (cache/deferred.rs).
+        if self.cache.closed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
+        self.wait_deferred();
         let result = self.close_cache();
         self.close_origin();
         result
@@ -1265,6 +1269,17 @@ impl Engine {
                 Ok(())
             }
             r => r,
+        }
+    }
+
+    /// Waits for the promotions of reads already answered, once `closed`
+    /// is set (SeqCst: cache/deferred.rs), so none stores after what comes.
+    fn wait_deferred(&self) {
+        if !self.cache.deferred.wait_idle() {
+            log::warn!(
+                "closing: promotions of {} bytes still wait for the cache device",
+                self.cache.deferred.bytes()
+            );
         }
     }
 
@@ -1301,7 +1316,8 @@ impl Engine {
     /// engine's background thread must not keep writing to devices that a
     /// new engine has opened.
     pub fn abandon(&self) {
-        self.cache.closed.store(true, Ordering::Release);
+        self.cache.closed.store(true, Ordering::SeqCst);
+        self.wait_deferred();
         writeback::stop_background(self);
         // The dead process's log stays as it was, unlocked for the next.
         let log = self.cache.meta.take_crash_log();
@@ -1317,7 +1333,8 @@ impl Engine {
             self.restore_modes(old);
             return Err(e);
         }
-        self.cache.closed.store(true, Ordering::Release);
+        self.cache.closed.store(true, Ordering::SeqCst);
+        self.wait_deferred();
         writeback::stop_background(self);
         self.cache.stop_resync();
         if self.dirty_blocks() != 0 {

@@ -206,24 +206,53 @@ impl Cache {
 
     fn read_inner(&self, req: Request) -> EngineResult<AlignedBuf> {
         bump(&self.stats.read_requests, 1);
-        let read = self.read_planned(req, |_| true)?;
-        Ok(read.expect("a read that accepts every plan reads"))
+        let mut out = None;
+        self.read_planned(req, |_| true, |read| out = Some(read))?;
+        Ok(out.expect("a read that accepts every plan reads"))
+    }
+
+    /// `read_request`, with its data handed to `deliver` as soon as it is
+    /// read: what the read fetched to keep may be stored after that, still
+    /// under the read's block locks (so a later request for those blocks
+    /// waits for it), on this thread, within `cache/deferred.rs`'s budget.
+    /// The read's latency is its delivery's. `deliver` is called once.
+    pub fn read_request_then(&self, req: Request, deliver: impl FnOnce(EngineResult<AlignedBuf>)) {
+        bump(&self.stats.read_requests, 1);
+        let before = ORIGIN_REQUESTS.with(|c| c.get());
+        let t = self.clock.now_ns();
+        let mut deliver = Some(deliver);
+        let mut send = |r: EngineResult<AlignedBuf>| {
+            let hit = ORIGIN_REQUESTS.with(|c| c.get()) == before;
+            self.observe
+                .latency
+                .request(Op::Read, hit, self.clock.since_ns(t));
+            if let Some(d) = deliver.take() {
+                d(r);
+            }
+        };
+        if let Err(e) = self.read_planned(req, |_| true, |read| send(Ok(read))) {
+            send(Err(e));
+        }
     }
 
     /// Locks the request's blocks, resolves it, and reads it if `go_on`
-    /// accepts the plan (`None` if not: nothing was read).
+    /// accepts the plan (false if not: nothing was read), handing the data
+    /// to `deliver` before or after storing what the read keeps
+    /// (`read_request_then`). An error is returned, not delivered.
     fn read_planned(
         &self,
         mut req: Request,
         go_on: impl FnOnce(&Plan) -> bool,
-    ) -> EngineResult<Option<AlignedBuf>> {
+        deliver: impl FnOnce(AlignedBuf),
+    ) -> EngineResult<bool> {
         let Some((first, last)) = req.blocks() else {
-            return Ok(Some(AlignedBuf::zeroed(req.len as usize)));
+            deliver(AlignedBuf::zeroed(req.len as usize));
+            return Ok(true);
         };
         let _guard = self.origins.of_key(first).locks().lock_range(first, last);
         let plan = self.resolve(&mut req);
         if !go_on(&plan) {
-            return Ok(None);
+            return Ok(false);
         }
         // The block locks are held: these mappings cannot change under us
         // (eviction and writeback only take blocks they can lock).
@@ -231,8 +260,24 @@ impl Cache {
         // current copy is in the cache: set-mode and detach switch to
         // passthrough before they write the dirty blocks back.
         let cached = self.lookup(&mut req, |dirty| dirty || plan.mode.reads_cache());
-        self.read_locked(&req.segs, req.len, &plan, &cached)
-            .map(Some)
+        let (read, promotion) = self.read_locked(&req.segs, req.len, &plan, &cached)?;
+        let Some(promotion) = promotion else {
+            deliver(read);
+            return Ok(true);
+        };
+        match self.deferred.begin(promotion.bytes(), &self.closed) {
+            Some(_ticket) => {
+                deliver(read);
+                if let Err(e) = self.promote(promotion) {
+                    log::warn!("a read's promotion, after its data went back: {e}");
+                }
+            }
+            None => {
+                self.promote(promotion)?;
+                deliver(read);
+            }
+        }
+        Ok(true)
     }
 
     fn try_read_hits_locked(&self, req: &mut Request) -> Option<EngineResult<AlignedBuf>> {
@@ -248,7 +293,11 @@ impl Cache {
             return None;
         }
         bump(&self.stats.read_requests, 1);
-        Some(self.read_locked(&req.segs, req.len, &plan, &cached))
+        // Hits only: nothing to promote.
+        Some(
+            self.read_locked(&req.segs, req.len, &plan, &cached)
+                .map(|(read, _)| read),
+        )
     }
 
     /// Every segment is a whole block or a block not cached, and the free
@@ -322,8 +371,8 @@ impl Cache {
         let end = offset + len.min(capacity_bytes);
         for (at, n) in pieces(offset, end, PREFETCH_PIECE_BYTES) {
             let req = self.request(at, n, false, false, ReadKind::Prefetch)?;
-            let admitted = self.read_planned(req, |plan| plan.promote && plan.admits())?;
-            if admitted.is_none() {
+            let admitted = self.read_planned(req, |plan| plan.promote && plan.admits(), drop)?;
+            if !admitted {
                 break;
             }
         }

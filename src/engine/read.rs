@@ -29,8 +29,26 @@ struct Fetch {
     keep: bool,
 }
 
+/// Blocks a read miss fetched whole from the origin, to be stored in new
+/// slots (`Cache::promote`), under the read's block locks. The read's data
+/// may go back to the client first (`Cache::read_request_then`).
+pub(crate) struct Promotion {
+    /// The origin data, from the read's first missing block on.
+    data: AlignedBuf,
+    /// Runs of adjacent blocks: the first, its offset in `data`, how many.
+    runs: Vec<(u64, usize, usize)>,
+}
+
+impl Promotion {
+    /// Bytes it holds (what a deferred promotion is charged).
+    pub(crate) fn bytes(&self) -> u64 {
+        self.data.len() as u64
+    }
+}
+
 impl Cache {
-    /// The read of `segs` (non-empty) while their block locks are held.
+    /// The read of `segs` (non-empty) while their block locks are held,
+    /// and the blocks it fetched to keep, not yet stored.
     /// (`cached`: `lookup` of `segs` under these locks, hits kept
     /// as the plan's mode reads them.)
     pub(crate) fn read_locked(
@@ -39,8 +57,10 @@ impl Cache {
         len: u64,
         plan: &Plan,
         cached: &[Option<Cached>],
-    ) -> EngineResult<AlignedBuf> {
-        let mut out = AlignedBuf::zeroed(len as usize);
+    ) -> EngineResult<(AlignedBuf, Option<Promotion>)> {
+        // Every byte is written below, by its segment (hit, miss or both),
+        // or the read fails and `out` is dropped.
+        let mut out = AlignedBuf::to_overwrite(len as usize);
         // Segments that need the origin are read together, after the hits.
         let (mut miss_segs, mut miss_cached) = (Vec::new(), Vec::new());
         // A request stays in one volume (`Cache::check_span`).
@@ -86,10 +106,32 @@ impl Cache {
                 }
             }
         }
-        if !miss_segs.is_empty() {
-            self.read_misses(&miss_segs, &miss_cached, &mut out, plan)?;
+        let promotion = if miss_segs.is_empty() {
+            None
+        } else {
+            self.read_misses(&miss_segs, &miss_cached, &mut out, plan)?
+        };
+        Ok((out, promotion))
+    }
+
+    /// Stores a read's promotion (whole blocks, adjacent where the free
+    /// slots allow). A full cache or a cache error only leaves the rest
+    /// uncached.
+    pub(crate) fn promote(&self, p: Promotion) -> EngineResult<()> {
+        let bs = self.block_bytes as usize;
+        let mut stored_whole = 0u64;
+        let mut result = Ok(());
+        for &(block, at, n) in &p.runs {
+            match self.store_in_new_slots(block, &p.data[at..at + n * bs], false) {
+                Ok((stored, _)) => stored_whole += stored as u64,
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
         }
-        Ok(out)
+        bump(&self.stats.promotions, stored_whole);
+        result
     }
 
     /// Drops a clean cached copy after a cache read error.
@@ -113,13 +155,15 @@ impl Cache {
         cached: &[Option<Cached>],
         out: &mut AlignedBuf,
         plan: &Plan,
-    ) -> EngineResult<()> {
+    ) -> EngineResult<Option<Promotion>> {
         bump(&self.stats.read_misses, segs.len() as u64);
         let fetches = self.plan_fetches(segs, cached, plan);
         let fetch_end = |f: &Fetch| f.at + f.run.count as usize * SECTOR_BYTES as usize;
         // `tmp` mirrors the origin from the first fetch on (`Fetch::at`).
         let base = segs[0].block * self.block_bytes;
-        let mut tmp = AlignedBuf::zeroed(fetches.iter().map(fetch_end).max().unwrap_or(0));
+        // Only what the origin reads below is ever read from `tmp` (every
+        // fetch lies in one of its reads).
+        let mut tmp = AlignedBuf::to_overwrite(fetches.iter().map(fetch_end).max().unwrap_or(0));
         let mut k = 0;
         while k < fetches.len() {
             let (start, mut end) = (fetches[k].at, fetch_end(&fetches[k]));
@@ -131,7 +175,6 @@ impl Cache {
             self.origin_read(&mut tmp[start..end], base + start as u64)?;
             k += n;
         }
-        let mut stored_whole = 0u64;
         for (k, seg) in segs.iter().enumerate() {
             let f = &fetches[k];
             match cached[k] {
@@ -145,9 +188,8 @@ impl Cache {
                 bump(&self.stats.bypassed_ios, 1);
             }
         }
-        // Uncached blocks fetched whole: stored together, adjacent where
-        // the free slots allow. A full cache or a cache error only leaves
-        // the rest uncached.
+        // Uncached blocks fetched whole are kept, in runs of adjacent blocks.
+        let mut runs = Vec::new();
         let mut k = 0;
         while k < segs.len() {
             if cached[k].is_some() || !fetches[k].keep {
@@ -161,15 +203,10 @@ impl Cache {
                         && segs[j].block == segs[k].block + (j - k) as u64
                 })
                 .count();
-            let bs = self.block_bytes as usize;
-            let at = fetches[k].at;
-            let (stored, _) =
-                self.store_in_new_slots(segs[k].block, &tmp[at..at + n * bs], false)?;
-            stored_whole += stored as u64;
+            runs.push((segs[k].block, fetches[k].at, n));
             k += n;
         }
-        bump(&self.stats.promotions, stored_whole);
-        Ok(())
+        Ok((!runs.is_empty()).then_some(Promotion { data: tmp, runs }))
     }
 
     /// What to fetch from the origin for each segment: a block not cached

@@ -1023,6 +1023,7 @@ fn build_engine(
                 WritebackOrder::Address
             }),
             closed: AtomicBool::new(false),
+            deferred: Default::default(),
         },
     }
 }

@@ -14,8 +14,10 @@
 //! whoever cleans it.
 
 mod bell;
+mod deferred;
 
 pub(crate) use bell::Bell;
+pub(crate) use deferred::Deferred;
 
 use std::sync::atomic::AtomicBool;
 
@@ -70,4 +72,6 @@ pub(crate) struct Cache {
     pub(super) order: &'static dyn Order,
     /// Set at close: no request starts after it.
     pub(super) closed: AtomicBool,
+    /// Promotions whose reads were answered before them (deferred.rs).
+    pub(super) deferred: Deferred,
 }
