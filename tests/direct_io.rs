@@ -22,7 +22,7 @@ use tiercache::device::ram::RamDevice;
 use tiercache::device::{AlignedBuf, DeviceRef};
 use tiercache::engine::async_engine::AsyncEngine;
 use tiercache::engine::{CreateOptions, Engine, Mode};
-use tiercache::volume::{Direct, DirectRead, DirectWrite, ReadStart, Start, Volume};
+use tiercache::volume::{Dest, Direct, DirectRead, DirectWrite, ReadStart, Start, Volume};
 
 const BS: u64 = 4096;
 const ORIGIN_BYTE: u8 = 0x11;
@@ -108,12 +108,48 @@ fn write_pieces(d: &DirectWrite, data: &[u8]) {
     }
 }
 
-fn direct<T>(start: Start<T>) -> Direct<T> {
+fn direct<T, B>(start: Start<T, B>) -> Direct<T> {
     match start {
         Start::Direct(d) => d,
-        Start::Later(_) => panic!("expected a direct request, got one the engine goes on with"),
+        Start::Later(_) | Start::Blocking(_) => {
+            panic!("expected a direct request, got one the engine goes on with")
+        }
         Start::Default => panic!("expected a direct request, got none"),
     }
+}
+
+/// A read the engine goes on with on a thread that may block (as a ublk
+/// queue runs it: into a buffer lent until the reply), run on a thread of
+/// its own; its data or error comes through the channel, once the buffer
+/// was given back.
+fn go_on(start: ReadStart, len: usize) -> std::sync::mpsc::Receiver<Result<Vec<u8>, String>> {
+    let Start::Blocking(read) = start else {
+        panic!("a read that is not all hits must go on in the engine, on a blocking thread");
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = AlignedBuf::zeroed(len);
+        let given_back = Arc::new(AtomicBool::new(false));
+        let (g, (reply_tx, reply_rx)) = (given_back.clone(), std::sync::mpsc::channel());
+        // SAFETY: `buf` outlives the Dest, and is not touched until the
+        // reply (which comes after the Dest is given back and dropped).
+        let dest = unsafe {
+            Dest::new(buf.as_mut_ptr(), len, move || {
+                g.store(true, Ordering::SeqCst)
+            })
+        };
+        read(
+            dest,
+            Box::new(move |dest, r| {
+                drop(dest);
+                let _ = reply_tx.send(r);
+            }),
+        );
+        let r = reply_rx.recv().expect("the read replies");
+        assert!(given_back.load(Ordering::SeqCst));
+        let _ = tx.send(r.map(|()| buf.to_vec()).map_err(|e| e.to_string()));
+    });
+    rx
 }
 
 fn read_hits(e: &Engine) -> u64 {
@@ -157,11 +193,16 @@ fn what_is_not_all_hits_is_never_a_direct_read() {
     let _rt = f.rt.enter();
     f.engine.write(3 * BS, &block(3), false).unwrap();
     // Block 3 cached, block 4 not: the engine reads it its own way.
-    let got = match f.vol.start_read(3 * BS, 2 * BS as u32) {
-        ReadStart::Later(later) => f.rt.block_on(later).unwrap(),
-        _ => panic!("a read with a miss must go on in the engine"),
-    };
-    assert_eq!(got.to_vec(), [block(3), block(ORIGIN_BYTE)].concat());
+    let got = go_on(f.vol.start_read(3 * BS, 2 * BS as u32), 2 * BS as usize);
+    let got = got.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
+    assert_eq!(got, [block(3), block(ORIGIN_BYTE)].concat());
+    // Read again: both blocks are hits now (the miss was promoted).
+    let d = direct(f.vol.start_read(3 * BS, 2 * BS as u32));
+    assert_eq!(
+        read_pieces(&d, 2 * BS as usize).to_vec(),
+        [block(3), block(ORIGIN_BYTE)].concat()
+    );
+    assert!(d.finish(true, &[]).is_none());
     // Beyond the end: the error comes back, not a direct read.
     match f.vol.start_read(1 << 20, BS as u32) {
         ReadStart::Later(later) => assert!(f.rt.block_on(later).is_err()),
@@ -184,10 +225,7 @@ fn a_direct_read_holds_its_blocks_until_it_is_finished() {
     let d = direct(f.vol.start_read(5 * BS, BS as u32));
     // A second read of the block cannot take it: the engine goes on with
     // it, and it waits (on the blocking pool) for the first.
-    let second = match f.vol.start_read(5 * BS, BS as u32) {
-        ReadStart::Later(later) => f.rt.spawn(later),
-        _ => panic!("a locked block must not be read directly twice"),
-    };
+    let second = go_on(f.vol.start_read(5 * BS, BS as u32), BS as usize);
     // A write of the block waits too.
     let wrote = Arc::new(AtomicBool::new(false));
     let writer = {
@@ -203,14 +241,17 @@ fn a_direct_read_holds_its_blocks_until_it_is_finished() {
         "a write went past a direct read's lock"
     );
     assert!(
-        !second.is_finished(),
+        second.try_recv().is_err(),
         "a read went past a direct read's lock"
     );
     let got = read_pieces(&d, BS as usize);
     assert!(d.finish(true, &[]).is_none());
     assert_eq!(got.to_vec(), block(5));
     writer.join().unwrap();
-    let second = f.rt.block_on(second).unwrap().unwrap().to_vec();
+    let second = second
+        .recv_timeout(Duration::from_secs(10))
+        .unwrap()
+        .unwrap();
     assert!(second == block(5) || second == block(0x55));
     // The write landed; the block is free for direct reads again.
     let d: DirectRead = direct(f.vol.start_read(5 * BS, BS as u32));

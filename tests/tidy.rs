@@ -116,6 +116,7 @@ const FLOORS: &[(&str, u32)] = &[
     ("engine::modes::write_through", 46),
     ("engine::modes::write_around", 46),
     ("engine::pipeline", 46),
+    ("engine::delivery", 46),
     // Around the engine.
     ("engine::recovery", 48),
     ("engine::async_engine", 48),

@@ -123,7 +123,16 @@ impl Volume for AsyncEngine {
         match self.engine.cache.try_hit_reads(at, len as u64) {
             None => Start::Default,
             Some(Fast::Done(Err(e))) => Start::Later(Box::pin(async move { Err(e.into()) })),
-            Some(Fast::Pending(req)) => Start::Later(read_later(self.engine.clone(), req)),
+            Some(Fast::Pending(req)) => {
+                // Not all hits: read on the blocking pool straight into the
+                // front end's buffer, answered before any promotion.
+                let engine = self.engine.clone();
+                Start::Blocking(Box::new(move |dest, reply| {
+                    (engine.cache).read_request_into(req, dest, |dest, r| {
+                        reply(dest, r.map_err(VolumeError::from))
+                    })
+                }))
+            }
             Some(Fast::Done(Ok(mut hits))) => {
                 let (fd, pieces) = (hits.fd, std::mem::take(&mut hits.pieces));
                 let engine = self.engine.clone();

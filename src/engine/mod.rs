@@ -54,6 +54,7 @@ pub mod admission;
 pub mod async_engine;
 pub(crate) mod cache;
 pub mod clock;
+pub(crate) mod delivery;
 pub mod error;
 pub mod format;
 pub mod io;

@@ -9,6 +9,7 @@
 //! The blocks are looked up here too (`lookup`), under their locks.
 
 use super::admission::Decision;
+use super::delivery::{Delivery, Handed, Lent, Made};
 use super::io::data::ORIGIN_REQUESTS;
 use super::modes::WriteRoute;
 use super::observe::latency::Op;
@@ -19,6 +20,7 @@ use super::EngineError;
 use super::{EngineResult, Mode};
 use crate::device::AlignedBuf;
 use crate::engine::cache::Cache;
+use crate::volume::Dest;
 use crate::volume::{pieces, PREFETCH_PIECE_BYTES};
 
 /// Largest request `warm` makes.
@@ -206,50 +208,60 @@ impl Cache {
 
     fn read_inner(&self, req: Request) -> EngineResult<AlignedBuf> {
         bump(&self.stats.read_requests, 1);
-        let mut out = None;
-        self.read_planned(req, |_| true, |read| out = Some(read))?;
-        Ok(out.expect("a read that accepts every plan reads"))
+        let mut out = Made::default();
+        self.read_planned(req, |_| true, &mut out)?;
+        Ok(out.0.expect("a read that accepts every plan reads"))
     }
 
     /// `read_request`, with its data handed to `deliver` as soon as it is
     /// read: what the read fetched to keep may be stored after that, still
     /// under the read's block locks (so a later request for those blocks
     /// waits for it), on this thread, within `cache/deferred.rs`'s budget.
-    /// The read's latency is its delivery's. `deliver` is called once.
     pub fn read_request_then(&self, req: Request, deliver: impl FnOnce(EngineResult<AlignedBuf>)) {
+        self.read_delivered(req, Handed::new(deliver));
+    }
+
+    /// `read_request_then` into the reader's buffer (`volume::Dest`, of
+    /// the request's length), given back to `reply` with the outcome.
+    pub fn read_request_into(
+        &self,
+        req: Request,
+        dest: Dest,
+        reply: impl FnOnce(Dest, EngineResult<()>),
+    ) {
+        self.read_delivered(req, Lent::new(dest, reply));
+    }
+
+    /// Reads `req` into `d`, counted, its latency the delivery's.
+    fn read_delivered(&self, req: Request, d: impl Delivery) {
         bump(&self.stats.read_requests, 1);
-        let before = ORIGIN_REQUESTS.with(|c| c.get());
-        let t = self.clock.now_ns();
-        let mut deliver = Some(deliver);
-        let mut send = |r: EngineResult<AlignedBuf>| {
-            let hit = ORIGIN_REQUESTS.with(|c| c.get()) == before;
-            self.observe
-                .latency
-                .request(Op::Read, hit, self.clock.since_ns(t));
-            if let Some(d) = deliver.take() {
-                d(r);
-            }
+        let mut d = Timed {
+            inner: d,
+            cache: self,
+            origin_requests: ORIGIN_REQUESTS.with(|c| c.get()),
+            t: self.clock.now_ns(),
         };
-        if let Err(e) = self.read_planned(req, |_| true, |read| send(Ok(read))) {
-            send(Err(e));
+        if let Err(e) = self.read_planned(req, |_| true, &mut d) {
+            d.fail(e);
         }
     }
 
-    /// Locks the request's blocks, resolves it, and reads it if `go_on`
-    /// accepts the plan (false if not: nothing was read), handing the data
-    /// to `deliver` before or after storing what the read keeps
-    /// (`read_request_then`). An error is returned, not delivered.
+    /// Locks the request's blocks, resolves it, and reads it into `d` if
+    /// `go_on` accepts the plan (false if not: nothing was read),
+    /// delivering it before or after storing what the read keeps
+    /// (`read_request_then`). An error is returned, not given to `d`.
     fn read_planned(
         &self,
         mut req: Request,
         go_on: impl FnOnce(&Plan) -> bool,
-        deliver: impl FnOnce(AlignedBuf),
+        d: &mut impl Delivery,
     ) -> EngineResult<bool> {
         let Some((first, last)) = req.blocks() else {
-            deliver(AlignedBuf::zeroed(req.len as usize));
+            d.fill(0, |_| ());
+            d.deliver();
             return Ok(true);
         };
-        let _guard = self.origins.of_key(first).locks().lock_range(first, last);
+        let guard = self.origins.of_key(first).locks().lock_range(first, last);
         let plan = self.resolve(&mut req);
         if !go_on(&plan) {
             return Ok(false);
@@ -260,21 +272,27 @@ impl Cache {
         // current copy is in the cache: set-mode and detach switch to
         // passthrough before they write the dirty blocks back.
         let cached = self.lookup(&mut req, |dirty| dirty || plan.mode.reads_cache());
-        let (read, promotion) = self.read_locked(&req.segs, req.len, &plan, &cached)?;
+        let promotion = d.fill(req.len as usize, |out| {
+            self.read_locked(&req.segs, &plan, &cached, out)
+        })?;
         let Some(promotion) = promotion else {
-            deliver(read);
+            // Unlocked first: a request the reader sends next for these
+            // blocks finds them free.
+            drop(guard);
+            d.deliver();
             return Ok(true);
         };
         match self.deferred.begin(promotion.bytes(), &self.closed) {
             Some(_ticket) => {
-                deliver(read);
+                d.deliver();
                 if let Err(e) = self.promote(promotion) {
                     log::warn!("a read's promotion, after its data went back: {e}");
                 }
             }
             None => {
                 self.promote(promotion)?;
-                deliver(read);
+                drop(guard);
+                d.deliver();
             }
         }
         Ok(true)
@@ -294,9 +312,10 @@ impl Cache {
         }
         bump(&self.stats.read_requests, 1);
         // Hits only: nothing to promote.
+        let mut out = AlignedBuf::to_overwrite(req.len as usize);
         Some(
-            self.read_locked(&req.segs, req.len, &plan, &cached)
-                .map(|(read, _)| read),
+            self.read_locked(&req.segs, &plan, &cached, &mut out)
+                .map(|_| out),
         )
     }
 
@@ -371,7 +390,11 @@ impl Cache {
         let end = offset + len.min(capacity_bytes);
         for (at, n) in pieces(offset, end, PREFETCH_PIECE_BYTES) {
             let req = self.request(at, n, false, false, ReadKind::Prefetch)?;
-            let admitted = self.read_planned(req, |plan| plan.promote && plan.admits(), drop)?;
+            let admitted = self.read_planned(
+                req,
+                |plan| plan.promote && plan.admits(),
+                &mut Made::default(),
+            )?;
             if !admitted {
                 break;
             }
@@ -547,5 +570,37 @@ impl Cache {
         bump(&self.stats.write_requests, 1);
         self.origins.of_key(first).flights().touch(first, last);
         Some(self.write_cached_dirty_with(&req.segs, data, &cached, plan.admits()))
+    }
+}
+
+/// A delivery that records the read's latency when it is delivered (or
+/// fails): a hit if it made no origin request by then.
+struct Timed<'a, D: Delivery> {
+    inner: D,
+    cache: &'a Cache,
+    /// This thread's origin requests when the read started.
+    origin_requests: u64,
+    t: u64,
+}
+
+impl<D: Delivery> Timed<'_, D> {
+    fn record(&self) {
+        let hit = ORIGIN_REQUESTS.with(|c| c.get()) == self.origin_requests;
+        let ns = self.cache.clock.since_ns(self.t);
+        self.cache.observe.latency.request(Op::Read, hit, ns);
+    }
+}
+
+impl<D: Delivery> Delivery for Timed<'_, D> {
+    fn fill<R>(&mut self, len: usize, fill: impl FnOnce(&mut [u8]) -> R) -> R {
+        self.inner.fill(len, fill)
+    }
+    fn deliver(&mut self) {
+        self.record();
+        self.inner.deliver();
+    }
+    fn fail(&mut self, e: EngineError) {
+        self.record();
+        self.inner.fail(e);
     }
 }

@@ -47,20 +47,19 @@ impl Promotion {
 }
 
 impl Cache {
-    /// The read of `segs` (non-empty) while their block locks are held,
-    /// and the blocks it fetched to keep, not yet stored.
+    /// The read of `segs` (non-empty) into `out` (the request's bytes)
+    /// while their block locks are held; returns the blocks it fetched to
+    /// keep, not yet stored. Every byte of `out` is written, by its
+    /// segment (hit, miss or both), or the read fails.
     /// (`cached`: `lookup` of `segs` under these locks, hits kept
     /// as the plan's mode reads them.)
     pub(crate) fn read_locked(
         &self,
         segs: &[Segment],
-        len: u64,
         plan: &Plan,
         cached: &[Option<Cached>],
-    ) -> EngineResult<(AlignedBuf, Option<Promotion>)> {
-        // Every byte is written below, by its segment (hit, miss or both),
-        // or the read fails and `out` is dropped.
-        let mut out = AlignedBuf::to_overwrite(len as usize);
+        out: &mut [u8],
+    ) -> EngineResult<Option<Promotion>> {
         // Segments that need the origin are read together, after the hits.
         let (mut miss_segs, mut miss_cached) = (Vec::new(), Vec::new());
         // A request stays in one volume (`Cache::check_span`).
@@ -106,12 +105,10 @@ impl Cache {
                 }
             }
         }
-        let promotion = if miss_segs.is_empty() {
-            None
-        } else {
-            self.read_misses(&miss_segs, &miss_cached, &mut out, plan)?
-        };
-        Ok((out, promotion))
+        if miss_segs.is_empty() {
+            return Ok(None);
+        }
+        self.read_misses(&miss_segs, &miss_cached, out, plan)
     }
 
     /// Stores a read's promotion (whole blocks, adjacent where the free
@@ -153,7 +150,7 @@ impl Cache {
         &self,
         segs: &[Segment],
         cached: &[Option<Cached>],
-        out: &mut AlignedBuf,
+        out: &mut [u8],
         plan: &Plan,
     ) -> EngineResult<Option<Promotion>> {
         bump(&self.stats.read_misses, segs.len() as u64);

@@ -9,7 +9,11 @@
 //! buffer; its completion finishes it in the engine and completes the tag.
 //! No other thread takes part and nothing is copied (ublk itself copies
 //! the data once between the request's pages and the tag's buffer: the
-//! 6.12 kernel has no ublk zero-copy). Every other request goes on in the
+//! 6.12 kernel has no ublk zero-copy). Any other read the volume can make
+//! into the tag's buffer (`Start::Blocking`: a miss) runs on the runtime's
+//! blocking pool, which reads straight into that buffer and reports back
+//! as below; the queue lends the buffer until the reply and, when it
+//! stops, waits for what it lent. Every other request goes on in the
 //! tokio runtime (where the volume's futures run, as for NBD), and the
 //! queue completes it when the runtime reports back through a channel and
 //! an eventfd that the queue's io_uring reads (libublk `wait_and_handle_io`:
@@ -24,6 +28,7 @@
 use std::cell::RefCell;
 use std::future::Future;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 
@@ -34,7 +39,8 @@ use libublk::{BufDesc, UblkError, UblkFlags, UblkIORes};
 
 use crate::device::AlignedBuf;
 use crate::volume::{
-    DirectRead, DirectWrite, ErrorKind, Later, LaterRead, Piece, Start, Volume, VolumeError,
+    BlockingRead, Dest, DirectRead, DirectWrite, ErrorKind, Later, LaterRead, Piece, Start, Volume,
+    VolumeError,
 };
 
 /// Largest request the driver sends, in bytes (also each tag's buffer).
@@ -45,7 +51,8 @@ const EVENTFD_OP: u32 = 0xfe;
 /// `op` of a direct request's device requests (the piece's index is the
 /// target data).
 const DIRECT_OP: u32 = 0xfd;
-/// How long a stopped queue waits for its direct requests' device I/O.
+/// How long a stopped queue waits for its direct requests' device I/O
+/// and the blocking reads it lent tag buffers to.
 const DRAIN_S: u64 = 30;
 
 /// How a ublk device is set up.
@@ -192,6 +199,14 @@ fn complete(q: &UblkQueue, bufs: &[IoBuf<u8>], (tag, res, data): Done) {
     );
 }
 
+/// Hands a finished request to the queue and wakes its io_uring.
+fn report(tx: &mpsc::Sender<Done>, efd: &OwnedFd, done: Done) {
+    let _ = tx.send(done);
+    let one = 1u64.to_ne_bytes();
+    // SAFETY: writes 8 bytes from a live array to our eventfd.
+    unsafe { libc::write(efd.as_raw_fd(), one.as_ptr().cast(), 8) };
+}
+
 /// Completes every request the runtime has finished.
 fn complete_finished(q: &UblkQueue, rx: &mpsc::Receiver<Done>, bufs: &[IoBuf<u8>]) {
     while let Ok(done) = rx.try_recv() {
@@ -315,6 +330,8 @@ struct Queue<V: Volume> {
     counter: *mut u64,
     /// Direct requests under way, by tag.
     inflight: RefCell<Vec<Option<InFlight>>>,
+    /// Tag buffers lent to blocking reads and not yet given back.
+    lent: Arc<AtomicUsize>,
 }
 
 impl<V: Volume> Queue<V> {
@@ -333,11 +350,39 @@ impl<V: Volume> Queue<V> {
     /// the eventfd says so.
     fn spawn(&self, request: impl Future<Output = Done> + Send + 'static) {
         let (tx, efd) = (self.tx.clone(), self.efd.clone());
-        self.rt.spawn(async move {
-            let _ = tx.send(request.await);
-            let one = 1u64.to_ne_bytes();
-            // SAFETY: writes 8 bytes from a live array to our eventfd.
-            unsafe { libc::write(efd.as_raw_fd(), one.as_ptr().cast(), 8) };
+        self.rt
+            .spawn(async move { report(&tx, &efd, request.await) });
+    }
+
+    /// Runs a blocking read on the runtime's blocking pool, into the tag's
+    /// buffer (lent until the reply, `lent` counting it); the queue
+    /// completes it when the eventfd says so, with nothing to copy.
+    fn start_blocking(&self, tag: u16, len: u32, read: BlockingRead) {
+        let (tx, efd) = (self.tx.clone(), self.efd.clone());
+        let lent = self.lent.clone();
+        lent.fetch_add(1, Ordering::SeqCst);
+        let ptr = self.bufs[tag as usize].as_slice().as_ptr() as *mut u8;
+        // SAFETY: the tag's buffer holds the request (the driver bounds it
+        // by IO_BUF_BYTES); the driver leaves it to us until we complete
+        // the tag, which waits for the reply, and the queue keeps its
+        // buffers until `lent` is back to 0 (`drain`).
+        let dest = unsafe {
+            Dest::new(ptr, len as usize, move || {
+                lent.fetch_sub(1, Ordering::SeqCst);
+            })
+        };
+        self.rt.spawn_blocking(move || {
+            read(
+                dest,
+                Box::new(move |dest, r| {
+                    drop(dest); // given back before the queue can complete the tag
+                    report(
+                        &tx,
+                        &efd,
+                        (tag, r.map_or_else(|e| errno(&e), |()| len as i32), None),
+                    );
+                }),
+            )
         });
     }
 
@@ -378,6 +423,7 @@ impl<V: Volume> Queue<V> {
         match self.volume.start_read(offset, len) {
             Start::Direct(read) => self.start_direct(q, tag, len, DirectIo::Read(read)),
             Start::Later(later) => self.spawn(later_done(tag, len, later)),
+            Start::Blocking(read) => self.start_blocking(tag, len, read),
             Start::Default => return false,
         }
         true
@@ -389,6 +435,7 @@ impl<V: Volume> Queue<V> {
         match self.volume.start_write(offset, data, fua) {
             Start::Direct(write) => self.start_direct(q, tag, len, DirectIo::Write(write)),
             Start::Later(later) => self.spawn(later_write_done(tag, len, later)),
+            Start::Blocking(never) => match never {},
             Start::Default => return false,
         }
         true
@@ -478,6 +525,25 @@ impl<V: Volume> Queue<V> {
         }
     }
 
+    /// After the queue stopped: waits for the blocking reads it lent tag
+    /// buffers to (their replies go nowhere now), at most `DRAIN_S`; false
+    /// if some still have one (logged).
+    fn wait_lent(&self) -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(DRAIN_S);
+        while self.lent.load(Ordering::SeqCst) > 0 {
+            if std::time::Instant::now() >= deadline {
+                log::error!(
+                    "ublk: {} reads still held tag buffers {DRAIN_S} s after the queue's end; \
+                     the buffers are kept",
+                    self.lent.load(Ordering::SeqCst)
+                );
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        true
+    }
+
     /// Completes a direct request, or (a device request failed, or the
     /// mode changed meanwhile) lets the volume finish it its own way.
     fn direct_over(&self, q: &UblkQueue, tag: u16, f: InFlight) {
@@ -518,6 +584,7 @@ fn queue_thread<V: Volume>(
         rx,
         counter: Box::leak(Box::new(0u64)),
         inflight,
+        lent: Arc::new(AtomicUsize::new(0)),
     };
     let queue = match UblkQueue::new(qid, dev)
         .and_then(|q| q.submit_fetch_commands_unified(BufDescList::Slices(Some(&st.bufs))))
@@ -535,4 +602,9 @@ fn queue_thread<V: Volume>(
     queue.wait_and_handle_io(|q: &UblkQueue, tag: u16, ctx: &UblkIOCtx| st.handle(q, tag, ctx));
     st.drain();
     drop(queue);
+    if !st.wait_lent() {
+        // A read still has a tag's buffer: keep them all rather than free
+        // memory it may write.
+        std::mem::forget(st);
+    }
 }

@@ -22,17 +22,70 @@ pub type LaterRead = Later<AlignedBuf>;
 
 /// How a request starts ([`super::Volume::start_read`],
 /// [`super::Volume::start_write`]).
-pub enum Start<T> {
+pub enum Start<T, B = std::convert::Infallible> {
     /// The front end makes the device I/O.
     Direct(Direct<T>),
     /// The volume took the request's first step; the rest runs as a future.
     Later(Later<T>),
+    /// The rest is work that may block, for the front end to run on a
+    /// thread that may (reads: [`BlockingRead`], into the front end's
+    /// buffer; writes have none).
+    Blocking(B),
     /// Nothing was done: use [`super::Volume::read`] or `write`.
     Default,
 }
 
-pub type ReadStart = Start<AlignedBuf>;
+pub type ReadStart = Start<AlignedBuf, BlockingRead>;
 pub type WriteStart = Start<()>;
+
+/// The front end's buffer for a read's data, lent to the volume's
+/// [`BlockingRead`] until it replies: the data goes there with no copy.
+/// When it drops, `on_return` tells the lender it is no longer used.
+pub struct Dest {
+    ptr: *mut u8,
+    len: usize,
+    on_return: Option<Box<dyn FnOnce() + Send>>,
+}
+
+// SAFETY: the lender gives the buffer up until `on_return` (Dest::new's
+// contract); one thread at a time has the Dest.
+unsafe impl Send for Dest {}
+
+impl Dest {
+    /// # Safety
+    /// `ptr` is valid for reads and writes of `len` bytes, and nothing but
+    /// this Dest touches them until `on_return` runs (at its drop).
+    pub unsafe fn new(ptr: *mut u8, len: usize, on_return: impl FnOnce() + Send + 'static) -> Dest {
+        Dest {
+            ptr,
+            len,
+            on_return: Some(Box::new(on_return)),
+        }
+    }
+
+    /// The buffer, for the read to fill.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: valid and ours while the Dest lives (Dest::new).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Dest {
+    fn drop(&mut self) {
+        if let Some(f) = self.on_return.take() {
+            f();
+        }
+    }
+}
+
+/// How a [`BlockingRead`] answers: the buffer given back (filled, on
+/// success) with the outcome. The front end completes the request then.
+pub type Reply = Box<dyn FnOnce(Dest, VolumeResult<()>) + Send>;
+
+/// A read to run where it may block (the runtime's blocking pool), into
+/// the front end's buffer; it calls the reply once, and touches the buffer
+/// no more after it (the reply takes it).
+pub type BlockingRead = Box<dyn FnOnce(Dest, Reply) + Send>;
 pub type DirectRead = Direct<AlignedBuf>;
 pub type DirectWrite = Direct<()>;
 
@@ -115,5 +168,24 @@ mod tests {
             None
         }));
         assert_eq!(calls.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn a_lent_buffer_is_returned_once_when_its_dest_drops() {
+        let mut buf = vec![0u8; 16];
+        let returned = Arc::new(AtomicU32::new(0));
+        let r = returned.clone();
+        // SAFETY: `buf` outlives the Dest and is not touched meanwhile.
+        let mut d = unsafe {
+            Dest::new(buf.as_mut_ptr(), buf.len(), move || {
+                r.fetch_add(1, Ordering::Relaxed);
+            })
+        };
+        d.as_mut_slice()[3] = 7;
+        let moved = std::thread::spawn(move || d).join().unwrap();
+        assert_eq!(returned.load(Ordering::Relaxed), 0);
+        drop(moved);
+        assert_eq!(returned.load(Ordering::Relaxed), 1);
+        assert_eq!(buf[3], 7);
     }
 }
