@@ -29,7 +29,7 @@ use tiercache::engine::async_engine::AsyncEngine;
 use tiercache::engine::format::Layout;
 use tiercache::engine::{CreateOptions, Engine, Mode};
 use tiercache::lockstat;
-use tiercache::volume::{Direct, Start, Volume};
+use tiercache::volume::{Dest, Direct, Start, Volume};
 
 const BS: u64 = 4096;
 const BLOCKS: u64 = 65_536;
@@ -68,6 +68,13 @@ fn one(vol: &AsyncEngine, rt: &tokio::runtime::Runtime, work: Work, at: u64, buf
                 }
             }
             Start::Later(later) => drop(rt.block_on(later).expect("read")),
+            // A locked block (the other thread's): read as a ublk queue
+            // would, on a thread that may block, into `buf`.
+            Start::Blocking(read) => {
+                // SAFETY: `buf` outlives the Dest, untouched until the reply.
+                let dest = unsafe { Dest::new(buf.as_mut_ptr(), buf.len(), || {}) };
+                read(dest, Box::new(|_, r| r.expect("read")));
+            }
             Start::Default => panic!("a file cache reads directly"),
         },
         Work::DirectWrite => match vol.start_write(at, buf, false) {
@@ -78,6 +85,7 @@ fn one(vol: &AsyncEngine, rt: &tokio::runtime::Runtime, work: Work, at: u64, buf
                 }
             }
             Start::Later(later) => rt.block_on(later).expect("write"),
+            Start::Blocking(never) => match never {},
             Start::Default => panic!("a file cache writes directly"),
         },
         Work::FastHit => drop(rt.block_on(vol.read(at, BS as u32)).expect("read")),

@@ -1,9 +1,11 @@
-//! A read miss is answered as soon as its data is read; what it fetched is
-//! stored in the cache after that (engine/cache/deferred.rs), still under
-//! the read's block locks. Over a cache device whose writes are held at a
-//! gate: the read's data comes back while the promotion waits; a request
-//! for the same blocks waits for the promotion; closing waits for it, and
-//! the next open has the blocks cached.
+//! A read miss into the reader's buffer (`Engine::read_into`, what a ublk
+//! queue's miss runs) is answered as soon as its data is read; what it
+//! fetched is stored in the cache after that (engine/cache/deferred.rs),
+//! still under the read's block locks. Over a cache device whose writes
+//! are held at a gate: the read's data comes back while the promotion
+//! waits; a request for the same blocks waits for the promotion; closing
+//! waits for it, and the next open has the blocks cached. A read that
+//! returns its own buffer (NBD's) stores first.
 
 mod common;
 
@@ -14,9 +16,8 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 use tiercache::device::fault::FaultDevice;
 use tiercache::device::{AlignedBuf, BlockDevice, DeviceRef, DeviceResult};
-use tiercache::engine::async_engine::AsyncEngine;
 use tiercache::engine::{CreateOptions, Engine, Mode, OpenOptions};
-use tiercache::volume::Volume;
+use tiercache::volume::Dest;
 
 const BS: u64 = 4096;
 const SLOTS: u64 = 64;
@@ -89,8 +90,6 @@ struct Rig {
     gate: Arc<Gate>,
     origin: Arc<FaultDevice>,
     engine: Arc<Engine>,
-    vol: AsyncEngine,
-    rt: tokio::runtime::Runtime,
 }
 
 /// Origin block `b` holds bytes `b as u8 ^ 0x5a`.
@@ -115,8 +114,6 @@ fn rig() -> Rig {
     };
     let engine = Engine::create(gate.clone(), origin.clone(), &opts).unwrap();
     Rig {
-        vol: AsyncEngine::new(engine.clone()),
-        rt: tokio::runtime::Runtime::new().unwrap(),
         gate,
         origin,
         engine,
@@ -131,17 +128,26 @@ fn expect_blocks(data: &[u8], first: u64) {
 }
 
 impl Rig {
-    /// Reads `blocks` blocks from `first` in a thread of its own.
+    /// Reads `blocks` blocks from `first` into a buffer it lends, in a
+    /// thread of its own: the data comes through the channel at the reply.
     fn read_in_background(
         &self,
         first: u64,
         blocks: u64,
     ) -> std::sync::mpsc::Receiver<Result<AlignedBuf, String>> {
         let (tx, rx) = std::sync::mpsc::channel();
-        let vol = self.vol.clone();
-        self.rt.spawn(async move {
-            let r = vol.read(first * BS, (blocks * BS) as u32).await;
-            let _ = tx.send(r.map_err(|e| e.to_string()));
+        let engine = self.engine.clone();
+        std::thread::spawn(move || {
+            let len = (blocks * BS) as usize;
+            let mut buf = AlignedBuf::zeroed(len);
+            // SAFETY: `buf`'s memory lives in the reply closure, which
+            // only hands it on once the Dest is given back and dropped.
+            let dest = unsafe { Dest::new(buf.as_mut_ptr(), len, || {}) };
+            engine.read_into(first * BS, dest, move |dest, r| {
+                drop(dest);
+                let _ = tx.send(r.map(|()| buf).map_err(|e| e.to_string()));
+                // This thread goes on with the promotion after this.
+            });
         });
         rx
     }
@@ -224,10 +230,18 @@ fn closing_waits_for_a_promotion_and_the_next_open_has_its_blocks() {
 }
 
 #[test]
-fn a_sync_read_stores_before_it_returns() {
+fn a_read_that_returns_its_own_buffer_stores_first() {
     let r = rig();
     let data = r.engine.read(4 * BS, 4 * BS).unwrap();
     expect_blocks(&data, 4);
     assert_eq!(r.promotions(), 4);
+    // Over NBD too (the server's reads): a client that reads, then asks
+    // what is cached, sees the promotion.
+    let vol = tiercache::engine::async_engine::AsyncEngine::new(r.engine.clone());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    use tiercache::volume::Volume;
+    let data = rt.block_on(vol.read(20 * BS, (4 * BS) as u32)).unwrap();
+    expect_blocks(&data, 20);
+    assert_eq!(r.promotions(), 8);
     r.engine.close().unwrap();
 }

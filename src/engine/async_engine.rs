@@ -61,29 +61,9 @@ async fn run<T: Send + 'static>(
     }
 }
 
-/// A read on the blocking pool, answered as soon as its data is read: the
-/// promotion of what it fetched may follow there (`read_request_then`).
-async fn read_on_pool(engine: &Arc<Engine>, req: Request) -> VolumeResult<AlignedBuf> {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let e = engine.clone();
-    let task = tokio::task::spawn_blocking(move || {
-        e.cache.read_request_then(req, |r| {
-            let _ = tx.send(r);
-        })
-    });
-    match rx.await {
-        Ok(r) => r.map_err(VolumeError::from),
-        // The task ended without an answer: it panicked.
-        Err(_) => Err(VolumeError::new(
-            ErrorKind::Io,
-            format!("engine task failed: {:?}", task.await.err()),
-        )),
-    }
-}
-
 /// The rest of a read a fast path handed on, on the blocking pool.
 fn read_later(engine: Arc<Engine>, req: Request) -> LaterRead {
-    Box::pin(async move { read_on_pool(&engine, req).await })
+    Box::pin(async move { run(&engine, move |e| e.cache.read_request(req)).await })
 }
 
 /// The rest of a write a fast path handed on, on the blocking pool.
@@ -112,7 +92,7 @@ impl Volume for AsyncEngine {
         let at = in_volume(self.base, offset);
         match self.engine.try_read_hits(at, len as u64) {
             Fast::Done(r) => r.map_err(VolumeError::from),
-            Fast::Pending(req) => read_on_pool(&self.engine, req).await,
+            Fast::Pending(req) => run(&self.engine, move |e| e.cache.read_request(req)).await,
         }
     }
 

@@ -1,8 +1,12 @@
 //! Where a read's data goes, and when its reader gets it (`Delivery`):
-//! the read fills a buffer, and is delivered before what it fetched to
+//! the read fills a buffer, one it makes (`Made`, for a caller that takes
+//! it when the read returns) or one the reader lends (`Lent`: a ublk tag's,
+//! filled with no copy, given back through a reply). A lent buffer is
+//! given back as soon as it is filled, before what the read fetched to
 //! keep is stored (`Cache::read_planned`, within cache/deferred.rs's
-//! budget), or after. The buffer is one the read makes (`Made`, `Handed`)
-//! or one the reader lends (`Lent`: a ublk tag's, filled with no copy).
+//! budget): the reader does not wait for the cache write. A made one
+//! returns after it, so that a caller who reads, then asks what is cached
+//! (NBD block status, `status`), sees the read's promotion.
 
 use super::EngineError;
 use crate::device::AlignedBuf;
@@ -16,6 +20,10 @@ pub(crate) trait Delivery {
     fn deliver(&mut self);
     /// The read failed: the reader gets the error (unless it was delivered).
     fn fail(&mut self, e: EngineError);
+    /// Delivered before the read's promotion is stored (module comment).
+    fn early(&self) -> bool {
+        false
+    }
 }
 
 /// A buffer the read makes and its caller takes when the read returns.
@@ -29,37 +37,6 @@ impl Delivery for Made {
     fn deliver(&mut self) {}
     fn fail(&mut self, _: EngineError) {
         self.0 = None;
-    }
-}
-
-/// A buffer the read makes and hands to `to` as soon as it is filled.
-pub(crate) struct Handed<F: FnOnce(Result<AlignedBuf, EngineError>)> {
-    buf: Option<AlignedBuf>,
-    to: Option<F>,
-}
-
-impl<F: FnOnce(Result<AlignedBuf, EngineError>)> Handed<F> {
-    pub(crate) fn new(to: F) -> Self {
-        Handed {
-            buf: None,
-            to: Some(to),
-        }
-    }
-}
-
-impl<F: FnOnce(Result<AlignedBuf, EngineError>)> Delivery for Handed<F> {
-    fn fill<R>(&mut self, len: usize, fill: impl FnOnce(&mut [u8]) -> R) -> R {
-        fill(self.buf.insert(AlignedBuf::to_overwrite(len)))
-    }
-    fn deliver(&mut self) {
-        if let Some(to) = self.to.take() {
-            to(Ok(self.buf.take().unwrap_or_else(|| AlignedBuf::zeroed(0))));
-        }
-    }
-    fn fail(&mut self, e: EngineError) {
-        if let Some(to) = self.to.take() {
-            to(Err(e));
-        }
     }
 }
 
@@ -97,5 +74,8 @@ impl<F: FnOnce(Dest, Result<(), EngineError>)> Delivery for Lent<F> {
     }
     fn fail(&mut self, e: EngineError) {
         self.give_back(Err(e));
+    }
+    fn early(&self) -> bool {
+        true
     }
 }

@@ -85,6 +85,7 @@ use std::sync::{Arc, Weak};
 
 use crate::device::{AlignedBuf, DeviceRef};
 use crate::engine::cache::Cache;
+use crate::volume::Dest;
 pub use admission::AdmissionSettings;
 pub use error::{EngineError, EngineResult};
 pub use modes::Mode;
@@ -882,6 +883,17 @@ impl Engine {
     /// (`Cache::read`, pipeline.rs)
     pub fn read(&self, offset: u64, len: u64) -> EngineResult<AlignedBuf> {
         self.cache.read(offset, len)
+    }
+
+    /// Reads `dest.len()` bytes at `offset` into the reader's buffer, given
+    /// back to `reply` as soon as it is filled (before the read's
+    /// promotion is stored). (`Cache::read_request_into`, pipeline.rs)
+    pub fn read_into(&self, offset: u64, dest: Dest, reply: impl FnOnce(Dest, EngineResult<()>)) {
+        let len = dest.len() as u64;
+        match (self.cache).request(offset, len, false, false, request::ReadKind::Client) {
+            Ok(req) => self.cache.read_request_into(req, dest, reply),
+            Err(e) => reply(dest, Err(e)),
+        }
     }
 
     /// Copies a range into the cache (NBD_CMD_CACHE); returns nothing.

@@ -9,7 +9,7 @@
 //! The blocks are looked up here too (`lookup`), under their locks.
 
 use super::admission::Decision;
-use super::delivery::{Delivery, Handed, Lent, Made};
+use super::delivery::{Delivery, Lent, Made};
 use super::io::data::ORIGIN_REQUESTS;
 use super::modes::WriteRoute;
 use super::observe::latency::Op;
@@ -213,16 +213,12 @@ impl Cache {
         Ok(out.0.expect("a read that accepts every plan reads"))
     }
 
-    /// `read_request`, with its data handed to `deliver` as soon as it is
-    /// read: what the read fetched to keep may be stored after that, still
-    /// under the read's block locks (so a later request for those blocks
-    /// waits for it), on this thread, within `cache/deferred.rs`'s budget.
-    pub fn read_request_then(&self, req: Request, deliver: impl FnOnce(EngineResult<AlignedBuf>)) {
-        self.read_delivered(req, Handed::new(deliver));
-    }
-
-    /// `read_request_then` into the reader's buffer (`volume::Dest`, of
-    /// the request's length), given back to `reply` with the outcome.
+    /// `read_request` into the reader's buffer (`volume::Dest`, of the
+    /// request's length), given back to `reply` with the outcome as soon
+    /// as it is filled: what the read fetched to keep may be stored after
+    /// that, still under the read's block locks (so a later request for
+    /// those blocks waits for it), on this thread, within
+    /// `cache/deferred.rs`'s budget.
     pub fn read_request_into(
         &self,
         req: Request,
@@ -248,8 +244,9 @@ impl Cache {
 
     /// Locks the request's blocks, resolves it, and reads it into `d` if
     /// `go_on` accepts the plan (false if not: nothing was read),
-    /// delivering it before or after storing what the read keeps
-    /// (`read_request_then`). An error is returned, not given to `d`.
+    /// delivering it before storing what the read keeps if `d` is early
+    /// and the budget allows, else after (delivery.rs). An error is
+    /// returned, not given to `d`.
     fn read_planned(
         &self,
         mut req: Request,
@@ -282,7 +279,10 @@ impl Cache {
             d.deliver();
             return Ok(true);
         };
-        match self.deferred.begin(promotion.bytes(), &self.closed) {
+        let ticket = (d.early())
+            .then(|| self.deferred.begin(promotion.bytes(), &self.closed))
+            .flatten();
+        match ticket {
             Some(_ticket) => {
                 d.deliver();
                 if let Err(e) = self.promote(promotion) {
@@ -602,5 +602,8 @@ impl<D: Delivery> Delivery for Timed<'_, D> {
     fn fail(&mut self, e: EngineError) {
         self.record();
         self.inner.fail(e);
+    }
+    fn early(&self) -> bool {
+        self.inner.early()
     }
 }

@@ -63,6 +63,14 @@ impl Dest {
         }
     }
 
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// The buffer, for the read to fill.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: valid and ours while the Dest lives (Dest::new).
