@@ -365,7 +365,7 @@ impl<V: Volume> Queue<V> {
         // SAFETY: the tag's buffer holds the request (the driver bounds it
         // by IO_BUF_BYTES); the driver leaves it to us until we complete
         // the tag, which waits for the reply, and the queue keeps its
-        // buffers until `lent` is back to 0 (`drain`).
+        // buffers until `lent` is back to 0 (`wait_lent`).
         let dest = unsafe {
             Dest::new(ptr, len as usize, move || {
                 lent.fetch_sub(1, Ordering::SeqCst);
