@@ -468,7 +468,7 @@ impl FaultDevice {
         entry[..8].copy_from_slice(&(op as u64).to_le_bytes());
         entry[8..16].copy_from_slice(&offset.to_le_bytes());
         entry[16..24].copy_from_slice(&len.to_le_bytes());
-        entry[24..].copy_from_slice(&fnv1a64(data).to_le_bytes());
+        entry[24..].copy_from_slice(&data_hash(data).to_le_bytes());
         st.digest = fnv1a64(&entry) ^ st.digest.rotate_left(17);
         if let Some(n) = st.ops_before_failing.as_mut() {
             *n -= 1;
@@ -491,6 +491,31 @@ impl FaultDevice {
         }
         st.unflushed.push(write);
     }
+}
+
+/// A hash of the bytes of an operation, for the digest: eight bytes a
+/// step. (FNV-1a a byte at a time took 63% of the crash suites' CPU: every
+/// byte every fault device reads or writes goes through here.) Only
+/// compared with itself, run against run (`io_digest`).
+fn data_hash(data: &[u8]) -> u64 {
+    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mix = |h: u64, w: u64| (h ^ w).wrapping_mul(K).rotate_left(29);
+    // Four lanes, so that the multiplications overlap.
+    let mut lanes = [K, K ^ 1, K ^ 2, K ^ data.len() as u64];
+    let mut blocks = data.chunks_exact(32);
+    for b in &mut blocks {
+        for (lane, w) in lanes.iter_mut().zip(b.chunks_exact(8)) {
+            *lane = mix(
+                *lane,
+                u64::from_le_bytes(w.try_into().expect("eight bytes")),
+            );
+        }
+    }
+    let mut h = lanes.iter().fold(0, |h, &l| mix(h, l));
+    for &b in blocks.remainder() {
+        h = mix(h, u64::from(b));
+    }
+    h
 }
 
 impl BlockDevice for FaultDevice {
@@ -625,6 +650,21 @@ mod tests {
 
     fn filled(len: usize, byte: u8) -> Vec<u8> {
         vec![byte; len]
+    }
+
+    #[test]
+    fn the_data_hash_sees_every_bit_and_the_length() {
+        let base: Vec<u8> = (0..4099u32).map(|i| (i * 7) as u8).collect();
+        let h = data_hash(&base);
+        for at in [0, 1, 7, 8, 4095, 4096, 4098] {
+            for bit in [0, 3, 7] {
+                let mut b = base.clone();
+                b[at] ^= 1 << bit;
+                assert_ne!(data_hash(&b), h, "byte {at} bit {bit}");
+            }
+        }
+        assert_ne!(data_hash(&[0; 8]), data_hash(&[0; 9]));
+        assert_ne!(data_hash(&[]), data_hash(&[0]));
     }
 
     fn read(dev: &FaultDevice, offset: u64, len: usize) -> Vec<u8> {
