@@ -182,6 +182,21 @@ pub fn released(rank: Rank) {
     let _ = rank;
 }
 
+/// Checks `done` every millisecond until it holds, for at most `limit`;
+/// false if it never did. For waits on a counter of work under way that
+/// is going to zero (no new work starts), with no condition variable to
+/// wake the waiter: at close, retirement and a queue's end.
+pub fn poll_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let start = std::time::Instant::now();
+    while !done() {
+        if start.elapsed() >= limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    true
+}
+
 /// Panics (debug builds) if this thread holds a lock of `rank`: for work
 /// that must never run under it, such as device I/O under the metadata
 /// lock (docs/concurrency.md).

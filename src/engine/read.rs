@@ -31,7 +31,7 @@ struct Fetch {
 
 /// Blocks a read miss fetched whole from the origin, to be stored in new
 /// slots (`Cache::promote`), under the read's block locks. The read's data
-/// may go back to the client first (`Cache::read_request_then`).
+/// may go back to the reader first (`Cache::read_request_into`).
 pub(crate) struct Promotion {
     /// The origin data, from the read's first missing block on.
     data: AlignedBuf,

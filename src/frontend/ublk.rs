@@ -529,19 +529,16 @@ impl<V: Volume> Queue<V> {
     /// buffers to (their replies go nowhere now), at most `DRAIN_S`; false
     /// if some still have one (logged).
     fn wait_lent(&self) -> bool {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(DRAIN_S);
-        while self.lent.load(Ordering::SeqCst) > 0 {
-            if std::time::Instant::now() >= deadline {
-                log::error!(
-                    "ublk: {} reads still held tag buffers {DRAIN_S} s after the queue's end; \
-                     the buffers are kept",
-                    self.lent.load(Ordering::SeqCst)
-                );
-                return false;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
+        let limit = std::time::Duration::from_secs(DRAIN_S);
+        if crate::sync::poll_until(limit, || self.lent.load(Ordering::SeqCst) == 0) {
+            return true;
         }
-        true
+        log::error!(
+            "ublk: {} reads still held tag buffers {DRAIN_S} s after the queue's end; \
+             the buffers are kept",
+            self.lent.load(Ordering::SeqCst)
+        );
+        false
     }
 
     /// Completes a direct request, or (a device request failed, or the

@@ -1,10 +1,10 @@
-//! Promotions left until after their read's data went back to the client
-//! (`Cache::read_request_then`, read.rs): the bytes they hold are bounded
+//! Promotions left until after their read's data went back to the reader
+//! (`Cache::read_request_into`, pipeline.rs; `Promotion`, read.rs): the bytes they hold are bounded
 //! (a client whose reads end early could otherwise queue any number), and
 //! closing waits for them, so none stores after the checkpoint.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The most bytes of origin data deferred promotions hold at once, per
 /// cache; a read past it stores before its data goes back, as before.
@@ -45,14 +45,7 @@ impl Deferred {
     /// Waits for the promotions under way (at close, `closed` set), at most
     /// `CLOSE_WAIT`; false if some are still going.
     pub(crate) fn wait_idle(&self) -> bool {
-        let deadline = Instant::now() + CLOSE_WAIT;
-        while self.bytes.load(Ordering::SeqCst) > 0 {
-            if Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        true
+        crate::sync::poll_until(CLOSE_WAIT, || self.bytes() == 0)
     }
 
     /// Bytes held now.
@@ -91,7 +84,7 @@ mod tests {
         let d = std::sync::Arc::new(Deferred::default());
         let open = AtomicBool::new(false);
         let t = d.begin(4096, &open).unwrap();
-        let started = Instant::now();
+        let started = std::time::Instant::now();
         std::thread::scope(|s| {
             s.spawn(|| {
                 std::thread::sleep(Duration::from_millis(50));

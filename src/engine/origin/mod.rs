@@ -338,14 +338,7 @@ impl Origin {
     /// way, the volume being retired: none starts after (`foreground`).
     /// False if some was still under way at the limit (a frozen origin).
     pub(crate) fn quiesce(&self, limit: std::time::Duration) -> bool {
-        let start = std::time::Instant::now();
-        while self.in_flight.load(Ordering::SeqCst) > 0 {
-            if start.elapsed() >= limit {
-                return false;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        true
+        crate::sync::poll_until(limit, || self.in_flight.load(Ordering::SeqCst) == 0)
     }
 
     /// Milliseconds from the end of the last foreground request to `now_ms`
