@@ -471,8 +471,7 @@ impl Engine {
         self.cache.order.check_written_back(&self.cache)?;
         self.cache.drop_volume_blocks(v)?;
         writeback::stop_background(self);
-        self.cache.closed.store(true, Ordering::SeqCst);
-        self.wait_deferred();
+        self.shut();
         let removed = self.cache.checkpoint_without_volume(v);
         if removed.is_ok() {
             self.remove_crash_log();
@@ -887,13 +886,9 @@ impl Engine {
 
     /// Reads `dest.len()` bytes at `offset` into the reader's buffer, given
     /// back to `reply` as soon as it is filled (before the read's
-    /// promotion is stored). (`Cache::read_request_into`, pipeline.rs)
+    /// promotion is stored). (`Cache::read_into`, pipeline.rs)
     pub fn read_into(&self, offset: u64, dest: Dest, reply: impl FnOnce(Dest, EngineResult<()>)) {
-        let len = dest.len() as u64;
-        match (self.cache).request(offset, len, false, false, request::ReadKind::Client) {
-            Ok(req) => self.cache.read_request_into(req, dest, reply),
-            Err(e) => reply(dest, Err(e)),
-        }
+        self.cache.read_into(offset, dest, reply)
     }
 
     /// Copies a range into the cache (NBD_CMD_CACHE); returns nothing.
@@ -1285,6 +1280,13 @@ impl Engine {
         }
     }
 
+    /// No request starts from now on (`closed`), and the promotions of
+    /// reads already answered are done.
+    fn shut(&self) {
+        self.cache.closed.store(true, Ordering::SeqCst);
+        self.wait_deferred();
+    }
+
     /// Waits for the promotions of reads already answered, once `closed`
     /// is set (SeqCst: cache/deferred.rs), so none stores after what comes.
     fn wait_deferred(&self) {
@@ -1329,8 +1331,7 @@ impl Engine {
     /// engine's background thread must not keep writing to devices that a
     /// new engine has opened.
     pub fn abandon(&self) {
-        self.cache.closed.store(true, Ordering::SeqCst);
-        self.wait_deferred();
+        self.shut();
         writeback::stop_background(self);
         // The dead process's log stays as it was, unlocked for the next.
         let log = self.cache.meta.take_crash_log();
@@ -1346,8 +1347,7 @@ impl Engine {
             self.restore_modes(old);
             return Err(e);
         }
-        self.cache.closed.store(true, Ordering::SeqCst);
-        self.wait_deferred();
+        self.shut();
         writeback::stop_background(self);
         self.cache.stop_resync();
         if self.dirty_blocks() != 0 {

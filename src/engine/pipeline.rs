@@ -179,14 +179,26 @@ impl Cache {
     /// Runs a request, timing it for the latency histograms: a hit if it
     /// made no origin request.
     pub(crate) fn timed_request<T>(&self, op: Op, f: impl FnOnce() -> T) -> T {
-        let before = ORIGIN_REQUESTS.with(|c| c.get());
-        let t = self.clock.now_ns();
+        let started = self.started();
         let r = f();
-        let hit = ORIGIN_REQUESTS.with(|c| c.get()) == before;
-        self.observe
-            .latency
-            .request(op, hit, self.clock.since_ns(t));
+        self.record_request(op, &started);
         r
+    }
+
+    /// A request's start, for `record_request`.
+    fn started(&self) -> Started {
+        Started {
+            origin_requests: ORIGIN_REQUESTS.with(|c| c.get()),
+            t: self.clock.now_ns(),
+        }
+    }
+
+    /// Records a request's latency from `started` to now in the histograms:
+    /// a hit if this thread made no origin request meanwhile.
+    fn record_request(&self, op: Op, started: &Started) {
+        let hit = ORIGIN_REQUESTS.with(|c| c.get()) == started.origin_requests;
+        let ns = self.clock.since_ns(started.t);
+        self.observe.latency.request(op, hit, ns);
     }
 
     /// A request reached its blocks: the heat map and the miss-ratio curve
@@ -234,8 +246,7 @@ impl Cache {
         let mut d = Timed {
             inner: d,
             cache: self,
-            origin_requests: ORIGIN_REQUESTS.with(|c| c.get()),
-            t: self.clock.now_ns(),
+            started: self.started(),
         };
         if let Err(e) = self.read_planned(req, |_| true, &mut d) {
             d.fail(e);
@@ -368,6 +379,15 @@ impl Cache {
     pub fn read(&self, offset: u64, len: u64) -> EngineResult<AlignedBuf> {
         let req = self.request(offset, len, false, false, ReadKind::Client)?;
         self.read_request(req)
+    }
+
+    /// Reads `dest.len()` bytes at `offset` into the reader's buffer
+    /// (`read_request_into`).
+    pub fn read_into(&self, offset: u64, dest: Dest, reply: impl FnOnce(Dest, EngineResult<()>)) {
+        match self.request(offset, dest.len() as u64, false, false, ReadKind::Client) {
+            Ok(req) => self.read_request_into(req, dest, reply),
+            Err(e) => reply(dest, Err(e)),
+        }
     }
 
     /// Copies a range into the cache (NBD_CMD_CACHE); returns nothing. It
@@ -573,21 +593,24 @@ impl Cache {
     }
 }
 
+/// When a request started: this thread's origin requests then, and the
+/// clock's ns (`Cache::started`, `record_request`).
+struct Started {
+    origin_requests: u64,
+    t: u64,
+}
+
 /// A delivery that records the read's latency when it is delivered (or
 /// fails): a hit if it made no origin request by then.
 struct Timed<'a, D: Delivery> {
     inner: D,
     cache: &'a Cache,
-    /// This thread's origin requests when the read started.
-    origin_requests: u64,
-    t: u64,
+    started: Started,
 }
 
 impl<D: Delivery> Timed<'_, D> {
     fn record(&self) {
-        let hit = ORIGIN_REQUESTS.with(|c| c.get()) == self.origin_requests;
-        let ns = self.cache.clock.since_ns(self.t);
-        self.cache.observe.latency.request(Op::Read, hit, ns);
+        self.cache.record_request(Op::Read, &self.started);
     }
 }
 
