@@ -380,16 +380,12 @@ seed_pass() { # DIR -> seconds on stdout
     t1=$(date +%s.%N)
     awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }'
 }
-# "reads KiB-per-read" completed by block device DEV since its stat was
-# taken as BEFORE ("reads sectors" from `dev_reads DEV`).
-sysfs_of() { # DEV -> its /sys/dev/block directory (the nodes here are not links)
-    local mm
-    mm=$(stat -L -c '%t %T' "$1")
-    echo "/sys/dev/block/$((16#${mm% *})):$((16#${mm#* }))"
-}
+# Completed reads and sectors read of block device DEV: "reads sectors".
 dev_reads() { # DEV
     awk '{ print $1, $3 }' "$(sysfs_of "$1")/stat"
 }
+# The reads DEV completed since `dev_reads DEV` gave BEFORE, and their
+# mean size.
 reads_since() { # DEV BEFORE
     local now
     now=$(dev_reads "$1")

@@ -75,14 +75,19 @@ nbd_detach() { nbd-client -d "$1" >/dev/null 2>&1 || true; }
 
 drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 
-# Origin request counters: completed reads and writes from
-# /sys/block/DEV/stat (fields 1 and 5).
-# (By device number: without udev /dev/mapper/* are nodes, not links.)
-dev_stat() {
+# A block device's sysfs directory, by device number: without udev
+# /dev/mapper/* are nodes, not links.
+sysfs_of() { # DEV
     local mm
     mm=$(stat -L -c '%t %T' "$1") || fail "no device $1"
     set -- $mm
-    awk '{ print $1, $5 }' "/sys/dev/block/$((16#$1)):$((16#$2))/stat"
+    echo "/sys/dev/block/$((16#$1)):$((16#$2))"
+}
+
+# Origin request counters: completed reads and writes from
+# /sys/block/DEV/stat (fields 1 and 5).
+dev_stat() {
+    awk '{ print $1, $5 }' "$(sysfs_of "$1")/stat"
 }
 
 # Ends whatever a test left behind: mounts, NBD devices, device-mapper
