@@ -20,6 +20,11 @@
 //!   its region (`--verify_only`);
 //! - after one more write and `tiercache detach`: `rbd export` again.
 //!
+//! Then tiercache in passthrough over the same `rbd://` image: nbdcopy
+//! reads it all, every read sent with `rbd_aio_read` and completed on
+//! librbd's threads (engine/io/submitted.rs), and gets what `rbd export`
+//! gets.
+//!
 //! Runs in CI (scripts/test.sh): the cluster is up in ~11 s on the 2-core
 //! machines, the whole test takes ~35 s (~5 s of it the teardown). The
 //! tools are required; a missing one fails the test with the Debian
@@ -249,6 +254,7 @@ fn data_written_through_tiercache_reaches_the_rbd_image() {
         &["status"],
     );
     assert!(status.contains("Watchers: none"), "{status}");
+    passthrough_reads(&cluster, image, &origin, work.path());
     eprintln!(
         "ceph_rbd: cluster up in {cluster_s:.1} s; via qemu-nbd {qemu_s:.1} s; \
          native rbd:// {:.1} s",
@@ -405,5 +411,69 @@ fn cache_round_trip(
     assert!(
         exported == after,
         "after tiercache detach, rbd export of {image} differs from what was written ({origin})"
+    );
+}
+
+/// tiercache passthrough over `origin` (the image `tc/IMAGE`): nbdcopy reads
+/// the whole volume, every read a miss the cache does not keep, each sent
+/// with `rbd_aio_read` and completed on librbd's threads (`status`'s
+/// `origin_reads_submitted`); what it read is what `rbd export` reads.
+fn passthrough_reads(cluster: &Cluster, image: &str, origin: &str, dir: &Path) {
+    let state = dir.join("state-pt");
+    let cache = dir.join("cache-pt.img");
+    std::fs::File::create(&cache)
+        .unwrap()
+        .set_len(CACHE_BYTES)
+        .unwrap();
+    let tc = |args: &[&str]| cli_ok_in(&state, args);
+    tc(&[
+        "create",
+        "--origin",
+        origin,
+        "--cache",
+        cache.to_str().unwrap(),
+        "--mode",
+        "passthrough",
+    ]);
+    let mut serve = KillOnDrop(
+        Command::new(BIN)
+            .arg("serve")
+            .env("TIERCACHE_STATE_DIR", &state)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("serve-pt.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let sock = state.join("tc0.nbd");
+    wait_for_socket(&sock);
+    wait_for_socket(&state.join("tc0.sock"));
+    let uri = format!("nbd+unix:///?socket={}", sock.display());
+    let served_path = dir.join("served-pt.bin");
+    ok(
+        Command::new("nbdcopy")
+            .args(["--requests=16", &uri])
+            .arg(&served_path)
+            .output(),
+        "nbdcopy",
+        &[&uri, "served-pt.bin"],
+    );
+    let served = std::fs::read(&served_path).unwrap();
+    std::fs::remove_file(&served_path).unwrap();
+    let st: serde_json::Value = serde_json::from_str(&tc(&["status", "--json"])).unwrap();
+    let submitted = st["stats"]["origin_reads_submitted"].as_u64().unwrap();
+    assert!(
+        submitted > 0 && submitted == st["stats"]["origin_reads"].as_u64().unwrap(),
+        "passthrough reads over rbd:// did not all go through rbd_aio_read: {st}"
+    );
+    daemon::sigterm(&mut serve);
+    wait_exit(
+        &mut serve,
+        "tiercache serve (passthrough)",
+        Duration::from_secs(30),
+    );
+    let exported = cluster.export(image, &dir.join("export-pt.bin"));
+    assert!(
+        exported == served,
+        "passthrough over {origin} served other bytes than rbd export of {image} reads"
     );
 }

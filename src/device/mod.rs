@@ -205,6 +205,28 @@ pub trait BlockDevice: Send + Sync {
     fn is_reachable(&self) -> bool {
         self.health().is_none_or(|h| h.reachable)
     }
+    /// Requests started without blocking, for a device whose requests
+    /// complete on its own threads (librbd's): [`Submit`]. `None` for the
+    /// others, whose callers block in `read_at`/`write_at`.
+    fn submitter(&self) -> Option<&dyn Submit> {
+        None
+    }
+}
+
+/// How a [`Submit`] request ends: its buffer given back, with the outcome.
+/// Runs once, on whatever thread completed the request (possibly the
+/// submitter's, before `submit_*` returns); it must not block.
+pub type Done = Box<dyn FnOnce(AlignedBuf, DeviceResult<()>) + Send>;
+
+/// The asynchronous side of a [`BlockDevice`] (`BlockDevice::submitter`):
+/// the same requests, under the same rules (range, alignment, durability
+/// contract), started without waiting for them. The device holds the
+/// buffer until `done`.
+pub trait Submit: Send + Sync {
+    /// Reads `buf.len()` bytes at `offset` into `buf`.
+    fn submit_read(&self, buf: AlignedBuf, offset: u64, done: Done);
+    /// Writes `buf` at `offset`.
+    fn submit_write(&self, buf: AlignedBuf, offset: u64, done: Done);
 }
 
 /// The reachability of a device behind connections ([`BlockDevice::health`]):

@@ -14,6 +14,7 @@
 use std::sync::Arc;
 
 use super::io::direct::WriteLeft;
+use super::io::submitted::OriginRead;
 use super::origin::address::in_volume;
 use super::request::{Fast, Request};
 use super::{Engine, EngineError};
@@ -66,6 +67,33 @@ fn read_later(engine: Arc<Engine>, req: Request) -> LaterRead {
     Box::pin(async move { run(&engine, move |e| e.cache.read_request(req)).await })
 }
 
+/// A read sent to an origin that completes it on its own threads
+/// (engine/io/submitted.rs): awaited here, no thread of ours blocked.
+async fn sent(engine: Arc<Engine>, r: OriginRead) -> VolumeResult<AlignedBuf> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let e = engine.clone();
+    engine.cache.send_origin_read(r, move |r, res| {
+        let _ = tx.send(e.cache.origin_read_done(r, res));
+    });
+    match rx.await {
+        Ok(r) => r.map_err(VolumeError::from),
+        Err(_) => Err(VolumeError::new(
+            ErrorKind::Io,
+            "the origin dropped a read without ending it".to_string(),
+        )),
+    }
+}
+
+/// The rest of a read a fast path handed on: sent to the origin if it
+/// can go there without a thread of ours (`start_origin_read`), else on
+/// the blocking pool.
+async fn read_rest(engine: &Arc<Engine>, req: Request) -> VolumeResult<AlignedBuf> {
+    match engine.cache.start_origin_read(req) {
+        Ok(r) => sent(engine.clone(), r).await,
+        Err(req) => run(engine, move |e| e.cache.read_request(req)).await,
+    }
+}
+
 /// The rest of a write a fast path handed on, on the blocking pool.
 fn write_later(engine: Arc<Engine>, req: Request, data: AlignedBuf) -> Later<()> {
     Box::pin(async move { run(&engine, move |e| e.write_request(req, &data)).await })
@@ -92,7 +120,7 @@ impl Volume for AsyncEngine {
         let at = in_volume(self.base, offset);
         match self.engine.try_read_hits(at, len as u64) {
             Fast::Done(r) => r.map_err(VolumeError::from),
-            Fast::Pending(req) => run(&self.engine, move |e| e.cache.read_request(req)).await,
+            Fast::Pending(req) => read_rest(&self.engine, req).await,
         }
     }
 
@@ -104,8 +132,14 @@ impl Volume for AsyncEngine {
             None => Start::Default,
             Some(Fast::Done(Err(e))) => Start::Later(Box::pin(async move { Err(e.into()) })),
             Some(Fast::Pending(req)) => {
-                // Not all hits: read on the blocking pool straight into the
-                // front end's buffer, answered before any promotion.
+                // Not all hits: sent to the origin if it can go without a
+                // thread of ours, else read on the blocking pool straight
+                // into the front end's buffer, answered before any
+                // promotion.
+                let req = match self.engine.cache.start_origin_read(req) {
+                    Ok(r) => return Start::Later(Box::pin(sent(self.engine.clone(), r))),
+                    Err(req) => req,
+                };
                 let engine = self.engine.clone();
                 Start::Blocking(Box::new(move |dest, reply| {
                     (engine.cache).read_request_into(req, dest, |dest, r| {

@@ -70,6 +70,9 @@ counters! {
     origin_errors,
     /// Read requests sent to the origin device.
     origin_reads,
+    /// Of those, reads started without a blocked thread: submitted to an
+    /// origin that completes them on its own threads (`rbd://`).
+    origin_reads_submitted,
     /// Write requests sent to the origin device.
     origin_writes,
     /// Metadata commits (journal or checkpoint writes).

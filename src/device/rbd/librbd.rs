@@ -12,6 +12,10 @@ use std::sync::OnceLock;
 pub type RadosT = *mut c_void;
 pub type IoctxT = *mut c_void;
 pub type ImageT = *mut c_void;
+pub type CompletionT = *mut c_void;
+/// `rbd_callback_t`: called once, on one of librbd's threads, when the
+/// request of the completion is over.
+pub type Callback = unsafe extern "C" fn(CompletionT, *mut c_void);
 
 /// The library names the Debian packages install (sonames).
 pub const LIBRADOS: &str = "librados.so.2";
@@ -35,10 +39,15 @@ pub struct Api {
     pub rbd_close: unsafe extern "C" fn(ImageT) -> c_int,
     pub rbd_get_size: unsafe extern "C" fn(ImageT, *mut u64) -> c_int,
     pub rbd_get_id: unsafe extern "C" fn(ImageT, *mut c_char, usize) -> c_int,
-    pub rbd_read: unsafe extern "C" fn(ImageT, u64, usize, *mut c_char) -> isize,
-    pub rbd_write: unsafe extern "C" fn(ImageT, u64, usize, *const c_char) -> isize,
-    pub rbd_discard: unsafe extern "C" fn(ImageT, u64, u64) -> c_int,
-    pub rbd_flush: unsafe extern "C" fn(ImageT) -> c_int,
+    pub rbd_aio_create_completion:
+        unsafe extern "C" fn(*mut c_void, Callback, *mut CompletionT) -> c_int,
+    pub rbd_aio_get_return_value: unsafe extern "C" fn(CompletionT) -> isize,
+    pub rbd_aio_release: unsafe extern "C" fn(CompletionT),
+    pub rbd_aio_read: unsafe extern "C" fn(ImageT, u64, usize, *mut c_char, CompletionT) -> c_int,
+    pub rbd_aio_write:
+        unsafe extern "C" fn(ImageT, u64, usize, *const c_char, CompletionT) -> c_int,
+    pub rbd_aio_discard: unsafe extern "C" fn(ImageT, u64, u64, CompletionT) -> c_int,
+    pub rbd_aio_flush: unsafe extern "C" fn(ImageT, CompletionT) -> c_int,
 }
 
 /// The API of the system's librbd, loaded on first use; the error says
@@ -129,10 +138,13 @@ impl Api {
                 rbd_close: rbd.get(librbd, "rbd_close")?,
                 rbd_get_size: rbd.get(librbd, "rbd_get_size")?,
                 rbd_get_id: rbd.get(librbd, "rbd_get_id")?,
-                rbd_read: rbd.get(librbd, "rbd_read")?,
-                rbd_write: rbd.get(librbd, "rbd_write")?,
-                rbd_discard: rbd.get(librbd, "rbd_discard")?,
-                rbd_flush: rbd.get(librbd, "rbd_flush")?,
+                rbd_aio_create_completion: rbd.get(librbd, "rbd_aio_create_completion")?,
+                rbd_aio_get_return_value: rbd.get(librbd, "rbd_aio_get_return_value")?,
+                rbd_aio_release: rbd.get(librbd, "rbd_aio_release")?,
+                rbd_aio_read: rbd.get(librbd, "rbd_aio_read")?,
+                rbd_aio_write: rbd.get(librbd, "rbd_aio_write")?,
+                rbd_aio_discard: rbd.get(librbd, "rbd_aio_discard")?,
+                rbd_aio_flush: rbd.get(librbd, "rbd_aio_flush")?,
             })
         }
     }

@@ -5,13 +5,18 @@
 //! - `uri.rs`: the URI.
 //! - `librbd.rs`: librados and librbd, loaded at run time (dlopen), so the
 //!   crate needs no Ceph headers or libraries to build.
-//! - here: the device (`RbdDevice`).
+//! - `aio.rs`: librbd's asynchronous calls (`rbd_aio_*`), which every
+//!   request is: started with a completion, ended on a librbd thread.
+//! - `submit.rs`: requests started without blocking (`device::Submit`):
+//!   the engine sends the origin reads it does not keep that way
+//!   (engine/io/submitted.rs), no thread of ours waiting.
+//! - here: the device (`RbdDevice`); its blocking calls wait on the
+//!   calling thread for their completion.
 //!
 //! Concurrency: librbd's image calls may be made from many threads at
-//! once; each synchronous read, write, discard or flush is an asynchronous
-//! request and a wait inside librbd (librbd/api/Io.cc). Opening happens
-//! before the device exists; closing (`close`, or drop) takes the handles'
-//! lock exclusively, so it waits for the requests under way, and requests
+//! once. Opening happens before the device exists; closing (`close`, or
+//! drop) takes the handles' lock exclusively, so it waits for the blocking
+//! requests under way and for the submitted ones (counted), and requests
 //! after it fail instead of using a closed image.
 //!
 //! Closing matters beyond the process: an open image holds a watch on the
@@ -22,9 +27,13 @@
 //!
 //! Durability: librbd's cache follows the Ceph config (by default on, in
 //! writearound: writes go to the OSDs at once, and may be acknowledged
-//! before they are stable); `flush` is `rbd_flush`, which returns once
+//! before they are stable); `flush` is `rbd_aio_flush`, which ends once
 //! every write completed before it is stable on the OSDs. That is the
 //! device contract: a write may be lost until a later flush completes.
+//! librbd would otherwise keep its cache in writethrough until the first
+//! flush (`rbd_cache_writethrough_until_flush`, for guests that never
+//! flush); tiercache flushes wherever durability needs it, so it turns
+//! that off unless the config sets it (`DEFAULTS`).
 //!
 //! Bounds: connecting gives up after `client_mount_timeout` (set to 30 s
 //! unless the config sets it); an OSD request that gets no answer fails
@@ -33,37 +42,54 @@
 //! origin that stops answering becomes an origin error instead of a hang,
 //! and the image is unreachable until a request succeeds (health.rs).
 
+mod aio;
 mod health;
 mod librbd;
+mod submit;
 mod uri;
 
 pub use uri::RbdUri;
 
 use std::ffi::{c_char, CString};
 use std::io;
+use std::sync::Arc;
 
 use parking_lot::RwLock;
 
 use super::{check_range, fnv1a64, BlockDevice, DeviceError, DeviceResult, SECTOR_BYTES};
 use librbd::{api, Api, ImageT, IoctxT, RadosT};
+use submit::Ends;
 
-/// Config values set when the config leaves them at Ceph's default (see the
-/// module comment): (option, Ceph's default, ours).
+/// Config values set when the config leaves them at Ceph's default:
+/// (option, Ceph's default, ours).
+/// - `client_mount_timeout`: connecting gives up after 30 s, not 300
+///   (module comment, "Bounds").
+/// - `rbd_cache_writethrough_until_flush`: librbd keeps its cache in
+///   writethrough until a client's first flush, for guests that never send
+///   one; tiercache flushes its origin wherever durability needs it (each
+///   commit covering foreground writes, each writeback batch), so librbd
+///   may use its cache as configured from the start. Left on, every origin
+///   write waited for the OSD until the first FLUSH: passthrough writes ran
+///   at half the IOPS (docs/benchmarks.md).
+///
 /// `rados_osd_op_timeout` is `device::origin_timeout` (`serve
 /// --origin-timeout`) unless the config sets it.
-const BOUNDS: [(&str, f64, &str); 1] = [("client_mount_timeout", 300.0, "30")];
+const DEFAULTS: [(&str, &str, &str); 2] = [
+    ("client_mount_timeout", "300", "30"),
+    ("rbd_cache_writethrough_until_flush", "true", "false"),
+];
 
 /// An RBD image behind [`BlockDevice`].
 pub struct RbdDevice {
-    name: String,
     identity: u64,
     /// As of the open or the last `refresh_size` (`rbd resize`).
     size_bytes: std::sync::atomic::AtomicU64,
     /// `None` once closed. Requests hold it shared for their call into
     /// librbd; closing holds it exclusively (module comment).
     handles: RwLock<Option<Handles>>,
-    /// Whether the cluster answers (health.rs).
-    health: health::Health,
+    /// The name, health and requests under way, which a request's
+    /// completion on a librbd thread also reaches (submit.rs).
+    ends: Arc<Ends>,
     /// Failed flushes (`BlockDevice::loss_epoch`).
     failed_flushes: std::sync::atomic::AtomicU64,
 }
@@ -170,21 +196,12 @@ impl RbdDevice {
             // and the image, and a changed config path or client name.
             let identity = fnv1a64(format!("rbd:{fsid}:{pool_id}:{image_id}").as_bytes());
             Ok(RbdDevice {
-                name: uri.to_string(),
                 identity,
                 size_bytes: size_bytes.into(),
                 handles: RwLock::new(Some(h)),
-                health: Default::default(),
+                ends: Arc::new(Ends::new(uri)),
                 failed_flushes: Default::default(),
             })
-        }
-    }
-
-    fn io_err(&self, what: &'static str, source: io::Error) -> DeviceError {
-        DeviceError::Io {
-            device: self.name.clone(),
-            what,
-            source,
         }
     }
 
@@ -196,28 +213,11 @@ impl RbdDevice {
     ) -> DeviceResult<T> {
         match self.handles.read().as_ref() {
             Some(h) => f(h),
-            None => Err(self.io_err(
+            None => Err(self.ends.io_err(
                 what,
                 io::Error::new(io::ErrorKind::NotConnected, "the image was closed"),
             )),
         }
-    }
-
-    /// Tells the health tracker how a request ended. Only a read or a
-    /// flush that succeeded (`answered`) says the cluster answers:
-    /// librbd's cache may acknowledge a write or a discard without it.
-    fn noted<T>(&self, r: DeviceResult<T>, answered: bool) -> DeviceResult<T> {
-        match &r {
-            Ok(_) if answered => self.health.succeeded(),
-            Ok(_) => {}
-            Err(e @ DeviceError::Io { source, .. }) => {
-                if let Some(errno) = source.raw_os_error() {
-                    self.health.failed(errno, &e.to_string());
-                }
-            }
-            Err(_) => {}
-        }
-        r
     }
 }
 
@@ -262,11 +262,11 @@ fn connect_cluster(h: &mut Handles, u: &RbdUri) -> Result<(), String> {
             (api.rados_conf_parse_env)(h.cluster, std::ptr::null()).into(),
             "parsing CEPH_ARGS".into(),
         )?;
-        for (option, ceph_default, ours) in BOUNDS {
+        for (option, ceph_default, ours) in DEFAULTS {
             set_if_default(api, h.cluster, option, ceph_default, ours)?;
         }
         let op_timeout = crate::device::origin_timeout().as_secs().max(1).to_string();
-        set_if_default(api, h.cluster, "rados_osd_op_timeout", 0.0, &op_timeout)?;
+        set_if_default(api, h.cluster, "rados_osd_op_timeout", "0", &op_timeout)?;
         check(
             (api.rados_connect)(h.cluster).into(),
             format!("connecting to the cluster as client.{}", u.id),
@@ -274,7 +274,8 @@ fn connect_cluster(h: &mut Handles, u: &RbdUri) -> Result<(), String> {
     }
 }
 
-/// Sets `option` to `ours` if the config left it at `ceph_default`.
+/// Sets `option` to `ours` if the config left it at `ceph_default`
+/// (numbers compared as numbers: "300" is "300.000000").
 ///
 /// # Safety
 /// `cluster` is a live, not yet connected handle of `api`.
@@ -282,7 +283,7 @@ unsafe fn set_if_default(
     api: &Api,
     cluster: RadosT,
     option: &str,
-    ceph_default: f64,
+    ceph_default: &str,
     ours: &str,
 ) -> Result<(), String> {
     let copt = cstring("option", option)?;
@@ -290,7 +291,12 @@ unsafe fn set_if_default(
     let current =
         read_string(|buf, len| unsafe { (api.rados_conf_get)(cluster, copt.as_ptr(), buf, len) })
             .map_err(|e| format!("rados_conf_get {option}: {e}"))?;
-    if current.trim().parse::<f64>().ok() == Some(ceph_default) {
+    let current = current.trim();
+    let same = match (current.parse::<f64>(), ceph_default.parse::<f64>()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => current == ceph_default,
+    };
+    if same {
         let value = cstring("value", ours)?;
         // SAFETY: as above.
         let ret = unsafe { (api.rados_conf_set)(cluster, copt.as_ptr(), value.as_ptr()) };
@@ -334,7 +340,7 @@ impl BlockDevice for RbdDevice {
             // SAFETY: a live image handle; librbd writes the u64.
             let ret = unsafe { (h.api.rbd_get_size)(h.image, &mut now) };
             if ret < 0 {
-                return Err(self.io_err("size", errno_error(ret.into())));
+                return Err(self.ends.io_err("size", errno_error(ret.into())));
             }
             Ok(())
         })?;
@@ -347,29 +353,37 @@ impl BlockDevice for RbdDevice {
         check_range(self, offset, buf.len() as u64)?;
         let len = buf.len();
         let ret = self.with_image("read", |h| {
+            let to = buf.as_mut_ptr().cast();
             // SAFETY: a live image handle; librbd writes at most len bytes
-            // into buf, which stays borrowed for the call.
-            Ok(unsafe { (h.api.rbd_read)(h.image, offset, len, buf.as_mut_ptr().cast()) })
+            // into buf, which stays borrowed until the request is over.
+            Ok(unsafe { aio::wait(h.api, |c| (h.api.rbd_aio_read)(h.image, offset, len, to, c)) })
         })?;
-        self.noted(self.transferred("read", ret, len), true)
+        self.ends
+            .noted(self.ends.transferred("read", ret, Some(len)), true)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> DeviceResult<()> {
         check_range(self, offset, buf.len() as u64)?;
         let ret = self.with_image("write", |h| {
-            // SAFETY: a live image handle; librbd only reads buf.len() bytes
-            // of buf, which stays borrowed for the call.
-            Ok(unsafe { (h.api.rbd_write)(h.image, offset, buf.len(), buf.as_ptr().cast()) })
+            let (from, len) = (buf.as_ptr().cast(), buf.len());
+            // SAFETY: a live image handle; librbd only reads len bytes of
+            // buf, which stays borrowed until the request is over.
+            Ok(unsafe {
+                aio::wait(h.api, |c| {
+                    (h.api.rbd_aio_write)(h.image, offset, len, from, c)
+                })
+            })
         })?;
-        self.noted(self.transferred("write", ret, buf.len()), false)
+        self.ends
+            .noted(self.ends.transferred("write", ret, None), false)
     }
 
     fn flush(&self) -> DeviceResult<()> {
         let r = self.with_image("flush", |h| {
             // SAFETY: a live image handle.
-            let ret = unsafe { (h.api.rbd_flush)(h.image) };
+            let ret = unsafe { aio::wait(h.api, |c| (h.api.rbd_aio_flush)(h.image, c)) };
             if ret < 0 {
-                return Err(self.io_err("flush", errno_error(ret.into())));
+                return Err(self.ends.io_err("flush", errno_error(ret as i64)));
             }
             Ok(())
         });
@@ -377,7 +391,7 @@ impl BlockDevice for RbdDevice {
             self.failed_flushes
                 .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         }
-        self.noted(r, true)
+        self.ends.noted(r, true)
     }
 
     fn loss_epoch(&self) -> u64 {
@@ -386,54 +400,49 @@ impl BlockDevice for RbdDevice {
     }
 
     fn health(&self) -> Option<super::DeviceHealth> {
-        Some(self.health.report())
+        Some(self.ends.health.report())
     }
 
     fn is_reachable(&self) -> bool {
-        self.health.is_reachable()
+        self.ends.health.is_reachable()
     }
 
     fn discard(&self, offset: u64, len: u64) -> DeviceResult<()> {
         check_range(self, offset, len)?;
         let r = self.with_image("discard", |h| {
             // SAFETY: a live image handle.
-            let ret = unsafe { (h.api.rbd_discard)(h.image, offset, len) };
+            let ret =
+                unsafe { aio::wait(h.api, |c| (h.api.rbd_aio_discard)(h.image, offset, len, c)) };
             if ret < 0 {
-                return Err(self.io_err("discard", errno_error(ret.into())));
+                return Err(self.ends.io_err("discard", errno_error(ret as i64)));
             }
             Ok(())
         });
-        self.noted(r, false)
+        self.ends.noted(r, false)
     }
 
     fn close(&self) -> DeviceResult<()> {
-        // Waits for the requests under way; rbd_close in Handles::drop.
-        drop(self.handles.write().take());
+        // The write lock waits for blocking requests under way and keeps
+        // new ones out; then the submitted ones (each bounded by
+        // rados_osd_op_timeout) end; rbd_close in Handles::drop.
+        let mut handles = self.handles.write();
+        let limit = crate::device::origin_timeout() + std::time::Duration::from_secs(5);
+        if !self.drain_submitted(limit) {
+            log::warn!("{}: requests still under way at close", self.ends.name);
+        }
+        drop(handles.take());
         Ok(())
     }
 
+    fn submitter(&self) -> Option<&dyn super::Submit> {
+        Some(self)
+    }
+
     fn name(&self) -> &str {
-        &self.name
+        &self.ends.name
     }
 
     fn identity(&self) -> u64 {
         self.identity
-    }
-}
-
-impl RbdDevice {
-    /// The result of rbd_read/rbd_write: all `len` bytes, or an error.
-    fn transferred(&self, what: &'static str, ret: isize, len: usize) -> DeviceResult<()> {
-        match usize::try_from(ret) {
-            Ok(n) if n == len => Ok(()),
-            Ok(n) => Err(self.io_err(
-                what,
-                io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    format!("rbd_{what} returned {n} of {len} bytes"),
-                ),
-            )),
-            Err(_) => Err(self.io_err(what, errno_error(ret as i64))),
-        }
     }
 }

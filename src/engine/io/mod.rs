@@ -12,6 +12,7 @@ pub mod data;
 pub mod direct;
 pub mod failure;
 pub(crate) mod gather;
+pub mod submitted;
 pub(crate) mod warnings;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

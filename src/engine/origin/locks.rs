@@ -85,11 +85,24 @@ impl BlockLocks {
     }
 
     pub fn unlock(&self, block: u64) {
+        self.remove(block);
+        sync::released(Rank::Blocks);
+    }
+
+    /// Lets `block` go, waking its waiters.
+    fn remove(&self, block: u64) {
         let (m, cv) = self.shard(block);
         let removed = m.lock().remove(&block).is_some();
         assert!(removed, "unlock of block {block} that is not locked");
         cv.notify_all();
-        sync::released(Rank::Blocks);
+    }
+
+    /// Unlocks blocks `first..=last` that `BlockRangeGuard::hand_off`
+    /// handed to a request going on elsewhere, on any thread.
+    pub fn unlock_handed(&self, first: u64, last: u64) {
+        for b in first..=last {
+            self.remove(b);
+        }
     }
 
     /// Unlocks blocks `first..=last` (a range `BlockRangeGuard::keep` kept).
@@ -147,6 +160,18 @@ impl BlockRangeGuard<'_> {
     /// after this call returns (engine/io/direct.rs); `unlock_range` lets
     /// them go, on the same thread.
     pub fn keep(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl BlockRangeGuard<'_> {
+    /// Keeps the blocks locked for a request that ends on another thread
+    /// (an origin's completion: engine/io/submitted.rs): this thread no
+    /// longer counts them as held; `unlock_handed` lets them go.
+    pub fn hand_off(self) {
+        for _ in self.first..=self.last {
+            sync::released(Rank::Blocks);
+        }
         std::mem::forget(self);
     }
 }

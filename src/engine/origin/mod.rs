@@ -327,11 +327,23 @@ impl Origin {
         now_ms: impl Fn() -> u64,
         f: impl FnOnce() -> T,
     ) -> Option<T> {
-        self.in_flight.fetch_add(1, Ordering::SeqCst);
-        let r = (!self.retired.load(Ordering::SeqCst)).then(f);
-        self.last_end_ms.store(now_ms(), Ordering::Release);
-        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        let r = self.begin_foreground().then(f);
+        self.end_foreground(now_ms());
         r
+    }
+
+    /// A foreground I/O to the origin starts (ended by `end_foreground`,
+    /// whatever this returns): false if the volume is retired (the I/O
+    /// must not be made).
+    pub(crate) fn begin_foreground(&self) -> bool {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        !self.retired.load(Ordering::SeqCst)
+    }
+
+    /// A foreground I/O `begin_foreground` started is over, at `now_ms`.
+    pub(crate) fn end_foreground(&self, now_ms: u64) {
+        self.last_end_ms.store(now_ms, Ordering::Release);
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Waits (up to `limit`) until no foreground I/O to the origin is under

@@ -1,0 +1,240 @@
+//! Origin reads started without blocking a thread (engine/io/submitted.rs):
+//! over an origin that completes requests on its own thread
+//! (`device::Submit`, as librbd does for `rbd://`), a read the cache
+//! neither holds nor keeps goes there from the caller's task, and its
+//! blocks stay locked until the origin completes it. Here the origin is a
+//! RAM image whose submitted reads a thread of its own completes, past a
+//! gate the test may close.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+use tiercache::device::fault::FaultDevice;
+use tiercache::device::{AlignedBuf, BlockDevice, DeviceResult, Done, Submit};
+use tiercache::engine::async_engine::AsyncEngine;
+use tiercache::engine::{CreateOptions, Engine, Mode};
+use tiercache::volume::Volume;
+
+const BS: u64 = 4096;
+const SLOTS: u64 = 64;
+
+/// A submitted read: buffer, offset, end.
+type Job = (AlignedBuf, u64, Done);
+
+/// The origin: `inner`'s data; submitted reads are completed by `worker`
+/// (a thread of the device's own), each once the gate is open.
+struct Threaded {
+    inner: Arc<FaultDevice>,
+    jobs: Mutex<mpsc::Sender<Job>>,
+    submitted: AtomicU64,
+    open: Arc<(Mutex<bool>, Condvar)>,
+    /// Reads that reached the worker and wait at the gate.
+    at_gate: Arc<AtomicU64>,
+}
+
+impl Threaded {
+    fn new(inner: Arc<FaultDevice>) -> Arc<Threaded> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let open = Arc::new((Mutex::new(true), Condvar::new()));
+        let at_gate = Arc::new(AtomicU64::new(0));
+        let (dev, gate, waiting) = (inner.clone(), open.clone(), at_gate.clone());
+        std::thread::spawn(move || {
+            for (mut buf, offset, done) in rx {
+                waiting.fetch_add(1, Ordering::SeqCst);
+                let mut is_open = gate.0.lock();
+                while !*is_open {
+                    gate.1.wait(&mut is_open);
+                }
+                drop(is_open);
+                waiting.fetch_sub(1, Ordering::SeqCst);
+                let r = dev.read_at(&mut buf, offset);
+                done(buf, r);
+            }
+        });
+        Arc::new(Threaded {
+            inner,
+            jobs: Mutex::new(tx),
+            submitted: AtomicU64::new(0),
+            open,
+            at_gate,
+        })
+    }
+
+    fn set_gate(&self, open: bool) {
+        *self.open.0.lock() = open;
+        self.open.1.notify_all();
+    }
+
+    /// Waits (at most 10 s) until a read waits at the gate.
+    fn wait_at_gate(&self) {
+        for _ in 0..1000 {
+            if self.at_gate.load(Ordering::SeqCst) > 0 {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("no submitted read reached the gate");
+    }
+}
+
+impl BlockDevice for Threaded {
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> DeviceResult<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> DeviceResult<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> DeviceResult<()> {
+        self.inner.flush()
+    }
+    fn name(&self) -> &str {
+        "threaded origin"
+    }
+    fn submitter(&self) -> Option<&dyn Submit> {
+        Some(self)
+    }
+}
+
+impl Submit for Threaded {
+    fn submit_read(&self, buf: AlignedBuf, offset: u64, done: Done) {
+        self.submitted.fetch_add(1, Ordering::SeqCst);
+        self.jobs.lock().send((buf, offset, done)).unwrap();
+    }
+    fn submit_write(&self, buf: AlignedBuf, offset: u64, done: Done) {
+        let r = self.inner.write_at(&buf, offset);
+        done(buf, r);
+    }
+}
+
+/// Origin block `b` holds bytes `b as u8 ^ 0x5a`.
+fn origin_block(b: u64) -> Vec<u8> {
+    vec![b as u8 ^ 0x5a; BS as usize]
+}
+
+struct Rig {
+    origin: Arc<Threaded>,
+    faults: Arc<FaultDevice>,
+    engine: Arc<Engine>,
+    rt: tokio::runtime::Runtime,
+}
+
+fn rig(mode: Mode) -> Rig {
+    let image: Vec<u8> = (0..256).flat_map(origin_block).collect();
+    let faults = Arc::new(FaultDevice::from_image("origin", image, 2));
+    let origin = Threaded::new(faults.clone());
+    let cache = FaultDevice::new("cache", common::cache_bytes_for(SLOTS, BS as u32), 1);
+    let opts = CreateOptions {
+        mode,
+        ..Default::default()
+    };
+    let engine = Engine::create(Arc::new(cache), origin.clone(), &opts).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    Rig {
+        origin,
+        faults,
+        engine,
+        rt,
+    }
+}
+
+impl Rig {
+    fn read(&self, block: u64, blocks: u64) -> tiercache::volume::VolumeResult<AlignedBuf> {
+        let v = AsyncEngine::new(self.engine.clone());
+        self.rt
+            .block_on(async move { v.read(block * BS, (blocks * BS) as u32).await })
+    }
+}
+
+#[test]
+fn passthrough_reads_are_submitted_and_right() {
+    let r = rig(Mode::Passthrough);
+    let reads_before = r.faults.reads();
+    for (block, blocks) in [(0, 1), (7, 3), (100, 16), (255, 1)] {
+        let got = r.read(block, blocks).unwrap();
+        let want: Vec<u8> = (block..block + blocks).flat_map(origin_block).collect();
+        assert!(got[..] == want[..], "blocks {block}+{blocks}");
+    }
+    assert_eq!(r.origin.submitted.load(Ordering::SeqCst), 4);
+    // Each went to the origin once, through the submitted path only.
+    assert_eq!(r.faults.reads() - reads_before, 4);
+    let s = r.engine.status().stats;
+    assert_eq!((s.read_requests, s.read_misses, s.origin_reads), (4, 21, 4));
+    assert_eq!(s.origin_reads_submitted, 4);
+    assert_eq!(s.origin_errors, 0);
+}
+
+#[test]
+fn a_write_waits_for_the_submitted_read_of_its_block() {
+    let r = rig(Mode::Passthrough);
+    r.origin.set_gate(false);
+    let v = AsyncEngine::new(r.engine.clone());
+    let read = r.rt.spawn(async move { v.read(5 * BS, BS as u32).await });
+    r.origin.wait_at_gate();
+    // A write of the read's block waits for the read's lock.
+    let wrote = Arc::new(AtomicBool::new(false));
+    let (engine, flag) = (r.engine.clone(), wrote.clone());
+    let writer = std::thread::spawn(move || {
+        engine.write(5 * BS, &[0xee; BS as usize], false).unwrap();
+        flag.store(true, Ordering::SeqCst);
+    });
+    // A write of another block does not.
+    r.engine.write(6 * BS, &[0xdd; BS as usize], false).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !wrote.load(Ordering::SeqCst),
+        "the write went past a read holding its block"
+    );
+    r.origin.set_gate(true);
+    let got = r.rt.block_on(read).unwrap().unwrap();
+    assert!(
+        got[..] == origin_block(5)[..],
+        "the read started before the write"
+    );
+    writer.join().unwrap();
+    assert!(wrote.load(Ordering::SeqCst));
+    assert!(r.read(5, 2).unwrap()[..] == [[0xee; BS as usize], [0xdd; BS as usize]].concat()[..]);
+}
+
+#[test]
+fn a_failed_submitted_read_is_an_error_and_lets_its_blocks_go() {
+    let r = rig(Mode::Passthrough);
+    r.faults.fail_reads_in(9 * BS, BS);
+    assert!(r.read(8, 3).is_err());
+    assert_eq!(r.engine.status().stats.origin_errors, 1);
+    r.faults.clear_faults();
+    // The blocks were unlocked: a write and a read of them go through.
+    r.engine.write(9 * BS, &[0x11; BS as usize], false).unwrap();
+    assert!(r.read(9, 1).unwrap()[..] == [0x11; BS as usize][..]);
+}
+
+#[test]
+fn reads_that_keep_or_hit_take_the_blocking_path() {
+    // Writeback promotes its misses: stored by the blocking path.
+    let r = rig(Mode::Writeback);
+    assert!(r.read(3, 2).unwrap()[..] == [origin_block(3), origin_block(4)].concat()[..]);
+    assert_eq!(r.origin.submitted.load(Ordering::SeqCst), 0);
+    assert_eq!(r.engine.status().stats.promotions, 2);
+    // Writeonly does not promote: submitted, unless a block is dirty in
+    // the cache (its only current copy).
+    let r = rig(Mode::Writeonly);
+    r.engine
+        .write(20 * BS, &[0x77; BS as usize], false)
+        .unwrap();
+    let got = r.read(19, 3).unwrap();
+    assert!(got[..] == [origin_block(19), vec![0x77; BS as usize], origin_block(21)].concat()[..]);
+    assert_eq!(r.origin.submitted.load(Ordering::SeqCst), 0);
+    assert!(r.read(30, 2).unwrap()[..] == [origin_block(30), origin_block(31)].concat()[..]);
+    assert_eq!(r.origin.submitted.load(Ordering::SeqCst), 1);
+}
