@@ -108,10 +108,6 @@ impl Submit for Threaded {
         self.submitted.fetch_add(1, Ordering::SeqCst);
         self.jobs.lock().send((buf, offset, done)).unwrap();
     }
-    fn submit_write(&self, buf: AlignedBuf, offset: u64, done: Done) {
-        let r = self.inner.write_at(&buf, offset);
-        done(buf, r);
-    }
 }
 
 /// Origin block `b` holds bytes `b as u8 ^ 0x5a`.

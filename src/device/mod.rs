@@ -219,14 +219,13 @@ pub trait BlockDevice: Send + Sync {
 pub type Done = Box<dyn FnOnce(AlignedBuf, DeviceResult<()>) + Send>;
 
 /// The asynchronous side of a [`BlockDevice`] (`BlockDevice::submitter`):
-/// the same requests, under the same rules (range, alignment, durability
-/// contract), started without waiting for them. The device holds the
-/// buffer until `done`.
+/// reads under the same rules (range, alignment), started without waiting
+/// for them. The device holds the buffer until `done`. (Only reads: the
+/// engine sends the origin reads it does not keep this way; its origin
+/// writes have ordering and durability bookkeeping on the calling thread.)
 pub trait Submit: Send + Sync {
     /// Reads `buf.len()` bytes at `offset` into `buf`.
     fn submit_read(&self, buf: AlignedBuf, offset: u64, done: Done);
-    /// Writes `buf` at `offset`.
-    fn submit_write(&self, buf: AlignedBuf, offset: u64, done: Done);
 }
 
 /// The reachability of a device behind connections ([`BlockDevice::health`]):

@@ -1,6 +1,6 @@
-//! Requests started without blocking ([`Submit`]): an `rbd_aio_*` call
-//! whose completion hands the buffer and the outcome to the caller's
-//! [`Done`], on a librbd thread. What that completion needs of the device
+//! Reads started without blocking ([`Submit`]): an `rbd_aio_read` whose
+//! completion hands the buffer and the outcome to the caller's [`Done`],
+//! on a librbd thread. What that completion needs of the device
 //! (its name, its health, the count of requests under way) is [`Ends`],
 //! shared with it.
 //!
@@ -81,49 +81,39 @@ impl Ends {
         }
     }
 
-    /// How a submitted read (`read`) or write ended, given to `done`.
-    fn end(&self, read: bool, ret: isize, buf: AlignedBuf, done: Done) {
-        let (what, len) = match read {
-            true => ("read", Some(buf.len())),
-            false => ("write", None),
-        };
-        let r = self.noted(self.transferred(what, ret, len), read);
+    /// How a submitted read ended, given to `done`.
+    fn end(&self, ret: isize, buf: AlignedBuf, done: Done) {
+        let r = self.noted(self.transferred("read", ret, Some(buf.len())), true);
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
         done(buf, r);
     }
 }
 
 impl RbdDevice {
-    /// Starts a read or a write of `buf` at `offset`; `done` gets the
-    /// buffer back with the outcome.
-    fn submit(&self, read: bool, mut buf: AlignedBuf, offset: u64, done: Done) {
+    /// Starts a read into `buf` at `offset`; `done` gets the buffer back
+    /// with the outcome.
+    fn submit(&self, mut buf: AlignedBuf, offset: u64, done: Done) {
         if let Err(e) = check_range(self, offset, buf.len() as u64) {
             return done(buf, Err(e));
         }
-        let what = if read { "read" } else { "write" };
         let guard = self.handles.read();
         let Some(h) = guard.as_ref() else {
             let closed = io::Error::new(io::ErrorKind::NotConnected, "the image was closed");
-            return done(buf, Err(self.ends.io_err(what, closed)));
+            return done(buf, Err(self.ends.io_err("read", closed)));
         };
         let (ptr, len) = (buf.as_mut_ptr(), buf.len());
         // Counted before the start: a completion may run before it returns.
         self.ends.in_flight.fetch_add(1, Ordering::AcqRel);
         let ends = Arc::clone(&self.ends);
         // The buffer moves into the completion; its heap bytes stay put.
-        let finish = move |ret: isize| ends.end(read, ret, buf, done);
+        let finish = move |ret: isize| ends.end(ret, buf, done);
         // SAFETY: a live image (the read guard keeps it open for the call;
         // close waits for `in_flight`); `ptr` is the heap of `buf`, which
         // the completion owns until librbd is done with it.
         unsafe {
             aio::submit(
                 h.api,
-                |c| match read {
-                    true => (h.api.rbd_aio_read)(h.image, offset, len, ptr.cast(), c),
-                    false => {
-                        (h.api.rbd_aio_write)(h.image, offset, len, ptr.cast_const().cast(), c)
-                    }
-                },
+                |c| (h.api.rbd_aio_read)(h.image, offset, len, ptr.cast(), c),
                 finish,
             )
         };
@@ -137,10 +127,6 @@ impl RbdDevice {
 
 impl Submit for RbdDevice {
     fn submit_read(&self, buf: AlignedBuf, offset: u64, done: Done) {
-        self.submit(true, buf, offset, done);
-    }
-
-    fn submit_write(&self, buf: AlignedBuf, offset: u64, done: Done) {
-        self.submit(false, buf, offset, done);
+        self.submit(buf, offset, done);
     }
 }
