@@ -1,7 +1,7 @@
 //! The single-node Ceph cluster of `scripts/ceph-up.sh` for the tests that
-//! use an RBD image as the origin (docs/ceph.md): `ceph_rbd.rs` and
-//! `ceph_ordered.rs`, which include it with `#[path]` beside
-//! `common/daemon.rs` (as `mod daemon`).
+//! use an RBD image as the origin (docs/ceph.md): `ceph_rbd.rs`,
+//! `ceph_frozen.rs` and `ceph_ordered.rs`, which include it with `#[path]`
+//! beside `common/daemon.rs` (as `mod daemon`).
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -24,21 +24,36 @@ pub fn need_ceph() {
 }
 
 /// The cluster of `scripts/ceph-up.sh DIR`, stopped with
-/// `scripts/ceph-down.sh DIR` when dropped, on panic too.
+/// `scripts/ceph-down.sh DIR` when dropped, on panic too; or the cluster
+/// `scripts/test.sh` shares between the test binaries
+/// (`TIERCACHE_CEPH_CLUSTER`), which it stops itself.
 pub struct Cluster {
     dir: PathBuf,
     pub conf: PathBuf,
-    _tmp: tempfile::TempDir,
+    /// Ours to stop: `None` for the shared cluster.
+    _tmp: Option<tempfile::TempDir>,
 }
 
+/// How long a test waits for the shared cluster to come up (it starts
+/// while the tests build).
+const SHARED_UP_LIMIT: std::time::Duration = std::time::Duration::from_secs(300);
+
 impl Cluster {
+    /// A cluster for one test binary: `scripts/test.sh`'s shared one when
+    /// `TIERCACHE_CEPH_CLUSTER` names its directory (waiting for
+    /// `up.done`, failing with its log on `up.failed`), else one of its own.
+    /// Images in the shared cluster are the binaries' own: each names them
+    /// apart, and none outlives its binary in use.
     pub fn up() -> Cluster {
+        if let Some(shared) = std::env::var_os("TIERCACHE_CEPH_CLUSTER") {
+            return Cluster::shared(PathBuf::from(shared));
+        }
         let tmp = workdir("ceph-");
         let dir = tmp.path().join("cluster");
         let cluster = Cluster {
             conf: dir.join("ceph.conf"),
             dir,
-            _tmp: tmp,
+            _tmp: Some(tmp),
         };
         let out = Command::new(script("ceph-up.sh"))
             .arg(&cluster.dir)
@@ -52,6 +67,26 @@ impl Cluster {
             String::from_utf8_lossy(&out.stderr)
         );
         cluster
+    }
+
+    fn shared(top: PathBuf) -> Cluster {
+        let t = std::time::Instant::now();
+        while !top.join("up.done").exists() {
+            if top.join("up.failed").exists() || t.elapsed() > SHARED_UP_LIMIT {
+                panic!(
+                    "the shared Ceph cluster in {} did not come up:\n{}",
+                    top.display(),
+                    std::fs::read_to_string(top.join("up.log")).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let dir = top.join("cluster");
+        Cluster {
+            conf: dir.join("ceph.conf"),
+            dir,
+            _tmp: None,
+        }
     }
 
     /// The PID of one of the cluster's daemons (`osd.0`, `mon.a`, ...).
@@ -115,6 +150,9 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        if self._tmp.is_none() {
+            return;
+        }
         match Command::new(script("ceph-down.sh"))
             .arg(&self.dir)
             .stdin(Stdio::null())
