@@ -16,7 +16,14 @@
 # Each round runs the three phases; the table has the medians of ROUNDS
 # (3) rounds: single p99s of tens of µs on a shared 2-core machine move
 # by 2x from run to run.
-# Usage: [ROUNDS=N] bench/drain-latency.sh [SECS] [RATE] [DIRTY]
+# The cache device: by default a file in /dev/shm (RAM, nothing waits).
+# CACHE_DELAY_MS=N makes it a device whose time is its own and which is
+# busy: an nbdkit memory export behind the delay filter, N ms a request,
+# CACHE_THREADS (8) at once (bench/mirror-cost.sh's delay devices), so the
+# drain's cache reads queue with the foreground's hits and writes. DELAY_MS
+# (5) is the origin's time a request: raise it for a slow origin.
+# Usage: [ROUNDS=N] [DELAY_MS=N] [CACHE_DELAY_MS=N [CACHE_THREADS=N]]
+#        bench/drain-latency.sh [SECS] [RATE] [DIRTY]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-15}
@@ -24,17 +31,21 @@ RATE=${2:-500}
 DIRTY=${3:-6000}
 ROUNDS=${ROUNDS:-3}
 DELAY_MS=${DELAY_MS:-5}
+CACHE_DELAY_MS=${CACHE_DELAY_MS:-}
+CACHE_THREADS=${CACHE_THREADS:-8}
 BIN=${TIERCACHE_BIN:-target/release/tiercache}
 [ -x "$BIN" ] || cargo build --release --quiet
 W=$(mktemp -d)
 SHM=$(mktemp -d -p /dev/shm)
 KIT=""
+CKIT=""
 SERVE=""
 DRAIN=""
 cleanup() {
     [ -n "$DRAIN" ] && kill "$DRAIN" 2>/dev/null || true
     [ -n "$SERVE" ] && kill "$SERVE" 2>/dev/null || true
     [ -n "$KIT" ] && kill "$KIT" 2>/dev/null || true
+    [ -n "$CKIT" ] && kill "$CKIT" 2>/dev/null || true
     rm -rf "$W" "$SHM"
 }
 trap cleanup EXIT
@@ -42,12 +53,21 @@ nbdkit -f -U "$W/hdd.sock" --exit-with-parent --filter=noparallel --filter=delay
     serialize=all-requests delay-read="${DELAY_MS}ms" delay-write="${DELAY_MS}ms" &
 KIT=$!
 while [ ! -S "$W/hdd.sock" ]; do sleep 0.05; done
-truncate -s 256M "$SHM/cache.img"
+if [ -n "$CACHE_DELAY_MS" ]; then
+    nbdkit -f -U "$W/cache.sock" --exit-with-parent --threads "$CACHE_THREADS" --filter=delay \
+        memory 256M delay-read="${CACHE_DELAY_MS}ms" delay-write="${CACHE_DELAY_MS}ms" &
+    CKIT=$!
+    while [ ! -S "$W/cache.sock" ]; do sleep 0.05; done
+    CACHE="nbd+unix:///?socket=$W/cache.sock"
+else
+    truncate -s 256M "$SHM/cache.img"
+    CACHE="$SHM/cache.img"
+fi
 state=$W/state
 tc() { "$BIN" --state-dir "$state" "$@"; }
 tc create --name dl --mode writeback --block-size 4K --writeback-idle 0 --writeback-high 100 \
     --writeback-low 99 --writeback-age 32767 --origin "nbd+unix:///?socket=$W/hdd.sock" \
-    --cache "$SHM/cache.img" >/dev/null
+    --cache "$CACHE" >/dev/null
 "$BIN" --state-dir "$state" serve --name dl --socket "$W/dl.nbd" 2>>"$W/serve.log" &
 SERVE=$!
 while [ ! -S "$W/dl.nbd" ]; do
@@ -113,9 +133,9 @@ for r in $(seq "$ROUNDS"); do
     echo "$wm_secs" >>"$W/watermark.secs"
 done
 
-python3 - "$W" "$RATE" "$DIRTY" "$DELAY_MS" "$ROUNDS" <<'PY'
+python3 - "$W" "$RATE" "$DIRTY" "$DELAY_MS" "$ROUNDS" "$CACHE_DELAY_MS" "$CACHE_THREADS" <<'PY'
 import json, statistics, sys
-w, rate, dirty, delay, rounds = sys.argv[1:]
+w, rate, dirty, delay, rounds, cache_delay, cache_threads = sys.argv[1:]
 KEYS = ("50.000000", "99.000000", "99.900000")
 def lat(phase, r):
     jobs = {j["jobname"]: j for j in json.load(open(f"{w}/{phase}.{r}.json"))["jobs"]}
@@ -133,7 +153,9 @@ def secs(phase):
     return f"{statistics.median(done):.1f} s" + ("" if len(done) == len(vals) else " (some unfinished)")
 idle = median("idle")
 print(f"\n{rate} read hits/s + {rate} writes/s, 4K QD4 each; {dirty} random dirty 4K blocks; "
-      f"origin {delay} ms a request, one at a time; medians of {rounds} rounds")
+      f"origin {delay} ms a request, one at a time; cache "
+      + (f"{cache_delay} ms a request, {cache_threads} at once" if cache_delay else "a file in /dev/shm")
+      + f"; medians of {rounds} rounds")
 print("| phase | hit p50 | hit p99 | hit p99.9 | write p50 | write p99 | write p99.9 | hit p99 / idle | write p99 / idle | drain |")
 print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
 for phase in ("idle", "flush", "watermark"):
