@@ -625,6 +625,10 @@ impl BlockDevice for FileDevice {
         self.is_block_device()
     }
 
+    fn reads_in_parallel(&self) -> bool {
+        true
+    }
+
     /// A hint: succeeds without effect where the filesystem or device cannot
     /// discard.
     fn discard(&self, offset: u64, len: u64) -> DeviceResult<()> {

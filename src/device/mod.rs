@@ -172,6 +172,14 @@ pub trait BlockDevice: Send + Sync {
     fn let_go(&self) -> DeviceResult<()> {
         self.close()
     }
+    /// True if reads made at once from several threads finish sooner
+    /// than one after another: a device with a queue of its own (a block
+    /// device, a file, an NBD export). Writeback reads a run's scattered
+    /// slots so (`writeback/run.rs`, `read_run`). False for RAM and the
+    /// test devices, whose operations' order a crash test's seed replays.
+    fn reads_in_parallel(&self) -> bool {
+        false
+    }
     /// True if the contents do not survive a process exit (RAM).
     fn is_volatile(&self) -> bool {
         false

@@ -354,6 +354,9 @@ impl BlockDevice for NbdDevice {
     fn discard_helps(&self) -> bool {
         true
     }
+    fn reads_in_parallel(&self) -> bool {
+        true
+    }
     fn discard(&self, offset: u64, len: u64) -> DeviceResult<()> {
         check_range(self, offset, len)?;
         if self.transmission_flags & FLAG_SEND_TRIM == 0 {

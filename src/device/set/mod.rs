@@ -710,6 +710,10 @@ impl BlockDevice for CacheSet {
             .any(|m| m.dev().is_some_and(|d| d.is_volatile()))
     }
 
+    fn reads_in_parallel(&self) -> bool {
+        (self.members.iter()).all(|m| m.dev().is_none_or(|d| d.reads_in_parallel()))
+    }
+
     fn name(&self) -> &str {
         &self.name
     }
