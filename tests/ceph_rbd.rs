@@ -281,35 +281,9 @@ fn cache_round_trip(
     let path = |name: &str| dir.join(name);
     let mut model = pattern(0, IMAGE_BYTES, 1);
     let state = path("state");
-    let cache = path("cache.img");
-    std::fs::File::create(&cache)
-        .unwrap()
-        .set_len(CACHE_BYTES)
-        .unwrap();
     let tc = |args: &[&str]| cli_ok_in(&state, args);
-    tc(&[
-        "create",
-        "--origin",
-        origin,
-        "--cache",
-        cache.to_str().unwrap(),
-        "--mode",
-        "writeback",
-    ]);
-    let mut serve = KillOnDrop(
-        Command::new(BIN)
-            .arg("serve")
-            .env("TIERCACHE_STATE_DIR", &state)
-            .envs(serve_env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(path("serve.log")).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    let tc_sock = state.join("tc0.nbd");
-    wait_for_socket(&tc_sock);
-    wait_for_socket(&state.join("tc0.sock"));
-    let uri = format!("nbd+unix:///?socket={}", tc_sock.display());
+    let (mut serve, uri) = serve_cache(origin, "writeback", serve_env, &state, &path("cache.img"));
+    let serve_log = state.join("serve.log");
 
     // nbdcopy: pattern 2 over the first 32 MiB.
     let copy = pattern(0, COPY_BYTES, 2);
@@ -405,7 +379,7 @@ fn cache_round_trip(
     assert!(
         serve.try_wait().unwrap().is_some_and(|s| s.success()),
         "serve failed after detach: {}",
-        std::fs::read_to_string(path("serve.log")).unwrap_or_default()
+        std::fs::read_to_string(&serve_log).unwrap_or_default()
     );
     let exported = cluster.export(image, &path("export.bin"));
     assert!(
@@ -420,34 +394,14 @@ fn cache_round_trip(
 /// `origin_reads_submitted`); what it read is what `rbd export` reads.
 fn passthrough_reads(cluster: &Cluster, image: &str, origin: &str, dir: &Path) {
     let state = dir.join("state-pt");
-    let cache = dir.join("cache-pt.img");
-    std::fs::File::create(&cache)
-        .unwrap()
-        .set_len(CACHE_BYTES)
-        .unwrap();
     let tc = |args: &[&str]| cli_ok_in(&state, args);
-    tc(&[
-        "create",
-        "--origin",
+    let (mut serve, uri) = serve_cache(
         origin,
-        "--cache",
-        cache.to_str().unwrap(),
-        "--mode",
         "passthrough",
-    ]);
-    let mut serve = KillOnDrop(
-        Command::new(BIN)
-            .arg("serve")
-            .env("TIERCACHE_STATE_DIR", &state)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("serve-pt.log")).unwrap())
-            .spawn()
-            .unwrap(),
+        &[],
+        &state,
+        &dir.join("cache-pt.img"),
     );
-    let sock = state.join("tc0.nbd");
-    wait_for_socket(&sock);
-    wait_for_socket(&state.join("tc0.sock"));
-    let uri = format!("nbd+unix:///?socket={}", sock.display());
     let served_path = dir.join("served-pt.bin");
     ok(
         Command::new("nbdcopy")
@@ -476,4 +430,43 @@ fn passthrough_reads(cluster: &Cluster, image: &str, origin: &str, dir: &Path) {
         exported == served,
         "passthrough over {origin} served other bytes than rbd export of {image} reads"
     );
+}
+
+/// `tiercache create` of a cache in `mode` over `origin` on a new cache
+/// file of `CACHE_BYTES` at `cache`, in the state directory `state`, then
+/// `serve` (its log `state/serve.log`, `serve_env` added to its
+/// environment), waited for; returns the daemon and its NBD URI.
+fn serve_cache(
+    origin: &str,
+    mode: &str,
+    serve_env: &[(&str, &str)],
+    state: &Path,
+    cache: &Path,
+) -> (KillOnDrop, String) {
+    std::fs::File::create(cache)
+        .unwrap()
+        .set_len(CACHE_BYTES)
+        .unwrap();
+    let cache = cache.to_str().unwrap();
+    cli_ok_in(
+        state,
+        &[
+            "create", "--origin", origin, "--cache", cache, "--mode", mode,
+        ],
+    );
+    std::fs::create_dir_all(state).unwrap();
+    let serve = KillOnDrop(
+        Command::new(BIN)
+            .arg("serve")
+            .env("TIERCACHE_STATE_DIR", state)
+            .envs(serve_env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(state.join("serve.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let sock = state.join("tc0.nbd");
+    wait_for_socket(&sock);
+    wait_for_socket(&state.join("tc0.sock"));
+    (serve, format!("nbd+unix:///?socket={}", sock.display()))
 }

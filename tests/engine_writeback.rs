@@ -63,6 +63,17 @@ impl BlockDevice for Recorder {
     }
 }
 
+/// A recording origin of `ORIGIN_BYTES`, its gate open, no delay.
+fn recorder() -> Arc<Recorder> {
+    Arc::new(Recorder {
+        inner: RamDevice::new("origin", ORIGIN_BYTES),
+        writes: Mutex::new(Vec::new()),
+        gate: Mutex::new((0, true)),
+        cv: parking_lot::Condvar::new(),
+        delay: Mutex::new(Duration::ZERO),
+    })
+}
+
 fn setup(w: WritebackSettings) -> (Arc<Recorder>, Arc<Engine>) {
     setup_with(w, true)
 }
@@ -77,13 +88,7 @@ fn setup_slots(
     no_background: bool,
     slots: u64,
 ) -> (Arc<Recorder>, Arc<Engine>) {
-    let origin = Arc::new(Recorder {
-        inner: RamDevice::new("origin", ORIGIN_BYTES),
-        writes: Mutex::new(Vec::new()),
-        gate: Mutex::new((0, true)),
-        cv: parking_lot::Condvar::new(),
-        delay: Mutex::new(Duration::ZERO),
-    });
+    let origin = recorder();
     let cache: DeviceRef = Arc::new(FaultDevice::new(
         "cache",
         common::cache_bytes_for(slots, BS as u32),
@@ -560,13 +565,7 @@ impl BlockDevice for Queued {
 fn a_run_of_scattered_slots_is_read_several_at_a_time_and_written_back_right() {
     use rand::seq::SliceRandom;
     use rand::SeedableRng;
-    let origin = Arc::new(Recorder {
-        inner: RamDevice::new("origin", ORIGIN_BYTES),
-        writes: Mutex::new(Vec::new()),
-        gate: Mutex::new((0, true)),
-        cv: parking_lot::Condvar::new(),
-        delay: Mutex::new(Duration::ZERO),
-    });
+    let origin = recorder();
     let cache = Arc::new(Queued {
         inner: FaultDevice::new("cache", common::cache_bytes_for(400, BS as u32), 1),
         under_way: Default::default(),
