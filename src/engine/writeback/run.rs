@@ -424,9 +424,9 @@ impl Cache {
     /// run of adjacent slots. Blocks written at random sit in scattered
     /// slots: with more than `READ_ALONE` reads, from a device that
     /// `reads_in_parallel`, they are made `READERS` at a time (on scoped
-    /// threads, this one among them), so a busy cache device (1 ms a read) holds a
-    /// run's locks, and the foreground writes that wait for them, for
-    /// ~reads / `READERS` of its time instead of all of it
+    /// threads, this one among them), so a busy cache device (1 ms a
+    /// read) holds a run's locks, and the foreground writes that wait for
+    /// them, for ~1/`READERS` of the time it took one read after another
     /// (docs/benchmarks.md: a 287 ms p99.9 write during `flush`).
     fn read_run(&self, run: &[(u64, u32)]) -> Result<AlignedBuf, DeviceError> {
         let bs = self.block_bytes as usize;
