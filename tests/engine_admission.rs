@@ -12,7 +12,7 @@ use std::time::Duration;
 use tiercache::device::fault::FaultDevice;
 use tiercache::device::{BlockDevice, DeviceRef, DeviceResult};
 use tiercache::engine::policy::PolicyKind;
-use tiercache::engine::{AdmissionSettings, CreateOptions, Engine, Mode, WritebackSettings};
+use tiercache::engine::{AdmissionSettings, CreateOptions, Engine, Mode};
 
 const ORIGIN_BYTES: u64 = 64 << 20;
 const BS: u64 = 4096;
@@ -27,12 +27,7 @@ fn engine_with(
     let opts = CreateOptions {
         mode,
         admission,
-        writeback: WritebackSettings {
-            high_pct: 100,
-            low_pct: 0,
-            max_age_secs: 3600,
-            idle_secs: 0,
-        },
+        writeback: common::held_writeback(),
         ..Default::default()
     };
     let _ = slots;

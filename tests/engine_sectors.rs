@@ -12,7 +12,7 @@ use std::sync::Arc;
 use tiercache::device::fault::FaultDevice;
 use tiercache::device::{BlockDevice, DeviceRef};
 use tiercache::engine::format::PAGE_BYTES;
-use tiercache::engine::{CreateOptions, Engine, Mode, WritebackSettings};
+use tiercache::engine::{CreateOptions, Engine, Mode};
 
 const ORIGIN_BYTES: u64 = 1 << 20;
 const BS: u32 = 4096;
@@ -39,12 +39,7 @@ impl Setup {
             mode,
             block_bytes,
             // No background writeback unless a test asks for it.
-            writeback: WritebackSettings {
-                high_pct: 100,
-                low_pct: 0,
-                max_age_secs: 3600,
-                idle_secs: 0,
-            },
+            writeback: common::held_writeback(),
             ..Default::default()
         };
         let (c, o): (DeviceRef, DeviceRef) = (cache.clone(), origin.clone());

@@ -127,12 +127,7 @@ fn write_block(engine: &Engine, block: u64) {
 
 #[test]
 fn create_and_caching_never_write_the_origin() {
-    let (origin, engine) = setup(WritebackSettings {
-        high_pct: 100,
-        low_pct: 0,
-        max_age_secs: 3600,
-        idle_secs: 0,
-    });
+    let (origin, engine) = setup(common::held_writeback());
     for b in 0..50 {
         write_block(&engine, b * 3);
         engine.read(b * 7 * BS, BS).unwrap();
@@ -472,15 +467,7 @@ fn an_idle_origin_is_drained_and_a_client_stops_the_drain() {
 
 #[test]
 fn writes_to_a_cache_full_of_dirty_blocks_wait_for_writeback_instead_of_going_around() {
-    let (origin, engine) = setup_with(
-        WritebackSettings {
-            high_pct: 100,
-            low_pct: 0,
-            max_age_secs: 3600,
-            idle_secs: 0,
-        },
-        false,
-    );
+    let (origin, engine) = setup_with(common::held_writeback(), false);
     let total = engine.status().cache_blocks_total;
     // The origin holds its writes until a client write has waited: the
     // background writeback the full cache starts cannot free a slot first.
@@ -572,12 +559,7 @@ fn a_run_of_scattered_slots_is_read_several_at_a_time_and_written_back_right() {
         most: Default::default(),
     });
     let opts = CreateOptions {
-        writeback: WritebackSettings {
-            high_pct: 100,
-            low_pct: 0,
-            max_age_secs: 3600,
-            idle_secs: 0,
-        },
+        writeback: common::held_writeback(),
         ..Default::default()
     };
     let engine = Engine::create(cache.clone(), origin.clone(), &opts).unwrap();

@@ -35,7 +35,7 @@ use tiercache::device::{fnv1a64, open_device};
 use tiercache::engine::format::{parse_journal_page, Layout, Superblock, PAGE_BYTES};
 use tiercache::engine::load_fuzz::{self, Outcome};
 use tiercache::engine::recovery::check;
-use tiercache::engine::{CreateOptions, Engine, EngineError, Mode, OpenOptions, WritebackSettings};
+use tiercache::engine::{CreateOptions, Engine, EngineError, Mode, OpenOptions};
 
 use common::SectorModel;
 
@@ -96,12 +96,7 @@ fn build_base(
         0,
     ));
     let opts = CreateOptions {
-        writeback: WritebackSettings {
-            high_pct: 100,
-            low_pct: 0,
-            max_age_secs: 3600,
-            idle_secs: 0,
-        },
+        writeback: common::held_writeback(),
         ..Default::default()
     };
     Engine::create(cache_ref.clone(), origin.clone(), &opts)

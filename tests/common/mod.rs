@@ -102,6 +102,17 @@ pub fn eager_writeback() -> tiercache::engine::WritebackSettings {
     }
 }
 
+/// Writeback held until a test asks for it: no watermark (100%), no age
+/// within a test (an hour), no drain of an idle origin.
+pub fn held_writeback() -> tiercache::engine::WritebackSettings {
+    tiercache::engine::WritebackSettings {
+        high_pct: 100,
+        low_pct: 0,
+        max_age_secs: 3600,
+        idle_secs: 0,
+    }
+}
+
 /// No background thread, and a clock of its own that stands still
 /// (`tiercache::engine::clock`): what such an engine decides does not
 /// depend on how fast the machine runs the test.
