@@ -92,31 +92,35 @@ impl Ends {
 impl RbdDevice {
     /// Starts a read into `buf` at `offset`; `done` gets the buffer back
     /// with the outcome.
-    fn submit(&self, mut buf: AlignedBuf, offset: u64, done: Done) {
+    fn submit(&self, buf: AlignedBuf, offset: u64, done: Done) {
         if let Err(e) = check_range(self, offset, buf.len() as u64) {
             return done(buf, Err(e));
         }
-        let guard = self.handles.read();
-        let Some(h) = guard.as_ref() else {
-            let closed = io::Error::new(io::ErrorKind::NotConnected, "the image was closed");
-            return done(buf, Err(self.ends.io_err("read", closed)));
-        };
-        let (ptr, len) = (buf.as_mut_ptr(), buf.len());
-        // Counted before the start: a completion may run before it returns.
-        self.ends.in_flight.fetch_add(1, Ordering::AcqRel);
-        let ends = Arc::clone(&self.ends);
-        // The buffer moves into the completion; its heap bytes stay put.
-        let finish = move |ret: isize| ends.end(ret, buf, done);
-        // SAFETY: a live image (the read guard keeps it open for the call;
-        // close waits for `in_flight`); `ptr` is the heap of `buf`, which
-        // the completion owns until librbd is done with it.
-        unsafe {
-            aio::submit(
-                h.api,
-                |c| (h.api.rbd_aio_read)(h.image, offset, len, ptr.cast(), c),
-                finish,
-            )
-        };
+        // Taken by the start; left for the error of a closed image.
+        let mut job = Some((buf, done));
+        let started = self.with_image("read", |h| {
+            let (mut buf, done) = job.take().expect("taken once");
+            let (ptr, len) = (buf.as_mut_ptr(), buf.len());
+            // Counted before the start: a completion may run before it returns.
+            self.ends.in_flight.fetch_add(1, Ordering::AcqRel);
+            let ends = Arc::clone(&self.ends);
+            // The buffer moves into the completion; its heap bytes stay put.
+            let finish = move |ret: isize| ends.end(ret, buf, done);
+            // SAFETY: a live image (the handles' read lock keeps it open for
+            // the call; close waits for `in_flight`); `ptr` is the heap of
+            // `buf`, which the completion owns until librbd is done with it.
+            unsafe {
+                aio::submit(
+                    h.api,
+                    |c| (h.api.rbd_aio_read)(h.image, offset, len, ptr.cast(), c),
+                    finish,
+                )
+            };
+            Ok(())
+        });
+        if let (Err(e), Some((buf, done))) = (started, job) {
+            done(buf, Err(e));
+        }
     }
 
     /// Waits up to `limit` for the submitted requests under way to end.

@@ -15,6 +15,13 @@ thread_local! {
     pub(crate) static ORIGIN_REQUESTS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
+/// When a device request started (`Cache::device_timer`).
+pub(crate) struct DeviceTimer {
+    /// The cache set's member epoch then.
+    set_epoch: u64,
+    t: u64,
+}
+
 impl Cache {
     /// Times a device request of `bytes` for the admission guard, which
     /// compares small requests only (up to 64 KiB): a 1 MiB write and a
@@ -29,25 +36,47 @@ impl Cache {
         f: impl FnOnce() -> Result<T, E>,
     ) -> Result<T, E> {
         crate::sync::assert_unheld(crate::sync::Rank::Meta, "device I/O");
-        let set_epoch = self.cache_set_epoch();
-        let t = self.clock.now_ns();
+        let timer = self.device_timer();
         let r = f();
-        let ns = self.clock.since_ns(t);
-        if r.is_ok() {
-            self.observe.latency.device(dev as usize, ns);
-        }
-        // A request during which a cache-set member failed also wrote the
-        // labels of the others: its time says nothing of the device's
-        // speed (it engaged the admission guard in a guest test).
-        if r.is_ok() && bytes <= 64 << 10 && self.cache_set_epoch() == set_epoch {
-            self.admission.latencies.record(dev, ns);
-        }
+        self.device_timed(dev, bytes, &timer, r.is_ok());
         ORIGIN_REQUESTS.with(|c| {
             if matches!(dev, Dev::OriginRead | Dev::OriginWrite) {
                 c.set(c.get() + 1)
             }
         });
         r
+    }
+
+    /// A device request's start, for `device_timed` (`timed_device`'s, or
+    /// that of a request ending on another thread: io/submitted.rs).
+    pub(crate) fn device_timer(&self) -> DeviceTimer {
+        DeviceTimer {
+            set_epoch: self.cache_set_epoch(),
+            t: self.clock.now_ns(),
+        }
+    }
+
+    /// Records the time of a device request started at `timer` that
+    /// ended now (`ok`: it succeeded), as `timed_device` says; returns it
+    /// (ns).
+    pub(crate) fn device_timed(
+        &self,
+        dev: Dev,
+        bytes: usize,
+        timer: &DeviceTimer,
+        ok: bool,
+    ) -> u64 {
+        let ns = self.clock.since_ns(timer.t);
+        if ok {
+            self.observe.latency.device(dev as usize, ns);
+        }
+        // A request during which a cache-set member failed also wrote the
+        // labels of the others: its time says nothing of the device's
+        // speed (it engaged the admission guard in a guest test).
+        if ok && bytes <= 64 << 10 && self.cache_set_epoch() == timer.set_epoch {
+            self.admission.latencies.record(dev, ns);
+        }
+        ns
     }
 
     /// The cache set's member-state epoch (0 for one cache device).
@@ -116,10 +145,13 @@ impl Cache {
                 origin.device().read_at(buf, origin.local(offset))
             })
         });
-        r.inspect_err(|e| {
-            bump(&self.stats.origin_errors, 1);
-            log::warn!("origin read error: {e}");
-        })
+        r.inspect_err(|e| self.origin_read_failed(e))
+    }
+
+    /// An origin read failed: counted and logged.
+    pub(crate) fn origin_read_failed(&self, e: &DeviceError) {
+        bump(&self.stats.origin_errors, 1);
+        log::warn!("origin read error: {e}");
     }
 
     /// `origin_write` without the wait: for a writeback's own flight.

@@ -17,6 +17,7 @@
 use crate::device::{AlignedBuf, DeviceResult};
 use crate::engine::admission::Dev;
 use crate::engine::cache::Cache;
+use crate::engine::io::data::DeviceTimer;
 use crate::engine::observe::latency::Op;
 use crate::engine::request::Request;
 use crate::engine::stats::bump;
@@ -30,8 +31,8 @@ pub struct OriginRead {
     /// The request's address and length (origin/address.rs).
     at: u64,
     len: usize,
-    /// When it started (the clock's ns).
-    t: u64,
+    /// When it started.
+    timer: DeviceTimer,
 }
 
 impl Cache {
@@ -76,7 +77,7 @@ impl Cache {
             last,
             at: req.offset,
             len: req.len as usize,
-            t: self.clock.now_ns(),
+            timer: self.device_timer(),
         })
     }
 
@@ -106,20 +107,11 @@ impl Cache {
         r: OriginRead,
         res: DeviceResult<AlignedBuf>,
     ) -> EngineResult<AlignedBuf> {
-        let ns = self.clock.since_ns(r.t);
+        let ns = self.device_timed(Dev::OriginRead, r.len, &r.timer, res.is_ok());
         self.origins.at(r.at).end_foreground(self.now_ms());
         (self.origins.of_key(r.first).locks()).unlock_handed(r.first, r.last);
-        match &res {
-            Ok(_) => {
-                self.observe.latency.device(Dev::OriginRead as usize, ns);
-                if r.len <= 64 << 10 {
-                    self.admission.latencies.record(Dev::OriginRead, ns);
-                }
-            }
-            Err(e) => {
-                bump(&self.stats.origin_errors, 1);
-                log::warn!("origin read error: {e}");
-            }
+        if let Err(e) = &res {
+            self.origin_read_failed(e);
         }
         self.observe.latency.request(Op::Read, false, ns);
         Ok(res?)
