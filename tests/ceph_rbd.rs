@@ -337,6 +337,13 @@ fn cache_round_trip(
         st["stats"]["blocks_written_back"].as_u64().unwrap() > 0,
         "the cache (smaller than the data) wrote nothing back before the flush: {st}"
     );
+    if origin.starts_with("rbd://") {
+        // Misses of whole blocks none of which is cached went to librbd
+        // with `rbd_aio_read` and were promoted when they came back.
+        let submitted = st["stats"]["origin_reads_submitted"].as_u64().unwrap();
+        assert!(submitted > 0, "no read was submitted to librbd: {st}");
+        assert!(st["stats"]["promotions"].as_u64().unwrap() > 0, "{st}");
+    }
 
     // `tiercache flush`: Ceph itself holds everything, with the origin's
     // librbd (and its cache) still open.

@@ -1,8 +1,8 @@
 //! Origin reads started without blocking a thread (engine/io/submitted.rs):
 //! over an origin that completes requests on its own thread
-//! (`device::Submit`, as librbd does for `rbd://`), a read the cache
-//! neither holds nor keeps goes there from the caller's task, and its
-//! blocks stay locked until the origin completes it. Here the origin is a
+//! (`device::Submit`, as librbd does for `rbd://`), a read of blocks the
+//! cache does not hold goes there from the caller's task, and its blocks
+//! stay locked until the origin completes it and what it keeps is stored. Here the origin is a
 //! RAM image whose submitted reads a thread of its own completes, past a
 //! gate the test may close.
 
@@ -118,6 +118,7 @@ fn origin_block(b: u64) -> Vec<u8> {
 struct Rig {
     origin: Arc<Threaded>,
     faults: Arc<FaultDevice>,
+    cache: Arc<FaultDevice>,
     engine: Arc<Engine>,
     rt: tokio::runtime::Runtime,
 }
@@ -126,12 +127,16 @@ fn rig(mode: Mode) -> Rig {
     let image: Vec<u8> = (0..256).flat_map(origin_block).collect();
     let faults = Arc::new(FaultDevice::from_image("origin", image, 2));
     let origin = Threaded::new(faults.clone());
-    let cache = FaultDevice::new("cache", common::cache_bytes_for(SLOTS, BS as u32), 1);
+    let cache = Arc::new(FaultDevice::new(
+        "cache",
+        common::cache_bytes_for(SLOTS, BS as u32),
+        1,
+    ));
     let opts = CreateOptions {
         mode,
         ..Default::default()
     };
-    let engine = Engine::create(Arc::new(cache), origin.clone(), &opts).unwrap();
+    let engine = Engine::create(cache.clone(), origin.clone(), &opts).unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -140,6 +145,7 @@ fn rig(mode: Mode) -> Rig {
     Rig {
         origin,
         faults,
+        cache,
         engine,
         rt,
     }
@@ -216,12 +222,85 @@ fn a_failed_submitted_read_is_an_error_and_lets_its_blocks_go() {
 }
 
 #[test]
-fn reads_that_keep_or_hit_take_the_blocking_path() {
-    // Writeback promotes its misses: stored by the blocking path.
+fn promoting_reads_of_whole_blocks_are_submitted_and_stored() {
     let r = rig(Mode::Writeback);
     assert!(r.read(3, 2).unwrap()[..] == [origin_block(3), origin_block(4)].concat()[..]);
-    assert_eq!(r.origin.submitted.load(Ordering::SeqCst), 0);
-    assert_eq!(r.engine.status().stats.promotions, 2);
+    assert_eq!(r.origin.submitted.load(Ordering::SeqCst), 1);
+    let s = r.engine.status().stats;
+    assert_eq!((s.promotions, s.origin_reads_submitted), (2, 1));
+    // Stored before the read ended: read again, they are hits.
+    let reads = r.faults.reads();
+    assert!(r.read(3, 2).unwrap()[..] == [origin_block(3), origin_block(4)].concat()[..]);
+    assert_eq!(r.faults.reads(), reads);
+    assert_eq!(r.engine.status().stats.read_hits, 2);
+    // A read that promotes part of a block takes the blocking path.
+    let v = AsyncEngine::new(r.engine.clone());
+    let got = (r.rt)
+        .block_on(async move { v.read(10 * BS + 512, 1024).await })
+        .unwrap();
+    assert!(got[..] == origin_block(10)[512..1536]);
+    assert_eq!(r.origin.submitted.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn a_write_after_a_promoting_read_is_not_undone_by_its_promotion() {
+    let r = rig(Mode::Writeback);
+    r.origin.set_gate(false);
+    let v = AsyncEngine::new(r.engine.clone());
+    let read = r.rt.spawn(async move { v.read(5 * BS, BS as u32).await });
+    r.origin.wait_at_gate();
+    let engine = r.engine.clone();
+    let writer = std::thread::spawn(move || {
+        engine.write(5 * BS, &[0xee; BS as usize], false).unwrap();
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!writer.is_finished(), "the write went past the read");
+    r.origin.set_gate(true);
+    assert!(r.rt.block_on(read).unwrap().unwrap()[..] == origin_block(5)[..]);
+    writer.join().unwrap();
+    // The promotion was stored before the write: the write's data stands,
+    // in the cache and, once written back, on the origin.
+    assert!(r.read(5, 1).unwrap()[..] == [0xee; BS as usize][..]);
+    r.engine.write_back_all(&mut |_, _| {}).unwrap();
+    let mut on_origin = vec![0; BS as usize];
+    r.faults.read_at(&mut on_origin, 5 * BS).unwrap();
+    assert_eq!(on_origin, vec![0xee; BS as usize]);
+}
+
+#[test]
+fn a_read_nobody_awaits_still_ends_and_lets_its_blocks_go() {
+    let r = rig(Mode::Writeback);
+    r.origin.set_gate(false);
+    let v = AsyncEngine::new(r.engine.clone());
+    let read = r.rt.spawn(async move { v.read(7 * BS, BS as u32).await });
+    r.origin.wait_at_gate();
+    read.abort();
+    let _ = r.rt.block_on(read);
+    r.origin.set_gate(true);
+    // The read ended where its reply was dropped: the block is free.
+    let (tx, rx) = mpsc::channel();
+    let engine = r.engine.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(engine.write(7 * BS, &[0x33; BS as usize], false));
+    });
+    let wrote = rx.recv_timeout(Duration::from_secs(10));
+    assert!(matches!(wrote, Ok(Ok(()))), "the block stayed locked");
+    assert!(r.read(7, 1).unwrap()[..] == [0x33; BS as usize][..]);
+}
+
+#[test]
+fn a_promotion_the_cache_cannot_store_still_returns_the_data() {
+    let r = rig(Mode::Writeback);
+    r.cache.fail_writes_in(0, r.cache.size_bytes());
+    assert!(r.read(40, 2).unwrap()[..] == [origin_block(40), origin_block(41)].concat()[..]);
+    assert_eq!(r.origin.submitted.load(Ordering::SeqCst), 1);
+    assert_eq!(r.engine.status().stats.promotions, 0);
+    r.cache.clear_faults();
+    assert!(r.read(40, 2).unwrap()[..] == [origin_block(40), origin_block(41)].concat()[..]);
+}
+
+#[test]
+fn reads_of_cached_blocks_take_the_blocking_path() {
     // Writeonly does not promote: submitted, unless a block is dirty in
     // the cache (its only current copy).
     let r = rig(Mode::Writeonly);

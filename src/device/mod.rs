@@ -229,7 +229,7 @@ pub type Done = Box<dyn FnOnce(AlignedBuf, DeviceResult<()>) + Send>;
 /// The asynchronous side of a [`BlockDevice`] (`BlockDevice::submitter`):
 /// reads under the same rules (range, alignment), started without waiting
 /// for them. The device holds the buffer until `done`. (Only reads: the
-/// engine sends the origin reads it does not keep this way; its origin
+/// engine sends its reads of blocks the cache holds none of this way; its origin
 /// writes have ordering and durability bookkeeping on the calling thread.)
 pub trait Submit: Send + Sync {
     /// Reads `buf.len()` bytes at `offset` into `buf`.

@@ -18,7 +18,7 @@ use super::io::submitted::OriginRead;
 use super::origin::address::in_volume;
 use super::request::{Fast, Request};
 use super::{Engine, EngineError};
-use crate::device::AlignedBuf;
+use crate::device::{AlignedBuf, DeviceResult};
 use crate::volume::{
     Direct, ErrorKind, Extent, Later, LaterRead, ReadStart, Start, Volume, VolumeError,
     VolumeResult, WriteStart,
@@ -68,19 +68,42 @@ fn read_later(engine: Arc<Engine>, req: Request) -> LaterRead {
 }
 
 /// A read sent to an origin that completes it on its own threads
-/// (engine/io/submitted.rs): awaited here, no thread of ours blocked.
+/// (engine/io/submitted.rs): awaited here, no thread of ours blocked. It
+/// ends (its promotion stored, its blocks unlocked) on the thread that
+/// awaits it, not the origin's; or, if nobody awaits it any more, where
+/// it is dropped (`Ended`).
 async fn sent(engine: Arc<Engine>, r: OriginRead) -> VolumeResult<AlignedBuf> {
-    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (tx, rx) = tokio::sync::oneshot::channel::<Ended>();
     let e = engine.clone();
     engine.cache.send_origin_read(r, move |r, res| {
-        let _ = tx.send(e.cache.origin_read_done(r, res));
+        let _ = tx.send(Ended(Some((e, r, res))));
     });
     match rx.await {
-        Ok(r) => r.map_err(VolumeError::from),
+        Ok(mut ended) => ended.end().map_err(VolumeError::from),
         Err(_) => Err(VolumeError::new(
             ErrorKind::Io,
             "the origin dropped a read without ending it".to_string(),
         )),
+    }
+}
+
+/// A submitted read the origin completed, to end once: by its awaiter,
+/// or by its drop (a request whose awaiter went away, or a channel
+/// dropped with it inside), so its blocks are never left locked.
+struct Ended(Option<(Arc<Engine>, OriginRead, DeviceResult<AlignedBuf>)>);
+
+impl Ended {
+    fn end(&mut self) -> Result<AlignedBuf, EngineError> {
+        let (e, r, res) = self.0.take().expect("ended once");
+        e.cache.origin_read_done(r, res)
+    }
+}
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        if self.0.is_some() {
+            let _ = self.end();
+        }
     }
 }
 

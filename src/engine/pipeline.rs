@@ -296,12 +296,12 @@ impl Cache {
         match ticket {
             Some(_ticket) => {
                 d.deliver();
-                if let Err(e) = self.promote(promotion) {
+                if let Err(e) = self.promote(&promotion) {
                     log::warn!("a read's promotion, after its data went back: {e}");
                 }
             }
             None => {
-                self.promote(promotion)?;
+                self.promote(&promotion)?;
                 drop(guard);
                 d.deliver();
             }

@@ -40,6 +40,17 @@ pub(crate) struct Promotion {
 }
 
 impl Promotion {
+    /// `data` from the first run's first block on, and its runs of
+    /// adjacent blocks to keep: (first block, offset in `data`, how many).
+    pub(crate) fn new(data: AlignedBuf, runs: Vec<(u64, usize, usize)>) -> Promotion {
+        Promotion { data, runs }
+    }
+
+    /// The data, once stored.
+    pub(crate) fn into_data(self) -> AlignedBuf {
+        self.data
+    }
+
     /// Bytes it holds (what a deferred promotion is charged).
     pub(crate) fn bytes(&self) -> u64 {
         self.data.len() as u64
@@ -114,7 +125,7 @@ impl Cache {
     /// Stores a read's promotion (whole blocks, adjacent where the free
     /// slots allow). A full cache or a cache error only leaves the rest
     /// uncached.
-    pub(crate) fn promote(&self, p: Promotion) -> EngineResult<()> {
+    pub(crate) fn promote(&self, p: &Promotion) -> EngineResult<()> {
         let bs = self.block_bytes as usize;
         let mut stored_whole = 0u64;
         let mut result = Ok(());
@@ -206,6 +217,18 @@ impl Cache {
         Ok((!runs.is_empty()).then_some(Promotion { data: tmp, runs }))
     }
 
+    /// Whether a read miss of `block`, which the cache holds none of,
+    /// keeps it (the plan promotes it and it is cacheable, checked by the
+    /// caller): admission decides, counting the miss.
+    pub(crate) fn keeps_miss(&self, block: u64, plan: &Plan) -> bool {
+        let misses = self.admission.missed(block);
+        let promote = self.admission.promotes(plan.admission, misses);
+        if !promote && plan.admits() {
+            bump(&self.stats.cold_bypasses, 1);
+        }
+        promote
+    }
+
     /// What to fetch from the origin for each segment: a block not cached
     /// is fetched whole when it is to be kept (promoted: the plan and
     /// admission allow it); a block cached in part, from its first to its
@@ -222,14 +245,7 @@ impl Cache {
                     && match hit {
                         // A block already in the cache in part was admitted.
                         Some(_) => plan.admits(),
-                        None => {
-                            let misses = self.admission.missed(seg.block);
-                            let promote = self.admission.promotes(plan.admission, misses);
-                            if !promote && plan.admits() {
-                                bump(&self.stats.cold_bypasses, 1);
-                            }
-                            promote
-                        }
+                        None => self.keeps_miss(seg.block, plan),
                     }
             })
             .collect();

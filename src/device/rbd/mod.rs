@@ -8,7 +8,7 @@
 //! - `aio.rs`: librbd's asynchronous calls (`rbd_aio_*`), which every
 //!   request is: started with a completion, ended on a librbd thread.
 //! - `submit.rs`: requests started without blocking (`device::Submit`):
-//!   the engine sends the origin reads it does not keep that way
+//!   the engine sends the reads of blocks it holds none of that way
 //!   (engine/io/submitted.rs), no thread of ours waiting.
 //! - here: the device (`RbdDevice`); its blocking calls wait on the
 //!   calling thread for their completion.

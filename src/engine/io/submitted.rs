@@ -1,25 +1,31 @@
 //! Origin reads started without blocking a thread: a read none of whose
-//! blocks the cache holds or keeps (passthrough and writeonly, which do
-//! not promote) goes to an origin whose requests complete on the origin's
-//! own threads (`device::Submit`: librbd's `rbd_aio_read`) straight from
-//! the caller's thread, and ends where the origin completes it. No thread
-//! of ours waits for it: a read on the blocking pool costs a hand-off to
-//! a pool thread and a wake-up of it, on top of the origin's own.
+//! blocks the cache holds goes to an origin whose requests complete on the
+//! origin's own threads (`device::Submit`: librbd's `rbd_aio_read`)
+//! straight from the caller's thread. No thread of ours waits for it: a
+//! read on the blocking pool costs a hand-off to a pool thread and a
+//! wake-up of it, on top of the origin's own.
 //!
 //! The blocks are try-locked, resolved and looked up on the caller's
 //! thread as `try_hit_reads` does, and stay locked until the read ends
 //! (`BlockRangeGuard::hand_off`, `BlockLocks::unlock_handed`), as a
 //! blocking read holds them; the origin counts it as foreground I/O
 //! (`Origin::begin_foreground`) until then, so retiring the volume waits
-//! for it. Anything else (a block cached, locked, or to be kept; an origin
-//! that only blocks) is handed back for the blocking path.
+//! for it. A read whose mode promotes it (writeback, writethrough) is
+//! taken too if it is whole blocks: admission decides which to keep, as
+//! for a blocking read, and `origin_read_done` stores them before it lets
+//! the blocks go, on the thread that awaited the read (a tokio worker,
+//! as the hits' fast path does its cache I/O; never the origin's thread).
+//! Anything else (a block cached in whole or part, locked, a read not of
+//! whole blocks that promotes; an origin that only blocks) is handed back
+//! for the blocking path.
 
 use crate::device::{AlignedBuf, DeviceResult};
 use crate::engine::admission::Dev;
 use crate::engine::cache::Cache;
 use crate::engine::io::data::DeviceTimer;
 use crate::engine::observe::latency::Op;
-use crate::engine::request::Request;
+use crate::engine::read::Promotion;
+use crate::engine::request::{Plan, Request, Segment};
 use crate::engine::stats::bump;
 use crate::engine::EngineResult;
 
@@ -33,6 +39,8 @@ pub struct OriginRead {
     len: usize,
     /// When it started.
     timer: DeviceTimer,
+    /// Runs of blocks to keep (`Promotion`'s): empty if none is kept.
+    keep: Vec<(u64, usize, usize)>,
 }
 
 impl Cache {
@@ -50,7 +58,8 @@ impl Cache {
             return Err(req);
         };
         let plan = self.resolve(&mut req);
-        if plan.promote {
+        let bs = self.block_bytes as usize;
+        if plan.promote && req.segs.iter().any(|s| s.buf.len() != bs) {
             return Err(req);
         }
         // The read rule of `read_planned`: a dirty block is read from the
@@ -65,10 +74,12 @@ impl Cache {
             return Err(req);
         }
         guard.hand_off();
+        let keep = self.kept_runs(&req.segs, &plan);
         let misses = req.segs.len() as u64;
+        let kept: usize = keep.iter().map(|&(_, _, n)| n).sum();
         bump(&self.stats.read_requests, 1);
         bump(&self.stats.read_misses, misses);
-        bump(&self.stats.bypassed_ios, misses);
+        bump(&self.stats.bypassed_ios, misses - kept as u64);
         bump(&self.stats.origin_reads, 1);
         bump(&self.stats.origin_reads_submitted, 1);
         self.origins.of_key(first).count_reads(0, misses);
@@ -78,7 +89,25 @@ impl Cache {
             at: req.offset,
             len: req.len as usize,
             timer: self.device_timer(),
+            keep,
         })
+    }
+
+    /// The runs of adjacent blocks of `segs` (whole blocks, none cached,
+    /// locked) a read keeps, as `read_misses` decides them: the plan
+    /// promotes, the block is cacheable and admission takes it.
+    fn kept_runs(&self, segs: &[Segment], plan: &Plan) -> Vec<(u64, usize, usize)> {
+        let mut runs: Vec<(u64, usize, usize)> = Vec::new();
+        for seg in segs {
+            if !(plan.promote && self.cacheable(seg.block) && self.keeps_miss(seg.block, plan)) {
+                continue;
+            }
+            match runs.last_mut() {
+                Some((first, _, n)) if *first + *n as u64 == seg.block => *n += 1,
+                _ => runs.push((seg.block, seg.buf.start, 1)),
+            }
+        }
+        runs
     }
 
     /// Sends `r` to its origin; `reply` gets the data, or the error, on
@@ -100,15 +129,27 @@ impl Cache {
         );
     }
 
-    /// `r` is over: its blocks unlocked, the origin's foreground I/O and
-    /// the request's latency counted, as a blocking read counts them.
+    /// `r` is over: what it keeps stored, its blocks unlocked, the
+    /// origin's foreground I/O and the request's latency counted, as a
+    /// blocking read counts them. A promotion that cannot be stored
+    /// leaves its blocks uncached; the read still returns its data.
     pub(crate) fn origin_read_done(
         &self,
-        r: OriginRead,
+        mut r: OriginRead,
         res: DeviceResult<AlignedBuf>,
     ) -> EngineResult<AlignedBuf> {
         let ns = self.device_timed(Dev::OriginRead, r.len, &r.timer, res.is_ok());
         self.origins.at(r.at).end_foreground(self.now_ms());
+        let res = res.map(|buf| match std::mem::take(&mut r.keep) {
+            keep if keep.is_empty() => buf,
+            keep => {
+                let p = Promotion::new(buf, keep);
+                if let Err(e) = self.promote(&p) {
+                    log::warn!("a read's promotion: {e}");
+                }
+                p.into_data()
+            }
+        });
         (self.origins.of_key(r.first).locks()).unlock_handed(r.first, r.last);
         if let Err(e) = &res {
             self.origin_read_failed(e);
