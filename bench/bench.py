@@ -76,7 +76,7 @@ def parse_args():
                    + ",".join(w.key for w in wl.WORKLOADS) + "; also: "
                    + ",".join(w.key for w in wl.EXTRA_WORKLOADS) + ")")
     p.add_argument("--skip", default="", help="comma-separated parts to skip: "
-                   "workloads,reread,paired,sustained,ram")
+                   "workloads,reread,paired,sustained,drain,ram")
     p.add_argument("--tiercache", default=os.path.join(REPO, "target/release/tiercache"),
                    help="tiercache binary")
     p.add_argument("--no-build", action="store_true", help="(bench/run) do not cargo build")
@@ -374,6 +374,44 @@ def bench_sustained(plan, binary, work_dir, systems, results):
             shutil.rmtree(d, ignore_errors=True)
 
 
+# Writeback beside the foreground (issue 34): bench/drain-latency.sh's fixed
+# load of 4K read hits and writes, idle, during `tiercache flush` and during
+# watermark writeback. Per plan: (name, SECS, RATE, DIRTY, ROUNDS, env).
+DRAIN_RUNS = {
+    "smoke": [("emulated HDD", 1, 200, 1000, 1, {})],
+    "quick": [("emulated HDD", 5, 500, 2000, 1, {})],
+    "full": [("emulated HDD", 15, 500, 6000, 3, {}),
+             ("busy cache device (1 ms a request, 8 at once)", 15, 500, 6000, 3,
+              {"CACHE_DELAY_MS": "1", "CACHE_THREADS": "8"}),
+             ("slow origin (20 ms a request)", 15, 500, 2000, 3, {"DELAY_MS": "20"})],
+}
+
+
+def bench_drain(plan, binary, results):
+    """Read-hit and write latency at a fixed rate with no writeback and
+    while the cache drains (bench/drain-latency.sh, one run per variant)."""
+    out = results.setdefault("drain", [])
+    for name, secs, rate, dirty, rounds, env in DRAIN_RUNS[plan.name]:
+        log(f"writeback beside the foreground: {name}")
+        settle()
+        t = time.monotonic()
+        json_out = os.path.join(results["out_dir"], f"drain-{len(out)}.json")
+        cmd = [os.path.join(REPO, "bench/drain-latency.sh"), str(secs), str(rate), str(dirty)]
+        _, stdout, _ = run(cmd, env=dict(os.environ, TIERCACHE_BIN=binary, ROUNDS=str(rounds),
+                                         JSON_OUT=json_out, **env),
+                           timeout_s=rounds * (3 * secs + 1200))
+        with open(os.path.join(results["out_dir"], f"drain-{len(out)}.log"), "w") as f:
+            f.write(stdout)
+        with open(json_out) as f:
+            r = json.load(f)
+        r["name"] = name
+        r["command"] = " ".join([f"{k}={v}" for k, v in env.items()]
+                                + [f"ROUNDS={rounds}", "bench/drain-latency.sh",
+                                   str(secs), str(rate), str(dirty)])
+        out.append(r)
+        log(f"  ({time.monotonic() - t:.0f} s)")
+
+
 def bench_trace(args, plan, binary, work_dir, out_dir, systems):
     """`--trace`: the trace replayed against each system (bench/trace/replay.py)."""
 
@@ -494,6 +532,8 @@ def main():
                                              extras=[k for k in PAIRED_EXTRAS if k in systems])
         if "sustained" not in skip:
             bench_sustained(plan, binary, work_dir, systems, results)
+        if "drain" not in skip and "tc-writeback" in systems:
+            bench_drain(plan, binary, results)
         if "ram" not in skip and "tc-writeback" in systems:
             log("RAM per cache block: tiercache writeback")
             settle()

@@ -22,7 +22,9 @@
 # CACHE_THREADS (8) at once (bench/mirror-cost.sh's delay devices), so the
 # drain's cache reads queue with the foreground's hits and writes. DELAY_MS
 # (5) is the origin's time a request: raise it for a slow origin.
-# Usage: [ROUNDS=N] [DELAY_MS=N] [CACHE_DELAY_MS=N [CACHE_THREADS=N]]
+# JSON_OUT=FILE also writes the medians there (bench/run's `drain` part
+# runs this script and reads it).
+# Usage: [ROUNDS=N] [DELAY_MS=N] [CACHE_DELAY_MS=N [CACHE_THREADS=N]] [JSON_OUT=FILE]
 #        bench/drain-latency.sh [SECS] [RATE] [DIRTY]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +35,12 @@ ROUNDS=${ROUNDS:-3}
 DELAY_MS=${DELAY_MS:-5}
 CACHE_DELAY_MS=${CACHE_DELAY_MS:-}
 CACHE_THREADS=${CACHE_THREADS:-8}
+if [ "$DIRTY" -lt 1000 ]; then
+    # The watermark phase sets the high watermark to 1%: of the 256 MiB
+    # cache's 65,536 blocks, fewer than 656 dirty would never start it.
+    echo "drain-latency: DIRTY must be at least 1000 (above 1% of the cache's blocks)" >&2
+    exit 2
+fi
 BIN=${TIERCACHE_BIN:-target/release/tiercache}
 [ -x "$BIN" ] || cargo build --release --quiet
 W=$(mktemp -d)
@@ -133,9 +141,10 @@ for r in $(seq "$ROUNDS"); do
     echo "$wm_secs" >>"$W/watermark.secs"
 done
 
-python3 - "$W" "$RATE" "$DIRTY" "$DELAY_MS" "$ROUNDS" "$CACHE_DELAY_MS" "$CACHE_THREADS" <<'PY'
+python3 - "$W" "$RATE" "$DIRTY" "$DELAY_MS" "$ROUNDS" "$CACHE_DELAY_MS" "$CACHE_THREADS" \
+    "${JSON_OUT:-}" "$SECS" <<'PY'
 import json, statistics, sys
-w, rate, dirty, delay, rounds, cache_delay, cache_threads = sys.argv[1:]
+w, rate, dirty, delay, rounds, cache_delay, cache_threads, json_out, secs_each = sys.argv[1:]
 KEYS = ("50.000000", "99.000000", "99.900000")
 def lat(phase, r):
     jobs = {j["jobname"]: j for j in json.load(open(f"{w}/{phase}.{r}.json"))["jobs"]}
@@ -147,11 +156,26 @@ def lat(phase, r):
 def median(phase):
     runs = [lat(phase, r) for r in range(1, int(rounds) + 1)]
     return {n: [statistics.median(x[n][i] for x in runs) for i in range(3)] for n in ("hits", "writes")}
-def secs(phase):
+def drain_secs(phase):
+    """The median drain time, and whether every round's drain finished."""
     vals = open(f"{w}/{phase}.secs").read().split()
     done = [float(v) for v in vals if v != "unfinished"]
-    return f"{statistics.median(done):.1f} s" + ("" if len(done) == len(vals) else " (some unfinished)")
+    return (statistics.median(done) if done else None), len(done) == len(vals)
+def secs(phase):
+    s, all_done = drain_secs(phase)
+    if s is None:
+        return "unfinished"
+    return f"{s:.1f} s" + ("" if all_done else " (some unfinished)")
 idle = median("idle")
+if json_out:
+    phases = {p: median(p) for p in ("idle", "flush", "watermark")}
+    json.dump({
+        "rate_iops": int(rate), "dirty_blocks": int(dirty), "origin_delay_ms": int(delay),
+        "cache_delay_ms": int(cache_delay) if cache_delay else None,
+        "cache_threads": int(cache_threads), "rounds": int(rounds), "secs": int(secs_each),
+        "percentiles": ["p50", "p99", "p99.9"], "phases": phases,
+        "drain": {p: dict(zip(("secs", "finished"), drain_secs(p))) for p in ("flush", "watermark")},
+    }, open(json_out, "w"), indent=1)
 print(f"\n{rate} read hits/s + {rate} writes/s, 4K QD4 each; {dirty} random dirty 4K blocks; "
       f"origin {delay} ms a request, one at a time; cache "
       + (f"{cache_delay} ms a request, {cache_threads} at once" if cache_delay else "a file in /dev/shm")
