@@ -40,17 +40,6 @@ pub(crate) struct Promotion {
 }
 
 impl Promotion {
-    /// `data` from the first run's first block on, and its runs of
-    /// adjacent blocks to keep: (first block, offset in `data`, how many).
-    pub(crate) fn new(data: AlignedBuf, runs: Vec<(u64, usize, usize)>) -> Promotion {
-        Promotion { data, runs }
-    }
-
-    /// The data, once stored.
-    pub(crate) fn into_data(self) -> AlignedBuf {
-        self.data
-    }
-
     /// Bytes it holds (what a deferred promotion is charged).
     pub(crate) fn bytes(&self) -> u64 {
         self.data.len() as u64
@@ -126,11 +115,22 @@ impl Cache {
     /// slots allow). A full cache or a cache error only leaves the rest
     /// uncached.
     pub(crate) fn promote(&self, p: &Promotion) -> EngineResult<()> {
+        self.promote_runs(&p.data, &p.runs)
+    }
+
+    /// Stores `runs` of `data` (first block, offset in `data`, how many
+    /// adjacent blocks): a promotion's, or a submitted read's
+    /// (io/submitted.rs), under the read's block locks.
+    pub(crate) fn promote_runs(
+        &self,
+        data: &[u8],
+        runs: &[(u64, usize, usize)],
+    ) -> EngineResult<()> {
         let bs = self.block_bytes as usize;
         let mut stored_whole = 0u64;
         let mut result = Ok(());
-        for &(block, at, n) in &p.runs {
-            match self.store_in_new_slots(block, &p.data[at..at + n * bs], false) {
+        for &(block, at, n) in runs {
+            match self.store_in_new_slots(block, &data[at..at + n * bs], false) {
                 Ok((stored, _)) => stored_whole += stored as u64,
                 Err(e) => {
                     result = Err(e);

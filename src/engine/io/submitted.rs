@@ -24,7 +24,6 @@ use crate::engine::admission::Dev;
 use crate::engine::cache::Cache;
 use crate::engine::io::data::DeviceTimer;
 use crate::engine::observe::latency::Op;
-use crate::engine::read::Promotion;
 use crate::engine::request::{Plan, Request, Segment};
 use crate::engine::stats::bump;
 use crate::engine::EngineResult;
@@ -39,7 +38,8 @@ pub struct OriginRead {
     len: usize,
     /// When it started.
     timer: DeviceTimer,
-    /// Runs of blocks to keep (`Promotion`'s): empty if none is kept.
+    /// Runs of blocks to keep (first block, offset in the buffer, how
+    /// many; `promote_runs`): empty if none is kept.
     keep: Vec<(u64, usize, usize)>,
 }
 
@@ -135,21 +135,18 @@ impl Cache {
     /// leaves its blocks uncached; the read still returns its data.
     pub(crate) fn origin_read_done(
         &self,
-        mut r: OriginRead,
+        r: OriginRead,
         res: DeviceResult<AlignedBuf>,
     ) -> EngineResult<AlignedBuf> {
         let ns = self.device_timed(Dev::OriginRead, r.len, &r.timer, res.is_ok());
-        self.origins.at(r.at).end_foreground(self.now_ms());
-        let res = res.map(|buf| match std::mem::take(&mut r.keep) {
-            keep if keep.is_empty() => buf,
-            keep => {
-                let p = Promotion::new(buf, keep);
-                if let Err(e) = self.promote(&p) {
-                    log::warn!("a read's promotion: {e}");
-                }
-                p.into_data()
+        // Stored while the volume still counts the read as foreground I/O:
+        // retiring it waits for the promotion too.
+        if let (Ok(buf), false) = (&res, r.keep.is_empty()) {
+            if let Err(e) = self.promote_runs(buf, &r.keep) {
+                log::warn!("a read's promotion: {e}");
             }
-        });
+        }
+        self.origins.at(r.at).end_foreground(self.now_ms());
         (self.origins.of_key(r.first).locks()).unlock_handed(r.first, r.last);
         if let Err(e) = &res {
             self.origin_read_failed(e);
