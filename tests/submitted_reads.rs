@@ -152,6 +152,21 @@ fn rig(mode: Mode) -> Rig {
 }
 
 impl Rig {
+    /// A read of `block` started on the runtime with the origin's gate
+    /// closed, once it waits at the gate.
+    fn gated_read(
+        &self,
+        block: u64,
+    ) -> tokio::task::JoinHandle<tiercache::volume::VolumeResult<AlignedBuf>> {
+        self.origin.set_gate(false);
+        let v = AsyncEngine::new(self.engine.clone());
+        let read = self
+            .rt
+            .spawn(async move { v.read(block * BS, BS as u32).await });
+        self.origin.wait_at_gate();
+        read
+    }
+
     fn read(&self, block: u64, blocks: u64) -> tiercache::volume::VolumeResult<AlignedBuf> {
         let v = AsyncEngine::new(self.engine.clone());
         self.rt
@@ -180,10 +195,7 @@ fn passthrough_reads_are_submitted_and_right() {
 #[test]
 fn a_write_waits_for_the_submitted_read_of_its_block() {
     let r = rig(Mode::Passthrough);
-    r.origin.set_gate(false);
-    let v = AsyncEngine::new(r.engine.clone());
-    let read = r.rt.spawn(async move { v.read(5 * BS, BS as u32).await });
-    r.origin.wait_at_gate();
+    let read = r.gated_read(5);
     // A write of the read's block waits for the read's lock.
     let wrote = Arc::new(AtomicBool::new(false));
     let (engine, flag) = (r.engine.clone(), wrote.clone());
@@ -245,10 +257,7 @@ fn promoting_reads_of_whole_blocks_are_submitted_and_stored() {
 #[test]
 fn a_write_after_a_promoting_read_is_not_undone_by_its_promotion() {
     let r = rig(Mode::Writeback);
-    r.origin.set_gate(false);
-    let v = AsyncEngine::new(r.engine.clone());
-    let read = r.rt.spawn(async move { v.read(5 * BS, BS as u32).await });
-    r.origin.wait_at_gate();
+    let read = r.gated_read(5);
     let engine = r.engine.clone();
     let writer = std::thread::spawn(move || {
         engine.write(5 * BS, &[0xee; BS as usize], false).unwrap();
@@ -270,10 +279,7 @@ fn a_write_after_a_promoting_read_is_not_undone_by_its_promotion() {
 #[test]
 fn a_read_nobody_awaits_still_ends_and_lets_its_blocks_go() {
     let r = rig(Mode::Writeback);
-    r.origin.set_gate(false);
-    let v = AsyncEngine::new(r.engine.clone());
-    let read = r.rt.spawn(async move { v.read(7 * BS, BS as u32).await });
-    r.origin.wait_at_gate();
+    let read = r.gated_read(7);
     read.abort();
     let _ = r.rt.block_on(read);
     r.origin.set_gate(true);
