@@ -6,7 +6,7 @@
 //! before their record is durable only leaves them empty).
 
 use super::format::Record;
-use super::request::{adjacent_slots, Cached, Plan, Segment};
+use super::request::{adjacent_slots, block_runs, Cached, Plan, Segment};
 use super::sectors::{SectorRun, SectorSet, SECTOR_BYTES};
 use super::stats::bump;
 use super::EngineResult;
@@ -197,23 +197,8 @@ impl Cache {
             }
         }
         // Uncached blocks fetched whole are kept, in runs of adjacent blocks.
-        let mut runs = Vec::new();
-        let mut k = 0;
-        while k < segs.len() {
-            if cached[k].is_some() || !fetches[k].keep {
-                k += 1;
-                continue;
-            }
-            let n = (k..segs.len())
-                .take_while(|&j| {
-                    cached[j].is_none()
-                        && fetches[j].keep
-                        && segs[j].block == segs[k].block + (j - k) as u64
-                })
-                .count();
-            runs.push((segs[k].block, fetches[k].at, n));
-            k += n;
-        }
+        let kept = (0..segs.len()).filter(|&k| cached[k].is_none() && fetches[k].keep);
+        let runs = block_runs(kept.map(|k| (segs[k].block, fetches[k].at)));
         Ok((!runs.is_empty()).then_some(Promotion { data: tmp, runs }))
     }
 

@@ -100,6 +100,21 @@ impl Segment {
 /// A segment's block as the table holds it, seen under the block's lock.
 pub(crate) use super::table::map::Cached;
 
+/// The runs of adjacent blocks among `kept` (block, its offset in a
+/// buffer that holds adjacent blocks adjacently), in ascending block
+/// order: (first block, its offset, how many). A read's promotion's
+/// runs (`read_misses`, io/submitted.rs).
+pub(crate) fn block_runs(kept: impl IntoIterator<Item = (u64, usize)>) -> Vec<(u64, usize, usize)> {
+    let mut runs: Vec<(u64, usize, usize)> = Vec::new();
+    for (block, at) in kept {
+        match runs.last_mut() {
+            Some((first, _, n)) if *first + *n as u64 == block => *n += 1,
+            _ => runs.push((block, at, 1)),
+        }
+    }
+    runs
+}
+
 /// How many leading lookups, starting with `cached[0]`, are hits in adjacent
 /// slots (slot, slot + 1, ...) that satisfy `also`: one device I/O covers
 /// them all. 0 if `cached[0]` is no such hit.

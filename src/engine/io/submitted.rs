@@ -24,7 +24,7 @@ use crate::engine::admission::Dev;
 use crate::engine::cache::Cache;
 use crate::engine::io::data::DeviceTimer;
 use crate::engine::observe::latency::Op;
-use crate::engine::request::{Plan, Request, Segment};
+use crate::engine::request::{block_runs, Plan, Request, Segment};
 use crate::engine::stats::bump;
 use crate::engine::EngineResult;
 
@@ -97,17 +97,10 @@ impl Cache {
     /// locked) a read keeps, as `read_misses` decides them: the plan
     /// promotes, the block is cacheable and admission takes it.
     fn kept_runs(&self, segs: &[Segment], plan: &Plan) -> Vec<(u64, usize, usize)> {
-        let mut runs: Vec<(u64, usize, usize)> = Vec::new();
-        for seg in segs {
-            if !(plan.promote && self.cacheable(seg.block) && self.keeps_miss(seg.block, plan)) {
-                continue;
-            }
-            match runs.last_mut() {
-                Some((first, _, n)) if *first + *n as u64 == seg.block => *n += 1,
-                _ => runs.push((seg.block, seg.buf.start, 1)),
-            }
-        }
-        runs
+        let kept = segs.iter().filter(|seg| {
+            plan.promote && self.cacheable(seg.block) && self.keeps_miss(seg.block, plan)
+        });
+        block_runs(kept.map(|seg| (seg.block, seg.buf.start)))
     }
 
     /// Sends `r` to its origin; `reply` gets the data, or the error, on
