@@ -431,23 +431,19 @@ impl Cache {
     fn read_run(&self, run: &[(u64, u32)]) -> Result<AlignedBuf, DeviceError> {
         let bs = self.block_bytes as usize;
         let mut buf = AlignedBuf::zeroed(run.len() * bs);
-        // (slot, blocks) of each read, in order.
-        let mut reads: Vec<(u32, usize)> = Vec::new();
+        // (first slot, its part of `buf`) of each run of adjacent slots.
+        let mut pieces: Vec<(u32, &mut [u8])> = Vec::new();
+        let mut rest: &mut [u8] = &mut buf;
         let mut k = 0;
         while k < run.len() {
             let mut n = 1;
             while k + n < run.len() && run[k + n].1 == run[k].1 + n as u32 {
                 n += 1;
             }
-            reads.push((run[k].1, n));
-            k += n;
-        }
-        let mut pieces: Vec<(u32, &mut [u8])> = Vec::with_capacity(reads.len());
-        let mut rest: &mut [u8] = &mut buf;
-        for &(slot, n) in &reads {
             let (piece, tail) = std::mem::take(&mut rest).split_at_mut(n * bs);
-            pieces.push((slot, piece));
+            pieces.push((run[k].1, piece));
             rest = tail;
+            k += n;
         }
         if pieces.len() <= READ_ALONE || !self.io.cache().reads_in_parallel() {
             for (slot, piece) in pieces {
@@ -455,15 +451,18 @@ impl Cache {
             }
             return Ok(buf);
         }
-        let mut shares: Vec<Vec<(u32, &mut [u8])>> = (0..READERS).map(|_| Vec::new()).collect();
+        // No more readers than reads: an empty share would start a thread
+        // for nothing.
+        let readers = READERS.min(pieces.len());
+        let mut shares: Vec<Vec<(u32, &mut [u8])>> = (0..readers).map(|_| Vec::new()).collect();
         for (i, piece) in pieces.into_iter().enumerate() {
-            shares[i % READERS].push(piece);
+            shares[i % readers].push(piece);
         }
         let read_share = |share: Vec<(u32, &mut [u8])>| -> Result<(), DeviceError> {
             (share.into_iter()).try_for_each(|(slot, piece)| self.cache_read(slot, 0, piece))
         };
         let mut shares = shares.into_iter();
-        let mine = shares.next().expect("READERS > 0");
+        let mine = shares.next().expect("more than READ_ALONE reads");
         std::thread::scope(|s| {
             let others: Vec<_> = shares
                 .map(|share| {
