@@ -23,7 +23,8 @@
 //! Then tiercache in passthrough over the same `rbd://` image: nbdcopy
 //! reads it all, every read sent with `rbd_aio_read` and completed on
 //! librbd's threads (engine/io/submitted.rs), and gets what `rbd export`
-//! gets.
+//! gets; libnbd writes sectors and blocks through it, each sent with
+//! `rbd_aio_write`, then flushes, and `rbd export` holds them.
 //!
 //! Runs in CI (scripts/test.sh): the cluster is up in ~11 s on the 2-core
 //! machines, the whole test takes ~35 s (~5 s of it the teardown). The
@@ -254,7 +255,7 @@ fn data_written_through_tiercache_reaches_the_rbd_image() {
         &["status"],
     );
     assert!(status.contains("Watchers: none"), "{status}");
-    passthrough_reads(&cluster, image, &origin, work.path());
+    passthrough_round_trip(&cluster, image, &origin, work.path());
     eprintln!(
         "ceph_rbd: cluster up in {cluster_s:.1} s; via qemu-nbd {qemu_s:.1} s; \
          native rbd:// {:.1} s",
@@ -395,11 +396,20 @@ fn cache_round_trip(
     );
 }
 
+/// Writes through passthrough: (offset, length, tag), sectors and blocks.
+const PT_WRITES: &[(u64, u64, u64)] = &[
+    (0, 4096, 7),
+    ((100 << 20) + 512, 1024, 8),
+    ((180 << 20) - 4096, 3 * 4096, 9),
+];
+
 /// tiercache passthrough over `origin` (the image `tc/IMAGE`): nbdcopy reads
 /// the whole volume, every read a miss the cache does not keep, each sent
 /// with `rbd_aio_read` and completed on librbd's threads (`status`'s
-/// `origin_reads_submitted`); what it read is what `rbd export` reads.
-fn passthrough_reads(cluster: &Cluster, image: &str, origin: &str, dir: &Path) {
+/// `origin_reads_submitted`); then `PT_WRITES` and a flush, each write
+/// sent with `rbd_aio_write` (`origin_writes_submitted`). What it read,
+/// with the writes, is what `rbd export` reads.
+fn passthrough_round_trip(cluster: &Cluster, image: &str, origin: &str, dir: &Path) {
     let state = dir.join("state-pt");
     let tc = |args: &[&str]| cli_ok_in(&state, args);
     let (mut serve, uri) = serve_cache(
@@ -418,13 +428,24 @@ fn passthrough_reads(cluster: &Cluster, image: &str, origin: &str, dir: &Path) {
         "nbdcopy",
         &[&uri, "served-pt.bin"],
     );
-    let served = std::fs::read(&served_path).unwrap();
+    let mut served = std::fs::read(&served_path).unwrap();
     std::fs::remove_file(&served_path).unwrap();
+    nbd_python_writes(&uri, dir, PT_WRITES);
+    for &(offset, len, tag) in PT_WRITES {
+        served[offset as usize..(offset + len) as usize]
+            .copy_from_slice(&pattern(offset, len, tag));
+    }
     let st: serde_json::Value = serde_json::from_str(&tc(&["status", "--json"])).unwrap();
     let submitted = st["stats"]["origin_reads_submitted"].as_u64().unwrap();
     assert!(
         submitted > 0 && submitted == st["stats"]["origin_reads"].as_u64().unwrap(),
         "passthrough reads over rbd:// did not all go through rbd_aio_read: {st}"
+    );
+    let writes = st["stats"]["origin_writes_submitted"].as_u64().unwrap();
+    assert!(
+        writes == PT_WRITES.len() as u64
+            && writes == st["stats"]["origin_writes"].as_u64().unwrap(),
+        "passthrough writes over rbd:// did not all go through rbd_aio_write: {st}"
     );
     daemon::sigterm(&mut serve);
     wait_exit(

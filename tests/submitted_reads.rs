@@ -1,10 +1,12 @@
-//! Origin reads started without blocking a thread (engine/io/submitted.rs):
-//! over an origin that completes requests on its own thread
-//! (`device::Submit`, as librbd does for `rbd://`), a read of blocks the
-//! cache does not hold goes there from the caller's task, and its blocks
-//! stay locked until the origin completes it and what it keeps is stored. Here the origin is a
-//! RAM image whose submitted reads a thread of its own completes, past a
-//! gate the test may close.
+//! Origin reads and writes started without blocking a thread
+//! (engine/io/submitted.rs): over an origin that completes requests on its
+//! own thread (`device::Submit`, as librbd does for `rbd://`), a read of
+//! blocks the cache does not hold goes there from the caller's task, and
+//! its blocks stay locked until the origin completes it and what it keeps
+//! is stored; so does a write around the cache that needs nothing done
+//! first. Here the origin is a RAM image with a volatile write cache
+//! (`FaultDevice`) whose submitted requests a thread of its own completes,
+//! past a gate the test may close.
 
 mod common;
 
@@ -23,15 +25,17 @@ use tiercache::volume::Volume;
 const BS: u64 = 4096;
 const SLOTS: u64 = 64;
 
-/// A submitted read: buffer, offset, end.
-type Job = (AlignedBuf, u64, Done);
+/// A submitted request: buffer, offset, a write?, end.
+type Job = (AlignedBuf, u64, bool, Done);
 
-/// The origin: `inner`'s data; submitted reads are completed by `worker`
-/// (a thread of the device's own), each once the gate is open.
+/// The origin: `inner`'s data; submitted requests are completed by a
+/// thread of the device's own, each once the gate is open.
 struct Threaded {
     inner: Arc<FaultDevice>,
     jobs: Mutex<mpsc::Sender<Job>>,
+    /// Reads and writes submitted.
     submitted: AtomicU64,
+    submitted_writes: AtomicU64,
     open: Arc<(Mutex<bool>, Condvar)>,
     /// Reads that reached the worker and wait at the gate.
     at_gate: Arc<AtomicU64>,
@@ -44,7 +48,7 @@ impl Threaded {
         let at_gate = Arc::new(AtomicU64::new(0));
         let (dev, gate, waiting) = (inner.clone(), open.clone(), at_gate.clone());
         std::thread::spawn(move || {
-            for (mut buf, offset, done) in rx {
+            for (mut buf, offset, write, done) in rx {
                 waiting.fetch_add(1, Ordering::SeqCst);
                 let mut is_open = gate.0.lock();
                 while !*is_open {
@@ -52,7 +56,10 @@ impl Threaded {
                 }
                 drop(is_open);
                 waiting.fetch_sub(1, Ordering::SeqCst);
-                let r = dev.read_at(&mut buf, offset);
+                let r = match write {
+                    false => dev.read_at(&mut buf, offset),
+                    true => dev.write_at(&buf, offset),
+                };
                 done(buf, r);
             }
         });
@@ -60,6 +67,7 @@ impl Threaded {
             inner,
             jobs: Mutex::new(tx),
             submitted: AtomicU64::new(0),
+            submitted_writes: AtomicU64::new(0),
             open,
             at_gate,
         })
@@ -70,7 +78,7 @@ impl Threaded {
         self.open.1.notify_all();
     }
 
-    /// Waits (at most 10 s) until a read waits at the gate.
+    /// Waits (at most 10 s) until a request waits at the gate.
     fn wait_at_gate(&self) {
         for _ in 0..1000 {
             if self.at_gate.load(Ordering::SeqCst) > 0 {
@@ -78,7 +86,7 @@ impl Threaded {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        panic!("no submitted read reached the gate");
+        panic!("no submitted request reached the gate");
     }
 }
 
@@ -95,6 +103,9 @@ impl BlockDevice for Threaded {
     fn flush(&self) -> DeviceResult<()> {
         self.inner.flush()
     }
+    fn loss_epoch(&self) -> u64 {
+        self.inner.loss_epoch()
+    }
     fn name(&self) -> &str {
         "threaded origin"
     }
@@ -106,7 +117,11 @@ impl BlockDevice for Threaded {
 impl Submit for Threaded {
     fn submit_read(&self, buf: AlignedBuf, offset: u64, done: Done) {
         self.submitted.fetch_add(1, Ordering::SeqCst);
-        self.jobs.lock().send((buf, offset, done)).unwrap();
+        self.jobs.lock().send((buf, offset, false, done)).unwrap();
+    }
+    fn submit_write(&self, buf: AlignedBuf, offset: u64, done: Done) {
+        self.submitted_writes.fetch_add(1, Ordering::SeqCst);
+        self.jobs.lock().send((buf, offset, true, done)).unwrap();
     }
 }
 
@@ -165,6 +180,24 @@ impl Rig {
             .spawn(async move { v.read(block * BS, BS as u32).await });
         self.origin.wait_at_gate();
         read
+    }
+
+    /// Writes `data` at byte `at` through the asynchronous volume (a
+    /// client's write).
+    fn write(&self, at: u64, data: &[u8], fua: bool) -> tiercache::volume::VolumeResult<()> {
+        let v = AsyncEngine::new(self.engine.clone());
+        let data = AlignedBuf::from_slice(data);
+        self.rt
+            .block_on(async move { v.write(at, data, fua).await })
+    }
+
+    fn flush(&self) -> tiercache::volume::VolumeResult<()> {
+        let v = AsyncEngine::new(self.engine.clone());
+        self.rt.block_on(async move { v.flush().await })
+    }
+
+    fn submitted_writes(&self) -> u64 {
+        self.origin.submitted_writes.load(Ordering::SeqCst)
     }
 
     fn read(&self, block: u64, blocks: u64) -> tiercache::volume::VolumeResult<AlignedBuf> {
@@ -291,6 +324,10 @@ fn a_read_nobody_awaits_still_ends_and_lets_its_blocks_go() {
     });
     let wrote = rx.recv_timeout(Duration::from_secs(10));
     assert!(matches!(wrote, Ok(Ok(()))), "the block stayed locked");
+    // Nobody wanted the data: it was not stored where the completion
+    // dropped it (on the origin's thread), only counted as bypassed.
+    let s = r.engine.status().stats;
+    assert_eq!((s.promotions, s.bypassed_ios), (0, 1));
     assert!(r.read(7, 1).unwrap()[..] == [0x33; BS as usize][..]);
 }
 
@@ -318,4 +355,111 @@ fn reads_of_cached_blocks_take_the_blocking_path() {
     assert_eq!(r.origin.submitted.load(Ordering::SeqCst), 0);
     assert!(r.read(30, 2).unwrap()[..] == [origin_block(30), origin_block(31)].concat()[..]);
     assert_eq!(r.origin.submitted.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn passthrough_writes_are_submitted_and_a_flush_makes_them_durable() {
+    let r = rig(Mode::Passthrough);
+    // Whole blocks, several, and a sector inside a block.
+    r.write(10 * BS, &[0xa1; BS as usize], false).unwrap();
+    r.write(12 * BS, &[0xa2; 3 * BS as usize], false).unwrap();
+    r.write(20 * BS + 1024, &[0xa3; 512], false).unwrap();
+    assert_eq!(r.submitted_writes(), 3);
+    let s = r.engine.status().stats;
+    assert_eq!(
+        (s.write_requests, s.origin_writes, s.origin_writes_submitted),
+        (3, 3, 3)
+    );
+    let mut want = r.faults.snapshot_current();
+    want[10 * BS as usize..11 * BS as usize].fill(0xa1);
+    want[12 * BS as usize..15 * BS as usize].fill(0xa2);
+    want[(20 * BS + 1024) as usize..(20 * BS + 1536) as usize].fill(0xa3);
+    assert!(r.faults.snapshot_current() == want);
+    // Acknowledged, still in the origin's volatile cache: the flush makes
+    // them durable (each was noted for the next origin flush).
+    assert_eq!(r.faults.unflushed_writes(), 3);
+    r.flush().unwrap();
+    assert_eq!(r.faults.unflushed_writes(), 0);
+    assert!(
+        r.faults.durable_image() == want,
+        "a flushed write is not durable"
+    );
+    assert!(r.read(12, 3).unwrap()[..] == [0xa2; 3 * BS as usize][..]);
+}
+
+#[test]
+fn a_flush_after_the_origin_lost_a_submitted_write_fails() {
+    let r = rig(Mode::Passthrough);
+    r.write(30 * BS, &[0xb1; BS as usize], false).unwrap();
+    assert_eq!(r.submitted_writes(), 1);
+    // The origin's server restarts before the flush: the acknowledged
+    // write is gone, and the flush must say so, not succeed.
+    assert_eq!(r.faults.lose_unflushed(), 1);
+    assert!(
+        r.flush().is_err(),
+        "a flush covered a write the origin lost"
+    );
+}
+
+#[test]
+fn a_read_of_a_block_waits_for_its_submitted_write() {
+    let r = rig(Mode::Passthrough);
+    r.origin.set_gate(false);
+    let v = AsyncEngine::new(r.engine.clone());
+    let data = AlignedBuf::from_slice(&[0xc1; BS as usize]);
+    let write =
+        r.rt.spawn(async move { v.write(5 * BS, data, false).await });
+    r.origin.wait_at_gate();
+    // A read of the block, on another thread, waits for the write's lock.
+    let (tx, rx) = mpsc::channel();
+    let engine = r.engine.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(engine.read(5 * BS, BS));
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_millis(300)).is_err(),
+        "a read went past a write holding its block"
+    );
+    r.origin.set_gate(true);
+    r.rt.block_on(write).unwrap().unwrap();
+    let got = rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
+    assert!(
+        got[..] == [0xc1; BS as usize][..],
+        "the read missed the write"
+    );
+}
+
+#[test]
+fn a_failed_submitted_write_is_an_error_and_lets_its_blocks_go() {
+    let r = rig(Mode::Passthrough);
+    r.faults.fail_writes_in(40 * BS, BS);
+    assert!(r.write(40 * BS, &[0xd1; BS as usize], false).is_err());
+    assert_eq!(r.submitted_writes(), 1);
+    assert_eq!(r.engine.status().stats.origin_errors, 1);
+    r.faults.clear_faults();
+    r.write(40 * BS, &[0xd2; BS as usize], false).unwrap();
+    assert!(r.read(40, 1).unwrap()[..] == [0xd2; BS as usize][..]);
+}
+
+#[test]
+fn writes_that_must_wait_or_commit_take_the_blocking_path() {
+    let r = rig(Mode::Writearound);
+    // FUA needs a commit: blocking path, durable on return.
+    r.write(50 * BS, &[0xe1; BS as usize], true).unwrap();
+    assert_eq!(r.submitted_writes(), 0);
+    assert_eq!(r.faults.unflushed_writes(), 0);
+    // A block the cache holds (writearound promotes reads): its copy is
+    // dropped durably first, on the blocking path; reads see the write.
+    assert!(r.read(51, 1).unwrap()[..] == origin_block(51)[..]);
+    assert_eq!(r.engine.status().stats.promotions, 1);
+    r.write(51 * BS, &[0xe2; BS as usize], false).unwrap();
+    assert_eq!(r.submitted_writes(), 0);
+    assert!(r.read(51, 1).unwrap()[..] == [0xe2; BS as usize][..]);
+    // Writeback takes writes into the cache: never submitted.
+    let wb = rig(Mode::Writeback);
+    wb.write(52 * BS, &[0xe3; BS as usize], false).unwrap();
+    assert_eq!(wb.submitted_writes(), 0);
+    // An uncached block in writearound is.
+    r.write(53 * BS, &[0xe4; BS as usize], false).unwrap();
+    assert_eq!(r.submitted_writes(), 1);
 }

@@ -227,13 +227,17 @@ pub trait BlockDevice: Send + Sync {
 pub type Done = Box<dyn FnOnce(AlignedBuf, DeviceResult<()>) + Send>;
 
 /// The asynchronous side of a [`BlockDevice`] (`BlockDevice::submitter`):
-/// reads under the same rules (range, alignment), started without waiting
-/// for them. The device holds the buffer until `done`. (Only reads: the
-/// engine sends its reads of blocks the cache holds none of this way; its origin
-/// writes have ordering and durability bookkeeping on the calling thread.)
+/// reads and writes under the same rules (range, alignment), started
+/// without waiting for them. The device holds the buffer until `done`. The
+/// engine sends this way the reads of blocks the cache holds none of, and
+/// the origin writes of blocks it holds none of that need no wait first
+/// (engine/io/submitted.rs); a write's durability is the device's `flush`,
+/// as for `write_at`.
 pub trait Submit: Send + Sync {
     /// Reads `buf.len()` bytes at `offset` into `buf`.
     fn submit_read(&self, buf: AlignedBuf, offset: u64, done: Done);
+    /// Writes `buf` at `offset`.
+    fn submit_write(&self, buf: AlignedBuf, offset: u64, done: Done);
 }
 
 /// The reachability of a device behind connections ([`BlockDevice::health`]):

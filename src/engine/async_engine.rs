@@ -3,18 +3,22 @@
 //! writeonly mode that rewrites dirty blocks in place or stores whole
 //! blocks in free slots, run right on the calling worker thread: one cache
 //! device I/O, never an origin request, a commit or a wait for another
-//! request (`Engine::try_read_hits`, `Engine::try_write_cached`). Everything else,
-//! including a request a fast path handed on (resolved and counted once),
-//! runs on tokio's blocking pool, so many are in flight at once and requests
-//! for different blocks never wait on each other. Handing a 4 KiB hit to the
-//! pool and back cost about three context switches and ~30 us of CPU per
-//! request on the 2-core development machine; `serve --io-threads` sets how
-//! many worker threads there are.
+//! request (`Engine::try_read_hits`, `Engine::try_write_cached`). Over an
+//! origin that completes requests on its own threads (`rbd://`), a read of
+//! blocks the cache holds none of, and a write around the cache that needs
+//! no wait or commit first, are sent there from the worker and awaited
+//! (engine/io/submitted.rs). Everything else, including a request a fast
+//! path handed on (resolved and counted once), runs on tokio's blocking
+//! pool, so many are in flight at once and requests for different blocks
+//! never wait on each other. Handing a 4 KiB hit to the pool and back cost
+//! about three context switches and ~30 us of CPU per request on the
+//! 2-core development machine; `serve --io-threads` sets how many worker
+//! threads there are.
 
 use std::sync::Arc;
 
 use super::io::direct::WriteLeft;
-use super::io::submitted::OriginRead;
+use super::io::submitted::{OriginRead, OriginWrite};
 use super::origin::address::in_volume;
 use super::request::{Fast, Request};
 use super::{Engine, EngineError};
@@ -71,7 +75,7 @@ fn read_later(engine: Arc<Engine>, req: Request) -> LaterRead {
 /// (engine/io/submitted.rs): awaited here, no thread of ours blocked. It
 /// ends (its promotion stored, its blocks unlocked) on the thread that
 /// awaits it, not the origin's; or, if nobody awaits it any more, where
-/// it is dropped (`Ended`).
+/// it is dropped, without its promotion (`Ended`).
 async fn sent(engine: Arc<Engine>, r: OriginRead) -> VolumeResult<AlignedBuf> {
     let (tx, rx) = tokio::sync::oneshot::channel::<Ended>();
     let e = engine.clone();
@@ -100,9 +104,10 @@ impl Ended {
 }
 
 impl Drop for Ended {
+    /// Nobody awaits the read: it ends without storing its promotion.
     fn drop(&mut self) {
-        if self.0.is_some() {
-            let _ = self.end();
+        if let Some((e, r, res)) = self.0.take() {
+            e.cache.origin_read_abandoned(r, res);
         }
     }
 }
@@ -117,9 +122,34 @@ async fn read_rest(engine: &Arc<Engine>, req: Request) -> VolumeResult<AlignedBu
     }
 }
 
-/// The rest of a write a fast path handed on, on the blocking pool.
+/// The rest of a write a fast path handed on: sent to the origin if it
+/// can go there without a thread of ours (`start_origin_write`), else on
+/// the blocking pool.
 fn write_later(engine: Arc<Engine>, req: Request, data: AlignedBuf) -> Later<()> {
-    Box::pin(async move { run(&engine, move |e| e.write_request(req, &data)).await })
+    Box::pin(async move {
+        match engine.cache.start_origin_write(req) {
+            Ok(w) => sent_write(engine, w, data).await,
+            Err(req) => run(&engine, move |e| e.write_request(req, &data)).await,
+        }
+    })
+}
+
+/// A write sent to an origin that completes it on its own threads
+/// (engine/io/submitted.rs), ended there (nothing in its ending blocks),
+/// its outcome awaited here.
+async fn sent_write(engine: Arc<Engine>, w: OriginWrite, data: AlignedBuf) -> VolumeResult<()> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let e = engine.clone();
+    engine.cache.send_origin_write(w, data, move |w, res| {
+        let _ = tx.send(e.cache.origin_write_done(w, res));
+    });
+    match rx.await {
+        Ok(r) => r.map_err(VolumeError::from),
+        Err(_) => Err(VolumeError::new(
+            ErrorKind::Io,
+            "the origin dropped a write without ending it".to_string(),
+        )),
+    }
 }
 
 impl Volume for AsyncEngine {
@@ -217,7 +247,7 @@ impl Volume for AsyncEngine {
         let at = in_volume(self.base, offset);
         match self.engine.try_write_cached(at, &data, fua) {
             Fast::Done(r) => r.map_err(VolumeError::from),
-            Fast::Pending(req) => run(&self.engine, move |e| e.write_request(req, &data)).await,
+            Fast::Pending(req) => write_later(self.engine.clone(), req, data).await,
         }
     }
 

@@ -75,6 +75,8 @@ counters! {
     origin_reads_submitted,
     /// Write requests sent to the origin device.
     origin_writes,
+    /// Of those, writes started without a blocked thread (`rbd://`).
+    origin_writes_submitted,
     /// Metadata commits (journal or checkpoint writes).
     commits,
     /// Checkpoints written.

@@ -1,8 +1,8 @@
-//! Reads started without blocking ([`Submit`]): an `rbd_aio_read` whose
-//! completion hands the buffer and the outcome to the caller's [`Done`],
-//! on a librbd thread. What that completion needs of the device
-//! (its name, its health, the count of requests under way) is [`Ends`],
-//! shared with it.
+//! Reads and writes started without blocking ([`Submit`]): an
+//! `rbd_aio_read` or `rbd_aio_write` whose completion hands the buffer and
+//! the outcome to the caller's [`Done`], on a librbd thread. What that
+//! completion needs of the device (its name, its health, the count of
+//! requests under way) is [`Ends`], shared with it.
 //!
 //! Closing waits for the requests under way (`RbdDevice::close`): the
 //! handles' lock keeps new ones out, then the count must reach zero before
@@ -81,38 +81,48 @@ impl Ends {
         }
     }
 
-    /// How a submitted read ended, given to `done`.
-    fn end(&self, ret: isize, buf: AlignedBuf, done: Done) {
-        let r = self.noted(self.transferred("read", ret, Some(buf.len())), true);
+    /// How a submitted request ended, given to `done`. Only a read that
+    /// succeeded says the cluster answers (`noted`).
+    fn end(&self, ret: isize, buf: AlignedBuf, write: bool, done: Done) {
+        let r = match write {
+            false => self.noted(self.transferred("read", ret, Some(buf.len())), true),
+            true => self.noted(self.transferred("write", ret, None), false),
+        };
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
         done(buf, r);
     }
 }
 
 impl RbdDevice {
-    /// Starts a read into `buf` at `offset`; `done` gets the buffer back
-    /// with the outcome.
-    fn submit(&self, buf: AlignedBuf, offset: u64, done: Done) {
+    /// Starts a read into `buf` at `offset`, or a write of `buf` there;
+    /// `done` gets the buffer back with the outcome.
+    fn submit(&self, buf: AlignedBuf, offset: u64, write: bool, done: Done) {
         if let Err(e) = check_range(self, offset, buf.len() as u64) {
             return done(buf, Err(e));
         }
         // Taken by the start; left for the error of a closed image.
         let mut job = Some((buf, done));
-        let started = self.with_image("read", |h| {
+        let what = if write { "write" } else { "read" };
+        let started = self.with_image(what, |h| {
             let (mut buf, done) = job.take().expect("taken once");
             let (ptr, len) = (buf.as_mut_ptr(), buf.len());
             // Counted before the start: a completion may run before it returns.
             self.ends.in_flight.fetch_add(1, Ordering::AcqRel);
             let ends = Arc::clone(&self.ends);
             // The buffer moves into the completion; its heap bytes stay put.
-            let finish = move |ret: isize| ends.end(ret, buf, done);
+            let finish = move |ret: isize| ends.end(ret, buf, write, done);
+            let (image, ptr) = (h.image, ptr.cast());
             // SAFETY: a live image (the handles' read lock keeps it open for
             // the call; close waits for `in_flight`); `ptr` is the heap of
-            // `buf`, which the completion owns until librbd is done with it.
+            // `buf`, which the completion owns until librbd is done with it
+            // (librbd only reads it for a write).
             unsafe {
                 aio::submit(
                     h.api,
-                    |c| (h.api.rbd_aio_read)(h.image, offset, len, ptr.cast(), c),
+                    |c| match write {
+                        false => (h.api.rbd_aio_read)(image, offset, len, ptr, c),
+                        true => (h.api.rbd_aio_write)(image, offset, len, ptr, c),
+                    },
                     finish,
                 )
             };
@@ -131,6 +141,10 @@ impl RbdDevice {
 
 impl Submit for RbdDevice {
     fn submit_read(&self, buf: AlignedBuf, offset: u64, done: Done) {
-        self.submit(buf, offset, done);
+        self.submit(buf, offset, false, done);
+    }
+
+    fn submit_write(&self, buf: AlignedBuf, offset: u64, done: Done) {
+        self.submit(buf, offset, true, done);
     }
 }

@@ -18,11 +18,21 @@
 //! Anything else (a block cached in whole or part, locked, a read not of
 //! whole blocks that promotes; an origin that only blocks) is handed back
 //! for the blocking path.
+//!
+//! Writes that go around the cache (passthrough, writearound) are sent the
+//! same way when nothing must happen first: no block of theirs cached (no
+//! copy to drop durably), none in a writeback still writing the origin
+//! (origin order, origin/flights.rs), no older flush group to write back,
+//! no dropped mapping waiting for its commit, no FUA and no full crash log
+//! (both need a commit). They end on the origin's thread, which is cheap:
+//! the range noted for the next origin flush (`Origin::wrote`, as
+//! `origin_write` does), the blocks unlocked.
 
 use crate::device::{AlignedBuf, DeviceResult};
 use crate::engine::admission::Dev;
 use crate::engine::cache::Cache;
 use crate::engine::io::data::DeviceTimer;
+use crate::engine::modes::WriteRoute;
 use crate::engine::observe::latency::Op;
 use crate::engine::request::{block_runs, Plan, Request, Segment};
 use crate::engine::stats::bump;
@@ -122,6 +132,16 @@ impl Cache {
         );
     }
 
+    /// `r` is over but nobody wants its data any more (its awaiter went
+    /// away): it ends without its promotion, so the cache write is not
+    /// done on whatever thread dropped it (librbd's callback thread,
+    /// which a cache device that stalls would then hold).
+    pub(crate) fn origin_read_abandoned(&self, mut r: OriginRead, res: DeviceResult<AlignedBuf>) {
+        let dropped: usize = r.keep.drain(..).map(|(_, _, n)| n).sum();
+        bump(&self.stats.bypassed_ios, dropped as u64);
+        let _ = self.origin_read_done(r, res);
+    }
+
     /// `r` is over: what it keeps stored, its blocks unlocked, the
     /// origin's foreground I/O and the request's latency counted, as a
     /// blocking read counts them. A promotion that cannot be stored
@@ -145,6 +165,111 @@ impl Cache {
             self.origin_read_failed(e);
         }
         self.observe.latency.request(Op::Read, false, ns);
+        Ok(res?)
+    }
+}
+
+/// A write sent to the origin, its blocks (`first..=last`) locked until
+/// `origin_write_done`.
+pub struct OriginWrite {
+    first: u64,
+    last: u64,
+    /// The request's address and length (origin/address.rs).
+    at: u64,
+    len: usize,
+    timer: DeviceTimer,
+    /// The origin's loss epoch when the write started (`Origin::wrote`).
+    epoch: u64,
+}
+
+impl Cache {
+    /// `req`, a write a fast path handed on, as a write to send to its
+    /// origin's `Submit` (`send_origin_write`), or handed back for the
+    /// blocking path (module comment: when it must wait or commit first).
+    pub(crate) fn start_origin_write(&self, mut req: Request) -> Result<OriginWrite, Request> {
+        if req.fua || self.journal.pressed() {
+            return Err(req);
+        }
+        let Some((first, last)) = req.blocks() else {
+            return Err(req);
+        };
+        let origin = self.origins.at(req.offset);
+        if origin.device().submitter().is_none() {
+            return Err(req);
+        }
+        let Some(guard) = (self.origins.of_key(first).locks()).try_lock_range(first, last) else {
+            return Err(req);
+        };
+        if self.resolve(&mut req).route != WriteRoute::Around
+            || self.order.older_groups_pending(self)
+            || origin.flights().origin_writing(first, last)
+            || self.releases_pending(first..=last)
+            || self.lookup(&mut req, |_| true).iter().any(Option::is_some)
+        {
+            return Err(req);
+        }
+        if !origin.begin_foreground() {
+            origin.end_foreground(self.now_ms());
+            return Err(req);
+        }
+        origin.flights().touch(first, last);
+        guard.hand_off();
+        bump(&self.stats.write_requests, 1);
+        self.count_write_hits(&req.segs);
+        bump(&self.stats.bypassed_ios, 1);
+        bump(&self.stats.origin_writes, 1);
+        bump(&self.stats.origin_writes_submitted, 1);
+        Ok(OriginWrite {
+            first,
+            last,
+            at: req.offset,
+            len: req.len as usize,
+            timer: self.device_timer(),
+            epoch: origin.loss_epoch(),
+        })
+    }
+
+    /// Sends `w` with its data to the origin; `reply` gets the outcome on
+    /// the thread the origin completes it on (or this one).
+    pub(crate) fn send_origin_write(
+        &self,
+        w: OriginWrite,
+        data: AlignedBuf,
+        reply: impl FnOnce(OriginWrite, DeviceResult<()>) + Send + 'static,
+    ) {
+        let origin = self.origins.at(w.at);
+        let local = origin.local(w.at);
+        let submitter = (origin.device().submitter()).expect("start_origin_write checked");
+        submitter.submit_write(data, local, Box::new(move |_, res| reply(w, res)));
+    }
+
+    /// `w` is over: a write that reached the origin is noted for the next
+    /// origin flush and makes its range current (`heal_stale`), as
+    /// `origin_write` does; its blocks unlocked, the origin's foreground
+    /// I/O and the request's latency counted. Never blocks (it runs on the
+    /// origin's completion thread).
+    pub(crate) fn origin_write_done(
+        &self,
+        w: OriginWrite,
+        res: DeviceResult<()>,
+    ) -> EngineResult<()> {
+        let ns = self.device_timed(Dev::OriginWrite, w.len, &w.timer, res.is_ok());
+        let origin = self.origins.at(w.at);
+        match &res {
+            Ok(()) => {
+                let local = origin.local(w.at);
+                origin.wrote(local..local + w.len as u64, w.epoch);
+                origin.heal_stale(w.at, w.len as u64);
+            }
+            Err(e) => {
+                bump(&self.stats.origin_errors, 1);
+                log::warn!("origin write error: {e}");
+            }
+        }
+        self.journal.note_completed();
+        origin.end_foreground(self.now_ms());
+        (self.origins.of_key(w.first).locks()).unlock_handed(w.first, w.last);
+        self.observe.latency.request(Op::Write, false, ns);
         Ok(res?)
     }
 }

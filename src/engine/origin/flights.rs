@@ -106,6 +106,17 @@ impl Flights {
         }
     }
 
+    /// True if some block within `first..=last` has its origin write under
+    /// way: what `wait_origin` would wait for.
+    pub fn origin_writing(&self, first: u64, last: u64) -> bool {
+        if self.count.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        let map = self.map.lock();
+        map.iter()
+            .any(|(b, f)| f.writing && (first..=last).contains(b))
+    }
+
     /// Waits until no block within `first..=last` has its origin write
     /// under way. The caller holds the locks of that range, so no new
     /// flight can start in it.
