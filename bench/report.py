@@ -25,6 +25,20 @@ def fmt_num(v, digits=0):
     return f"{v:,.{digits}f}"
 
 
+def drain_p99_ratio(r, phase, kind):
+    """A drain run's p99 of `kind` (hits, writes) in `phase` over idle's."""
+    ph = r["phases"]
+    return ratio(ph[phase][kind][1], ph["idle"][kind][1])
+
+
+def fmt_machine(r):
+    """The whole machine's CPU a request, with its busy share of all cores."""
+    us, pct = r.get("machine_cpu_us_per_io"), r.get("machine_busy_pct")
+    if us is None or pct is None:
+        return "n/a"
+    return f"{us:,.1f} ({pct:.0f}%)"
+
+
 def fmt_lat(us):
     if us is None:
         return "n/a"
@@ -101,8 +115,7 @@ def targets(results):
     ram = results.get("ram", {}).get("bytes_per_block")
     rows.append(("RAM per cache block ≤ 24 B", ram, -24.0))
     for r in results.get("drain", []):
-        ph = r["phases"]
-        worst = max((ratio(ph[p][k][1], ph["idle"][k][1]) or 0)
+        worst = max((drain_p99_ratio(r, p, k) or 0)
                     for p in ("flush", "watermark") for k in ("hits", "writes"))
         finished = all(d["finished"] for d in r["drain"].values())
         rows.append((f"writeback beside the foreground, {r['name']}: worst p99 during a drain "
@@ -172,8 +185,8 @@ def render(results, plots):
     # Main table.
     L.append("### Results")
     L.append("")
-    L.append("| workload | system | IOPS | MiB/s | p50 | p99 | CPU µs/IO | read hits |")
-    L.append("|---|---|--:|--:|--:|--:|--:|--:|")
+    L.append("| workload | system | IOPS | MiB/s | p50 | p99 | CPU µs/IO | machine CPU µs/IO (busy) | read hits |")
+    L.append("|---|---|--:|--:|--:|--:|--:|--:|--:|")
     for wkey, title in titles.items():
         for skey, e in systems.items():
             r = e.get("workloads", {}).get(wkey)
@@ -182,7 +195,7 @@ def render(results, plots):
             hit = r.get("read_hit_pct")
             L.append(f"| {title} | {skey} | {fmt_num(r['iops'])} | {fmt_num(r['mib_s'], 1)} | "
                      f"{fmt_lat(r['p50_us'])} | {fmt_lat(r['p99_us'])} | "
-                     f"{fmt_num(r.get('cpu_us_per_io'), 1)} | "
+                     f"{fmt_num(r.get('cpu_us_per_io'), 1)} | {fmt_machine(r)} | "
                      f"{'' if hit is None else f'{hit:.0f}%'} |")
     L.append("")
 
@@ -314,7 +327,6 @@ def render(results, plots):
             L.append("| phase | hit p50 | hit p99 | write p50 | write p99 | hit p99 / idle "
                      "| write p99 / idle | drain took |")
             L.append("|---|--:|--:|--:|--:|--:|--:|--:|")
-            idle = r["phases"]["idle"]
             for phase in ("idle", "flush", "watermark"):
                 h, w = r["phases"][phase]["hits"], r["phases"][phase]["writes"]
                 d = r["drain"].get(phase)
@@ -322,8 +334,8 @@ def render(results, plots):
                                              f"{d['secs']:.1f} s" + ("" if d["finished"]
                                                                      else " (not every round)"))
                 L.append(f"| {phase} | {fmt_lat(h[0])} | {fmt_lat(h[1])} | {fmt_lat(w[0])} | "
-                         f"{fmt_lat(w[1])} | {fmt_ratio(ratio(h[1], idle['hits'][1]))} | "
-                         f"{fmt_ratio(ratio(w[1], idle['writes'][1]))} | {took} |")
+                         f"{fmt_lat(w[1])} | {fmt_ratio(drain_p99_ratio(r, phase, 'hits'))} | "
+                         f"{fmt_ratio(drain_p99_ratio(r, phase, 'writes'))} | {took} |")
             L.append("")
 
     ram = results.get("ram")

@@ -188,8 +188,19 @@ def _job_result(job, rw, bs, uri):
     }
 
 
+def machine_cpu():
+    """(busy, total) CPU ticks of the whole machine so far (/proc/stat's
+    first line: user nice system idle iowait irq softirq steal; the guest
+    columns after them are already in user; idle and iowait are not busy)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:9]]
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+
 class Probe:
-    """Server CPU time (and tiercache counters) around one measurement."""
+    """Server CPU time, the whole machine's CPU time (every process: the
+    client, the server, an OSD) and tiercache counters around one
+    measurement."""
 
     def __init__(self, system):
         self.system = system
@@ -197,17 +208,26 @@ class Probe:
     def __enter__(self):
         self.c0 = self.system.counters()
         self.cpu0 = self.system.server.cpu_s()
+        self.machine0 = machine_cpu()
         return self
 
     def __exit__(self, *exc):
         if exc[0] is None:
+            self.machine1 = machine_cpu()
             self.cpu1 = self.system.server.cpu_s()
             self.c1 = self.system.counters()
 
     def annotate(self, result):
-        result["cpu_us_per_io"] = (
-            (self.cpu1 - self.cpu0) * 1e6 / result["ios"] if result["ios"] else None
-        )
+        ios = result["ios"]
+        result["cpu_us_per_io"] = (self.cpu1 - self.cpu0) * 1e6 / ios if ios else None
+        # Busy share of all cores, and busy time a request: on a machine
+        # whose cores are all busy, IOPS follow the whole machine's CPU a
+        # request, not the server's alone.
+        busy = self.machine1[0] - self.machine0[0]
+        total = self.machine1[1] - self.machine0[1]
+        hz = os.sysconf("SC_CLK_TCK")
+        result["machine_busy_pct"] = 100.0 * busy / total if total else None
+        result["machine_cpu_us_per_io"] = busy * 1e6 / hz / ios if ios else None
         if self.c0 is not None:
             s0, s1 = self.c0["stats"], self.c1["stats"]
             hits = s1["read_hits"] - s0["read_hits"]
