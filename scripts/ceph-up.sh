@@ -106,15 +106,22 @@ start_daemon() {
     echo $! >"$DIR/run/$name.pid"
 }
 
+# Free: no socket of any state (listening, connected, TIME_WAIT) has it as
+# its local port. Connected sockets count: a client's ephemeral port made
+# the monitor's bind fail with EADDRINUSE once (a bench run, 2026-11-28).
 port_free() {
-    ! ss -Htln "( sport = :$1 )" 2>/dev/null | grep -q .
+    ! ss -Htan "( sport = :$1 )" 2>/dev/null | grep -q .
 }
 
 if [ -n "${CEPH_MON_PORT:-}" ]; then
     port=$CEPH_MON_PORT
 else
+    # Below the kernel's ephemeral range (ip_local_port_range), which
+    # outgoing connections take their local ports from at any moment.
+    read -r eph_lo _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || eph_lo=32768
+    top=$(( eph_lo > 12000 ? eph_lo - 2 : 30000 ))
     for _ in $(seq 50); do
-        port=$(( 20000 + RANDOM % 20000 ))
+        port=$(( 10000 + RANDOM % (top - 10000) ))
         if port_free "$port" && port_free $((port + 1)); then break; fi
     done
 fi

@@ -430,7 +430,8 @@ impl Cache {
     /// (docs/benchmarks.md: a 287 ms p99.9 write during `flush`).
     fn read_run(&self, run: &[(u64, u32)]) -> Result<AlignedBuf, DeviceError> {
         let bs = self.block_bytes as usize;
-        let mut buf = AlignedBuf::zeroed(run.len() * bs);
+        // The pieces cover it; each is read, or the run fails.
+        let mut buf = AlignedBuf::to_overwrite(run.len() * bs);
         // (first slot, its part of `buf`) of each run of adjacent slots.
         let mut pieces: Vec<(u32, &mut [u8])> = Vec::new();
         let mut rest: &mut [u8] = &mut buf;
