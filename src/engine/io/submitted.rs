@@ -34,6 +34,7 @@ use crate::engine::cache::Cache;
 use crate::engine::io::data::DeviceTimer;
 use crate::engine::modes::WriteRoute;
 use crate::engine::observe::latency::Op;
+use crate::engine::origin::locks::BlockRangeGuard;
 use crate::engine::request::{block_runs, Plan, Request, Segment};
 use crate::engine::stats::bump;
 use crate::engine::EngineResult;
@@ -57,16 +58,10 @@ impl Cache {
     /// `req` (from a fast path that handed it on) as a read to send to
     /// its origin's `Submit` (`send_origin_read`), or handed back.
     pub(crate) fn start_origin_read(&self, mut req: Request) -> Result<OriginRead, Request> {
-        let Some((first, last)) = req.blocks() else {
+        let Some((first, last, guard)) = self.try_lock_submittable(&req) else {
             return Err(req);
         };
         let origin = self.origins.at(req.offset);
-        if origin.device().submitter().is_none() {
-            return Err(req);
-        }
-        let Some(guard) = (self.origins.of_key(first).locks()).try_lock_range(first, last) else {
-            return Err(req);
-        };
         let plan = self.resolve(&mut req);
         let bs = self.block_bytes as usize;
         if plan.promote && req.segs.iter().any(|s| s.buf.len() != bs) {
@@ -101,6 +96,15 @@ impl Cache {
             timer: self.device_timer(),
             keep,
         })
+    }
+
+    /// `req`'s blocks (`first`, `last`), try-locked, if its origin takes
+    /// submitted requests and no other request holds any of them.
+    fn try_lock_submittable(&self, req: &Request) -> Option<(u64, u64, BlockRangeGuard<'_>)> {
+        let (first, last) = req.blocks()?;
+        self.origins.at(req.offset).device().submitter()?;
+        let guard = (self.origins.of_key(first).locks()).try_lock_range(first, last)?;
+        Some((first, last, guard))
     }
 
     /// The runs of adjacent blocks of `segs` (whole blocks, none cached,
@@ -190,16 +194,10 @@ impl Cache {
         if req.fua || self.journal.pressed() {
             return Err(req);
         }
-        let Some((first, last)) = req.blocks() else {
+        let Some((first, last, guard)) = self.try_lock_submittable(&req) else {
             return Err(req);
         };
         let origin = self.origins.at(req.offset);
-        if origin.device().submitter().is_none() {
-            return Err(req);
-        }
-        let Some(guard) = (self.origins.of_key(first).locks()).try_lock_range(first, last) else {
-            return Err(req);
-        };
         if self.resolve(&mut req).route != WriteRoute::Around
             || self.order.older_groups_pending(self)
             || origin.flights().origin_writing(first, last)
