@@ -154,6 +154,12 @@ impl Cache {
         log::warn!("origin read error: {e}");
     }
 
+    /// An origin write failed: counted and logged.
+    pub(crate) fn origin_write_failed(&self, e: &DeviceError) {
+        bump(&self.stats.origin_errors, 1);
+        log::warn!("origin write error: {e}");
+    }
+
     /// `origin_write` without the wait: for a writeback's own flight.
     /// `offset` is an address (origin/address.rs).
     pub(crate) fn origin_write_now(&self, buf: &[u8], offset: u64) -> EngineResult<()> {
@@ -167,10 +173,7 @@ impl Cache {
         let r = self.timed_device(Dev::OriginWrite, buf.len(), || {
             origin.device().write_at(buf, origin.local(offset))
         });
-        let r = r.inspect_err(|e| {
-            bump(&self.stats.origin_errors, 1);
-            log::warn!("origin write error: {e}");
-        });
+        let r = r.inspect_err(|e| self.origin_write_failed(e));
         self.journal.note_completed();
         Ok(r?)
     }

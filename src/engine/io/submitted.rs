@@ -259,10 +259,7 @@ impl Cache {
                 origin.wrote(local..local + w.len as u64, w.epoch);
                 origin.heal_stale(w.at, w.len as u64);
             }
-            Err(e) => {
-                bump(&self.stats.origin_errors, 1);
-                log::warn!("origin write error: {e}");
-            }
+            Err(e) => self.origin_write_failed(e),
         }
         self.journal.note_completed();
         origin.end_foreground(self.now_ms());

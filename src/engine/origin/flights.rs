@@ -112,9 +112,7 @@ impl Flights {
         if self.count.load(Ordering::Acquire) == 0 {
             return false;
         }
-        let map = self.map.lock();
-        map.iter()
-            .any(|(b, f)| f.writing && (first..=last).contains(b))
+        writing_in(&self.map.lock(), first, last)
     }
 
     /// Waits until no block within `first..=last` has its origin write
@@ -125,13 +123,17 @@ impl Flights {
             return;
         }
         let mut map = self.map.lock();
-        while map
-            .iter()
-            .any(|(b, f)| f.writing && (first..=last).contains(b))
-        {
+        while writing_in(&map, first, last) {
             self.origin_done.wait(&mut map);
         }
     }
+}
+
+/// True if a flight in `map` within `first..=last` is still writing the
+/// origin.
+fn writing_in(map: &HashMap<u64, Flight>, first: u64, last: u64) -> bool {
+    map.iter()
+        .any(|(b, f)| f.writing && (first..=last).contains(b))
 }
 
 #[cfg(test)]
