@@ -8,7 +8,10 @@
 //! request is finished (a write or read of them waits), a write is
 //! recorded only once finished, a failed or abandoned request is finished
 //! by the engine and counted once, and what the cache cannot serve at once
-//! never comes back as a direct request. The ublk path itself runs in the guest
+//! never comes back as a direct request. A read of blocks the cache holds
+//! none of comes back as a direct read of the origin file
+//! (src/engine/io/direct_origin.rs): the same rules, and its promotion is
+//! stored after it is finished. The ublk path itself runs in the guest
 //! (scripts/guest-test.sh: ublk_fio_verify_writeback, ublk_ext4_*).
 
 mod common;
@@ -442,4 +445,125 @@ fn flushed_direct_writes_survive_a_crash() {
             sector[0], model[s], since[s]
         );
     }
+}
+
+/// Polls `cond` for up to 10 s.
+fn eventually(what: &str, cond: impl Fn() -> bool) {
+    let t = std::time::Instant::now();
+    while !cond() {
+        assert!(t.elapsed() < Duration::from_secs(10), "never: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_miss_of_blocks_nothing_holds_is_read_from_the_origin_where_the_engine_says() {
+    let f = files(false);
+    let _rt = f.rt.enter();
+    let before = f.engine.status().stats;
+    // Blocks 20 and 21, cached by nobody: the origin's bytes at the
+    // request's own offset, into the request's buffer.
+    let d = direct(f.vol.start_read(20 * BS, 2 * BS as u32));
+    assert_eq!(d.pieces.len(), 1);
+    assert_eq!(
+        (d.pieces[0].at, d.pieces[0].buf.clone()),
+        (20 * BS, 0..2 * BS as usize)
+    );
+    let got = read_pieces(&d, 2 * BS as usize);
+    assert_eq!(got.to_vec(), vec![ORIGIN_BYTE; 2 * BS as usize]);
+    assert!(d.finish(true, &got).is_none(), "done once read");
+    // Writeback promotes them, on the blocking pool after the reply.
+    eventually("the promotion stored", || {
+        f.engine.status().stats.promotions == before.promotions + 2
+    });
+    let after = f.engine.status().stats;
+    assert_eq!(after.read_misses, before.read_misses + 2);
+    assert_eq!(
+        (after.read_requests, after.origin_reads),
+        (before.read_requests + 1, before.origin_reads + 1)
+    );
+    // Now hits, read from the cache device.
+    let d = direct(f.vol.start_read(20 * BS, 2 * BS as u32));
+    assert_ne!(d.pieces[0].at, 20 * BS, "a cache slot, not the origin");
+    assert_eq!(
+        read_pieces(&d, 2 * BS as usize).to_vec(),
+        vec![ORIGIN_BYTE; 2 * BS as usize]
+    );
+    assert!(d.finish(true, &[]).is_none());
+    // Passthrough keeps nothing: counted as bypassed, nothing stored.
+    f.engine.set_mode(Mode::Passthrough).unwrap();
+    let before = f.engine.status().stats;
+    let d = direct(f.vol.start_read(30 * BS + 512, 1024));
+    assert_eq!(d.pieces[0].at, 30 * BS + 512);
+    let got = read_pieces(&d, 1024);
+    assert!(d.finish(true, &got).is_none());
+    let after = f.engine.status().stats;
+    assert_eq!(after.bypassed_ios, before.bypassed_ios + 1);
+    assert_eq!(after.promotions, before.promotions);
+    // Block 30 was not kept: the cache holds blocks 20 and 21 only.
+    assert_eq!(f.engine.status().cache_blocks_used, 2);
+}
+
+#[test]
+fn a_direct_origin_read_holds_its_blocks_until_its_promotion_is_stored() {
+    let f = files(false);
+    let _rt = f.rt.enter();
+    let d = direct(f.vol.start_read(40 * BS, BS as u32));
+    let wrote = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (e, wrote) = (f.engine.clone(), wrote.clone());
+        std::thread::spawn(move || {
+            e.write(40 * BS, &block(0x40), false).unwrap();
+            wrote.store(true, Ordering::SeqCst);
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        !wrote.load(Ordering::SeqCst),
+        "a write went past the read's lock"
+    );
+    let got = read_pieces(&d, BS as usize);
+    assert!(d.finish(true, &got).is_none());
+    assert_eq!(got.to_vec(), block(ORIGIN_BYTE));
+    writer.join().unwrap();
+    // The write came after the promotion: it is what the block holds.
+    assert_eq!(read(&f, 40 * BS, BS), block(0x40));
+}
+
+#[test]
+fn a_failed_or_dropped_direct_origin_read_is_finished_by_the_engine_and_counted_once() {
+    let f = files(false);
+    let _rt = f.rt.enter();
+    let before = f.engine.status().stats;
+    let d = direct(f.vol.start_read(50 * BS, BS as u32));
+    let later = d
+        .finish(false, &[])
+        .expect("a failed read is finished by the engine");
+    assert_eq!(f.rt.block_on(later).unwrap().to_vec(), block(ORIGIN_BYTE));
+    let after = f.engine.status().stats;
+    assert_eq!(
+        after.read_requests,
+        before.read_requests + 1,
+        "counted once"
+    );
+    assert_eq!(after.origin_reads, before.origin_reads + 1, "counted once");
+    // A short read is a failed one.
+    let d = direct(f.vol.start_read(51 * BS, 2 * BS as u32));
+    let later = d
+        .finish(true, &block(0))
+        .expect("short: finished by the engine");
+    assert_eq!(
+        f.rt.block_on(later).unwrap().to_vec(),
+        vec![ORIGIN_BYTE; 2 * BS as usize]
+    );
+    // Dropped without a word (a queue that stopped): the block is let go,
+    // nothing counted.
+    let before = f.engine.status().stats;
+    drop(direct(f.vol.start_read(60 * BS, BS as u32)));
+    f.engine.write(60 * BS, &block(0x60), false).unwrap();
+    assert_eq!(read(&f, 60 * BS, BS), block(0x60));
+    let after = f.engine.status().stats;
+    assert_eq!(after.read_misses, before.read_misses);
+    // The engine closes: nothing was left holding the origin.
+    f.engine.close().unwrap();
 }

@@ -354,3 +354,43 @@ fn a_read_with_misses_around_cached_blocks_is_one_origin_request() {
         "three missing blocks around two cached ones: one origin read"
     );
 }
+
+#[test]
+fn reads_that_keep_nothing_go_straight_to_the_reader_around_cached_data() {
+    // Writeonly keeps no read: misses are read into the reader's buffer
+    // itself when they are one stretch, never over a cached block between
+    // them.
+    let s = Setup::new(Mode::Writeonly, BS);
+    // Block 11 whole and sectors 2..4 of block 13 dirty; 10, 12, 14 never
+    // touched.
+    s.engine
+        .write(11 * 8 * 512, &common::stamped(88, 8, 3), false)
+        .unwrap();
+    s.engine
+        .write(106 * 512, &common::stamped(106, 2, 4), false)
+        .unwrap();
+    let before = s.engine.status().stats;
+    // Misses either side of a cached block: not straight (the origin's
+    // bytes between them are not the reader's).
+    let mut want = vec![0u64; 24];
+    want[8..16].fill(3);
+    s.expect(80, &want);
+    // A block cached in part: not straight either.
+    let mut want = vec![0u64; 16];
+    want[2..4].fill(4);
+    s.expect(104, &want);
+    // Blocks 15..17 and a part of 18: straight, one origin request.
+    s.expect(120, &[0; 29]);
+    // A sector in the middle of a block.
+    s.expect(147, &[0]);
+    let after = s.engine.status().stats;
+    assert_eq!(
+        after.promotions, before.promotions,
+        "writeonly keeps no read"
+    );
+    assert_eq!(after.read_hits - before.read_hits, 1, "block 11");
+    // Blocks 10, 12, 13 (in part), 14, then 15..18 and 18 again.
+    assert_eq!(after.read_misses - before.read_misses, 9);
+    assert_eq!(after.bypassed_ios - before.bypassed_ios, 9);
+    assert_eq!(after.origin_reads - before.origin_reads, 4);
+}

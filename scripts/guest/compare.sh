@@ -193,6 +193,28 @@ import json, sys
 s = json.load(sys.stdin)["stats"]
 print("reads hits %d misses %d; writes hits %d misses %d" % (s["read_hits"], s["read_misses"], s["write_hits"], s["write_misses"]))'
 }
+# Every counter of tiercache's that is not zero, on one line.
+counters_tc() {
+    tc status --json | python3 -c '
+import json, sys
+s = json.load(sys.stdin)["stats"]
+print(", ".join("%s %d" % (k, v) for k, v in s.items() if isinstance(v, int) and v))'
+}
+# Mean latency of each kind of request and device request tiercache
+# counted (its Prometheus histograms, from `serve --metrics`), on one line.
+latencies_tc() {
+    python3 -c '
+import re, sys, urllib.request
+text = urllib.request.urlopen("http://127.0.0.1:9617/metrics", timeout=10).read().decode()
+sums = {}
+for line in text.splitlines():
+    m = re.match(r"tiercache_(request|device)_duration_seconds_(sum|count)\{([^}]*)\} (\S+)", line)
+    if m:
+        sums.setdefault((m.group(1), m.group(3)), {})[m.group(2)] = float(m.group(4))
+out = ["%s %s: %d, mean %.0f us" % (k[0], k[1], v["count"], v["sum"] / v["count"] * 1e6)
+       for k, v in sorted(sums.items()) if v.get("count")]
+print("; ".join(out))'
+}
 writeback_tc() { tc flush >/dev/null; }
 teardown_tc() { nbd_detach /dev/nbd0; serve_stop; dmsetup remove slow-tc; }
 
@@ -364,6 +386,9 @@ measure() { # SYS WORKLOAD
 # The lvm-cache seed case (issue 34): ext4 on the slowed origin holding a
 # set of SEED_FILES files of SEED_FILE_MIB each, every file read (cat) once
 # a pass with the page cache dropped before it: once from the origin alone,
+# once through libublk's `loop` example over the origin (the ublk path with
+# no cache: a ceiling), once from the origin alone while fio writes as much
+# to the cache disk (what promoting the set costs the emulated machine),
 # then five passes through tiercache over ublk on a cache that holds the
 # set (its own disk, cache-seed), the first of which promotes it. The
 # target: the first pass at most 1.1x the origin alone's.
@@ -411,16 +436,37 @@ compare_seed() {
     origin=$(seed_pass "$MNT/set")
     origin_reads="$(reads_since "$SLOW" "$before") ($(queue_of "$SLOW"))"
     umount "$MNT"
+    # The ublk path's own cost: the origin through libublk's `loop`
+    # example (no cache), the ceiling of a pass through any ublk server.
+    ublk_example_start loop -f "$SLOW"
+    mount -o ro "$DEV" "$MNT"
+    ceiling=$(seed_pass "$MNT/set")
+    umount "$MNT"
+    ublk_example_stop
+    # What a promotion's cache writes cost the origin's reads here: the
+    # origin alone again while fio writes the set's size to the cache disk
+    # at the pace of the origin's pass (O_DIRECT, 256 KiB, one at a time).
+    local set_kib=$((SEED_FILES * SEED_FILE_MIB * 1024))
+    local pace_kib
+    pace_kib=$(awk -v k="$set_kib" -v s="$origin" 'BEGIN { printf "%d", k / s }')
+    mount -o ro "$SLOW" "$MNT"
+    fio --name=promotions --filename="$(disk cache-seed)" --rw=write --bs=256k --direct=1 \
+        --ioengine=psync --size="${set_kib}k" --rate="${pace_kib}k" >"$WORK/seed-fio.log" 2>&1 &
+    local writer=$!
+    with_writes=$(seed_pass "$MNT/set")
+    wait "$writer" || fail "fio writing the cache disk beside the origin's pass"
+    umount "$MNT"
     tc create --origin "$SLOW" --cache "$(disk cache-seed)" --mode "$SEED_MODE" --block-size 4K --force --wipe --lose-dirty-data >/dev/null
-    serve_start tc0 --ublk ${TC_COMPARE_SERVE_ARGS:-}
+    serve_start tc0 --ublk --metrics 127.0.0.1:9617 ${TC_COMPARE_SERVE_ARGS:-}
     ublk_wait
     mount /dev/ublkb0 "$MNT"
     for i in 1 2 3 4 5; do
-        [ "$i" != 1 ] || perf_start tcu seed-pass1
+        [ "$i" != 1 ] && [ "$i" != 3 ] || perf_start tcu "seed-pass$i"
         ublk_before=$(dev_reads /dev/ublkb0)
         slow_before=$(dev_reads "$SLOW")
         passes+=("$(seed_pass "$MNT/set")")
-        [ "$i" != 1 ] || perf_stop "the seed's first pass"
+        [ "$i" != 1 ] && [ "$i" != 3 ] || perf_stop "the seed's pass $i"
+        [ "$i" != 1 ] || pass1_counters="$(counters_tc). Latencies: $(latencies_tc)"
         [ "$i" != 1 ] || tc_reads="/dev/ublkb0 $(reads_since /dev/ublkb0 "$ublk_before") ($(queue_of /dev/ublkb0)), its origin $(reads_since "$SLOW" "$slow_before")"
     done
     local hits
@@ -432,15 +478,17 @@ compare_seed() {
         echo
         echo "The seed case: ext4, $SEED_FILES files of $SEED_FILE_MIB MiB on the origin (dm-delay, ${DELAY_MS} ms), each pass reads every file with the page cache dropped before it (s):"
         echo
-        echo "| origin alone | tiercache ($SEED_MODE) over ublk, pass 1 | 2 | 3 | 4 | 5 | pass 1 / origin alone |"
-        echo "|--:|--:|--:|--:|--:|--:|--:|"
-        echo "| $origin | $(printf '%s | ' "${passes[@]}")$(awk -v a="${passes[0]}" -v b="$origin" 'BEGIN { printf "%.2fx", a / b }') |"
+        echo "| origin alone | the origin through libublk's loop | the origin alone, its set written to the cache disk meanwhile | tiercache ($SEED_MODE) over ublk, pass 1 | 2 | 3 | 4 | 5 | pass 1 / origin alone | pass 1 / loop | pass 1 / origin with the writes |"
+        echo "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+        echo "| $origin | $ceiling | $with_writes | $(printf '%s | ' "${passes[@]}")$(awk -v a="${passes[0]}" -v b="$origin" -v c="$ceiling" -v d="$with_writes" 'BEGIN { printf "%.2fx | %.2fx | %.2fx", a / b, a / c, a / d }') |"
         echo
         echo "Requests in the first pass: the origin alone $origin_reads; through tiercache $tc_reads."
         echo
         echo "tiercache's counters after the five passes: $hits"
+        echo
+        echo "Its counters after the first pass: $pass1_counters"
     } | tee "$CMP/seed.md"
-    log "seed: origin alone $origin s; through tiercache ${passes[*]} s"
+    log "seed: origin alone $origin s; through libublk's loop $ceiling s; with the cache disk written $with_writes s; through tiercache ${passes[*]} s"
 }
 
 # Writeback beside the foreground over ublk (issue 34; bench/drain-latency.sh

@@ -18,6 +18,7 @@
 use std::sync::Arc;
 
 use super::io::direct::WriteLeft;
+use super::io::direct_origin::{DeferredStore, DirectOriginRead, OriginReadLeft};
 use super::io::submitted::{OriginRead, OriginWrite};
 use super::origin::address::in_volume;
 use super::request::{Fast, Request};
@@ -115,6 +116,51 @@ impl Drop for Ended {
 /// The rest of a read a fast path handed on: sent to the origin if it
 /// can go there without a thread of ours (`start_origin_read`), else on
 /// the blocking pool.
+/// A read the front end makes on the origin itself (io/direct_origin.rs).
+/// A `Direct` dropped unreported (its queue stopped) reports a failure:
+/// the read is let go, and the `Later` it returns is dropped unpolled.
+fn direct_origin(engine: Arc<Engine>, r: DirectOriginRead) -> Direct<AlignedBuf> {
+    let (fd, pieces) = (r.fd, r.pieces.clone());
+    Direct::new(fd, pieces, move |ok, data| {
+        match engine.cache.direct_origin_read_done(r, ok, data) {
+            OriginReadLeft::Nothing => None,
+            OriginReadLeft::Store(s) => {
+                store_later(engine, s);
+                None
+            }
+            OriginReadLeft::Again(req) => Some(read_later(engine, req)),
+        }
+    })
+}
+
+/// Stores a direct origin read's promotion on the blocking pool (here if
+/// there is no runtime), after the read went back to the reader.
+fn store_later(engine: Arc<Engine>, s: DeferredStore) {
+    let pending = Unstored(Some((engine, s)));
+    let store = move || {
+        let mut pending = pending;
+        if let Some((e, s)) = pending.0.take() {
+            e.cache.end_deferred(s, true);
+        }
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => drop(rt.spawn_blocking(store)),
+        Err(_) => store(),
+    }
+}
+
+/// A promotion whose task may never run (the runtime going): its read
+/// ends without it.
+struct Unstored(Option<(Arc<Engine>, DeferredStore)>);
+
+impl Drop for Unstored {
+    fn drop(&mut self) {
+        if let Some((e, s)) = self.0.take() {
+            e.cache.end_deferred(s, false);
+        }
+    }
+}
+
 async fn read_rest(engine: &Arc<Engine>, req: Request) -> VolumeResult<AlignedBuf> {
     match engine.cache.start_origin_read(req) {
         Ok(r) => sent(engine.clone(), r).await,
@@ -191,6 +237,10 @@ impl Volume for AsyncEngine {
                 // promotion.
                 let req = match self.engine.cache.start_origin_read(req) {
                     Ok(r) => return Start::Later(Box::pin(sent(self.engine.clone(), r))),
+                    Err(req) => req,
+                };
+                let req = match self.engine.cache.try_direct_origin_read(req) {
+                    Ok(r) => return Start::Direct(direct_origin(self.engine.clone(), r)),
                     Err(req) => req,
                 };
                 let engine = self.engine.clone();

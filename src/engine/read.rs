@@ -166,6 +166,14 @@ impl Cache {
     ) -> EngineResult<Option<Promotion>> {
         bump(&self.stats.read_misses, segs.len() as u64);
         let fetches = self.plan_fetches(segs, cached, plan);
+        if let Some(range) = straight_read(segs, cached, &fetches) {
+            // Nothing kept and nothing cached: the origin's bytes are the
+            // reader's, read into its buffer with no copy.
+            let at = segs[0].block * self.block_bytes + segs[0].in_block;
+            self.origin_read(&mut out[range], at)?;
+            bump(&self.stats.bypassed_ios, segs.len() as u64);
+            return Ok(None);
+        }
         let fetch_end = |f: &Fetch| f.at + f.run.count as usize * SECTOR_BYTES as usize;
         // `tmp` mirrors the origin from the first fetch on (`Fetch::at`).
         let base = segs[0].block * self.block_bytes;
@@ -327,4 +335,28 @@ impl Cache {
         bump(&self.stats.promotions, 1);
         Ok(())
     }
+}
+
+/// Where a read miss's origin data can go straight into the reader's
+/// buffer: every segment uncached and not kept (then each fetch is its
+/// segment), the segments one stretch of the buffer with no gap (a gap is
+/// a hit already read into it) and of the origin. That stretch, if so.
+fn straight_read(
+    segs: &[Segment],
+    cached: &[Option<Cached>],
+    fetches: &[Fetch],
+) -> Option<std::ops::Range<usize>> {
+    let (first, last) = (segs.first()?, segs.last()?);
+    let no_gap = segs.windows(2).all(|w| w[0].buf.end == w[1].buf.start);
+    let as_on_origin = segs.iter().zip(fetches).all(|(s, f)| {
+        // The same offset from the first segment in the origin's bytes and
+        // in the buffer, and the fetch the segment's size.
+        f.at + first.buf.start == s.buf.start + fetches[0].at
+            && f.run.count as usize * SECTOR_BYTES as usize == s.buf.len()
+    });
+    let nothing_kept = cached
+        .iter()
+        .zip(fetches)
+        .all(|(c, f)| c.is_none() && !f.keep);
+    (no_gap && as_on_origin && nothing_kept).then_some(first.buf.start..last.buf.end)
 }

@@ -31,15 +31,28 @@ impl Deferred {
     /// cache is not closed. (Closing sets `closed`, then waits for the
     /// count: a ticket is either seen by that wait or sees `closed`.)
     pub(crate) fn begin<'a>(&'a self, bytes: u64, closed: &AtomicBool) -> Option<Ticket<'a>> {
-        let before = self.bytes.fetch_add(bytes, Ordering::SeqCst);
-        let ticket = Ticket {
+        self.reserve(bytes, closed).then_some(Ticket {
             deferred: self,
             bytes,
-        };
+        })
+    }
+
+    /// `begin` for a promotion that outlives the borrow of the cache (a
+    /// task on the blocking pool: io/direct_origin.rs): true if `bytes`
+    /// are taken, which the promotion gives back with `release` once
+    /// stored.
+    pub(crate) fn reserve(&self, bytes: u64, closed: &AtomicBool) -> bool {
+        let before = self.bytes.fetch_add(bytes, Ordering::SeqCst);
         if before + bytes > DEFER_MAX_BYTES || closed.load(Ordering::SeqCst) {
-            return None; // the ticket's drop gives the bytes back
+            self.release(bytes);
+            return false;
         }
-        Some(ticket)
+        true
+    }
+
+    /// Gives back bytes `reserve` took.
+    pub(crate) fn release(&self, bytes: u64) {
+        self.bytes.fetch_sub(bytes, Ordering::SeqCst);
     }
 
     /// Waits for the promotions under way (at close, `closed` set), at most
@@ -56,7 +69,7 @@ impl Deferred {
 
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
-        self.deferred.bytes.fetch_sub(self.bytes, Ordering::SeqCst);
+        self.deferred.release(self.bytes);
     }
 }
 

@@ -10,6 +10,7 @@
 
 pub mod data;
 pub mod direct;
+pub mod direct_origin;
 pub mod failure;
 pub(crate) mod gather;
 pub mod submitted;

@@ -28,7 +28,7 @@
 //! the range noted for the next origin flush (`Origin::wrote`, as
 //! `origin_write` does), the blocks unlocked.
 
-use crate::device::{AlignedBuf, DeviceResult};
+use crate::device::{AlignedBuf, BlockDevice, DeviceError, DeviceResult};
 use crate::engine::admission::Dev;
 use crate::engine::cache::Cache;
 use crate::engine::io::data::DeviceTimer;
@@ -52,57 +52,104 @@ pub struct OriginRead {
     /// Runs of blocks to keep (first block, offset in the buffer, how
     /// many; `promote_runs`): empty if none is kept.
     keep: Vec<(u64, usize, usize)>,
+    /// Its blocks (all misses).
+    misses: u64,
+}
+
+impl OriginRead {
+    /// Bytes it reads.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it keeps some of what it reads.
+    pub(crate) fn keeps(&self) -> bool {
+        !self.keep.is_empty()
+    }
+
+    /// Keeps nothing after all (not yet counted: its blocks are counted
+    /// as bypassed).
+    pub(crate) fn keep_nothing(&mut self) {
+        self.keep.clear();
+    }
 }
 
 impl Cache {
     /// `req` (from a fast path that handed it on) as a read to send to
     /// its origin's `Submit` (`send_origin_read`), or handed back.
     pub(crate) fn start_origin_read(&self, mut req: Request) -> Result<OriginRead, Request> {
-        let Some((first, last, guard)) = self.try_lock_submittable(&req) else {
-            return Err(req);
-        };
+        match self.begin_origin_read(&mut req, |d| d.submitter().is_some()) {
+            Some(r) => {
+                self.count_origin_read(&r);
+                bump(&self.stats.origin_reads_submitted, 1);
+                Ok(r)
+            }
+            None => Err(req),
+        }
+    }
+
+    /// `req` as an origin read nothing of ours waits for, if its origin
+    /// device is one `takes` (a `Submit`, a plain file), none of its
+    /// blocks is cached or locked, and a read that promotes is whole
+    /// blocks: its blocks locked and handed off, the read counted. `None`:
+    /// nothing done, for the blocking path.
+    pub(crate) fn begin_origin_read(
+        &self,
+        req: &mut Request,
+        takes: impl FnOnce(&dyn BlockDevice) -> bool,
+    ) -> Option<OriginRead> {
+        let (first, last, guard) = self.try_lock_origin(req, takes)?;
         let origin = self.origins.at(req.offset);
-        let plan = self.resolve(&mut req);
+        let plan = self.resolve(req);
         let bs = self.block_bytes as usize;
         if plan.promote && req.segs.iter().any(|s| s.buf.len() != bs) {
-            return Err(req);
+            return None;
         }
         // The read rule of `read_planned`: a dirty block is read from the
         // cache in every mode.
-        let cached = self.lookup(&mut req, |dirty| dirty || plan.mode.reads_cache());
+        let cached = self.lookup(req, |dirty| dirty || plan.mode.reads_cache());
         if cached.iter().any(Option::is_some) {
-            return Err(req);
+            return None;
         }
         if !origin.begin_foreground() {
             // Retired: the blocking path fails the read.
             origin.end_foreground(self.now_ms());
-            return Err(req);
+            return None;
         }
         guard.hand_off();
-        let keep = self.kept_runs(&req.segs, &plan);
-        let misses = req.segs.len() as u64;
-        let kept: usize = keep.iter().map(|&(_, _, n)| n).sum();
-        bump(&self.stats.read_requests, 1);
-        bump(&self.stats.read_misses, misses);
-        bump(&self.stats.bypassed_ios, misses - kept as u64);
-        bump(&self.stats.origin_reads, 1);
-        bump(&self.stats.origin_reads_submitted, 1);
-        self.origins.of_key(first).count_reads(0, misses);
-        Ok(OriginRead {
+        Some(OriginRead {
             first,
             last,
             at: req.offset,
             len: req.len as usize,
             timer: self.device_timer(),
-            keep,
+            keep: self.kept_runs(&req.segs, &plan),
+            misses: req.segs.len() as u64,
         })
     }
 
-    /// `req`'s blocks (`first`, `last`), try-locked, if its origin takes
-    /// submitted requests and no other request holds any of them.
-    fn try_lock_submittable(&self, req: &Request) -> Option<(u64, u64, BlockRangeGuard<'_>)> {
+    /// Counts `r` as a read request of misses, as the blocking path
+    /// counts one.
+    pub(crate) fn count_origin_read(&self, r: &OriginRead) {
+        let kept: usize = r.keep.iter().map(|&(_, _, n)| n).sum();
+        bump(&self.stats.read_requests, 1);
+        bump(&self.stats.read_misses, r.misses);
+        bump(&self.stats.bypassed_ios, r.misses - kept as u64);
+        bump(&self.stats.origin_reads, 1);
+        self.origins.of_key(r.first).count_reads(0, r.misses);
+    }
+
+    /// `req`'s blocks (`first`, `last`), try-locked, if its origin device
+    /// is one `takes` and no other request holds any of them.
+    fn try_lock_origin(
+        &self,
+        req: &Request,
+        takes: impl FnOnce(&dyn BlockDevice) -> bool,
+    ) -> Option<(u64, u64, BlockRangeGuard<'_>)> {
         let (first, last) = req.blocks()?;
-        self.origins.at(req.offset).device().submitter()?;
+        if !takes(self.origins.at(req.offset).device().as_ref()) {
+            return None;
+        }
         let guard = (self.origins.of_key(first).locks()).try_lock_range(first, last)?;
         Some((first, last, guard))
     }
@@ -155,21 +202,32 @@ impl Cache {
         r: OriginRead,
         res: DeviceResult<AlignedBuf>,
     ) -> EngineResult<AlignedBuf> {
+        self.origin_read_over(r, res.as_ref().map(|b| &b[..]));
+        Ok(res?)
+    }
+
+    /// `origin_read_done` with the origin's bytes wherever they are.
+    pub(crate) fn origin_read_over(&self, r: OriginRead, res: Result<&[u8], &DeviceError>) {
         let ns = self.device_timed(Dev::OriginRead, r.len, &r.timer, res.is_ok());
         // Stored while the volume still counts the read as foreground I/O:
         // retiring it waits for the promotion too.
-        if let (Ok(buf), false) = (&res, r.keep.is_empty()) {
-            if let Err(e) = self.promote_runs(buf, &r.keep) {
+        if let (Ok(data), false) = (&res, r.keep.is_empty()) {
+            if let Err(e) = self.promote_runs(data, &r.keep) {
                 log::warn!("a read's promotion: {e}");
             }
         }
-        self.origins.at(r.at).end_foreground(self.now_ms());
-        (self.origins.of_key(r.first).locks()).unlock_handed(r.first, r.last);
-        if let Err(e) = &res {
+        self.origin_read_let_go(r);
+        if let Err(e) = res {
             self.origin_read_failed(e);
         }
         self.observe.latency.request(Op::Read, false, ns);
-        Ok(res?)
+    }
+
+    /// Lets go of `r` with nothing recorded: its blocks unlocked, the
+    /// origin's foreground I/O ended.
+    pub(crate) fn origin_read_let_go(&self, r: OriginRead) {
+        self.origins.at(r.at).end_foreground(self.now_ms());
+        (self.origins.of_key(r.first).locks()).unlock_handed(r.first, r.last);
     }
 }
 
@@ -194,7 +252,8 @@ impl Cache {
         if req.fua || self.journal.pressed() {
             return Err(req);
         }
-        let Some((first, last, guard)) = self.try_lock_submittable(&req) else {
+        let Some((first, last, guard)) = self.try_lock_origin(&req, |d| d.submitter().is_some())
+        else {
             return Err(req);
         };
         let origin = self.origins.at(req.offset);
