@@ -127,7 +127,9 @@ impl AlignedBuf {
 
     /// A buffer holding a copy of `data`.
     pub fn from_slice(data: &[u8]) -> Self {
-        let mut b = Self::zeroed(data.len());
+        // Every byte is overwritten: not zeroed first (a kept buffer, or
+        // a fresh one the allocator zeroes only if it must).
+        let mut b = Self::to_overwrite(data.len());
         b.copy_from_slice(data);
         b
     }
