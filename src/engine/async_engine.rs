@@ -113,9 +113,6 @@ impl Drop for Ended {
     }
 }
 
-/// The rest of a read a fast path handed on: sent to the origin if it
-/// can go there without a thread of ours (`start_origin_read`), else on
-/// the blocking pool.
 /// A read the front end makes on the origin itself (io/direct_origin.rs).
 /// A `Direct` dropped unreported (its queue stopped) reports a failure:
 /// the read is let go, and the `Later` it returns is dropped unpolled.
@@ -161,6 +158,9 @@ impl Drop for Unstored {
     }
 }
 
+/// The rest of a read a fast path handed on: sent to the origin if it
+/// can go there without a thread of ours (`start_origin_read`), else on
+/// the blocking pool.
 async fn read_rest(engine: &Arc<Engine>, req: Request) -> VolumeResult<AlignedBuf> {
     match engine.cache.start_origin_read(req) {
         Ok(r) => sent(engine.clone(), r).await,

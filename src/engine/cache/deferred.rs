@@ -31,7 +31,11 @@ impl Deferred {
     /// cache is not closed. (Closing sets `closed`, then waits for the
     /// count: a ticket is either seen by that wait or sees `closed`.)
     pub(crate) fn begin<'a>(&'a self, bytes: u64, closed: &AtomicBool) -> Option<Ticket<'a>> {
-        self.reserve(bytes, closed).then_some(Ticket {
+        // Made only once reserved: a ticket's drop gives its bytes back.
+        if !self.reserve(bytes, closed) {
+            return None;
+        }
+        Some(Ticket {
             deferred: self,
             bytes,
         })
