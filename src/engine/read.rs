@@ -338,9 +338,11 @@ impl Cache {
 }
 
 /// Where a read miss's origin data can go straight into the reader's
-/// buffer: every segment uncached and not kept (then each fetch is its
-/// segment), the segments one stretch of the buffer with no gap (a gap is
-/// a hit already read into it) and of the origin. That stretch, if so.
+/// buffer: every segment uncached and not kept, and the segments one
+/// stretch of the buffer with no gap (a gap is a hit already read into
+/// it). That stretch, if so. Then each fetch is its segment
+/// (`plan_fetches`), and segments adjacent in the buffer are adjacent
+/// blocks of the request, so the stretch is one stretch of the origin.
 fn straight_read(
     segs: &[Segment],
     cached: &[Option<Cached>],
@@ -348,15 +350,9 @@ fn straight_read(
 ) -> Option<std::ops::Range<usize>> {
     let (first, last) = (segs.first()?, segs.last()?);
     let no_gap = segs.windows(2).all(|w| w[0].buf.end == w[1].buf.start);
-    let as_on_origin = segs.iter().zip(fetches).all(|(s, f)| {
-        // The same offset from the first segment in the origin's bytes and
-        // in the buffer, and the fetch the segment's size.
-        f.at + first.buf.start == s.buf.start + fetches[0].at
-            && f.run.count as usize * SECTOR_BYTES as usize == s.buf.len()
-    });
     let nothing_kept = cached
         .iter()
         .zip(fetches)
         .all(|(c, f)| c.is_none() && !f.keep);
-    (no_gap && as_on_origin && nothing_kept).then_some(first.buf.start..last.buf.end)
+    (no_gap && nothing_kept).then_some(first.buf.start..last.buf.end)
 }

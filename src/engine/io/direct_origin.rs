@@ -65,19 +65,16 @@ impl Cache {
     /// plain file or block device and nothing of it is cached or locked
     /// (`begin_origin_read`); else handed back.
     pub fn try_direct_origin_read(&self, mut req: Request) -> Result<DirectOriginRead, Request> {
-        let dev = self.origins.at(req.offset).device().clone();
-        let Some(file) = dev.as_file() else {
-            return Err(req);
-        };
-        let fd = file.as_raw_fd();
         let Some(read) = self.begin_origin_read(&mut req, |d| d.as_file().is_some()) else {
             return Err(req);
         };
-        let local = self.origins.at(req.offset).local(req.offset);
+        let origin = self.origins.at(req.offset);
+        let dev = origin.device().clone();
+        let fd = (dev.as_file().expect("begin_origin_read took a file")).as_raw_fd();
         Ok(DirectOriginRead {
             fd,
             pieces: vec![Piece {
-                at: local,
+                at: origin.local(req.offset),
                 buf: 0..req.len as usize,
             }],
             _dev: dev,
