@@ -119,22 +119,130 @@ impl Decision {
     }
 }
 
-/// Streams tracked at once.
+/// Streams tracked at once (one bit each in `Streams::referenced`).
 const STREAMS: usize = 64;
 
-#[derive(Clone, Copy, Default)]
-struct Stream {
-    /// Where the stream continues.
-    next: u64,
-    bytes: u64,
-    /// For replacing the least recently used entry.
+/// No entry (`Streams::head`, `Streams::link`).
+const NIL: u8 = u8::MAX;
+
+/// The streams followed: where each continues and its bytes so far,
+/// replaced by CLOCK (second chance, an approximation of least recently
+/// used): an entry continued since the hand last passed it is skipped
+/// once. A new entry is not marked, so one-off requests (random I/O, each
+/// a stream that never continues) replace each other before a stream
+/// that goes on.
+///
+/// Every request of every volume comes through here, so finding its
+/// stream is a hash of where it starts and a walk of one short chain
+/// (entries chained by where they continue, `STREAMS` chains), and
+/// replacing an entry a few bit operations. A client choosing its offsets
+/// can put every stream on one chain: then a walk is `STREAMS` steps.
+struct Streams {
+    next: [u64; STREAMS],
+    bytes: [u64; STREAMS],
+    /// Bit i: entry i holds a stream.
     used: u64,
+    /// Bit i: entry i was continued since the hand last passed it.
+    referenced: u64,
+    hand: u32,
+    /// Each chain's first entry, and each entry's successor on its chain.
+    head: [u8; STREAMS],
+    link: [u8; STREAMS],
 }
 
-/// The stream a request at `offset` continues (the one `decide` reads and
-/// `record` extends), if any.
-fn continued(table: &[Stream], offset: u64) -> Option<usize> {
-    table.iter().position(|s| s.next == offset && s.bytes > 0)
+/// The chain of the streams that continue at `next`.
+fn chain_of(next: u64) -> usize {
+    (next.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % STREAMS
+}
+
+impl Streams {
+    fn new() -> Streams {
+        Streams {
+            next: [0; STREAMS],
+            bytes: [0; STREAMS],
+            used: 0,
+            referenced: 0,
+            hand: 0,
+            head: [NIL; STREAMS],
+            link: [NIL; STREAMS],
+        }
+    }
+
+    /// The entry of the stream that continues at `offset`, if any.
+    fn continued(&self, offset: u64) -> Option<usize> {
+        let mut i = self.head[chain_of(offset)];
+        while i != NIL {
+            if self.next[i as usize] == offset {
+                return Some(i as usize);
+            }
+            i = self.link[i as usize];
+        }
+        None
+    }
+
+    /// Takes entry `i` (holding a stream) off its chain.
+    fn unchain(&mut self, i: usize) {
+        let c = chain_of(self.next[i]);
+        let after = self.link[i];
+        if self.head[c] as usize == i {
+            self.head[c] = after;
+            return;
+        }
+        let mut at = self.head[c] as usize;
+        while self.link[at] as usize != i {
+            debug_assert_ne!(self.link[at], NIL, "entry {i} is on its chain");
+            at = self.link[at] as usize;
+        }
+        self.link[at] = after;
+    }
+
+    /// The entry to replace: the first from the hand not continued since
+    /// the hand last passed it; the entries passed on the way lose their
+    /// mark.
+    fn victim(&mut self) -> usize {
+        let h = self.hand;
+        let free = (!self.referenced).rotate_right(h);
+        let k = match free {
+            // All marked: a full sweep clears them, the hand's entry goes.
+            0 => {
+                self.referenced = 0;
+                0
+            }
+            f => f.trailing_zeros(),
+        };
+        let passed = (1u64 << k).wrapping_sub(1).rotate_left(h);
+        self.referenced &= !passed;
+        let i = (h + k) % STREAMS as u32;
+        self.hand = (i + 1) % STREAMS as u32;
+        i as usize
+    }
+
+    /// Learns a request of `len` bytes at `offset`: it extends the stream
+    /// that continues there, or starts one in place of the entry CLOCK
+    /// picks. Returns the stream's bytes, the request's included.
+    fn extend(&mut self, offset: u64, len: u64) -> u64 {
+        let i = match self.continued(offset) {
+            Some(i) => {
+                self.referenced |= 1 << i;
+                i
+            }
+            None => {
+                let i = self.victim();
+                self.bytes[i] = 0;
+                i
+            }
+        };
+        if self.used & 1 << i != 0 {
+            self.unchain(i);
+        }
+        self.used |= 1 << i;
+        self.bytes[i] = self.bytes[i].saturating_add(len);
+        self.next[i] = offset.saturating_add(len);
+        let c = chain_of(self.next[i]);
+        self.link[i] = self.head[c];
+        self.head[c] = i as u8;
+        self.bytes[i]
+    }
 }
 
 /// Device latencies the guard compares.
@@ -188,7 +296,7 @@ impl Latencies {
 
 pub struct Admission {
     settings: Mutex<AdmissionSettings>,
-    streams: Mutex<([Stream; STREAMS], u64)>,
+    streams: Mutex<Streams>,
     /// 4-bit miss counters, two per byte.
     counts: Vec<AtomicU8>,
     /// Misses since the counters were last halved.
@@ -216,7 +324,7 @@ impl Admission {
         let counters = (slot_count as usize).max(128) / 2 * 2;
         Admission {
             settings: Mutex::new(Rank::Admission, settings),
-            streams: Mutex::new(Rank::Admission, ([Stream::default(); STREAMS], 0)),
+            streams: Mutex::new(Rank::Admission, Streams::new()),
             counts: (0..counters / 2).map(|_| AtomicU8::new(0)).collect(),
             misses: AtomicU64::new(0),
             halve_every: (counters / 4) as u64,
@@ -260,10 +368,12 @@ impl Admission {
     }
 
     /// The decision for a request of `len` bytes at `offset` (`write`: a
-    /// write), on a cache `used_pct` full. It reads the stream table and
-    /// changes nothing about the request's stream: `record` does that, once
-    /// per client request. (The guard keeps its own measurement state.)
-    pub fn decide(
+    /// write), on a cache `used_pct` full; the stream table learns the
+    /// request (it extends the stream that ends at `offset`, or replaces
+    /// one). Called once per client request: a second call for the same
+    /// request would find no stream ending at `offset` and start a new one.
+    /// (The guard keeps its own measurement state.)
+    pub fn decide_and_record(
         &self,
         offset: u64,
         len: u64,
@@ -271,8 +381,9 @@ impl Admission {
         used_pct: impl FnOnce() -> u64,
     ) -> Decision {
         let s = self.settings();
+        let stream_bytes = self.streams.lock().extend(offset, len);
         let long_stream = s.sequential_cutoff_bytes > 0
-            && self.stream_bytes(offset, len) > s.sequential_cutoff_bytes
+            && stream_bytes > s.sequential_cutoff_bytes
             && (!write || len >= LARGE_WRITE_BYTES);
         if s.guard && self.guard_says_around() {
             return Decision::Guard;
@@ -284,53 +395,6 @@ impl Admission {
             return Decision::AdmitHot;
         }
         Decision::Admit
-    }
-
-    /// Bytes of the stream a request of `len` bytes at `offset` would
-    /// belong to, itself included (the table is only read).
-    fn stream_bytes(&self, offset: u64, len: u64) -> u64 {
-        let g = self.streams.lock();
-        let before = continued(&g.0, offset).map_or(0, |i| g.0[i].bytes);
-        before.saturating_add(len)
-    }
-
-    /// The stream table learns a request: it extends the stream that ends
-    /// at `offset`, or replaces the least recently used stream. Called once
-    /// per request, after `decide`: a second call for the same request
-    /// would find no stream ending at `offset` and start a new one.
-    pub fn record(&self, offset: u64, len: u64) {
-        let mut g = self.streams.lock();
-        let (table, clock) = &mut *g;
-        *clock += 1;
-        let now = *clock;
-        let i = match continued(table, offset) {
-            Some(i) => i,
-            None => {
-                let i = (0..STREAMS)
-                    .min_by_key(|&i| table[i].used)
-                    .expect("non-empty");
-                table[i].bytes = 0;
-                i
-            }
-        };
-        let s = &mut table[i];
-        s.bytes = s.bytes.saturating_add(len);
-        s.next = offset + len;
-        s.used = now;
-    }
-
-    /// `decide`, then `record`: what a request does at the engine's door.
-    #[cfg(test)]
-    fn decide_and_record(
-        &self,
-        offset: u64,
-        len: u64,
-        write: bool,
-        used_pct: impl FnOnce() -> u64,
-    ) -> Decision {
-        let d = self.decide(offset, len, write, used_pct);
-        self.record(offset, len);
-        d
     }
 
     /// True while new data should go around: the cache device writes more
@@ -513,6 +577,34 @@ mod tests {
             last = a.decide_and_record((1 << 32) + k * big, big, true, || 90);
         }
         assert_eq!(last, Decision::Sequential);
+    }
+
+    #[test]
+    fn streams_in_use_outlive_random_requests_and_idle_ones_go() {
+        let mut t = Streams::new();
+        // A stream that continues every 32 requests, among random ones
+        // (each a stream of its own that never continues).
+        let (mut at, mut x) = (1u64 << 40, 0x1234_5678u64);
+        for k in 0..5_000u64 {
+            if k % 32 == 0 {
+                let before = k / 32 * 4096;
+                assert_eq!(t.extend(at, 4096), before + 4096, "request {k}");
+                at += 4096;
+            } else {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                assert_eq!(t.extend((x >> 20) << 12, 4096), 4096);
+            }
+        }
+        // A stream left alone for a table's worth of new ones is replaced.
+        let idle = 1u64 << 50;
+        t.extend(idle, 4096);
+        for k in 0..2 * STREAMS as u64 {
+            t.extend((k + 1) << 30, 512);
+        }
+        assert_eq!(t.continued(idle + 4096), None);
+        assert_eq!(t.extend(idle + 4096, 4096), 4096, "a new stream");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use super::io::data::ORIGIN_REQUESTS;
 use super::modes::WriteRoute;
 use super::observe::latency::Op;
 use super::origin::address::{offset_in_volume, volume_of};
-use super::request::{adjacent_slots, Cached, Fast, Plan, ReadKind, Request, Segment};
+use super::request::{adjacent_slots, Fast, Lookup, Plan, ReadKind, Request, Segment, Segs};
 use super::stats::bump;
 use super::EngineError;
 use super::{EngineResult, Mode};
@@ -28,15 +28,14 @@ const WARM_CHUNK_BYTES: u64 = 1 << 20;
 
 impl Cache {
     /// Validates a request and splits it into per-block segments.
-    pub(crate) fn segments(
-        &self,
-        offset: u64,
-        len: u64,
-        write: bool,
-    ) -> EngineResult<Vec<Segment>> {
+    pub(crate) fn segments(&self, offset: u64, len: u64, write: bool) -> EngineResult<Segs> {
         self.check_span(offset, len, write)?;
         let bs = self.block_bytes;
-        let mut out = Vec::new();
+        let blocks = match len {
+            0 => 0,
+            _ => ((offset + len - 1) / bs - offset / bs + 1) as usize,
+        };
+        let mut out = Segs::with_capacity(blocks);
         let mut pos = offset;
         while pos < offset + len {
             let block = pos / bs;
@@ -103,11 +102,7 @@ impl Cache {
     /// handed on from a fast path is looked up again (its locks were let
     /// go) without telling the policy twice. The caller holds the blocks'
     /// locks, so the mappings stay valid.
-    pub(crate) fn lookup(
-        &self,
-        req: &mut Request,
-        keep: impl Fn(bool) -> bool,
-    ) -> Vec<Option<Cached>> {
+    pub(crate) fn lookup(&self, req: &mut Request, keep: impl Fn(bool) -> bool) -> Lookup {
         let tell = !std::mem::replace(&mut req.policy_told, true);
         let mut told = 0;
         let mut m = self.meta.lock();
@@ -168,12 +163,10 @@ impl Cache {
         if req.kind == ReadKind::Warm {
             return Decision::Admit;
         }
-        let d = self.admission.decide(req.offset, req.len, req.write, || {
+        (self.admission).decide_and_record(req.offset, req.len, req.write, || {
             let m = self.meta.lock();
             m.table().used() * 100 / self.usable_slots(&m).max(1)
-        });
-        self.admission.record(req.offset, req.len);
-        d
+        })
     }
 
     /// Runs a request, timing it for the latency histograms: a hit if it

@@ -41,6 +41,13 @@ pub(crate) enum ReadKind {
     Warm,
 }
 
+/// A request's segments: one a block it touches, in order; held inline
+/// (no allocation) for a request of up to two blocks.
+pub(crate) type Segs = smallvec::SmallVec<[Segment; 2]>;
+
+/// What `Cache::lookup` found of each segment, held inline as `Segs`.
+pub(crate) type Lookup = smallvec::SmallVec<[Option<Cached>; 2]>;
+
 /// A client request at the engine's door: validated and split into
 /// segments once, resolved once (`Cache::resolve`: the mode, admission's
 /// decision and everything that counts the request), and the policy told
@@ -51,7 +58,7 @@ pub(crate) enum ReadKind {
 pub struct Request {
     pub(crate) offset: u64,
     pub(crate) len: u64,
-    pub(crate) segs: Vec<Segment>,
+    pub(crate) segs: Segs,
     pub(crate) write: bool,
     pub(crate) fua: bool,
     pub(crate) kind: ReadKind,

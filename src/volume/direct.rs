@@ -105,6 +105,10 @@ pub struct Piece {
     pub buf: Range<usize>,
 }
 
+/// A direct request's device requests, held inline (no allocation) when
+/// they are two or fewer, as for most.
+pub type Pieces = smallvec::SmallVec<[Piece; 2]>;
+
 /// What a front end reports when the device I/O is over: `true` if each
 /// piece moved all its bytes, and the request's data (a write's, for the
 /// volume to finish it its own way after a failure). On `false` the volume
@@ -119,14 +123,14 @@ pub struct Direct<T> {
     /// written with pread/pwrite semantics; if it was opened with O_DIRECT,
     /// buffers and offsets are sector aligned.
     pub fd: RawFd,
-    pub pieces: Vec<Piece>,
+    pub pieces: Pieces,
     finish: Option<Finish<T>>,
 }
 
 impl<T> Direct<T> {
     pub fn new(
         fd: RawFd,
-        pieces: Vec<Piece>,
+        pieces: Pieces,
         finish: impl FnOnce(bool, &[u8]) -> Option<Later<T>> + Send + 'static,
     ) -> Direct<T> {
         Direct {
@@ -163,14 +167,14 @@ mod tests {
     fn a_direct_request_lets_go_once_whether_finished_or_dropped() {
         let calls = Arc::new(AtomicU32::new(0));
         let (c1, c2) = (calls.clone(), calls.clone());
-        let r = DirectWrite::new(3, vec![], move |ok, data| {
+        let r = DirectWrite::new(3, Pieces::new(), move |ok, data| {
             assert!(ok);
             assert_eq!(data, b"x");
             c1.fetch_add(1, Ordering::Relaxed);
             None
         });
         assert!(r.finish(true, b"x").is_none());
-        drop(DirectRead::new(3, vec![], move |ok, _| {
+        drop(DirectRead::new(3, Pieces::new(), move |ok, _| {
             assert!(!ok, "a dropped request counts as failed");
             c2.fetch_add(1, Ordering::Relaxed);
             None

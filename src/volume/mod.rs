@@ -13,8 +13,8 @@ mod device_volume;
 mod direct;
 pub use device_volume::DeviceVolume;
 pub use direct::{
-    BlockingRead, Dest, Direct, DirectRead, DirectWrite, Later, LaterRead, Piece, ReadStart, Reply,
-    Start, WriteStart,
+    BlockingRead, Dest, Direct, DirectRead, DirectWrite, Later, LaterRead, Piece, Pieces,
+    ReadStart, Reply, Start, WriteStart,
 };
 
 use crate::device::AlignedBuf;

@@ -19,10 +19,10 @@ use crate::engine::admission::Dev;
 use crate::engine::cache::Cache;
 use crate::engine::modes::WriteRoute;
 use crate::engine::observe::latency::Op;
-use crate::engine::request::{adjacent_slots, Cached, Fast, ReadKind, Request};
+use crate::engine::request::{adjacent_slots, Fast, Lookup, ReadKind, Request};
 use crate::engine::stats::bump;
 use crate::engine::EngineResult;
-use crate::volume::Piece;
+use crate::volume::{Piece, Pieces};
 
 /// What a direct request holds from its start until the caller reports
 /// back: the cache device (kept open), the request, its blocks
@@ -41,7 +41,7 @@ struct Hold {
 pub struct HitReads {
     /// The cache device's descriptor; the hold keeps it open.
     pub fd: RawFd,
-    pub pieces: Vec<Piece>,
+    pub pieces: Pieces,
     hold: Hold,
 }
 
@@ -67,7 +67,7 @@ impl Cache {
             return Some(Fast::Pending(h.req));
         }
         let segs = &h.req.segs;
-        let mut pieces = Vec::new();
+        let mut pieces = Pieces::new();
         let mut i = 0;
         while i < segs.len() {
             let run = adjacent_slots(&cached[i..], |h| h.valid).max(1);
@@ -150,7 +150,7 @@ impl Cache {
 /// Where a direct write goes.
 enum Placed {
     /// Over the blocks' slots (the lookup), adjacent and writable.
-    InPlace(Vec<Option<Cached>>),
+    InPlace(Lookup),
     /// Into these new slots, one a segment, in order (whole blocks, or
     /// parts of blocks not cached).
     NewSlots(Vec<u32>),
@@ -161,7 +161,7 @@ enum Placed {
 pub struct CacheWrites {
     /// The cache device's descriptor; the hold keeps it open.
     pub fd: RawFd,
-    pub pieces: Vec<Piece>,
+    pub pieces: Pieces,
     hold: Hold,
     placed: Placed,
     /// Segments whose block was cached.
@@ -243,15 +243,15 @@ impl Cache {
         Some((Placed::NewSlots(slots), hits))
     }
 
-    fn write_pieces(&self, req: &Request, placed: &Placed) -> Vec<Piece> {
+    fn write_pieces(&self, req: &Request, placed: &Placed) -> Pieces {
         match placed {
-            Placed::InPlace(cached) => vec![Piece {
+            Placed::InPlace(cached) => smallvec::smallvec![Piece {
                 at: self.regions.slot_offset(cached[0].expect("in place").slot)
                     + req.segs[0].in_block,
                 buf: 0..req.len as usize,
             }],
             Placed::NewSlots(slots) => {
-                let mut pieces: Vec<Piece> = Vec::new();
+                let mut pieces = Pieces::new();
                 for (k, (seg, &slot)) in req.segs.iter().zip(slots).enumerate() {
                     // Segments after the first start their block, and those
                     // before the last end theirs: adjacent slots are one

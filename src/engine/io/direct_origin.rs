@@ -26,7 +26,7 @@ use crate::device::{AlignedBuf, DeviceRef};
 use crate::engine::cache::Cache;
 use crate::engine::io::submitted::OriginRead;
 use crate::engine::request::Request;
-use crate::volume::Piece;
+use crate::volume::{Piece, Pieces};
 
 /// An origin read the caller makes, its blocks locked until
 /// `direct_origin_read_done`.
@@ -34,7 +34,7 @@ pub struct DirectOriginRead {
     /// The origin device's descriptor; `_dev` keeps it open.
     pub fd: RawFd,
     /// One piece: the whole request, at its offset on the origin device.
-    pub pieces: Vec<Piece>,
+    pub pieces: Pieces,
     _dev: DeviceRef,
     read: OriginRead,
     /// For the blocking path, if the caller's read fails.
@@ -73,7 +73,7 @@ impl Cache {
         let fd = (dev.as_file().expect("begin_origin_read took a file")).as_raw_fd();
         Ok(DirectOriginRead {
             fd,
-            pieces: vec![Piece {
+            pieces: smallvec::smallvec![Piece {
                 at: origin.local(req.offset),
                 buf: 0..req.len as usize,
             }],

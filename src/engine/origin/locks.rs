@@ -6,6 +6,8 @@
 //! ascending block order.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher, RandomState};
+use std::sync::OnceLock;
 use std::thread::ThreadId;
 
 use crate::sync::{self, Condvar, Mutex, Rank};
@@ -22,7 +24,54 @@ fn me() -> ThreadId {
 }
 
 /// Per shard, the locked blocks and the thread holding each.
-type Shard = (Mutex<HashMap<u64, ThreadId>>, Condvar);
+type Shard = (Mutex<HashMap<u64, ThreadId, BlockHash>>, Condvar);
+
+/// Hashes the block numbers of a shard's map: SplitMix64's finaliser of
+/// the block XORed with a key drawn once a process (from std's random
+/// hasher keys). std's SipHash cost more than the rest of a lock and its
+/// unlock together, on every block of every request. A client chooses the
+/// blocks it locks but cannot learn the key, and a map holds only the
+/// blocks of requests in flight, which the front ends bound.
+#[derive(Clone, Copy)]
+struct BlockHash(u64);
+
+impl BlockHash {
+    fn new() -> BlockHash {
+        static KEY: OnceLock<u64> = OnceLock::new();
+        BlockHash(*KEY.get_or_init(|| RandomState::new().hash_one(0x5eed_u64)))
+    }
+}
+
+impl BuildHasher for BlockHash {
+    type Hasher = BlockHasher;
+    fn build_hasher(&self) -> BlockHasher {
+        BlockHasher(self.0)
+    }
+}
+
+struct BlockHasher(u64);
+
+impl Hasher for BlockHasher {
+    fn write_u64(&mut self, v: u64) {
+        let mut h = self.0 ^ v;
+        h = (h ^ (h >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        h = (h ^ (h >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        self.0 = h ^ (h >> 31);
+    }
+
+    /// Only `u64` keys are hashed; bytes go through `write_u64` in words.
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(w));
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
 
 pub struct BlockLocks {
     shards: Vec<Shard>,
@@ -38,7 +87,10 @@ impl BlockLocks {
     pub fn new() -> Self {
         BlockLocks {
             shards: (0..SHARDS)
-                .map(|_| (Mutex::new(Rank::BlockShard, HashMap::new()), Condvar::new()))
+                .map(|_| {
+                    let map = HashMap::with_hasher(BlockHash::new());
+                    (Mutex::new(Rank::BlockShard, map), Condvar::new())
+                })
                 .collect(),
         }
     }
