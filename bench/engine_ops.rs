@@ -73,87 +73,79 @@ fn main() -> Result<()> {
     }
     engine.flush()?;
     if direct {
-        return direct_ops(engine, ops, rounds);
+        let volume = AsyncEngine::new(engine.clone());
+        timed(
+            ops,
+            rounds,
+            "direct ",
+            |at| finish(volume.start_read(at, BS as u32), &data, "hit"),
+            |at| finish(volume.start_write(at, &data, false), &data, "write"),
+        )?;
+    } else {
+        timed(
+            ops,
+            rounds,
+            "",
+            |at| match engine.try_read_hits(at, BS) {
+                Fast::Done(r) => r.map(drop).map_err(Into::into),
+                Fast::Pending(_) => bail!("not a hit"),
+            },
+            |at| match engine.try_write_cached(at, &data, false) {
+                Fast::Done(r) => r.map_err(Into::into),
+                Fast::Pending(_) => bail!("not written in place"),
+            },
+        )?;
     }
-    let (mut reads, mut writes) = (Vec::new(), Vec::new());
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    for round in 0..rounds {
-        let t = Instant::now();
-        for _ in 0..ops {
-            let b = next(&mut x) % BLOCKS;
-            match engine.try_read_hits(b * BS, BS) {
-                Fast::Done(r) => drop(r?),
-                Fast::Pending(_) => bail!("block {b} was not a hit"),
-            }
-        }
-        reads.push(t.elapsed().as_nanos() as f64 / ops as f64);
-        let t = Instant::now();
-        for _ in 0..ops {
-            let b = next(&mut x) % BLOCKS;
-            match engine.try_write_cached(b * BS, &data, false) {
-                Fast::Done(r) => r?,
-                Fast::Pending(_) => bail!("block {b} was not written in place"),
-            }
-        }
-        writes.push(t.elapsed().as_nanos() as f64 / ops as f64);
-        println!(
-            "round {round}: read hit {:.0} ns, write in place {:.0} ns",
-            reads[round as usize], writes[round as usize]
-        );
-    }
-    println!(
-        "median of {rounds} rounds of {ops}: read hit {:.0} ns, write in place {:.0} ns",
-        median(&mut reads),
-        median(&mut writes)
-    );
     engine.close()?;
     Ok(())
 }
 
-/// `--direct 1`: the rounds through the ublk queue's direct path.
-fn direct_ops(engine: Arc<Engine>, ops: u64, rounds: u64) -> Result<()> {
-    let volume = AsyncEngine::new(engine.clone());
-    let data = vec![0x5au8; BS as usize];
+/// Finishes a request the direct path started (`data`: its buffer, as
+/// the ublk queue passes it), its device I/O left out.
+fn finish<T, B>(start: Start<T, B>, data: &[u8], what: &str) -> Result<()> {
+    let Start::Direct(d) = start else {
+        bail!("not a direct {what}");
+    };
+    if d.finish(true, data).is_some() {
+        bail!("the direct {what} was not finished");
+    }
+    Ok(())
+}
+
+/// `rounds` rounds of `ops` reads, then `ops` writes, each of a random
+/// block (`read` and `write` take its offset); prints each round's ns a
+/// request and the medians.
+fn timed(
+    ops: u64,
+    rounds: u64,
+    label: &str,
+    mut read: impl FnMut(u64) -> Result<()>,
+    mut write: impl FnMut(u64) -> Result<()>,
+) -> Result<()> {
     let (mut reads, mut writes) = (Vec::new(), Vec::new());
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    for round in 0..rounds {
-        let t = Instant::now();
-        for _ in 0..ops {
-            let b = next(&mut x) % BLOCKS;
-            match volume.start_read(b * BS, BS as u32) {
-                Start::Direct(d) => {
-                    if d.finish(true, &data).is_some() {
-                        bail!("block {b}: the direct read was not finished");
-                    }
-                }
-                _ => bail!("block {b} was not a direct hit"),
-            }
-        }
-        reads.push(t.elapsed().as_nanos() as f64 / ops as f64);
-        let t = Instant::now();
-        for _ in 0..ops {
-            let b = next(&mut x) % BLOCKS;
-            match volume.start_write(b * BS, &data, false) {
-                Start::Direct(d) => {
-                    if d.finish(true, &data).is_some() {
-                        bail!("block {b}: the direct write was not finished");
-                    }
-                }
-                _ => bail!("block {b} was not a direct write"),
-            }
-        }
-        writes.push(t.elapsed().as_nanos() as f64 / ops as f64);
+    for round in 0..rounds as usize {
+        reads.push(one_round(ops, &mut x, &mut read)?);
+        writes.push(one_round(ops, &mut x, &mut write)?);
         println!(
-            "round {round}: direct read hit {:.0} ns, direct write in place {:.0} ns",
-            reads[round as usize], writes[round as usize]
+            "round {round}: {label}read hit {:.0} ns, {label}write in place {:.0} ns",
+            reads[round], writes[round]
         );
     }
     println!(
-        "median of {rounds} rounds of {ops}: direct read hit {:.0} ns, direct write in place {:.0} ns",
+        "median of {rounds} rounds of {ops}: {label}read hit {:.0} ns, {label}write in place {:.0} ns",
         median(&mut reads),
         median(&mut writes)
     );
-    drop(volume);
-    engine.close()?;
     Ok(())
+}
+
+/// `ops` requests of `f` at random blocks: ns a request.
+fn one_round(ops: u64, x: &mut u64, f: &mut impl FnMut(u64) -> Result<()>) -> Result<f64> {
+    let t = Instant::now();
+    for _ in 0..ops {
+        let b = next(x) % BLOCKS;
+        f(b * BS).map_err(|e| anyhow::anyhow!("block {b}: {e}"))?;
+    }
+    Ok(t.elapsed().as_nanos() as f64 / ops as f64)
 }
