@@ -37,6 +37,34 @@ struct Files {
     rt: tokio::runtime::Runtime,
 }
 
+/// A write started on its own thread, to see whether a lock holds it.
+struct WriteBehind {
+    thread: std::thread::JoinHandle<()>,
+    wrote: Arc<AtomicBool>,
+}
+
+impl WriteBehind {
+    /// The write has returned.
+    fn done(&self) -> bool {
+        self.wrote.load(Ordering::SeqCst)
+    }
+
+    fn join(self) {
+        self.thread.join().unwrap();
+    }
+}
+
+/// Writes `data` at `at` through the engine on a thread of its own.
+fn write_behind(f: &Files, at: u64, data: Vec<u8>) -> WriteBehind {
+    let (e, wrote) = (f.engine.clone(), Arc::new(AtomicBool::new(false)));
+    let done = wrote.clone();
+    let thread = std::thread::spawn(move || {
+        e.write(at, &data, false).unwrap();
+        done.store(true, Ordering::SeqCst);
+    });
+    WriteBehind { thread, wrote }
+}
+
 /// A writeback cache of 64 blocks on a file, over a 1 MiB origin file of
 /// `ORIGIN_BYTE`s; `ram_cache` puts the cache in memory instead (in
 /// writethrough: a volatile cache takes no dirty data).
@@ -230,19 +258,9 @@ fn a_direct_read_holds_its_blocks_until_it_is_finished() {
     // it, and it waits (on the blocking pool) for the first.
     let second = go_on(f.vol.start_read(5 * BS, BS as u32), BS as usize);
     // A write of the block waits too.
-    let wrote = Arc::new(AtomicBool::new(false));
-    let writer = {
-        let (e, wrote) = (f.engine.clone(), wrote.clone());
-        std::thread::spawn(move || {
-            e.write(5 * BS, &block(0x55), false).unwrap();
-            wrote.store(true, Ordering::SeqCst);
-        })
-    };
+    let writer = write_behind(&f, 5 * BS, block(0x55));
     std::thread::sleep(Duration::from_millis(200));
-    assert!(
-        !wrote.load(Ordering::SeqCst),
-        "a write went past a direct read's lock"
-    );
+    assert!(!writer.done(), "a write went past a direct read's lock");
     assert!(
         second.try_recv().is_err(),
         "a read went past a direct read's lock"
@@ -250,7 +268,7 @@ fn a_direct_read_holds_its_blocks_until_it_is_finished() {
     let got = read_pieces(&d, BS as usize);
     assert!(d.finish(true, &[]).is_none());
     assert_eq!(got.to_vec(), block(5));
-    writer.join().unwrap();
+    writer.join();
     let second = second
         .recv_timeout(Duration::from_secs(10))
         .unwrap()
@@ -509,23 +527,13 @@ fn a_direct_origin_read_holds_its_blocks_until_its_promotion_is_stored() {
     let f = files(false);
     let _rt = f.rt.enter();
     let d = direct(f.vol.start_read(40 * BS, BS as u32));
-    let wrote = Arc::new(AtomicBool::new(false));
-    let writer = {
-        let (e, wrote) = (f.engine.clone(), wrote.clone());
-        std::thread::spawn(move || {
-            e.write(40 * BS, &block(0x40), false).unwrap();
-            wrote.store(true, Ordering::SeqCst);
-        })
-    };
+    let writer = write_behind(&f, 40 * BS, block(0x40));
     std::thread::sleep(Duration::from_millis(200));
-    assert!(
-        !wrote.load(Ordering::SeqCst),
-        "a write went past the read's lock"
-    );
+    assert!(!writer.done(), "a write went past the read's lock");
     let got = read_pieces(&d, BS as usize);
     assert!(d.finish(true, &got).is_none());
     assert_eq!(got.to_vec(), block(ORIGIN_BYTE));
-    writer.join().unwrap();
+    writer.join();
     // The write came after the promotion: it is what the block holds.
     assert_eq!(read(&f, 40 * BS, BS), block(0x40));
 }

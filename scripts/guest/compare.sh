@@ -200,12 +200,14 @@ import json, sys
 s = json.load(sys.stdin)["stats"]
 print(", ".join("%s %d" % (k, v) for k, v in s.items() if isinstance(v, int) and v))'
 }
+# Where the seed case's daemon serves its metrics (`serve --metrics`).
+TC_METRICS=127.0.0.1:9617
 # Mean latency of each kind of request and device request tiercache
 # counted (its Prometheus histograms, from `serve --metrics`), on one line.
 latencies_tc() {
     python3 -c '
 import re, sys, urllib.request
-text = urllib.request.urlopen("http://127.0.0.1:9617/metrics", timeout=10).read().decode()
+text = urllib.request.urlopen("http://'"$TC_METRICS"'/metrics", timeout=10).read().decode()
 sums = {}
 for line in text.splitlines():
     m = re.match(r"tiercache_(request|device)_duration_seconds_(sum|count)\{([^}]*)\} (\S+)", line)
@@ -457,7 +459,7 @@ compare_seed() {
     wait "$writer" || fail "fio writing the cache disk beside the origin's pass"
     umount "$MNT"
     tc create --origin "$SLOW" --cache "$(disk cache-seed)" --mode "$SEED_MODE" --block-size 4K --force --wipe --lose-dirty-data >/dev/null
-    serve_start tc0 --ublk --metrics 127.0.0.1:9617 ${TC_COMPARE_SERVE_ARGS:-}
+    serve_start tc0 --ublk --metrics "$TC_METRICS" ${TC_COMPARE_SERVE_ARGS:-}
     ublk_wait
     mount /dev/ublkb0 "$MNT"
     for i in 1 2 3 4 5; do

@@ -116,8 +116,8 @@ impl Drop for Ended {
 /// A read the front end makes on the origin itself (io/direct_origin.rs).
 /// A `Direct` dropped unreported (its queue stopped) reports a failure:
 /// the read is let go, and the `Later` it returns is dropped unpolled.
-fn direct_origin(engine: Arc<Engine>, r: DirectOriginRead) -> Direct<AlignedBuf> {
-    let (fd, pieces) = (r.fd, r.pieces.clone());
+fn direct_origin(engine: Arc<Engine>, mut r: DirectOriginRead) -> Direct<AlignedBuf> {
+    let (fd, pieces) = (r.fd, std::mem::take(&mut r.pieces));
     Direct::new(fd, pieces, move |ok, data| {
         match engine.cache.direct_origin_read_done(r, ok, data) {
             OriginReadLeft::Nothing => None,

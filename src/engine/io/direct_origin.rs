@@ -33,7 +33,8 @@ use crate::volume::{Piece, Pieces};
 pub struct DirectOriginRead {
     /// The origin device's descriptor; `_dev` keeps it open.
     pub fd: RawFd,
-    /// One piece: the whole request, at its offset on the origin device.
+    /// One piece: the whole request, at its offset on the origin device
+    /// (the caller takes it).
     pub pieces: Pieces,
     _dev: DeviceRef,
     read: OriginRead,
@@ -116,11 +117,10 @@ impl Cache {
     /// bytes go back to the deferred budget.
     pub fn end_deferred(&self, s: DeferredStore, store: bool) {
         let bytes = s.read.len() as u64;
-        match store {
-            true => self.origin_read_over(s.read, Ok(&s.data)),
-            false => {
-                self.origin_read_abandoned(s.read, Ok(s.data));
-            }
+        if store {
+            self.origin_read_over(s.read, Ok(&s.data));
+        } else {
+            self.origin_read_abandoned(s.read, Ok(s.data));
         }
         self.deferred.release(bytes);
     }
