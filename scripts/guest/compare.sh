@@ -423,6 +423,64 @@ queue_of() { # DEV -> its readahead and largest request
     q=$(sysfs_of "$1")/queue
     echo "$(cat "$q/read_ahead_kb") KiB readahead, $(cat "$q/max_sectors_kb") KiB largest"
 }
+# Interleaved rounds (TC_COMPARE_SEED_ROUNDS=N): N times the origin alone,
+# then the first pass of a fresh cache through each entry of
+# TC_COMPARE_SEED_BINS (a binary's path as the guest sees it, under the
+# repository, and optionally `:MODE`; default the run's binary in
+# TC_COMPARE_SEED_MODE), each ratio against the origin pass just before
+# it. One boot's baseline moves by 30% over its run; pairs taken side by
+# side, and their median, do not follow it.
+SEED_ROUNDS=${TC_COMPARE_SEED_ROUNDS:-0}
+seed_round_pass() { # BIN MODE -> seconds in PASS_S
+    "$1" create --origin "$SLOW" --cache "$(disk cache-seed)" --mode "$2" --block-size 4K \
+        --force --wipe --lose-dirty-data >/dev/null
+    TC_BIN=$1 serve_start tc0 --ublk ${TC_COMPARE_SERVE_ARGS:-}
+    ublk_wait
+    mount /dev/ublkb0 "$MNT"
+    PASS_S=$(seed_pass "$MNT/set")
+    umount "$MNT"
+    serve_stop
+}
+seed_rounds() {
+    local r e t o row ratio entries=(${TC_COMPARE_SEED_BINS:-$TC_BIN})
+    local -a names=()
+    local -A ratios=()
+    for e in "${entries[@]}"; do
+        [[ $e == *:* ]] || e+=":$SEED_MODE"
+        names+=("$(basename "${e%%:*}") ${e#*:}")
+    done
+    {
+        echo
+        echo "The seed's first pass in $SEED_ROUNDS interleaved rounds (s; each pass 1 on a fresh cache right after the origin alone):"
+        echo
+        echo "| round | origin alone | $(printf '%s | ' "${names[@]}")$(printf '%s / origin | ' "${names[@]}")"
+        echo "|--:|--:|$(printf -- '--:|%.0s' "${names[@]}" "${names[@]}")"
+    } >"$CMP/seed-rounds.md"
+    for r in $(seq "$SEED_ROUNDS"); do
+        mount -o ro "$SLOW" "$MNT"
+        o=$(seed_pass "$MNT/set")
+        umount "$MNT"
+        row="| $r | $o | "
+        local rs=""
+        for e in "${entries[@]}"; do
+            [[ $e == *:* ]] || e+=":$SEED_MODE"
+            seed_round_pass "${e%%:*}" "${e#*:}"
+            t=$PASS_S
+            ratio=$(awk -v a="$t" -v b="$o" 'BEGIN { printf "%.3f", a / b }')
+            row+="$t | "
+            rs+="$ratio "
+            ratios[$e]+="$ratio "
+        done
+        echo "$row$(for x in $rs; do printf '%.2fx | ' "$x"; done)" >>"$CMP/seed-rounds.md"
+        log "seed round $r: origin $o s, pass 1 / origin: $rs"
+    done
+    echo >>"$CMP/seed-rounds.md"
+    for e in "${entries[@]}"; do
+        [[ $e == *:* ]] || e+=":$SEED_MODE"
+        echo "- $(basename "${e%%:*}") ${e#*:}: median pass 1 / origin alone $(echo "${ratios[$e]}" | tr ' ' '\n' | grep . | sort -n | awk '{ v[NR] = $1 } END { m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%.2fx (of %d: %.2f-%.2f)", m, NR, v[1], v[NR] }')" >>"$CMP/seed-rounds.md"
+    done
+}
+
 compare_seed() {
     local i t origin passes=() before origin_reads ublk_before slow_before tc_reads
     make_slow tc
@@ -475,6 +533,7 @@ compare_seed() {
     hits=$(stats_tc)
     umount "$MNT"
     serve_stop
+    [ "$SEED_ROUNDS" = 0 ] || seed_rounds
     dmsetup remove slow-tc
     {
         echo
@@ -490,6 +549,7 @@ compare_seed() {
         echo
         echo "Its counters after the first pass: $pass1_counters"
     } | tee "$CMP/seed.md"
+    [ "$SEED_ROUNDS" = 0 ] || tee -a "$CMP/seed.md" <"$CMP/seed-rounds.md"
     log "seed: origin alone $origin s; through libublk's loop $ceiling s; with the cache disk written $with_writes s; through tiercache ${passes[*]} s"
 }
 
