@@ -442,11 +442,13 @@ seed_round_pass() { # BIN MODE -> seconds in PASS_S
     serve_stop
 }
 seed_rounds() {
-    local r e t o row ratio entries=(${TC_COMPARE_SEED_BINS:-$TC_BIN})
-    local -a names=()
+    local r e t o row ratio
+    local -a entries=() names=()
     local -A ratios=()
-    for e in "${entries[@]}"; do
+    # Each entry as BIN:MODE.
+    for e in ${TC_COMPARE_SEED_BINS:-$TC_BIN}; do
         [[ $e == *:* ]] || e+=":$SEED_MODE"
+        entries+=("$e")
         names+=("$(basename "${e%%:*}") ${e#*:}")
     done
     {
@@ -463,7 +465,6 @@ seed_rounds() {
         row="| $r | $o | "
         local rs=""
         for e in "${entries[@]}"; do
-            [[ $e == *:* ]] || e+=":$SEED_MODE"
             seed_round_pass "${e%%:*}" "${e#*:}"
             t=$PASS_S
             ratio=$(awk -v a="$t" -v b="$o" 'BEGIN { printf "%.3f", a / b }')
@@ -476,7 +477,6 @@ seed_rounds() {
     done
     echo >>"$CMP/seed-rounds.md"
     for e in "${entries[@]}"; do
-        [[ $e == *:* ]] || e+=":$SEED_MODE"
         echo "- $(basename "${e%%:*}") ${e#*:}: median pass 1 / origin alone $(echo "${ratios[$e]}" | tr ' ' '\n' | grep . | sort -n | awk '{ v[NR] = $1 } END { m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%.2fx (of %d: %.2f-%.2f)", m, NR, v[1], v[NR] }')" >>"$CMP/seed-rounds.md"
     done
 }
