@@ -431,18 +431,25 @@ queue_of() { # DEV -> its readahead and largest request
 # it. One boot's baseline moves by 30% over its run; pairs taken side by
 # side, and their median, do not follow it.
 SEED_ROUNDS=${TC_COMPARE_SEED_ROUNDS:-0}
-seed_round_pass() { # BIN MODE -> seconds in PASS_S
-    "$1" create --origin "$SLOW" --cache "$(disk cache-seed)" --mode "$2" --block-size 4K \
+# A fresh cache on cache-seed over the slowed origin, made and served over
+# ublk by BIN in MODE (extra `serve` arguments after), mounted on MNT.
+seed_serve() { # BIN MODE [SERVE_ARG...]
+    local bin=$1 mode=$2
+    shift 2
+    "$bin" create --origin "$SLOW" --cache "$(disk cache-seed)" --mode "$mode" --block-size 4K \
         --force --wipe --lose-dirty-data >/dev/null
-    TC_BIN=$1 serve_start tc0 --ublk ${TC_COMPARE_SERVE_ARGS:-}
+    TC_BIN=$bin serve_start tc0 --ublk "$@" ${TC_COMPARE_SERVE_ARGS:-}
     ublk_wait
     mount /dev/ublkb0 "$MNT"
+}
+seed_round_pass() { # BIN MODE -> seconds in PASS_S
+    seed_serve "$1" "$2"
     PASS_S=$(seed_pass "$MNT/set")
     umount "$MNT"
     serve_stop
 }
 seed_rounds() {
-    local r e t o row ratio
+    local r e t o row ratio rs
     local -a entries=() names=()
     local -A ratios=()
     # Each entry as BIN:MODE.
@@ -463,7 +470,7 @@ seed_rounds() {
         o=$(seed_pass "$MNT/set")
         umount "$MNT"
         row="| $r | $o | "
-        local rs=""
+        rs=""
         for e in "${entries[@]}"; do
             seed_round_pass "${e%%:*}" "${e#*:}"
             t=$PASS_S
@@ -516,10 +523,7 @@ compare_seed() {
     with_writes=$(seed_pass "$MNT/set")
     wait "$writer" || fail "fio writing the cache disk beside the origin's pass"
     umount "$MNT"
-    tc create --origin "$SLOW" --cache "$(disk cache-seed)" --mode "$SEED_MODE" --block-size 4K --force --wipe --lose-dirty-data >/dev/null
-    serve_start tc0 --ublk --metrics "$TC_METRICS" ${TC_COMPARE_SERVE_ARGS:-}
-    ublk_wait
-    mount /dev/ublkb0 "$MNT"
+    seed_serve "$TC_BIN" "$SEED_MODE" --metrics "$TC_METRICS"
     for i in 1 2 3 4 5; do
         [ "$i" != 1 ] && [ "$i" != 3 ] || perf_start tcu "seed-pass$i"
         ublk_before=$(dev_reads /dev/ublkb0)
