@@ -360,6 +360,107 @@ fn what_the_cache_cannot_take_at_once_is_never_a_direct_write() {
     ));
 }
 
+/// A write over blocks the cache holds in part and blocks it holds none of
+/// (random writes smaller than a block cross block boundaries) is placed
+/// segment by segment: parts of blocks in place over their writable
+/// slots, whole blocks and parts of blocks not cached into new slots.
+#[test]
+fn a_write_over_cached_and_uncached_blocks_is_a_direct_write_placed_by_segment() {
+    let f = files(false);
+    let _rt = f.rt.enter();
+    let writes = write_requests(&f.engine);
+    // Block 20's last 1 KiB cached, dirty.
+    f.engine
+        .write(20 * BS + 3072, &[0x20; 1024], false)
+        .unwrap();
+    // Its last 2 KiB (half dirty, half empty) and block 21's first 1 KiB
+    // (not cached): one piece if the new slot follows block 20's.
+    let data = vec![0xA1; 3072];
+    let w = direct(f.vol.start_write(20 * BS + 2048, &data, false));
+    assert!(w.pieces.len() <= 2, "{:?}", w.pieces);
+    write_pieces(&w, &data);
+    assert_eq!(
+        f.engine.dirty_blocks(),
+        1,
+        "recorded before it was finished"
+    );
+    assert!(w.finish(true, &data).is_none());
+    assert_eq!(f.engine.dirty_blocks(), 2);
+    // (A read of block 21 now would fill its other sectors, clean.)
+    let mut want = block(ORIGIN_BYTE);
+    want[2048..].fill(0xA1);
+    assert_eq!(read(&f, 20 * BS, BS), want);
+    // A part of cached block 21, two whole blocks, a part of block 24.
+    let data = vec![0xA2; 3 * BS as usize];
+    let w = direct(f.vol.start_write(21 * BS + 2048, &data, false));
+    write_pieces(&w, &data);
+    assert!(w.finish(true, &data).is_none());
+    assert_eq!(f.engine.dirty_blocks(), 5);
+    let mut want = block(ORIGIN_BYTE).repeat(4);
+    want[..1024].fill(0xA1);
+    want[2048..2048 + data.len()].copy_from_slice(&data);
+    assert_eq!(read(&f, 21 * BS, 4 * BS), want);
+    assert_eq!(write_requests(&f.engine), writes + 3);
+
+    // Dropped, or failed: its new slots given back, nothing recorded.
+    f.engine.write(26 * BS, &[0x26; 1024], false).unwrap();
+    let used = f.engine.status().cache_blocks_used;
+    let data = vec![0xA3; 2048];
+    let w = direct(f.vol.start_write(26 * BS + 3072, &data, false));
+    write_pieces(&w, &data);
+    drop(w);
+    assert_eq!(f.engine.status().cache_blocks_used, used);
+    let w = direct(f.vol.start_write(26 * BS + 3072, &data, false));
+    let later = w.finish(false, &data).expect("finished by the engine");
+    f.rt.block_on(later).unwrap();
+    let mut want = block(ORIGIN_BYTE).repeat(2);
+    want[..1024].fill(0x26);
+    want[3072..5120].copy_from_slice(&data);
+    assert_eq!(read(&f, 26 * BS, 2 * BS), want);
+
+    // A part of a block whose slot holds clean data there (promoted by a
+    // read) is no direct write: the engine copies the block to a new slot.
+    assert_eq!(read(&f, 30 * BS, BS), block(ORIGIN_BYTE));
+    let data = vec![0xA4; 2048];
+    match f.vol.start_write(30 * BS + 3072, &data, false) {
+        Start::Later(later) => f.rt.block_on(later).unwrap(),
+        _ => panic!("a write over clean cached sectors must go on in the engine"),
+    }
+    let mut want = block(ORIGIN_BYTE).repeat(2);
+    want[3072..5120].copy_from_slice(&data);
+    assert_eq!(read(&f, 30 * BS, 2 * BS), want);
+}
+
+/// The same rule on the fast path NBD requests take first
+/// (`Engine::try_write_cached`, on the calling thread): a write over a
+/// block cached in part and one not cached is done at once; one over
+/// clean cached sectors is handed on.
+#[test]
+fn the_calling_threads_fast_path_takes_a_write_over_cached_and_uncached_blocks() {
+    use tiercache::engine::Fast;
+    let f = files(false);
+    f.engine
+        .write(20 * BS + 3072, &[0x20; 1024], false)
+        .unwrap();
+    let data = vec![0xB1; 3072];
+    assert!(matches!(
+        f.engine.try_write_cached(20 * BS + 2048, &data, false),
+        Fast::Done(Ok(()))
+    ));
+    assert_eq!(f.engine.dirty_blocks(), 2);
+    let mut want = block(ORIGIN_BYTE).repeat(2);
+    want[2048..5120].copy_from_slice(&data);
+    assert_eq!(read(&f, 20 * BS, 2 * BS), want);
+    // Block 21's other sectors are clean now (the read filled them).
+    match f.engine.try_write_cached(21 * BS + 2048, &data, false) {
+        Fast::Pending(req) => f.engine.write_request(req, &data).unwrap(),
+        Fast::Done(r) => panic!("a write over clean cached sectors was done at once: {r:?}"),
+    }
+    want.extend(block(ORIGIN_BYTE));
+    want[BS as usize + 2048..BS as usize + 5120].copy_from_slice(&data);
+    assert_eq!(read(&f, 20 * BS, 3 * BS), want);
+}
+
 #[test]
 fn a_direct_write_holds_its_blocks_and_a_failed_or_dropped_one_leaves_no_trace() {
     let f = files(false);

@@ -14,7 +14,9 @@ use super::io::data::ORIGIN_REQUESTS;
 use super::modes::WriteRoute;
 use super::observe::latency::Op;
 use super::origin::address::{offset_in_volume, volume_of};
-use super::request::{adjacent_slots, Fast, Lookup, Plan, ReadKind, Request, Segment, Segs};
+use super::request::{
+    adjacent_slots, Cached, Fast, Lookup, Plan, ReadKind, Request, Segment, Segs,
+};
 use super::stats::bump;
 use super::EngineError;
 use super::{EngineResult, Mode};
@@ -323,20 +325,42 @@ impl Cache {
         )
     }
 
-    /// Every segment is a whole block or a block not cached, and the free
-    /// slots hold them all above the background's reserve.
-    fn fits_new_slots(
+    /// How the cache takes one segment of a write at once (`lookup`'s
+    /// `c`), if it does: `Some(true)` in place over its slot (part of a
+    /// block, no clean sector of it written), `Some(false)` into a new
+    /// slot (a whole block, or part of a block not cached; only if
+    /// `admits`). `None`: part of a block whose slot holds clean data among
+    /// the sectors written, which the slow path copies to a new slot
+    /// (`store_part` reads the old one), or a new slot admission refuses.
+    pub(crate) fn takes_at_once(
         &self,
-        segs: &[super::request::Segment],
-        cached: &[Option<super::request::Cached>],
-    ) -> bool {
-        segs.iter()
-            .zip(cached)
-            .all(|(s, c)| self.full_block(s) || c.is_none())
-            && {
-                let m = self.meta.lock();
-                m.free_slots() >= segs.len() + self.low_free_slots(&m)
+        seg: &Segment,
+        c: Option<Cached>,
+        admits: bool,
+    ) -> Option<bool> {
+        match c {
+            Some(h) if !self.full_block(seg) => {
+                (h.writable && self.placement.overwrites_in_place(0, admits)).then_some(true)
             }
+            _ => admits.then_some(false),
+        }
+    }
+
+    /// Every segment is taken at once (`takes_at_once`), and the free slots
+    /// hold those that need new ones above the background's reserve.
+    fn fits_at_once(&self, segs: &[Segment], cached: &[Option<Cached>], admits: bool) -> bool {
+        let mut new = 0;
+        for (s, &c) in segs.iter().zip(cached) {
+            match self.takes_at_once(s, c, admits) {
+                Some(true) => {}
+                Some(false) => new += 1,
+                None => return false,
+            }
+        }
+        new == 0 || {
+            let m = self.meta.lock();
+            m.free_slots() >= new + self.low_free_slots(&m)
+        }
     }
 }
 
@@ -577,7 +601,7 @@ impl Cache {
         let whole = req.segs.iter().filter(|s| self.full_block(s)).count();
         let in_place = adjacent_slots(&cached, |h| h.writable) == req.segs.len()
             && self.placement.overwrites_in_place(whole, plan.admits());
-        if !(in_place || (plan.admits() && self.fits_new_slots(&req.segs, &cached))) {
+        if !(in_place || self.fits_at_once(&req.segs, &cached, plan.admits())) {
             return None;
         }
         bump(&self.stats.write_requests, 1);

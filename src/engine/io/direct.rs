@@ -19,7 +19,7 @@ use crate::engine::admission::Dev;
 use crate::engine::cache::Cache;
 use crate::engine::modes::WriteRoute;
 use crate::engine::observe::latency::Op;
-use crate::engine::request::{adjacent_slots, Fast, Lookup, ReadKind, Request};
+use crate::engine::request::{adjacent_slots, Cached, Fast, Lookup, ReadKind, Request, Segment};
 use crate::engine::stats::bump;
 use crate::engine::EngineResult;
 use crate::volume::{Piece, Pieces};
@@ -147,14 +147,17 @@ impl Cache {
     }
 }
 
-/// Where a direct write goes.
-enum Placed {
-    /// Over the blocks' slots (the lookup), adjacent and writable.
-    InPlace(Lookup),
-    /// Into these new slots, one a segment, in order (whole blocks, or
-    /// parts of blocks not cached).
-    NewSlots(Vec<u32>),
+/// Where one segment of a direct write goes.
+#[derive(Clone, Copy)]
+enum Place {
+    /// Over its block's slot (the lookup), writable in place.
+    InPlace(Cached),
+    /// Into a new slot: a whole block, or part of a block not cached.
+    New(u32),
 }
+
+/// Where each of a direct write's segments goes, in order.
+type Placed = smallvec::SmallVec<[Place; 2]>;
 
 /// The cache device writes of a write the cache takes at once, the blocks
 /// locked and any new slots taken.
@@ -220,8 +223,12 @@ impl Cache {
     }
 
     /// Where a write whose blocks are locked goes, if the cache takes it at
-    /// once (`try_write_cached_locked`'s rule), and how many of its blocks
-    /// were cached.
+    /// once, and how many of its blocks were cached: as
+    /// `try_write_cached_locked` takes it, all in place over adjacent
+    /// writable slots, or else segment by segment (`takes_at_once`): whole
+    /// blocks into new slots (one device write where the new slots are
+    /// adjacent), parts of blocks in place over writable slots, parts of
+    /// blocks not cached into new slots.
     fn place_write(&self, req: &mut Request, first: u64) -> Option<(Placed, u64)> {
         let plan = self.resolve(req);
         if plan.route != WriteRoute::Cache {
@@ -233,39 +240,78 @@ impl Cache {
         if adjacent_slots(&cached, |h| h.writable) == req.segs.len()
             && self.placement.overwrites_in_place(whole, plan.admits())
         {
-            return Some((Placed::InPlace(cached), hits));
+            let places = cached
+                .iter()
+                .map(|c| Place::InPlace(c.expect("all cached")));
+            return Some((places.collect(), hits));
         }
-        let fits = (req.segs.iter().zip(&cached)).all(|(s, c)| self.full_block(s) || c.is_none());
-        if !plan.admits() || !fits {
-            return None;
+        // Per segment: in place (its lookup), or `None` for a new slot.
+        let mut in_place = Lookup::new();
+        for (seg, &c) in req.segs.iter().zip(&cached) {
+            match self.takes_at_once(seg, c, plan.admits())? {
+                true => in_place.push(c),
+                false => in_place.push(None),
+            }
         }
-        let slots = self.take_free_slots(req.segs.len(), first)?;
-        Some((Placed::NewSlots(slots), hits))
+        let mut slots = match in_place.iter().filter(|c| c.is_none()).count() {
+            0 => Vec::new(),
+            n => self.take_free_slots(n, first)?,
+        }
+        .into_iter();
+        let places = in_place.iter().map(|c| match c {
+            Some(h) => Place::InPlace(*h),
+            None => Place::New(slots.next().expect("one slot a new segment")),
+        });
+        Some((places.collect(), hits))
     }
 
+    /// The device writes of a placed write: one a segment, joined where
+    /// one ends on the device where the next begins.
     fn write_pieces(&self, req: &Request, placed: &Placed) -> Pieces {
-        match placed {
-            Placed::InPlace(cached) => smallvec::smallvec![Piece {
-                at: self.regions.slot_offset(cached[0].expect("in place").slot)
-                    + req.segs[0].in_block,
-                buf: 0..req.len as usize,
-            }],
-            Placed::NewSlots(slots) => {
-                let mut pieces = Pieces::new();
-                for (k, (seg, &slot)) in req.segs.iter().zip(slots).enumerate() {
-                    // Segments after the first start their block, and those
-                    // before the last end theirs: adjacent slots are one
-                    // device write.
-                    match pieces.last_mut() {
-                        Some(p) if slot == slots[k - 1] + 1 => p.buf.end = seg.buf.end,
-                        _ => pieces.push(Piece {
-                            at: self.regions.slot_offset(slot) + seg.in_block,
-                            buf: seg.buf.clone(),
-                        }),
-                    }
+        let mut pieces = Pieces::new();
+        for (seg, place) in req.segs.iter().zip(placed) {
+            let slot = match place {
+                Place::InPlace(h) => h.slot,
+                Place::New(slot) => *slot,
+            };
+            let at = self.regions.slot_offset(slot) + seg.in_block;
+            match pieces.last_mut() {
+                Some(p) if p.at + p.buf.len() as u64 == at && p.buf.end == seg.buf.start => {
+                    p.buf.end = seg.buf.end
                 }
-                pieces
+                _ => pieces.push(Piece {
+                    at,
+                    buf: seg.buf.clone(),
+                }),
             }
+        }
+        pieces
+    }
+
+    /// Records a placed write whose device writes are over (`ok`), as the
+    /// in-place path and `store_in_new_slots` record theirs; after a
+    /// failure its new slots are given back.
+    fn record_placed(&self, segs: &[Segment], placed: &Placed, ok: bool) {
+        type Segs = smallvec::SmallVec<[Segment; 2]>;
+        let (mut put, mut hit) = (Segs::new(), Lookup::new());
+        let (mut news, mut slots) = (Segs::new(), smallvec::SmallVec::<[u32; 2]>::new());
+        for (seg, place) in segs.iter().zip(placed) {
+            match *place {
+                Place::InPlace(h) => {
+                    put.push(seg.clone());
+                    hit.push(Some(h));
+                }
+                Place::New(slot) => {
+                    news.push(seg.clone());
+                    slots.push(slot);
+                }
+            }
+        }
+        if ok && !put.is_empty() {
+            self.record_in_place(&put, &hit);
+        }
+        if !slots.is_empty() {
+            self.settle_new_slots(&slots, &news, ok);
         }
     }
 
@@ -276,17 +322,12 @@ impl Cache {
     pub fn cache_writes_done(&self, w: CacheWrites, ok: bool) -> WriteLeft {
         let ns = self.clock.since_ns(w.hold.t);
         let segs = &w.hold.req.segs;
+        self.record_placed(segs, &w.placed, ok);
         if ok {
-            match &w.placed {
-                Placed::InPlace(cached) => self.record_in_place(segs, cached),
-                Placed::NewSlots(slots) => self.settle_new_slots(slots, segs, true),
-            }
             self.journal.note_completed();
             bump(&self.stats.write_requests, 1);
             bump(&self.stats.write_hits, w.hits);
             bump(&self.stats.write_misses, segs.len() as u64 - w.hits);
-        } else if let Placed::NewSlots(slots) = &w.placed {
-            self.settle_new_slots(slots, segs, false);
         }
         self.let_go(&w.hold);
         let Hold { req, first, .. } = w.hold;
