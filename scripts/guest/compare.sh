@@ -49,6 +49,8 @@ IOS=(${TC_COMPARE_IOS:-16384 16384 8192})
 DELAY_MS=5
 CMP=/run/results/compare
 ROWS=$CMP/rows.tsv
+# The round of TC_COMPARE_ROUNDS being measured (compare_all).
+ROUND=1
 
 sectors() { blockdev --getsz "$1"; }
 # No udev in the guest: no waiting for it, and the /dev/mapper nodes are
@@ -376,11 +378,11 @@ measure() { # SYS WORKLOAD
     flushed=$(dev_stat "$slow")
     iops=$(fio_iops "$CMP/$sys-$wl.json")
     set -- $before $after $flushed
-    # system workload iops reads writes reads+wb writes+wb ios hits-before hits-after
+    # system workload iops reads writes reads+wb writes+wb ios hits-before hits-after round
     local ios
     ios=$(fio_ios "$CMP/$sys-$wl.json")
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$sys" "$wl" "$iops" $(($3 - $1)) $(($4 - $2)) \
-        $(($5 - $1)) $(($6 - $2)) "$ios" "$hits0" "$hits" >>"$ROWS"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$sys" "$wl" "$iops" $(($3 - $1)) $(($4 - $2)) \
+        $(($5 - $1)) $(($6 - $2)) "$ios" "$hits0" "$hits" "$ROUND" >>"$ROWS"
     log "$sys $wl: $iops IOPS, origin reads $(($3 - $1)) writes $(($4 - $2)) during the run, $(($5 - $1)) / $(($6 - $2)) with writeback; $hits"
     teardown_$sys
 }
@@ -642,12 +644,19 @@ compare_all() {
     [ -z "${TC_COMPARE_THP:-}" ] || echo "$TC_COMPARE_THP" >/sys/kernel/mm/transparent_hugepage/enabled
     mkdir -p "$CMP"
     : >"$ROWS"
-    local wl sys
+    local wl sys systems
     local workloads=${TC_COMPARE_WORKLOADS:-randwrite readhit subwrite}
     [ "$workloads" != none ] || workloads=""
-    for wl in $workloads; do
-        for sys in ${TC_COMPARE_SYSTEMS:-origin wc bc dc tc tcu nbd unull uloop}; do
-            measure "$sys" "$wl"
+    # TC_COMPARE_ROUNDS=N: every system and workload N times, the systems
+    # in reverse order every other round; the table gives the median of
+    # the rounds' ratios (one boot's numbers drift over a run).
+    for ROUND in $(seq "${TC_COMPARE_ROUNDS:-1}"); do
+        systems=${TC_COMPARE_SYSTEMS:-origin wc bc dc tc tcu nbd unull uloop}
+        [ $((ROUND % 2)) = 1 ] || systems=$(echo "$systems" | tr ' ' '\n' | tac | tr '\n' ' ')
+        for wl in $workloads; do
+            for sys in $systems; do
+                measure "$sys" "$wl"
+            done
         done
     done
     python3 "$HERE/compare_table.py" "$ROWS" "${IOS[*]}" "$SPAN_MIB" | tee "$CMP/table.md"
