@@ -80,6 +80,11 @@ for pair in qemu-system-x86_64:qemu-system-x86 nbd-client:nbd-client fio:fio \
     tool=${pair%%:*}; pkg=${pair##*:}
     PATH=$PATH:/usr/sbin:/sbin command -v "$tool" >/dev/null 2>&1 || missing+=("$pkg")
 done
+# --compare's round counts are whole numbers (a bad one would measure nothing).
+for v in TC_COMPARE_ROUNDS TC_COMPARE_SEED_ROUNDS; do
+    [[ -z "${!v:-}" || "${!v}" =~ ^[0-9]+$ ]] || die "$v must be a whole number, not '${!v}'"
+done
+[ "${TC_COMPARE_ROUNDS:-1}" != 0 ] || die "TC_COMPARE_ROUNDS must be at least 1"
 # --compare's profiles (TC_COMPARE_PERF=1) run the host's perf in the guest.
 if [ "$MODE" = compare ] && [ "${TC_COMPARE_PERF:-0}" = 1 ] && ! command -v perf >/dev/null 2>&1; then
     missing+=(linux-perf)
