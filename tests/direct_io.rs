@@ -404,12 +404,13 @@ fn a_write_over_cached_and_uncached_blocks_is_a_direct_write_placed_by_segment()
 
     // Dropped, or failed: its new slots given back, nothing recorded.
     f.engine.write(26 * BS, &[0x26; 1024], false).unwrap();
-    let used = f.engine.status().cache_blocks_used;
+    let (used, dirty) = (f.engine.status().cache_blocks_used, f.engine.dirty_blocks());
     let data = vec![0xA3; 2048];
     let w = direct(f.vol.start_write(26 * BS + 3072, &data, false));
     write_pieces(&w, &data);
     drop(w);
     assert_eq!(f.engine.status().cache_blocks_used, used);
+    assert_eq!(f.engine.dirty_blocks(), dirty);
     let w = direct(f.vol.start_write(26 * BS + 3072, &data, false));
     let later = w.finish(false, &data).expect("finished by the engine");
     f.rt.block_on(later).unwrap();
