@@ -325,6 +325,20 @@ impl Cache {
         )
     }
 
+    /// The whole write goes in place, with one device write: every segment
+    /// over its block's writable slot, the slots adjacent, and the
+    /// placement lets these blocks be overwritten.
+    pub(crate) fn all_in_place(
+        &self,
+        segs: &[Segment],
+        cached: &[Option<Cached>],
+        admits: bool,
+    ) -> bool {
+        let whole = segs.iter().filter(|s| self.full_block(s)).count();
+        adjacent_slots(cached, |h| h.writable) == segs.len()
+            && self.placement.overwrites_in_place(whole, admits)
+    }
+
     /// How the cache takes one segment of a write at once (`lookup`'s
     /// `c`), if it does: `Some(true)` in place over its slot (part of a
     /// block, no clean sector of it written), `Some(false)` into a new
@@ -598,9 +612,7 @@ impl Cache {
             return None;
         }
         let cached = self.lookup(req, |_| true);
-        let whole = req.segs.iter().filter(|s| self.full_block(s)).count();
-        let in_place = adjacent_slots(&cached, |h| h.writable) == req.segs.len()
-            && self.placement.overwrites_in_place(whole, plan.admits());
+        let in_place = self.all_in_place(&req.segs, &cached, plan.admits());
         if !(in_place || self.fits_at_once(&req.segs, &cached, plan.admits())) {
             return None;
         }

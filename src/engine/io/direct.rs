@@ -19,7 +19,7 @@ use crate::engine::admission::Dev;
 use crate::engine::cache::Cache;
 use crate::engine::modes::WriteRoute;
 use crate::engine::observe::latency::Op;
-use crate::engine::request::{adjacent_slots, Cached, Fast, Lookup, ReadKind, Request, Segment};
+use crate::engine::request::{adjacent_slots, Fast, Lookup, ReadKind, Request, Segment};
 use crate::engine::stats::bump;
 use crate::engine::EngineResult;
 use crate::volume::{Piece, Pieces};
@@ -147,17 +147,25 @@ impl Cache {
     }
 }
 
-/// Where one segment of a direct write goes.
-#[derive(Clone, Copy)]
-enum Place {
-    /// Over its block's slot (the lookup), writable in place.
-    InPlace(Cached),
-    /// Into a new slot: a whole block, or part of a block not cached.
-    New(u32),
+/// Where a direct write's segments go.
+struct Placed {
+    /// Per segment, its block's lookup if it is written in place over its
+    /// slot; `None` if it goes into a new slot.
+    over: Lookup,
+    /// The new slots, one a `None` of `over`, in order.
+    new: Vec<u32>,
 }
 
-/// Where each of a direct write's segments goes, in order.
-type Placed = smallvec::SmallVec<[Place; 2]>;
+impl Placed {
+    /// Each segment's slot, in order.
+    fn slots(&self) -> impl Iterator<Item = u32> + '_ {
+        let mut new = self.new.iter();
+        (self.over.iter()).map(move |c| match c {
+            Some(h) => h.slot,
+            None => *new.next().expect("one new slot a segment not in place"),
+        })
+    }
+}
 
 /// The cache device writes of a write the cache takes at once, the blocks
 /// locked and any new slots taken.
@@ -225,10 +233,10 @@ impl Cache {
     /// Where a write whose blocks are locked goes, if the cache takes it at
     /// once, and how many of its blocks were cached: as
     /// `try_write_cached_locked` takes it, all in place over adjacent
-    /// writable slots, or else segment by segment (`takes_at_once`): whole
-    /// blocks into new slots (one device write where the new slots are
-    /// adjacent), parts of blocks in place over writable slots, parts of
-    /// blocks not cached into new slots.
+    /// writable slots (`all_in_place`), or else segment by segment
+    /// (`takes_at_once`): whole blocks into new slots (one device write
+    /// where the new slots are adjacent), parts of blocks in place over
+    /// writable slots, parts of blocks not cached into new slots.
     fn place_write(&self, req: &mut Request, first: u64) -> Option<(Placed, u64)> {
         let plan = self.resolve(req);
         if plan.route != WriteRoute::Cache {
@@ -236,44 +244,30 @@ impl Cache {
         }
         let cached = self.lookup(req, |_| true);
         let hits = cached.iter().filter(|c| c.is_some()).count() as u64;
-        let whole = req.segs.iter().filter(|s| self.full_block(s)).count();
-        if adjacent_slots(&cached, |h| h.writable) == req.segs.len()
-            && self.placement.overwrites_in_place(whole, plan.admits())
-        {
-            let places = cached
-                .iter()
-                .map(|c| Place::InPlace(c.expect("all cached")));
-            return Some((places.collect(), hits));
+        if self.all_in_place(&req.segs, &cached, plan.admits()) {
+            let placed = Placed {
+                over: cached,
+                new: Vec::new(),
+            };
+            return Some((placed, hits));
         }
-        // Per segment: in place (its lookup), or `None` for a new slot.
-        let mut in_place = Lookup::new();
+        let mut over = Lookup::new();
         for (seg, &c) in req.segs.iter().zip(&cached) {
-            match self.takes_at_once(seg, c, plan.admits())? {
-                true => in_place.push(c),
-                false => in_place.push(None),
-            }
+            let in_place = self.takes_at_once(seg, c, plan.admits())?;
+            over.push(c.filter(|_| in_place));
         }
-        let mut slots = match in_place.iter().filter(|c| c.is_none()).count() {
+        let new = match over.iter().filter(|c| c.is_none()).count() {
             0 => Vec::new(),
             n => self.take_free_slots(n, first)?,
-        }
-        .into_iter();
-        let places = in_place.iter().map(|c| match c {
-            Some(h) => Place::InPlace(*h),
-            None => Place::New(slots.next().expect("one slot a new segment")),
-        });
-        Some((places.collect(), hits))
+        };
+        Some((Placed { over, new }, hits))
     }
 
     /// The device writes of a placed write: one a segment, joined where
     /// one ends on the device where the next begins.
     fn write_pieces(&self, req: &Request, placed: &Placed) -> Pieces {
         let mut pieces = Pieces::new();
-        for (seg, place) in req.segs.iter().zip(placed) {
-            let slot = match place {
-                Place::InPlace(h) => h.slot,
-                Place::New(slot) => *slot,
-            };
+        for (seg, slot) in req.segs.iter().zip(placed.slots()) {
             let at = self.regions.slot_offset(slot) + seg.in_block;
             match pieces.last_mut() {
                 Some(p) if p.at + p.buf.len() as u64 == at && p.buf.end == seg.buf.start => {
@@ -290,29 +284,33 @@ impl Cache {
 
     /// Records a placed write whose device writes are over (`ok`), as the
     /// in-place path and `store_in_new_slots` record theirs; after a
-    /// failure its new slots are given back.
+    /// failure its new slots are given back. Only a write with segments
+    /// of both kinds sorts them.
     fn record_placed(&self, segs: &[Segment], placed: &Placed, ok: bool) {
+        if placed.new.is_empty() {
+            if ok {
+                self.record_in_place(segs, &placed.over);
+            }
+            return;
+        }
+        if placed.new.len() == segs.len() {
+            return self.settle_new_slots(&placed.new, segs, ok);
+        }
         type Segs = smallvec::SmallVec<[Segment; 2]>;
-        let (mut put, mut hit) = (Segs::new(), Lookup::new());
-        let (mut news, mut slots) = (Segs::new(), smallvec::SmallVec::<[u32; 2]>::new());
-        for (seg, place) in segs.iter().zip(placed) {
-            match *place {
-                Place::InPlace(h) => {
+        let (mut put, mut hit, mut news) = (Segs::new(), Lookup::new(), Segs::new());
+        for (seg, c) in segs.iter().zip(&placed.over) {
+            match c {
+                Some(_) => {
                     put.push(seg.clone());
-                    hit.push(Some(h));
+                    hit.push(*c);
                 }
-                Place::New(slot) => {
-                    news.push(seg.clone());
-                    slots.push(slot);
-                }
+                None => news.push(seg.clone()),
             }
         }
-        if ok && !put.is_empty() {
+        if ok {
             self.record_in_place(&put, &hit);
         }
-        if !slots.is_empty() {
-            self.settle_new_slots(&slots, &news, ok);
-        }
+        self.settle_new_slots(&placed.new, &news, ok);
     }
 
     /// The caller's device writes are over (`ok`: each written whole):
