@@ -50,6 +50,7 @@ After=tiercache@tc0.service
 [Service]
 Type=oneshot
 RemainAfterExit=yes
+ExecStartPre=-/usr/bin/udevadm settle
 ExecStart=/usr/sbin/nbd-client -unix /var/lib/tiercache/tc0.nbd /dev/nbd0
 ExecStop=/usr/sbin/nbd-client -d /dev/nbd0'
 
