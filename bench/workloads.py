@@ -94,6 +94,10 @@ EXTRA_WORKLOADS = [
     # a client that flushes, as a file system's journal commits do.
     Workload("rw4k_flush16", "4K randwrite QD32, a flush every 16 writes", "randwrite", "4k", 32,
              "ws", flush_every=16),
+    # Writes smaller than a cache block, at any sector (the guest
+    # comparison's sub-4K job): over the warmed set, whose blocks are
+    # cached, some dirty and some already written back (clean).
+    Workload("rw4k_sub", "512 B-3.5 KiB randwrite QD16", "randwrite", "512-3584", 16, "ws"),
 ]
 
 
@@ -136,9 +140,11 @@ def fio(uri, rw, bs, iodepth, offset, size, runtime_s=None, iops_log=None,
         env = dict(os.environ, **dict(uri.env))
     else:
         target = ["--ioengine=nbd", f"--uri={uri}"]
+    # A range of sizes ("512-3584"): any of them, at any sector.
+    sizes = [f"--bsrange={bs}", "--blockalign=512", "--norandommap"] if "-" in bs else [f"--bs={bs}"]
     argv = [
         "fio", *target, f"--rw={rw}",
-        f"--bs={bs}", f"--iodepth={iodepth}", f"--offset={offset}", f"--size={size}",
+        *sizes, f"--iodepth={iodepth}", f"--offset={offset}", f"--size={size}",
         "--numjobs=1", "--output-format=json",
     ]
     if runtime_s is not None:
