@@ -63,6 +63,7 @@ trap stop_shared_ceph EXIT
 export TIERCACHE_CEPH_CLUSTER="$CEPH_SHARED"
 
 /usr/bin/python3 -m unittest discover -s bench/trace -p 'test_*.py'
+/usr/bin/python3 -m unittest discover -s bench -p 'test_workloads.py'
 cargo fmt --check
 cargo clippy --all-targets --quiet -- -D warnings
 cargo test --quiet
