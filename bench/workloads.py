@@ -141,7 +141,8 @@ def fio(uri, rw, bs, iodepth, offset, size, runtime_s=None, iops_log=None,
     else:
         target = ["--ioengine=nbd", f"--uri={uri}"]
     # A range of sizes ("512-3584"): any of them, at any sector.
-    sizes = [f"--bsrange={bs}", "--blockalign=512", "--norandommap"] if "-" in bs else [f"--bs={bs}"]
+    sizes = ([f"--bsrange={bs}", "--blockalign=512", "--norandommap"] if "-" in bs
+             else [f"--bs={bs}"])
     argv = [
         "fio", *target, f"--rw={rw}",
         *sizes, f"--iodepth={iodepth}", f"--offset={offset}", f"--size={size}",
